@@ -1,0 +1,137 @@
+"""Analyses: pure functions from TraceTables to DataFrames and findings.
+
+`analyze` runs them all and gathers the result; the report only renders what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from sftprof.analysis import cpu, gpu
+from sftprof.analysis.findings import Finding
+from sftprof.trace.tables import TraceTables
+
+# A step this much slower than the median step is an outlier worth naming.
+SLOW_STEP_FACTOR = 1.5
+
+
+@dataclass
+class Analysis:
+    source_path: str
+    span_ns: int
+    sources: list[str]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    headline: dict = field(default_factory=dict)
+
+
+def _step_findings(steps: pd.DataFrame) -> list[Finding]:
+    if steps.empty:
+        return [Finding("no_steps", "info", "No training-step ranges in the capture",
+                        "No NVTX range named `step N` was recorded, so per-step timing is unavailable.",
+                        "Trace NVTX (`--trace=...,nvtx`) and annotate each training step with an NVTX range.")]
+    findings = []
+    phase_totals = {phase: int(steps[f"{phase}_ns"].sum()) for phase in cpu.PHASES}
+    step_total = int(steps["duration"].sum())
+    top_phase = max(phase_totals, key=phase_totals.get)
+    share = 100.0 * phase_totals[top_phase] / step_total if step_total else 0.0
+    breakdown = ", ".join(f"{p} {100.0 * t / step_total:.1f}%" for p, t in phase_totals.items())
+    findings.append(Finding("dominant_phase", "info", f"{top_phase} takes {share:.1f}% of step time",
+                            f"Over {len(steps)} captured steps ({step_total / 1e9:.3f} s): {breakdown}.",
+                            _PHASE_ADVICE[top_phase]))
+    median = float(steps["duration"].median())
+    slow = steps[steps["duration"] > SLOW_STEP_FACTOR * median]
+    if not slow.empty:
+        listed = ", ".join(f"step {int(r.step)} {r.duration / 1e6:.1f} ms" for r in slow.itertuples())
+        findings.append(Finding("slow_steps", "warning", f"{len(slow)} step(s) over {SLOW_STEP_FACTOR}x the median",
+                                f"Median step {median / 1e6:.1f} ms; slow: {listed}.",
+                                "Look at what else ran then (first-step warm-up, allocator growth, data "
+                                "loading, other processes); keep warm-up steps out of the profiling window."))
+    return findings
+
+
+_PHASE_ADVICE = {
+    "data": "The input pipeline dominates: prefetch with DataLoader workers and pinned memory, and tokenize ahead of time.",
+    "forward": "Forward dominates: check kernel mix and precision (bf16/FP8 autocast), fuse attention (SDPA/flash).",
+    "backward": "Backward dominates, as is usual (about 2x forward): gains come from faster kernels "
+                "(mixed precision, fused ops) or activation recomputation trade-offs.",
+    "optimizer": "The optimizer step dominates: use a fused/foreach AdamW, or accumulate more micro-batches per step.",
+}
+
+
+def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, memop_sum: pd.DataFrame,
+                  busy: pd.DataFrame) -> list[Finding]:
+    if tables.kernels.empty and tables.memops.empty:
+        how = ("the capture traced no CUDA (`cuda` is not in profile.trace)" if "cuda" not in tables.sources
+               else "CUDA was traced but no GPU work was recorded in the window")
+        return [Finding("no_gpu_activity", "info", "No GPU activity in this capture",
+                        f"No kernels or memory operations: {how}.",
+                        "On a GPU node, add `cuda` (and `cudnn`, `cublas`) to profile.trace to answer the GPU "
+                        "questions: dominant kernels, memory-transfer share, idle gaps.")]
+    findings = []
+    if not kernel_sum.empty:
+        top = kernel_sum.iloc[0]
+        findings.append(Finding("top_kernel", "info", f"Top kernel takes {top.time_pct}% of kernel time",
+                                f"{top.kernel} ({top.instances} instances, {top.total_ns / 1e6:.3f} ms)."))
+    kernel_ns = int(tables.kernels["duration"].sum())
+    memop_ns = int(tables.memops["duration"].sum())
+    if kernel_ns + memop_ns:
+        share = 100.0 * memop_ns / (kernel_ns + memop_ns)
+        findings.append(Finding("memory_transfer_share", "warning" if share > 10 else "info",
+                                f"Memory operations are {share:.1f}% of GPU time",
+                                f"{memop_ns / 1e6:.3f} ms of memcpy/memset vs {kernel_ns / 1e6:.3f} ms of kernels.",
+                                "Transfers are not the bottleneck." if share <= 10 else
+                                "Overlap copies with compute (pinned memory, non_blocking copies, prefetch)."))
+    for row in busy.itertuples():
+        findings.append(Finding("gpu_busy", "warning" if row.busy_pct < 80 else "info",
+                                f"GPU {row.device_id} busy {row.busy_pct:.1f}% of its active span",
+                                f"{row.busy_ns / 1e6:.3f} ms busy in {row.span_ns / 1e6:.3f} ms (union over streams).",
+                                "" if row.busy_pct >= 80 else
+                                "The GPU waits on the CPU: look at the thread table for what the main thread does."))
+    return findings
+
+
+def _thread_findings(threads: pd.DataFrame, span_ns: int) -> list[Finding]:
+    blocked = threads[threads["osrt_ns"] > 0]
+    if blocked.empty or not span_ns:
+        return []
+    top = blocked.iloc[0]
+    return [Finding("thread_blocking", "info",
+                    f"Thread {top.thread_name} ({top.tid}) spends {100.0 * top.osrt_ns / span_ns:.1f}% of the "
+                    f"capture in OS-runtime calls",
+                    f"{top.osrt_calls} calls, {top.osrt_ns / 1e6:.3f} ms; most in {top.top_osrt_call} "
+                    f"({top.top_osrt_ns / 1e6:.3f} ms).")]
+
+
+def analyze(tables: TraceTables) -> Analysis:
+    kernel_sum = gpu.kernel_summary(tables.kernels)
+    memop_sum = gpu.memop_summary(tables.memops)
+    busy = gpu.gpu_busy(tables.kernels, tables.memops)
+    steps = cpu.step_table(tables.nvtx)
+    threads = cpu.thread_summary(tables)
+    result = Analysis(source_path=tables.source_path, span_ns=tables.span_ns, sources=sorted(tables.sources))
+    result.tables = {
+        "kernels": kernel_sum,
+        "memops": memop_sum,
+        "cuda_api": gpu.cuda_api_summary(tables.cuda_api),
+        "gpu_busy": busy,
+        "osrt": cpu.osrt_summary(tables.osrt),
+        "nvtx": cpu.nvtx_summary(tables.nvtx),
+        "steps": steps,
+        "phases": cpu.phase_ranges(tables.nvtx),
+        "threads": threads,
+    }
+    result.findings = (_gpu_findings(tables, kernel_sum, memop_sum, busy) + _step_findings(steps)
+                       + _thread_findings(threads, tables.span_ns))
+    result.headline = {
+        "capture_s": tables.span_ns / 1e9,
+        "steps_captured": len(steps),
+        "median_step_ms": float(steps["duration"].median()) / 1e6 if len(steps) else None,
+        "kernels": len(tables.kernels),
+        "application_threads": len(threads),
+        "osrt_calls": len(tables.osrt),
+        "nvtx_ranges": len(tables.nvtx),
+    }
+    return result

@@ -1,0 +1,206 @@
+"""Nsight Systems: build `nsys profile` command lines, run them safely, export to SQLite.
+
+This module is the one place that knows nsys's option names. It also handles what nsys does
+wrong in practice, each seen on real installs:
+- a capture left as NAME.qdstrm because QdstrmImporter was not found (exit code still 0);
+- output diverted to /tmp/nsys-report-XXXX.qdstrm because the target existed (exit code 0);
+- `nsys --start-agent` processes left behind that burn a core each and stall later captures.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Sequence
+
+from sftprof.io import atomic_path
+from sftprof.sft.annotate import CAPTURE_RANGE_NAME
+
+REPORT_SUFFIX = ".nsys-rep"
+RAW_SUFFIX = ".qdstrm"
+INSTALL_HINT = (
+    "Install the Nsight Systems CLI: on Debian 12 run `sudo scripts/install-nsys.sh` "
+    "(non-free package nsight-systems); elsewhere get it from NVIDIA's Nsight Systems page, "
+    "then make sure `nsys` is on PATH."
+)
+# Unregistered NVTX strings (what the trainer pushes) only open an nvtx capture range with this.
+NVTX_CAPTURE_ENV = {"NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
+_DIVERTED_REPORT = re.compile(r"(/tmp/nsys-report-[\w-]+\.(?:qdstrm|nsys-rep))")
+
+
+class NsysError(RuntimeError):
+    """nsys is missing, failed, or produced no usable report; the message says which."""
+
+
+def find_nsys() -> str:
+    path = shutil.which("nsys")
+    if path is None:
+        raise NsysError(f"`nsys` is not on PATH. {INSTALL_HINT}")
+    return path
+
+
+def profile_options(profile: dict, window: dict) -> list[str]:
+    """Long-form `nsys profile` options for an experiment's profile settings and one window.
+
+    Long options only: the short ones are easy to swap (`-d` is --duration, `-y` is --delay,
+    the reverse of what NVIDIA's Grace Hopper SFT write-up says).
+    """
+    options = [
+        f"--trace={','.join(profile['trace'])}",
+        f"--sample={profile['sample']}",
+        f"--cpuctxsw={profile['cpuctxsw']}",
+        f"--show-output={'true' if profile['show_output'] else 'false'}",
+    ]
+    if profile["event_sample"] != "none":
+        options.append(f"--event-sample={profile['event_sample']}")
+    if window["capture_range"] != "none":
+        options.append(f"--capture-range={window['capture_range']}")
+        options.append(f"--capture-range-end={window['capture_range_end']}")
+        if window["capture_range"] == "nvtx":
+            options.append(f"--nvtx-capture={CAPTURE_RANGE_NAME}")
+    if "delay_s" in window:
+        options.append(f"--delay={window['delay_s']}")
+    if "duration_s" in window:
+        options.append(f"--duration={window['duration_s']}")
+        options.append(f"--kill={window['kill']}")
+    return options
+
+
+def profile_environment(window: dict) -> dict[str, str]:
+    return dict(NVTX_CAPTURE_ENV) if window["capture_range"] == "nvtx" else {}
+
+
+def _agent_pids() -> set[int]:
+    """Process ids of running `nsys --start-agent` helpers."""
+    pids = set()
+    for cmdline_path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            argv = Path(cmdline_path).read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--start-agent" in argv and any(arg.endswith(b"nsys") for arg in argv[:1]):
+            pids.add(int(cmdline_path.split("/")[2]))
+    return pids
+
+
+def _kill(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def find_qdstrm_importer(nsys_path: str) -> Path | None:
+    """QdstrmImporter of the same installation as `nsys_path`, wherever the packager put it."""
+    nsys_dir = Path(os.path.realpath(nsys_path)).parent
+    candidates = [os.environ.get("SFTPROF_QDSTRM_IMPORTER", ""),
+                  str(nsys_dir.parent / "host-linux-x64" / "QdstrmImporter"),
+                  "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter",
+                  *sorted(glob.glob("/opt/nvidia/nsight-systems/*/host-linux-x64/QdstrmImporter"), reverse=True)]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def import_qdstrm(qdstrm: Path, report: Path, nsys_path: str, log: IO[str]) -> None:
+    """Turn a raw capture into a .nsys-rep, as nsys would have done had it found its importer."""
+    importer = find_qdstrm_importer(nsys_path)
+    if importer is None:
+        raise NsysError(f"nsys left the raw capture {qdstrm} and QdstrmImporter cannot be found "
+                        "(set SFTPROF_QDSTRM_IMPORTER to its path)")
+    log.write(f"[sftprof] nsys did not import its capture; running {importer}\n")
+    log.flush()
+    result = subprocess.run([str(importer), "-i", str(qdstrm), "-o", str(report)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0 or not report.exists():
+        raise NsysError(f"QdstrmImporter failed on {qdstrm} (exit {result.returncode})")
+    qdstrm.unlink()
+
+
+def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str]) -> Path:
+    report, raw = base.with_name(base.name + REPORT_SUFFIX), base.with_name(base.name + RAW_SUFFIX)
+    if report.exists():
+        raw.unlink(missing_ok=True)
+        return report
+    if raw.exists():
+        import_qdstrm(raw, report, nsys_path, log)
+        return report
+    diverted = _DIVERTED_REPORT.search(output)
+    if diverted:
+        raise NsysError(f"nsys wrote its capture to {diverted.group(1)} instead of {report}: the target "
+                        "already existed and overwriting was not allowed")
+    if "No reports were generated" in output or "capture range" in output.lower():
+        raise NsysError(f"nsys produced no report at {report}: the capture range never opened "
+                        "(check the window's steps and that the program emits the NVTX range)")
+    raise NsysError(f"nsys produced no report at {report}; see the log above for its messages")
+
+
+def run_profile(options: Sequence[str], app_argv: Sequence[str], base: Path, log: IO[str],
+                extra_env: dict[str, str] | None = None) -> Path:
+    """Profile `app_argv` into `base`.nsys-rep; return the report path or raise NsysError.
+
+    nsys's own output is copied to `log` and echoed to stdout. Helpers that this run started
+    (the nsys process group, new `--start-agent` processes) are killed before returning.
+    """
+    nsys = find_nsys()
+    base.parent.mkdir(parents=True, exist_ok=True)
+    # No "--" before the program: nsys 2022.4 rejects it as an ambiguous option.
+    argv = [nsys, "profile", *options, f"--output={base}", *app_argv]
+    env = {**os.environ, **(extra_env or {})}
+    agents_before = _agent_pids()
+    log.write("[sftprof] " + " ".join(argv) + "\n")
+    log.flush()
+    captured: list[str] = []
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            captured.append(line)
+            log.write(line)
+            sys.stdout.write(line)
+        returncode = proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _reap_agents(agents_before)
+    log.flush()
+    output = "".join(captured)
+    if returncode != 0:
+        tail = "".join(captured[-15:])
+        raise NsysError(f"nsys profile exited with {returncode}; the profiled program or nsys failed. "
+                        f"Last output:\n{tail}")
+    return _collect_report(base, output, nsys, log)
+
+
+def _reap_agents(agents_before: set[int], grace_s: float = 2.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        leftover = _agent_pids() - agents_before
+        if not leftover:
+            return
+        time.sleep(0.2)
+    _kill(_agent_pids() - agents_before)
+
+
+def export_sqlite(report: str | Path, sqlite_path: str | Path) -> Path:
+    """`nsys export --type=sqlite`, written atomically to `sqlite_path`."""
+    nsys = find_nsys()
+    sqlite_path = Path(sqlite_path)
+    with atomic_path(sqlite_path) as tmp:
+        tmp.unlink()
+        result = subprocess.run([nsys, "export", "--type=sqlite", "--force-overwrite=true",
+                                 f"--output={tmp}", str(report)], capture_output=True, text=True)
+        if result.returncode != 0 or not tmp.exists():
+            raise NsysError(f"nsys export failed on {report} (exit {result.returncode}): "
+                            f"{(result.stderr or result.stdout).strip()[-2000:]}")
+    return sqlite_path

@@ -1,0 +1,50 @@
+"""SFT backends. Each takes the same inputs (HF checkpoint folder, SFT jsonl, settings) and
+writes the same per-step metrics file, so the profile and analysis rules do not care which
+one ran. The built-in `torch` loop runs anywhere; a NeMo backend plugs in beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+def _torch_backend(**kwargs) -> dict:
+    from sftprof.sft.torch_backend import train
+
+    return train(**kwargs)
+
+
+BACKENDS = {"torch": _torch_backend}
+
+
+def run(backend: str, model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
+        sft: dict, window: dict) -> dict:
+    try:
+        entry = BACKENDS[backend]
+    except KeyError:
+        raise ValueError(f"unknown SFT backend {backend!r}; known: {', '.join(BACKENDS)}") from None
+    return entry(model_dir=model_dir, train_jsonl=train_jsonl, metrics_path=metrics_path, sft=sft, window=window)
+
+
+def command(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
+            sft: dict, window: dict) -> list[str]:
+    """The argv that runs one SFT job in a fresh interpreter (the program nsys profiles)."""
+    settings = {"model_dir": str(model_dir), "train_jsonl": str(train_jsonl),
+                "metrics_path": str(metrics_path), "sft": sft, "window": window}
+    return [sys.executable, "-m", "sftprof.sft", json.dumps(settings)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m sftprof.sft SETTINGS_JSON  (built by sftprof.sft.command)", file=sys.stderr)
+        return 2
+    settings = json.loads(argv[0])
+    result = run(settings["sft"]["backend"], settings["model_dir"], settings["train_jsonl"],
+                 settings["metrics_path"], settings["sft"], settings["window"])
+    logging.getLogger("sftprof.sft").info("done: %s", result)
+    return 0

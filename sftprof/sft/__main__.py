@@ -1,0 +1,5 @@
+import sys
+
+from sftprof.sft import main
+
+sys.exit(main())

@@ -1,0 +1,32 @@
+"""Pick the loader for a trace file by its type."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sftprof.trace.nsys_sqlite import TraceFormatError, load_nsys_sqlite
+from sftprof.trace.tables import TraceTables
+
+
+def sqlite_for_report(report: Path) -> Path:
+    """Export a .nsys-rep once; reuse the export beside it while it is newer than the report."""
+    from sftprof.nsys import export_sqlite
+
+    sqlite_path = report.with_suffix(".sqlite")
+    if not sqlite_path.exists() or sqlite_path.stat().st_mtime < report.stat().st_mtime:
+        export_sqlite(report, sqlite_path)
+    return sqlite_path
+
+
+def load_trace(path: str | Path) -> TraceTables:
+    path = Path(path)
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such file")
+    if path.suffix == ".nsys-rep":
+        return load_nsys_sqlite(sqlite_for_report(path))
+    if path.suffix == ".sqlite":
+        return load_nsys_sqlite(path)
+    if path.suffix == ".qdstrm":
+        raise TraceFormatError(f"{path}: a raw nsys capture; import it first "
+                               "(QdstrmImporter -i NAME.qdstrm -o NAME.nsys-rep)")
+    raise TraceFormatError(f"{path}: unsupported trace type {path.suffix!r}; give an nsys .nsys-rep or .sqlite")

@@ -1,0 +1,202 @@
+"""Load an `nsys export --type=sqlite` file into TraceTables.
+
+Opened read-only. Tables are looked up first: nsys exports a table only when its trace
+source produced rows, so a missing table means "not traced", not an error. The SQL here keeps
+the selection rules of `nsys stats` (OSRT eventClass 27, NVTX range event types, the
+`globalTid` bit layout), so summaries computed from these tables match nsys's own.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+
+from sftprof.trace.tables import TraceTables, empty
+
+# NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
+NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
+NVTX_DOMAIN_CREATE = 75
+OSRT_CALL_CLASS = 27  # other OSRT_API classes are zero-length "profiling started/stopped" markers
+# copyKind -> the operation names nsys 2022.4's gpumemtimesum prints.
+MEMCPY_OPERATIONS = {
+    0: "[CUDA memcpy Unknown]", 1: "[CUDA memcpy HtoD]", 2: "[CUDA memcpy DtoH]", 3: "[CUDA memcpy HtoA]",
+    4: "[CUDA memcpy AtoH]", 5: "[CUDA memcpy AtoA]", 6: "[CUDA memcpy AtoD]", 7: "[CUDA memcpy DtoA]",
+    8: "[CUDA memcpy DtoD]", 9: "[CUDA memcpy HtoH]", 10: "[CUDA memcpy PtoP]",
+    11: "[CUDA Unified Memory memcpy HtoD]", 12: "[CUDA Unified Memory memcpy DtoH]",
+    13: "[CUDA Unified Memory memcpy DtoD]",
+}
+MEMSET_OPERATION = "[CUDA memset]"
+
+# globalTid = [hwId:8][vmId:8][pid:24][tid:24]
+_PID = "((globalTid >> 24) & 16777215)"
+_TID = "(globalTid & 16777215)"
+
+
+class TraceFormatError(ValueError):
+    """The file is not a readable nsys SQLite export."""
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise TraceFormatError(f"{path}: file is empty")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise TraceFormatError(f"{path}: not an SQLite database ({exc})") from None
+    if "StringIds" not in tables:
+        conn.close()
+        raise TraceFormatError(f"{path}: SQLite, but not an nsys export (no StringIds table)")
+    return conn
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
+
+
+def _query(conn: sqlite3.Connection, sql: str) -> pd.DataFrame:
+    return pd.read_sql_query(sql, conn)
+
+
+def _span_ns(conn: sqlite3.Connection, tables: set[str]) -> int:
+    if "ANALYSIS_DETAILS" in tables:
+        row = conn.execute("SELECT duration FROM ANALYSIS_DETAILS").fetchone()
+        if row and row[0] is not None:
+            return int(row[0])
+    return 0
+
+
+def _threads(conn, tables) -> pd.DataFrame:
+    if "ThreadNames" not in tables:
+        return empty("threads")
+    process_join = ("LEFT JOIN PROCESSES p ON p.pid = ((t.globalTid >> 24) & 16777215)"
+                    if "PROCESSES" in tables else "")
+    process_name = "p.name" if process_join else "NULL"
+    return _query(conn, f"""
+        SELECT t.globalTid AS global_tid, ((t.globalTid >> 24) & 16777215) AS pid,
+               (t.globalTid & 16777215) AS tid, s.value AS thread_name, {process_name} AS process_name
+        FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId
+        {process_join}
+        GROUP BY t.globalTid""")
+
+
+def _nvtx(conn, tables) -> pd.DataFrame:
+    if "NVTX_EVENTS" not in tables:
+        return empty("nvtx")
+    types = ",".join(map(str, NVTX_RANGE_STYLES))
+    style = " ".join(f"WHEN {code} THEN '{name}'" for code, name in NVTX_RANGE_STYLES.items())
+    return _query(conn, f"""
+        WITH domains AS (
+            SELECT domainId AS id, globalTid, text AS name FROM NVTX_EVENTS
+            WHERE eventType = {NVTX_DOMAIN_CREATE} GROUP BY domainId, globalTid),
+        maxts AS (SELECT max(max(start), max(end)) AS m FROM NVTX_EVENTS)
+        SELECT ne.start AS start, coalesce(ne.end, (SELECT m FROM maxts)) AS "end",
+               coalesce(ne.end, (SELECT m FROM maxts)) - ne.start AS duration,
+               CASE WHEN d.name IS NOT NULL THEN d.name || ':' || coalesce(sid.value, ne.text)
+                    ELSE coalesce(sid.value, ne.text) END AS name,
+               CASE ne.eventType {style} END AS style,
+               ne.globalTid AS global_tid, ((ne.globalTid >> 24) & 16777215) AS pid,
+               (ne.globalTid & 16777215) AS tid
+        FROM NVTX_EVENTS ne
+        LEFT JOIN domains d ON ne.domainId = d.id
+             AND (ne.globalTid & 0x0000FFFFFF000000) = (d.globalTid & 0x0000FFFFFF000000)
+        LEFT JOIN StringIds sid ON ne.textId = sid.id
+        WHERE ne.eventType IN ({types})
+        ORDER BY ne.start""")
+
+
+def _osrt(conn, tables) -> pd.DataFrame:
+    if "OSRT_API" not in tables:
+        return empty("osrt")
+    return _query(conn, f"""
+        SELECT o.start, o."end", o."end" - o.start AS duration, s.value AS name,
+               o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
+        FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId
+        WHERE o.eventClass = {OSRT_CALL_CLASS}
+        ORDER BY o.start""")
+
+
+def _cuda_api(conn, tables) -> pd.DataFrame:
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
+        return empty("cuda_api")
+    return _query(conn, f"""
+        SELECT r.start, r."end", r."end" - r.start AS duration,
+               CASE substr(s.value, -6, 2) WHEN '_v' THEN substr(s.value, 1, length(s.value) - 6)
+                    ELSE s.value END AS name,
+               r.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid, r.correlationId AS correlation_id
+        FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+        ORDER BY r.start""")
+
+
+def _kernels(conn, tables) -> pd.DataFrame:
+    if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
+        return empty("kernels")
+    return _query(conn, """
+        SELECT k.start, k."end", k."end" - k.start AS duration,
+               d.value AS name, sn.value AS short_name, mn.value AS mangled_name,
+               k.deviceId AS device_id, k.streamId AS stream_id,
+               ((k.globalPid >> 24) & 16777215) AS pid, k.correlationId AS correlation_id,
+               printf('%4d %4d %4d', k.gridX, k.gridY, k.gridZ) AS grid,
+               printf('%4d %4d %4d', k.blockX, k.blockY, k.blockZ) AS block
+        FROM CUPTI_ACTIVITY_KIND_KERNEL k
+        LEFT JOIN StringIds d ON d.id = k.demangledName
+        LEFT JOIN StringIds sn ON sn.id = k.shortName
+        LEFT JOIN StringIds mn ON mn.id = k.mangledName
+        ORDER BY k.start""")
+
+
+def _memops(conn, tables) -> pd.DataFrame:
+    parts = []
+    common = ('start, "end", "end" - start AS duration, {op} AS operation, bytes, deviceId AS device_id, '
+              'streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id')
+    if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
+        names = " ".join(f"WHEN {kind} THEN '{name}'" for kind, name in MEMCPY_OPERATIONS.items())
+        op = f"CASE copyKind {names} ELSE '[CUDA memcpy Unknown]' END"
+        parts.append(f"SELECT {common.format(op=op)} FROM CUPTI_ACTIVITY_KIND_MEMCPY")
+    if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
+        parts.append(f"SELECT {common.format(op=repr(MEMSET_OPERATION))} FROM CUPTI_ACTIVITY_KIND_MEMSET")
+    if not parts:
+        return empty("memops")
+    return _query(conn, " UNION ALL ".join(parts) + " ORDER BY start")
+
+
+def _sources(tables: set[str]) -> set[str]:
+    sources = set()
+    if "OSRT_API" in tables:
+        sources.add("osrt")
+    if "NVTX_EVENTS" in tables:
+        sources.add("nvtx")
+    if tables & {"CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"}:
+        sources.add("cuda")
+    if "SCHED_EVENTS" in tables:
+        sources.add("cpuctxsw")
+    if "COMPOSITE_EVENTS" in tables:
+        sources.add("sample")
+    return sources
+
+
+def load_nsys_sqlite(path: str | Path) -> TraceTables:
+    path = Path(path)
+    conn = _connect(path)
+    try:
+        tables = _tables(conn)
+        return TraceTables(
+            source_path=str(path),
+            span_ns=_span_ns(conn, tables),
+            sources=_sources(tables),
+            threads=_threads(conn, tables),
+            nvtx=_nvtx(conn, tables),
+            osrt=_osrt(conn, tables),
+            cuda_api=_cuda_api(conn, tables),
+            kernels=_kernels(conn, tables),
+            memops=_memops(conn, tables),
+        )
+    except sqlite3.DatabaseError as exc:
+        raise TraceFormatError(f"{path}: damaged or truncated export ({exc})") from None
+    finally:
+        conn.close()
