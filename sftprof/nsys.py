@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -32,7 +31,6 @@ INSTALL_HINT = (
 )
 # Unregistered NVTX strings (what the trainer pushes) only open an nvtx capture range with this.
 NVTX_CAPTURE_ENV = {"NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
-_DIVERTED_REPORT = re.compile(r"(/tmp/nsys-report-[\w-]+\.(?:qdstrm|nsys-rep))")
 
 
 class NsysError(RuntimeError):
@@ -126,22 +124,37 @@ def import_qdstrm(qdstrm: Path, report: Path, nsys_path: str, log: IO[str]) -> N
     qdstrm.unlink()
 
 
+def generated_paths(output: str) -> list[str]:
+    """The files nsys says it wrote: the indented lines after each "Generated:" line."""
+    paths, in_block = [], False
+    for line in output.splitlines():
+        if line.strip() == "Generated:":
+            in_block = True
+        elif in_block and line.startswith((" ", "\t")) and line.strip():
+            paths.append(line.strip())
+        else:
+            in_block = False
+    return paths
+
+
 def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str]) -> Path:
     report, raw = base.with_name(base.name + REPORT_SUFFIX), base.with_name(base.name + RAW_SUFFIX)
+    expected = {str(report.resolve()), str(raw.resolve())}
+    diverted = [p for p in generated_paths(output) if str(Path(p).resolve()) not in expected]
+    if diverted:
+        raise NsysError(f"nsys wrote its capture to {diverted[0]} instead of {report}: a file of that name "
+                        "already existed and overwriting was not allowed. Nothing was imported; remove the "
+                        "old file or pass --force-overwrite=true.")
     if report.exists():
         raw.unlink(missing_ok=True)
         return report
     if raw.exists():
         import_qdstrm(raw, report, nsys_path, log)
         return report
-    diverted = _DIVERTED_REPORT.search(output)
-    if diverted:
-        raise NsysError(f"nsys wrote its capture to {diverted.group(1)} instead of {report}: the target "
-                        "already existed and overwriting was not allowed")
-    if "No reports were generated" in output or "capture range" in output.lower():
+    if "capture range" in output.lower():
         raise NsysError(f"nsys produced no report at {report}: the capture range never opened "
                         "(check the window's steps and that the program emits the NVTX range)")
-    raise NsysError(f"nsys produced no report at {report}; see the log above for its messages")
+    raise NsysError(f"nsys produced no report at {report}; see the log for its messages")
 
 
 def run_profile(options: Sequence[str], app_argv: Sequence[str], base: Path, log: IO[str],

@@ -1,25 +1,25 @@
 rule analyze:
     """Normalized tables -> summaries and findings (CSV tables + analysis.json)."""
     input:
-        sqlite=nsys_sqlite,
+        sqlite=window_file(layout.NSYS_SQLITE),
     output:
-        analysis=directory("results/{experiment}/{window}/analysis"),
+        analysis=directory(layout.ANALYSIS_DIR),
     log:
-        "logs/{experiment}/{window}/analyze.log",
+        f"{layout.LOG_DIR}/{{window}}/analyze.log",
     script:
         "../scripts/analyze.py"
 
 
-rule report:
+rule render_report:
     """One self-contained HTML report per window."""
     input:
         analysis=rules.analyze.output.analysis,
-        metrics=lambda wc: nsys_report(wc).removesuffix(".nsys-rep") + ".metrics.jsonl",
+        metrics=window_file(layout.METRICS),
     output:
-        html="results/{experiment}/{window}/report.html",
+        html=layout.REPORT_HTML,
     params:
         title=lambda wc: f"sftprof: {wc.experiment} / {wc.window}",
     log:
-        "logs/{experiment}/{window}/report.log",
+        f"{layout.LOG_DIR}/{{window}}/report.log",
     script:
         "../scripts/report.py"

@@ -1,6 +1,7 @@
 from snakemake.utils import validate
 
 from sftprof import config as sftprof_config
+from sftprof import layout
 from sftprof import nsys as sftprof_nsys
 
 validate(config, "../schemas/config.schema.yaml")
@@ -24,25 +25,22 @@ def window(wildcards):
     return sftprof_config.window(config, wildcards.experiment, wildcards.window)
 
 
-def report_name(experiment_name):
-    return config["experiments"][experiment_name]["profile"]["output_name"]
+def window_file(pattern):
+    """Input function: a per-window file named after the experiment's profile.output_name."""
+
+    def path(wildcards):
+        output_name = experiment(wildcards)["profile"]["output_name"]
+        return pattern.format(experiment=wildcards.experiment, window=wildcards.window, report=output_name)
+
+    return path
 
 
 def all_reports():
     return [
-        f"results/{name}/{window_name}/report.html"
+        layout.REPORT_HTML.format(experiment=name, window=window_name)
         for name in config["run"]
         for window_name in config["experiments"][name]["profile"]["windows"]
     ]
-
-
-def nsys_report(wildcards):
-    name = report_name(wildcards.experiment)
-    return f"results/{wildcards.experiment}/{wildcards.window}/{name}.nsys-rep"
-
-
-def nsys_sqlite(wildcards):
-    return nsys_report(wildcards).removesuffix(".nsys-rep") + ".sqlite"
 
 
 def profile_params(wildcards):

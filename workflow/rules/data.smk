@@ -1,12 +1,12 @@
 rule make_sample_dataset:
     """A dolly-15k-format sample written by sftprof's generator (no download)."""
     output:
-        dolly="resources/{experiment}/dolly.jsonl",
+        dolly=layout.DOLLY_JSONL,
     params:
         records=lambda wc: experiment(wc)["data"]["sample_records"],
         seed=lambda wc: experiment(wc)["data"]["sample_seed"],
     log:
-        "logs/{experiment}/make_sample_dataset.log",
+        f"{layout.LOG_DIR}/make_sample_dataset.log",
     script:
         "../scripts/make_sample_dataset.py"
 
@@ -16,14 +16,14 @@ rule prepare_sft_data:
     input:
         dolly=rules.make_sample_dataset.output.dolly,
     output:
-        training="resources/{experiment}/sft/training.jsonl",
-        validation="resources/{experiment}/sft/validation.jsonl",
-        test="resources/{experiment}/sft/test.jsonl",
-        stats="resources/{experiment}/sft/stats.json",
+        training=layout.SFT_SPLIT.replace("{split}", "training"),
+        validation=layout.SFT_SPLIT.replace("{split}", "validation"),
+        test=layout.SFT_SPLIT.replace("{split}", "test"),
+        stats=layout.SFT_STATS,
     params:
         split=lambda wc: experiment(wc)["data"]["split"],
         seed=lambda wc: experiment(wc)["data"]["split_seed"],
     log:
-        "logs/{experiment}/prepare_sft_data.log",
+        f"{layout.LOG_DIR}/prepare_sft_data.log",
     script:
         "../scripts/prepare_sft_data.py"

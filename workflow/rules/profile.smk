@@ -4,12 +4,12 @@ rule profile_sft:
         model=rules.create_tiny_model.output.model,
         training=rules.prepare_sft_data.output.training,
     output:
-        report="results/{experiment}/{window}/{report}.nsys-rep",
-        metrics="results/{experiment}/{window}/{report}.metrics.jsonl",
+        report=layout.NSYS_REPORT,
+        metrics=layout.METRICS,
     params:
         profile=profile_params,
     log:
-        "logs/{experiment}/{window}/{report}.profile.log",
+        f"{layout.LOG_DIR}/{{window}}/{{report}}.profile.log",
     threads: workflow.cores
     script:
         "../scripts/profile_sft.py"
@@ -18,10 +18,10 @@ rule profile_sft:
 rule export_sqlite:
     """`nsys export --type=sqlite`: the input of every analysis."""
     input:
-        report="results/{experiment}/{window}/{report}.nsys-rep",
+        report=layout.NSYS_REPORT,
     output:
-        sqlite="results/{experiment}/{window}/{report}.sqlite",
+        sqlite=layout.NSYS_SQLITE,
     log:
-        "logs/{experiment}/{window}/{report}.export.log",
+        f"{layout.LOG_DIR}/{{window}}/{{report}}.export.log",
     script:
         "../scripts/export_sqlite.py"

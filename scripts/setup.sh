@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up sftprof on Debian 12 (as root, or with sudo rights for apt): Nsight Systems from
+# Debian non-free, then a virtual environment .venv with the pinned Python packages.
+# Safe to run again: each step skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-nsys.sh
+
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv python3-pip >/dev/null
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+# CPU PyTorch, pinned: an unpinned resolve would pull a multi-GB CUDA build. On a machine
+# without a local copy of this wheel, point PIP_EXTRA_INDEX_URL at PyTorch's CPU index.
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/sftprof --version
