@@ -118,7 +118,9 @@ def import_qdstrm(qdstrm: Path, report: Path, nsys_path: str, log: IO[str]) -> N
     log.write(f"[sftprof] nsys did not import its capture; running {importer}\n")
     log.flush()
     result = subprocess.run([str(importer), "-i", str(qdstrm), "-o", str(report)],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The importer draws a progress bar with carriage returns; keep its last state.
+    log.write(result.stdout.replace("\r", "\n").strip().splitlines()[-1:][0] + "\n" if result.stdout.strip() else "")
     if result.returncode != 0 or not report.exists():
         raise NsysError(f"QdstrmImporter failed on {qdstrm} (exit {result.returncode})")
     qdstrm.unlink()
@@ -137,7 +139,7 @@ def generated_paths(output: str) -> list[str]:
     return paths
 
 
-def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str]) -> Path:
+def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str], capture_range: bool) -> Path:
     report, raw = base.with_name(base.name + REPORT_SUFFIX), base.with_name(base.name + RAW_SUFFIX)
     expected = {str(report.resolve()), str(raw.resolve())}
     diverted = [p for p in generated_paths(output) if str(Path(p).resolve()) not in expected]
@@ -151,9 +153,9 @@ def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str]) -> Pa
     if raw.exists():
         import_qdstrm(raw, report, nsys_path, log)
         return report
-    if "capture range" in output.lower():
-        raise NsysError(f"nsys produced no report at {report}: the capture range never opened "
-                        "(check the window's steps and that the program emits the NVTX range)")
+    if capture_range:
+        raise NsysError(f"nsys produced no report at {report}: the capture range never opened (check the "
+                        "window's steps, and that the program emits the NVTX range or cudaProfilerStart)")
     raise NsysError(f"nsys produced no report at {report}; see the log for its messages")
 
 
@@ -190,9 +192,12 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], base: Path, log
     output = "".join(captured)
     if returncode != 0:
         tail = "".join(captured[-15:])
-        raise NsysError(f"nsys profile exited with {returncode}; the profiled program or nsys failed. "
+        partial = base.with_name(base.name + REPORT_SUFFIX)
+        kept = f" A report of the failed run is kept at {partial} for inspection." if partial.exists() else ""
+        raise NsysError(f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} "
                         f"Last output:\n{tail}")
-    return _collect_report(base, output, nsys, log)
+    capture_range = any(o.startswith("--capture-range=") and o != "--capture-range=none" for o in options)
+    return _collect_report(base, output, nsys, log, capture_range)
 
 
 def _reap_agents(agents_before: set[int], grace_s: float = 2.0) -> None:

@@ -1,0 +1,75 @@
+"""Pure analyses over small tables built in the test, so every expected number is derivable."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from sftprof.analysis import analyze, gpu
+from sftprof.analysis.stats import duration_summary
+from sftprof.trace.tables import TraceTables
+
+
+def test_summary_statistics_follow_nsys_conventions():
+    rows = pd.DataFrame({"name": ["a", "a", "a", "a", "b"], "duration": [1, 2, 10, 20, 7]})
+    summary = duration_summary(rows, ["name"]).set_index("name")
+    a = summary.loc["a"]
+    assert (a.total_ns, a.instances, a.min_ns, a.max_ns) == (33, 4, 1, 20)
+    assert a.med_ns == 6.0            # mean of the two middle values
+    assert a.avg_ns == 8.3            # 8.25 rounds half away from zero, as SQLite does
+    assert a.stddev_ns == 8.8         # sample standard deviation (n - 1)
+    assert summary.loc["b"].stddev_ns == 0.0  # one instance: 0, not NaN
+    assert list(summary.index) == ["a", "b"]  # by total time, descending
+    assert summary["time_pct"].tolist() == [82.5, 17.5]
+
+
+def test_busy_time_is_the_union_over_streams_not_the_sum():
+    kernels = pd.DataFrame({"device_id": [0, 0, 0, 1], "start": [10, 15, 40, 5], "end": [20, 30, 50, 6]})
+    memops = pd.DataFrame({"device_id": [0], "start": [29], "end": [35]})
+    busy = gpu.gpu_busy(kernels, memops).set_index("device_id")
+    # device 0: [10,35) merged from three overlapping ops, then [40,50): 35 ns busy in a 40 ns span
+    assert busy.loc[0, "busy_ns"] == 35 and busy.loc[0, "span_ns"] == 40
+    assert busy.loc[0, "busy_pct"] == 87.5
+    assert busy.loc[1, "busy_ns"] == 1
+
+
+def _tables_with(**frames) -> TraceTables:
+    tables = TraceTables(source_path="test", span_ns=1_000_000_000, sources={"cuda", "nvtx"})
+    for name, frame in frames.items():
+        setattr(tables, name, frame)
+    return tables
+
+
+def _nvtx_steps(durations_ms):
+    rows, t = [], 0
+    for step, ms in enumerate(durations_ms):
+        end = t + int(ms * 1e6)
+        rows.append({"start": t, "end": end, "duration": end - t, "name": f"step {step}", "style": "PushPop",
+                     "global_tid": 1, "pid": 1, "tid": 1})
+        half = t + (end - t) // 2
+        rows.append({"start": t, "end": half, "duration": half - t, "name": "forward", "style": "PushPop",
+                     "global_tid": 1, "pid": 1, "tid": 1})
+        rows.append({"start": half, "end": end, "duration": end - half, "name": "backward", "style": "PushPop",
+                     "global_tid": 1, "pid": 1, "tid": 1})
+        t = end
+    return pd.DataFrame(rows)
+
+
+def test_findings_name_slow_steps_and_gpu_facts_with_evidence():
+    kernels = pd.DataFrame({"start": [100, 300], "end": [200, 900], "duration": [100, 600],
+                            "name": ["ampere_bf16_gemm", "elementwise"], "short_name": ["gemm", "ew"],
+                            "mangled_name": [None, None], "device_id": [0, 0], "stream_id": [7, 7],
+                            "pid": [1, 1], "correlation_id": [1, 2], "grid": ["1 1 1"] * 2, "block": ["1 1 1"] * 2})
+    result = analyze(_tables_with(kernels=kernels, nvtx=_nvtx_steps([10, 10, 40, 10])))
+    rules = {f.rule: f for f in result.findings}
+    assert "no_gpu_activity" not in rules
+    assert rules["top_kernel"].title.startswith("Top kernel takes 85.7%") and "elementwise" in rules["top_kernel"].evidence
+    assert "step 2 40.0 ms" in rules["slow_steps"].evidence
+    assert rules["gpu_busy"].severity == "info" and "87.5%" in rules["gpu_busy"].title
+    assert result.headline["steps_captured"] == 4
+
+
+def test_no_false_alarms_on_even_steps_without_gpu():
+    tables = _tables_with(nvtx=_nvtx_steps([10, 11, 10, 12]))
+    tables.sources = {"nvtx"}
+    rules = {f.rule for f in analyze(tables).findings}
+    assert "slow_steps" not in rules and "gpu_busy" not in rules and "no_gpu_activity" in rules

@@ -1,0 +1,69 @@
+"""The SFT loop's pieces: response-only loss masking, batching, and the capture window."""
+
+from __future__ import annotations
+
+import pytest
+
+from sftprof.model import build_byte_tokenizer
+from sftprof.sft.annotate import CAPTURE_RANGE_NAME, CaptureWindow
+from sftprof.sft.torch_backend import IGNORE_INDEX, MicroBatches, encode_example
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_byte_tokenizer()
+
+
+def test_byte_tokenizer_round_trips_any_text(tokenizer):
+    text = "Grüße, 東京 — résumé!"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_only_response_tokens_carry_labels(tokenizer):
+    prompt, response = "### Instruction:\nSay hi.\n\n### Response:\n", "Hi."
+    example = encode_example(tokenizer, prompt, response, seq_length=64)
+    n_prompt = 1 + len(tokenizer.encode(prompt, add_special_tokens=False))  # BOS + prompt
+    n_response = len(tokenizer.encode(response, add_special_tokens=False)) + 1  # + EOS
+    labels, ids, mask = example["labels"], example["input_ids"], example["attention_mask"]
+    assert len(labels) == len(ids) == len(mask) == 64
+    assert labels[:n_prompt] == [IGNORE_INDEX] * n_prompt
+    assert labels[n_prompt:n_prompt + n_response] == ids[n_prompt:n_prompt + n_response]
+    assert ids[n_prompt + n_response - 1] == tokenizer.eos_token_id
+    assert labels[n_prompt + n_response:] == [IGNORE_INDEX] * (64 - n_prompt - n_response)
+    assert mask == [1] * (n_prompt + n_response) + [0] * (64 - n_prompt - n_response)
+
+
+def test_truncation_keeps_labels_aligned(tokenizer):
+    example = encode_example(tokenizer, "p" * 10, "r" * 10, seq_length=15)
+    assert example["labels"] == [IGNORE_INDEX] * 11 + example["input_ids"][11:15]
+
+
+def test_micro_batches_cycle_through_every_example():
+    batches = MicroBatches([{"i": i} for i in range(5)], batch_size=2, seed=0)
+    seen = [ex["i"] for _ in range(5) for ex in batches.next()]
+    assert sorted(seen) == sorted(list(range(5)) * 2)
+
+
+class RecordingAnnotator:
+    route = "recording"
+
+    def __init__(self):
+        self.events = []
+
+    def push(self, name):
+        self.events.append(("push", name))
+
+    def pop(self):
+        self.events.append(("pop",))
+
+
+def test_nvtx_capture_window_opens_before_start_and_closes_after_end():
+    annotator = RecordingAnnotator()
+    window = CaptureWindow("nvtx", 2, 3, annotator)
+    for step in range(6):
+        window.before_step(step)
+        annotator.events.append(("step", step))
+        window.after_step(step)
+    assert annotator.events == [("step", 0), ("step", 1), ("push", CAPTURE_RANGE_NAME), ("step", 2), ("step", 3),
+                                ("pop",), ("step", 4), ("step", 5)]
+    assert [window.contains(s) for s in range(6)] == [False, False, True, True, False, False]

@@ -1,0 +1,94 @@
+"""Loaders and summaries against a real capture, checked against `nsys stats` on the same file."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sqlite3
+import subprocess
+
+import pytest
+
+from sftprof.analysis import cpu
+from sftprof.trace import load_trace
+from sftprof.trace.nsys_sqlite import TraceFormatError
+
+pytestmark = pytest.mark.e2e
+
+
+def nsys_stats(report: str, sqlite_path) -> list[dict]:
+    result = subprocess.run(["nsys", "stats", "--report", report, "--format", "csv", "--force-export", "false",
+                             str(sqlite_path)], capture_output=True, text=True, check=True)
+    text = result.stdout[result.stdout.index("Time (%)"):]
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def as_nsys_rows(summary, name_columns) -> set[tuple]:
+    return {(f"{r.time_pct:.1f}", str(r.total_ns), str(r.instances), f"{r.avg_ns:.1f}", f"{r.med_ns:.1f}",
+             str(r.min_ns), str(r.max_ns), f"{r.stddev_ns:.1f}", *(str(getattr(r, c)) for c in name_columns))
+            for r in summary.itertuples()}
+
+
+def test_nvtx_ranges_of_every_step_and_phase_were_recorded(demo_sqlite):
+    conn = sqlite3.connect(demo_sqlite)
+    names = [row[0] for row in conn.execute("SELECT text FROM NVTX_EVENTS WHERE eventType = 59")]
+    assert sorted(n for n in names if n.startswith("step")) == ["step 2", "step 3", "step 4"]
+    for phase in ("forward", "backward", "data"):
+        assert names.count(phase) == 3 * 2  # 3 captured steps x 2 accumulated micro-batches
+    assert names.count("optimizer") == 3 and names.count("sftprof_capture") == 1
+
+
+def test_nvtx_summary_equals_nsys_nvtxsum(demo_sqlite):
+    ours = as_nsys_rows(cpu.nvtx_summary(load_trace(demo_sqlite).nvtx), ["style", "name"])
+    theirs = {tuple(row.values()) for row in nsys_stats("nvtxsum", demo_sqlite)}
+    assert ours == theirs and len(ours) >= 7
+
+
+def test_osrt_summary_equals_nsys_osrtsum(demo_sqlite):
+    ours = as_nsys_rows(cpu.osrt_summary(load_trace(demo_sqlite).osrt), ["name"])
+    theirs = {tuple(row.values()) for row in nsys_stats("osrtsum", demo_sqlite)}
+    assert ours == theirs and ours
+
+
+def test_threads_of_the_training_process_are_named(demo_sqlite):
+    threads = cpu.thread_summary(load_trace(demo_sqlite))
+    main = threads[threads["is_main"]]
+    assert len(main) == 1 and main.iloc[0]["nvtx_ranges"] > 0
+    assert not threads["thread_name"].str.startswith("[NSys").any()
+
+
+def test_step_table_adds_up(demo_sqlite):
+    steps = cpu.step_table(load_trace(demo_sqlite).nvtx)
+    assert list(steps["step"]) == [2, 3, 4]
+    phase_sum = sum(steps[f"{p}_ns"] for p in cpu.PHASES)
+    assert ((phase_sum + steps["other_ns"]) == steps["duration"]).all()
+    assert (steps["other_ns"] >= 0).all() and (steps["forward_ns"] > 0).all() and (steps["backward_ns"] > 0).all()
+
+
+def test_report_without_cuda_has_empty_gpu_tables_with_columns(demo_sqlite):
+    tables = load_trace(demo_sqlite)
+    assert "cuda" not in tables.sources and tables.kernels.empty and "duration" in tables.kernels.columns
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "empty"),
+    (b"this is not a database at all, just text" * 100, "not an SQLite database"),
+])
+def test_bad_files_give_clear_errors(tmp_path, content, message):
+    path = tmp_path / "bad.sqlite"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=message):
+        load_trace(path)
+
+
+def test_foreign_sqlite_and_truncated_export(tmp_path, demo_sqlite):
+    foreign = tmp_path / "foreign.sqlite"
+    sqlite3.connect(foreign).execute("CREATE TABLE t (x)").connection.commit()
+    with pytest.raises(TraceFormatError, match="not an nsys export"):
+        load_trace(foreign)
+    truncated = tmp_path / "truncated.sqlite"
+    truncated.write_bytes(demo_sqlite.read_bytes()[: demo_sqlite.stat().st_size // 3])
+    with pytest.raises(TraceFormatError):
+        load_trace(truncated)
+    with pytest.raises(TraceFormatError, match="unsupported trace type"):
+        load_trace(foreign.rename(tmp_path / "trace.txt"))
