@@ -36,7 +36,7 @@ def _table_html(frame: pd.DataFrame, drop: tuple[str, ...] = (), limit: int = 25
             shown[column] = shown[column] / 1e6
             renamed[column] = column.removesuffix("_ns") + " (ms)" if column.endswith("_ns") else column + " (ms)"
     shown = shown.rename(columns=renamed)
-    return shown.to_html(index=False, classes="data", border=0, float_format=lambda v: f"{v:,.3f}")
+    return shown.to_html(index=False, classes="data", border=0, na_rep="", float_format=lambda v: f"{v:,.3f}")
 
 
 def read_metrics(path: str | Path | None) -> pd.DataFrame:
