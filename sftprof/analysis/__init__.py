@@ -94,15 +94,21 @@ def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, memop_sum: pd.D
 
 
 def _thread_findings(threads: pd.DataFrame, span_ns: int) -> list[Finding]:
-    blocked = threads[threads["osrt_ns"] > 0]
-    if blocked.empty or not span_ns:
+    training = threads[(threads["role"] != "") & (threads["osrt_ns"] > 0)]
+    if training.empty or not span_ns:
         return []
-    top = blocked.iloc[0]
-    return [Finding("thread_blocking", "info",
-                    f"Thread {top.thread_name} ({top.tid}) spends {100.0 * top.osrt_ns / span_ns:.1f}% of the "
-                    f"capture in OS-runtime calls",
-                    f"{top.osrt_calls} calls, {top.osrt_ns / 1e6:.3f} ms; most in {top.top_osrt_call} "
-                    f"({top.top_osrt_ns / 1e6:.3f} ms).")]
+    parts = [f"{t.thread_name} ({t.role}, tid {t.tid}) {t.osrt_ns / 1e6:.3f} ms = {100.0 * t.osrt_ns / span_ns:.1f}% "
+             f"of the capture, most in {t.top_osrt_call} ({t.top_osrt_ns / 1e6:.3f} ms)"
+             for t in training.itertuples()]
+    worst = training.iloc[0]
+    return [Finding("training_thread_blocking", "info",
+                    f"{worst.thread_name} ({worst.role} thread) blocks {100.0 * worst.osrt_ns / span_ns:.1f}% of "
+                    f"the capture in OS calls, mostly {worst.top_osrt_call}",
+                    "Time blocked in OS-runtime calls inside the capture: " + "; ".join(parts) + ".",
+                    "pthread_cond_wait/sem_wait on the training threads is waiting on another thread (the autograd "
+                    "engine hands backward work to pt_autograd_*) or on the GPU. Read it with the GPU busy time: "
+                    "if the GPU is idle too, the CPU issues work too slowly (small kernels, Python overhead: try "
+                    "larger micro-batches, torch.compile or CUDA graphs).")]
 
 
 def analyze(tables: TraceTables) -> Analysis:

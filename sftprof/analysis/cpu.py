@@ -60,28 +60,45 @@ def application_pids(tables) -> set[int]:
     return pids
 
 
+def thread_role(pid: int, tid: int, name: str) -> str:
+    """The training threads users ask about: the process's main thread and PyTorch's autograd workers."""
+    if pid == tid:
+        return "main"
+    if str(name).startswith("pt_autograd"):
+        return "autograd"
+    return ""
+
+
+def _clipped_to_capture(calls: pd.DataFrame, span_ns: int) -> pd.Series:
+    """Call durations inside [0, span]: a call can start before the capture or end after it."""
+    if not span_ns:
+        return calls["duration"]
+    return (calls["end"].clip(upper=span_ns) - calls["start"].clip(lower=0)).clip(lower=0)
+
+
 def thread_summary(tables) -> pd.DataFrame:
-    """Per application thread: OS-runtime and NVTX time, and the call it blocks in most."""
+    """Per application thread: OS-runtime time inside the capture, the call it blocks in most,
+    CUDA API and NVTX activity."""
     pids = application_pids(tables)
     threads = tables.threads[tables.threads["pid"].isin(pids)
                              & ~tables.threads["thread_name"].astype(str).str.match(PROFILER_THREAD)]
-    osrt_by_tid = tables.osrt.groupby("global_tid")
+    osrt = tables.osrt.assign(in_capture=_clipped_to_capture(tables.osrt, tables.span_ns))
+    osrt_by_tid = osrt.groupby("global_tid")
     rows = []
     for thread in threads.itertuples():
-        calls = (osrt_by_tid.get_group(thread.global_tid) if thread.global_tid in osrt_by_tid.groups
-                 else tables.osrt.iloc[0:0])
-        per_call = calls.groupby("name")["duration"].sum().sort_values(ascending=False)
+        calls = osrt_by_tid.get_group(thread.global_tid) if thread.global_tid in osrt_by_tid.groups else osrt.iloc[0:0]
+        per_call = calls.groupby("name")["in_capture"].sum().sort_values(ascending=False)
         api = tables.cuda_api[tables.cuda_api["global_tid"] == thread.global_tid]
         rows.append({
             "global_tid": thread.global_tid, "pid": thread.pid, "tid": thread.tid,
-            "thread_name": thread.thread_name, "is_main": thread.pid == thread.tid,
-            "osrt_calls": len(calls), "osrt_ns": int(calls["duration"].sum()),
+            "thread_name": thread.thread_name, "role": thread_role(thread.pid, thread.tid, thread.thread_name),
+            "osrt_calls": len(calls), "osrt_ns": int(calls["in_capture"].sum()),
             "top_osrt_call": per_call.index[0] if len(per_call) else "",
             "top_osrt_ns": int(per_call.iloc[0]) if len(per_call) else 0,
             "cuda_api_calls": len(api), "cuda_api_ns": int(api["duration"].sum()),
             "nvtx_ranges": int((tables.nvtx["global_tid"] == thread.global_tid).sum()),
         })
-    columns = ["global_tid", "pid", "tid", "thread_name", "is_main", "osrt_calls", "osrt_ns", "top_osrt_call",
+    columns = ["global_tid", "pid", "tid", "thread_name", "role", "osrt_calls", "osrt_ns", "top_osrt_call",
                "top_osrt_ns", "cuda_api_calls", "cuda_api_ns", "nvtx_ranges"]
     frame = pd.DataFrame(rows, columns=columns)
     return frame.sort_values(["osrt_ns", "nvtx_ranges"], ascending=False).reset_index(drop=True)

@@ -12,7 +12,7 @@ KERNEL_NAME_COLUMNS = {"demangled": "name", "short": "short_name", "mangled": "m
 def kernel_summary(kernels: pd.DataFrame, names: str = "demangled", by_launch_shape: bool = True) -> pd.DataFrame:
     """Kernel time by name, as `nsys stats -r gpukernsum` (2022.4 groups by name, grid and block)."""
     rows = kernels.assign(kernel=kernels[KERNEL_NAME_COLUMNS[names]].fillna(kernels["name"]))
-    return duration_summary(rows, ["kernel", "grid", "block"] if by_launch_shape else ["kernel"])
+    return duration_summary(rows, ["grid", "block", "kernel"] if by_launch_shape else ["kernel"])
 
 
 def memop_summary(memops: pd.DataFrame) -> pd.DataFrame:

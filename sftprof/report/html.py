@@ -26,6 +26,11 @@ _NS_COLUMNS = ("total_ns", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns", 
                "cuda_api_ns", "span_ns", "busy_ns")
 
 
+def _time_unit(values: pd.Series) -> tuple[str, float]:
+    """Microseconds for short things (kernels, API calls), milliseconds for long ones (steps)."""
+    return ("µs", 1e3) if values.abs().max() < 1e6 else ("ms", 1e6)
+
+
 def _table_html(frame: pd.DataFrame, drop: tuple[str, ...] = (), limit: int = 25) -> str:
     if frame is None or frame.empty:
         return ""
@@ -33,10 +38,11 @@ def _table_html(frame: pd.DataFrame, drop: tuple[str, ...] = (), limit: int = 25
     renamed = {}
     for column in shown.columns:
         if column in _NS_COLUMNS:
-            shown[column] = shown[column] / 1e6
-            renamed[column] = column.removesuffix("_ns") + " (ms)" if column.endswith("_ns") else column + " (ms)"
+            unit, scale = _time_unit(shown[column])
+            shown[column] = shown[column] / scale
+            renamed[column] = f"{column.removesuffix('_ns')} ({unit})"
     shown = shown.rename(columns=renamed)
-    return shown.to_html(index=False, classes="data", border=0, na_rep="", float_format=lambda v: f"{v:,.3f}")
+    return shown.to_html(index=False, classes="data", border=0, na_rep="", float_format=lambda v: f"{v:,.1f}")
 
 
 def read_metrics(path: str | Path | None) -> pd.DataFrame:
