@@ -141,3 +141,13 @@ def test_export_of_a_damaged_report_fails_cleanly(tmp_path):
         nsys.export_sqlite(bad, tmp_path / "bad.sqlite")
     assert not (tmp_path / "bad.sqlite").exists()
     assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_time_window_with_real_nsys_lets_the_program_finish(tmp_path):
+    window = {"capture_range": "none", "capture_range_end": "stop", "delay_s": 1, "duration_s": 1, "kill": "none"}
+    program = [sys.executable, "-c", "import time; time.sleep(3); print('finished after the window')"]
+    log = io.StringIO()
+    report = nsys.run_profile(nsys.profile_options(CPU_PROFILE, window), program, tmp_path / "timed", log)
+    assert report.exists()
+    assert "finished after the window" in log.getvalue()
+    assert "--delay=1" in log.getvalue() and "--duration=1" in log.getvalue()
