@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -119,8 +120,9 @@ def import_qdstrm(qdstrm: Path, report: Path, nsys_path: str, log: IO[str]) -> N
     log.flush()
     result = subprocess.run([str(importer), "-i", str(qdstrm), "-o", str(report)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    # The importer draws a progress bar with carriage returns; keep its last state.
-    log.write(result.stdout.replace("\r", "\n").strip().splitlines()[-1:][0] + "\n" if result.stdout.strip() else "")
+    # The importer draws a progress bar with carriage returns; keep only its final state.
+    progress = [line for line in result.stdout.replace("\r", "\n").splitlines() if line.strip()]
+    log.write("".join(progress[-1:]) + "\n")
     if result.returncode != 0 or not report.exists():
         raise NsysError(f"QdstrmImporter failed on {qdstrm} (exit {result.returncode})")
     qdstrm.unlink()
@@ -139,8 +141,13 @@ def generated_paths(output: str) -> list[str]:
     return paths
 
 
+def report_path(base: Path) -> Path:
+    """Where nsys puts the report for `--output=base` (it appends the suffix itself)."""
+    return base.with_name(base.name + REPORT_SUFFIX)
+
+
 def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str], capture_range: bool) -> Path:
-    report, raw = base.with_name(base.name + REPORT_SUFFIX), base.with_name(base.name + RAW_SUFFIX)
+    report, raw = report_path(base), base.with_name(base.name + RAW_SUFFIX)
     expected = {str(report.resolve()), str(raw.resolve())}
     diverted = [p for p in generated_paths(output) if str(Path(p).resolve()) not in expected]
     if diverted:
@@ -172,7 +179,7 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], base: Path, log
     argv = [nsys, "profile", *options, f"--output={base}", *app_argv]
     env = {**os.environ, **(extra_env or {})}
     agents_before = _agent_pids()
-    log.write("[sftprof] " + " ".join(argv) + "\n")
+    log.write("[sftprof] " + shlex.join(argv) + "\n")
     log.flush()
     captured: list[str] = []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -184,15 +191,18 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], base: Path, log
             sys.stdout.write(line)
         returncode = proc.wait()
     finally:
-        if proc.poll() is None:
+        # Whatever is still in nsys's process group now (the program, if nsys died) is left over.
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        except ProcessLookupError:
+            pass
+        proc.wait()
         _reap_agents(agents_before)
     log.flush()
     output = "".join(captured)
     if returncode != 0:
         tail = "".join(captured[-15:])
-        partial = base.with_name(base.name + REPORT_SUFFIX)
+        partial = report_path(base)
         kept = f" A report of the failed run is kept at {partial} for inspection." if partial.exists() else ""
         raise NsysError(f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} "
                         f"Last output:\n{tail}")
