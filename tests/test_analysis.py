@@ -73,3 +73,23 @@ def test_no_false_alarms_on_even_steps_without_gpu():
     tables.sources = {"nvtx"}
     rules = {f.rule for f in analyze(tables).findings}
     assert "slow_steps" not in rules and "gpu_busy" not in rules and "no_gpu_activity" in rules
+
+
+def _threads(osrt_ms: dict[str, tuple[float, str]]) -> pd.DataFrame:
+    return pd.DataFrame([{"thread_name": name, "role": "main" if name == "python" else "autograd", "tid": i,
+                          "osrt_ns": int(ms * 1e6), "top_osrt_call": call, "top_osrt_ns": int(ms * 1e6)}
+                         for i, (name, (ms, call)) in enumerate(osrt_ms.items())])
+
+
+def test_thread_blocking_is_a_finding_only_above_the_threshold():
+    from sftprof.analysis import _thread_findings
+
+    span = 1_000_000_000
+    assert _thread_findings(_threads({"python": (50, "pthread_cond_wait")}), span) == []
+    [finding] = _thread_findings(_threads({"python": (400, "pthread_cond_wait"), "pt_autograd_0": (300, "sem_wait")}),
+                                 span)
+    assert finding.title.startswith("python (main thread) blocks 40.0%")
+    assert "pt_autograd_0 (autograd, tid 1) 300.000 ms = 30.0%" in finding.evidence
+    assert "autograd engine" in finding.recommendation
+    [io_bound] = _thread_findings(_threads({"python": (200, "write")}), span)
+    assert io_bound.recommendation.startswith("write on a training thread")

@@ -15,6 +15,8 @@ from sftprof.trace.tables import TraceTables
 
 # A step this much slower than the median step is an outlier worth naming.
 SLOW_STEP_FACTOR = 1.5
+# A training thread blocked in OS calls for less of the capture than this is not worth a finding.
+BLOCKED_SHARE = 0.10
 
 
 @dataclass
@@ -95,7 +97,7 @@ def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, memop_sum: pd.D
 
 def _thread_findings(threads: pd.DataFrame, span_ns: int) -> list[Finding]:
     training = threads[(threads["role"] != "") & (threads["osrt_ns"] > 0)]
-    if training.empty or not span_ns:
+    if training.empty or not span_ns or training["osrt_ns"].max() < BLOCKED_SHARE * span_ns:
         return []
     parts = [f"{t.thread_name} ({t.role}, tid {t.tid}) {t.osrt_ns / 1e6:.3f} ms = {100.0 * t.osrt_ns / span_ns:.1f}% "
              f"of the capture, most in {t.top_osrt_call} ({t.top_osrt_ns / 1e6:.3f} ms)"
@@ -105,10 +107,17 @@ def _thread_findings(threads: pd.DataFrame, span_ns: int) -> list[Finding]:
                     f"{worst.thread_name} ({worst.role} thread) blocks {100.0 * worst.osrt_ns / span_ns:.1f}% of "
                     f"the capture in OS calls, mostly {worst.top_osrt_call}",
                     "Time blocked in OS-runtime calls inside the capture: " + "; ".join(parts) + ".",
-                    "pthread_cond_wait/sem_wait on the training threads is waiting on another thread (the autograd "
-                    "engine hands backward work to pt_autograd_*) or on the GPU. Read it with the GPU busy time: "
-                    "if the GPU is idle too, the CPU issues work too slowly (small kernels, Python overhead: try "
-                    "larger micro-batches, torch.compile or CUDA graphs).")]
+                    _WAIT_ADVICE if worst.top_osrt_call in WAIT_CALLS else
+                    f"{worst.top_osrt_call} on a training thread stalls the step: move it off the training loop "
+                    "(a background thread or process), or do it less often.")]
+
+
+WAIT_CALLS = {"pthread_cond_wait", "pthread_cond_timedwait", "sem_wait", "sem_timedwait", "futex", "poll",
+              "epoll_wait", "pthread_mutex_lock"}
+_WAIT_ADVICE = ("Waiting on the training threads is waiting on another thread (the autograd engine hands backward "
+                "work to pt_autograd_*) or on the GPU. Read it with the GPU busy time: if the GPU is idle too, the "
+                "CPU issues work too slowly (small kernels, Python overhead: try larger micro-batches, "
+                "torch.compile or CUDA graphs).")
 
 
 def analyze(tables: TraceTables) -> Analysis:
