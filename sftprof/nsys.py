@@ -76,7 +76,7 @@ def profile_environment(window: dict) -> dict[str, str]:
     return dict(NVTX_CAPTURE_ENV) if window["capture_range"] == "nvtx" else {}
 
 
-def _agent_pids() -> set[int]:
+def running_agent_pids() -> set[int]:
     """Process ids of running `nsys --start-agent` helpers."""
     pids = set()
     for cmdline_path in glob.glob("/proc/[0-9]*/cmdline"):
@@ -178,7 +178,7 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], base: Path, log
     # No "--" before the program: nsys 2022.4 rejects it as an ambiguous option.
     argv = [nsys, "profile", *options, f"--output={base}", *app_argv]
     env = {**os.environ, **(extra_env or {})}
-    agents_before = _agent_pids()
+    agents_before = running_agent_pids()
     log.write("[sftprof] " + shlex.join(argv) + "\n")
     log.flush()
     captured: list[str] = []
@@ -213,11 +213,11 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], base: Path, log
 def _reap_agents(agents_before: set[int], grace_s: float = 2.0) -> None:
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        leftover = _agent_pids() - agents_before
+        leftover = running_agent_pids() - agents_before
         if not leftover:
             return
         time.sleep(0.2)
-    _kill(_agent_pids() - agents_before)
+    _kill(running_agent_pids() - agents_before)
 
 
 def export_sqlite(report: str | Path, sqlite_path: str | Path) -> Path:

@@ -58,3 +58,14 @@ def demo_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_sqlite(demo_run) -> Path:
     return demo_run / "results" / "demo" / "steady" / "profile.sqlite"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_nsys_agents_left_behind():
+    """nsys can leave `--start-agent` helpers that burn a core each; no test may leave one."""
+    from sftprof.nsys import running_agent_pids
+
+    before = running_agent_pids()
+    yield
+    leftover = running_agent_pids() - before
+    assert not leftover, f"nsys agents left running after the tests: {sorted(leftover)}"

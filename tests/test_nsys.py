@@ -52,19 +52,15 @@ def test_missing_nsys_says_how_to_install(monkeypatch, tmp_path):
         nsys.run_profile([], SHORT_PROGRAM, tmp_path / "r", io.StringIO())
 
 
-def _agents() -> set[int]:
-    return nsys._agent_pids()
-
-
 def test_real_profile_writes_report_and_leaves_no_agents(tmp_path):
-    before = _agents()
+    before = nsys.running_agent_pids()
     log = io.StringIO()
     report = nsys.run_profile(["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM,
                               tmp_path / "plain", log)
     assert report == tmp_path / "plain.nsys-rep" and report.stat().st_size > 0
     assert not (tmp_path / "plain.qdstrm").exists()
     assert "profiled" in log.getvalue()
-    assert _agents() <= before
+    assert nsys.running_agent_pids() <= before
 
 
 @pytest.fixture
