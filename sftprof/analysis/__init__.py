@@ -63,8 +63,7 @@ _PHASE_ADVICE = {
 }
 
 
-def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, memop_sum: pd.DataFrame,
-                  busy: pd.DataFrame) -> list[Finding]:
+def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, busy: pd.DataFrame) -> list[Finding]:
     if tables.kernels.empty and tables.memops.empty:
         how = ("the capture traced no CUDA (`cuda` is not in profile.trace)" if "cuda" not in tables.sources
                else "CUDA was traced but no GPU work was recorded in the window")
@@ -122,14 +121,13 @@ _WAIT_ADVICE = ("Waiting on the training threads is waiting on another thread (t
 
 def analyze(tables: TraceTables) -> Analysis:
     kernel_sum = gpu.kernel_summary(tables.kernels)
-    memop_sum = gpu.memop_summary(tables.memops)
     busy = gpu.gpu_busy(tables.kernels, tables.memops)
     steps = cpu.step_table(tables.nvtx)
     threads = cpu.thread_summary(tables)
     result = Analysis(source_path=tables.source_path, span_ns=tables.span_ns, sources=sorted(tables.sources))
     result.tables = {
         "kernels": kernel_sum,
-        "memops": memop_sum,
+        "memops": gpu.memop_summary(tables.memops),
         "cuda_api": gpu.cuda_api_summary(tables.cuda_api),
         "gpu_busy": busy,
         "osrt": cpu.osrt_summary(tables.osrt),
@@ -138,7 +136,7 @@ def analyze(tables: TraceTables) -> Analysis:
         "phases": cpu.phase_ranges(tables.nvtx),
         "threads": threads,
     }
-    result.findings = (_gpu_findings(tables, kernel_sum, memop_sum, busy) + _step_findings(steps)
+    result.findings = (_gpu_findings(tables, kernel_sum, busy) + _step_findings(steps)
                        + _thread_findings(threads, tables.span_ns))
     result.headline = {
         "capture_s": tables.span_ns / 1e9,
