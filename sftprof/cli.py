@@ -17,8 +17,6 @@ import yaml
 
 from sftprof import __version__
 
-EXIT_USAGE = 2
-
 
 def _cmd_analyze(args) -> int:
     from sftprof import results

@@ -94,6 +94,15 @@ def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, busy: pd.DataFr
     return findings
 
 
+# OS-runtime calls in which a thread waits for another thread or for the GPU.
+WAIT_CALLS = {"pthread_cond_wait", "pthread_cond_timedwait", "sem_wait", "sem_timedwait", "futex", "poll",
+              "epoll_wait", "pthread_mutex_lock"}
+_WAIT_ADVICE = ("Waiting on the training threads is waiting on another thread (the autograd engine hands backward "
+                "work to pt_autograd_*) or on the GPU. Read it with the GPU busy time: if the GPU is idle too, the "
+                "CPU issues work too slowly (small kernels, Python overhead: try larger micro-batches, "
+                "torch.compile or CUDA graphs).")
+
+
 def _thread_findings(threads: pd.DataFrame, span_ns: int) -> list[Finding]:
     training = threads[(threads["role"] != "") & (threads["osrt_ns"] > 0)]
     if training.empty or not span_ns or training["osrt_ns"].max() < BLOCKED_SHARE * span_ns:
@@ -110,13 +119,6 @@ def _thread_findings(threads: pd.DataFrame, span_ns: int) -> list[Finding]:
                     f"{worst.top_osrt_call} on a training thread stalls the step: move it off the training loop "
                     "(a background thread or process), or do it less often.")]
 
-
-WAIT_CALLS = {"pthread_cond_wait", "pthread_cond_timedwait", "sem_wait", "sem_timedwait", "futex", "poll",
-              "epoll_wait", "pthread_mutex_lock"}
-_WAIT_ADVICE = ("Waiting on the training threads is waiting on another thread (the autograd engine hands backward "
-                "work to pt_autograd_*) or on the GPU. Read it with the GPU busy time: if the GPU is idle too, the "
-                "CPU issues work too slowly (small kernels, Python overhead: try larger micro-batches, "
-                "torch.compile or CUDA graphs).")
 
 
 def analyze(tables: TraceTables) -> Analysis:
