@@ -1,7 +1,8 @@
 """`sftprof`: the pipeline's pieces, usable without Snakemake.
 
   sftprof analyze REPORT        analyse an .nsys-rep or .sqlite into tables, findings and HTML
-  sftprof render EXP WINDOW     print the exact `nsys profile` command a window runs
+  sftprof render FORM EXP WIN   print how a window runs: local command, sbatch script, salloc line
+  sftprof submit EXP WIN        write the sbatch script of a window and submit it
   sftprof validate [CONFIG]     check a config file and print it with defaults filled in
 """
 
@@ -21,7 +22,7 @@ from sftprof import __version__
 def _cmd_analyze(args) -> int:
     from sftprof import results
     from sftprof.analysis import analyze
-    from sftprof.report import write_html
+    from sftprof.report import RankReport, write_html
     from sftprof.trace import load_trace
 
     for report in map(Path, args.reports):
@@ -32,7 +33,8 @@ def _cmd_analyze(args) -> int:
             out_dir = Path(args.output) / stem if len(args.reports) > 1 else Path(args.output)
         analysis = analyze(load_trace(report))
         results.save(analysis, out_dir / "analysis")
-        html = write_html(analysis, args.metrics, out_dir / "report.html", args.title or f"sftprof: {report.name}")
+        html = write_html([RankReport("", analysis, args.metrics)], out_dir / "report.html",
+                          args.title or f"sftprof: {report.name}")
         print(f"{report}:")
         for finding in analysis.findings:
             marker = "!" if finding.severity == "warning" else "-"
@@ -41,21 +43,39 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
-def _cmd_render(args) -> int:
-    from sftprof import config, layout, nsys, sft
+def _experiment_window(args) -> tuple[dict, dict]:
+    from sftprof import config
 
     cfg = config.load(args.config)
-    experiment = config.experiment(cfg, args.experiment)
-    window = config.window(cfg, args.experiment, args.window)
-    names = {"experiment": args.experiment, "window": args.window, "report": experiment["profile"]["output_name"],
-             "split": "training"}
-    app = sft.command(layout.MODEL_DIR.format(**names), layout.SFT_SPLIT.format(**names),
-                      layout.METRICS.format(**names), experiment["sft"], window)
-    env = nsys.profile_environment(window)
-    base = layout.NSYS_REPORT.format(**names).removesuffix(nsys.REPORT_SUFFIX)
-    argv = ["nsys", "profile", *nsys.profile_options(experiment["profile"], window), f"--output={base}", *app]
-    prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
-    print((prefix + " " if prefix else "") + shlex.join(argv))
+    return config.experiment(cfg, args.experiment), config.window(cfg, args.experiment, args.window)
+
+
+def _cmd_render(args) -> int:
+    from sftprof import jobs
+
+    experiment, window = _experiment_window(args)
+    if args.form == "local":
+        plan = jobs.launch_plan(args.experiment, experiment, args.window, window, workdir=args.workdir,
+                                under_slurm=False)
+        text = " \\\n  ".join(shlex.join(part) for part in (plan.container, plan.rank, plan.nsys, plan.app) if part)
+        text += "\n"
+    else:
+        render = jobs.render_sbatch if args.form == "sbatch" else jobs.render_salloc
+        text = render(args.experiment, experiment, args.window, window, args.workdir)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_submit(args) -> int:
+    from sftprof import jobs
+
+    experiment, window = _experiment_window(args)
+    script = jobs.write_sbatch(args.experiment, experiment, args.window, window, args.workdir)
+    job_id = jobs.submit(script, wait=args.wait)
+    print(f"submitted {script} as Slurm job {job_id}" + (", finished" if args.wait else ""))
     return 0
 
 
@@ -65,6 +85,13 @@ def _cmd_validate(args) -> int:
     cfg = config.load(args.config)
     print(yaml.safe_dump(cfg, sort_keys=False) if not args.json else json.dumps(cfg, indent=2))
     return 0
+
+
+def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment")
+    parser.add_argument("window")
+    parser.add_argument("--config", default="config.yaml", help="config file (default: config.yaml)")
+    parser.add_argument("--workdir", default=".", help="the workflow's working directory (default: here)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,13 +113,25 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.set_defaults(handler=_cmd_analyze)
 
     render = commands.add_parser(
-        "render", help="print the nsys profile command line of one experiment window",
-        description="Print, shell-quoted, the command the workflow's profile step runs for EXPERIMENT "
-                    "and WINDOW, with the environment it sets. Paths are the workflow's defaults.")
-    render.add_argument("experiment")
-    render.add_argument("window")
-    render.add_argument("--config", default="config.yaml", help="config file (default: config.yaml)")
+        "render", help="print how one experiment window is launched: locally, as sbatch script or salloc",
+        description="Print, shell-quoted, what runs EXPERIMENT's WINDOW. `local`: the command the local "
+                    "workflow runs (one rank). `sbatch`: a batch script for `sbatch FILE` (partition, nodes, "
+                    "GPUs, time... from the experiment's slurm section; srun per rank; the container exec "
+                    "line). `salloc`: the same as an salloc command line, runnable as it is. Every config "
+                    "value is quoted for the shell.")
+    render.add_argument("form", choices=("local", "sbatch", "salloc"))
+    _add_window_arguments(render)
+    render.add_argument("-o", "--output", help="write to this file instead of standard output")
     render.set_defaults(handler=_cmd_render)
+
+    submit = commands.add_parser(
+        "submit", help="render the sbatch script of a window and submit it with sbatch",
+        description="Write jobs/EXPERIMENT/WINDOW/job.sbatch (see `render sbatch`) and submit it. Reports land "
+                    "in results/EXPERIMENT/WINDOW/capture/, one per profiled rank; analyse them with "
+                    "`sftprof analyze` or let the workflow pick them up.")
+    _add_window_arguments(submit)
+    submit.add_argument("--wait", action="store_true", help="return only when the job has finished (sbatch --wait)")
+    submit.set_defaults(handler=_cmd_submit)
 
     validate = commands.add_parser(
         "validate", help="validate a config file and print it with defaults filled in",
@@ -106,13 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from sftprof.config import ConfigError
+    from sftprof.jobs import SlurmError
     from sftprof.nsys import NsysError
     from sftprof.trace.nsys_sqlite import TraceFormatError
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, NsysError, TraceFormatError) as error:
+    except (ConfigError, NsysError, SlurmError, TraceFormatError) as error:
         print(f"sftprof: error: {error}", file=sys.stderr)
         return 1
 

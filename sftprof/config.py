@@ -91,17 +91,51 @@ def check_cross_field_rules(config: dict) -> None:
         split = exp["data"]["split"]
         if abs(sum(split.values()) - 1.0) > 1e-9:
             raise ConfigError(f"config key {where}.data.split: fractions must add up to 1, got {sum(split.values())}")
-        model = exp["model"]
-        if model["hidden_size"] % model["num_heads"]:
-            raise ConfigError(f"config key {where}.model.hidden_size: must be a multiple of num_heads")
-        if model["num_heads"] % model["num_kv_heads"]:
-            raise ConfigError(f"config key {where}.model.num_kv_heads: must divide num_heads")
+        _check_model(where, exp["model"], exp["sft"])
         sft = exp["sft"]
-        if sft["seq_length"] > model["max_position_embeddings"]:
-            raise ConfigError(f"config key {where}.sft.seq_length: exceeds model.max_position_embeddings")
+        _check_ranks(where, exp)
         trace = exp["profile"]["trace"]
         for win_name, window in exp["profile"]["windows"].items():
             _check_window(f"{where}.profile.windows.{win_name}", window, trace, sft)
+
+
+def world_size(experiment: dict) -> int:
+    slurm = experiment["slurm"]
+    return slurm["nodes"] * slurm["ntasks_per_node"]
+
+
+def _check_model(where: str, model: dict, sft: dict) -> None:
+    if model["source"] == "path":
+        if "path" not in model:
+            raise ConfigError(f"config key {where}.model.path: model.source path needs the checkpoint folder")
+        return
+    if model["hidden_size"] % model["num_heads"]:
+        raise ConfigError(f"config key {where}.model.hidden_size: must be a multiple of num_heads")
+    if model["num_heads"] % model["num_kv_heads"]:
+        raise ConfigError(f"config key {where}.model.num_kv_heads: must divide num_heads")
+    if sft["seq_length"] > model["max_position_embeddings"]:
+        raise ConfigError(f"config key {where}.sft.seq_length: exceeds model.max_position_embeddings")
+
+
+def _check_ranks(where: str, exp: dict) -> None:
+    ranks = world_size(exp)
+    outside = [r for r in exp["profile"]["ranks"] if r >= ranks]
+    if outside:
+        raise ConfigError(f"config key {where}.profile.ranks: rank(s) {outside} do not exist; slurm.nodes x "
+                          f"slurm.ntasks_per_node gives ranks 0..{ranks - 1}")
+    if exp["sft"]["backend"] != "nemo":
+        return
+    nemo = exp["sft"]["nemo"]
+    model_parallel = nemo["tensor_parallel"] * nemo["pipeline_parallel"]
+    if ranks % model_parallel:
+        raise ConfigError(f"config key {where}.sft.nemo: {ranks} ranks cannot be split into groups of "
+                          f"tensor_parallel x pipeline_parallel = {model_parallel}")
+    if exp["sft"]["device"] == "cpu":
+        raise ConfigError(f"config key {where}.sft.device: the nemo backend trains on CUDA only")
+    for win_name, window in exp["profile"]["windows"].items():
+        if window["capture_range"] == "nvtx":
+            raise ConfigError(f"config key {where}.profile.windows.{win_name}.capture_range: the nemo backend "
+                              "opens step windows with NeMo's NsysCallback, i.e. cudaProfilerApi")
 
 
 def _check_window(where: str, window: dict, trace: list[str], sft: dict) -> None:

@@ -1,17 +1,20 @@
 """Where the pipeline keeps its files, relative to the working directory.
 
-Patterns with {experiment}, {window} and {report} wildcards: the Snakemake rules use them as
-they are, and code outside Snakemake (the CLI) fills them with str.format.
+Patterns with {experiment} and {window} wildcards: the Snakemake rules use them as they are,
+and code outside Snakemake (the CLI) fills them with str.format. Inside a capture folder,
+report names come from sftprof.nsys.output_pattern and each rank's record from sftprof.rank.
 """
 
 DOLLY_JSONL = "resources/{experiment}/dolly.jsonl"
 SFT_SPLIT = "resources/{experiment}/sft/{split}.jsonl"
 SFT_STATS = "resources/{experiment}/sft/stats.json"
 MODEL_DIR = "resources/{experiment}/model"
+# HF checkpoints converted to NeMo 2 format, one per model (named after its folder).
+NEMO_CHECKPOINT = "resources/nemo-checkpoints/{model}"
 WINDOW_DIR = "results/{experiment}/{window}"
-NSYS_REPORT = WINDOW_DIR + "/{report}.nsys-rep"
-NSYS_SQLITE = WINDOW_DIR + "/{report}.sqlite"
-METRICS = WINDOW_DIR + "/{report}.metrics.jsonl"
+CAPTURE_DIR = WINDOW_DIR + "/capture"
+SQLITE_DIR = WINDOW_DIR + "/sqlite"
 ANALYSIS_DIR = WINDOW_DIR + "/analysis"
 REPORT_HTML = WINDOW_DIR + "/report.html"
+JOB_DIR = "jobs/{experiment}/{window}"
 LOG_DIR = "logs/{experiment}"

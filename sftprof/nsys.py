@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +32,8 @@ INSTALL_HINT = (
     "(non-free package nsight-systems); elsewhere get it from NVIDIA's Nsight Systems page, "
     "then make sure `nsys` is on PATH."
 )
+# nsys expands these in --output: one report per rank, named by job, node, rank and host.
+PER_RANK_OUTPUT = ".%q{SLURM_JOB_ID}.%q{SLURM_NODEID}.%q{SLURM_PROCID}.%h"
 # Unregistered NVTX strings (what the trainer pushes) only open an nvtx capture range with this.
 NVTX_CAPTURE_ENV = {"NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
 
@@ -57,6 +61,8 @@ def profile_options(profile: dict, window: dict) -> list[str]:
         f"--cpuctxsw={profile['cpuctxsw']}",
         f"--show-output={'true' if profile['show_output'] else 'false'}",
     ]
+    if profile["force_overwrite"]:
+        options.append("--force-overwrite=true")
     if profile["event_sample"] != "none":
         options.append(f"--event-sample={profile['event_sample']}")
     if window["capture_range"] != "none":
@@ -74,6 +80,46 @@ def profile_options(profile: dict, window: dict) -> list[str]:
 
 def profile_environment(window: dict) -> dict[str, str]:
     return dict(NVTX_CAPTURE_ENV) if window["capture_range"] == "nvtx" else {}
+
+
+def output_pattern(directory: str | Path, output_name: str, per_rank: bool) -> str:
+    """The --output value: under Slurm, nsys itself makes each rank's name unique."""
+    return str(Path(directory) / output_name) + (PER_RANK_OUTPUT if per_rank else "")
+
+
+def expand_output(pattern: str, environ: dict[str, str] | None = None) -> Path:
+    """The path nsys makes of an --output pattern: %q{VAR} is $VAR, %h the host name, %% a %."""
+    environ = os.environ if environ is None else environ
+
+    def substitute(match: re.Match) -> str:
+        token = match.group(0)
+        if token == "%%":
+            return "%"
+        if token == "%h":
+            return socket.gethostname()
+        name = match.group(1)
+        if name not in environ:
+            raise NsysError(f"--output={pattern} needs ${name}, which is not set (run it under Slurm)")
+        return environ[name]
+
+    return Path(re.sub(r"%q\{([A-Za-z_][A-Za-z0-9_]*)\}|%h|%%", substitute, pattern))
+
+
+def profile_argv(options: Sequence[str], output: str | Path, app_argv: Sequence[str], nsys: str = "nsys") -> list[str]:
+    """`nsys profile OPTIONS --output=OUTPUT PROGRAM...`: --output always comes last, right before
+    the program (sftprof.rank relies on that to split the two). No "--" before the program:
+    nsys 2022.4 rejects it as an ambiguous option."""
+    return [nsys, "profile", *options, f"--output={output}", *app_argv]
+
+
+def split_profile_argv(argv: Sequence[str]) -> tuple[list[str], str, list[str]]:
+    """The inverse of profile_argv: (options, output, program argv)."""
+    if len(argv) < 2 or Path(argv[0]).name != "nsys" or argv[1] != "profile":
+        raise NsysError(f"expected an `nsys profile ...` command, got: {shlex.join(argv[:3])} ...")
+    for index, arg in enumerate(argv):
+        if arg.startswith("--output="):
+            return list(argv[2:index]), arg.removeprefix("--output="), list(argv[index + 1:])
+    raise NsysError("the nsys profile command has no --output=... before the program")
 
 
 def running_agent_pids() -> set[int]:
@@ -166,18 +212,19 @@ def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str], captu
     raise NsysError(f"nsys produced no report at {report}; see the log for its messages")
 
 
-def run_profile(options: Sequence[str], app_argv: Sequence[str], base: Path, log: IO[str],
+def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | Path, log: IO[str],
                 extra_env: dict[str, str] | None = None) -> Path:
-    """Profile `app_argv` into `base`.nsys-rep; return the report path or raise NsysError.
+    """Profile `app_argv` into `output`.nsys-rep; return the report path or raise NsysError.
 
-    nsys's own output is copied to `log` and echoed to stdout. Helpers that this run started
-    (the nsys process group, new `--start-agent` processes) are killed before returning.
+    `output` may hold nsys's %q{VAR} and %h expansions (see output_pattern). nsys's own output
+    is copied to `log` and echoed to stdout. Helpers that this run started (the nsys process
+    group, new `--start-agent` processes) are killed before returning.
     """
     nsys = find_nsys()
-    base.parent.mkdir(parents=True, exist_ok=True)
-    # No "--" before the program: nsys 2022.4 rejects it as an ambiguous option.
-    argv = [nsys, "profile", *options, f"--output={base}", *app_argv]
     env = {**os.environ, **(extra_env or {})}
+    base = expand_output(str(output), env)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    argv = profile_argv(options, output, app_argv, nsys)
     agents_before = running_agent_pids()
     log.write("[sftprof] " + shlex.join(argv) + "\n")
     log.flush()

@@ -7,32 +7,27 @@ output users script against.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
 
 from sftprof.analysis import Analysis
 from sftprof.analysis.findings import Finding
+from sftprof.io import atomic_dir
 
 SUMMARY_FILE = "analysis.json"
 
 
 def save(analysis: Analysis, out_dir: str | Path) -> Path:
     """Write into a temporary sibling folder, then swap it in: no half-written result folder."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, table in analysis.tables.items():
-        table.to_csv(tmp / f"{name}.csv", index=False)
-    summary = {"source_path": analysis.source_path, "span_ns": analysis.span_ns, "sources": analysis.sources,
-               "headline": analysis.headline, "findings": [f.to_dict() for f in analysis.findings],
-               "tables": sorted(analysis.tables)}
-    (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    return out_dir
+    with atomic_dir(out_dir) as tmp:
+        for name, table in analysis.tables.items():
+            table.to_csv(tmp / f"{name}.csv", index=False)
+        summary = {"source_path": analysis.source_path, "span_ns": analysis.span_ns, "sources": analysis.sources,
+                   "headline": analysis.headline, "findings": [f.to_dict() for f in analysis.findings],
+                   "tables": sorted(analysis.tables)}
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
+    return Path(out_dir)
 
 
 def load(out_dir: str | Path) -> Analysis:

@@ -57,7 +57,7 @@ def demo_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_sqlite(demo_run) -> Path:
-    return demo_run / "results" / "demo" / "steady" / "profile.sqlite"
+    return demo_run / "results" / "demo" / "steady" / "sqlite" / "rank0.sqlite"
 
 
 @pytest.fixture(scope="session", autouse=True)

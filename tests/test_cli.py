@@ -21,7 +21,7 @@ def sftprof(*args, cwd=REPO):
 
 @pytest.mark.e2e
 def test_analyze_writes_tables_findings_and_html(demo_sqlite, demo_run, tmp_path):
-    metrics = demo_run / "results" / "demo" / "steady" / "profile.metrics.jsonl"
+    metrics = demo_run / "results" / "demo" / "steady" / "capture" / "profile.rank0.metrics.jsonl"
     result = sftprof("analyze", str(demo_sqlite), "-o", str(tmp_path / "out"), "--metrics", str(metrics))
     assert result.returncode == 0, result.stderr
     assert "No GPU activity in this capture" in result.stdout
@@ -38,13 +38,31 @@ def test_analyze_of_a_missing_file_is_a_clear_error(tmp_path):
 
 
 def test_render_prints_the_command_the_workflow_runs():
-    result = sftprof("render", "demo", "steady")
+    result = sftprof("render", "local", "demo", "steady")
     assert result.returncode == 0, result.stderr
-    argv = shlex.split(result.stdout)
-    assert argv[0] == "NSYS_NVTX_PROFILER_REGISTER_ONLY=0" and argv[1:3] == ["nsys", "profile"]
-    assert "--capture-range=nvtx" in argv and "--output=results/demo/steady/profile" in argv
+    argv = shlex.split(result.stdout.replace("\\\n", " "))
+    assert argv[1:3] == ["-m", "sftprof.rank"] and "--env=NSYS_NVTX_PROFILER_REGISTER_ONLY=0" in argv
+    nsys_at = argv.index("--") + 1
+    assert argv[nsys_at:nsys_at + 2] == ["nsys", "profile"]
+    assert "--capture-range=nvtx" in argv and "--output=results/demo/steady/capture/profile" in argv
     settings = json.loads(argv[-1])
     assert settings["window"]["start_step"] == 4 and settings["model_dir"] == "resources/demo/model"
+
+
+def test_render_sbatch_writes_a_script(tmp_path):
+    result = sftprof("render", "sbatch", "demo", "steady", "-o", str(tmp_path / "job.sbatch"))
+    assert result.returncode == 0, result.stderr
+    script = (tmp_path / "job.sbatch").read_text()
+    assert "#SBATCH --partition=gh" in script and "srun --nodes=1 --ntasks=1" in script
+
+
+def test_submit_without_slurm_or_with_a_bad_config_is_a_clear_error(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("experiments:\n  demo:\n    slurm: {partition: 'a;b'}\n    profile:\n      windows:\n"
+                      "        w: {duration_s: 1}\n")
+    result = sftprof("submit", "demo", "w", "--config", str(config))
+    assert result.returncode == 1
+    assert "experiments.demo.slurm.partition" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_validate_reports_the_bad_key(tmp_path):
@@ -58,5 +76,5 @@ def test_validate_reports_the_bad_key(tmp_path):
 def test_help_explains_each_command():
     result = sftprof("--help")
     assert result.returncode == 0
-    for command in ("analyze", "render", "validate"):
+    for command in ("analyze", "render", "submit", "validate"):
         assert command in result.stdout

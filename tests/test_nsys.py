@@ -14,9 +14,9 @@ import pytest
 from sftprof import nsys
 
 PROFILE = {"trace": ["cuda", "cudnn", "cublas", "osrt", "nvtx"], "sample": "none", "cpuctxsw": "none",
-           "event_sample": "system-wide", "show_output": True}
+           "event_sample": "system-wide", "show_output": True, "force_overwrite": False}
 CPU_PROFILE = {"trace": ["osrt"], "sample": "none", "cpuctxsw": "none", "event_sample": "none",
-               "show_output": True}
+               "show_output": True, "force_overwrite": False}
 SHORT_PROGRAM = [sys.executable, "-c", "import time; print('profiled'); time.sleep(0.2)"]
 
 

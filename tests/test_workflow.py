@@ -26,12 +26,14 @@ def test_demo_produces_report_from_real_capture(demo_run):
     window = demo_run / "results" / "demo" / "steady"
     html = (window / "report.html").read_text()
     assert "<svg" in html and "Step time by phase" in html
-    summary = json.loads((window / "analysis" / "analysis.json").read_text())
+    summary = json.loads((window / "analysis" / "rank0" / "analysis.json").read_text())
     # Steps 2..4 were inside the capture window: exactly those three steps were recorded.
     assert summary["headline"]["steps_captured"] == 3
-    steps = (window / "analysis" / "steps.csv").read_text().splitlines()
+    steps = (window / "analysis" / "rank0" / "steps.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in steps[1:]] == ["2", "3", "4"]
-    metrics = [json.loads(line) for line in (window / "profile.metrics.jsonl").read_text().splitlines()]
+    record = json.loads((window / "capture" / "rank0.json").read_text())
+    assert record["report"] == "profile.nsys-rep" and record["world_size"] == 1
+    metrics = [json.loads(line) for line in (window / "capture" / "profile.rank0.metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(6))
     assert [m["in_window"] for m in metrics] == [False, False, True, True, True, False]
     assert all(m["tokens_per_s"] > 0 for m in metrics)
@@ -89,6 +91,5 @@ def test_failed_profile_leaves_no_complete_looking_output(tmp_path):
     result = snakemake(tmp_path, check=False)
     assert result.returncode != 0
     window = tmp_path / "results" / "demo" / "steady"
-    assert not (window / "profile.nsys-rep").exists()
-    assert not (window / "profile.metrics.jsonl").exists()
-    assert not list(window.glob(".*partial*"))
+    assert not (window / "capture").exists()
+    assert not list(window.glob("*partial*"))

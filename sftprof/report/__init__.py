@@ -1,5 +1,6 @@
-"""The report: renders an Analysis (and the trainer's metrics) into one self-contained HTML file."""
+"""The report: renders each profiled rank's Analysis (and the trainer's metrics) into one
+self-contained HTML file."""
 
-from sftprof.report.html import render_html, write_html
+from sftprof.report.html import RankReport, render_html, write_html
 
-__all__ = ["render_html", "write_html"]
+__all__ = ["RankReport", "render_html", "write_html"]

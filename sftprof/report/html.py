@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,15 +52,24 @@ def read_metrics(path: str | Path | None) -> pd.DataFrame:
     return pd.read_json(path, lines=True)
 
 
-def render_html(analysis: Analysis, metrics: pd.DataFrame, title: str) -> str:
-    t = analysis.tables
+@dataclass
+class RankReport:
+    """One profiled rank's part of a report: `label` names it ("" when it is the only one)."""
+
+    label: str
+    analysis: Analysis
+    metrics_path: str | Path | None = None
+
+
+def _rank_context(part: RankReport, anchor: str) -> dict:
+    t = part.analysis.tables
+    metrics = read_metrics(part.metrics_path)
     window_metrics = metrics[metrics["in_window"]] if not metrics.empty else metrics
-    context = {
-        "title": title,
-        "version": __version__,
-        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "analysis": analysis,
-        "headline_json": json.dumps(analysis.headline, indent=1),
+    return {
+        "label": part.label,
+        "anchor": anchor,
+        "analysis": part.analysis,
+        "headline_json": json.dumps(part.analysis.headline, indent=1),
         "sections": {
             "kernels": _table_html(t["kernels"]),
             "memops": _table_html(t["memops"]),
@@ -82,9 +92,18 @@ def render_html(analysis: Analysis, metrics: pd.DataFrame, title: str) -> str:
         "window_tokens_per_s": float(window_metrics["tokens_per_s"].median()) if len(window_metrics) else None,
         "run_tokens_per_s": float(metrics["tokens_per_s"].median()) if len(metrics) else None,
     }
+
+
+def render_html(parts: list[RankReport], title: str) -> str:
+    context = {
+        "title": title,
+        "version": __version__,
+        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "ranks": [_rank_context(part, f"r{index}-" if len(parts) > 1 else "") for index, part in enumerate(parts)],
+    }
     return _ENV.get_template("report.html.j2").render(**context)
 
 
-def write_html(analysis: Analysis, metrics_path: str | Path | None, out_path: str | Path, title: str) -> Path:
-    atomic_write_text(out_path, render_html(analysis, read_metrics(metrics_path), title))
+def write_html(parts: list[RankReport], out_path: str | Path, title: str) -> Path:
+    atomic_write_text(out_path, render_html(parts, title))
     return Path(out_path)

@@ -1,12 +1,14 @@
 """SFT backends. Each takes the same inputs (HF checkpoint folder, SFT jsonl, settings) and
 writes the same per-step metrics file, so the profile and analysis rules do not care which
-one ran. The built-in `torch` loop runs anywhere; a NeMo backend plugs in beside it.
+one ran. The built-in `torch` loop runs anywhere; `nemo` runs inside the NeMo container and
+reads a NeMo 2 checkpoint instead of the HF folder.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -17,11 +19,19 @@ def _torch_backend(**kwargs) -> dict:
     return train(**kwargs)
 
 
-BACKENDS = {"torch": _torch_backend}
+def _nemo_backend(**kwargs) -> dict:
+    from sftprof.sft.nemo_backend import train
+
+    return train(**kwargs)
+
+
+BACKENDS = {"torch": _torch_backend, "nemo": _nemo_backend}
 
 
 def run(backend: str, model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
         sft: dict, window: dict) -> dict:
+    """Run one backend. `metrics_path` may hold `{rank}`, filled with this process's RANK."""
+    metrics_path = str(metrics_path).format(rank=os.environ.get("RANK", "0"))
     try:
         entry = BACKENDS[backend]
     except KeyError:
@@ -29,12 +39,20 @@ def run(backend: str, model_dir: str | Path, train_jsonl: str | Path, metrics_pa
     return entry(model_dir=model_dir, train_jsonl=train_jsonl, metrics_path=metrics_path, sft=sft, window=window)
 
 
+def backend_settings(sft: dict) -> dict:
+    """The `sft` settings the chosen backend reads: the nemo block only matters to nemo."""
+    return {key: value for key, value in sft.items() if key != "nemo" or sft["backend"] == "nemo"}
+
+
 def command(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
-            sft: dict, window: dict) -> list[str]:
-    """The argv that runs one SFT job in a fresh interpreter (the program nsys profiles)."""
+            sft: dict, window: dict, python: str = sys.executable) -> list[str]:
+    """The argv that runs one SFT job in a fresh interpreter (the program nsys profiles).
+
+    `python` is this interpreter by default; inside a container it is the container's own.
+    """
     settings = {"model_dir": str(model_dir), "train_jsonl": str(train_jsonl),
-                "metrics_path": str(metrics_path), "sft": sft, "window": window}
-    return [sys.executable, "-m", "sftprof.sft", json.dumps(settings)]
+                "metrics_path": str(metrics_path), "sft": backend_settings(sft), "window": window}
+    return [python, "-m", "sftprof.sft", json.dumps(settings)]
 
 
 def main(argv: list[str] | None = None) -> int:

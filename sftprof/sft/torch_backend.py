@@ -6,8 +6,10 @@ Every step and phase is an NVTX range ("step N", then "data", "forward", "backwa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -71,27 +73,46 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def _data_parallel(model, device: str):
+    """With WORLD_SIZE > 1 (set per Slurm task by sftprof.rank), wrap the model for data
+    parallelism over gloo (CPU) or NCCL (GPU); otherwise return it as it is."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return model
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return DistributedDataParallel(model)
+
+
 def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
           sft: dict, window: dict) -> dict:
     """Run `sft["steps"]` optimizer steps; write one JSON line per step to `metrics_path`."""
     import torch
+    import torch.distributed as dist
     from transformers import AutoTokenizer, LlamaForCausalLM
 
+    rank = int(os.environ.get("RANK", "0"))
     device = resolve_device(sft["device"])
+    if device == "cuda":
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        torch.cuda.set_device(device)
     if sft["num_threads"]:
         torch.set_num_threads(sft["num_threads"])
     torch.manual_seed(sft["seed"])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = LlamaForCausalLM.from_pretrained(model_dir).to(device)
+    model = _data_parallel(LlamaForCausalLM.from_pretrained(model_dir).to(device), device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft["learning_rate"], weight_decay=sft["weight_decay"])
     examples = [encode_example(tokenizer, row["input"], row["output"], sft["seq_length"])
                 for row in read_jsonl(train_jsonl)]
-    batches = MicroBatches(examples, sft["micro_batch_size"], sft["seed"])
-    annotator = Annotator(on_cuda=device == "cuda")
+    # Each rank draws its own micro-batches: data parallelism over one shuffled dataset.
+    batches = MicroBatches(examples, sft["micro_batch_size"], sft["seed"] + rank)
+    device_type = device.split(":")[0]
+    annotator = Annotator(on_cuda=device_type == "cuda")
     capture = CaptureWindow(window["capture_range"], window.get("start_step"), window.get("end_step"), annotator)
     use_bf16 = sft["precision"] == "bf16"
-    log.info("training on %s, NVTX via %s, %d examples", device, annotator.route, len(examples))
+    log.info("rank %d training on %s, NVTX via %s, %d examples", rank, device, annotator.route, len(examples))
 
     with atomic_path(metrics_path) as partial, open(partial, "w") as metrics:
         for step in range(sft["steps"]):
@@ -99,13 +120,18 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
             started = time.perf_counter()
             tokens, loss_sum = 0, 0.0
             with annotator.range(f"step {step}"):
-                for _ in range(sft["grad_accum_steps"]):
+                for micro in range(sft["grad_accum_steps"]):
+                    # Gradients are all-reduced once per step, on its last micro-batch.
+                    last = micro == sft["grad_accum_steps"] - 1
+                    sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
                     with annotator.range("data"):
                         batch = _collate(batches.next(), device)
-                    with annotator.range("forward"), torch.autocast(device, torch.bfloat16, enabled=use_bf16):
-                        loss = model(**batch).loss / sft["grad_accum_steps"]
-                    with annotator.range("backward"):
-                        loss.backward()
+                    with sync:
+                        with annotator.range("forward"), torch.autocast(device_type, torch.bfloat16,
+                                                                         enabled=use_bf16):
+                            loss = model(**batch).loss / sft["grad_accum_steps"]
+                        with annotator.range("backward"):
+                            loss.backward()
                     tokens += int(batch["attention_mask"].sum())
                     loss_sum += float(loss.detach())
                 with annotator.range("optimizer"):
@@ -113,9 +139,11 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
                     optimizer.zero_grad(set_to_none=True)
             step_time = time.perf_counter() - started
             capture.after_step(step)
-            record = {"step": step, "loss": round(loss_sum, 6), "step_time_s": step_time, "tokens": tokens,
+            record = {"step": step, "rank": rank, "loss": round(loss_sum, 6), "step_time_s": step_time, "tokens": tokens,
                       "tokens_per_s": tokens / step_time, "in_window": capture.contains(step)}
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
             log.info("step %d loss %.4f %.3fs %.0f tok/s", step, loss_sum, step_time, tokens / step_time)
-    return {"device": device, "nvtx_route": annotator.route, "steps": sft["steps"]}
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return {"device": device, "rank": rank, "nvtx_route": annotator.route, "steps": sft["steps"]}

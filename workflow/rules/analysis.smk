@@ -1,7 +1,8 @@
 rule analyze:
-    """Normalized tables -> summaries and findings (CSV tables + analysis.json)."""
+    """Normalized tables -> summaries and findings, per profiled rank (CSV tables + analysis.json)."""
     input:
-        sqlite=window_file(layout.NSYS_SQLITE),
+        capture=layout.CAPTURE_DIR,
+        sqlite=rules.export_sqlite.output.sqlite,
     output:
         analysis=directory(layout.ANALYSIS_DIR),
     log:
@@ -11,14 +12,15 @@ rule analyze:
 
 
 rule render_report:
-    """One self-contained HTML report per window."""
+    """One self-contained HTML report per window, a section per profiled rank."""
     input:
+        capture=layout.CAPTURE_DIR,
         analysis=rules.analyze.output.analysis,
-        metrics=window_file(layout.METRICS),
     output:
         html=layout.REPORT_HTML,
     params:
         title=lambda wc: f"sftprof: {wc.experiment} / {wc.window}",
+        output_name=lambda wc: experiment(wc)["profile"]["output_name"],
     log:
         f"{layout.LOG_DIR}/{{window}}/report.log",
     script:

@@ -2,7 +2,9 @@ from snakemake.utils import validate
 
 from sftprof import config as sftprof_config
 from sftprof import layout
-from sftprof import nsys as sftprof_nsys
+from sftprof import container as sftprof_container
+from sftprof import jobs as sftprof_jobs
+from sftprof import sft as sftprof_sft
 
 validate(config, "../schemas/config.schema.yaml")
 try:
@@ -14,7 +16,6 @@ except sftprof_config.ConfigError as error:
 wildcard_constraints:
     experiment=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     window=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
-    report=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
 def experiment(wildcards):
@@ -25,16 +26,6 @@ def window(wildcards):
     return sftprof_config.window(config, wildcards.experiment, wildcards.window)
 
 
-def window_file(pattern):
-    """Input function: a per-window file named after the experiment's profile.output_name."""
-
-    def path(wildcards):
-        output_name = experiment(wildcards)["profile"]["output_name"]
-        return pattern.format(experiment=wildcards.experiment, window=wildcards.window, report=output_name)
-
-    return path
-
-
 def all_reports():
     return [
         layout.REPORT_HTML.format(experiment=name, window=window_name)
@@ -43,12 +34,85 @@ def all_reports():
     ]
 
 
+def image_file(wildcards):
+    """The pulled container image of the experiment, or nothing when it runs without one."""
+    image = sftprof_container.image_file(experiment(wildcards)["container"])
+    return [] if image is None else [str(image)]
+
+
+def profile_inputs(wildcards):
+    exp = experiment(wildcards)
+    names = {"experiment": wildcards.experiment, "split": "training"}
+    inputs = {"training": layout.SFT_SPLIT.format(**names), "image": image_file(wildcards)}
+    inputs["model"] = sftprof_jobs.model_dir(wildcards.experiment, exp)
+    if exp["sft"]["backend"] == "nemo":
+        inputs["nemo_checkpoint"] = sftprof_jobs.nemo_checkpoint(wildcards.experiment, exp)
+    return inputs
+
+
 def profile_params(wildcards):
-    """Everything that shapes one profiled run; a change to any of it reruns that window only."""
-    exp, win = experiment(wildcards), window(wildcards)
+    """What shapes one profiled run, and nothing else: a change here reruns that window only.
+
+    Other windows, time limits and accounts are left out, so editing them reruns nothing.
+    """
+    exp = experiment(wildcards)
+    slurm = exp["slurm"]
     return {
-        "nsys_options": sftprof_nsys.profile_options(exp["profile"], win),
-        "nsys_env": sftprof_nsys.profile_environment(win),
-        "sft": exp["sft"],
-        "window": win,
+        "model": exp["model"],
+        "sft": sftprof_sft.backend_settings(exp["sft"]),
+        "profile": {key: value for key, value in exp["profile"].items() if key != "windows"},
+        "container": exp["container"],
+        "slurm": {key: slurm[key] for key in ("nodes", "ntasks_per_node", "cpus_per_task")},
+        "window": window(wildcards),
     }
+
+
+def _slurm(key, convert=lambda value: value):
+    return lambda wildcards: convert(experiment(wildcards)["slurm"][key])
+
+
+def slurm_resources():
+    """Resources of the profiled run for the Slurm executor, from the experiment's `slurm`
+    section (the same one `sftprof render sbatch` reads). The job launches its own srun (mpi),
+    one task per rank; the local executor ignores all of these."""
+    return {
+        "slurm_partition": _slurm("partition"),
+        "nodes": _slurm("nodes"),
+        "tasks_per_node": _slurm("ntasks_per_node"),
+        "cpus_per_task": _slurm("cpus_per_task"),
+        "runtime": _slurm("time", sftprof_jobs.minutes),
+        "slurm_extra": lambda wildcards: " ".join(
+            sftprof_jobs.executor_extra_options(experiment(wildcards)["slurm"])),
+        "mpi": "srun",
+    }
+
+
+def image_container(wildcards):
+    """The container settings (runtime, image) of whichever experiment pulls this image file."""
+    path = f"{wildcards.image_dir}/{wildcards.image}.{wildcards.kind}"
+    for exp in config["experiments"].values():
+        if str(sftprof_container.image_file(exp["container"])) == path:
+            return {key: exp["container"][key] for key in ("runtime", "image")}
+    raise WorkflowError(f"no experiment's container pulls into {path}")
+
+
+# Pulls run where snakemake runs unless some experiment asks for them to run as Slurm jobs.
+if all(exp["container"]["pull_on"] == "login" for exp in config["experiments"].values()):
+
+    localrules:
+        pull_image,
+
+
+def nemo_import_experiment(wildcards):
+    """The (first) experiment whose NeMo checkpoint this is: it names the HF folder and container."""
+    path = layout.NEMO_CHECKPOINT.format(model=wildcards.model)
+    for name, exp in config["experiments"].items():
+        if exp["sft"]["backend"] == "nemo" and sftprof_jobs.nemo_checkpoint(name, exp) == path:
+            return {"name": name, **exp}
+    raise WorkflowError(f"no nemo experiment converts into {path}")
+
+
+def nemo_import_inputs(wildcards):
+    exp = nemo_import_experiment(wildcards)
+    image = sftprof_container.image_file(exp["container"])
+    return {"hf": sftprof_jobs.model_dir(exp["name"], exp), "image": [] if image is None else [str(image)]}

@@ -1,27 +1,31 @@
 rule profile_sft:
-    """The SFT run under `nsys profile`, for one profiling window."""
+    """Every rank of the SFT run, the listed ones under `nsys profile`, for one window.
+
+    Under Slurm (the slurm profile, or snakemake inside an salloc) the ranks are srun tasks and
+    each profiled rank writes NAME.JOBID.NODEID.RANK.HOST.nsys-rep; locally there is one rank.
+    """
     input:
-        model=rules.create_tiny_model.output.model,
-        training=rules.prepare_sft_data.output.training,
+        unpack(profile_inputs),
     output:
-        report=layout.NSYS_REPORT,
-        metrics=layout.METRICS,
+        capture=directory(layout.CAPTURE_DIR),
     params:
-        profile=profile_params,
+        run=profile_params,
     log:
-        f"{layout.LOG_DIR}/{{window}}/{{report}}.profile.log",
+        f"{layout.LOG_DIR}/{{window}}/profile.log",
     threads: workflow.cores
+    resources:
+        **slurm_resources(),
     script:
         "../scripts/profile_sft.py"
 
 
 rule export_sqlite:
-    """`nsys export --type=sqlite`: the input of every analysis."""
+    """`nsys export --type=sqlite` of every rank's report: the input of every analysis."""
     input:
-        report=layout.NSYS_REPORT,
+        capture=layout.CAPTURE_DIR,
     output:
-        sqlite=layout.NSYS_SQLITE,
+        sqlite=directory(layout.SQLITE_DIR),
     log:
-        f"{layout.LOG_DIR}/{{window}}/{{report}}.export.log",
+        f"{layout.LOG_DIR}/{{window}}/export.log",
     script:
         "../scripts/export_sqlite.py"

@@ -1,11 +1,16 @@
 import logging
+from pathlib import Path
 
-from sftprof import logs, results
+from sftprof import logs, rank, results
 from sftprof.analysis import analyze
+from sftprof.io import atomic_dir
 from sftprof.trace import load_trace
 
 logs.setup(snakemake.log[0])
-analysis = analyze(load_trace(snakemake.input.sqlite))
-results.save(analysis, snakemake.output.analysis)
-for finding in analysis.findings:
-    logging.info("[%s] %s", finding.severity, finding.title)
+with atomic_dir(snakemake.output.analysis) as partial:
+    for record in rank.profiled_records(snakemake.input.capture):
+        sqlite = Path(snakemake.input.sqlite) / rank.SQLITE_PATTERN.format(rank=record["rank"])
+        analysis = analyze(load_trace(sqlite))
+        results.save(analysis, partial / rank.RANK_DIR_PATTERN.format(rank=record["rank"]))
+        for finding in analysis.findings:
+            logging.info("rank %d [%s] %s", record["rank"], finding.severity, finding.title)

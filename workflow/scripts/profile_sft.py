@@ -1,23 +1,33 @@
 import logging
 import os
-import shutil
-import tempfile
-from pathlib import Path
+import subprocess
 
-from sftprof import logs, nsys, sft
+from sftprof import config, jobs, logs, rank
+from sftprof.io import atomic_dir
 
 logs.setup()
-params = snakemake.params.profile
-report = Path(snakemake.output.report)
-# nsys writes into a fresh folder (so it can never find its target already there), and the
-# report is moved into place only once it is complete.
-workdir = Path(tempfile.mkdtemp(prefix=".profile-", dir=report.parent))
-try:
-    app = sft.command(snakemake.input.model, snakemake.input.training, snakemake.output.metrics,
-                      params["sft"], params["window"])
-    with open(snakemake.log[0], "w") as log:
-        captured = nsys.run_profile(params["nsys_options"], app, workdir / report.stem, log, params["nsys_env"])
-    os.replace(captured, report)
-    logging.info("report %s (%d bytes)", report, report.stat().st_size)
-finally:
-    shutil.rmtree(workdir, ignore_errors=True)
+run = snakemake.params.run
+experiment = {**run, "profile": {**run["profile"], "windows": {}}}
+under_slurm = "SLURM_JOB_ID" in os.environ
+ranks = config.world_size(experiment)
+if ranks > 1 and not under_slurm:
+    raise SystemExit(f"{ranks} ranks (slurm.nodes x slurm.ntasks_per_node) need Slurm: run with "
+                     "`snakemake --profile slurm`, or inside an salloc allocation")
+# Ranks write into a fresh folder (nsys can never find its target there already), which becomes
+# the step's output only once every rank has finished and left its record.
+with atomic_dir(snakemake.output.capture) as partial, open(snakemake.log[0], "w") as log:
+    plan = jobs.launch_plan(snakemake.wildcards.experiment, experiment, snakemake.wildcards.window,
+                            run["window"], workdir=os.getcwd(), under_slurm=under_slurm, capture_dir=str(partial))
+    log.write(f"[sftprof] slurm job {os.environ.get('SLURM_JOB_ID', '-')}, {ranks} rank(s)\n")
+    log.flush()
+    result = subprocess.run(plan.argv, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise SystemExit(f"the profiled run failed (exit {result.returncode}); see {snakemake.log[0]}")
+    records = rank.read_records(partial)
+    missing = sorted(set(range(ranks)) - {record["rank"] for record in records})
+    unreported = [r["rank"] for r in records if r["rank"] in run["profile"]["ranks"] and not r["report"]]
+    if missing or unreported:
+        raise SystemExit(f"rank(s) {missing} left no record, rank(s) {unreported} no report; "
+                         f"see {snakemake.log[0]}")
+for record in records:
+    logging.info("rank %d on %s: %s", record["rank"], record["host"], record["report"] or "not profiled")

@@ -1,0 +1,172 @@
+"""How a profiled window is launched: locally, as an sbatch script, or inside an salloc.
+
+`launch_plan` gives the argv pieces (srun, container, rank program); `render_sbatch` and
+`render_salloc` turn them into text through Jinja2 templates with StrictUndefined, quoting
+every value with shlex. The workflow's profile step runs the same plan, so what a user
+submits by hand and what Snakemake runs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from sftprof import __version__, container, layout, nsys, rank, sft
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True, autoescape=False)
+_ENV.filters["shjoin"] = shlex.join
+_ENV.filters["q"] = shlex.quote
+# #SBATCH lines are read by sbatch, not by a shell, so a path there cannot be quoted.
+_UNSAFE_IN_DIRECTIVE = set(" \t\n'\"$`\\;")
+
+
+@dataclass
+class LaunchPlan:
+    """The parts of the command that runs every rank of one window."""
+
+    srun: list[str]
+    container: list[str]
+    rank: list[str]
+    nsys: list[str]
+    app: list[str]
+    capture_dir: str
+
+    @property
+    def argv(self) -> list[str]:
+        return [*self.srun, *self.container, *self.rank, *self.nsys, *self.app]
+
+
+def model_dir(experiment_name: str, experiment: dict) -> str:
+    """The HF checkpoint folder the SFT reads: a given path, or the one the workflow builds."""
+    model = experiment["model"]
+    return model["path"] if model["source"] == "path" else layout.MODEL_DIR.format(experiment=experiment_name)
+
+
+def nemo_checkpoint(experiment_name: str, experiment: dict) -> str:
+    """Where the NeMo backend keeps the model converted to NeMo 2 format: shared by every
+    experiment that fine-tunes the same HF folder."""
+    hf_dir = model_dir(experiment_name, experiment)
+    name = Path(hf_dir).name if experiment["model"]["source"] == "path" else f"{experiment_name}-tiny"
+    return layout.NEMO_CHECKPOINT.format(model=name)
+
+
+def allocation_options(slurm: dict, job_name: str) -> list[str]:
+    """sbatch/salloc options for the experiment's allocation; the same list serves both forms."""
+    options = [f"--job-name={job_name}", f"--partition={slurm['partition']}", f"--nodes={slurm['nodes']}",
+               f"--ntasks-per-node={slurm['ntasks_per_node']}", f"--cpus-per-task={slurm['cpus_per_task']}",
+               f"--time={slurm['time']}"]
+    if slurm["gpus_per_node"]:
+        options.append(f"--gres=gpu:{slurm['gpus_per_node']}" if slurm["gpu_request"] == "gres"
+                       else f"--gpus-per-node={slurm['gpus_per_node']}")
+    if slurm["mem"]:
+        options.append(f"--mem={slurm['mem']}")
+    options += [f"--{key}={slurm[key]}" for key in ("account", "qos", "constraint", "reservation") if key in slurm]
+    return options + list(slurm["extra"])
+
+
+def minutes(time_limit: str) -> int:
+    """A Slurm time limit ([days-]h:mm:ss) in whole minutes, rounded up."""
+    days, _, clock = time_limit.rpartition("-")
+    hours, mins, secs = (int(part) for part in clock.split(":"))
+    return (int(days or 0) * 24 + hours) * 60 + mins + (1 if secs else 0)
+
+
+def executor_extra_options(slurm: dict) -> list[str]:
+    """The allocation options the Slurm executor plugin has no resource of its own for."""
+    managed = ("--job-name=", "--partition=", "--nodes=", "--ntasks-per-node=", "--cpus-per-task=", "--time=")
+    return [option for option in allocation_options(slurm, "") if not option.startswith(managed)]
+
+
+def srun_argv(slurm: dict) -> list[str]:
+    """One task per rank over the allocation; a failing rank ends the step rather than hanging it."""
+    return ["srun", f"--nodes={slurm['nodes']}", f"--ntasks={slurm['nodes'] * slurm['ntasks_per_node']}",
+            f"--ntasks-per-node={slurm['ntasks_per_node']}", f"--cpus-per-task={slurm['cpus_per_task']}",
+            "--kill-on-bad-exit=1"]
+
+
+def launch_plan(experiment_name: str, experiment: dict, window_name: str, window: dict, *,
+                workdir: str | Path, under_slurm: bool, capture_dir: str | None = None) -> LaunchPlan:
+    """Everything that runs one profiled window. Under Slurm every rank is an srun task and
+    profiled ranks get nsys's per-rank report names; outside it there is one rank."""
+    names = {"experiment": experiment_name, "window": window_name}
+    capture_dir = capture_dir or layout.CAPTURE_DIR.format(**names)
+    profile = experiment["profile"]
+    python = sys.executable if experiment["container"]["runtime"] == "none" else "python"
+    metrics = str(Path(capture_dir) / rank.METRICS_PATTERN.format(output_name=profile["output_name"]))
+    model = (nemo_checkpoint(experiment_name, experiment) if experiment["sft"]["backend"] == "nemo"
+             else model_dir(experiment_name, experiment))
+    app = sft.command(model, layout.SFT_SPLIT.format(split="training", **names),
+                      metrics, experiment["sft"], window, python=python)
+    output = nsys.output_pattern(capture_dir, profile["output_name"], per_rank=under_slurm)
+    image = container.image_file(experiment["container"])
+    return LaunchPlan(srun=srun_argv(experiment["slurm"]) if under_slurm else [],
+                      container=container.exec_prefix(experiment["container"], image, workdir),
+                      rank=rank.rank_argv(python, profile["ranks"], capture_dir, nsys.profile_environment(window)),
+                      nsys=nsys.profile_argv(nsys.profile_options(profile, window), output, []),
+                      app=app, capture_dir=capture_dir)
+
+
+def job_name(experiment_name: str, window_name: str) -> str:
+    return f"sftprof-{experiment_name}-{window_name}"
+
+
+class SlurmError(RuntimeError):
+    """A job could not be rendered or submitted; the message says why (sbatch's own words)."""
+
+
+def _context(experiment_name: str, experiment: dict, window_name: str, window: dict, workdir: Path) -> dict:
+    if _UNSAFE_IN_DIRECTIVE & set(str(workdir)):
+        raise SlurmError(f"the working directory {str(workdir)!r} holds spaces, quotes or shell characters, "
+                         "which an #SBATCH line cannot carry; run from a plainer path")
+    plan = launch_plan(experiment_name, experiment, window_name, window, workdir=workdir, under_slurm=True)
+    names = {"experiment": experiment_name, "window": window_name}
+    return {"version": __version__, "experiment": experiment_name, "window": window_name,
+            "workdir": str(workdir), "plan": plan, "profiled_ranks": experiment["profile"]["ranks"],
+            "options": allocation_options(experiment["slurm"], job_name(experiment_name, window_name)),
+            "slurm_log": str(workdir / layout.JOB_DIR.format(**names) / "slurm-%j.out")}
+
+
+def render_sbatch(experiment_name: str, experiment: dict, window_name: str, window: dict,
+                  workdir: str | Path) -> str:
+    """A batch script for `sbatch FILE`: the allocation as #SBATCH lines, then srun."""
+    context = _context(experiment_name, experiment, window_name, window, Path(workdir).resolve())
+    return _ENV.get_template("sbatch.sh.j2").render(**context)
+
+
+def render_salloc(experiment_name: str, experiment: dict, window_name: str, window: dict,
+                  workdir: str | Path) -> str:
+    """The interactive form: an salloc line, then the commands to type inside the allocation."""
+    context = _context(experiment_name, experiment, window_name, window, Path(workdir).resolve())
+    return _ENV.get_template("salloc.sh.j2").render(**context)
+
+
+def write_sbatch(experiment_name: str, experiment: dict, window_name: str, window: dict,
+                 workdir: str | Path) -> Path:
+    """jobs/EXPERIMENT/WINDOW/job.sbatch under `workdir`; the folder also takes Slurm's log."""
+    names = {"experiment": experiment_name, "window": window_name}
+    script = Path(workdir) / layout.JOB_DIR.format(**names) / "job.sbatch"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(render_sbatch(experiment_name, experiment, window_name, window, workdir))
+    return script
+
+
+def submit(script: str | Path, wait: bool = False) -> str:
+    """`sbatch --parsable SCRIPT`; the job id, or SlurmError with sbatch's reason."""
+    if shutil.which("sbatch") is None:
+        raise SlurmError("sbatch is not on PATH: submit from a Slurm login node")
+    argv = ["sbatch", "--parsable", *(["--wait"] if wait else []), str(script)]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    job_id = result.stdout.strip().split(";")[0]
+    if result.returncode != 0:
+        reason = result.stderr.strip() or f"exit {result.returncode}"
+        if job_id:
+            raise SlurmError(f"Slurm job {job_id} from {script} failed: {reason}")
+        raise SlurmError(f"sbatch rejected {script}: {reason}")
+    return job_id

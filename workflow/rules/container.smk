@@ -1,0 +1,14 @@
+rule pull_image:
+    """The experiment's container image, pulled once into image_dir (a .sif, or for Docker a
+    record of the pulled digest) and reused by every window and experiment that names it."""
+    output:
+        image=f"{{image_dir}}/{{image}}.{{kind}}",
+    params:
+        container=lambda wc: image_container(wc),
+    wildcard_constraints:
+        kind="sif|digest",
+        image="[^/]+",
+    log:
+        "logs/pull_image/{image_dir}/{image}.{kind}.log",
+    script:
+        "../scripts/pull_image.py"
