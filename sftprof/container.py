@@ -12,6 +12,10 @@ import re
 from pathlib import Path
 
 SIF_RUNTIMES = ("apptainer", "singularity")
+# The sftprof checkout is mounted here and put on PYTHONPATH, so the stock NeMo image runs the
+# very sftprof version that rendered the job (an image built from containers/ works the same).
+PACKAGE_MOUNT = "/opt/sftprof-src"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # What a rank needs to know who it is and where its peers are, inside any container.
 DISTRIBUTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NODEID", "SLURM_NTASKS",
                    "SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
@@ -29,11 +33,15 @@ def image_file(container: dict) -> Path | None:
     """The local file a pull produces: the .sif itself, or for Docker a record of the digest.
 
     Named after the image's last path component, so `.../nemo:25.02.01` becomes
-    `nemo_25.02.01.sif`; None when no container is used.
+    `nemo_25.02.01.sif`; a .sif given by path is itself; None when no container is used.
     """
     runtime = container["runtime"]
     if runtime == "none":
         return None
+    if container["image"].startswith("/"):
+        if runtime not in SIF_RUNTIMES:
+            raise ValueError(f"a .sif file is an image for apptainer or singularity, not {runtime}")
+        return Path(container["image"])
     last = container["image"].partition("://")[2].rsplit("/", 1)[-1]
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", last)
     suffix = ".sif" if runtime in SIF_RUNTIMES else ".digest"
@@ -69,14 +77,15 @@ def exec_prefix(container: dict, image_path: str | Path | None, workdir: str | P
         argv = [runtime, "exec"]
         if container["gpus"]:
             argv.append("--nv")
-        argv += ["--bind", workdir]
+        argv += ["--bind", workdir, "--bind", f"{PACKAGE_ROOT}:{PACKAGE_MOUNT}:ro"]
         for bind in container["binds"]:
             argv += ["--bind", bind]
-        return argv + ["--pwd", workdir, str(image_path)]
+        return argv + ["--env", f"PYTHONPATH={PACKAGE_MOUNT}", "--pwd", workdir, str(image_path)]
     argv = ["docker", "run", "--rm", "--network=host", "--ipc=host"]
     if container["gpus"]:
         argv += ["--gpus", "all"]
-    argv += ["--volume", f"{workdir}:{workdir}", "--workdir", workdir]
+    argv += ["--volume", f"{workdir}:{workdir}", "--workdir", workdir,
+             "--volume", f"{PACKAGE_ROOT}:{PACKAGE_MOUNT}:ro", "--env", f"PYTHONPATH={PACKAGE_MOUNT}"]
     for bind in container["binds"]:
         host, target, mode = _split_bind(bind)
         argv += ["--volume", f"{host}:{target}" + (f":{mode}" if mode else "")]

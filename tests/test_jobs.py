@@ -28,8 +28,9 @@ SFT_JSON = ('{"model_dir": "resources/nemo-checkpoints/Llama-2-7b-hf", "train_js
             '"end_step": 12, "capture_range_end": "stop", "kill": "none"}}')
 LAUNCH = f"""\
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=72 --kill-on-bad-exit=1 \\
-  apptainer exec --nv --bind /work/exp --bind /shared/models --bind /scratch/hf:/root/.cache/huggingface \
---pwd /work/exp /shared/images/nemo_25.02.01.sif \\
+  apptainer exec --nv --bind /work/exp --bind {REPO}:/opt/sftprof-src:ro --bind /shared/models \
+--bind /scratch/hf:/root/.cache/huggingface --env PYTHONPATH=/opt/sftprof-src --pwd /work/exp \
+/shared/images/nemo_25.02.01.sif \\
   python -m sftprof.rank --profiled-ranks=0,1 --capture-dir=results/llama/steady/capture -- \\
   nsys profile --trace=cuda,cudnn,cublas,osrt,nvtx --sample=none --cpuctxsw=none --show-output=true \
 --event-sample=system-wide --capture-range=cudaProfilerApi --capture-range-end=stop \
@@ -103,6 +104,10 @@ def test_container_pull_commands():
         ["docker", "pull", "nvcr.io/nvidia/nemo:25.02.01"],
         ["docker", "image", "inspect", "--format", "{{index .RepoDigests 0}}", "nvcr.io/nvidia/nemo:25.02.01"]]
     assert container.image_file({**apptainer, "runtime": "none"}) is None
+    built = {**apptainer, "image": "/shared/images/sftprof-nemo.sif"}
+    assert container.image_file(built) == Path("/shared/images/sftprof-nemo.sif")
+    with pytest.raises(ValueError, match="not docker"):
+        container.image_file({**built, "runtime": "docker"})
 
 
 def test_docker_run_line_passes_variables_by_name_only(cluster):
@@ -110,7 +115,7 @@ def test_docker_run_line_passes_variables_by_name_only(cluster):
     argv = container.exec_prefix(settings, None, "/work/exp")
     assert shlex.join(argv) == (
         "docker run --rm --network=host --ipc=host --gpus all --volume /work/exp:/work/exp --workdir /work/exp "
-        "--volume /shared/models:/shared/models --volume /scratch/hf:/root/.cache/huggingface "
+        f"--volume {REPO}:/opt/sftprof-src:ro --env PYTHONPATH=/opt/sftprof-src --volume /shared/models:/shared/models --volume /scratch/hf:/root/.cache/huggingface "
         "--env SLURM_JOB_ID --env SLURM_JOB_NODELIST --env SLURM_NNODES --env SLURM_NODEID --env SLURM_NTASKS "
         "--env SLURM_PROCID --env SLURM_LOCALID --env MASTER_ADDR --env MASTER_PORT --env HF_TOKEN "
         "nvcr.io/nvidia/nemo:25.02.01")
