@@ -9,7 +9,9 @@ import shutil
 
 import pytest
 
-from conftest import SMALL_DEMO, snakemake, write_config
+import yaml
+
+from conftest import REPO, SMALL_DEMO, snakemake, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -93,3 +95,32 @@ def test_failed_profile_leaves_no_complete_looking_output(tmp_path):
     window = tmp_path / "results" / "demo" / "steady"
     assert not (window / "capture").exists()
     assert not list(window.glob("*partial*"))
+
+
+def cluster_config(model_path) -> dict:
+    """A NeMo experiment in an Apptainer image with two windows (dry runs only: no GPU here)."""
+    config = yaml.safe_load((REPO / "tests" / "fixtures" / "cluster-config.yaml").read_text())
+    experiment = config["experiments"]["llama"]
+    experiment["model"]["path"] = str(model_path)
+    experiment["container"]["image_dir"] = "images"
+    experiment["profile"]["windows"]["early"] = {"capture_range": "cudaProfilerApi", "start_step": 2,
+                                                 "end_step": 3}
+    return config
+
+
+def test_cluster_experiment_pulls_and_converts_once_for_all_windows(tmp_path):
+    (tmp_path / "Llama-2-7b-hf").mkdir()
+    write_config(tmp_path, cluster_config(tmp_path / "Llama-2-7b-hf"))
+    planned = planned_jobs(snakemake(tmp_path, "-n"))
+    assert planned["pull_image"] == 1 and planned["import_nemo_checkpoint"] == 1
+    assert planned["profile_sft"] == 2 and planned["render_report"] == 2
+
+
+def test_pull_without_the_runtime_is_a_clear_error_and_leaves_no_image(tmp_path):
+    (tmp_path / "Llama-2-7b-hf").mkdir()
+    write_config(tmp_path, cluster_config(tmp_path / "Llama-2-7b-hf"))
+    result = snakemake(tmp_path, "images/nemo_25.02.01.sif", check=False)
+    assert result.returncode != 0
+    assert "apptainer is not installed here" in result.stdout + result.stderr
+    images = tmp_path / "images"
+    assert not images.exists() or not any(images.iterdir())

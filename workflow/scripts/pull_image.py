@@ -1,4 +1,5 @@
 import logging
+import shutil
 import subprocess
 
 from sftprof import container, logs
@@ -6,6 +7,10 @@ from sftprof.io import atomic_path
 
 logs.setup(snakemake.log[0])
 settings = snakemake.params.container
+commands = container.pull_commands(settings, "PLACEHOLDER")
+if shutil.which(commands[0][0]) is None:
+    raise SystemExit(f"{commands[0][0]} is not installed here: pull where it is (the login node), or set "
+                     "container.pull_on: slurm to pull on a compute node")
 with atomic_path(snakemake.output.image) as partial, open(snakemake.log[0], "a") as log:
     partial.unlink()  # `apptainer pull` refuses to overwrite, even its own temporary name
     for argv in container.pull_commands(settings, partial):
