@@ -1,0 +1,109 @@
+"""The cluster path on a real Slurm: munge, slurmctld and slurmd on loopback, partition gh.
+
+The session fixture starts them with scripts/slurm-up.sh (as CI does on a fresh machine) and
+stops them afterwards if it started them. Jobs run the real SFT under the real nsys.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, SMALL_DEMO, snakemake, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
+SFTPROF = str(Path(sys.executable).with_name("sftprof"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    if os.geteuid() != 0:
+        pytest.skip("starting Slurm daemons needs root (scripts/slurm-up.sh)")
+    running = subprocess.run(["sinfo", "-h", "-p", "gh"], capture_output=True).returncode == 0
+    subprocess.run([str(REPO / "scripts" / "slurm-up.sh")], check=True)
+    yield
+    if not running:
+        subprocess.run([str(REPO / "scripts" / "slurm-down.sh")], check=True)
+
+
+def slurm_config(ranks: int = 1, profiled: list[int] | None = None) -> dict:
+    config = copy.deepcopy(SMALL_DEMO)
+    experiment = config["experiments"]["demo"]
+    experiment["sft"].update({"steps": 4, "num_threads": 1})
+    experiment["profile"]["windows"]["steady"] = {"capture_range": "nvtx", "start_step": 1, "end_step": 2}
+    experiment["profile"]["ranks"] = profiled or list(range(ranks))
+    experiment["slurm"] = {"ntasks_per_node": ranks, "cpus_per_task": 1, "time": "0:10:00"}
+    return config
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, slurm_cluster):
+    """A working directory with the demo's data and model built (locally), ready for jobs."""
+    workdir = tmp_path_factory.mktemp("slurm")
+    write_config(workdir, slurm_config())
+    snakemake(workdir, "resources/demo/model", "resources/demo/sft/training.jsonl")
+    return workdir
+
+
+def sftprof(*args, cwd):
+    return subprocess.run([SFTPROF, *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_rendered_sbatch_script_submits_and_completes(prepared):
+    result = sftprof("submit", "demo", "steady", "--wait", cwd=prepared)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.split("Slurm job ")[1].split(",")[0]
+    capture = prepared / "results" / "demo" / "steady" / "capture"
+    record = json.loads((capture / "rank0.json").read_text())
+    # nsys named the report after the job, node, rank and host (%q{SLURM_*}, %h).
+    assert record["slurm_job_id"] == job_id
+    assert record["report"] == f"profile.{job_id}.0.0.{record['host']}.nsys-rep"
+    assert (capture / record["report"]).stat().st_size > 0
+    log = (prepared / "jobs" / "demo" / "steady" / f"slurm-{job_id}.out").read_text()
+    assert "Generated:" in log
+
+
+def test_salloc_form_runs_non_interactively(prepared, tmp_path):
+    script = tmp_path / "salloc.sh"
+    assert sftprof("render", "salloc", "demo", "steady", "-o", str(script), cwd=prepared).returncode == 0
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "salloc: Granted job allocation" in result.stderr
+    job_id = result.stderr.split("Granted job allocation ")[1].split()[0]
+    record = json.loads((prepared / "results/demo/steady/capture/rank0.json").read_text())
+    assert record["slurm_job_id"] == job_id
+
+
+def test_values_from_config_are_never_executed(prepared, tmp_path):
+    """A model path full of shell syntax reaches the trainer as one literal argument."""
+    config = slurm_config()
+    config["experiments"]["demo"]["model"] = {"source": "path",
+                                              "path": f"{tmp_path}/m $(touch PWNED1);touch PWNED2 `touch PWNED3`"}
+    write_config(tmp_path, config)
+    script = tmp_path / "salloc.sh"
+    rendered = sftprof("render", "salloc", "demo", "steady", "--config", str(tmp_path / "config.yaml"),
+                       "--workdir", str(prepared), "-o", str(script), cwd=tmp_path)
+    assert rendered.returncode == 0, rendered.stderr
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode != 0  # no model there: the trainer fails, loudly
+    assert "m $(touch PWNED1);touch PWNED2 `touch PWNED3`" in result.stdout + result.stderr
+    for directory in (tmp_path, prepared, Path.cwd()):
+        assert not list(directory.glob("PWNED*"))
+
+
+def test_unknown_partition_is_a_clear_error(prepared, tmp_path):
+    config = slurm_config()
+    config["experiments"]["demo"]["slurm"]["partition"] = "nope"
+    write_config(tmp_path, config)
+    result = sftprof("submit", "demo", "steady", "--config", str(tmp_path / "config.yaml"), "--workdir",
+                     str(prepared), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "sbatch rejected" in result.stderr and "invalid partition" in result.stderr.lower()
+    assert "Traceback" not in result.stderr
