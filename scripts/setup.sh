@@ -5,7 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-nsys.sh
+# On a cluster login node nsys usually comes from a module (`module load nsight-systems`) and
+# there is no root: then use that one. Otherwise install Debian's.
+if command -v nsys >/dev/null && [ "$(id -u)" -ne 0 ]; then
+  echo "using $(command -v nsys) ($(nsys --version))"
+else
+  scripts/install-nsys.sh
+fi
 
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
   apt-get update -qq
@@ -17,3 +23,4 @@ fi
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[test]'
 .venv/bin/sftprof --version
+scripts/install-slurm-profile.sh

@@ -14,8 +14,10 @@ if [ -e "$CONF" ] && ! grep -qxF "$MARK" "$CONF"; then
   exit 1
 fi
 
-# Cancel jobs first, so that no slurmstepd outlives its slurmd.
-if [ -e "$CONF" ] && scancel -p gh 2>/dev/null; then
+# Cancel jobs first, so that no slurmstepd outlives its slurmd (only with a live controller:
+# scancel would otherwise sit out its connect retries).
+ctld=$(cat "$STATE/slurmctld.pid" 2>/dev/null || true)
+if [ "$(cat "/proc/$ctld/comm" 2>/dev/null)" = slurmctld ] && scancel -p gh 2>/dev/null; then
   for _ in $(seq 20); do [ -z "$(squeue -h -p gh 2>/dev/null)" ] && break; sleep 0.5; done
 fi
 

@@ -78,10 +78,41 @@ def minutes(time_limit: str) -> int:
     return (int(days or 0) * 24 + hours) * 60 + mins + (1 if secs else 0)
 
 
-def executor_extra_options(slurm: dict) -> list[str]:
-    """The allocation options the Slurm executor plugin has no resource of its own for."""
-    managed = ("--job-name=", "--partition=", "--nodes=", "--ntasks-per-node=", "--cpus-per-task=", "--time=")
-    return [option for option in allocation_options(slurm, "") if not option.startswith(managed)]
+def megabytes(memory: str) -> int:
+    """An sbatch memory size (`400G`, `512M`, `1T`; bare numbers are MB) in MB; 0 if empty."""
+    if not memory:
+        return 0
+    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    unit = memory[-1] if memory[-1] in scale else "M"
+    return int(int(memory.rstrip("KMGT")) * scale[unit])
+
+
+# snakemake-executor-plugin-slurm's resource names, each filled by executor_resources.
+EXECUTOR_RESOURCES = ("slurm_partition", "nodes", "tasks_per_node", "cpus_per_task", "runtime", "mem_mb",
+                      "gres", "gpu", "slurm_account", "qos", "constraint", "slurm_extra")
+
+
+def executor_resources(slurm: dict) -> dict:
+    """The experiment's allocation in the Slurm executor plugin's terms (2.8): what
+    `render sbatch` writes as #SBATCH lines, so both routes ask for the same thing. None (or
+    0 for numbers) leaves a resource out; slurm_extra may not repeat a flag the plugin manages."""
+    gpus = slurm["gpus_per_node"]
+    reservation = [f"--reservation={slurm['reservation']}"] if "reservation" in slurm else []
+    return {
+        "slurm_partition": slurm["partition"],
+        "nodes": slurm["nodes"],
+        "tasks_per_node": slurm["ntasks_per_node"],
+        "cpus_per_task": slurm["cpus_per_task"],
+        "runtime": minutes(slurm["time"]),
+        "mem_mb": megabytes(slurm["mem"]),
+        "gres": f"gpu:{gpus}" if gpus and slurm["gpu_request"] == "gres" else None,
+        # The plugin's `gpu` is --gpus, a total over the job.
+        "gpu": gpus * slurm["nodes"] if gpus and slurm["gpu_request"] == "gpus" else 0,
+        "slurm_account": slurm.get("account"),
+        "qos": slurm.get("qos"),
+        "constraint": slurm.get("constraint"),
+        "slurm_extra": " ".join(reservation + list(slurm["extra"])) or None,
+    }
 
 
 def srun_argv(slurm: dict) -> list[str]:

@@ -175,10 +175,18 @@ def test_ranks_beyond_the_allocation_are_rejected():
         config.validate(cfg)
 
 
-def test_time_limit_in_minutes_and_executor_extras(cluster):
+def test_executor_resources_ask_for_the_same_allocation(cluster):
     assert jobs.minutes("2:00:00") == 120 and jobs.minutes("1-00:30:01") == 1471
-    assert jobs.executor_extra_options(cluster["slurm"]) == ["--gres=gpu:1", "--mem=400G", "--account=ml-perf",
-                                                             "--exclusive"]
+    assert jobs.megabytes("400G") == 409600 and jobs.megabytes("") == 0 and jobs.megabytes("512") == 512
+    cluster["slurm"]["reservation"] = "hackathon"
+    assert jobs.executor_resources(cluster["slurm"]) == {
+        "slurm_partition": "gh", "nodes": 2, "tasks_per_node": 1, "cpus_per_task": 72, "runtime": 120,
+        "mem_mb": 409600, "gres": "gpu:1", "gpu": 0, "slurm_account": "ml-perf", "qos": None, "constraint": None,
+        "slurm_extra": "--reservation=hackathon --exclusive"}
+    cluster["slurm"]["gpu_request"] = "gpus"
+    resources = jobs.executor_resources(cluster["slurm"])
+    assert resources["gres"] is None and resources["gpu"] == 2
+    assert set(resources) == set(jobs.EXECUTOR_RESOURCES)
 
 
 @pytest.mark.parametrize("nodelist, first", [("gh001", "gh001"), ("gh[003-004,9],login1", "gh003"),

@@ -107,3 +107,42 @@ def test_unknown_partition_is_a_clear_error(prepared, tmp_path):
     assert result.returncode == 1
     assert "sbatch rejected" in result.stderr and "invalid partition" in result.stderr.lower()
     assert "Traceback" not in result.stderr
+
+
+def test_snakemake_profile_slurm_runs_two_ranks_through_the_executor(slurm_cluster, tmp_path):
+    """`snakemake --profile slurm` as a user types it, from a folder laid out like the repo."""
+    workdir = tmp_path / "repo"
+    workdir.mkdir()
+    (workdir / "workflow").symlink_to(REPO / "workflow")
+    write_config(workdir, slurm_config(ranks=2))
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    subprocess.run([str(REPO / "scripts" / "install-slurm-profile.sh")], env=env, check=True)
+    # This Slurm keeps no accounting, so job states come from squeue; check them early.
+    result = subprocess.run([str(Path(sys.executable).with_name("snakemake")), "--profile", "slurm",
+                             "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
+                             "--slurm-keep-successful-logs"],
+                            cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
+    assert "Job " in result.stderr and "has been submitted with SLURM jobid" in result.stderr
+
+    capture = workdir / "results" / "demo" / "steady" / "capture"
+    records = [json.loads((capture / f"rank{r}.json").read_text()) for r in (0, 1)]
+    job_ids = {record["slurm_job_id"] for record in records}
+    assert len(job_ids) == 1 and None not in job_ids  # both ranks: tasks of one Slurm job
+    job_id = job_ids.pop()
+    assert [record["report"] for record in records] == [
+        f"profile.{job_id}.0.{r}.{records[r]['host']}.nsys-rep" for r in (0, 1)]
+    assert all(record["world_size"] == 2 for record in records)
+    profile_log = (workdir / "logs" / "demo" / "steady" / "profile.log").read_text()
+    assert f"slurm job {job_id}, 2 rank(s)" in profile_log
+    # The job's own Slurm log, kept by the executor plugin, names the same job.
+    slurm_logs = workdir / ".snakemake" / "slurm_logs"
+    assert list((slurm_logs / "rule_profile_sft").rglob(f"{job_id}.log")), "no Slurm log for the profile job"
+    # The analysis ran as light Slurm jobs of its own, fanning out over the cluster.
+    assert list((slurm_logs / "rule_analyze").rglob("*.log"))
+
+    analysis = workdir / "results" / "demo" / "steady" / "analysis"
+    summaries = [json.loads((analysis / f"rank{r}" / "analysis.json").read_text()) for r in (0, 1)]
+    assert [s["headline"]["steps_captured"] for s in summaries] == [2, 2]
+    html = (workdir / "results" / "demo" / "steady" / "report.html").read_text()
+    assert "Rank 0 on" in html and "Rank 1 on" in html

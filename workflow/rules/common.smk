@@ -67,24 +67,21 @@ def profile_params(wildcards):
     }
 
 
-def _slurm(key, convert=lambda value: value):
-    return lambda wildcards: convert(experiment(wildcards)["slurm"][key])
+def profile_threads(wildcards):
+    """CPUs of the profiled run on one node; locally this keeps other jobs off those cores."""
+    slurm = experiment(wildcards)["slurm"]
+    return slurm["cpus_per_task"] * slurm["ntasks_per_node"]
 
 
 def slurm_resources():
     """Resources of the profiled run for the Slurm executor, from the experiment's `slurm`
-    section (the same one `sftprof render sbatch` reads). The job launches its own srun (mpi),
+    section (the same one `sftprof render sbatch` reads). The job starts its own srun (mpi),
     one task per rank; the local executor ignores all of these."""
-    return {
-        "slurm_partition": _slurm("partition"),
-        "nodes": _slurm("nodes"),
-        "tasks_per_node": _slurm("ntasks_per_node"),
-        "cpus_per_task": _slurm("cpus_per_task"),
-        "runtime": _slurm("time", sftprof_jobs.minutes),
-        "slurm_extra": lambda wildcards: " ".join(
-            sftprof_jobs.executor_extra_options(experiment(wildcards)["slurm"])),
-        "mpi": "srun",
-    }
+
+    def resource(key):
+        return lambda wildcards: sftprof_jobs.executor_resources(experiment(wildcards)["slurm"])[key]
+
+    return {key: resource(key) for key in sftprof_jobs.EXECUTOR_RESOURCES} | {"mpi": "srun"}
 
 
 def image_container(wildcards):
@@ -116,3 +113,10 @@ def nemo_import_inputs(wildcards):
     exp = nemo_import_experiment(wildcards)
     image = sftprof_container.image_file(exp["container"])
     return {"hf": sftprof_jobs.model_dir(exp["name"], exp), "image": [] if image is None else [str(image)]}
+
+if config["local_analysis"]:
+
+    localrules:
+        export_sqlite,
+        analyze,
+        render_report,

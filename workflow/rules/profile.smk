@@ -12,7 +12,7 @@ rule profile_sft:
         run=profile_params,
     log:
         f"{layout.LOG_DIR}/{{window}}/profile.log",
-    threads: workflow.cores
+    threads: profile_threads
     resources:
         **slurm_resources(),
     script:
