@@ -71,6 +71,17 @@ def test_changed_training_steps_do_not_rebuild_data_or_model(demo_run, tmp_path)
     assert planned["profile_sft"] == 1
 
 
+def test_changed_allocation_limits_rerun_nothing(demo_run, tmp_path):
+    """A longer time limit or another account does not change what is measured."""
+    workdir = tmp_path / "limits"
+    shutil.copytree(demo_run, workdir, symlinks=True)
+    config = copy.deepcopy(SMALL_DEMO)
+    config["experiments"]["demo"]["slurm"] = {"time": "9:00:00", "account": "other", "mem": "4G"}
+    write_config(workdir, config)
+    result = snakemake(workdir, "-n")
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
 def test_invalid_config_is_rejected_naming_the_key(tmp_path):
     config = copy.deepcopy(SMALL_DEMO)
     config["experiments"]["demo"]["profile"]["windows"]["steady"] = {"duration_s": 0}
