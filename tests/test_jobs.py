@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,3 +245,23 @@ def test_cluster_only_code_compiles():
 
     for path in [REPO / "sftprof" / "sft" / "nemo_backend.py", *sorted((REPO / "workflow" / "scripts").glob("*.py"))]:
         py_compile.compile(str(path), doraise=True)
+
+
+def test_unlisted_rank_runs_its_program_without_nsys(tmp_path):
+    """Rank 1 of 2 with only rank 0 profiled: the program runs plain and the record says so."""
+    program = [sys.executable, "-c", "import os; open('ran', 'w').write(os.environ['RANK'])"]
+    argv = nsys.profile_argv(["--trace=osrt"], str(tmp_path / "never.%q{SLURM_PROCID}"), program)
+    environ = {**os.environ, "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n1",
+               "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
+    record = rank.run_rank([0], tmp_path / "capture", {}, argv, environ)
+    assert record == {"rank": 1, "world_size": 2, "host": record["host"], "node": 0, "slurm_job_id": "77",
+                      "report": None}
+    assert rank.read_records(tmp_path / "capture") == [record] and rank.profiled_records(tmp_path / "capture") == []
+    assert not list(tmp_path.glob("never*"))
+
+
+def test_a_failing_unprofiled_rank_is_an_error(tmp_path):
+    argv = nsys.profile_argv([], "out", [sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(nsys.NsysError, match="rank 0: the SFT program exited with 3"):
+        rank.run_rank([5], tmp_path, {}, argv, {})
+    assert not list(tmp_path.glob("rank*.json"))

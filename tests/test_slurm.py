@@ -146,3 +146,13 @@ def test_snakemake_profile_slurm_runs_two_ranks_through_the_executor(slurm_clust
     assert [s["headline"]["steps_captured"] for s in summaries] == [2, 2]
     html = (workdir / "results" / "demo" / "steady" / "report.html").read_text()
     assert "Rank 0 on" in html and "Rank 1 on" in html
+
+
+def test_a_failed_job_is_reported_with_its_id(prepared, tmp_path):
+    config = slurm_config()
+    config["experiments"]["demo"]["model"] = {"source": "path", "path": str(tmp_path / "no-such-model")}
+    write_config(tmp_path, config)
+    result = sftprof("submit", "demo", "steady", "--wait", "--config", str(tmp_path / "config.yaml"),
+                     "--workdir", str(prepared), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "sftprof: error: Slurm job" in result.stderr and "failed" in result.stderr
