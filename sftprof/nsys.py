@@ -34,6 +34,8 @@ INSTALL_HINT = (
 )
 # nsys expands these in --output: one report per rank, named by job, node, rank and host.
 PER_RANK_OUTPUT = ".%q{SLURM_JOB_ID}.%q{SLURM_NODEID}.%q{SLURM_PROCID}.%h"
+# A line of the progress bar nsys draws while importing a capture: "[1/1] [==42%   ] NAME".
+_PROGRESS_LINE = re.compile(r"^\[\d+/\d+\] \[")
 # Unregistered NVTX strings (what the trainer pushes) only open an nvtx capture range with this.
 NVTX_CAPTURE_ENV = {"NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
 
@@ -248,7 +250,9 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
     log.flush()
     output = "".join(captured)
     if returncode != 0:
-        tail = "".join(captured[-15:])
+        # nsys's import progress bar can print dozens of lines after the program's last words.
+        program_lines = [line for line in captured if not _PROGRESS_LINE.match(line)]
+        tail = "".join(program_lines[-15:])
         partial = report_path(base)
         kept = f" A report of the failed run is kept at {partial} for inspection." if partial.exists() else ""
         raise NsysError(f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} "
