@@ -3,6 +3,7 @@
   sftprof analyze REPORT        analyse an .nsys-rep or .sqlite into tables, findings and HTML
   sftprof render FORM EXP WIN   print how a window runs: local command, sbatch script, salloc line
   sftprof submit EXP WIN        write the sbatch script of a window and submit it
+  sftprof fetch EXP WIN         fetch a window's capture (or report) from the cluster over SSH
   sftprof validate [CONFIG]     check a config file and print it with defaults filled in
 """
 
@@ -79,6 +80,28 @@ def _cmd_submit(args) -> int:
     return 0
 
 
+def _cmd_fetch(args) -> int:
+    from sftprof import config, layout, logs, remote
+
+    logs.setup()
+    cfg = config.load(args.config)
+    settings = config.remote_settings(cfg)
+    experiment = config.experiment(cfg, args.experiment)
+    config.window(cfg, args.experiment, args.window)
+    names = {"experiment": args.experiment, "window": args.window}
+    if args.report:
+        html = Path(args.workdir) / layout.REPORT_HTML.format(**names)
+        result = remote.fetch_report(settings, args.experiment, args.window, html, trust_new_host=args.trust_new_host)
+        print(f"{result.local_path} ({result.size} bytes, sha256 {result.sha256})")
+        return 0
+    capture = Path(args.workdir) / layout.CAPTURE_DIR.format(**names)
+    for result in remote.fetch_capture(settings, args.experiment, experiment, args.window, capture,
+                                       trust_new_host=args.trust_new_host):
+        state = "already here" if result.skipped else f"{result.bytes_transferred} bytes transferred"
+        print(f"{result.remote_path} -> {capture / result.local_path.name} ({state})")
+    return 0
+
+
 def _cmd_validate(args) -> int:
     from sftprof import config
 
@@ -133,6 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true", help="return only when the job has finished (sbatch --wait)")
     submit.set_defaults(handler=_cmd_submit)
 
+    fetch = commands.add_parser(
+        "fetch", help="fetch a window's capture (or its finished report) from the cluster over SSH",
+        description="Fetch EXPERIMENT's WINDOW from the cluster named by the config's `remote` section: each "
+                    "rank's record, report and metrics into results/EXPERIMENT/WINDOW/capture/ (then `snakemake "
+                    "--config results_from=remote` or `sftprof analyze` takes it from there), or with --report the "
+                    "report.html the cluster rendered. Every file is verified by size and SHA-256; an interrupted "
+                    "fetch resumes where it stopped. Host keys are checked against known_hosts.")
+    _add_window_arguments(fetch)
+    fetch.add_argument("--report", action="store_true", help="fetch only the rendered report.html")
+    fetch.add_argument("--trust-new-host", action="store_true",
+                       help="accept a host that is not in known_hosts yet (prints its fingerprint and records it); "
+                            "a changed host key is refused regardless")
+    fetch.set_defaults(handler=_cmd_fetch)
+
     validate = commands.add_parser(
         "validate", help="validate a config file and print it with defaults filled in",
         description="Check CONFIG against workflow/schemas/config.schema.yaml and the cross-field "
@@ -148,11 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     from sftprof.jobs import SlurmError
     from sftprof.nsys import NsysError
     from sftprof.trace.nsys_sqlite import TraceFormatError
+    from sftprof.transfer import TransferError
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, NsysError, SlurmError, TraceFormatError) as error:
+    except (ConfigError, NsysError, SlurmError, TraceFormatError, TransferError) as error:
         print(f"sftprof: error: {error}", file=sys.stderr)
         return 1
 

@@ -86,6 +86,8 @@ def check_cross_field_rules(config: dict) -> None:
     for name in config["run"]:
         if name not in config["experiments"]:
             raise ConfigError(f"config key run: experiment {name!r} is not defined under experiments")
+    if config["results_from"] == "remote":
+        remote_settings(config)
     for exp_name, exp in config["experiments"].items():
         where = f"experiments.{exp_name}"
         split = exp["data"]["split"]
@@ -180,3 +182,11 @@ def window(config: dict, experiment_name: str, window_name: str) -> dict[str, An
     except KeyError:
         known = ", ".join(sorted(windows))
         raise ConfigError(f"experiment {experiment_name!r} has no window {window_name!r}; it has: {known}") from None
+
+
+def remote_settings(config: dict) -> dict:
+    """The `remote` section, or a ConfigError saying how to add one."""
+    if "remote" not in config:
+        raise ConfigError("config key remote: not set; add `remote: {host: LOGIN_NODE, workdir: PATH}` "
+                          "(the cluster working directory that holds results/)")
+    return config["remote"]

@@ -17,4 +17,6 @@ SQLITE_DIR = WINDOW_DIR + "/sqlite"
 ANALYSIS_DIR = WINDOW_DIR + "/analysis"
 REPORT_HTML = WINDOW_DIR + "/report.html"
 JOB_DIR = "jobs/{experiment}/{window}"
+# Where fetched files wait (and partial downloads resume) until a whole capture is verified.
+FETCH_STAGING = "resources/fetched/{experiment}/{window}"
 LOG_DIR = "logs/{experiment}"

@@ -16,3 +16,6 @@ def setup(log_path: str | Path | None = None, level: int = logging.INFO) -> None
         handlers.append(logging.FileHandler(log_path, mode="w"))
     logging.basicConfig(level=level, format=FORMAT, handlers=handlers, force=True)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    # paramiko logs every dropped connection as an ERROR with a traceback; sftprof.transfer
+    # reports the drop and its retry itself, in one line.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)

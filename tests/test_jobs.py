@@ -249,7 +249,8 @@ def test_cluster_only_code_compiles():
 
 def test_unlisted_rank_runs_its_program_without_nsys(tmp_path):
     """Rank 1 of 2 with only rank 0 profiled: the program runs plain and the record says so."""
-    program = [sys.executable, "-c", "import os; open('ran', 'w').write(os.environ['RANK'])"]
+    program = [sys.executable, "-c", "import os, sys; open(sys.argv[1], 'w').write(os.environ['RANK'])",
+               str(tmp_path / "ran")]
     argv = nsys.profile_argv(["--trace=osrt"], str(tmp_path / "never.%q{SLURM_PROCID}"), program)
     environ = {**os.environ, "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n1",
                "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
@@ -257,7 +258,7 @@ def test_unlisted_rank_runs_its_program_without_nsys(tmp_path):
     assert record == {"rank": 1, "world_size": 2, "host": record["host"], "node": 0, "slurm_job_id": "77",
                       "report": None}
     assert rank.read_records(tmp_path / "capture") == [record] and rank.profiled_records(tmp_path / "capture") == []
-    assert not list(tmp_path.glob("never*"))
+    assert (tmp_path / "ran").read_text() == "1" and not list(tmp_path.glob("never*"))
 
 
 def test_a_failing_unprofiled_rank_is_an_error(tmp_path):

@@ -1,3 +1,15 @@
+rule export_sqlite:
+    """`nsys export --type=sqlite` of every rank's report: the input of every analysis."""
+    input:
+        capture=layout.CAPTURE_DIR,
+    output:
+        sqlite=directory(layout.SQLITE_DIR),
+    log:
+        f"{layout.LOG_DIR}/{{window}}/export.log",
+    script:
+        "../scripts/export_sqlite.py"
+
+
 rule analyze:
     """Normalized tables -> summaries and findings, per profiled rank (CSV tables + analysis.json)."""
     input:

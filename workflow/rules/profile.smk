@@ -17,15 +17,3 @@ rule profile_sft:
         **slurm_resources(),
     script:
         "../scripts/profile_sft.py"
-
-
-rule export_sqlite:
-    """`nsys export --type=sqlite` of every rank's report: the input of every analysis."""
-    input:
-        capture=layout.CAPTURE_DIR,
-    output:
-        sqlite=directory(layout.SQLITE_DIR),
-    log:
-        f"{layout.LOG_DIR}/{{window}}/export.log",
-    script:
-        "../scripts/export_sqlite.py"

@@ -1,0 +1,81 @@
+"""Results that live on the cluster: which remote files make a window's capture or report, and
+fetching them into this machine's results/ tree through sftprof.transfer.
+
+A capture is fetched record first: each rank's record names its report, so only the reports
+of the run that finished last are fetched, even when earlier jobs left theirs in the same
+folder. Files land in a staging folder outside Snakemake's outputs (a failed job must not
+delete the `.part` files that the next try resumes) and are linked into the capture folder
+only when every one of them is verified.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import shutil
+from pathlib import Path
+
+from sftprof import layout, rank, transfer
+from sftprof.io import atomic_dir
+
+log = logging.getLogger(__name__)
+
+
+def connection(remote: dict, trust_new_host: bool = False) -> transfer.Remote:
+    """transfer.Remote from the config's `remote` section (trusting a new host is never a
+    config setting: only `sftprof fetch --trust-new-host` passes it)."""
+    return transfer.Remote(host=remote["host"], port=remote.get("port"), user=remote.get("user"),
+                           identity_file=remote.get("identity_file"), ssh_config=remote.get("ssh_config"),
+                           known_hosts=remote.get("known_hosts"), use_agent=remote["use_agent"],
+                           timeout_s=remote["timeout_s"], trust_new_host=trust_new_host)
+
+
+def remote_path(remote: dict, relative: str) -> str:
+    """The cluster-side path of a workflow file: same layout, under the cluster's workdir."""
+    return posixpath.join(remote["workdir"], relative)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(source, target)
+
+
+def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_name: str,
+                  capture_dir: str | Path, *, trust_new_host: bool = False,
+                  progress: bool = True) -> list[transfer.FetchResult]:
+    """Fetch one window's capture (records, reports, metrics of every rank) into `capture_dir`."""
+    names = {"experiment": experiment_name, "window": window_name}
+    source = remote_path(remote, layout.CAPTURE_DIR.format(**names))
+    staging = Path(layout.FETCH_STAGING.format(**names))
+    staging.mkdir(parents=True, exist_ok=True)
+    metrics = rank.METRICS_PATTERN.format(output_name=experiment["profile"]["output_name"])
+    with transfer.Session(connection(remote, trust_new_host), retries=remote["retries"]) as session:
+        record_paths = session.list_files(source, rank.RECORD_GLOB)
+        if not record_paths:
+            raise transfer.TransferError(f"no rank records in {remote['host']}:{source}: has this window run "
+                                         "on the cluster yet?")
+        fetched = [session.fetch(path, staging / posixpath.basename(path), progress=progress)
+                   for path in record_paths]
+        for result in list(fetched):
+            record = json.loads(result.local_path.read_text())
+            wanted = [metrics.format(rank=record["rank"])] + ([record["report"]] if record["report"] else [])
+            fetched += [session.fetch(posixpath.join(source, name), staging / name, progress=progress)
+                        for name in wanted]
+    with atomic_dir(capture_dir) as partial:
+        for result in fetched:
+            _link_or_copy(result.local_path, partial / result.local_path.name)
+    moved = sum(result.bytes_transferred for result in fetched)
+    log.info("fetched %d files of %s (%d bytes transferred)", len(fetched), source, moved)
+    return fetched
+
+
+def fetch_report(remote: dict, experiment_name: str, window_name: str, html_path: str | Path, *,
+                 trust_new_host: bool = False) -> transfer.FetchResult:
+    """Fetch the report.html that the cluster's own run of the workflow rendered."""
+    source = remote_path(remote, layout.REPORT_HTML.format(experiment=experiment_name, window=window_name))
+    with transfer.Session(connection(remote, trust_new_host), retries=remote["retries"]) as session:
+        return session.fetch(source, html_path, progress=False)

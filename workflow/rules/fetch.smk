@@ -1,0 +1,33 @@
+if config["remote"]["analysis_on"] == "workstation":
+
+    rule fetch_capture:
+        """A window's capture from the cluster: every rank's record, report and metrics, each
+        verified by size and SHA-256 (resumed after a dropped connection)."""
+        output:
+            capture=directory(layout.CAPTURE_DIR),
+        params:
+            remote=config["remote"],
+            experiment=experiment,
+        log:
+            f"{layout.LOG_DIR}/{{window}}/fetch.log",
+        localrule: True
+        resources:
+            ssh=1,  # login nodes limit concurrent logins: one fetch at a time
+        script:
+            "../scripts/fetch_capture.py"
+
+else:
+
+    rule fetch_report:
+        """The report that the cluster's own run of the workflow rendered."""
+        output:
+            html=layout.REPORT_HTML,
+        params:
+            remote=config["remote"],
+        log:
+            f"{layout.LOG_DIR}/{{window}}/fetch.log",
+        localrule: True
+        resources:
+            ssh=1,
+        script:
+            "../scripts/fetch_report.py"
