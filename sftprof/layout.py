@@ -20,3 +20,4 @@ JOB_DIR = "jobs/{experiment}/{window}"
 # Where fetched files wait (and partial downloads resume) until a whole capture is verified.
 FETCH_STAGING = "resources/fetched/{experiment}/{window}"
 LOG_DIR = "logs/{experiment}"
+PROFILE_LOG = LOG_DIR + "/{window}/profile.log"

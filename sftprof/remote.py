@@ -44,10 +44,26 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
+def _job_logs(session: transfer.Session, remote: dict, names: dict, job_ids: set) -> list[str]:
+    """The logs of the run the records come from, where they exist: the workflow's profile log,
+    and Slurm's output of a job submitted with `sftprof submit`."""
+    profile_log = layout.PROFILE_LOG.format(**names)
+    candidates = [(posixpath.dirname(profile_log), posixpath.basename(profile_log)),
+                  *[(layout.JOB_DIR.format(**names), f"slurm-{job_id}.out") for job_id in job_ids if job_id]]
+    found = []
+    for folder, pattern in candidates:
+        try:
+            found += session.list_files(remote_path(remote, folder), pattern)
+        except transfer.RemoteNotFound:
+            pass  # that route was not taken on the cluster
+    return found
+
+
 def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_name: str,
                   capture_dir: str | Path, *, trust_new_host: bool = False,
                   progress: bool = True) -> list[transfer.FetchResult]:
-    """Fetch one window's capture (records, reports, metrics of every rank) into `capture_dir`."""
+    """Fetch one window's capture (records, reports, metrics of every rank, and the run's logs)
+    into `capture_dir`."""
     names = {"experiment": experiment_name, "window": window_name}
     source = remote_path(remote, layout.CAPTURE_DIR.format(**names))
     staging = Path(layout.FETCH_STAGING.format(**names))
@@ -60,11 +76,15 @@ def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_n
                                          "on the cluster yet?")
         fetched = [session.fetch(path, staging / posixpath.basename(path), progress=progress)
                    for path in record_paths]
+        job_ids = set()
         for result in list(fetched):
             record = json.loads(result.local_path.read_text())
+            job_ids.add(record["slurm_job_id"])
             wanted = [metrics.format(rank=record["rank"])] + ([record["report"]] if record["report"] else [])
             fetched += [session.fetch(posixpath.join(source, name), staging / name, progress=progress)
                         for name in wanted]
+        fetched += [session.fetch(path, staging / posixpath.basename(path), progress=False)
+                    for path in _job_logs(session, remote, names, job_ids)]
     with atomic_dir(capture_dir) as partial:
         for result in fetched:
             _link_or_copy(result.local_path, partial / result.local_path.name)

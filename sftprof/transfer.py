@@ -71,6 +71,10 @@ class TransferError(RuntimeError):
     file, checksum mismatch), or one whose connection kept dropping; the message says which."""
 
 
+class RemoteNotFound(TransferError):
+    """The remote file or directory does not exist (callers fetching optional files skip it)."""
+
+
 @dataclass(frozen=True)
 class Remote:
     """Where to fetch from. `host` may be an alias of the ssh config file.
@@ -405,7 +409,7 @@ class _Connection:
                 raise TransferError(f"not a regular file: {label}")
             return self.sftp.open(path, "rb"), attributes.st_size
         except FileNotFoundError:
-            raise TransferError(f"remote file not found: {label}") from None
+            raise RemoteNotFound(f"remote file not found: {label}") from None
         except PermissionError:
             raise TransferError(f"permission denied: {label}") from None
 
@@ -528,7 +532,7 @@ class Session:
             try:
                 entries = connection.sftp.listdir_attr(directory)
             except FileNotFoundError:
-                raise TransferError(f"remote directory not found: {label}") from None
+                raise RemoteNotFound(f"remote directory not found: {label}") from None
             except PermissionError:
                 raise TransferError(f"permission denied: {label}") from None
             found = []

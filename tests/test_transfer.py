@@ -487,6 +487,7 @@ def cluster_workdir(world, demo_run) -> Path:
     workdir = world.base / "cluster"
     if not workdir.exists():
         shutil.copytree(demo_run / "results", workdir / "results")
+        shutil.copytree(demo_run / "logs", workdir / "logs")
         subprocess.run(["chmod", "-R", "a+rX", str(workdir)], check=True)
     return workdir
 
@@ -513,6 +514,10 @@ def test_workflow_fetches_each_capture_and_analyses_it_here(world, demo_run, tmp
     local_capture = tmp_path / "results" / "demo" / "steady" / "capture"
     for name in ("rank0.json", "profile.nsys-rep", "profile.rank0.metrics.jsonl"):
         assert sha256(local_capture / name) == sha256(remote_capture / name)
+    # The run's log comes along; no Slurm output exists for a run that was not submitted.
+    remote_log = world.base / "cluster" / "logs" / "demo" / "steady" / "profile.log"
+    assert sha256(local_capture / "profile.log") == sha256(remote_log)
+    assert not list(local_capture.glob("slurm-*"))
     html = (tmp_path / "results" / "demo" / "steady" / "report.html").read_text()
     assert "Rank 0 on" in html and "Step time by phase" in html
 
@@ -551,4 +556,4 @@ def test_cli_fetch_refuses_an_unknown_host_until_trusted_then_skips_identical_fi
 
     again = subprocess.run(sftprof, capture_output=True, text=True, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("(already here)") == 3
+    assert again.stdout.count("(already here)") == 4

@@ -11,7 +11,7 @@ rule profile_sft:
     params:
         run=profile_params,
     log:
-        f"{layout.LOG_DIR}/{{window}}/profile.log",
+        layout.PROFILE_LOG,
     threads: profile_threads
     resources:
         **slurm_resources(),
