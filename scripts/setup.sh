@@ -11,7 +11,7 @@ if [ "${1:-}" = "--tests" ]; then
   missing=()
   command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v ssh-keygen >/dev/null || missing+=(openssh-client)
-  command -v chromium >/dev/null || missing+=(chromium)
+  command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
   if [ "${#missing[@]}" -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

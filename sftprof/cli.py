@@ -1,6 +1,8 @@
 """`sftprof`: the pipeline's pieces, usable without Snakemake.
 
-  sftprof analyze REPORT        analyse an .nsys-rep or .sqlite into tables, findings and HTML
+  sftprof analyze REPORT        analyse an .nsys-rep, .sqlite or PyTorch profiler .json[.gz] into
+                                tables, findings and HTML
+  sftprof compare A B [C...]    compare analyses or traces side by side: headline, deltas, findings
   sftprof render FORM EXP WIN   print how a window runs: local command, sbatch script, salloc line
   sftprof submit EXP WIN        write the sbatch script of a window and submit it
   sftprof fetch EXP WIN         fetch a window's capture (or report) from the cluster over SSH
@@ -41,6 +43,16 @@ def _cmd_analyze(args) -> int:
             marker = "!" if finding.severity == "warning" else "-"
             print(f"  {marker} {finding.title}\n      {finding.evidence}")
         print(f"  tables and findings: {out_dir / 'analysis'}\n  report: {html}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from sftprof import compare
+
+    comparison = compare.compare_paths(args.inputs)
+    written = compare.write(comparison, args.output, args.title or "sftprof comparison")
+    print(compare.summary_text(comparison))
+    print("\n" + "\n".join(f"{what}: {path}" for what, path in written.items()))
     return 0
 
 
@@ -128,12 +140,27 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load each report (an .nsys-rep is exported to .sqlite beside it, once), run every "
                     "analysis, and write OUTPUT/analysis/*.csv, OUTPUT/analysis/analysis.json and "
                     "OUTPUT/report.html. Findings are also printed.")
-    analyze.add_argument("reports", nargs="+", metavar="REPORT", help=".nsys-rep or .sqlite file")
+    analyze.add_argument("reports", nargs="+", metavar="REPORT",
+                         help=".nsys-rep or .sqlite file, or a PyTorch profiler trace .json or .json.gz")
     analyze.add_argument("-o", "--output", help="output folder (default: NAME-sftprof beside each report; "
                          "with several reports, one subfolder per report)")
     analyze.add_argument("--metrics", help="the trainer's metrics .jsonl, to add the run's step times")
     analyze.add_argument("--title", help="report title")
     analyze.set_defaults(handler=_cmd_analyze)
+
+    compare = commands.add_parser(
+        "compare", help="compare analyses or traces side by side: headline numbers, deltas, findings",
+        description="Compare INPUTs against the first one (the baseline): headline numbers, time by kernel "
+                    "family, kernel, memory operation, CUDA call, step phase, NVTX range, OS call and thread, "
+                    "and the findings fired in each. An INPUT is an analysis folder (analysis.json + CSVs, as "
+                    "`analyze` or the workflow writes them; results/EXP/WINDOW/analysis stands for all its "
+                    "ranks) or a trace file, analysed first. Writes OUTPUT/comparison.csv, "
+                    "OUTPUT/findings.csv and OUTPUT/compare.html, and prints a summary.")
+    compare.add_argument("inputs", nargs="+", metavar="INPUT", help="analysis folder or trace file")
+    compare.add_argument("-o", "--output", default="sftprof-compare",
+                         help="output folder (default: sftprof-compare)")
+    compare.add_argument("--title", help="title of the HTML page")
+    compare.set_defaults(handler=_cmd_compare)
 
     render = commands.add_parser(
         "render", help="print how one experiment window is launched: locally, as sbatch script or salloc",
@@ -181,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sftprof.compare import CompareError
     from sftprof.config import ConfigError
     from sftprof.jobs import SlurmError
     from sftprof.nsys import NsysError
@@ -190,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, NsysError, SlurmError, TraceFormatError, TransferError) as error:
+    except (CompareError, ConfigError, NsysError, SlurmError, TraceFormatError, TransferError) as error:
         print(f"sftprof: error: {error}", file=sys.stderr)
         return 1
 

@@ -1,11 +1,15 @@
-"""Pick the loader for a trace file by its type."""
+"""Pick the loader for a trace file by its type: Nsight Systems (.nsys-rep, .sqlite) or the
+PyTorch profiler's Kineto Chrome trace (.json, .json.gz)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from sftprof.trace.kineto import load_kineto_json
 from sftprof.trace.nsys_sqlite import TraceFormatError, load_nsys_sqlite
 from sftprof.trace.tables import TraceTables
+
+KINETO_SUFFIXES = (".json", ".json.gz")  # tensorboard_trace_handler writes NAME.pt.trace.json[.gz]
 
 
 def sqlite_for_report(report: Path) -> Path:
@@ -26,7 +30,10 @@ def load_trace(path: str | Path) -> TraceTables:
         return load_nsys_sqlite(sqlite_for_report(path))
     if path.suffix == ".sqlite":
         return load_nsys_sqlite(path)
+    if path.name.endswith(KINETO_SUFFIXES):
+        return load_kineto_json(path)
     if path.suffix == ".qdstrm":
         raise TraceFormatError(f"{path}: a raw nsys capture; import it first "
                                "(QdstrmImporter -i NAME.qdstrm -o NAME.nsys-rep)")
-    raise TraceFormatError(f"{path}: unsupported trace type {path.suffix!r}; give an nsys .nsys-rep or .sqlite")
+    raise TraceFormatError(f"{path}: unsupported trace type {path.suffix!r}; give an nsys .nsys-rep or "
+                           ".sqlite, or a PyTorch profiler trace .json or .json.gz")

@@ -1,0 +1,477 @@
+"""Compare analyses side by side: headline numbers, per-section deltas and the findings of each.
+
+Inputs are analysis folders (what `sftprof analyze` and the workflow write: analysis.json plus one
+CSV per table; the workflow's results/EXP/WINDOW/analysis/ expands to its rank folders) or trace
+files, analysed first. The first input is the baseline: every delta is "input minus baseline".
+
+Captures differ in length, so section times are per captured step whenever every input has steps:
+a 3-step window against a 2-step one then compares like with like. Analyses from other sftprof
+versions may lack a table, a column or a trace source; such a value stays blank (NaN), never 0.
+A name that an input has the table for but did not record (a kernel it never ran) counts as 0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import jinja2
+import pandas as pd
+
+from sftprof import __version__, results
+from sftprof.analysis import Analysis, analyze
+from sftprof.analysis.cpu import PHASES, STEP_RANGE
+from sftprof.io import atomic_write_text
+from sftprof.trace import load_trace
+from sftprof.trace.kineto import kernel_short_name
+
+COMPARISON_CSV, FINDINGS_CSV, HTML_FILE = "comparison.csv", "findings.csv", "compare.html"
+TOP_CHANGES = 10   # rows of "largest changes" in the terminal summary and the HTML
+SECTION_ROWS = 15  # rows per section in the HTML; the CSV keeps every row
+NS_PER_MS = 1e6
+HEADLINE = "headline"
+DELTA, DELTA_PCT = "delta:", "delta_pct:"  # CSV column prefixes, followed by the input's label
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), undefined=jinja2.StrictUndefined,
+                          autoescape=True)
+
+
+class CompareError(ValueError):
+    """An input that is neither an analysis folder nor a trace, or too few inputs."""
+
+
+# ---------------------------------------------------------------- inputs
+
+def _natural_key(path: Path) -> list:
+    """rank2 before rank10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def _analysis_dirs(folder: Path) -> list[Path]:
+    """The analysis folders a folder stands for: itself, FOLDER/analysis (`sftprof analyze -o FOLDER`),
+    or the rank folders below either (the workflow's results/EXP/WINDOW/analysis/rankN)."""
+    for candidate in (folder, folder / "analysis"):
+        if (candidate / results.SUMMARY_FILE).is_file():
+            return [candidate]
+        ranks = [summary.parent for summary in candidate.glob(f"*/{results.SUMMARY_FILE}")]
+        if ranks:
+            return sorted(ranks, key=_natural_key)
+    return []
+
+
+def _load_analysis(folder: Path) -> Analysis:
+    try:
+        return results.load(folder)
+    except (ValueError, KeyError, TypeError, OSError, pd.errors.ParserError) as exc:
+        raise CompareError(f"{folder}: damaged analysis folder ({type(exc).__name__}: {exc})") from None
+
+
+def load_inputs(paths: list[str | Path]) -> list[tuple[Path, Analysis]]:
+    """Each input as (where it came from, its Analysis); traces are loaded and analysed here."""
+    loaded = []
+    for path in map(Path, paths):
+        if path.is_file() and path.name == results.SUMMARY_FILE:
+            path = path.parent
+        if path.is_dir():
+            folders = _analysis_dirs(path)
+            if not folders:
+                raise CompareError(f"{path}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a "
+                                   "rank folder below; give an analysis folder or a trace file")
+            loaded += [(folder, _load_analysis(folder)) for folder in folders]
+        elif path.exists():
+            loaded.append((path, analyze(load_trace(path))))
+        else:
+            raise CompareError(f"{path}: no such file or folder")
+    return loaded
+
+
+def _label_parts(path: Path) -> list[str]:
+    """Path components that tell inputs apart: no root, no `analysis` folders, no trace suffixes."""
+    path = path.resolve()
+    name = path.name.split(".")[0] if path.is_file() else path.name
+    return [part for part in (*path.parts[1:-1], name) if part != "analysis"] or [name]
+
+
+def unique_labels(paths: list[Path]) -> list[str]:
+    """The shortest path tails that are unique: rank0 vs rank1, or steady/rank0 vs warmup/rank0."""
+    parts = [_label_parts(path) for path in paths]
+    depth = [1] * len(paths)
+    while True:
+        labels = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+        ambiguous = [i for i, label in enumerate(labels) if depth[i] < len(parts[i])
+                     and any(other == label and parts[j] != parts[i] for j, other in enumerate(labels))]
+        if not ambiguous:
+            break
+        for i in ambiguous:
+            depth[i] += 1
+    seen: Counter = Counter()
+    numbered = []
+    for label in labels:  # the same input given twice
+        seen[label] += 1
+        numbered.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return numbered
+
+
+# ---------------------------------------------------------------- metrics
+
+def _table(analysis: Analysis, name: str, *columns: str) -> pd.DataFrame | None:
+    """The table if this analysis has it with these columns; None if it does not (other sftprof version)."""
+    frame = analysis.tables.get(name)
+    if frame is None or not set(columns) <= set(frame.columns):
+        return None
+    return frame
+
+
+def _traced_sum(analysis: Analysis, table: str, column: str, source: str) -> float | None:
+    frame = _table(analysis, table, column)
+    if source not in analysis.sources or frame is None:
+        return None
+    return float(frame[column].sum())
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else ns / NS_PER_MS
+
+
+def steps_captured(analysis: Analysis) -> float | None:
+    steps = _table(analysis, "steps", "duration")
+    if steps is not None:
+        return float(len(steps))
+    return analysis.headline.get("steps_captured")
+
+
+def median_step_ms(analysis: Analysis) -> float | None:
+    steps = _table(analysis, "steps", "duration")
+    return float(steps["duration"].median()) / NS_PER_MS if steps is not None and len(steps) else None
+
+
+def memory_op_share(analysis: Analysis) -> float | None:
+    kernel_ns = _traced_sum(analysis, "kernels", "total_ns", "cuda")
+    memop_ns = _traced_sum(analysis, "memops", "total_ns", "cuda")
+    if kernel_ns is None or memop_ns is None or not kernel_ns + memop_ns:
+        return None
+    return 100.0 * memop_ns / (kernel_ns + memop_ns)
+
+
+def gpu_busy_pct(analysis: Analysis) -> float | None:
+    """Busy time over active span, all devices together (a span-weighted mean of their busy %)."""
+    busy = _traced_sum(analysis, "gpu_busy", "busy_ns", "cuda")
+    span = _traced_sum(analysis, "gpu_busy", "span_ns", "cuda")
+    return 100.0 * busy / span if busy is not None and span else None
+
+
+def blocked_pct(role: str) -> Callable[[Analysis], float | None]:
+    """Share of the capture that the most blocked thread of this role spent in OS-runtime calls."""
+    def metric(analysis: Analysis) -> float | None:
+        threads = _table(analysis, "threads", "role", "osrt_ns")
+        if "osrt" not in analysis.sources or threads is None or not analysis.span_ns:
+            return None
+        of_role = threads[threads["role"].fillna("") == role]
+        return 100.0 * float(of_role["osrt_ns"].max()) / analysis.span_ns if len(of_role) else None
+    return metric
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    value: Callable[[Analysis], float | None]
+
+
+HEADLINE_METRICS = [
+    Metric("capture length", "s", lambda a: a.span_ns / 1e9 if a.span_ns else None),
+    Metric("steps captured", "", steps_captured),
+    Metric("median step", "ms", median_step_ms),
+    Metric("kernel time", "ms", lambda a: _ms(_traced_sum(a, "kernels", "total_ns", "cuda"))),
+    Metric("kernel launches", "", lambda a: _traced_sum(a, "kernels", "instances", "cuda")),
+    Metric("memory-op time", "ms", lambda a: _ms(_traced_sum(a, "memops", "total_ns", "cuda"))),
+    Metric("memory-op share of GPU time", "%", memory_op_share),
+    Metric("GPU busy", "%", gpu_busy_pct),
+    Metric("CUDA API time", "ms", lambda a: _ms(_traced_sum(a, "cuda_api", "total_ns", "cuda"))),
+    Metric("main thread blocked in OS calls", "% of capture", blocked_pct("main")),
+    Metric("autograd thread blocked in OS calls", "% of capture", blocked_pct("autograd")),
+    Metric("warnings", "", lambda a: float(sum(f.severity == "warning" for f in a.findings))),
+]
+# analysis.json headline keys the metrics above already show; any other numeric key is compared as it is.
+HEADLINE_KEYS_SHOWN = {"capture_s", "steps_captured", "median_step_ms", "kernels"}
+
+
+# ---------------------------------------------------------------- sections
+
+def _total_by(table: str, key: str, value: str = "total_ns",
+              name_of: Callable[[str], str] | None = None) -> Callable[[Analysis], pd.Series | None]:
+    def extract(analysis: Analysis) -> pd.Series | None:
+        frame = _table(analysis, table, key, value)
+        if frame is None:
+            return None
+        keys = frame[key].astype(str)
+        return frame[value].groupby(keys.map(name_of) if name_of else keys, sort=False).sum()
+    return extract
+
+
+def _nvtx_ranges(analysis: Analysis) -> pd.Series | None:
+    """Time by range name, without step and phase ranges: the steps section compares those, and
+    step names differ from window to window."""
+    totals = _total_by("nvtx", "name")(analysis)
+    if totals is None:
+        return None
+    return totals[~totals.index.str.match(STEP_RANGE) & ~totals.index.isin(PHASES)]
+
+
+def _phase_means(analysis: Analysis) -> pd.Series | None:
+    steps = _table(analysis, "steps", "duration", *(f"{phase}_ns" for phase in PHASES))
+    if steps is None or steps.empty:
+        return None
+    means = {phase: steps[f"{phase}_ns"].mean() for phase in PHASES}
+    if "other_ns" in steps:
+        means["other"] = steps["other_ns"].mean()
+    means["whole step"] = steps["duration"].mean()
+    return pd.Series(means, dtype=float)
+
+
+def _thread_name(row) -> str:
+    return f"{row.thread_name} ({row.role})" if isinstance(row.role, str) and row.role else str(row.thread_name)
+
+
+def _thread_blocking(analysis: Analysis) -> pd.Series | None:
+    threads = _table(analysis, "threads", "thread_name", "role", "osrt_ns")
+    if threads is None:
+        return None
+    names = pd.Series([_thread_name(row) for row in threads.itertuples()], index=threads.index, dtype=str)
+    return threads["osrt_ns"].groupby(names, sort=False).sum()
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    title: str
+    source: str  # the trace source whose absence makes the section "not measured", not zero
+    totals: Callable[[Analysis], pd.Series | None]  # nanoseconds by item
+    already_per_step: bool = False
+
+
+SECTIONS = [
+    Section("steps", "Step time by phase (mean per step)", "nvtx", _phase_means, already_per_step=True),
+    Section("kernel_families", "Kernel time by family (kernel function name)", "cuda",
+            _total_by("kernels", "kernel", name_of=kernel_short_name)),
+    Section("kernels", "Kernel time by kernel", "cuda", _total_by("kernels", "kernel")),
+    Section("memops", "Memory-operation time by kind", "cuda", _total_by("memops", "operation")),
+    Section("cuda_api", "CUDA API time by call", "cuda", _total_by("cuda_api", "name")),
+    Section("nvtx", "Other NVTX range time by name (steps and phases: see above)", "nvtx", _nvtx_ranges),
+    Section("osrt", "OS-runtime call time by call", "osrt", _total_by("osrt", "name")),
+    Section("threads", "Time blocked in OS-runtime calls by thread", "osrt", _thread_blocking),
+]
+
+
+# ---------------------------------------------------------------- the comparison
+
+@dataclass
+class Comparison:
+    labels: list[str]          # the first is the baseline
+    paths: dict[str, str]      # label -> where the input came from
+    analyses: dict[str, Analysis]
+    per_step: bool             # section times are per captured step
+    table: pd.DataFrame        # section, item, unit, one value column per label, delta columns
+    findings: pd.DataFrame     # rule, fired_in, one title column per label
+
+
+def _with_deltas(frame: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    baseline = frame[labels[0]]
+    for label in labels[1:]:
+        frame[DELTA + label] = frame[label] - baseline
+        frame[DELTA_PCT + label] = 100.0 * (frame[label] - baseline) / baseline.where(baseline != 0)
+    return frame
+
+
+def largest_delta(frame: pd.DataFrame) -> pd.Series:
+    """Per row, the largest absolute delta against the baseline over all inputs (NaN if none)."""
+    deltas = frame[[c for c in frame.columns if c.startswith(DELTA)]]
+    return deltas.abs().max(axis=1, skipna=True)
+
+
+def headline_frame(analyses: dict[str, Analysis]) -> pd.DataFrame:
+    rows = [{"item": m.name, "unit": m.unit, **{label: m.value(a) for label, a in analyses.items()}}
+            for m in HEADLINE_METRICS]
+    extra_keys = dict.fromkeys(key for a in analyses.values() for key, value in a.headline.items()
+                               if key not in HEADLINE_KEYS_SHOWN and isinstance(value, (int, float)))
+    rows += [{"item": key, "unit": "", **{label: a.headline.get(key) for label, a in analyses.items()}}
+             for key in extra_keys]
+    frame = pd.DataFrame(rows)
+    labels = list(analyses)
+    frame[labels] = frame[labels].apply(pd.to_numeric, errors="coerce").astype(float)
+    frame.insert(0, "section", HEADLINE)
+    return _with_deltas(frame, labels)
+
+
+def section_frame(section: Section, analyses: dict[str, Analysis], steps: dict[str, float] | None) -> pd.DataFrame:
+    """One row per item, one column per input (ms, or ms per step), largest delta first."""
+    totals = {label: section.totals(a) if section.source in a.sources else None for label, a in analyses.items()}
+    items = list(dict.fromkeys(item for t in totals.values() if t is not None for item in t.index))
+    labels = list(analyses)
+    if not items:
+        return pd.DataFrame(columns=["section", "item", "unit", *labels])
+    per_step = steps is not None and not section.already_per_step
+    frame = pd.DataFrame({"item": items})
+    for label, total in totals.items():
+        if total is None:
+            frame[label] = math.nan
+            continue
+        values = total.reindex(items, fill_value=0).to_numpy(dtype=float) / NS_PER_MS
+        frame[label] = values / steps[label] if per_step else values
+    frame = _with_deltas(frame, labels)
+    ranking = pd.DataFrame({"delta": largest_delta(frame).fillna(-1), "size": frame[labels].max(axis=1).fillna(-1)})
+    frame = frame.loc[ranking.sort_values(["delta", "size"], ascending=False, kind="stable").index]
+    frame = frame.reset_index(drop=True)
+    frame.insert(0, "section", section.name)
+    frame.insert(2, "unit", "ms/step" if per_step or section.already_per_step else "ms")
+    return frame
+
+
+def findings_frame(analyses: dict[str, Analysis]) -> pd.DataFrame:
+    """One row per rule fired anywhere: its title(s) in each input, blank where it did not fire."""
+    labels = list(analyses)
+    titles: dict[str, dict[str, list[str]]] = {}
+    severity: dict[str, str] = {}
+    for label, analysis in analyses.items():
+        for finding in analysis.findings:
+            titles.setdefault(finding.rule, {}).setdefault(label, []).append(finding.title)
+            if finding.severity == "warning" or finding.rule not in severity:
+                severity[finding.rule] = finding.severity
+    rows = []
+    for rule, by_label in titles.items():
+        fired = [label for label in labels if label in by_label]
+        rows.append({"rule": rule, "severity": severity[rule],
+                     "fired_in": "all" if len(fired) == len(labels) else ", ".join(fired),
+                     **{label: "; ".join(by_label.get(label, [])) for label in labels}})
+    return pd.DataFrame(rows, columns=["rule", "severity", "fired_in", *labels])
+
+
+def compare(analyses: dict[str, Analysis], paths: dict[str, str] | None = None) -> Comparison:
+    """Pure: the side-by-side comparison of analyses keyed by label, the first being the baseline."""
+    if len(analyses) < 2:
+        raise CompareError("nothing to compare: give at least two inputs (or a folder with several ranks)")
+    labels = list(analyses)
+    step_counts = {label: steps_captured(a) for label, a in analyses.items()}
+    per_step = all(count for count in step_counts.values())
+    frames = [headline_frame(analyses)]
+    frames += [section_frame(s, analyses, step_counts if per_step else None) for s in SECTIONS]
+    table = pd.concat([f for f in frames if len(f)], ignore_index=True)
+    return Comparison(labels=labels, paths=paths or {label: a.source_path for label, a in analyses.items()},
+                      analyses=analyses, per_step=per_step, table=table, findings=findings_frame(analyses))
+
+
+def compare_paths(paths: list[str | Path]) -> Comparison:
+    loaded = load_inputs(paths)
+    labels = unique_labels([path for path, _ in loaded])
+    return compare({label: analysis for label, (_, analysis) in zip(labels, loaded)},
+                   {label: str(path) for label, (path, _) in zip(labels, loaded)})
+
+
+def largest_changes(comparison: Comparison, top: int = TOP_CHANGES) -> pd.DataFrame:
+    """The section rows (times, same unit) that moved most against the baseline, over all sections."""
+    rows = comparison.table[comparison.table["section"] != HEADLINE]
+    weight = largest_delta(rows)
+    rows = rows.assign(weight=weight)[weight > 0]
+    return rows.sort_values("weight", ascending=False, kind="stable").head(top).drop(columns="weight")
+
+
+# ---------------------------------------------------------------- output
+
+def _number(value, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    sign = "+" if signed else ""
+    if float(value).is_integer():
+        return f"{value:{sign},.0f}"
+    decimals = 1 if abs(value) >= 100 else 2 if abs(value) >= 1 else 3
+    return f"{value:{sign},.{decimals}f}"
+
+
+def _delta_text(row, label: str) -> str:
+    delta, pct = row[DELTA + label], row[DELTA_PCT + label]
+    if isinstance(delta, float) and math.isnan(delta):
+        return "–"
+    text = _number(delta, signed=True)
+    return text if isinstance(pct, float) and math.isnan(pct) else f"{text} ({pct:+.0f}%)"
+
+
+def _item_label(row) -> str:
+    unit = f" ({row['unit']})" if row["unit"] else ""
+    return f"{row['section']}: {row['item']}{unit}" if row["section"] != HEADLINE else f"{row['item']}{unit}"
+
+
+def summary_text(comparison: Comparison) -> str:
+    """What the terminal shows: the headline side by side, the largest changes, findings that differ."""
+    labels, baseline = comparison.labels, comparison.labels[0]
+    lines = [f"baseline {baseline}: {comparison.paths[baseline]}"]
+    lines += [f"compared {label}: {comparison.paths[label]}" for label in labels[1:]]
+    headline = comparison.table[comparison.table["section"] == HEADLINE]
+    grid = [["", *labels, *(f"Δ {label}" for label in labels[1:])]]
+    grid += [[_item_label(row), *(_number(row[label]) for label in labels),
+              *(_delta_text(row, label) for label in labels[1:])] for _, row in headline.iterrows()]
+    widths = [max(len(line[column]) for line in grid) for column in range(len(grid[0]))]
+    lines.append("")
+    lines += ["  ".join([line[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(line[1:], widths[1:]))])
+              for line in grid]
+    changes = largest_changes(comparison)
+    if len(changes):
+        lines += ["", "largest changes against the baseline:"]
+        for _, row in changes.iterrows():
+            values = " -> ".join(_number(row[label]) for label in labels)
+            deltas = ", ".join(_delta_text(row, label) for label in labels[1:])
+            lines.append(f"  {_item_label(row)}: {values}  [{deltas}]")
+    differing = comparison.findings[comparison.findings["fired_in"] != "all"]
+    if len(differing):
+        lines += ["", "findings not in every input:"]
+        lines += [f"  {row.rule}: only in {row.fired_in}" for row in differing.itertuples()]
+    return "\n".join(lines)
+
+
+def _direction(delta: float) -> str:
+    return "" if math.isnan(delta) or delta == 0 else ("up" if delta > 0 else "down")
+
+
+def _html_rows(frame: pd.DataFrame, labels: list[str], highlighted: set[int]) -> list[dict]:
+    rows = []
+    for index, row in frame.iterrows():
+        deltas = [{"text": _delta_text(row, label), "direction": _direction(row[DELTA + label])}
+                  for label in labels[1:]]
+        rows.append({"item": str(row["item"]), "unit": row["unit"], "values": [_number(row[l]) for l in labels],
+                     "deltas": deltas, "highlight": index in highlighted})
+    return rows
+
+
+def render_html(comparison: Comparison, title: str) -> str:
+    labels, table = comparison.labels, comparison.table
+    changes = largest_changes(comparison)
+    sections = []
+    for name, section_title in [(HEADLINE, "Headline numbers"), *((s.name, s.title) for s in SECTIONS)]:
+        rows = table[table["section"] == name]
+        if rows.empty:
+            continue
+        shown = rows if name == HEADLINE else rows.head(SECTION_ROWS)
+        sections.append({"name": name, "title": section_title, "total_rows": len(rows),
+                         "rows": _html_rows(shown, labels, set(changes.index))})
+    findings = [{"rule": row["rule"], "severity": row["severity"], "fired_in": row["fired_in"],
+                 "titles": [row[label] for label in labels]} for _, row in comparison.findings.iterrows()]
+    inputs = [{"label": label, "path": comparison.paths[label], "span_s": _number(a.span_ns / 1e9),
+               "sources": ", ".join(a.sources) or "nothing"} for label, a in comparison.analyses.items()]
+    return _ENV.get_template("compare.html.j2").render(
+        title=title, version=__version__, labels=labels, inputs=inputs, per_step=comparison.per_step,
+        sections=sections, findings=findings, top_changes=len(changes),
+        changes=_html_rows(changes.assign(item=[_item_label(r) for _, r in changes.iterrows()], unit=""),
+                           labels, set()))
+
+
+def write(comparison: Comparison, out_dir: str | Path, title: str = "sftprof comparison") -> dict[str, Path]:
+    """comparison.csv (every row), findings.csv and the self-contained compare.html."""
+    out_dir = Path(out_dir)
+    paths = {"table": out_dir / COMPARISON_CSV, "findings": out_dir / FINDINGS_CSV, "html": out_dir / HTML_FILE}
+    atomic_write_text(paths["table"], comparison.table.to_csv(index=False))
+    atomic_write_text(paths["findings"], comparison.findings.to_csv(index=False))
+    atomic_write_text(paths["html"], render_html(comparison, title))
+    return paths
