@@ -1,0 +1,63 @@
+"""Real H200 captures of tests/gpu_programs/plants.py, one planted problem each (see
+tests/fixtures/README.md). Here: our loaders and summaries equal `nsys stats` on every one of
+them, and each capture really holds what was planted, read straight from the export's tables."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from sftprof.analysis import gpu
+from sftprof.trace import load_trace
+from test_trace import as_nsys_rows, nsys_stats
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PLANTS = ("clean", "sync_memcpy", "pageable", "device_sync", "cpu_starved", "elementwise", "gemm")
+
+
+def fixture(plant: str) -> Path:
+    return FIXTURES / f"h200_plant_{plant}.sqlite"
+
+
+@pytest.fixture(scope="module", params=PLANTS)
+def capture(request, tmp_path_factory) -> Path:
+    """A copy, so that nsys stats can never touch the committed file."""
+    path = tmp_path_factory.mktemp("plant") / fixture(request.param).name
+    shutil.copy(fixture(request.param), path)
+    return path
+
+
+@pytest.mark.parametrize("report, summarize, name_columns", [
+    ("gpukernsum", lambda t: gpu.kernel_summary(t.kernels), ["grid", "block", "kernel"]),
+    ("gpumemtimesum", lambda t: gpu.memop_summary(t.memops), ["operation"]),
+    ("cudaapisum", lambda t: gpu.cuda_api_summary(t.cuda_api), ["name"]),
+])
+def test_summaries_equal_nsys_stats_on_every_plant(capture, report, summarize, name_columns):
+    ours = as_nsys_rows(summarize(load_trace(capture)), name_columns)
+    theirs = {tuple(row.values()) for row in nsys_stats(report, capture)}
+    assert ours == theirs and ours
+
+
+def _count(plant: str, sql: str) -> int:
+    with sqlite3.connect(f"file:{fixture(plant)}?mode=ro", uri=True) as conn:
+        return conn.execute(sql).fetchone()[0]
+
+
+def _api_calls(plant: str, name: str) -> int:
+    return _count(plant, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
+                         f"WHERE s.value LIKE '{name}\\_v%' ESCAPE '\\'")
+
+
+def test_each_capture_holds_its_plant_and_the_clean_one_none():
+    # Two captured steps of two micro-batches each: four planted events.
+    assert _api_calls("sync_memcpy", "cudaMemcpy") == 4 and _api_calls("clean", "cudaMemcpy") == 0
+    assert _api_calls("device_sync", "cudaDeviceSynchronize") >= 4
+    assert _api_calls("clean", "cudaDeviceSynchronize") == 0
+    pageable_host_to_device = ("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY "
+                               "WHERE copyKind = 1 AND srcKind = 0")  # HtoD from pageable memory
+    assert _count("pageable", pageable_host_to_device) >= 4 and _count("clean", pageable_host_to_device) == 0
+    step_ranges = "SELECT sum(end - start) FROM NVTX_EVENTS WHERE text = 'data'"
+    assert _count("cpu_starved", step_ranges) >= 4 * 30e6 > 10 * _count("clean", step_ranges)
