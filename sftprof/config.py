@@ -93,12 +93,14 @@ def check_cross_field_rules(config: dict) -> None:
         split = exp["data"]["split"]
         if abs(sum(split.values()) - 1.0) > 1e-9:
             raise ConfigError(f"config key {where}.data.split: fractions must add up to 1, got {sum(split.values())}")
+        _check_data(where, exp["data"])
         _check_model(where, exp["model"], exp["sft"])
         sft = exp["sft"]
         _check_ranks(where, exp)
         trace = exp["profile"]["trace"]
         for win_name, window in exp["profile"]["windows"].items():
             _check_window(f"{where}.profile.windows.{win_name}", window, trace, sft)
+    _check_shared_checkpoints(config)
 
 
 def world_size(experiment: dict) -> int:
@@ -106,10 +108,17 @@ def world_size(experiment: dict) -> int:
     return slurm["nodes"] * slurm["ntasks_per_node"]
 
 
+def _check_data(where: str, data: dict) -> None:
+    if data["source"] == "path" and "path" not in data:
+        raise ConfigError(f"config key {where}.data.path: data.source path needs a dolly jsonl file or URL")
+
+
 def _check_model(where: str, model: dict, sft: dict) -> None:
     if model["source"] == "path":
         if "path" not in model:
             raise ConfigError(f"config key {where}.model.path: model.source path needs the checkpoint folder")
+        return
+    if model["source"] == "hub":
         return
     if model["hidden_size"] % model["num_heads"]:
         raise ConfigError(f"config key {where}.model.hidden_size: must be a multiple of num_heads")
@@ -117,6 +126,23 @@ def _check_model(where: str, model: dict, sft: dict) -> None:
         raise ConfigError(f"config key {where}.model.num_kv_heads: must divide num_heads")
     if sft["seq_length"] > model["max_position_embeddings"]:
         raise ConfigError(f"config key {where}.sft.seq_length: exceeds model.max_position_embeddings")
+
+
+def _check_shared_checkpoints(config: dict) -> None:
+    """Experiments that download into one checkpoint folder must want the same files of it:
+    the folder has one manifest."""
+    hub_models = {name: exp["model"] for name, exp in config["experiments"].items() if exp["model"]["source"] == "hub"}
+    if not hub_models:
+        return
+    from sftprof import hub  # imports huggingface_hub: only when some experiment downloads
+
+    first: dict[str, tuple[str, dict]] = {}
+    for name, model in hub_models.items():
+        folder, wanted = hub.checkpoint_dir(model), hub.model_identity(model)
+        other, other_wanted = first.setdefault(folder, (name, wanted))
+        if other_wanted != wanted:
+            raise ConfigError(f"config key experiments.{name}.model: downloads {wanted} into {folder}, where "
+                              f"experiment {other!r} downloads {other_wanted}; give one of them another model.dir")
 
 
 def _check_ranks(where: str, exp: dict) -> None:

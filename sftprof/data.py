@@ -2,14 +2,17 @@
 
 Records follow databricks-dolly-15k's fields (instruction, context, response, category). The
 sample's text is generated here from small word banks, so nothing of dolly's text is copied.
-The conversion is the seam for the real dolly download: it takes any dolly-format jsonl and
-writes training/validation/test jsonl files with `input` (the prompt) and `output` (the
-response), the layout NeMo's fine-tuning data modules read.
+The conversion takes any dolly-format jsonl (the sample, or databricks-dolly-15k as
+sftprof.hub fetches it) and writes training/validation/test jsonl files with `input` (the
+prompt) and `output` (the response), the layout NeMo's fine-tuning data modules read, plus
+stats: rows skipped and why, records per split, and length percentiles.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import random
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -18,6 +21,12 @@ from sftprof.io import atomic_write_text
 
 DOLLY_FIELDS = ("instruction", "context", "response", "category")
 SPLITS = ("training", "validation", "test")
+SKIP_REASONS = ("not_an_object", "missing_field", "empty_instruction", "empty_response")
+# Lengths are counted without a tokenizer, so that data preparation does not depend on the model
+# (a new checkpoint would otherwise redo it); model tokens differ from both measures.
+LENGTH_MEASURE = ("whitespace-separated words and UTF-8 bytes of prompt + response (not model tokens); "
+                  "nearest-rank percentiles")
+PERCENTILES = (50, 90, 99)
 
 PROMPT_WITH_CONTEXT = "### Instruction:\n{instruction}\n\n### Context:\n{context}\n\n### Response:\n"
 PROMPT_WITHOUT_CONTEXT = "### Instruction:\n{instruction}\n\n### Response:\n"
@@ -99,13 +108,23 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
+def skip_reason(record) -> str | None:
+    """Why a row cannot be trained on (one of SKIP_REASONS), or None. Dolly rows must carry
+    every field as a string (`missing_field` also covers null and non-string values) and a
+    non-empty instruction and response."""
+    if not isinstance(record, dict):
+        return "not_an_object"
+    if not all(isinstance(record.get(field), str) for field in DOLLY_FIELDS):
+        return "missing_field"
+    if not record["instruction"].strip():
+        return "empty_instruction"
+    if not record["response"].strip():
+        return "empty_response"
+    return None
+
+
 def is_valid_record(record: dict) -> bool:
-    """Dolly rows must carry every field as a string and a non-empty instruction and response."""
-    return (
-        all(isinstance(record.get(field), str) for field in DOLLY_FIELDS)
-        and bool(record["instruction"].strip())
-        and bool(record["response"].strip())
-    )
+    return skip_reason(record) is None
 
 
 def to_sft_example(record: dict) -> dict[str, str]:
@@ -130,19 +149,42 @@ def split_records(records: list[dict], fractions: dict[str, float], seed: int) -
     }
 
 
+def percentiles(values: list[int]) -> dict[str, int] | None:
+    """Nearest-rank percentiles and the maximum; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    picked = {f"p{q}": ordered[max(math.ceil(q / 100 * len(ordered)), 1) - 1] for q in PERCENTILES}
+    return picked | {"max": ordered[-1]}
+
+
+def length_stats(examples: list[dict]) -> dict:
+    texts = [example["input"] + example["output"] for example in examples]
+    return {"words": percentiles([len(text.split()) for text in texts]),
+            "bytes": percentiles([len(text.encode("utf-8")) for text in texts])}
+
+
 def prepare_sft_splits(dolly_jsonl: str | Path, out_paths: dict[str, str | Path],
                        fractions: dict[str, float], seed: int) -> dict:
-    """Convert a dolly-format jsonl into SFT split files; return stats (counts, skipped rows)."""
+    """Convert a dolly-format jsonl into SFT split files; return stats: the source's sha256, rows
+    read and skipped (by reason), records per split and length percentiles per split."""
     records = list(read_jsonl(dolly_jsonl))
-    valid = [r for r in records if is_valid_record(r)]
+    reasons = [skip_reason(r) for r in records]
+    valid = [r for r, reason in zip(records, reasons) if reason is None]
     splits = split_records([to_sft_example(r) for r in valid], fractions, seed)
     if not splits["training"]:
         raise ValueError(f"{dolly_jsonl}: no valid records to train on")
     for split, path in out_paths.items():
         write_jsonl(path, splits[split])
+    with open(dolly_jsonl, "rb") as handle:
+        source_sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
     return {
+        "source_sha256": source_sha256,
         "records_read": len(records),
         "records_skipped": len(records) - len(valid),
+        "records_skipped_by_reason": {reason: reasons.count(reason) for reason in SKIP_REASONS},
         "split_seed": seed,
         "records_per_split": {split: len(rows) for split, rows in splits.items()},
+        "length_measure": LENGTH_MEASURE,
+        "lengths": {split: length_stats(rows) for split, rows in splits.items()},
     }

@@ -52,8 +52,11 @@ def model_dir(experiment_name: str, experiment: dict) -> str:
 def nemo_checkpoint(experiment_name: str, experiment: dict) -> str:
     """Where the NeMo backend keeps the model converted to NeMo 2 format: shared by every
     experiment that fine-tunes the same HF folder."""
-    hf_dir = model_dir(experiment_name, experiment)
-    name = Path(hf_dir).name if experiment["model"]["source"] == "path" else f"{experiment_name}-tiny"
+    model = experiment["model"]
+    if model["source"] == "tiny":
+        name = f"{experiment_name}-tiny"
+    else:  # named after the checkpoint folder, so experiments fine-tuning the same model share it
+        name = Path(model["path"] if model["source"] == "path" else model["repo"]).name
     return layout.NEMO_CHECKPOINT.format(model=name)
 
 

@@ -9,6 +9,12 @@ DOLLY_JSONL = "resources/{experiment}/dolly.jsonl"
 SFT_SPLIT = "resources/{experiment}/sft/{split}.jsonl"
 SFT_STATS = "resources/{experiment}/sft/stats.json"
 MODEL_DIR = "resources/{experiment}/model"
+# In a checkpoint downloaded from the Hub (model.dir/model.repo): the manifest, written only once
+# every file is verified; the Hub's listing of the files, kept for checking them offline; and
+# the download's log (the folder may be outside the working directory, so its log goes with it).
+MODEL_MANIFEST = "sftprof-manifest.json"
+HUB_LISTING = ".sftprof-hub-listing.json"
+MODEL_DOWNLOAD_LOG = ".sftprof-download.log"
 # HF checkpoints converted to NeMo 2 format, one per model (named after its folder).
 NEMO_CHECKPOINT = "resources/nemo-checkpoints/{model}"
 WINDOW_DIR = "results/{experiment}/{window}"

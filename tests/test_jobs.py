@@ -119,7 +119,7 @@ def test_docker_run_line_passes_variables_by_name_only(cluster):
         "docker run --rm --network=host --ipc=host --gpus all --volume /work/exp:/work/exp --workdir /work/exp "
         f"--volume {REPO}:/opt/sftprof-src:ro --env PYTHONPATH=/opt/sftprof-src --volume /shared/models:/shared/models --volume /scratch/hf:/root/.cache/huggingface "
         "--env SLURM_JOB_ID --env SLURM_JOB_NODELIST --env SLURM_NNODES --env SLURM_NODEID --env SLURM_NTASKS "
-        "--env SLURM_PROCID --env SLURM_LOCALID --env MASTER_ADDR --env MASTER_PORT --env HF_TOKEN "
+        "--env SLURM_PROCID --env SLURM_LOCALID --env MASTER_ADDR --env MASTER_PORT --env NCCL_DEBUG "
         "nvcr.io/nvidia/nemo:25.02.01")
 
 

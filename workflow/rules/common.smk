@@ -58,7 +58,8 @@ def profile_params(wildcards):
     exp = experiment(wildcards)
     slurm = exp["slurm"]
     return {
-        "model": exp["model"],
+        # Only where the checkpoint is: the model's contents reach this step as its input.
+        "model": {key: exp["model"][key] for key in ("source", "path") if key in exp["model"]},
         "sft": sftprof_sft.backend_settings(exp["sft"]),
         "profile": {key: value for key, value in exp["profile"].items() if key != "windows"},
         "container": exp["container"],

@@ -1,13 +1,53 @@
+def hub_checkpoint_manifest(wildcards):
+    """The manifest of the experiment's shared checkpoint: it exists only once every file is verified."""
+    model = experiment(wildcards)["model"]
+    return f"{sftprof_hub.checkpoint_dir(model)}/{layout.MODEL_MANIFEST}"
+
+
 rule create_tiny_model:
     """A seeded random LlamaForCausalLM in HF layout, standing in for Llama 2 7B."""
     output:
         model=directory(layout.MODEL_DIR),
     params:
         model=lambda wc: experiment(wc)["model"],
+    wildcard_constraints:
+        experiment=experiments_with("model", "tiny"),
     log:
         f"{layout.LOG_DIR}/create_tiny_model.log",
     script:
         "../scripts/create_tiny_model.py"
+
+
+rule download_model:
+    """A Hub checkpoint (Llama 2 7B) into the shared model folder model.dir/model.repo, every
+    file verified; the manifest is written last, so only a complete checkpoint has one. On the
+    machine that runs snakemake: compute nodes often have no internet."""
+    output:
+        manifest=f"{{checkpoint}}/{layout.MODEL_MANIFEST}",
+    params:
+        # What the checkpoint is; how to get it (token, endpoint, offline) is read from the
+        # config by the script, so changing that reruns nothing.
+        source=lambda wc: sftprof_hub.model_identity(sftprof_hub.hub_model_settings(config, wc.checkpoint)),
+    log:
+        f"{{checkpoint}}/{layout.MODEL_DOWNLOAD_LOG}",
+    localrule: True
+    script:
+        "../scripts/download_model.py"
+
+
+rule link_hub_model:
+    """The experiment's model folder, a link to the verified shared checkpoint."""
+    input:
+        manifest=hub_checkpoint_manifest,
+    output:
+        model=directory(layout.MODEL_DIR),
+    wildcard_constraints:
+        experiment=experiments_with("model", "hub"),
+    log:
+        f"{layout.LOG_DIR}/link_hub_model.log",
+    localrule: True
+    script:
+        "../scripts/link_hub_model.py"
 
 
 rule import_nemo_checkpoint:
