@@ -22,6 +22,7 @@ CAPTURE_DIR = WINDOW_DIR + "/capture"
 SQLITE_DIR = WINDOW_DIR + "/sqlite"
 ANALYSIS_DIR = WINDOW_DIR + "/analysis"
 REPORT_HTML = WINDOW_DIR + "/report.html"
+COMPARISON_DIR = "results/{experiment}/comparison"
 JOB_DIR = "jobs/{experiment}/{window}"
 # Where fetched files wait (and partial downloads resume) until a whole capture is verified.
 FETCH_STAGING = "resources/fetched/{experiment}/{window}"

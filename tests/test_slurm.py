@@ -146,6 +146,8 @@ def test_snakemake_profile_slurm_runs_two_ranks_through_the_executor(slurm_clust
     assert [s["headline"]["steps_captured"] for s in summaries] == [2, 2]
     html = (workdir / "results" / "demo" / "steady" / "report.html").read_text()
     assert "Rank 0 on" in html and "Rank 1 on" in html
+    comparison = (workdir / "results" / "demo" / "comparison" / "compare.html").read_text()
+    assert "rank0" in comparison and "rank1" in comparison
 
 
 def test_a_failed_job_is_reported_with_its_id(prepared, tmp_path):

@@ -125,6 +125,7 @@ def test_cluster_experiment_pulls_and_converts_once_for_all_windows(tmp_path):
     planned = planned_jobs(snakemake(tmp_path, "-n"))
     assert planned["pull_image"] == 1 and planned["import_nemo_checkpoint"] == 1
     assert planned["profile_sft"] == 2 and planned["render_report"] == 2
+    assert planned["compare_experiment"] == 1  # the two windows (2 ranks each) side by side
 
 
 def test_pull_without_the_runtime_is_a_clear_error_and_leaves_no_image(tmp_path):

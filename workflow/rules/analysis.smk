@@ -37,3 +37,19 @@ rule render_report:
         f"{layout.LOG_DIR}/{{window}}/report.log",
     script:
         "../scripts/report.py"
+
+
+rule compare_experiment:
+    """Every window and profiled rank of an experiment side by side (sftprof compare), against
+    the first window's first rank."""
+    input:
+        analyses=lambda wc: [layout.ANALYSIS_DIR.format(experiment=wc.experiment, window=name)
+                             for name in experiment(wc)["profile"]["windows"]],
+    output:
+        comparison=directory(layout.COMPARISON_DIR),
+    params:
+        title=lambda wc: f"sftprof: {wc.experiment}, windows and ranks compared",
+    log:
+        f"{layout.LOG_DIR}/compare.log",
+    script:
+        "../scripts/compare.py"

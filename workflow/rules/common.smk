@@ -27,11 +27,20 @@ def window(wildcards):
 
 
 def all_reports():
-    return [
+    """Every window's report, and a comparison where an experiment has several windows or
+    profiled ranks (not when only reports are fetched: the analyses stay on the cluster)."""
+    reports = [
         layout.REPORT_HTML.format(experiment=name, window=window_name)
         for name in config["run"]
         for window_name in config["experiments"][name]["profile"]["windows"]
     ]
+    if config["results_from"] == "remote" and config["remote"]["analysis_on"] == "cluster":
+        return reports
+    for name in config["run"]:
+        profile = config["experiments"][name]["profile"]
+        if len(profile["windows"]) * len(profile["ranks"]) > 1:
+            reports.append(layout.COMPARISON_DIR.format(experiment=name))
+    return reports
 
 
 def image_file(wildcards):
