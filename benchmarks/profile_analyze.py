@@ -1,0 +1,146 @@
+"""Where `sftprof analyze` spends its time and memory, phase by phase, with little overhead.
+
+    .venv/bin/python benchmarks/profile_analyze.py FILE.sqlite [-o OUT_DIR]
+
+Runs what `sftprof analyze` runs (load_trace, analyze, results.save, write_html) and reports:
+each loader query (rows, seconds, RSS after, deep size of the frame), each analysis function
+called from analyze() (inclusive seconds of its top-level calls, so nothing is counted twice),
+and the report's plots and tables. Functions are wrapped by name at run time, so this keeps
+working while the analyses change; cProfile's per-call overhead would distort pandas-heavy code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import inspect
+import pkgutil
+import resource
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+_depth = 0
+_totals: dict[str, list] = defaultdict(lambda: [0, 0.0])  # name -> [calls, seconds]
+
+
+def _rss_gb() -> float:
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * resource.getpagesize() / 2**30
+    except OSError:
+        return float("nan")
+
+
+def _wrap(module, name, func, label):
+    @functools.wraps(func)
+    def timed(*args, **kwargs):
+        global _depth
+        if _depth:
+            return func(*args, **kwargs)
+        _depth += 1
+        started = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _depth -= 1
+            entry = _totals[label]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started
+    setattr(module, name, timed)
+    return timed
+
+
+# Entry points whose callees are what we want to see: not wrapped themselves.
+ENTRY_POINTS = {"analyze", "write_html", "render_html", "_rank_context"}
+
+
+def instrument(package: str, prefix: str = "") -> None:
+    """Wrap every function defined in the package's modules, and the references to it that other
+    modules of the package imported by name."""
+    pkg = importlib.import_module(package)
+    modules = [pkg] + [importlib.import_module(f"{package}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+    originals = {}
+    for module in modules:
+        for name, func in list(vars(module).items()):
+            if (inspect.isfunction(func) and func.__module__ == module.__name__ and not name.startswith("__")
+                    and name not in ENTRY_POINTS):
+                originals[func] = _wrap(module, name, func, f"{prefix}{module.__name__.split('.')[-1]}.{name}")
+    for module in modules:  # `from x import f` copies: point them at the wrapper too
+        for name, func in list(vars(module).items()):
+            if inspect.isfunction(func) and func in originals:
+                setattr(module, name, originals[func])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", type=Path)
+    parser.add_argument("-o", "--output", type=Path, help="output folder (default: a temporary one)")
+    args = parser.parse_args(argv)
+    out = args.output or Path(tempfile.mkdtemp(prefix="sftprof-profile-"))
+
+    from sftprof.trace import nsys_sqlite
+
+    query = nsys_sqlite._query if hasattr(nsys_sqlite, "_query") else None
+    loads = []
+    if query is not None:
+        def timed_query(conn, sql, *rest, **kw):
+            started = time.perf_counter()
+            frame = query(conn, sql, *rest, **kw)
+            table = next((w for w in sql.split() if w.isupper() and ("_" in w or w == "StringIds")), "?")
+            loads.append((table, len(frame), time.perf_counter() - started, _rss_gb(),
+                          frame.memory_usage(deep=True).sum() / 2**30))
+            return frame
+        nsys_sqlite._query = timed_query
+
+    instrument("sftprof.analysis")
+    import sftprof.analysis as analysis_pkg
+    from sftprof import results
+    from sftprof.report import RankReport, write_html
+    from sftprof.trace import load_trace
+
+    instrument("sftprof.report", prefix="report.")
+    phases = []
+    t = time.perf_counter()
+    tables = load_trace(args.file)
+    phases.append(("load_trace", time.perf_counter() - t, _rss_gb()))
+    _totals.clear()
+    t = time.perf_counter()
+    analysis = analysis_pkg.analyze(tables)
+    phases.append(("analyze", time.perf_counter() - t, _rss_gb()))
+    analysis_totals = dict(_totals)
+    _totals.clear()
+    t = time.perf_counter()
+    results.save(analysis, out / "analysis")
+    phases.append(("results.save", time.perf_counter() - t, _rss_gb()))
+    t = time.perf_counter()
+    write_html([RankReport("", analysis, None)], out / "report.html", "profile")
+    phases.append(("write_html", time.perf_counter() - t, _rss_gb()))
+    report_totals = dict(_totals)
+
+    print(f"{args.file}: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+    print("\nphase            seconds  RSS after (GB)")
+    for name, seconds, rss in phases:
+        print(f"{name:16s} {seconds:8.1f}  {rss:6.2f}")
+    if loads:
+        print("\nloader query                        rows  seconds  RSS after  frame GB")
+        for table, rows, seconds, rss, size in loads:
+            print(f"{table:32s} {rows:>9,} {seconds:8.1f} {rss:9.2f} {size:9.2f}")
+    for title, totals in (("analyze(): top-level calls", analysis_totals), ("write_html(): top-level calls", report_totals)):
+        print(f"\n{title} (inclusive, slowest first)")
+        for name, (calls, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:25]:
+            print(f"  {name:45s} {calls:5d} calls {seconds:8.2f} s")
+    inline = phases[1][1] - sum(seconds for _, seconds in analysis_totals.values())
+    print(f"\nanalyze()'s own code (not in a function of sftprof.analysis): {inline:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

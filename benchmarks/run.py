@@ -1,0 +1,368 @@
+"""`sftprof analyze` against `nsys stats` on generated exports of 1M, 4M (and 16M) kernels.
+
+    .venv/bin/python benchmarks/run.py                      # 1M and 4M kernels
+    .venv/bin/python benchmarks/run.py --large              # and 16M
+    .venv/bin/python benchmarks/run.py --sizes 20k --out /tmp/bench.csv
+
+For each size: generate the export (benchmarks/generate_export.py; cached by size in the work
+dir), then run on that same file, one after the other, each as a child process timed on its own:
+
+  sftprof   sftprof analyze FILE -o DIR          (the full analysis, CSVs and the HTML report)
+  nsys      nsys stats -r gpukernsum,gpumemtimesum,cudaapisum -f csv --force-export false FILE
+
+Wall time, CPU time (user + system) and peak RSS come from wait4() on the child: the peak is
+the largest resident set of the child or any process under it, what /usr/bin/time -v reports.
+Then sftprof's kernel, memory-operation and CUDA API tables are checked row by row against what
+nsys printed (`agree`), and nsys's kernel instances against N. Prints a markdown table; --out
+writes the same as CSV. See benchmarks/README.md for the columns and the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from generate_export import DEFAULT_SEED, format_count, generate, parse_count, row_counts  # noqa: E402
+
+DEFAULT_SIZES = "1M,4M"
+LARGE_SIZE = 16_000_000
+NSYS_REPORTS = "gpukernsum,gpumemtimesum,cudaapisum"
+GENERATOR_VERSION = 1  # bump when generate_export.py writes different files: the cache is then rebuilt
+# Targets of the issue, at 10M kernels.
+TARGET_TIME_RATIO = 1 / 3
+TARGET_RSS_GB = 2.0
+TARGET_LINEARITY = 20.0  # time(16M) <= 20 x time(1M)
+
+
+def default_workdir() -> Path:
+    return Path(os.environ.get("SFTPROF_BENCH_DIR", "/tmp/sftprof-bench"))
+
+
+def sftprof_command() -> list[str]:
+    """The sftprof next to this interpreter (the venv's entry point), else `python -m sftprof.cli`."""
+    beside = Path(sys.executable).parent / "sftprof"
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "sftprof.cli"]
+
+
+# --- measuring one child ----------------------------------------------------------------------
+
+def measure(command: list[str], stdout: Path, stderr: Path, timeout: float, progress: str = "") -> dict:
+    """Run `command` to completion; wall, CPU and peak RSS of it and its descendants (wait4)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        timed_out = threading.Event()
+
+        def kill():
+            timed_out.set()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        ticker = _Ticker(progress, started) if progress else None
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+            if ticker:
+                ticker.stop()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # so Popen does not wait on it again
+        wall = time.perf_counter() - started
+    return {"rc": proc.returncode, "timed_out": timed_out.is_set(), "wall_s": wall,
+            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_gb": usage.ru_maxrss * 1024 / 2**30}
+
+
+class _Ticker:
+    """Elapsed time on stderr while a long child runs (a terminal only)."""
+
+    def __init__(self, label: str, started: float):
+        self.label, self.started, self.done = label, started, threading.Event()
+        self.enabled = sys.stderr.isatty()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.done.wait(1.0):
+            if self.enabled:
+                print(f"\r  {self.label}: {time.perf_counter() - self.started:6.0f} s", end="", file=sys.stderr,
+                      flush=True)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        if self.enabled:
+            print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
+
+
+# --- checking the outputs ---------------------------------------------------------------------
+
+def nsys_sections(text: str) -> dict[str, list[dict]]:
+    """`nsys stats -f csv` output to {report: rows}."""
+    sections, name, lines = {}, None, []
+    for line in text.splitlines():
+        if line.startswith("Processing ["):
+            if name:
+                sections[name] = lines
+            name, lines = Path(line.split(" with [")[-1].split("]")[0]).stem, []
+        elif name is not None and line.strip():
+            lines.append(line)
+    if name:
+        sections[name] = lines
+    return {report: list(csv.DictReader(io.StringIO("\n".join(rows)))) for report, rows in sections.items()}
+
+
+# (nsys report, its key columns, its value columns, sftprof table, its key columns, its value columns)
+COMPARISONS = (
+    ("gpukernsum", ("Name", "GridXYZ", "BlockXYZ"),
+     ("Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
+     "kernels", ("kernel", "grid", "block"), None),
+    ("gpumemtimesum", ("Operation",),
+     ("Time (%)", "Total Time (ns)", "Count", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
+     "memops", ("operation",), None),
+    ("cudaapisum", ("Name",),
+     ("Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
+     "cuda_api", ("name",), None),
+)
+SFTPROF_VALUES = ("time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns")
+
+
+def agreement(nsys: dict[str, list[dict]], analysis_dir: Path) -> str:
+    """'yes' when sftprof's three summaries equal nsys's row for row, else what differs."""
+    problems = []
+    for report, nkeys, nvalues, table, skeys, _ in COMPARISONS:
+        path = analysis_dir / f"{table}.csv"
+        if report not in nsys or not path.exists():
+            problems.append(f"{table}: missing")
+            continue
+        theirs = {tuple(r[k] for k in nkeys): [float(r[v]) for v in nvalues] for r in nsys[report]}
+        with path.open(newline="") as handle:
+            ours = {tuple(r[k] for k in skeys): [float(r[v]) for v in SFTPROF_VALUES] for r in csv.DictReader(handle)}
+        differ = sum(1 for key in theirs.keys() | ours.keys() if theirs.get(key) != ours.get(key))
+        if differ:
+            problems.append(f"{table}: {differ}/{len(theirs)} rows differ")
+    return "yes" if not problems else "; ".join(problems)
+
+
+# --- one size ---------------------------------------------------------------------------------
+
+def export_for(size: int, workdir: Path, seed: Path, created: list[Path]) -> tuple[Path, float | None]:
+    """The cached export of `size` kernels, generated when missing or stale; (path, seconds to generate)."""
+    path = workdir / f"k{format_count(size)}.sqlite"
+    meta_path = path.with_suffix(".json")
+    meta = {"kernels": size, "seed": str(seed.resolve()), "seed_bytes": seed.stat().st_size,
+            "seed_mtime": int(seed.stat().st_mtime), "generator": GENERATOR_VERSION}
+    if path.exists() and meta_path.exists():
+        try:
+            if json.loads(meta_path.read_text()) == meta:
+                return path, None
+        except ValueError:
+            pass
+    print(f"generating {path} ({size:,} kernels)...", file=sys.stderr, flush=True)
+    result = generate(seed, path, size, quiet=True)
+    meta_path.write_text(json.dumps(meta))
+    created += [path, meta_path]
+    print(f"  {result['bytes'] / 2**30:.2f} GiB in {result['seconds']:.1f} s", file=sys.stderr, flush=True)
+    return path, result["seconds"]
+
+
+def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list[Path]) -> dict:
+    export, gen_s = export_for(size, workdir, seed, created)
+    counts = row_counts(export)
+    label = format_count(size)
+    out_dir = workdir / f"out-{label}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    created.append(out_dir)
+    before = (export.stat().st_size, export.stat().st_mtime_ns)
+
+    print(f"[{label}] nsys stats -r {NSYS_REPORTS} ...", file=sys.stderr, flush=True)
+    nsys_cmd = ["nsys", "stats", "-r", NSYS_REPORTS, "-f", "csv", "--force-export", "false", str(export)]
+    nsys = measure(nsys_cmd, out_dir / "nsys.csv", out_dir / "nsys.err", timeout, f"[{label}] nsys stats")
+    if (export.stat().st_size, export.stat().st_mtime_ns) != before:
+        raise SystemExit(f"nsys stats modified {export}: measure on a copy per run instead")
+
+    print(f"[{label}] sftprof analyze ...", file=sys.stderr, flush=True)
+    sft_cmd = [*sftprof_command(), "analyze", str(export), "-o", str(out_dir / "sftprof")]
+    sft = measure(sft_cmd, out_dir / "sftprof.out", out_dir / "sftprof.err", timeout, f"[{label}] sftprof analyze")
+
+    sections = nsys_sections((out_dir / "nsys.csv").read_text(errors="replace")) if nsys["rc"] == 0 else {}
+    instances = sum(int(r["Instances"]) for r in sections.get("gpukernsum", []))
+    sft_ok = sft["rc"] == 0 and (out_dir / "sftprof" / "report.html").exists()
+    row = {
+        "size": label, "kernels": counts["kernels"], "runtime": counts["runtime"], "memops": counts["memops"],
+        "osrt": counts["osrt"], "nvtx": counts["nvtx"], "export_gib": round(export.stat().st_size / 2**30, 2),
+        "generate_s": round(gen_s, 1) if gen_s is not None else "",
+        "sftprof_status": "ok" if sft_ok else _failure(sft, out_dir / "sftprof.err"),
+        "sftprof_wall_s": round(sft["wall_s"], 1), "sftprof_cpu_s": round(sft["cpu_s"], 1),
+        "sftprof_rss_gb": round(sft["peak_rss_gb"], 2),
+        "nsys_status": "ok" if nsys["rc"] == 0 else _failure(nsys, out_dir / "nsys.err"),
+        "nsys_wall_s": round(nsys["wall_s"], 1), "nsys_cpu_s": round(nsys["cpu_s"], 1),
+        "nsys_rss_gb": round(nsys["peak_rss_gb"], 2),
+        "time_ratio": round(sft["wall_s"] / nsys["wall_s"], 2) if nsys["wall_s"] else "",
+        "rss_ratio": round(sft["peak_rss_gb"] / nsys["peak_rss_gb"], 2) if nsys["peak_rss_gb"] else "",
+        "nsys_instances_ok": instances == size,
+        "agree": agreement(sections, out_dir / "sftprof" / "analysis") if sft_ok and sections else "n/a",
+    }
+    if sections and instances != size:
+        row["agree"] = f"nsys counted {instances:,} kernels, not {size:,}; " + row["agree"]
+    return row
+
+
+def _failure(m: dict, stderr: Path) -> str:
+    if m["timed_out"]:
+        return "TIMEOUT"
+    lines = [line for line in stderr.read_text(errors="replace").splitlines() if line.strip()]
+    return f"FAILED rc={m['rc']}: {lines[-1][:150] if lines else ''}"
+
+
+# --- the table --------------------------------------------------------------------------------
+
+COLUMNS = (  # (header, key)
+    ("size", "size"), ("kernels", "kernels"), ("runtime", "runtime"), ("osrt", "osrt"), ("nvtx", "nvtx"),
+    ("sftprof wall s", "sftprof_wall_s"), ("sftprof CPU s", "sftprof_cpu_s"), ("sftprof peak RSS GB", "sftprof_rss_gb"),
+    ("nsys wall s", "nsys_wall_s"), ("nsys CPU s", "nsys_cpu_s"), ("nsys peak RSS GB", "nsys_rss_gb"),
+    ("time ratio", "time_ratio"), ("RSS ratio", "rss_ratio"),
+    ("sftprof time / anchor", "sftprof_vs_anchor"), ("nsys time / anchor", "nsys_vs_anchor"),
+    ("rows / anchor", "rows_vs_anchor"), ("agree", "agree"),
+)
+
+
+def add_anchor(rows: list[dict]) -> int | None:
+    """time(N) / time(anchor), anchor = the 1M row (else the smallest size): linearity in rows."""
+    measured = [r for r in rows if r["sftprof_status"] == "ok" or r["nsys_status"] == "ok"]
+    if not measured:
+        return None
+    anchor = next((r for r in measured if r["kernels"] == 1_000_000), min(measured, key=lambda r: r["kernels"]))
+    for r in rows:
+        r["rows_vs_anchor"] = round(r["kernels"] / anchor["kernels"], 2)
+        for tool in ("sftprof", "nsys"):
+            ok = r[f"{tool}_status"] == "ok" and anchor[f"{tool}_status"] == "ok" and anchor[f"{tool}_wall_s"]
+            r[f"{tool}_vs_anchor"] = round(r[f"{tool}_wall_s"] / anchor[f"{tool}_wall_s"], 2) if ok else ""
+    return anchor["kernels"]
+
+
+def _cell(row: dict, key: str) -> str:
+    value = row.get(key, "")
+    if isinstance(value, int) and not isinstance(value, bool) and key in ("kernels", "runtime", "osrt", "nvtx"):
+        return f"{value:,}"
+    if key.startswith("sftprof_") and row["sftprof_status"] != "ok" and key != "sftprof_status":
+        return f"{value} ({row['sftprof_status'].split(':')[0]})" if key == "sftprof_wall_s" else str(value)
+    return str(value)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(h for h, _ in COLUMNS) + " |",
+             "|" + "|".join("---" if k in ("size", "agree") else "---:" for _, k in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cell(r, k) for _, k in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """The issue's targets (stated at 10M), checked on the sizes measured."""
+    out = []
+    for r in rows:
+        if r["sftprof_status"] != "ok" or r["nsys_status"] != "ok":
+            out.append(f"{r['size']}: sftprof {r['sftprof_status']}, nsys {r['nsys_status']}")
+            continue
+        time_ok = r["time_ratio"] != "" and r["time_ratio"] <= TARGET_TIME_RATIO
+        rss_ok = r["sftprof_rss_gb"] <= TARGET_RSS_GB
+        out.append(f"{r['size']}: time {r['time_ratio']}x nsys stats (target <= {TARGET_TIME_RATIO:.2f}: "
+                   f"{'met' if time_ok else 'NOT met'}), peak RSS {r['sftprof_rss_gb']} GB (target <= "
+                   f"{TARGET_RSS_GB:g}: {'met' if rss_ok else 'NOT met'})")
+    large = [r for r in rows if r["kernels"] >= LARGE_SIZE and r.get("sftprof_vs_anchor") != ""]
+    for r in large:
+        ok = r["sftprof_vs_anchor"] <= TARGET_LINEARITY
+        out.append(f"{r['size']}: sftprof time {r['sftprof_vs_anchor']}x the anchor's for {r['rows_vs_anchor']}x "
+                   f"the rows (target <= {TARGET_LINEARITY:g}x: {'met' if ok else 'NOT met'})")
+    return out
+
+
+def machine() -> str:
+    import platform
+
+    cores = os.cpu_count()
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem = float("nan")
+    try:
+        nsys = subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        nsys = "nsys not found"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{platform.node()}: {cores} cores, {mem:.0f} GiB, {platform.platform()}, Python "
+            f"{platform.python_version()}, {nsys}; load average {load:.1f} at the start")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"kernel counts, comma-separated (default {DEFAULT_SIZES})")
+    parser.add_argument("--large", action="store_true", help=f"also {format_count(LARGE_SIZE)} kernels (~3 GiB export)")
+    parser.add_argument("--workdir", type=Path, default=default_workdir(),
+                        help="where exports are cached and outputs written (default $SFTPROF_BENCH_DIR or "
+                             "/tmp/sftprof-bench)")
+    parser.add_argument("--seed", type=Path, default=DEFAULT_SEED, help="the real export to replicate")
+    parser.add_argument("--out", type=Path, help="write the results as CSV too")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the exports generated and the outputs of this run (default: delete them; "
+                             "exports that were already cached stay)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per measured command (default 3600)")
+    args = parser.parse_args(argv)
+    sizes = [parse_count(s) for s in args.sizes.split(",") if s.strip()]
+    if args.large and LARGE_SIZE not in sizes:
+        sizes.append(LARGE_SIZE)
+    if shutil.which("nsys") is None:
+        raise SystemExit("nsys is not on PATH")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    created: list[Path] = []
+    rows = []
+    print(f"machine: {machine()}", flush=True)
+    try:
+        for size in sizes:
+            rows.append(run_size(size, args.workdir, args.seed, args.timeout, created))
+            print(f"  done: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    finally:
+        if not args.keep:
+            for path in reversed(created):
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    anchor = add_anchor(rows)
+    print()
+    print(markdown(rows))
+    print()
+    if anchor:
+        print(f"anchor for linearity: {anchor:,} kernels")
+    for line in verdicts(rows):
+        print(line)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    failed = [r for r in rows if r["nsys_status"] != "ok" or r["sftprof_status"] != "ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

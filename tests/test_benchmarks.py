@@ -1,0 +1,87 @@
+"""Smoke test of the scale benchmark (benchmarks/): the generator writes an export nsys accepts with
+exactly the kernels asked for, and `benchmarks/run.py` completes at a tiny size and prints its
+table. No timing is asserted: CI machines are too noisy for that."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import generate_export  # noqa: E402
+
+SMALL = 20_000  # 4 replicas of the 4,227-kernel seed and a partial fifth
+needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None, reason="needs nsys (scripts/install-nsys.sh)")
+
+
+@pytest.fixture(scope="module")
+def small_export(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bench") / "k20k.sqlite"
+    result = generate_export.generate(generate_export.DEFAULT_SEED, path, SMALL, quiet=True)
+    assert result["counts"]["CUPTI_ACTIVITY_KIND_KERNEL"] == SMALL
+    return path
+
+
+def test_sizes_parse():
+    assert [generate_export.parse_count(s) for s in ("20k", "1M", "16M", "1.5M", "4227")] == [
+        20_000, 1_000_000, 16_000_000, 1_500_000, 4227]
+    assert generate_export.format_count(16_000_000) == "16M"
+
+
+def test_export_keeps_the_seed_schema_and_scales_every_table(small_export):
+    import sqlite3
+
+    seed = sqlite3.connect(generate_export.DEFAULT_SEED)
+    out = sqlite3.connect(small_export)
+    schema = "SELECT type, name, sql FROM sqlite_master ORDER BY name"
+    assert out.execute(schema).fetchall() == seed.execute(schema).fetchall()
+    for table in ("StringIds", "ThreadNames", "TARGET_INFO_GPU", "ENUM_CUDA_MEMCPY_OPER", "EXPORT_META_DATA"):
+        assert out.execute(f"SELECT * FROM {table}").fetchall() == seed.execute(f"SELECT * FROM {table}").fetchall()
+    ratio = SMALL / seed.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    for table in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY", "OSRT_API", "NVTX_EVENTS"):
+        seeded = seed.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        scaled = out.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        assert 0.7 * ratio * seeded <= scaled <= 1.3 * ratio * seeded, table
+    # the steps go on: step 4, 5, 6 in the seed, then 7, 8, ...
+    steps = [r[0] for r in out.execute("SELECT text FROM NVTX_EVENTS WHERE text GLOB 'step *' ORDER BY start")]
+    assert steps[:5] == ["step 4", "step 5", "step 6", "step 7", "step 8"]
+    assert len(set(steps)) == len(steps)
+
+
+def test_every_kernel_links_to_its_launch(small_export):
+    links = generate_export.check_links(small_export)
+    assert links == {"kernels": SMALL, "unique_kernel_correlation_ids": True, "unique_api_correlation_ids": True,
+                     "kernels_linked": SMALL}
+
+
+def test_sftprof_loads_it(small_export):
+    from sftprof.trace import load_trace
+
+    tables = load_trace(small_export)
+    assert len(tables.kernels) == SMALL
+    assert tables.kernels["correlation_id"].is_unique
+    assert tables.kernels["correlation_id"].isin(tables.cuda_api["correlation_id"]).all()
+
+
+@needs_nsys
+def test_nsys_stats_counts_every_kernel(small_export):
+    assert generate_export.nsys_kernel_instances(small_export) == SMALL
+
+
+@needs_nsys
+def test_benchmark_runs_and_prints_its_table(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--sizes", "20k", "--workdir", str(tmp_path),
+                           "--out", str(tmp_path / "results.csv")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| size | kernels | runtime | osrt | nvtx | sftprof wall s |" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| 20k |"))
+    assert row.endswith("| yes |"), row  # sftprof's summaries equal nsys stats' on the same file
+    assert (tmp_path / "results.csv").exists()
+    assert not (tmp_path / "k20k.sqlite").exists()  # without --keep the run cleans up what it made
