@@ -61,3 +61,35 @@ def test_each_capture_holds_its_plant_and_the_clean_one_none():
     assert _count("pageable", pageable_host_to_device) >= 4 and _count("clean", pageable_host_to_device) == 0
     step_ranges = "SELECT sum(end - start) FROM NVTX_EVENTS WHERE text = 'data'"
     assert _count("cpu_starved", step_ranges) >= 4 * 30e6 > 10 * _count("clean", step_ranges)
+
+
+PROBLEM_RULES = {"sync_memcpy", "pageable_memcpy", "sync_memset", "sync_in_steps", "data_stall", "lock_wait",
+                 "fp32_gemm", "gpu_idle_gaps"}
+
+
+@pytest.fixture(scope="module")
+def findings() -> dict[str, dict[str, object]]:
+    from sftprof.analysis import analyze
+
+    return {plant: {f.rule: f for f in analyze(load_trace(fixture(plant))).findings} for plant in PLANTS}
+
+
+@pytest.mark.parametrize("plant, rule, evidence", [
+    ("sync_memcpy", "sync_memcpy", "4 synchronous cudaMemcpy"),
+    ("pageable", "pageable_memcpy", "pageable"),
+    ("device_sync", "sync_in_steps", "cudaDeviceSynchronize"),
+    ("cpu_starved", "data_stall", "Data loading"),
+])
+def test_each_planted_problem_is_named(findings, plant, rule, evidence):
+    finding = findings[plant].get(rule)
+    assert finding is not None, f"{plant}: no {rule} finding among {sorted(findings[plant])}"
+    assert evidence in finding.title + finding.evidence
+
+
+def test_the_clean_run_raises_no_problem(findings):
+    assert not PROBLEM_RULES & set(findings["clean"])
+
+
+def test_elementwise_model_is_memory_bound_and_gemm_model_compute_bound(findings):
+    assert "kernels are memory-bound" in findings["elementwise"]["bound_verdict"].title
+    assert "kernels are compute-bound" in findings["gemm"]["bound_verdict"].title

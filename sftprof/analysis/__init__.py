@@ -6,13 +6,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
-from sftprof.analysis import cpu, gpu
+from sftprof.analysis import boundness, cpu, cuda, gpu, kernels, memory, nvtx, rules, sched, utilisation
 from sftprof.analysis.findings import Finding
 from sftprof.trace.tables import TraceTables
 
+# Traces from nsys (other formats, e.g. Kineto, cannot record CPU scheduling at all).
+NSYS_SUFFIXES = {".sqlite", ".nsys-rep"}
 # A step this much slower than the median step is an outlier worth naming.
 SLOW_STEP_FACTOR = 1.5
 # A training thread blocked in OS calls for less of the capture than this is not worth a finding.
@@ -121,25 +124,93 @@ def _thread_findings(threads: pd.DataFrame, span_ns: int) -> list[Finding]:
 
 
 
+def _gpu_busy_pct(busy: pd.DataFrame) -> float | None:
+    """Busy share of the GPUs' active spans, all devices together; None without GPU work."""
+    span = busy["span_ns"].sum()
+    return float(100.0 * busy["busy_ns"].sum() / span) if span else None
+
+
 def analyze(tables: TraceTables) -> Analysis:
+    tables = tables.with_all_columns()
+    memops = tables.memops.assign(copy_kind=memory.copy_kinds(tables.memops))
     kernel_sum = gpu.kernel_summary(tables.kernels)
-    busy = gpu.gpu_busy(tables.kernels, tables.memops)
+    busy = gpu.gpu_busy(tables.kernels, memops)
+    busy_pct = _gpu_busy_pct(busy)
     steps = cpu.step_table(tables.nvtx)
     threads = cpu.thread_summary(tables)
+    labels = cpu.thread_labels(threads)
+    launching = set(tables.cuda_api["global_tid"])
+    feeders = {tid: label for tid, label in labels.items() if tid in launching}  # the threads that feed the GPU
+    families = kernels.family_summary(tables.kernels)
+    precision = kernels.gemm_precision(tables.kernels)
+    mix = kernels.kernel_mix(tables.kernels)
+    metric_means = boundness.metric_means_while_busy(tables.gpu_metrics, tables.kernels, memops)
+    verdict = boundness.verdict(mix, busy_pct, metric_means) if not tables.kernels.empty else None
+    gaps = utilisation.idle_gaps(tables.kernels, memops)
+    causes = utilisation.gap_causes(gaps, tables, feeders)
+    timeline = utilisation.utilisation_timeline(tables.kernels, memops)
+    kind_share = memory.kind_share(tables.kernels, memops)
+    host_memory = memory.host_memory(memops)
+    copies = cuda.with_api_calls(memops, tables.cuda_api)
+    launch = cuda.launch_overhead(tables.cuda_api)
+    runs = sched.on_cpu_intervals(tables.sched, tables.span_ns)
+    cores = sched.core_summary(runs, tables.span_ns)
+    sched_traced = "cpuctxsw" in tables.sources or not tables.sched.empty
+    projection = nvtx.gpu_time_by_range(tables.nvtx, tables.cuda_api, tables.kernels, labels)
+
     result = Analysis(source_path=tables.source_path, span_ns=tables.span_ns, sources=sorted(tables.sources))
     result.tables = {
         "kernels": kernel_sum,
-        "memops": gpu.memop_summary(tables.memops),
+        "kernel_families": families,
+        "gemm_precision": precision,
+        "memops": gpu.memop_summary(memops),
+        "memops_by_size": memory.size_summary(memops),
+        "memop_kinds": kind_share,
+        "host_memory": host_memory,
         "cuda_api": gpu.cuda_api_summary(tables.cuda_api),
+        "launch_overhead": launch,
+        "sync_calls": cuda.sync_calls(tables.cuda_api, tables.span_ns),
+        "sync_activity": cuda.sync_activity(tables.sync),
         "gpu_busy": busy,
+        "gpu_gaps": gaps,
+        "gap_causes": causes,
+        "gpu_timeline": timeline,
+        "step_gpu": utilisation.step_utilisation(steps, tables.kernels, memops),
+        "bound_evidence": boundness.evidence_table(mix, busy_pct, metric_means) if verdict else pd.DataFrame(),
         "osrt": cpu.osrt_summary(tables.osrt),
         "nvtx": cpu.nvtx_summary(tables.nvtx),
+        "nvtx_gpu": projection,
         "steps": steps,
         "phases": cpu.phase_ranges(tables.nvtx),
         "threads": threads,
+        "thread_osrt": cpu.thread_osrt(tables, threads),
+        "thread_states": cpu.thread_states(threads, runs, tables.span_ns, sched_traced,
+                                           "cuda" in tables.sources or not tables.cuda_api.empty),
+        "cpu_cores": cores,
+        "cpu_timeline": sched.core_timeline(runs, tables.span_ns),
     }
-    result.findings = (_gpu_findings(tables, kernel_sum, busy) + _step_findings(steps)
-                       + _thread_findings(threads, tables.span_ns))
+    sets = copies[copies["copy_kind"] == memory.MEMSET_KIND]
+    findings = (
+        _gpu_findings(tables, kernel_sum, busy)
+        + ([boundness.verdict_finding(verdict)] if verdict else [])
+        + rules.launch_bound(tables.kernels, launch, busy, timeline, gaps, steps)
+        + rules.idle_gaps(gaps, causes, busy)
+        + rules.memory_bound_mix(families, mix, busy_pct)
+        + rules.fp32_gemm(precision)
+        + rules.interconnect(kind_share, host_memory, memory.interconnect_share(tables.kernels, memops),
+                             int(tables.kernels["duration"].sum() + memops["duration"].sum()))
+        + rules.sync_memcpy(copies, tables.span_ns, labels, tables.nvtx)
+        + rules.pageable_memcpy(copies, tables.span_ns, labels, tables.nvtx)
+        + rules.sync_memset(sets, tables.span_ns, labels)
+        + rules.syncs_in_steps(tables.cuda_api, steps, labels, tables.nvtx)
+        + _step_findings(steps)
+        + rules.data_stall(steps, tables.nvtx, tables.osrt, tables.kernels, memops, labels)
+        + rules.lock_waits(steps, tables.nvtx, tables.osrt, threads, labels)
+        + _thread_findings(threads, tables.span_ns)
+        + rules.cpu_scheduling(cores, sched_traced, Path(tables.source_path).suffix in NSYS_SUFFIXES)
+        + rules.nvtx_projection(projection))
+    result.findings = sorted(findings, key=lambda f: f.severity != "warning")  # problems first, else in order
+    top = kernel_sum.iloc[0] if len(kernel_sum) else None
     result.headline = {
         "capture_s": tables.span_ns / 1e9,
         "steps_captured": len(steps),
@@ -148,5 +219,15 @@ def analyze(tables: TraceTables) -> Analysis:
         "application_threads": len(threads),
         "osrt_calls": len(tables.osrt),
         "nvtx_ranges": len(tables.nvtx),
+        "top_kernel": str(top.kernel) if top is not None else None,
+        "top_kernel_pct": float(top.time_pct) if top is not None else None,
+        "kernel_family_pct": {row.family: round(float(row.time_pct), 2) for row in families.itertuples()},
+        "tensor_core_pct": mix["tensor_core_pct"] if len(tables.kernels) else None,
+        "memop_gpu_time_pct": float(kind_share["gpu_time_pct"].sum()) if len(kind_share) else None,
+        "gpu_busy_pct": busy_pct,
+        "gpu_idle_gaps": len(gaps),
+        "verdict": (("host-bound, kernels " if verdict["host_bound"] else "") + verdict["kernels"]) if verdict else None,
+        "verdict_confidence": verdict["confidence"] if verdict else None,
+        "warnings": sorted({f.rule for f in result.findings if f.severity == "warning"}),
     }
     return result

@@ -6,6 +6,7 @@ import re
 
 import pandas as pd
 
+from sftprof.analysis.cuda import host_wait_calls
 from sftprof.analysis.stats import duration_summary
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
@@ -13,6 +14,9 @@ PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
 STEP_RANGE = re.compile(r"^(?:.*:)?step (\d+)$")
 # The trainer's phase ranges inside each step (sftprof.sft.torch_backend).
 PHASES = ("data", "forward", "backward", "optimizer")
+# The name of a thread that left events but has no ThreadNames row (e.g. a Python thread: CPython
+# does not name OS threads).
+UNNAMED_THREAD = "(unnamed)"
 
 
 def osrt_summary(osrt: pd.DataFrame) -> pd.DataFrame:
@@ -76,29 +80,87 @@ def _clipped_to_capture(calls: pd.DataFrame, span_ns: int) -> pd.Series:
     return (calls["end"].clip(upper=span_ns) - calls["start"].clip(lower=0)).clip(lower=0)
 
 
+def application_threads(tables) -> pd.DataFrame:
+    """The profiled program's threads: named ones (ThreadNames) and those that only left events,
+    without nsys's own threads."""
+    pids = application_pids(tables)
+    named = tables.threads[tables.threads["pid"].isin(pids)][["global_tid", "pid", "tid", "thread_name"]]
+    seen = pd.concat([frame[["global_tid", "pid", "tid"]]
+                      for frame in (tables.osrt, tables.cuda_api, tables.nvtx, tables.sched)])
+    seen = seen[seen["pid"].isin(pids)]
+    unnamed = seen[~seen["global_tid"].isin(named["global_tid"])].drop_duplicates("global_tid")
+    threads = pd.concat([named, unnamed.assign(thread_name=UNNAMED_THREAD)], ignore_index=True)
+    return threads[~threads["thread_name"].astype(str).str.match(PROFILER_THREAD)].reset_index(drop=True)
+
+
 def thread_summary(tables) -> pd.DataFrame:
     """Per application thread: OS-runtime time inside the capture, the call it blocks in most,
-    CUDA API and NVTX activity."""
-    pids = application_pids(tables)
-    threads = tables.threads[tables.threads["pid"].isin(pids)
-                             & ~tables.threads["thread_name"].astype(str).str.match(PROFILER_THREAD)]
+    CUDA API and NVTX activity, and the time it waited for the GPU in synchronizing CUDA calls."""
+    threads = application_threads(tables)
     osrt = tables.osrt.assign(in_capture=_clipped_to_capture(tables.osrt, tables.span_ns))
     osrt_by_tid = osrt.groupby("global_tid")
+    gpu_wait = host_wait_calls(tables.cuda_api).groupby("global_tid")["duration"].sum()
+    api_by_tid = tables.cuda_api.groupby("global_tid")["duration"].agg(["count", "sum"])
+    nvtx_by_tid = tables.nvtx.groupby("global_tid").size()
     rows = []
     for thread in threads.itertuples():
         calls = osrt_by_tid.get_group(thread.global_tid) if thread.global_tid in osrt_by_tid.groups else osrt.iloc[0:0]
         per_call = calls.groupby("name")["in_capture"].sum().sort_values(ascending=False)
-        api = tables.cuda_api[tables.cuda_api["global_tid"] == thread.global_tid]
+        api = api_by_tid.loc[thread.global_tid] if thread.global_tid in api_by_tid.index else {"count": 0, "sum": 0}
+        waited = int(gpu_wait.get(thread.global_tid, 0))
         rows.append({
             "global_tid": thread.global_tid, "pid": thread.pid, "tid": thread.tid,
             "thread_name": thread.thread_name, "role": thread_role(thread.pid, thread.tid, thread.thread_name),
             "osrt_calls": len(calls), "osrt_ns": int(calls["in_capture"].sum()),
             "top_osrt_call": per_call.index[0] if len(per_call) else "",
             "top_osrt_ns": int(per_call.iloc[0]) if len(per_call) else 0,
-            "cuda_api_calls": len(api), "cuda_api_ns": int(api["duration"].sum()),
-            "nvtx_ranges": int((tables.nvtx["global_tid"] == thread.global_tid).sum()),
+            "cuda_api_calls": int(api["count"]), "cuda_api_ns": int(api["sum"]),
+            "gpu_wait_ns": waited, "gpu_wait_pct": 100.0 * waited / tables.span_ns if tables.span_ns else 0.0,
+            "nvtx_ranges": int(nvtx_by_tid.get(thread.global_tid, 0)),
         })
     columns = ["global_tid", "pid", "tid", "thread_name", "role", "osrt_calls", "osrt_ns", "top_osrt_call",
-               "top_osrt_ns", "cuda_api_calls", "cuda_api_ns", "nvtx_ranges"]
+               "top_osrt_ns", "cuda_api_calls", "cuda_api_ns", "gpu_wait_ns", "gpu_wait_pct", "nvtx_ranges"]
     frame = pd.DataFrame(rows, columns=columns)
     return frame.sort_values(["osrt_ns", "nvtx_ranges"], ascending=False).reset_index(drop=True)
+
+
+def thread_labels(threads: pd.DataFrame) -> dict:
+    """global_tid -> "python3 (main, tid 496)": how findings and tables name a thread."""
+    return {row.global_tid: f"{row.thread_name} ({row.role + ', ' if row.role else ''}tid {row.tid})"
+            for row in threads.itertuples()}
+
+
+def thread_osrt(tables, threads: pd.DataFrame) -> pd.DataFrame:
+    """Per application thread and OS-runtime call: calls and time inside the capture (long table)."""
+    columns = ["thread", "role", "tid", "call", "calls", "total_ns", "capture_pct"]
+    osrt = tables.osrt[tables.osrt["global_tid"].isin(threads["global_tid"])]
+    if osrt.empty:
+        return pd.DataFrame(columns=columns)
+    osrt = osrt.assign(in_capture=_clipped_to_capture(osrt, tables.span_ns))
+    frame = osrt.groupby(["global_tid", "name"])["in_capture"].agg(calls="count", total_ns="sum").reset_index()
+    info = threads.set_index("global_tid")
+    labels = thread_labels(threads)
+    frame = frame.assign(thread=frame["global_tid"].map(labels), role=frame["global_tid"].map(info["role"]),
+                         tid=frame["global_tid"].map(info["tid"]), call=frame["name"],
+                         capture_pct=100.0 * frame["total_ns"] / tables.span_ns if tables.span_ns else float("nan"))
+    return frame[columns].sort_values(["total_ns", "thread"], ascending=[False, True]).reset_index(drop=True)
+
+
+def thread_states(threads: pd.DataFrame, runs: pd.DataFrame, span_ns: int, sched_traced: bool,
+                  cuda_traced: bool) -> pd.DataFrame:
+    """Per application thread, shares of the capture: running on a core (needs CPU scheduling data),
+    inside OS-runtime calls, and waiting for the GPU in CUDA calls (needs CUDA tracing); NaN where
+    not traced. They can overlap (a thread spinning in cudaStreamSynchronize is running), so they
+    are not stacked."""
+    columns = ["thread", "role", "running_pct", "os_calls_pct", "gpu_wait_pct"]
+    if threads.empty or not span_ns:
+        return pd.DataFrame(columns=columns)
+    running = runs.groupby("global_tid")["duration"].sum() if sched_traced else pd.Series(dtype="float64")
+    labels = thread_labels(threads)
+    frame = pd.DataFrame({
+        "thread": threads["global_tid"].map(labels), "role": threads["role"],
+        "running_pct": (100.0 * threads["global_tid"].map(running).fillna(0) / span_ns) if sched_traced else float("nan"),
+        "os_calls_pct": 100.0 * threads["osrt_ns"] / span_ns,
+        "gpu_wait_pct": threads["gpu_wait_pct"] if cuda_traced else float("nan")})
+    active = (frame[["running_pct", "os_calls_pct", "gpu_wait_pct"]].fillna(0) > 0).any(axis=1) | (frame["role"] != "")
+    return frame[active][columns].reset_index(drop=True)

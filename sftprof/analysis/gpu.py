@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from sftprof.analysis import intervals
 from sftprof.analysis.stats import duration_summary
 
 KERNEL_NAME_COLUMNS = {"demangled": "name", "short": "short_name", "mangled": "mangled_name"}
@@ -25,26 +26,20 @@ def cuda_api_summary(cuda_api: pd.DataFrame) -> pd.DataFrame:
     return duration_summary(cuda_api, ["name"])
 
 
-def busy_intervals(intervals: pd.DataFrame) -> pd.DataFrame:
-    """Merge overlapping [start, end) intervals: GPU busy time is their union, not a sum."""
-    if intervals.empty:
-        return pd.DataFrame(columns=["start", "end"])
-    ordered = intervals.sort_values("start")
-    starts, ends = ordered["start"].to_numpy(), ordered["end"].to_numpy()
-    running_end = pd.Series(ends).cummax().to_numpy()
-    new_block = pd.Series(starts[1:] > running_end[:-1])
-    block_id = pd.concat([pd.Series([0]), new_block.cumsum()], ignore_index=True).to_numpy()
-    merged = pd.DataFrame({"start": starts, "end": ends, "block": block_id})
-    return merged.groupby("block").agg(start=("start", "min"), end=("end", "max")).reset_index(drop=True)
+def gpu_ops(kernels: pd.DataFrame, memops: pd.DataFrame) -> pd.DataFrame:
+    """Every kernel and memory operation as (device_id, start, end): what keeps a GPU busy.
+    Rows with start <= 0 are dropped, as nsys's utilisation rules do."""
+    ops = pd.concat([kernels[["device_id", "start", "end"]], memops[["device_id", "start", "end"]]],
+                    ignore_index=True)
+    ops = ops[ops["start"] > 0]
+    return ops.astype({"start": "int64", "end": "int64"})
 
 
 def gpu_busy(kernels: pd.DataFrame, memops: pd.DataFrame) -> pd.DataFrame:
     """Per device: span from first to last GPU op, busy time (union over streams), busy %."""
-    ops = pd.concat([kernels[["device_id", "start", "end"]], memops[["device_id", "start", "end"]]])
-    ops = ops[ops["start"] > 0]
     rows = []
-    for device, device_ops in ops.groupby("device_id"):
-        merged = busy_intervals(device_ops)
+    for device, device_ops in gpu_ops(kernels, memops).groupby("device_id"):
+        merged = intervals.union(device_ops)
         span = int(device_ops["end"].max() - device_ops["start"].min())
         busy = int((merged["end"] - merged["start"]).sum())
         rows.append({"device_id": device, "span_ns": span, "busy_ns": busy,

@@ -12,6 +12,9 @@ import pandas as pd
 
 from sftprof import __version__
 from sftprof.analysis import Analysis
+from sftprof.analysis.memory import MEGABYTE
+from sftprof.analysis.sched import CPU_SCHED_SWITCH
+from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT
 from sftprof.io import atomic_write_text
 from sftprof.report import plots
 
@@ -21,15 +24,22 @@ _ENV = jinja2.Environment(
     autoescape=jinja2.select_autoescape(["html", "j2"]),
 )
 
-# Columns shown in the report (CSV files keep all of them); nanoseconds shown as milliseconds.
-_NS_COLUMNS = ("total_ns", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns", "duration", "data_ns",
-               "forward_ns", "backward_ns", "optimizer_ns", "other_ns", "osrt_ns", "top_osrt_ns",
-               "cuda_api_ns", "span_ns", "busy_ns")
+# Nanosecond columns are shown in µs or ms: every `*_ns` column and `duration`; timestamps
+# (`start`, `end`, `gap_start`) always in ms since the capture began. Byte counts in MB, as nsys prints them.
+_TIMESTAMP_COLUMNS = ("start", "end", "gap_start")
+
+
+def _is_duration(column: str) -> bool:
+    return column.endswith("_ns") or column == "duration"
+
+
+def _is_bytes(column: str) -> bool:
+    return column.endswith("_bytes") or column == "bytes"
 
 
 def _time_unit(values: pd.Series) -> tuple[str, float]:
     """Microseconds for short things (kernels, API calls), milliseconds for long ones (steps)."""
-    return ("µs", 1e3) if values.abs().max() < 1e6 else ("ms", 1e6)
+    return ("µs", 1e3) if values.abs().median() < 1e6 else ("ms", 1e6)
 
 
 def _table_html(frame: pd.DataFrame, drop: tuple[str, ...] = (), limit: int = 25) -> str:
@@ -38,10 +48,19 @@ def _table_html(frame: pd.DataFrame, drop: tuple[str, ...] = (), limit: int = 25
     shown = frame.drop(columns=[c for c in drop if c in frame.columns]).head(limit).copy()
     renamed = {}
     for column in shown.columns:
-        if column in _NS_COLUMNS:
+        numeric = pd.api.types.is_numeric_dtype(shown[column])
+        if numeric and _is_duration(column):
             unit, scale = _time_unit(shown[column])
             shown[column] = shown[column] / scale
             renamed[column] = f"{column.removesuffix('_ns')} ({unit})"
+        elif numeric and column in _TIMESTAMP_COLUMNS:
+            shown[column] = shown[column] / 1e6
+            renamed[column] = f"{column} (ms)"
+        elif numeric and _is_bytes(column):
+            shown[column] = shown[column].map(lambda v: f"{v / MEGABYTE:,.3f}")
+            renamed[column] = f"{column.removesuffix('_bytes')} (MB)"
+        elif not numeric:
+            shown[column] = shown[column].map(lambda v: "" if v is None or v is pd.NA or v != v else v)
     shown = shown.rename(columns=renamed)
     return shown.to_html(index=False, classes="data", border=0, na_rep="", float_format=lambda v: f"{v:,.1f}")
 
@@ -61,32 +80,88 @@ class RankReport:
     metrics_path: str | Path | None = None
 
 
+def _absent(sources: list[str]) -> dict[str, str]:
+    """Why a section is empty, and which nsys switch fills it."""
+    cuda = ("CUDA was traced, but no GPU work ran in the capture window." if "cuda" in sources else
+            "CUDA was not traced: add cuda (and cudnn, cublas) to profile.trace (nsys --trace=cuda,...).")
+    return {
+        "cuda": cuda,
+        "nvtx": "No NVTX ranges: trace nvtx (--trace=...,nvtx) and annotate the steps (sftprof's trainer does).",
+        "osrt": "OS-runtime calls were not traced: add osrt to profile.trace (--trace=...,osrt).",
+        "sched": f"CPU scheduling was not traced: add {CPU_SCHED_SWITCH} to nsys profile (profile.cpuctxsw).",
+        "threads": "No application threads found in the capture.",
+    }
+
+
+def _tables(t: dict) -> dict:
+    """Tables by name; an analysis saved by an older sftprof may lack some (they render as absent)."""
+    return {name: t.get(name, pd.DataFrame()) for name in (
+        "kernels", "kernel_families", "gemm_precision", "memops", "memops_by_size", "memop_kinds", "host_memory",
+        "cuda_api", "launch_overhead", "sync_calls", "sync_activity", "gpu_busy", "gpu_gaps", "gap_causes",
+        "gpu_timeline", "step_gpu", "bound_evidence", "osrt", "nvtx", "nvtx_gpu", "steps", "phases", "threads",
+        "thread_osrt", "thread_states", "cpu_cores", "cpu_timeline")}
+
+
+def _active_threads(threads: pd.DataFrame) -> pd.DataFrame:
+    """The threads worth a row in the report: the training threads and those that left any event
+    (the CSV keeps every thread, idle pool workers included)."""
+    if threads.empty or "role" not in threads:
+        return threads
+    counts = [c for c in ("osrt_calls", "cuda_api_calls", "nvtx_ranges") if c in threads]
+    active = threads[counts].fillna(0).sum(axis=1) > 0
+    return threads[active | threads["role"].fillna("").astype(bool)]
+
+
 def _rank_context(part: RankReport, anchor: str) -> dict:
-    t = part.analysis.tables
+    t = _tables(part.analysis.tables)
     metrics = read_metrics(part.metrics_path)
     window_metrics = metrics[metrics["in_window"]] if not metrics.empty else metrics
+    findings = {f.rule: f for f in part.analysis.findings}
     return {
         "label": part.label,
         "anchor": anchor,
         "analysis": part.analysis,
+        "verdict": findings.get("bound_verdict"),
+        "absent": _absent(part.analysis.sources),
+        "idle_gap_ms": IDLE_GAP_NS / 1e6,
         "headline_json": json.dumps(part.analysis.headline, indent=1),
         "sections": {
             "kernels": _table_html(t["kernels"]),
+            "kernel_families": _table_html(t["kernel_families"]),
+            "gemm_precision": _table_html(t["gemm_precision"]),
             "memops": _table_html(t["memops"]),
+            "memops_by_size": _table_html(t["memops_by_size"]),
+            "memop_kinds": _table_html(t["memop_kinds"]),
+            "host_memory": _table_html(t["host_memory"]),
+            "bound_evidence": _table_html(t["bound_evidence"]),
             "gpu_busy": _table_html(t["gpu_busy"]),
+            "step_gpu": _table_html(t["step_gpu"]),
+            "gpu_gaps": _table_html(t["gpu_gaps"], limit=10),
+            "gap_causes": _table_html(t["gap_causes"], drop=("device_id", "gap_start", "gap_ns"), limit=60),
             "cuda_api": _table_html(t["cuda_api"]),
+            "launch_overhead": _table_html(t["launch_overhead"]),
+            "sync_calls": _table_html(t["sync_calls"]),
+            "sync_activity": _table_html(t["sync_activity"]),
             "steps": _table_html(t["steps"], drop=("start", "end")),
-            "threads": _table_html(t["threads"], drop=("global_tid",)),
+            "threads": _table_html(_active_threads(t["threads"]), drop=("global_tid",)),
+            "thread_osrt": _table_html(t["thread_osrt"], drop=("tid",), limit=30),
             "osrt": _table_html(t["osrt"]),
+            "cpu_cores": _table_html(t["cpu_cores"], limit=256),
             "nvtx": _table_html(t["nvtx"]),
+            "nvtx_gpu": _table_html(t["nvtx_gpu"]),
             "metrics": _table_html(metrics, limit=1000),
         },
         "plots": {
             "kernel_share": plots.share_bars(t["kernels"], "kernel", "Kernel time share"),
+            "kernel_families": plots.family_bars(t["kernel_families"]),
             "memop_share": plots.share_bars(t["memops"], "operation", "Memory-operation time share"),
+            "memop_breakdown": plots.memop_breakdown(t["memop_kinds"]),
+            "gpu_timeline": plots.utilisation_timeline(t["gpu_timeline"], LOW_UTILISATION_PCT),
             "step_phases": plots.step_phases(t["steps"]),
             "timeline": plots.phase_timeline(t["phases"], t["steps"]),
+            "thread_states": plots.thread_states(t["thread_states"]),
             "osrt_share": plots.share_bars(t["osrt"], "name", "OS-runtime call time share"),
+            "cpu_cores": plots.core_timeline(t["cpu_timeline"]),
             "training_curve": plots.training_curve(metrics),
         },
         "window_tokens_per_s": float(window_metrics["tokens_per_s"].median()) if len(window_metrics) else None,

@@ -4,6 +4,9 @@ Opened read-only. Tables are looked up first: nsys exports a table only when its
 source produced rows, so a missing table means "not traced", not an error. The SQL here keeps
 the selection rules of `nsys stats` (OSRT eventClass 27, NVTX range event types, the
 `globalTid` bit layout), so summaries computed from these tables match nsys's own.
+
+Exports of 2022.4 and newer both load: the metadata table is EXPORT_META_DATA (2022.4) or
+META_DATA_EXPORT (newer), and enum labels come from the file's ENUM_* tables when it has them.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from sftprof.trace.tables import TraceTables, empty
 NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
 NVTX_DOMAIN_CREATE = 75
 OSRT_CALL_CLASS = 27  # other OSRT_API classes are zero-length "profiling started/stopped" markers
-# copyKind -> the operation names nsys 2022.4's gpumemtimesum prints.
+# copyKind -> the operation names nsys 2022.4's gpumemtimesum prints (from an inline list; newer
+# versions print '[CUDA memcpy ' || ENUM_CUDA_MEMCPY_OPER.label || ']' instead).
 MEMCPY_OPERATIONS = {
     0: "[CUDA memcpy Unknown]", 1: "[CUDA memcpy HtoD]", 2: "[CUDA memcpy DtoH]", 3: "[CUDA memcpy HtoA]",
     4: "[CUDA memcpy AtoH]", 5: "[CUDA memcpy AtoA]", 6: "[CUDA memcpy AtoD]", 7: "[CUDA memcpy DtoA]",
@@ -28,6 +32,17 @@ MEMCPY_OPERATIONS = {
     13: "[CUDA Unified Memory memcpy DtoD]",
 }
 MEMSET_OPERATION = "[CUDA memset]"
+# copyKind -> the direction, whatever the naming: what analyses group and test on.
+MEMCPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
+                8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH", 13: "UVM DtoD"}
+MEMSET_KIND = "memset"
+# Enum labels for files without the ENUM_* table (values are stable across versions).
+MEMORY_KIND_LABELS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static",
+                      6: "Managed Static", 7: "Unknown"}
+SYNC_TYPE_LABELS = {0: "Unknown", 1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"}
+# The first nsys release whose stats name memcpys by the ENUM_CUDA_MEMCPY_OPER label.
+ENUM_MEMCPY_NAMES_SINCE = 2023
+METADATA_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # newer name first
 
 # globalTid = [hwId:8][vmId:8][pid:24][tid:24]
 _PID = "((globalTid >> 24) & 16777215)"
@@ -43,7 +58,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         raise TraceFormatError(f"{path}: no such file")
     if path.stat().st_size == 0:
         raise TraceFormatError(f"{path}: file is empty")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError as exc:
@@ -61,6 +76,38 @@ def _tables(conn: sqlite3.Connection) -> set[str]:
 
 def _query(conn: sqlite3.Connection, sql: str) -> pd.DataFrame:
     return pd.read_sql_query(sql, conn)
+
+
+def _metadata(conn: sqlite3.Connection, tables: set[str]) -> dict[str, str]:
+    for table in METADATA_TABLES:
+        if table in tables:
+            return {str(name): str(value) for name, value in conn.execute(f"SELECT name, value FROM {table}")}
+    return {}
+
+
+def _nsys_release(metadata: dict[str, str], tables: set[str]) -> int:
+    """The year of the nsys release that wrote the file (2022 for 2022.4.2.1); 0 when unknown."""
+    version = metadata.get("EXPORT_PRODUCT_VERSION") or metadata.get("NSIGHT_SYSTEMS_VERSION", "")
+    year = version.split(".")[0]
+    if year.isdigit():
+        return int(year)
+    return ENUM_MEMCPY_NAMES_SINCE if "META_DATA_EXPORT" in tables else 0
+
+
+def _enum_labels(conn: sqlite3.Connection, tables: set[str], enum_table: str, fallback: dict[int, str]) -> dict:
+    if enum_table not in tables:
+        return fallback
+    return {int(code): str(label) for code, label in conn.execute(f"SELECT id, label FROM {enum_table}")}
+
+
+def _case(column: str, labels: dict[int, str], default: str = "NULL") -> str:
+    """An SQL CASE that maps a code column to its label."""
+    whens = " ".join(f"WHEN {code} THEN {_quote(label)}" for code, label in labels.items())
+    return f"CASE {column} {whens} ELSE {default} END"
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _span_ns(conn: sqlite3.Connection, tables: set[str]) -> int:
@@ -150,19 +197,64 @@ def _kernels(conn, tables) -> pd.DataFrame:
         ORDER BY k.start""")
 
 
-def _memops(conn, tables) -> pd.DataFrame:
+def _memcpy_operations(conn, tables, release: int) -> dict[int, str]:
+    """The names `nsys stats` of the release that wrote the file gives each copyKind."""
+    if release >= ENUM_MEMCPY_NAMES_SINCE and "ENUM_CUDA_MEMCPY_OPER" in tables:
+        labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER", {})
+        return {code: f"[CUDA memcpy {label}]" for code, label in labels.items()}
+    return MEMCPY_OPERATIONS
+
+
+def _memops(conn, tables, release: int) -> pd.DataFrame:
     parts = []
     common = ('start, "end", "end" - start AS duration, {op} AS operation, bytes, deviceId AS device_id, '
-              'streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id')
+              'streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id, '
+              '{kind} AS copy_kind, {src} AS src_kind, {dst} AS dst_kind')
+    memory_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND_LABELS)
     if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
-        names = " ".join(f"WHEN {kind} THEN '{name}'" for kind, name in MEMCPY_OPERATIONS.items())
-        op = f"CASE copyKind {names} ELSE '[CUDA memcpy Unknown]' END"
-        parts.append(f"SELECT {common.format(op=op)} FROM CUPTI_ACTIVITY_KIND_MEMCPY")
+        op = _case("copyKind", _memcpy_operations(conn, tables, release), _quote(MEMCPY_OPERATIONS[0]))
+        columns = common.format(op=op, kind=_case("copyKind", MEMCPY_KINDS, _quote(MEMCPY_KINDS[0])),
+                                src=_case("srcKind", memory_kinds), dst=_case("dstKind", memory_kinds))
+        parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMCPY")
     if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
-        parts.append(f"SELECT {common.format(op=repr(MEMSET_OPERATION))} FROM CUPTI_ACTIVITY_KIND_MEMSET")
+        columns = common.format(op=_quote(MEMSET_OPERATION), kind=_quote(MEMSET_KIND), src="NULL",
+                                dst=_case("memKind", memory_kinds))
+        parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMSET")
     if not parts:
         return empty("memops")
     return _query(conn, " UNION ALL ".join(parts) + " ORDER BY start")
+
+
+def _sync(conn, tables) -> pd.DataFrame:
+    if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" not in tables:
+        return empty("sync")
+    sync_types = _enum_labels(conn, tables, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
+    return _query(conn, f"""
+        SELECT start, "end", "end" - start AS duration, {_case("syncType", sync_types, "'Unknown'")} AS sync_type,
+               deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
+               correlationId AS correlation_id
+        FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION ORDER BY start""")
+
+
+def _sched(conn, tables) -> pd.DataFrame:
+    if "SCHED_EVENTS" not in tables:
+        return empty("sched")
+    frame = _query(conn, f"""
+        SELECT start, cpu, isSchedIn != 0 AS is_sched_in, globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
+        FROM SCHED_EVENTS ORDER BY start""")
+    return frame.assign(is_sched_in=frame["is_sched_in"].astype(bool))
+
+
+def _gpu_metrics(conn, tables) -> pd.DataFrame:
+    """Newer exports' GPU_METRICS (2022.4 keeps GPU metrics as JSON in GENERIC_EVENTS, not read here)."""
+    if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
+        return empty("gpu_metrics")
+    return _query(conn, """
+        SELECT m.timestamp AS timestamp, (m.typeId & 255) AS device_id, i.metricName AS metric, m.value AS value
+        FROM GPU_METRICS m
+        JOIN (SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS) i
+             ON i.typeId = m.typeId AND i.metricId = m.metricId
+        ORDER BY m.timestamp""")
 
 
 def _sources(tables: set[str]) -> set[str]:
@@ -177,6 +269,8 @@ def _sources(tables: set[str]) -> set[str]:
         sources.add("cpuctxsw")
     if "COMPOSITE_EVENTS" in tables:
         sources.add("sample")
+    if "GPU_METRICS" in tables:
+        sources.add("gpu_metrics")
     return sources
 
 
@@ -185,6 +279,7 @@ def load_nsys_sqlite(path: str | Path) -> TraceTables:
     conn = _connect(path)
     try:
         tables = _tables(conn)
+        release = _nsys_release(_metadata(conn, tables), tables)
         return TraceTables(
             source_path=str(path),
             span_ns=_span_ns(conn, tables),
@@ -194,7 +289,10 @@ def load_nsys_sqlite(path: str | Path) -> TraceTables:
             osrt=_osrt(conn, tables),
             cuda_api=_cuda_api(conn, tables),
             kernels=_kernels(conn, tables),
-            memops=_memops(conn, tables),
+            memops=_memops(conn, tables, release),
+            sync=_sync(conn, tables),
+            sched=_sched(conn, tables),
+            gpu_metrics=_gpu_metrics(conn, tables),
         )
     except sqlite3.DatabaseError as exc:
         raise TraceFormatError(f"{path}: damaged or truncated export ({exc})") from None

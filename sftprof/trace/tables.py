@@ -1,23 +1,33 @@
 """The normalized tables every analysis reads, whatever the trace came from.
 
 Times are integer nanoseconds on the capture's timeline; `duration` = end - start.
-Columns (a table with no rows still has them):
+Columns (a table with no rows still has them; a table the trace did not record stays empty):
 
-threads   global_tid, pid, tid, thread_name, process_name
-nvtx      start, end, duration, name, style ("PushPop"|"StartEnd"), global_tid, pid, tid
-          (ranges only; an unterminated range ends at the capture's last timestamp)
-osrt      start, end, duration, name, global_tid, pid, tid     (OS runtime calls)
-cuda_api  start, end, duration, name, global_tid, pid, tid, correlation_id
-          (name without the `_vNNNN` version suffix)
-kernels   start, end, duration, name, short_name, mangled_name, device_id, stream_id, pid,
-          correlation_id, grid, block    (grid/block formatted as nsys stats prints them)
-memops    start, end, duration, operation ("[CUDA memcpy HtoD]"... or "[CUDA memset]"), bytes,
-          device_id, stream_id, pid, correlation_id
+threads     global_tid, pid, tid, thread_name, process_name
+nvtx        start, end, duration, name, style ("PushPop"|"StartEnd"), global_tid, pid, tid
+            (ranges only; an unterminated range ends at the capture's last timestamp)
+osrt        start, end, duration, name, global_tid, pid, tid     (OS runtime calls)
+cuda_api    start, end, duration, name, global_tid, pid, tid, correlation_id
+            (name without the `_vNNNN` version suffix, as nsys stats strips it)
+kernels     start, end, duration, name, short_name, mangled_name, device_id, stream_id, pid,
+            correlation_id, grid, block    (grid/block formatted as nsys stats prints them)
+memops      start, end, duration, operation ("[CUDA memcpy HtoD]"... or "[CUDA memset]", as the
+            nsys version that wrote the file names them in gpumemtimesum), bytes, device_id,
+            stream_id, pid, correlation_id,
+            copy_kind ("HtoD", "DtoH", "DtoD", "PtoP", "HtoH", ... or "memset": the same whatever
+            the naming), src_kind, dst_kind (memory kind: "Pageable", "Pinned", "Device", "Managed"...;
+            a memset's memory is its dst_kind)
+sync        start, end, duration, sync_type ("Event sync", "Stream wait sync", "Stream sync",
+            "Context sync"...), device_id, stream_id, pid, correlation_id   (CUDA synchronization
+            activity; correlation_id is the synchronizing API call's)
+sched       start, cpu, is_sched_in (bool), global_tid, pid, tid   (a thread switched onto or off a
+            CPU core: point events, from nsys --cpuctxsw)
+gpu_metrics timestamp, device_id, metric, value   (sampled GPU counters, e.g. "SMs Active [Throughput %]")
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
@@ -29,7 +39,10 @@ COLUMNS = {
     "kernels": ["start", "end", "duration", "name", "short_name", "mangled_name", "device_id", "stream_id",
                 "pid", "correlation_id", "grid", "block"],
     "memops": ["start", "end", "duration", "operation", "bytes", "device_id", "stream_id", "pid",
-               "correlation_id"],
+               "correlation_id", "copy_kind", "src_kind", "dst_kind"],
+    "sync": ["start", "end", "duration", "sync_type", "device_id", "stream_id", "pid", "correlation_id"],
+    "sched": ["start", "cpu", "is_sched_in", "global_tid", "pid", "tid"],
+    "gpu_metrics": ["timestamp", "device_id", "metric", "value"],
 }
 
 
@@ -50,3 +63,18 @@ class TraceTables:
     cuda_api: pd.DataFrame = field(default_factory=lambda: empty("cuda_api"))
     kernels: pd.DataFrame = field(default_factory=lambda: empty("kernels"))
     memops: pd.DataFrame = field(default_factory=lambda: empty("memops"))
+    sync: pd.DataFrame = field(default_factory=lambda: empty("sync"))
+    sched: pd.DataFrame = field(default_factory=lambda: empty("sched"))
+    gpu_metrics: pd.DataFrame = field(default_factory=lambda: empty("gpu_metrics"))
+
+    def with_all_columns(self) -> "TraceTables":
+        """A copy in which every table has every documented column: a loader that does not know a
+        column (another trace format, an older sftprof) leaves it missing, and analyses read it as NA."""
+        frames = {}
+        for f in fields(self):
+            frame = getattr(self, f.name)
+            if f.name in COLUMNS:
+                missing = [c for c in COLUMNS[f.name] if c not in frame.columns]
+                frame = frame.assign(**{c: pd.Series(pd.NA, index=frame.index, dtype="object") for c in missing})
+            frames[f.name] = frame
+        return TraceTables(**frames)

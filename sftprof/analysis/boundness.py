@@ -1,0 +1,139 @@
+"""Compute- or memory-bound: a verdict with its evidence and how far to trust it.
+
+Three kinds of evidence, strongest last:
+- how busy the GPU is at all: below LOW_UTILISATION_PCT the host limits the step whatever the
+  kernels are (measured directly from the trace, so that part of the verdict is certain);
+- the kernel mix by name: GEMM/attention time vs streaming (elementwise, reduction, copy,
+  optimizer) time, and the share on tensor cores: a good proxy, not a measurement;
+- GPU metrics, when collected: SM issue, tensor-core and DRAM throughput sampled while the GPU worked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sftprof.analysis import intervals
+from sftprof.analysis.findings import Finding
+from sftprof.analysis.gpu import gpu_ops
+from sftprof.analysis.kernels import COMPUTE_BOUND_FAMILIES, MEMORY_BOUND_FAMILIES
+from sftprof.analysis.utilisation import LOW_UTILISATION_PCT
+
+GPU_METRICS_SWITCH = "--gpu-metrics-device=all (nsys 2022.4; --gpu-metrics-devices=all in newer releases)"
+# A family group with this share of kernel time decides the kernel-mix verdict...
+DOMINANT_SHARE_PCT = 60.0
+# ...and with this share, names alone are convincing enough for medium confidence (streaming
+# kernels are memory-bound by construction; the doubt is in what the rest does).
+CONFIDENT_SHARE_PCT = 70.0
+# A unit (SM issue, tensor cores, DRAM) busier than this while the GPU works is the limit.
+METRIC_LIMIT_PCT = 40.0
+# GPU metric names start with these (newer nsys appends " [Throughput %]").
+DRAM_METRICS = ("dram read bandwidth", "dram write bandwidth")
+SM_ISSUE_METRIC = "sm issue"
+TENSOR_METRIC = "tensor active"
+
+
+def metric_means_while_busy(gpu_metrics: pd.DataFrame, kernels: pd.DataFrame, memops: pd.DataFrame) -> dict:
+    """Mean of each metric (lower-cased name) over samples taken while its device was running work."""
+    if gpu_metrics.empty:
+        return {}
+    frames = []
+    for device, ops in gpu_ops(kernels, memops).groupby("device_id"):
+        merged = intervals.union(ops)
+        samples = gpu_metrics[gpu_metrics["device_id"] == device]
+        times = samples["timestamp"].to_numpy(dtype="int64")
+        index = np.searchsorted(merged["start"].to_numpy(), times, side="right") - 1
+        busy = (index >= 0) & (times < merged["end"].to_numpy()[np.maximum(index, 0)])
+        frames.append(samples[busy])
+    if not frames:
+        return {}
+    busy_samples = pd.concat(frames)
+    return busy_samples.groupby(busy_samples["metric"].str.lower())["value"].mean().to_dict()
+
+
+def _metric(means: dict, prefix: str) -> float | None:
+    values = [value for name, value in means.items() if name.startswith(prefix)]
+    return float(sum(values)) if values else None
+
+
+def _metrics_verdict(means: dict) -> tuple[str, str] | None:
+    dram = [v for v in (_metric(means, name) for name in DRAM_METRICS) if v is not None]
+    issue, tensor = _metric(means, SM_ISSUE_METRIC), _metric(means, TENSOR_METRIC)
+    if not dram and issue is None and tensor is None:
+        return None
+    dram_pct, compute_pct = sum(dram), max(issue or 0.0, tensor or 0.0)
+    text = (f"while the GPU worked, DRAM bandwidth averaged {dram_pct:.0f}% of peak, SM issue "
+            f"{issue if issue is not None else float('nan'):.0f}%, tensor cores {tensor if tensor is not None else float('nan'):.0f}%")
+    if dram_pct >= METRIC_LIMIT_PCT and dram_pct >= compute_pct:
+        return "memory-bound", text
+    if compute_pct >= METRIC_LIMIT_PCT:
+        return "compute-bound", text
+    return "latency-bound (no unit near its peak)", text
+
+
+def _mix_verdict(mix: dict) -> str:
+    if mix["compute_pct"] >= DOMINANT_SHARE_PCT:
+        return "compute-bound"
+    if mix["memory_pct"] >= DOMINANT_SHARE_PCT:
+        return "memory-bound"
+    return "mixed"
+
+
+def verdict(mix: dict, busy_pct: float | None, metric_means: dict) -> dict:
+    """The verdict on the GPU work: `kernels` (compute-/memory-bound/mixed), its `confidence`,
+    whether the host limits the step overall (`host_bound`), and the sentences behind it."""
+    by_mix = _mix_verdict(mix)
+    by_metrics = _metrics_verdict(metric_means)
+    mix_text = (f"{mix['memory_pct']:.1f}% of kernel time in streaming kernels ({', '.join(MEMORY_BOUND_FAMILIES)}), "
+                f"{mix['compute_pct']:.1f}% in {'/'.join(COMPUTE_BOUND_FAMILIES)}; {mix['tensor_core_pct']:.1f}% on "
+                "tensor cores")
+    if by_metrics:
+        kernels, metrics_text = by_metrics
+        confidence = "high" if kernels == by_mix else "medium"
+        basis = (f"GPU metrics: {metrics_text}; kernel names: {mix_text}"
+                 + ("" if kernels == by_mix else f" (names alone would say {by_mix}; the metrics measure it)"))
+    else:
+        kernels = by_mix
+        dominant = max(mix["compute_pct"], mix["memory_pct"])
+        confidence = "medium" if kernels != "mixed" and dominant >= CONFIDENT_SHARE_PCT else "low"
+        basis = (f"kernel names only: {mix_text}. GPU metrics were not collected: {GPU_METRICS_SWITCH} "
+                 "records SM, tensor-core and DRAM throughput and would settle it")
+    return {"kernels": kernels, "confidence": confidence, "basis": basis,
+            "host_bound": busy_pct is not None and busy_pct < LOW_UTILISATION_PCT, "busy_pct": busy_pct}
+
+
+def evidence_table(mix: dict, busy_pct: float | None, metric_means: dict) -> pd.DataFrame:
+    """The numbers the verdict rests on, each with where it comes from."""
+    rows = [("GPU busy, % of its active span", busy_pct, "trace (union of GPU work)"),
+            ("GEMM + attention, % of kernel time", mix["compute_pct"], "kernel names"),
+            ("streaming kernels, % of kernel time", mix["memory_pct"], "kernel names"),
+            ("tensor-core kernels, % of kernel time", mix["tensor_core_pct"], "kernel names")]
+    for label, prefix in (("DRAM read bandwidth, % of peak", DRAM_METRICS[0]),
+                          ("DRAM write bandwidth, % of peak", DRAM_METRICS[1]),
+                          ("SM issue, % of peak", SM_ISSUE_METRIC), ("tensor cores active, % of peak", TENSOR_METRIC)):
+        value = _metric(metric_means, prefix)
+        rows.append((label, value, "GPU metrics while busy" if value is not None else
+                     f"GPU metrics: not collected ({GPU_METRICS_SWITCH})"))
+    return pd.DataFrame(rows, columns=["evidence", "value", "basis"])
+
+
+def verdict_finding(result: dict) -> Finding:
+    kernels, confidence = result["kernels"], result["confidence"]
+    if result["host_bound"]:
+        return Finding(
+            "bound_verdict", "info",
+            f"Host-bound: the GPU is busy {result['busy_pct']:.1f}% of its active span; its kernels are {kernels}",
+            f"Host-bound, confidence high: GPU busy time is measured from the trace, and below "
+            f"{LOW_UTILISATION_PCT:.0f}% neither compute nor memory bandwidth limits the step. The kernels that "
+            f"do run are {kernels}, confidence {confidence}: {result['basis']}.",
+            "Feed the GPU first (see the launch-bound, idle-gap and synchronization findings); the kernel mix "
+            "matters once the GPU is busy.")
+    advice = {"memory-bound": "Raise arithmetic intensity: fuse elementwise chains (torch.compile, fused "
+                              "norm/rotary/activation kernels), fused optimizers, bf16 activations, larger hidden "
+                              "size or batch per kernel.",
+              "compute-bound": "The GPU does dense math: lower precision (bf16, FP8 with Transformer Engine on "
+                               "Hopper) and tensor-core-friendly shapes (multiples of 64) are the levers left.",
+              "mixed": "No kernel class dominates: optimise the largest families in the kernel-family table."}
+    return Finding("bound_verdict", "info", f"The GPU work is {kernels} (confidence {confidence})",
+                   f"GPU busy {result['busy_pct']:.1f}% of its active span. {result['basis']}.",
+                   advice.get(kernels, "Compare SM issue with DRAM throughput kernel by kernel in Nsight Compute."))

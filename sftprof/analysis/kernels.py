@@ -1,0 +1,127 @@
+"""What kind of work the kernels do: families, tensor-core use and GEMM precision, by kernel name.
+
+Names are the only evidence a trace without GPU metrics has. The markers below are matched
+case-insensitively, first on the short name and then, for kernels it leaves unclassified, on the
+demangled name: a short name such as cutlass's `Kernel2` says nothing, while its template
+argument `cutlass_80_tensorop_bf16_s16816gemm...` says it is a bf16 tensor-core GEMM.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+# Family -> name markers; the first family that matches wins, so the order matters
+# (cuBLAS's `splitKreduce_kernel` is part of a GEMM, not a reduction).
+KERNEL_FAMILIES = (
+    ("GEMM", r"gemm|xmma|nvjet|cutlass|cublas|splitkreduce"),
+    # flash attention and its backward pre/post-processing (`dot_do_o`, `convert_dq`), cuDNN's SDPA
+    ("attention", r"flash|fmha|sdpa|attention|dot_do_o|convert_dq"),
+    ("optimizer", r"multi_tensor_apply|adam"),
+    ("communication", r"nccl"),
+    ("reduction/norm", r"reduce|norm|softmax"),
+    ("copy/cat", r"copy|cat|memcpy|gather|scatter"),
+    ("elementwise", r"elementwise|vectorized|unrolled"),
+)
+OTHER_FAMILY = "other"
+# Dense matrix math: limited by the tensor cores when the GPU is busy.
+COMPUTE_BOUND_FAMILIES = ("GEMM", "attention")
+# Streaming kernels that read and write every element once: limited by memory bandwidth.
+MEMORY_BOUND_FAMILIES = ("elementwise", "reduction/norm", "copy/cat", "optimizer")
+
+# Kernels that run on tensor cores: Hopper's xmma/nvjet/wgmma GEMMs, mma/hmma instructions in the
+# name, cutlass `tensorop` kernels and their MMA shapes (16816, 1688, 884), FP8 (e4m3/e5m2) and
+# half-precision GEMMs. SIMT kernels and SGEMMs run on the CUDA cores even when a marker matches.
+TENSOR_CORE_MARKERS = re.compile(
+    r"xmma|hmma|wgmma|imma|(?<![a-z])mma|nvjet|tensorop|16816|1688|884gemm|e4m3|e5m2"
+    r"|(?:bf16|f16|fp16).*gemm|gemm.*(?:bf16|f16|fp16)", re.IGNORECASE)
+NOT_TENSOR_CORE_MARKERS = re.compile(r"simt|sgemm", re.IGNORECASE)
+
+# GEMM input precision by name; first match wins. cuBLASLt's `nvjet` names carry no precision.
+GEMM_PRECISIONS = (
+    ("fp8", r"e4m3|e5m2|fp8"),
+    ("bf16", r"bf16|bfloat16"),
+    ("fp16", r"(?<!b)f16|fp16|half|h16816|h1688|hgemm"),
+    ("tf32", r"tf32"),
+    ("fp32", r"sgemm|f32|fp32|float"),
+)
+UNKNOWN_PRECISION = "not in the name"
+HALF_PRECISIONS = ("fp8", "bf16", "fp16")
+
+
+def _by_distinct_name(names: pd.Series, classify) -> pd.Series:
+    """Apply `classify` (name -> label) once per distinct name: thousands of kernels share a few dozen
+    long demangled names."""
+    names = names.fillna("").astype(str)
+    labels = {name: classify(name) for name in names.unique()}
+    return names.map(labels)
+
+
+def _first_match(names: pd.Series, patterns: tuple[tuple[str, str], ...]) -> pd.Series:
+    compiled = [(label, re.compile(pattern, re.IGNORECASE)) for label, pattern in patterns]
+    return _by_distinct_name(names, lambda name: next((label for label, p in compiled if p.search(name)), None))
+
+
+def kernel_families(kernels: pd.DataFrame) -> pd.Series:
+    """Each kernel's family (see KERNEL_FAMILIES), from its short name, then its demangled name."""
+    by_short = _first_match(kernels["short_name"].fillna(kernels["name"]), KERNEL_FAMILIES)
+    by_full = _first_match(kernels["name"], KERNEL_FAMILIES)
+    return by_short.fillna(by_full).fillna(OTHER_FAMILY)
+
+
+def on_tensor_cores(kernels: pd.DataFrame) -> pd.Series:
+    return _by_distinct_name(kernels["name"].fillna(kernels["short_name"]), lambda name: bool(
+        TENSOR_CORE_MARKERS.search(name)) and not NOT_TENSOR_CORE_MARKERS.search(name)).astype(bool)
+
+
+def family_summary(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Kernel time per family: share of all kernel time, instances, and the family's top kernel."""
+    columns = ["family", "time_pct", "total_ns", "instances", "tensor_core_pct", "bound", "top_kernel"]
+    if kernels.empty:
+        return pd.DataFrame(columns=columns)
+    rows = kernels.assign(family=kernel_families(kernels), tensor_core=on_tensor_cores(kernels),
+                          kernel=kernels["short_name"].fillna(kernels["name"]))
+    total = rows["duration"].sum()
+    out = []
+    for family, members in rows.groupby("family"):
+        by_kernel = members.groupby("kernel")["duration"].sum().sort_values(ascending=False)
+        family_ns = int(members["duration"].sum())
+        out.append({"family": family, "time_pct": 100.0 * family_ns / total if total else 0.0,
+                    "total_ns": family_ns, "instances": len(members),
+                    "tensor_core_pct": 100.0 * members.loc[members["tensor_core"], "duration"].sum() / family_ns
+                    if family_ns else 0.0,
+                    "bound": "compute" if family in COMPUTE_BOUND_FAMILIES else
+                             "memory" if family in MEMORY_BOUND_FAMILIES else "",
+                    "top_kernel": by_kernel.index[0]})
+    frame = pd.DataFrame(out, columns=columns)
+    return frame.sort_values(["total_ns", "family"], ascending=[False, True]).reset_index(drop=True)
+
+
+def gemm_precision(kernels: pd.DataFrame) -> pd.DataFrame:
+    """GEMM time by input precision, as far as kernel names tell it."""
+    columns = ["precision", "time_pct", "total_ns", "instances", "top_kernel"]
+    gemms = kernels[kernel_families(kernels) == "GEMM"]
+    if gemms.empty:
+        return pd.DataFrame(columns=columns)
+    gemms = gemms.assign(precision=_first_match(gemms["name"].fillna(gemms["short_name"]), GEMM_PRECISIONS)
+                         .fillna(UNKNOWN_PRECISION), kernel=gemms["name"].fillna(gemms["short_name"]))
+    total = gemms["duration"].sum()
+    rows = []
+    for precision, members in gemms.groupby("precision"):
+        rows.append({"precision": precision, "time_pct": 100.0 * members["duration"].sum() / total,
+                     "total_ns": int(members["duration"].sum()), "instances": len(members),
+                     "top_kernel": members.groupby("kernel")["duration"].sum().idxmax()})
+    return pd.DataFrame(rows, columns=columns).sort_values("total_ns", ascending=False).reset_index(drop=True)
+
+
+def kernel_mix(kernels: pd.DataFrame) -> dict:
+    """Shares of kernel time (%) that decide compute- vs memory-bound: dense math, streaming, tensor cores."""
+    total = kernels["duration"].sum()
+    if not total:
+        return {"compute_pct": 0.0, "memory_pct": 0.0, "tensor_core_pct": 0.0}
+    families = kernel_families(kernels)
+    share = lambda mask: float(100.0 * kernels.loc[mask, "duration"].sum() / total)  # noqa: E731
+    return {"compute_pct": share(families.isin(COMPUTE_BOUND_FAMILIES)),
+            "memory_pct": share(families.isin(MEMORY_BOUND_FAMILIES)),
+            "tensor_core_pct": share(on_tensor_cores(kernels))}

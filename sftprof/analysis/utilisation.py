@@ -1,0 +1,133 @@
+"""When the GPU works and when it waits: idle gaps, utilisation over time and per step, and what
+the CPU threads were doing during the longest gaps.
+
+Busy time is the union of kernels and memory operations over all streams of a device (see
+intervals), measured between the device's first and last operation, as nsys's gpu_gaps and
+gpu_time_util rules do. Unlike gpu_time_util, overlapping operations are not summed, so a chunk
+is never more than 100% busy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sftprof.analysis import intervals
+from sftprof.analysis.gpu import gpu_ops
+
+# A GPU idle for longer than this is a gap worth explaining. Kernels of a training step follow
+# each other within microseconds, so 1 ms of nothing is a stall; nsys analyze's gpu_gaps uses
+# 500 ms, tuned for whole-application traces, which would hide every in-step stall.
+IDLE_GAP_NS = 1_000_000
+UTILISATION_CHUNKS = 50
+LOW_UTILISATION_PCT = 50.0  # as nsys's gpu_time_util
+# Kernels shorter than this take less time on the GPU than their launch takes on the CPU
+# (cudaLaunchKernel costs ~5-10 µs): many of them in a row leave the GPU waiting for launches.
+TINY_KERNEL_NS = 10_000
+GAPS_EXPLAINED = 5
+CAUSES_PER_SOURCE = 5  # rows per gap and per kind of CPU activity
+
+
+def _busy_by_device(kernels: pd.DataFrame, memops: pd.DataFrame) -> dict:
+    return {device: (intervals.union(ops), int(ops["start"].min()), int(ops["end"].max()))
+            for device, ops in gpu_ops(kernels, memops).groupby("device_id")}
+
+
+def idle_gaps(kernels: pd.DataFrame, memops: pd.DataFrame, min_gap_ns: int = IDLE_GAP_NS) -> pd.DataFrame:
+    """Stretches longer than `min_gap_ns` in which a device ran nothing, longest first."""
+    columns = ["device_id", "start", "end", "duration"]
+    frames = [intervals.gaps(merged, min_gap_ns).assign(device_id=device)
+              for device, (merged, _, _) in _busy_by_device(kernels, memops).items()]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    gaps = pd.concat(frames, ignore_index=True)[columns]
+    return gaps.sort_values(["duration", "start"], ascending=[False, True]).reset_index(drop=True)
+
+
+def utilisation_timeline(kernels: pd.DataFrame, memops: pd.DataFrame,
+                         chunks: int = UTILISATION_CHUNKS) -> pd.DataFrame:
+    """Per device, its active span in `chunks` equal windows: busy %, and kernels started in each
+    (all, and those shorter than TINY_KERNEL_NS)."""
+    columns = ["device_id", "chunk", "start", "end", "busy_pct", "kernels", "tiny_kernels"]
+    frames = []
+    for device, (merged, first, last) in _busy_by_device(kernels, memops).items():
+        starts, ends = intervals.chunk_edges(first, last, chunks)
+        busy = intervals.covered_ns(merged, starts, ends)
+        device_kernels = kernels[kernels["device_id"] == device]
+        which = np.clip(np.searchsorted(starts, device_kernels["start"].to_numpy(), side="right") - 1, 0, chunks - 1)
+        counts = np.bincount(which, minlength=chunks)
+        tiny = np.bincount(which[device_kernels["duration"].to_numpy() < TINY_KERNEL_NS], minlength=chunks)
+        frames.append(pd.DataFrame({"device_id": device, "chunk": np.arange(chunks), "start": starts, "end": ends,
+                                    "busy_pct": 100.0 * busy / np.maximum(ends - starts, 1),
+                                    "kernels": counts, "tiny_kernels": tiny}))
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+def step_utilisation(steps: pd.DataFrame, kernels: pd.DataFrame, memops: pd.DataFrame) -> pd.DataFrame:
+    """GPU busy time inside each training step's wall-clock window, per device."""
+    columns = ["step", "device_id", "duration", "gpu_busy_ns", "gpu_busy_pct"]
+    frames = []
+    for device, (merged, _, _) in _busy_by_device(kernels, memops).items():
+        if steps.empty:
+            break
+        busy = intervals.covered_ns(merged, steps["start"], steps["end"])
+        frames.append(pd.DataFrame({"step": steps["step"].to_numpy(), "device_id": device,
+                                    "duration": steps["duration"].to_numpy(), "gpu_busy_ns": busy,
+                                    "gpu_busy_pct": 100.0 * busy / np.maximum(steps["duration"].to_numpy(), 1)}))
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+def _overlapping(frame: pd.DataFrame, start: int, end: int) -> pd.DataFrame:
+    inside = frame[(frame["start"] < end) & (frame["end"] > start)]
+    return inside.assign(overlap_ns=intervals.overlap_ns(inside["start"], inside["end"], start, end))
+
+
+def _leaf_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Of the ranges overlapping a window, those that contain no other one on the same thread:
+    the innermost thing each thread was inside."""
+    leaves = []
+    for _, thread_ranges in ranges.groupby("global_tid"):
+        starts, ends = thread_ranges["start"].to_numpy(), thread_ranges["end"].to_numpy()
+        contains_other = [((starts >= s) & (ends <= e)).sum() > 1 for s, e in zip(starts, ends)]
+        leaves.append(thread_ranges[~np.array(contains_other)])
+    return pd.concat(leaves) if leaves else ranges
+
+
+# The source label of the time a thread spent in none of its traced calls: running its own code.
+OWN_CODE = "own code (no traced call)"
+
+
+def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAINED) -> pd.DataFrame:
+    """For the `top` longest gaps, what each thread that feeds the GPU (`feeders`: global_tid ->
+    label, the threads that make CUDA calls) was doing: its CUDA API calls, OS-runtime calls and
+    innermost NVTX ranges overlapping the gap, and the part of the gap it spent in none of its
+    traced calls (running its own code, e.g. Python), each with how much of the gap it covers."""
+    columns = ["gap", "device_id", "gap_start", "gap_ns", "source", "thread", "name", "calls", "overlap_ns"]
+    rows = []
+    sources = (("CUDA API", tables.cuda_api), ("OS runtime", tables.osrt), ("NVTX range", tables.nvtx))
+    for rank, gap in enumerate(gaps.head(top).itertuples(), start=1):
+        found = {source: _overlapping(frame[frame["global_tid"].isin(feeders)], gap.start, gap.end)
+                 for source, frame in sources}
+        found["NVTX range"] = _leaf_ranges(found["NVTX range"])
+        for source, inside in found.items():
+            grouped = inside.groupby(["global_tid", "name"])["overlap_ns"].agg(calls="count", overlap_ns="sum")
+            grouped = grouped.reset_index().sort_values("overlap_ns", ascending=False).head(CAUSES_PER_SOURCE)
+            rows += [{"source": source, "global_tid": r.global_tid, "name": r.name, "calls": r.calls,
+                      "overlap_ns": int(r.overlap_ns), "gap": rank, "gap_row": gap} for r in grouped.itertuples()]
+        calls = pd.concat([found["CUDA API"], found["OS runtime"]])
+        for tid in feeders:
+            thread_calls = calls[calls["global_tid"] == tid]
+            in_calls = int(intervals.covered_ns(intervals.union(thread_calls), [gap.start], [gap.end])[0])
+            ranges = found["NVTX range"][found["NVTX range"]["global_tid"] == tid]
+            if gap.duration - in_calls > 0:
+                rows.append({"source": OWN_CODE, "global_tid": tid, "gap": rank, "gap_row": gap, "calls": pd.NA,
+                             "name": "/".join(ranges.sort_values("start")["name"]) or "(no NVTX range)",
+                             "overlap_ns": gap.duration - in_calls})
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    frame = pd.DataFrame(rows)
+    frame = frame.assign(device_id=frame["gap_row"].map(lambda g: g.device_id),
+                         gap_start=frame["gap_row"].map(lambda g: g.start),
+                         gap_ns=frame["gap_row"].map(lambda g: g.duration),
+                         thread=frame["global_tid"].map(feeders))
+    return frame[columns].sort_values(["gap", "overlap_ns"], ascending=[True, False]).reset_index(drop=True)

@@ -1,0 +1,332 @@
+"""GPU-side analyses and rules on small tables built here, so every expected number is derivable by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sftprof.analysis import boundness, cuda, intervals, kernels, memory, nvtx, rules, utilisation
+from sftprof.trace.tables import COLUMNS, TraceTables
+
+MAIN, AUTOGRAD = (7 << 24) | 7, (7 << 24) | 9  # global_tids of pid 7: main thread and a second thread
+
+
+def frame(table: str, rows: list[dict]) -> pd.DataFrame:
+    """A normalized table with every documented column (missing values NA)."""
+    return pd.DataFrame([{column: row.get(column) for column in COLUMNS[table]} for row in rows],
+                        columns=COLUMNS[table])
+
+
+def kernel(name: str, start: int, duration: int, short: str | None = None, correlation: int = 0, device: int = 0,
+           pid: int = 7) -> dict:
+    return {"start": start, "end": start + duration, "duration": duration, "name": name, "short_name": short or name,
+            "device_id": device, "stream_id": 7, "pid": pid, "correlation_id": correlation}
+
+
+def api(name: str, start: int, duration: int, correlation: int, tid: int = MAIN) -> dict:
+    return {"start": start, "end": start + duration, "duration": duration, "name": name, "global_tid": tid,
+            "pid": tid >> 24, "tid": tid & 0xFFFFFF, "correlation_id": correlation}
+
+
+def nvtx_range(name: str, start: int, end: int, tid: int = MAIN) -> dict:
+    return {"start": start, "end": end, "duration": end - start, "name": name, "style": "PushPop", "global_tid": tid,
+            "pid": tid >> 24, "tid": tid & 0xFFFFFF}
+
+
+# ---------------------------------------------------------------- kernel families, tensor cores, precision
+
+FAMILY_CASES = [  # (demangled name, short name, family, duration)
+    ("nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT", None, "GEMM", 400),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_32x6_nn_align2>(T1::Params)", "Kernel2",
+     "GEMM", 100),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float>(...)", "splitKreduce_kernel", "GEMM", 50),
+    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>(Flash_fwd_params)", "flash_fwd_kernel",
+     "attention", 150),
+    ("void cudnn::fusion::compute_dot_do_o<true>(const void *)", "compute_dot_do_o", "attention", 50),
+    ("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdamMathFunctor>(...)",
+     "multi_tensor_apply_kernel", "optimizer", 60),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm *)", None, "communication", 40),
+    ("void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>(T3)", "reduce_kernel",
+     "reduction/norm", 30),
+    ("void at::native::(anonymous)::CatArrayBatchedCopy<OpaqueType<4>, unsigned int, 3>(...)", "CatArrayBatchedCopy",
+     "copy/cat", 20),
+    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>(int, T2, T3)",
+     "vectorized_elementwise_kernel", "elementwise", 80),
+    ("void at::native::(anonymous)::embedding_backward_feature_kernel<float, float, long>(...)",
+     "embedding_backward_feature_kernel", "other", 20),
+]
+
+
+@pytest.fixture
+def mixed_kernels() -> pd.DataFrame:
+    return frame("kernels", [kernel(name, 1000 * i, duration, short)
+                             for i, (name, short, _, duration) in enumerate(FAMILY_CASES)])
+
+
+def test_each_kernel_lands_in_its_family_first_match_wins(mixed_kernels):
+    assert kernels.kernel_families(mixed_kernels).tolist() == [family for _, _, family, _ in FAMILY_CASES]
+
+
+def test_family_summary_adds_up_to_all_kernel_time(mixed_kernels):
+    families = kernels.family_summary(mixed_kernels).set_index("family")
+    assert families["total_ns"].sum() == mixed_kernels["duration"].sum() == 1000
+    assert families["time_pct"].sum() == pytest.approx(100.0)
+    assert families.loc["GEMM", "total_ns"] == 550 and families.loc["GEMM", "instances"] == 3
+    assert families.loc["GEMM", "top_kernel"] == "nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT"
+    assert families.loc["attention", "bound"] == "compute" and families.loc["elementwise", "bound"] == "memory"
+    # nvjet and the tensorop cutlass GEMM (500 of 550 ns) run on tensor cores; split-K reduction does not
+    assert families.loc["GEMM", "tensor_core_pct"] == pytest.approx(100 * 500 / 550)
+    mix = kernels.kernel_mix(mixed_kernels)
+    assert mix["compute_pct"] == pytest.approx(75.0)          # GEMM 550 + attention 200
+    assert mix["memory_pct"] == pytest.approx(19.0)           # 60 + 30 + 20 + 80
+
+
+@pytest.mark.parametrize("name, tensor_cores", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", True),
+    ("nvjet_sm90_tst_32x64_64x16_4x2_h_bz_NTN", True),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64", True),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_128x64_32x6_nt_align2>(T1::Params)", True),
+    ("ampere_fp16_s1688gemm_fp16_128x128_ldg8_f2f_tn", True),
+    ("sm89_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", True),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(T1::Params)", False),
+    ("ampere_sgemm_128x64_tn", False),
+    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", False),
+    ("void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>", False),
+])
+def test_tensor_core_markers(name, tensor_cores):
+    assert kernels.on_tensor_cores(frame("kernels", [kernel(name, 0, 1)])).tolist() == [tensor_cores]
+
+
+def test_fp32_gemm_rule_fires_only_without_any_half_precision_gemm():
+    sgemm = kernel("ampere_sgemm_128x64_tn", 0, 900)
+    nvjet = kernel("nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT", 1000, 100)
+    only_fp32 = kernels.gemm_precision(frame("kernels", [sgemm, nvjet])).set_index("precision")
+    assert only_fp32.loc["fp32", "time_pct"] == pytest.approx(90.0)
+    assert only_fp32.loc[kernels.UNKNOWN_PRECISION, "instances"] == 1   # nvjet names carry no precision
+    [finding] = rules.fp32_gemm(only_fp32.reset_index())
+    assert finding.severity == "warning" and "fp32 90.0% of GEMM time" in finding.evidence
+    bf16 = kernel("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64>(T1::Params)", 2000, 10,
+                  "Kernel2")
+    assert rules.fp32_gemm(kernels.gemm_precision(frame("kernels", [sgemm, bf16]))) == []
+
+
+def test_memory_bound_mix_is_a_warning_only_when_the_gpu_is_busy():
+    streaming = frame("kernels", [kernel("elementwise_kernel", 0, 700), kernel("nvjet_sm90_x", 700, 300)])
+    families, mix = kernels.family_summary(streaming), kernels.kernel_mix(streaming)
+    assert [f.severity for f in rules.memory_bound_mix(families, mix, busy_pct=90.0)] == ["warning"]
+    [idle] = rules.memory_bound_mix(families, mix, busy_pct=10.0)
+    assert idle.severity == "info" and "busy only 10.0%" in idle.evidence
+    compute = frame("kernels", [kernel("elementwise_kernel", 0, 300), kernel("nvjet_sm90_x", 300, 700)])
+    assert rules.memory_bound_mix(kernels.family_summary(compute), kernels.kernel_mix(compute), 90.0) == []
+
+
+# ---------------------------------------------------------------- memory operations
+
+def memop(kind: str, start: int, duration: int, nbytes: int, src: str | None, dst: str | None,
+          correlation: int = 0) -> dict:
+    operation = "[CUDA memset]" if kind == "memset" else f"[CUDA memcpy {kind}]"
+    return {"start": start, "end": start + duration, "duration": duration, "operation": operation, "bytes": nbytes,
+            "device_id": 0, "stream_id": 7, "pid": 7, "correlation_id": correlation, "copy_kind": kind,
+            "src_kind": src, "dst_kind": dst}
+
+
+def test_size_summary_follows_gpumemsizesum_statistics():
+    ops = frame("memops", [memop("HtoD", i * 10, 5, b, "Pinned", "Device") for i, b in enumerate([1, 2, 10, 20])]
+                + [memop("memset", 100, 5, 8, None, "Device")])
+    sizes = memory.size_summary(ops).set_index("operation")
+    htod = sizes.loc["[CUDA memcpy HtoD]"]
+    assert (htod.total_bytes, htod["count"], htod.min_bytes, htod.max_bytes) == (33, 4, 1, 20)
+    assert htod.med_bytes == 6.0 and htod.avg_bytes == 8.25          # unrounded, as nsys's bytes
+    assert htod.stddev_bytes == pytest.approx(np.std([1, 2, 10, 20], ddof=1))
+    assert sizes.loc["[CUDA memset]", "stddev_bytes"] == 0.0
+    assert list(sizes.index) == ["[CUDA memcpy HtoD]", "[CUDA memset]"]
+
+
+def test_kind_shares_of_gpu_time_and_pageable_host_memory():
+    ks = frame("kernels", [kernel("k", 0, 800)])
+    ops = frame("memops", [memop("HtoD", 1000, 100, 4_000_000, "Pageable", "Device"),
+                           memop("HtoD", 2000, 20, 1000, "Pinned", "Device"),
+                           memop("DtoH", 3000, 30, 8, "Device", "Pinned"),
+                           memop("DtoD", 4000, 40, 2_000_000, "Device", "Device"),
+                           memop("memset", 5000, 10, 64, None, "Device")])
+    shares = memory.kind_share(ks, ops).set_index("copy_kind")
+    assert shares["gpu_time_pct"].to_dict() == pytest.approx({"HtoD": 12.0, "DtoD": 4.0, "DtoH": 3.0, "memset": 1.0})
+    assert shares.loc["DtoD", "gb_per_s"] == pytest.approx(2_000_000 / 40)   # bytes per ns = GB/s
+    host = memory.host_memory(ops)
+    assert host[["copy_kind", "host_memory", "instances"]].values.tolist() == [
+        ["DtoH", "Pinned", 1], ["HtoD", "Pageable", 1], ["HtoD", "Pinned", 1]]
+    crossing = memory.interconnect_share(ks, ops)
+    assert (crossing["count"], crossing["ns"], crossing["gpu_time_pct"]) == (3, 150, 15.0)
+    [verdict] = rules.interconnect(memory.kind_share(ks, ops), host, crossing, 1000)
+    assert verdict.severity == "warning" and "can limit the step" in verdict.title
+    assert "1 of 3 host copies use pageable memory" in verdict.evidence
+
+
+def test_copy_kind_comes_from_the_operation_name_when_a_loader_lacks_it():
+    ops = frame("memops", [memop("HtoD", 0, 1, 1, None, None), memop("memset", 5, 1, 1, None, None)])
+    assert memory.copy_kinds(ops.drop(columns=["copy_kind"])).tolist() == ["HtoD", "memset"]
+    assert memory.copy_kinds(ops.assign(copy_kind=pd.NA)).tolist() == ["HtoD", "memset"]
+
+
+# ---------------------------------------------------------------- utilisation and gaps
+
+def test_covered_ns_equals_a_brute_force_count():
+    rng = np.random.default_rng(0)
+    starts = rng.integers(0, 900, 40)
+    spans = pd.DataFrame({"start": starts, "end": starts + rng.integers(1, 60, 40)})
+    merged = intervals.union(spans)
+    timeline = np.zeros(1000, dtype=bool)
+    for s, e in zip(spans["start"], spans["end"]):
+        timeline[s:e] = True
+    windows = rng.integers(0, 1000, (50, 2))
+    lo, hi = windows.min(axis=1), windows.max(axis=1)
+    assert intervals.covered_ns(merged, lo, hi).tolist() == [int(timeline[a:b].sum()) for a, b in zip(lo, hi)]
+    assert (merged["start"].to_numpy()[1:] > merged["end"].to_numpy()[:-1]).all()  # disjoint, sorted
+
+
+def test_gaps_timeline_and_steps_on_two_devices():
+    ks = frame("kernels", [kernel("a", 1_000, 1_000), kernel("b", 1_500, 1_000), kernel("c", 5_000_000, 5_000),
+                           kernel("d", 10, 100, device=1), kernel("e", 200, 100, device=1)])
+    ops = frame("memops", [memop("HtoD", 2_600_000, 400_000, 1, "Pinned", "Device")])
+    gaps = utilisation.idle_gaps(ks, ops)
+    # device 0 busy [1000, 2500), [2.6 ms, 3.0 ms), [5.0 ms, 5.005 ms): gaps 2.5975 ms and 2.0 ms; device 1: none
+    assert gaps[["device_id", "start", "end"]].values.tolist() == [[0, 2_500, 2_600_000], [0, 3_000_000, 5_000_000]]
+    timeline = utilisation.utilisation_timeline(ks, ops, chunks=4)
+    dev0 = timeline[timeline["device_id"] == 0]
+    chunk = (5_005_000 - 1_000) / 4
+    covered = np.array(dev0["busy_pct"]) / 100 * (dev0["end"] - dev0["start"]).to_numpy()
+    assert covered.sum() == pytest.approx(1_500 + 400_000 + 5_000)   # chunks cover the span: busy adds up
+    assert dev0["kernels"].tolist() == [2, 0, 0, 1] and dev0["tiny_kernels"].tolist() == [2, 0, 0, 1]
+    assert dev0["busy_pct"].iloc[2] == pytest.approx(100 * 400_000 / chunk)  # [2.503, 3.754) ms holds the copy
+    steps = pd.DataFrame({"step": [1, 2], "start": [0, 2_500_000], "end": [2_500_000, 5_100_000],
+                          "duration": [2_500_000, 2_600_000]})
+    per_step = utilisation.step_utilisation(steps, ks, ops).set_index(["step", "device_id"])["gpu_busy_ns"]
+    assert per_step.to_dict() == {(1, 0): 1_500, (2, 0): 405_000, (1, 1): 200, (2, 1): 0}
+
+
+def test_gap_causes_say_what_the_feeding_thread_did():
+    ks = frame("kernels", [kernel("a", 100, 100, correlation=1), kernel("b", 3_000_100, 100, correlation=2)])
+    tables = TraceTables(source_path="t", span_ns=4_000_000)
+    tables.cuda_api = frame("cuda_api", [api("cudaLaunchKernel", 3_000_000, 50, 2)])
+    tables.osrt = frame("osrt", [{"start": 500_000, "end": 1_500_000, "duration": 1_000_000, "name": "read",
+                                  "global_tid": MAIN, "pid": 7, "tid": 7},
+                                 {"start": 0, "end": 4_000_000, "duration": 4_000_000, "name": "poll",
+                                  "global_tid": (7 << 24) | 99, "pid": 7, "tid": 99}])   # not a feeder
+    tables.nvtx = frame("nvtx", [nvtx_range("step 1", 0, 4_000_000), nvtx_range("data", 100, 2_000_000)])
+    gaps = utilisation.idle_gaps(ks, frame("memops", []))
+    assert gaps[["start", "end"]].values.tolist() == [[200, 3_000_100]]
+    causes = utilisation.gap_causes(gaps, tables, {MAIN: "python (main, tid 7)"})
+    found = {(r.source, r.name): r.overlap_ns for r in causes.itertuples()}
+    assert found == {("OS runtime", "read"): 1_000_000, ("CUDA API", "cudaLaunchKernel"): 50,
+                     ("NVTX range", "data"): 1_999_800,   # the innermost range; `step 1` contains it
+                     (utilisation.OWN_CODE, "data"): 2_999_900 - 1_000_000 - 50}
+    [finding] = rules.idle_gaps(gaps, causes, pd.DataFrame({"device_id": [0], "span_ns": [3_000_100]}))
+    assert "python (main, tid 7) in its own code in NVTX `data` for 2.000 ms" in finding.evidence
+    assert finding.severity == "warning" and finding.recommendation.startswith("The threads that feed the GPU")
+
+
+def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
+    tiny = frame("kernels", [kernel("k", i * 20_000, 2_000) for i in range(100)])
+    busy = pd.DataFrame({"device_id": [0], "span_ns": [99 * 20_000 + 2_000], "busy_ns": [200_000]})
+    timeline = utilisation.utilisation_timeline(tiny, frame("memops", []))
+    launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "instances": [100], "med_ns": [8_000.0]})
+    no_steps = pd.DataFrame(columns=["step"])
+    [finding] = rules.launch_bound(tiny, launch, busy, timeline, utilisation.idle_gaps(tiny, frame("memops", [])),
+                                   no_steps)
+    assert "100% of kernels run under 10 µs" in finding.title and "8.0 µs (median cudaLaunchKernel" in finding.evidence
+    big = frame("kernels", [kernel("k", i * 20_000, 19_000) for i in range(100)])
+    busy_big = busy.assign(busy_ns=1_900_000)
+    assert rules.launch_bound(big, launch, busy_big, timeline, busy.iloc[0:0], no_steps) == []
+
+
+# ---------------------------------------------------------------- CUDA API: copies, syncs
+
+def test_copy_rules_follow_nsys_semantics():
+    calls = [api("cudaMemcpy", 0, 5_000, 1), api("cudaMemcpy", 10_000, 5_000, 2),
+             api("cudaMemcpyAsync", 20_000, 3_000, 3), api("cudaMemcpyAsync", 30_000, 3_000, 4),
+             api("cudaMemset", 40_000, 1_000, 5), api("cudaMemsetAsync", 50_000, 1_000, 6)]
+    ops = frame("memops", [memop("DtoH", 1_000, 100, 4, "Device", "Pageable", correlation=1),
+                           memop("HtoD", 11_000, 100, 1_000, "Pageable", "Device", correlation=2),  # small: skipped
+                           memop("HtoD", 21_000, 100, 16_384, "Pageable", "Device", correlation=3),
+                           memop("HtoD", 31_000, 100, 16_384, "Pinned", "Device", correlation=4),
+                           memop("memset", 41_000, 10, 8, None, "Pinned", correlation=5),
+                           memop("memset", 51_000, 10, 8, None, "Pinned", correlation=6)])
+    copies = cuda.with_api_calls(ops, frame("cuda_api", calls))
+    labels = {MAIN: "python (main, tid 7)"}
+    nvtx_ = frame("nvtx", [nvtx_range("data", 0, 100_000)])
+    [sync] = rules.sync_memcpy(copies, 1_000_000, labels, nvtx_)
+    assert sync.title == "1 synchronous cudaMemcpy calls block the CPU for 0.005 ms"
+    assert "mostly in NVTX `data` (1 of 1)" in sync.evidence
+    [pageable] = rules.pageable_memcpy(copies, 1_000_000, labels, nvtx_)
+    assert pageable.title.startswith("1 asynchronous copies use pageable") and pageable.severity == "info"
+    [memset] = rules.sync_memset(copies[copies["copy_kind"] == "memset"], 1_000_000, labels)
+    assert memset.title.startswith("1 synchronous cudaMemset") and "Pinned" in memset.evidence
+    # the same correlation id in another process is another call: nothing joins
+    assert cuda.with_api_calls(ops.assign(pid=8), frame("cuda_api", calls)).empty
+
+
+def test_syncs_in_steps_are_counted_per_step():
+    calls = frame("cuda_api", [api("cudaStreamSynchronize", 100, 4_000, 1), api("cudaStreamSynchronize", 6_000, 2_000, 2),
+                               api("cudaDeviceSynchronize", 12_000, 1_000, 3, tid=AUTOGRAD),
+                               api("cudaLaunchKernel", 14_000, 10_000, 4),
+                               api("cudaStreamSynchronize", 30_000, 5_000, 5)])   # after the last step
+    steps = pd.DataFrame({"step": [1, 2], "start": [0, 10_000], "end": [10_000, 20_000], "duration": [10_000, 10_000]})
+    [finding] = rules.syncs_in_steps(calls, steps, {MAIN: "main", AUTOGRAD: "autograd"}, frame("nvtx", []))
+    assert "step 1: 2 calls, 0.006 ms; step 2: 1 calls, 0.001 ms" in finding.evidence
+    assert finding.severity == "warning" and "(35.0% of step time)" in finding.title
+    assert cuda.sync_calls(calls, 100_000).set_index("name").loc["cudaStreamSynchronize", "calls"] == 3
+
+
+# ---------------------------------------------------------------- NVTX projection
+
+def test_gpu_time_goes_to_the_innermost_range_on_the_launching_thread():
+    ranges = frame("nvtx", [nvtx_range("step 1", 0, 1_000), nvtx_range("forward", 100, 400),
+                            nvtx_range("attention", 200, 300), nvtx_range("step 2", 2_000, 3_000)])
+    calls = frame("cuda_api", [api("cudaLaunchKernel", 50, 10, 1),       # step 1 only
+                               api("cudaLaunchKernel", 150, 10, 2),      # forward
+                               api("cudaLaunchKernel", 210, 10, 3),      # attention in forward in step 1
+                               api("cudaLaunchKernel", 295, 10, 4),      # ends after attention: forward
+                               api("cudaLaunchKernel", 250, 10, 5, tid=AUTOGRAD),  # no range on that thread
+                               api("cudaLaunchKernel", 1_500, 10, 6)])   # between steps
+    ks = frame("kernels", [kernel("k", 5_000 + c, 10 * c, correlation=c) for c in range(1, 8)])  # 7: not traced
+    projection = nvtx.gpu_time_by_range(ranges, calls, ks, {AUTOGRAD: "pt_autograd_0 (autograd, tid 9)"})
+    by_range = projection.set_index("range")
+    assert by_range["gpu_ns"].to_dict() == {
+        "step 1": 10, "forward": 20 + 40, "attention": 30, "(no NVTX range, pt_autograd_0 (autograd, tid 9))": 50,
+        "(no NVTX range, tid 7)": 60, nvtx.NOT_TRACED: 70}
+    assert by_range["gpu_ns"].sum() == ks["duration"].sum()
+    assert by_range.loc["step 1", "inclusive_gpu_ns"] == 10 + 20 + 30 + 40
+    assert by_range.loc["forward", "inclusive_gpu_ns"] == 20 + 30 + 40
+    assert "step 2" not in by_range.index
+
+
+# ---------------------------------------------------------------- compute- or memory-bound
+
+def test_verdict_confidence_follows_the_evidence():
+    mostly_streaming = {"compute_pct": 20.0, "memory_pct": 75.0, "tensor_core_pct": 18.0}
+    names_only = boundness.verdict(mostly_streaming, 90.0, {})
+    assert (names_only["kernels"], names_only["confidence"], names_only["host_bound"]) == ("memory-bound", "medium",
+                                                                                           False)
+    assert "--gpu-metrics-device=all" in names_only["basis"]
+    mixed = boundness.verdict({**mostly_streaming, "memory_pct": 50.0, "compute_pct": 45.0}, 90.0, {})
+    assert (mixed["kernels"], mixed["confidence"]) == ("mixed", "low")
+    agreeing = {"dram read bandwidth [throughput %]": 55.0, "dram write bandwidth [throughput %]": 15.0,
+                "sm issue [throughput %]": 30.0, "tensor active [throughput %]": 5.0}
+    assert boundness.verdict(mostly_streaming, 90.0, agreeing)["confidence"] == "high"
+    tensor_busy = {**agreeing, "dram read bandwidth [throughput %]": 10.0, "tensor active [throughput %]": 70.0}
+    measured = boundness.verdict(mostly_streaming, 90.0, tensor_busy)
+    assert (measured["kernels"], measured["confidence"]) == ("compute-bound", "medium")
+    assert "names alone would say memory-bound" in measured["basis"]
+    idle = boundness.verdict(mostly_streaming, 12.0, {})
+    finding = boundness.verdict_finding(idle)
+    assert idle["host_bound"] and finding.title.startswith("Host-bound: the GPU is busy 12.0%")
+    assert "confidence high" in finding.evidence and "memory-bound, confidence medium" in finding.evidence
+
+
+def test_metric_means_use_only_samples_taken_while_the_gpu_worked():
+    ks = frame("kernels", [kernel("k", 100, 100)])
+    samples = pd.DataFrame({"timestamp": [50, 150, 180, 250], "device_id": [0, 0, 0, 0],
+                            "metric": ["SM Issue [Throughput %]"] * 4, "value": [0, 60, 80, 0]})
+    means = boundness.metric_means_while_busy(samples, ks, frame("memops", []))
+    assert means == {"sm issue [throughput %]": 70.0}

@@ -1,0 +1,246 @@
+"""The new analyses on the real H200 capture (tests/fixtures/README.md), checked against `nsys stats`
+where nsys has the same report, against the file's own rows where it does not, and against invariants.
+
+Which rules fire on this capture, and why that is right (each is re-derived from the data below):
+- launch_bound, gpu_busy (warnings): a 4-layer, hidden-256 model gives ~1,400 kernels per step, 99% of
+  them under 10 µs, while a cudaLaunchKernel costs ~8 µs of CPU; the GPU is busy ~5% of its span.
+- bound_verdict says host-bound; memory_bound_kernel_mix (info): ~72% of kernel time is elementwise,
+  reduction, copy and optimizer kernels, a true but secondary fact while the GPU idles.
+- pageable_memcpy (info): each micro-batch's input tensors (16 KB HtoD) are copied from pageable memory
+  with cudaMemcpyAsync (the trainer does not pin); it costs ~0.2% of the capture, hence info.
+- sync_in_steps (info): 14 cudaStreamSynchronize per step (`.item()` reads), 0.2% of step time.
+- gpu_idle_gaps (info): four gaps of 1.0-1.2 ms at step boundaries, under 2% of the span.
+Not fired, with the evidence of absence: sync_memcpy and sync_memset (all copies and sets are Async),
+fp32_gemm (bf16 tensorop GEMMs are present), data_stall (data is <5% of step time), lock_wait (the
+training threads make no lock-wait call inside the steps).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sftprof.analysis import analyze, cpu, intervals, kernels, memory, nvtx, utilisation
+from sftprof.analysis.gpu import gpu_ops
+from sftprof.trace import load_trace
+
+FIXTURE = Path(__file__).parent / "fixtures" / "h200_tiny_llama_bf16.sqlite"
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory) -> Path:
+    """A copy, so that nsys stats can never touch the committed file."""
+    path = tmp_path_factory.mktemp("h200") / FIXTURE.name
+    shutil.copy(FIXTURE, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tables(capture):
+    return load_trace(capture)
+
+
+@pytest.fixture(scope="module")
+def result(tables):
+    return analyze(tables)
+
+
+def nsys_rows(report: str, path: Path, header: str, fmt: str = "csv") -> list[dict]:
+    out = subprocess.run(["nsys", "stats", "--report", report, "--format", fmt, "--force-export", "false", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return list(csv.DictReader(io.StringIO(out[out.index(header):])))
+
+
+def query(path: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as conn:
+        return conn.execute(sql).fetchall()
+
+
+# ---------------------------------------------------------------- equal to nsys stats
+
+def test_size_summary_equals_gpumemsizesum_in_bytes(capture, tables):
+    theirs = {row["Operation"]: row for row in nsys_rows("gpumemsizesum", capture, "Total", "csv:mem=B")}
+    ours = memory.size_summary(tables.memops).set_index("operation")
+    assert set(theirs) == set(ours.index) and len(ours) == 4
+    for operation, row in theirs.items():
+        mine = ours.loc[operation]
+        assert (int(row["Total (B)"]), int(row["Count"]), int(row["Min (B)"]), int(row["Max (B)"])) == (
+            mine.total_bytes, mine["count"], mine.min_bytes, mine.max_bytes)
+        for column, value in (("Avg (B)", mine.avg_bytes), ("Med (B)", mine.med_bytes),
+                              ("StdDev (B)", mine.stddev_bytes)):
+            assert float(row[column]) == pytest.approx(value, rel=1e-12, abs=1e-12), (operation, column)
+
+
+def test_megabytes_print_as_nsys_prints_them(capture, tables):
+    """nsys's default unit is MB = 10^6 bytes with three decimals (113,246,208 B -> 113.246)."""
+    theirs = {(row["Operation"], row["Total (MB)"], row["Avg (MB)"], row["Med (MB)"], row["Max (MB)"])
+              for row in nsys_rows("gpumemsizesum", capture, "Total")}
+    ours = {(r.operation, *(f"{v / memory.MEGABYTE:.3f}" for v in (r.total_bytes, r.avg_bytes, r.med_bytes,
+                                                                   r.max_bytes)))
+            for r in memory.size_summary(tables.memops).itertuples()}
+    assert ours == theirs
+
+
+def test_inclusive_gpu_time_per_range_equals_nvtxkernsum(capture, tables, result):
+    """nvtxkernsum counts a kernel in every range around its launch, on the launching thread; kernels
+    launched outside every range come out as the range `None`."""
+    totals: dict[str, list[int]] = {}
+    for row in nsys_rows("nvtxkernsum", capture, "NVTX Range"):
+        entry = totals.setdefault(row["NVTX Range"], [0, 0])
+        entry[0] += int(row["Kern Inst"])
+        entry[1] += int(row["Total Time (ns)"])
+    outside = totals.pop("None")
+    projection = result.tables["nvtx_gpu"].set_index("range")
+    named = projection[~projection.index.str.startswith("(")]
+    assert {name: [int(r.inclusive_kernels), int(r.inclusive_gpu_ns)] for name, r in named.iterrows()} == totals
+    unannotated = projection.loc["(no NVTX range, pt_autograd_0 (autograd, tid 566))"]
+    assert [unannotated.kernels, unannotated.gpu_ns] == outside
+    assert projection["gpu_ns"].sum() == tables.kernels["duration"].sum()   # innermost: each kernel once
+
+
+# ---------------------------------------------------------------- against the file's own rows
+
+def test_memops_carry_copy_and_memory_kinds_as_the_file_has_them(capture, tables):
+    rows = query(capture, """SELECT e.label, s.label, d.label, count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+                             JOIN ENUM_CUDA_MEMCPY_OPER e ON e.id = m.copyKind
+                             JOIN ENUM_CUDA_MEM_KIND s ON s.id = m.srcKind JOIN ENUM_CUDA_MEM_KIND d ON d.id = m.dstKind
+                             GROUP BY 1, 2, 3""")
+    short = {"Host-to-Device": "HtoD", "Device-to-Host": "DtoH", "Device-to-Device": "DtoD"}
+    copies = tables.memops[tables.memops["copy_kind"] != "memset"]
+    ours = copies.groupby(["copy_kind", "src_kind", "dst_kind"]).size().to_dict()
+    assert ours == {(short[kind], src, dst): n for kind, src, dst, n in rows}
+    [(memsets, device_memsets)] = query(capture, "SELECT count(*), sum(memKind = 2) FROM CUPTI_ACTIVITY_KIND_MEMSET")
+    sets = tables.memops[tables.memops["copy_kind"] == "memset"]
+    assert len(sets) == memsets and (sets["dst_kind"] == "Device").sum() == device_memsets
+
+
+def test_sync_table_holds_every_synchronization_record(capture, tables, result):
+    rows = dict(query(capture, """SELECT t.label, count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION y
+                                  JOIN ENUM_CUPTI_SYNC_TYPE t ON t.id = y.syncType GROUP BY 1"""))
+    assert tables.sync["sync_type"].value_counts().to_dict() == rows
+    activity = result.tables["sync_activity"].set_index("sync_type")
+    assert activity["instances"].to_dict() == rows
+
+
+def test_sync_calls_are_the_runtime_rows_of_those_names(capture, result):
+    [(calls, total)] = query(capture, """SELECT count(*), sum(r."end" - r.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+                                         JOIN StringIds s ON s.id = r.nameId
+                                         WHERE s.value LIKE 'cudaStreamSynchronize%'""")
+    sync = result.tables["sync_calls"].set_index("name")
+    assert list(sync.index) == ["cudaStreamSynchronize"]
+    assert (sync.loc["cudaStreamSynchronize", "calls"], sync.loc["cudaStreamSynchronize", "total_ns"]) == (calls, total)
+    main = result.tables["threads"].set_index("role").loc["main"]
+    assert main.gpu_wait_ns == total          # all of them on the main thread (`.item()` in the loop)
+
+
+# ---------------------------------------------------------------- invariants
+
+def test_families_cover_every_kernel_once(tables, result):
+    families = result.tables["kernel_families"]
+    assert families["total_ns"].sum() == tables.kernels["duration"].sum()
+    assert families["instances"].sum() == len(tables.kernels)
+    assert families["time_pct"].sum() == pytest.approx(100.0)
+    by_name = tables.kernels.assign(family=kernels.kernel_families(tables.kernels))
+    assert (by_name[by_name["short_name"].str.startswith("nvjet")]["family"] == "GEMM").all()
+    assert (by_name[by_name["name"].str.contains("sdpa")]["family"] == "attention").all()
+    precision = result.tables["gemm_precision"].set_index("precision")
+    assert precision["total_ns"].sum() == families.set_index("family").loc["GEMM", "total_ns"]
+
+
+def test_busy_time_gaps_and_timeline_agree(tables, result):
+    ops = gpu_ops(tables.kernels, tables.memops)
+    merged = intervals.union(ops)
+    busy = result.tables["gpu_busy"].iloc[0]
+    assert busy.busy_ns == (merged["end"] - merged["start"]).sum() <= busy.span_ns
+    gaps = result.tables["gpu_gaps"]
+    assert (gaps["duration"] > utilisation.IDLE_GAP_NS).all()
+    assert (intervals.covered_ns(merged, gaps["start"], gaps["end"]) == 0).all()     # gaps hold no GPU work
+    every_hole = intervals.gaps(merged)
+    assert len(gaps) == (every_hole["duration"] > utilisation.IDLE_GAP_NS).sum()
+    timeline = result.tables["gpu_timeline"]
+    lengths = (timeline["end"] - timeline["start"]).to_numpy()
+    assert np.round(timeline["busy_pct"].to_numpy() / 100 * lengths).sum() == pytest.approx(busy.busy_ns, abs=50)
+    assert (timeline["busy_pct"] <= 100).all() and len(timeline) == utilisation.UTILISATION_CHUNKS
+    per_step = result.tables["step_gpu"]
+    assert (per_step["gpu_busy_ns"] <= per_step["duration"]).all() and per_step["gpu_busy_ns"].sum() <= busy.busy_ns
+
+
+def test_memory_kind_shares_add_up_to_the_memory_share(tables, result):
+    kinds = result.tables["memop_kinds"]
+    gpu_ns = tables.kernels["duration"].sum() + tables.memops["duration"].sum()
+    assert kinds["gpu_time_pct"].sum() == pytest.approx(100.0 * tables.memops["duration"].sum() / gpu_ns)
+    host = result.tables["host_memory"].set_index(["copy_kind", "host_memory"])["instances"].to_dict()
+    assert host == {("DtoH", "Pinned"): 24, ("HtoD", "Pageable"): 18}
+
+
+def test_thread_osrt_rows_add_up_to_the_thread_summary(tables, result):
+    per_call = result.tables["thread_osrt"].groupby("thread")["total_ns"].sum()
+    labels = cpu.thread_labels(result.tables["threads"])
+    summary = result.tables["threads"].assign(thread=result.tables["threads"]["global_tid"].map(labels))
+    summary = summary[summary["osrt_ns"] > 0].set_index("thread")["osrt_ns"]
+    assert per_call.sort_index().to_dict() == summary.sort_index().to_dict()
+
+
+# ---------------------------------------------------------------- findings on this capture
+
+FIRES = {"launch_bound": "warning", "gpu_busy": "warning", "bound_verdict": "info",
+         "memory_bound_kernel_mix": "info", "pageable_memcpy": "info", "sync_in_steps": "info",
+         "gpu_idle_gaps": "info", "interconnect": "info", "nvtx_gpu_time": "info"}
+SILENT = {"sync_memcpy", "sync_memset", "fp32_gemm", "data_stall", "lock_wait"}
+
+
+def test_rules_fire_exactly_where_the_capture_has_the_evidence(capture, tables, result):
+    severity = {f.rule: f.severity for f in result.findings}
+    assert {rule: severity.get(rule) for rule in FIRES} == FIRES
+    assert not SILENT & set(severity)
+    # The evidence, re-derived from the file itself:
+    apis = dict(query(capture, """SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+                                  JOIN StringIds s ON s.id = r.nameId GROUP BY 1"""))
+    assert not any(name.startswith(("cudaMemcpy_", "cudaMemset_")) for name in apis)   # no synchronous copy/set
+    [(pageable,)] = query(capture, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+                                      JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = m.correlationId
+                                      JOIN StringIds s ON s.id = r.nameId
+                                      WHERE s.value LIKE 'cudaMemcpy%Async%' AND (m.srcKind = 0 OR m.dstKind = 0)""")
+    assert pageable == 18 and result.findings[[f.rule for f in result.findings].index("pageable_memcpy")].title \
+        .startswith("18 asynchronous copies")
+    [(bf16_gemms,)] = query(capture, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                        JOIN StringIds s ON s.id = k.demangledName
+                                        WHERE s.value LIKE '%tensorop_bf16%gemm%'""")
+    assert bf16_gemms > 0
+    steps = result.tables["steps"]
+    assert steps["data_ns"].sum() < 0.05 * steps["duration"].sum()
+    tiny = (tables.kernels["duration"] < utilisation.TINY_KERNEL_NS).mean()
+    assert tiny > 0.95 and result.headline["gpu_busy_pct"] < 10
+
+
+def test_findings_name_their_numbers(result):
+    found = {f.rule: f for f in result.findings}
+    assert found["interconnect"].title.endswith("the interconnect is not the limit")
+    assert "18 of 42 host copies use pageable memory" in found["interconnect"].evidence
+    assert "mostly in NVTX `data` (18 of 18)" in found["pageable_memcpy"].evidence
+    assert "step 4: 14 calls" in found["sync_in_steps"].evidence
+    assert "own code in NVTX `optimizer/data`" in found["gpu_idle_gaps"].evidence
+    assert found["bound_verdict"].title.startswith("Host-bound") and "--gpu-metrics-device=all" in \
+        found["bound_verdict"].evidence
+    assert "pt_autograd_0" in found["nvtx_gpu_time"].evidence and "emit_nvtx" in found["nvtx_gpu_time"].recommendation
+    assert [f.severity for f in result.findings][:2] == ["warning", "warning"]   # problems first
+
+
+def test_headline(result, tables):
+    headline = result.headline
+    families = headline["kernel_family_pct"]
+    assert max(families, key=families.get) == "elementwise" and sum(families.values()) == pytest.approx(100, abs=0.05)
+    assert headline["top_kernel_pct"] == result.tables["kernels"].iloc[0]["time_pct"]
+    assert headline["verdict"] == "host-bound, kernels memory-bound" and headline["verdict_confidence"] == "medium"
+    assert headline["memop_gpu_time_pct"] == pytest.approx(
+        100 * tables.memops["duration"].sum() / (tables.memops["duration"].sum() + tables.kernels["duration"].sum()))
+    assert set(headline["warnings"]) == {"launch_bound", "gpu_busy"}
+    assert 0 < headline["tensor_core_pct"] < families["GEMM"] + families["attention"]
+    assert nvtx.NOT_TRACED not in set(result.tables["nvtx_gpu"]["range"])   # every kernel's launch was traced
