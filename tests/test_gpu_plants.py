@@ -93,3 +93,15 @@ def test_the_clean_run_raises_no_problem(findings):
 def test_elementwise_model_is_memory_bound_and_gemm_model_compute_bound(findings):
     assert "kernels are memory-bound" in findings["elementwise"]["bound_verdict"].title
     assert "kernels are compute-bound" in findings["gemm"]["bound_verdict"].title
+
+
+def test_a_kineto_trace_of_the_same_loop_holds_the_same_kernels():
+    """tests/gpu_programs/kineto_trace.py profiled two steps of the clean plant with
+    torch.profiler on the same H200: the Kineto loader must find the kernels nsys found for
+    two steps of that loop, each linked to the runtime call that launched it."""
+    kineto = load_trace(FIXTURES / "h200_plant_clean.pt.trace.json.gz")
+    nsys_kernels = load_trace(fixture("clean")).kernels
+    assert kineto.kernels["short_name"].value_counts().sort_index().equals(
+        nsys_kernels["short_name"].value_counts().sort_index())
+    launches = kineto.kernels.merge(kineto.cuda_api[["pid", "correlation_id"]], on=["pid", "correlation_id"])
+    assert len(launches) == len(kineto.kernels) and {"cuda", "nvtx"} <= kineto.sources
