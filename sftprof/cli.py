@@ -38,12 +38,31 @@ def _cmd_analyze(args) -> int:
         results.save(analysis, out_dir / "analysis")
         html = write_html([RankReport("", analysis, args.metrics)], out_dir / "report.html",
                           args.title or f"sftprof: {report.name}")
-        print(f"{report}:")
-        for finding in analysis.findings:
-            marker = "!" if finding.severity == "warning" else "-"
-            print(f"  {marker} {finding.title}\n      {finding.evidence}")
-        print(f"  tables and findings: {out_dir / 'analysis'}\n  report: {html}")
+        _print_summary(report, analysis, out_dir / "analysis", html)
     return 0
+
+
+def _print_summary(report: Path, analysis, tables_dir: Path, html: Path) -> None:
+    """Headline numbers and findings for the terminal (warnings in red); soft-wrapped, so piped
+    output keeps each line whole."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(soft_wrap=True, highlight=False)
+    console.print(f"[bold]{escape(str(report))}[/bold]")
+    headline = Table(show_header=False, box=None, padding=(0, 2))
+    headline.add_column(no_wrap=True, min_width=max(map(len, analysis.headline), default=0))
+    headline.add_column(no_wrap=True, overflow="ellipsis", max_width=64)  # long kernel names: one line
+    for key, value in analysis.headline.items():
+        if isinstance(value, (int, float, str)):
+            headline.add_row(key, f"{value:,.3f}" if isinstance(value, float) else escape(str(value)))
+    console.print(headline)
+    for finding in analysis.findings:
+        style = "red" if finding.severity == "warning" else "cyan"
+        marker = "!" if finding.severity == "warning" else "-"
+        console.print(f"  [{style}]{marker} {escape(finding.title)}[/{style}]\n      {escape(finding.evidence)}")
+    console.print(f"  tables and findings: {escape(str(tables_dir))}\n  report: {escape(str(html))}")
 
 
 def _cmd_compare(args) -> int:
