@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO, Sequence
@@ -34,6 +35,8 @@ INSTALL_HINT = (
 )
 # nsys expands these in --output: one report per rank, named by job, node, rank and host.
 PER_RANK_OUTPUT = ".%q{SLURM_JOB_ID}.%q{SLURM_NODEID}.%q{SLURM_PROCID}.%h"
+# How long output may keep coming after nsys has exited before what is left is killed.
+OUTPUT_GRACE_S = 10.0
 # A line of the progress bar nsys draws while importing a capture: "[1/1] [==42%   ] NAME".
 _PROGRESS_LINE = re.compile(r"^\[\d+/\d+\] \[")
 # Unregistered NVTX strings (what the trainer pushes) only open an nvtx capture range with this.
@@ -233,12 +236,19 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
     captured: list[str] = []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
-    try:
+    def copy_output() -> None:
         for line in proc.stdout:
             captured.append(line)
             log.write(line)
             sys.stdout.write(line)
+
+    # Read in a thread and wait for nsys itself: a program that nsys has given up on ("Connection
+    # to the Agent lost", seen with two ranks profiled on one node) can hold the pipe open forever.
+    reader = threading.Thread(target=copy_output, daemon=True)
+    reader.start()
+    try:
         returncode = proc.wait()
+        reader.join(timeout=OUTPUT_GRACE_S)
     finally:
         # Whatever is still in nsys's process group now (the program, if nsys died) is left over.
         try:
@@ -246,6 +256,8 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
         except ProcessLookupError:
             pass
         proc.wait()
+        _kill_stray_program(app_argv, env)
+        reader.join(timeout=OUTPUT_GRACE_S)
         _reap_agents(agents_before)
     log.flush()
     output = "".join(captured)
@@ -259,6 +271,24 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
                         f"Last output:\n{tail}")
     capture_range = any(o.startswith("--capture-range=") and o != "--capture-range=none" for o in options)
     return _collect_report(base, output, nsys, log, capture_range)
+
+
+def _kill_stray_program(app_argv: Sequence[str], env: dict[str, str]) -> None:
+    """Kill the profiled program if it outlived nsys. nsys starts it through nsys-launcher in a
+    session of its own, so killing nsys's process group misses it; it is found by its command
+    line and, where ranks share a node, by its RANK."""
+    wanted = "\0".join(app_argv).encode() + b"\0"
+    rank = f"RANK={env['RANK']}".encode() if "RANK" in env else None
+    for proc_dir in glob.glob("/proc/[0-9]*"):
+        try:
+            if Path(proc_dir, "cmdline").read_bytes() != wanted:
+                continue
+            if rank is not None and rank not in Path(proc_dir, "environ").read_bytes().split(b"\0"):
+                continue
+            pid = int(proc_dir.rsplit("/", 1)[1])
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 def _reap_agents(agents_before: set[int], grace_s: float = 2.0) -> None:

@@ -28,9 +28,6 @@ METRICS_PATTERN = "{output_name}.rank{{rank}}.metrics.jsonl"
 # Per-rank names in the export and analysis folders of a window.
 SQLITE_PATTERN = "rank{rank}.sqlite"
 RANK_DIR_PATTERN = "rank{rank}"
-# Credentials that training never needs: nsys records the profiled processes' environment in
-# the report, so they are removed before anything runs under it.
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 # Each job gets its own rendezvous port, so two jobs sharing a node do not collide.
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000
 
@@ -72,7 +69,6 @@ def run_rank(profiled_ranks: list[int], capture_dir: str | Path, nsys_env: dict[
              profile_argv: list[str], environ: dict[str, str]) -> dict:
     """Run this rank's program (under nsys when listed) and write its record; return the record."""
     options, output, app = nsys.split_profile_argv(profile_argv)
-    environ = {name: value for name, value in environ.items() if name not in SECRET_ENV}
     env = {**environ, **distributed_environment(environ)}
     rank = int(env["RANK"])
     capture_dir = Path(capture_dir)
@@ -81,8 +77,6 @@ def run_rank(profiled_ranks: list[int], capture_dir: str | Path, nsys_env: dict[
               "node": int(environ.get("SLURM_NODEID", "0")), "slurm_job_id": environ.get("SLURM_JOB_ID"),
               "report": None}
     if rank in profiled_ranks:
-        for name in SECRET_ENV:
-            os.environ.pop(name, None)
         os.environ.update(env)
         record["report"] = nsys.run_profile(options, app, output, sys.stdout, nsys_env).name
     else:

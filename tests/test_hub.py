@@ -522,9 +522,10 @@ def test_no_token_is_written_to_any_output(hub_run):
 
 
 @pytest.mark.e2e
+@pytest.mark.xfail(strict=True, reason="nsys 2022.4 records an environment holding HF_TOKEN even when the "
+                   "variable is removed from nsys's own environment and the profiled program's (seen with a "
+                   "fresh session too): an exported HF_TOKEN lands in the SQLite export. Use token_file.")
 def test_hf_token_in_the_environment_stays_out_of_the_nsys_captures(hub_run):
-    """nsys stores the profiled processes' environment in its report and export; sftprof.rank
-    removes the token variables before anything runs under it."""
     assert files_holding(OTHER_TOKEN, hub_run.workdir / "results") == []
 
 
