@@ -3,6 +3,7 @@ real data prep, model creation, SFT steps under the real nsys, export, analysis 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,13 @@ SMALL_DEMO = {
 def write_config(workdir: Path, config: dict) -> Path:
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def private_copy(tmp_path_factory, source: Path) -> Path:
+    """A copy of a committed fixture, so that nsys stats (which may write an export) never touches it."""
+    path = tmp_path_factory.mktemp(source.stem) / source.name
+    shutil.copy(source, path)
     return path
 
 

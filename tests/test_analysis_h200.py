@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import io
-import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -29,6 +28,7 @@ import pytest
 
 from sftprof.analysis import analyze, cpu, intervals, kernels, memory, nvtx, utilisation
 from sftprof.analysis.gpu import gpu_ops
+from conftest import private_copy
 from sftprof.trace import load_trace
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_tiny_llama_bf16.sqlite"
@@ -36,10 +36,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "h200_tiny_llama_bf16.sqlite"
 
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory) -> Path:
-    """A copy, so that nsys stats can never touch the committed file."""
-    path = tmp_path_factory.mktemp("h200") / FIXTURE.name
-    shutil.copy(FIXTURE, path)
-    return path
+    return private_copy(tmp_path_factory, FIXTURE)
 
 
 @pytest.fixture(scope="module")

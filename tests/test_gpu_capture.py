@@ -3,12 +3,12 @@ summaries must give exactly what `nsys stats` gives on the same file."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from sftprof.analysis import analyze, gpu
+from conftest import private_copy
 from sftprof.trace import load_trace
 from test_trace import as_nsys_rows, nsys_stats
 
@@ -17,10 +17,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "h200_tiny_llama_bf16.sqlite"
 
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory) -> Path:
-    """A copy, so that nsys stats can never touch the committed file."""
-    path = tmp_path_factory.mktemp("gpu") / FIXTURE.name
-    shutil.copy(FIXTURE, path)
-    return path
+    return private_copy(tmp_path_factory, FIXTURE)
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,13 @@ them, and each capture really holds what was planted, read straight from the exp
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from sftprof.analysis import gpu
+from conftest import private_copy
 from sftprof.trace import load_trace
 from test_trace import as_nsys_rows, nsys_stats
 
@@ -24,10 +24,7 @@ def fixture(plant: str) -> Path:
 
 @pytest.fixture(scope="module", params=PLANTS)
 def capture(request, tmp_path_factory) -> Path:
-    """A copy, so that nsys stats can never touch the committed file."""
-    path = tmp_path_factory.mktemp("plant") / fixture(request.param).name
-    shutil.copy(fixture(request.param), path)
-    return path
+    return private_copy(tmp_path_factory, fixture(request.param))
 
 
 @pytest.mark.parametrize("report, summarize, name_columns", [
