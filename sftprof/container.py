@@ -9,6 +9,7 @@ named with `-e NAME`, which passes its value from the host without writing it an
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 SIF_RUNTIMES = ("apptainer", "singularity")
@@ -19,6 +20,11 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # What a rank needs to know who it is and where its peers are, inside any container.
 DISTRIBUTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NODEID", "SLURM_NTASKS",
                    "SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
+
+
+def python_for(container: dict) -> str:
+    """The interpreter that runs sftprof: this one without a container, the image's own inside."""
+    return sys.executable if container["runtime"] == "none" else "python"
 
 
 def docker_reference(image: str) -> str:

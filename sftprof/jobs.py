@@ -11,7 +11,6 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,7 +131,7 @@ def launch_plan(experiment_name: str, experiment: dict, window_name: str, window
     names = {"experiment": experiment_name, "window": window_name}
     capture_dir = capture_dir or layout.CAPTURE_DIR.format(**names)
     profile = experiment["profile"]
-    python = sys.executable if experiment["container"]["runtime"] == "none" else "python"
+    python = container.python_for(experiment["container"])
     metrics = str(Path(capture_dir) / rank.METRICS_PATTERN.format(output_name=profile["output_name"]))
     model = (nemo_checkpoint(experiment_name, experiment) if experiment["sft"]["backend"] == "nemo"
              else model_dir(experiment_name, experiment))

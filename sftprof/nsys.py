@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Iterator, Sequence
 
 from sftprof.io import atomic_path
 from sftprof.sft.annotate import CAPTURE_RANGE_NAME
@@ -127,17 +127,18 @@ def split_profile_argv(argv: Sequence[str]) -> tuple[list[str], str, list[str]]:
     raise NsysError("the nsys profile command has no --output=... before the program")
 
 
-def running_agent_pids() -> set[int]:
-    """Process ids of running `nsys --start-agent` helpers."""
-    pids = set()
+def _processes() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, argv) of every process whose command line can be read."""
     for cmdline_path in glob.glob("/proc/[0-9]*/cmdline"):
         try:
-            argv = Path(cmdline_path).read_bytes().split(b"\0")
+            yield int(cmdline_path.split("/")[2]), Path(cmdline_path).read_bytes().split(b"\0")[:-1]
         except OSError:
             continue
-        if b"--start-agent" in argv and any(arg.endswith(b"nsys") for arg in argv[:1]):
-            pids.add(int(cmdline_path.split("/")[2]))
-    return pids
+
+
+def running_agent_pids() -> set[int]:
+    """Process ids of running `nsys --start-agent` helpers."""
+    return {pid for pid, argv in _processes() if b"--start-agent" in argv and argv[:1] and argv[0].endswith(b"nsys")}
 
 
 def _kill(pids: set[int]) -> None:
@@ -277,17 +278,16 @@ def _kill_stray_program(app_argv: Sequence[str], env: dict[str, str]) -> None:
     """Kill the profiled program if it outlived nsys. nsys starts it through nsys-launcher in a
     session of its own, so killing nsys's process group misses it; it is found by its command
     line and, where ranks share a node, by its RANK."""
-    wanted = "\0".join(app_argv).encode() + b"\0"
+    wanted = [arg.encode() for arg in app_argv]
     rank = f"RANK={env['RANK']}".encode() if "RANK" in env else None
-    for proc_dir in glob.glob("/proc/[0-9]*"):
+    for pid, argv in _processes():
+        if argv != wanted:
+            continue
         try:
-            if Path(proc_dir, "cmdline").read_bytes() != wanted:
+            if rank is not None and rank not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
                 continue
-            if rank is not None and rank not in Path(proc_dir, "environ").read_bytes().split(b"\0"):
-                continue
-            pid = int(proc_dir.rsplit("/", 1)[1])
             os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except (OSError, ValueError):
+        except OSError:
             continue
 
 

@@ -1,7 +1,6 @@
 import logging
 import os
 import subprocess
-import sys
 
 from sftprof import container, logs
 from sftprof.io import atomic_dir
@@ -10,9 +9,7 @@ logs.setup()
 settings = snakemake.params.container
 image = container.image_file(settings)
 with atomic_dir(snakemake.output.checkpoint) as partial, open(snakemake.log[0], "w") as log:
-    python = "python" if settings["runtime"] != "none" else sys.executable
-    argv = [*container.exec_prefix(settings, image, os.getcwd()),
-            python, "-m", "sftprof.sft.nemo_backend", "import-checkpoint", snakemake.input.hf, str(partial)]
+    argv = [*container.exec_prefix(settings, image, os.getcwd()), container.python_for(settings), "-m", "sftprof.sft.nemo_backend", "import-checkpoint", snakemake.input.hf, str(partial)]
     log.write("[sftprof] " + " ".join(argv) + "\n")
     log.flush()
     result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT)

@@ -7,9 +7,9 @@ from sftprof.io import atomic_path
 
 logs.setup(snakemake.log[0])
 settings = snakemake.params.container
-commands = container.pull_commands(settings, "PLACEHOLDER")
-if shutil.which(commands[0][0]) is None:
-    raise SystemExit(f"{commands[0][0]} is not installed here: pull where it is (the login node), or set "
+# Each runtime's command is named like the runtime (apptainer, singularity, docker).
+if shutil.which(settings["runtime"]) is None:
+    raise SystemExit(f"{settings['runtime']} is not installed here: pull where it is (the login node), or set "
                      "container.pull_on: slurm to pull on a compute node")
 with atomic_path(snakemake.output.image) as partial, open(snakemake.log[0], "a") as log:
     partial.unlink()  # `apptainer pull` refuses to overwrite, even its own temporary name
