@@ -8,12 +8,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from sftprof.analysis.cpu import PHASES  # noqa: E402
 
 PHASE_COLORS = {"data": "#9467bd", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c",
                 "other": "#bbbbbb"}
+MAX_BARS = 60  # per-step plots: more steps than this are drawn as runs of steps
+MAX_TICK_LABELS = 20
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9})
 
 
@@ -30,16 +33,27 @@ def _shorten(name: str, limit: int = 60) -> str:
 
 
 def step_phases(steps: pd.DataFrame) -> str | None:
-    """Stacked bars: where each captured step's time went."""
+    """Stacked bars: where each captured step's time went. Past MAX_BARS steps (long captures have
+    thousands), each bar is the median of a run of consecutive steps."""
     if steps.empty:
         return None
+    columns = [f"{phase}_ns" for phase in [*PHASES, "other"]]
+    if len(steps) > MAX_BARS:
+        runs = np.arange(len(steps)) * MAX_BARS // len(steps)
+        grouped = steps.groupby(runs)
+        labels = [f"{first}-{last}" for first, last in zip(grouped["step"].min(), grouped["step"].max())]
+        steps, xlabel = grouped[columns].median().assign(step=labels), "training steps (median of each run)"
+    else:
+        steps, xlabel = steps.assign(step=steps["step"].astype(str)), "training step"
     fig, ax = plt.subplots(figsize=(7, 3))
     bottom = pd.Series(0.0, index=steps.index)
-    for phase in [*PHASES, "other"]:
-        values = steps[f"{phase}_ns"] / 1e6
-        ax.bar(steps["step"].astype(str), values, bottom=bottom, label=phase, color=PHASE_COLORS[phase])
+    for phase, column in zip([*PHASES, "other"], columns):
+        values = steps[column] / 1e6
+        ax.bar(steps["step"], values, bottom=bottom, label=phase, color=PHASE_COLORS[phase])
         bottom += values
-    ax.set_xlabel("training step")
+    if len(steps) > MAX_TICK_LABELS:
+        ax.set_xticks(ax.get_xticks()[::len(steps) // MAX_TICK_LABELS + 1])
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("ms")
     ax.set_title("Step time by phase (NVTX)")
     ax.legend(ncols=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2))
@@ -59,9 +73,13 @@ def share_bars(summary: pd.DataFrame, label_column: str, title: str, top: int = 
 
 
 def phase_timeline(phases: pd.DataFrame, steps: pd.DataFrame) -> str | None:
-    """Gantt of the phase ranges across the captured steps."""
+    """Gantt of the phase ranges across the captured steps (the first MAX_BARS of them: beyond that
+    the ranges are thinner than a pixel)."""
     if phases.empty:
         return None
+    if len(steps) > MAX_BARS:
+        steps = steps.sort_values("start").head(MAX_BARS)
+        phases = phases[phases["start"] < steps["end"].max()]
     origin = phases["start"].min()
     fig, ax = plt.subplots(figsize=(8, 2.2))
     for lane, phase in enumerate(PHASES):
