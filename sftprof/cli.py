@@ -23,8 +23,11 @@ from sftprof import __version__
 
 
 def _cmd_analyze(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from sftprof import results
-    from sftprof.analysis import analyze
+    from sftprof.analysis import STEPS, analyze
     from sftprof.report import RankReport, write_html
     from sftprof.trace import load_trace
 
@@ -34,10 +37,23 @@ def _cmd_analyze(args) -> int:
             out_dir = report.parent / f"{stem}-sftprof"
         else:
             out_dir = Path(args.output) / stem if len(args.reports) > 1 else Path(args.output)
-        analysis = analyze(load_trace(report))
-        results.save(analysis, out_dir / "analysis")
-        html = write_html([RankReport("", analysis, args.metrics)], out_dir / "report.html",
-                          args.title or f"sftprof: {report.name}")
+        # On a terminal's stderr, and gone when done: a 10M-kernel export takes about a minute.
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
+            task = bar.add_task(f"{report.name}: loading", total=len(STEPS) + 2)
+
+            def step(name: str) -> None:
+                bar.update(task, advance=1, description=f"{report.name}: {name}")
+
+            tables = load_trace(report)
+            try:
+                analysis = analyze(tables, progress=step)
+            finally:
+                tables.events.close()  # its temporary database: as large as the trace's kernels and calls
+            step("writing tables and HTML")
+            results.save(analysis, out_dir / "analysis")
+            html = write_html([RankReport("", analysis, args.metrics)], out_dir / "report.html",
+                              args.title or f"sftprof: {report.name}")
         _print_summary(report, analysis, out_dir / "analysis", html)
     return 0
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from sftprof.analysis import analyze, gpu
+from sftprof.analysis import analyze, gpu, intervals
 from sftprof.analysis.stats import duration_summary
+from sftprof.trace.events import EventStore
 from sftprof.trace.tables import TraceTables
 
 
@@ -23,9 +25,10 @@ def test_summary_statistics_follow_nsys_conventions():
 
 
 def test_busy_time_is_the_union_over_streams_not_the_sum():
-    kernels = pd.DataFrame({"device_id": [0, 0, 0, 1], "start": [10, 15, 40, 5], "end": [20, 30, 50, 6]})
+    kernels = pd.DataFrame({"device_id": [0, 0, 0, 1], "start": [10, 15, 40, 5], "end": [20, 30, 50, 6],
+                            "name": ["k"] * 4})
     memops = pd.DataFrame({"device_id": [0], "start": [29], "end": [35]})
-    busy = gpu.gpu_busy(kernels, memops).set_index("device_id")
+    busy = gpu.gpu_busy(gpu.busy_by_device(EventStore.from_frames(kernels=kernels), memops)).set_index("device_id")
     # device 0: [10,35) merged from three overlapping ops, then [40,50): 35 ns busy in a 40 ns span
     assert busy.loc[0, "busy_ns"] == 35 and busy.loc[0, "span_ns"] == 40
     assert busy.loc[0, "busy_pct"] == 87.5
@@ -33,10 +36,8 @@ def test_busy_time_is_the_union_over_streams_not_the_sum():
 
 
 def _tables_with(**frames) -> TraceTables:
-    tables = TraceTables(source_path="test", span_ns=1_000_000_000, sources={"cuda", "nvtx"})
-    for name, frame in frames.items():
-        setattr(tables, name, frame)
-    return tables
+    events = EventStore.from_frames(kernels=frames.pop("kernels", None), cuda_api=frames.pop("cuda_api", None))
+    return TraceTables(source_path="test", span_ns=1_000_000_000, sources={"cuda", "nvtx"}, events=events, **frames)
 
 
 def _nvtx_steps(durations_ms):
@@ -93,3 +94,22 @@ def test_thread_blocking_is_a_finding_only_above_the_threshold():
     assert "autograd engine" in finding.recommendation
     [io_bound] = _thread_findings(_threads({"python": (200, "write")}), span)
     assert io_bound.recommendation.startswith("write on a training thread")
+
+
+def test_intervals_merged_in_batches_equal_the_union_at_once():
+    """busy_by_device streams kernels through RunningUnion a chunk at a time; a batch boundary may
+    fall inside a run of overlapping intervals, or between touching ones."""
+    rng = np.random.default_rng(7)
+    starts = np.sort(rng.integers(0, 100_000, 5_000))
+    ends = starts + rng.integers(0, 60, len(starts))
+    at_once = intervals.union(pd.DataFrame({"start": starts, "end": ends}))
+    for batch in (1, 2, 7, 999, 5_000):
+        running = intervals.RunningUnion()
+        for lo in range(0, len(starts), batch):
+            running.add(starts[lo:lo + batch], ends[lo:lo + batch])
+        pd.testing.assert_frame_equal(running.result(), at_once)
+    assert 1 < len(at_once) < len(starts)  # the case merges some intervals and keeps gaps between others
+    covered = np.zeros(100_100, dtype=bool)
+    for s, e in zip(starts, ends):
+        covered[s:e] = True
+    assert int((at_once["end"] - at_once["start"]).sum()) == covered.sum()

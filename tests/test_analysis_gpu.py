@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import boundness, cuda, intervals, kernels, memory, nvtx, rules, utilisation
+from sftprof.analysis import boundness, cuda, gpu, intervals, kernels, memory, nvtx, rules, utilisation
+from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
 
 MAIN, AUTOGRAD = (7 << 24) | 7, (7 << 24) | 9  # global_tids of pid 7: main thread and a second thread
@@ -16,6 +17,16 @@ def frame(table: str, rows: list[dict]) -> pd.DataFrame:
     """A normalized table with every documented column (missing values NA)."""
     return pd.DataFrame([{column: row.get(column) for column in COLUMNS[table]} for row in rows],
                         columns=COLUMNS[table])
+
+
+def store(kernels: pd.DataFrame | None = None, cuda_api: pd.DataFrame | None = None) -> EventStore:
+    """An EventStore holding these kernel and CUDA API rows."""
+    return EventStore.from_frames(kernels=kernels, cuda_api=cuda_api)
+
+
+def name_totals(kernel_rows: pd.DataFrame) -> pd.DataFrame:
+    """Per-kernel rows as the name-totals rows that the kernel-mix analyses take."""
+    return kernels.name_totals(store(kernel_rows))
 
 
 def kernel(name: str, start: int, duration: int, short: str | None = None, correlation: int = 0, device: int = 0,
@@ -69,7 +80,7 @@ def test_each_kernel_lands_in_its_family_first_match_wins(mixed_kernels):
 
 
 def test_family_summary_adds_up_to_all_kernel_time(mixed_kernels):
-    families = kernels.family_summary(mixed_kernels).set_index("family")
+    families = kernels.family_summary(name_totals(mixed_kernels)).set_index("family")
     assert families["total_ns"].sum() == mixed_kernels["duration"].sum() == 1000
     assert families["time_pct"].sum() == pytest.approx(100.0)
     assert families.loc["GEMM", "total_ns"] == 550 and families.loc["GEMM", "instances"] == 3
@@ -77,7 +88,7 @@ def test_family_summary_adds_up_to_all_kernel_time(mixed_kernels):
     assert families.loc["attention", "bound"] == "compute" and families.loc["elementwise", "bound"] == "memory"
     # nvjet and the tensorop cutlass GEMM (500 of 550 ns) run on tensor cores; split-K reduction does not
     assert families.loc["GEMM", "tensor_core_pct"] == pytest.approx(100 * 500 / 550)
-    mix = kernels.kernel_mix(mixed_kernels)
+    mix = kernels.kernel_mix(name_totals(mixed_kernels))
     assert mix["compute_pct"] == pytest.approx(75.0)          # GEMM 550 + attention 200
     assert mix["memory_pct"] == pytest.approx(19.0)           # 60 + 30 + 20 + 80
 
@@ -101,24 +112,25 @@ def test_tensor_core_markers(name, tensor_cores):
 def test_fp32_gemm_rule_fires_only_without_any_half_precision_gemm():
     sgemm = kernel("ampere_sgemm_128x64_tn", 0, 900)
     nvjet = kernel("nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT", 1000, 100)
-    only_fp32 = kernels.gemm_precision(frame("kernels", [sgemm, nvjet])).set_index("precision")
+    only_fp32 = kernels.gemm_precision(name_totals(frame("kernels", [sgemm, nvjet]))).set_index("precision")
     assert only_fp32.loc["fp32", "time_pct"] == pytest.approx(90.0)
     assert only_fp32.loc[kernels.UNKNOWN_PRECISION, "instances"] == 1   # nvjet names carry no precision
     [finding] = rules.fp32_gemm(only_fp32.reset_index())
     assert finding.severity == "warning" and "fp32 90.0% of GEMM time" in finding.evidence
     bf16 = kernel("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64>(T1::Params)", 2000, 10,
                   "Kernel2")
-    assert rules.fp32_gemm(kernels.gemm_precision(frame("kernels", [sgemm, bf16]))) == []
+    assert rules.fp32_gemm(kernels.gemm_precision(name_totals(frame("kernels", [sgemm, bf16])))) == []
 
 
 def test_memory_bound_mix_is_a_warning_only_when_the_gpu_is_busy():
     streaming = frame("kernels", [kernel("elementwise_kernel", 0, 700), kernel("nvjet_sm90_x", 700, 300)])
-    families, mix = kernels.family_summary(streaming), kernels.kernel_mix(streaming)
+    families, mix = kernels.family_summary(name_totals(streaming)), kernels.kernel_mix(name_totals(streaming))
     assert [f.severity for f in rules.memory_bound_mix(families, mix, busy_pct=90.0)] == ["warning"]
     [idle] = rules.memory_bound_mix(families, mix, busy_pct=10.0)
     assert idle.severity == "info" and "busy only 10.0%" in idle.evidence
     compute = frame("kernels", [kernel("elementwise_kernel", 0, 300), kernel("nvjet_sm90_x", 300, 700)])
-    assert rules.memory_bound_mix(kernels.family_summary(compute), kernels.kernel_mix(compute), 90.0) == []
+    assert rules.memory_bound_mix(kernels.family_summary(name_totals(compute)),
+                                  kernels.kernel_mix(name_totals(compute)), 90.0) == []
 
 
 # ---------------------------------------------------------------- memory operations
@@ -150,15 +162,17 @@ def test_kind_shares_of_gpu_time_and_pageable_host_memory():
                            memop("DtoH", 3000, 30, 8, "Device", "Pinned"),
                            memop("DtoD", 4000, 40, 2_000_000, "Device", "Device"),
                            memop("memset", 5000, 10, 64, None, "Device")])
-    shares = memory.kind_share(ks, ops).set_index("copy_kind")
+    kernel_ns = gpu.kernel_totals(store(ks))["total_ns"]
+    assert kernel_ns == 800
+    shares = memory.kind_share(kernel_ns, ops).set_index("copy_kind")
     assert shares["gpu_time_pct"].to_dict() == pytest.approx({"HtoD": 12.0, "DtoD": 4.0, "DtoH": 3.0, "memset": 1.0})
     assert shares.loc["DtoD", "gb_per_s"] == pytest.approx(2_000_000 / 40)   # bytes per ns = GB/s
     host = memory.host_memory(ops)
     assert host[["copy_kind", "host_memory", "instances"]].values.tolist() == [
         ["DtoH", "Pinned", 1], ["HtoD", "Pageable", 1], ["HtoD", "Pinned", 1]]
-    crossing = memory.interconnect_share(ks, ops)
+    crossing = memory.interconnect_share(kernel_ns, ops)
     assert (crossing["count"], crossing["ns"], crossing["gpu_time_pct"]) == (3, 150, 15.0)
-    [verdict] = rules.interconnect(memory.kind_share(ks, ops), host, crossing, 1000)
+    [verdict] = rules.interconnect(memory.kind_share(kernel_ns, ops), host, crossing, 1000)
     assert verdict.severity == "warning" and "can limit the step" in verdict.title
     assert "1 of 3 host copies use pageable memory" in verdict.evidence
 
@@ -189,10 +203,12 @@ def test_gaps_timeline_and_steps_on_two_devices():
     ks = frame("kernels", [kernel("a", 1_000, 1_000), kernel("b", 1_500, 1_000), kernel("c", 5_000_000, 5_000),
                            kernel("d", 10, 100, device=1), kernel("e", 200, 100, device=1)])
     ops = frame("memops", [memop("HtoD", 2_600_000, 400_000, 1, "Pinned", "Device")])
-    gaps = utilisation.idle_gaps(ks, ops)
+    events = store(ks)
+    by_device = gpu.busy_by_device(events, ops)
+    gaps = utilisation.idle_gaps(by_device)
     # device 0 busy [1000, 2500), [2.6 ms, 3.0 ms), [5.0 ms, 5.005 ms): gaps 2.5975 ms and 2.0 ms; device 1: none
     assert gaps[["device_id", "start", "end"]].values.tolist() == [[0, 2_500, 2_600_000], [0, 3_000_000, 5_000_000]]
-    timeline = utilisation.utilisation_timeline(ks, ops, chunks=4)
+    timeline = utilisation.utilisation_timeline(events, by_device, chunks=4)
     dev0 = timeline[timeline["device_id"] == 0]
     chunk = (5_005_000 - 1_000) / 4
     covered = np.array(dev0["busy_pct"]) / 100 * (dev0["end"] - dev0["start"]).to_numpy()
@@ -201,20 +217,20 @@ def test_gaps_timeline_and_steps_on_two_devices():
     assert dev0["busy_pct"].iloc[2] == pytest.approx(100 * 400_000 / chunk)  # [2.503, 3.754) ms holds the copy
     steps = pd.DataFrame({"step": [1, 2], "start": [0, 2_500_000], "end": [2_500_000, 5_100_000],
                           "duration": [2_500_000, 2_600_000]})
-    per_step = utilisation.step_utilisation(steps, ks, ops).set_index(["step", "device_id"])["gpu_busy_ns"]
+    per_step = utilisation.step_utilisation(steps, by_device).set_index(["step", "device_id"])["gpu_busy_ns"]
     assert per_step.to_dict() == {(1, 0): 1_500, (2, 0): 405_000, (1, 1): 200, (2, 1): 0}
 
 
 def test_gap_causes_say_what_the_feeding_thread_did():
     ks = frame("kernels", [kernel("a", 100, 100, correlation=1), kernel("b", 3_000_100, 100, correlation=2)])
-    tables = TraceTables(source_path="t", span_ns=4_000_000)
-    tables.cuda_api = frame("cuda_api", [api("cudaLaunchKernel", 3_000_000, 50, 2)])
+    tables = TraceTables(source_path="t", span_ns=4_000_000,
+                         events=store(ks, frame("cuda_api", [api("cudaLaunchKernel", 3_000_000, 50, 2)])))
     tables.osrt = frame("osrt", [{"start": 500_000, "end": 1_500_000, "duration": 1_000_000, "name": "read",
                                   "global_tid": MAIN, "pid": 7, "tid": 7},
                                  {"start": 0, "end": 4_000_000, "duration": 4_000_000, "name": "poll",
                                   "global_tid": (7 << 24) | 99, "pid": 7, "tid": 99}])   # not a feeder
     tables.nvtx = frame("nvtx", [nvtx_range("step 1", 0, 4_000_000), nvtx_range("data", 100, 2_000_000)])
-    gaps = utilisation.idle_gaps(ks, frame("memops", []))
+    gaps = utilisation.idle_gaps(gpu.busy_by_device(tables.events, frame("memops", [])))
     assert gaps[["start", "end"]].values.tolist() == [[200, 3_000_100]]
     causes = utilisation.gap_causes(gaps, tables, {MAIN: "python (main, tid 7)"})
     found = {(r.source, r.name): r.overlap_ns for r in causes.itertuples()}
@@ -229,15 +245,18 @@ def test_gap_causes_say_what_the_feeding_thread_did():
 def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
     tiny = frame("kernels", [kernel("k", i * 20_000, 2_000) for i in range(100)])
     busy = pd.DataFrame({"device_id": [0], "span_ns": [99 * 20_000 + 2_000], "busy_ns": [200_000]})
-    timeline = utilisation.utilisation_timeline(tiny, frame("memops", []))
+    tiny_events = store(tiny)
+    tiny_busy = gpu.busy_by_device(tiny_events, frame("memops", []))
+    timeline = utilisation.utilisation_timeline(tiny_events, tiny_busy)
     launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "instances": [100], "med_ns": [8_000.0]})
     no_steps = pd.DataFrame(columns=["step"])
-    [finding] = rules.launch_bound(tiny, launch, busy, timeline, utilisation.idle_gaps(tiny, frame("memops", [])),
-                                   no_steps)
+    [finding] = rules.launch_bound(gpu.kernel_totals(tiny_events), launch, busy, timeline,
+                                   utilisation.idle_gaps(tiny_busy), no_steps)
     assert "100% of kernels run under 10 µs" in finding.title and "8.0 µs (median cudaLaunchKernel" in finding.evidence
     big = frame("kernels", [kernel("k", i * 20_000, 19_000) for i in range(100)])
     busy_big = busy.assign(busy_ns=1_900_000)
-    assert rules.launch_bound(big, launch, busy_big, timeline, busy.iloc[0:0], no_steps) == []
+    assert rules.launch_bound(gpu.kernel_totals(store(big)), launch, busy_big, timeline, busy.iloc[0:0],
+                              no_steps) == []
 
 
 # ---------------------------------------------------------------- CUDA API: copies, syncs
@@ -252,7 +271,8 @@ def test_copy_rules_follow_nsys_semantics():
                            memop("HtoD", 31_000, 100, 16_384, "Pinned", "Device", correlation=4),
                            memop("memset", 41_000, 10, 8, None, "Pinned", correlation=5),
                            memop("memset", 51_000, 10, 8, None, "Pinned", correlation=6)])
-    copies = cuda.with_api_calls(ops, frame("cuda_api", calls))
+    events = store(cuda_api=frame("cuda_api", calls))
+    copies = cuda.with_api_calls(ops, events)
     labels = {MAIN: "python (main, tid 7)"}
     nvtx_ = frame("nvtx", [nvtx_range("data", 0, 100_000)])
     [sync] = rules.sync_memcpy(copies, 1_000_000, labels, nvtx_)
@@ -263,7 +283,7 @@ def test_copy_rules_follow_nsys_semantics():
     [memset] = rules.sync_memset(copies[copies["copy_kind"] == "memset"], 1_000_000, labels)
     assert memset.title.startswith("1 synchronous cudaMemset") and "Pinned" in memset.evidence
     # the same correlation id in another process is another call: nothing joins
-    assert cuda.with_api_calls(ops.assign(pid=8), frame("cuda_api", calls)).empty
+    assert cuda.with_api_calls(ops.assign(pid=8), events).empty
 
 
 def test_syncs_in_steps_are_counted_per_step():
@@ -272,10 +292,12 @@ def test_syncs_in_steps_are_counted_per_step():
                                api("cudaLaunchKernel", 14_000, 10_000, 4),
                                api("cudaStreamSynchronize", 30_000, 5_000, 5)])   # after the last step
     steps = pd.DataFrame({"step": [1, 2], "start": [0, 10_000], "end": [10_000, 20_000], "duration": [10_000, 10_000]})
-    [finding] = rules.syncs_in_steps(calls, steps, {MAIN: "main", AUTOGRAD: "autograd"}, frame("nvtx", []))
+    events = store(cuda_api=calls)
+    waits = cuda.host_wait_calls(events)
+    [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, frame("nvtx", []))
     assert "step 1: 2 calls, 0.006 ms; step 2: 1 calls, 0.001 ms" in finding.evidence
     assert finding.severity == "warning" and "(35.0% of step time)" in finding.title
-    assert cuda.sync_calls(calls, 100_000).set_index("name").loc["cudaStreamSynchronize", "calls"] == 3
+    assert cuda.sync_calls(events, 100_000).set_index("name").loc["cudaStreamSynchronize", "calls"] == 3
 
 
 # ---------------------------------------------------------------- NVTX projection
@@ -290,7 +312,7 @@ def test_gpu_time_goes_to_the_innermost_range_on_the_launching_thread():
                                api("cudaLaunchKernel", 250, 10, 5, tid=AUTOGRAD),  # no range on that thread
                                api("cudaLaunchKernel", 1_500, 10, 6)])   # between steps
     ks = frame("kernels", [kernel("k", 5_000 + c, 10 * c, correlation=c) for c in range(1, 8)])  # 7: not traced
-    projection = nvtx.gpu_time_by_range(ranges, calls, ks, {AUTOGRAD: "pt_autograd_0 (autograd, tid 9)"})
+    projection = nvtx.gpu_time_by_range(ranges, store(ks, calls), {AUTOGRAD: "pt_autograd_0 (autograd, tid 9)"})
     by_range = projection.set_index("range")
     assert by_range["gpu_ns"].to_dict() == {
         "step 1": 10, "forward": 20 + 40, "attention": 30, "(no NVTX range, pt_autograd_0 (autograd, tid 9))": 50,
@@ -328,5 +350,5 @@ def test_metric_means_use_only_samples_taken_while_the_gpu_worked():
     ks = frame("kernels", [kernel("k", 100, 100)])
     samples = pd.DataFrame({"timestamp": [50, 150, 180, 250], "device_id": [0, 0, 0, 0],
                             "metric": ["SM Issue [Throughput %]"] * 4, "value": [0, 60, 80, 0]})
-    means = boundness.metric_means_while_busy(samples, ks, frame("memops", []))
+    means = boundness.metric_means_while_busy(samples, gpu.busy_by_device(store(ks), frame("memops", [])))
     assert means == {"sm issue [throughput %]": 70.0}

@@ -17,6 +17,7 @@ from sftprof.analysis.findings import Finding
 from sftprof.cli import main as sftprof_main
 from sftprof.compare import DELTA, DELTA_PCT, compare, unique_labels
 from sftprof.trace import load_trace
+from sftprof.trace.events import EventStore
 from sftprof.trace.tables import TraceTables
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -27,14 +28,15 @@ STEP = r"^step \d+$"
 
 def shifted_window(tables: TraceTables, start: int, end: int) -> TraceTables:
     """What a capture of [start, end] alone would hold: the rows inside it, on a timeline from 0."""
-    window = TraceTables(source_path=f"{tables.source_path}[window]", span_ns=end - start, sources=tables.sources,
-                         threads=tables.threads)
+    frames = {}
     for name in ("nvtx", "osrt", "cuda_api", "kernels", "memops"):
         frame = getattr(tables, name)
         inside = frame[(frame["start"] >= start) & (frame["end"] <= end)].copy()
         inside[["start", "end"]] -= start
-        setattr(window, name, inside)
-    return window
+        frames[name] = inside
+    events = EventStore.from_frames(kernels=frames.pop("kernels"), cuda_api=frames.pop("cuda_api"))
+    return TraceTables(source_path=f"{tables.source_path}[window]", span_ns=end - start, sources=tables.sources,
+                       threads=tables.threads, events=events, **frames)
 
 
 def merged_busy_ns(frames: list[pd.DataFrame]) -> int:

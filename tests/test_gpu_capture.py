@@ -26,9 +26,9 @@ def tables(capture):
 
 
 @pytest.mark.parametrize("report, summarize, name_columns", [
-    ("gpukernsum", lambda t: gpu.kernel_summary(t.kernels), ["grid", "block", "kernel"]),
+    ("gpukernsum", lambda t: gpu.kernel_summary(t.events), ["grid", "block", "kernel"]),
     ("gpumemtimesum", lambda t: gpu.memop_summary(t.memops), ["operation"]),
-    ("cudaapisum", lambda t: gpu.cuda_api_summary(t.cuda_api), ["name"]),
+    ("cudaapisum", lambda t: gpu.cuda_api_summary(t.events), ["name"]),
 ])
 def test_cuda_summaries_equal_nsys_stats(capture, tables, report, summarize, name_columns):
     ours = as_nsys_rows(summarize(tables), name_columns)

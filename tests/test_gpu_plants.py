@@ -28,9 +28,9 @@ def capture(request, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("report, summarize, name_columns", [
-    ("gpukernsum", lambda t: gpu.kernel_summary(t.kernels), ["grid", "block", "kernel"]),
+    ("gpukernsum", lambda t: gpu.kernel_summary(t.events), ["grid", "block", "kernel"]),
     ("gpumemtimesum", lambda t: gpu.memop_summary(t.memops), ["operation"]),
-    ("cudaapisum", lambda t: gpu.cuda_api_summary(t.cuda_api), ["name"]),
+    ("cudaapisum", lambda t: gpu.cuda_api_summary(t.events), ["name"]),
 ])
 def test_summaries_equal_nsys_stats_on_every_plant(capture, report, summarize, name_columns):
     ours = as_nsys_rows(summarize(load_trace(capture)), name_columns)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,8 +67,8 @@ _PHASE_ADVICE = {
 }
 
 
-def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, busy: pd.DataFrame) -> list[Finding]:
-    if tables.kernels.empty and tables.memops.empty:
+def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, kernel_ns: int, busy: pd.DataFrame) -> list[Finding]:
+    if kernel_sum.empty and tables.memops.empty:
         how = ("the capture traced no CUDA (`cuda` is not in profile.trace)" if "cuda" not in tables.sources
                else "CUDA was traced but no GPU work was recorded in the window")
         return [Finding("no_gpu_activity", "info", "No GPU activity in this capture",
@@ -79,7 +80,6 @@ def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, busy: pd.DataFr
         top = kernel_sum.iloc[0]
         findings.append(Finding("top_kernel", "info", f"Top kernel takes {top.time_pct}% of kernel time",
                                 f"{top.kernel} ({top.instances} instances, {top.total_ns / 1e6:.3f} ms)."))
-    kernel_ns = int(tables.kernels["duration"].sum())
     memop_ns = int(tables.memops["duration"].sum())
     if kernel_ns + memop_ns:
         share = 100.0 * memop_ns / (kernel_ns + memop_ns)
@@ -130,33 +130,50 @@ def _gpu_busy_pct(busy: pd.DataFrame) -> float | None:
     return float(100.0 * busy["busy_ns"].sum() / span) if span else None
 
 
-def analyze(tables: TraceTables) -> Analysis:
+# What analyze() reports to `progress` as it goes, in order.
+STEPS = ("kernels", "GPU busy time", "CUDA API calls and threads", "NVTX ranges", "findings")
+
+
+def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: None) -> Analysis:
+    """Every analysis of one capture; `progress(step)` is called as each group of them starts."""
     tables = tables.with_all_columns()
+    events = tables.events
+    progress(STEPS[0])
     memops = tables.memops.assign(copy_kind=memory.copy_kinds(tables.memops))
-    kernel_sum = gpu.kernel_summary(tables.kernels)
-    busy = gpu.gpu_busy(tables.kernels, memops)
+    kernel_sum = gpu.kernel_summary(events)
+    totals = gpu.kernel_totals(events)
+    names = kernels.name_totals(events)
+    families = kernels.family_summary(names)
+    precision = kernels.gemm_precision(names)
+    mix = kernels.kernel_mix(names)
+    progress(STEPS[1])
+    busy_by_device = gpu.busy_by_device(events, memops)
+    busy = gpu.gpu_busy(busy_by_device)
     busy_pct = _gpu_busy_pct(busy)
+    gaps = utilisation.idle_gaps(busy_by_device)
+    timeline = utilisation.utilisation_timeline(events, busy_by_device)
+    metric_means = boundness.metric_means_while_busy(tables.gpu_metrics, busy_by_device)
+    verdict = boundness.verdict(mix, busy_pct, metric_means) if totals["count"] else None
+    progress(STEPS[2])
     steps = cpu.step_table(tables.nvtx)
-    threads = cpu.thread_summary(tables)
+    waits = cuda.host_wait_calls(events)
+    api_threads = cuda.calls_by_thread(events)
+    threads = cpu.thread_summary(tables, waits, api_threads)
     labels = cpu.thread_labels(threads)
-    launching = set(tables.cuda_api["global_tid"])
+    launching = set(api_threads["global_tid"])
     feeders = {tid: label for tid, label in labels.items() if tid in launching}  # the threads that feed the GPU
-    families = kernels.family_summary(tables.kernels)
-    precision = kernels.gemm_precision(tables.kernels)
-    mix = kernels.kernel_mix(tables.kernels)
-    metric_means = boundness.metric_means_while_busy(tables.gpu_metrics, tables.kernels, memops)
-    verdict = boundness.verdict(mix, busy_pct, metric_means) if not tables.kernels.empty else None
-    gaps = utilisation.idle_gaps(tables.kernels, memops)
     causes = utilisation.gap_causes(gaps, tables, feeders)
-    timeline = utilisation.utilisation_timeline(tables.kernels, memops)
-    kind_share = memory.kind_share(tables.kernels, memops)
+    kind_share = memory.kind_share(totals["total_ns"], memops)
     host_memory = memory.host_memory(memops)
-    copies = cuda.with_api_calls(memops, tables.cuda_api)
-    launch = cuda.launch_overhead(tables.cuda_api)
+    copies = cuda.with_api_calls(memops, events)
+    api_summary = gpu.cuda_api_summary(events)
+    launch = cuda.launch_overhead(api_summary)
     runs = sched.on_cpu_intervals(tables.sched, tables.span_ns)
     cores = sched.core_summary(runs, tables.span_ns)
     sched_traced = "cpuctxsw" in tables.sources or not tables.sched.empty
-    projection = nvtx.gpu_time_by_range(tables.nvtx, tables.cuda_api, tables.kernels, labels)
+    progress(STEPS[3])
+    projection = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
+    progress(STEPS[4])
 
     result = Analysis(source_path=tables.source_path, span_ns=tables.span_ns, sources=sorted(tables.sources))
     result.tables = {
@@ -167,15 +184,15 @@ def analyze(tables: TraceTables) -> Analysis:
         "memops_by_size": memory.size_summary(memops),
         "memop_kinds": kind_share,
         "host_memory": host_memory,
-        "cuda_api": gpu.cuda_api_summary(tables.cuda_api),
+        "cuda_api": api_summary,
         "launch_overhead": launch,
-        "sync_calls": cuda.sync_calls(tables.cuda_api, tables.span_ns),
+        "sync_calls": cuda.sync_calls(events, tables.span_ns),
         "sync_activity": cuda.sync_activity(tables.sync),
         "gpu_busy": busy,
         "gpu_gaps": gaps,
         "gap_causes": causes,
         "gpu_timeline": timeline,
-        "step_gpu": utilisation.step_utilisation(steps, tables.kernels, memops),
+        "step_gpu": utilisation.step_utilisation(steps, busy_by_device),
         "bound_evidence": boundness.evidence_table(mix, busy_pct, metric_means) if verdict else pd.DataFrame(),
         "osrt": cpu.osrt_summary(tables.osrt),
         "nvtx": cpu.nvtx_summary(tables.nvtx),
@@ -185,26 +202,26 @@ def analyze(tables: TraceTables) -> Analysis:
         "threads": threads,
         "thread_osrt": cpu.thread_osrt(tables, threads),
         "thread_states": cpu.thread_states(threads, runs, tables.span_ns, sched_traced,
-                                           "cuda" in tables.sources or not tables.cuda_api.empty),
+                                           "cuda" in tables.sources or not api_summary.empty),
         "cpu_cores": cores,
         "cpu_timeline": sched.core_timeline(runs, tables.span_ns),
     }
     sets = copies[copies["copy_kind"] == memory.MEMSET_KIND]
     findings = (
-        _gpu_findings(tables, kernel_sum, busy)
+        _gpu_findings(tables, kernel_sum, totals["total_ns"], busy)
         + ([boundness.verdict_finding(verdict)] if verdict else [])
-        + rules.launch_bound(tables.kernels, launch, busy, timeline, gaps, steps)
+        + rules.launch_bound(totals, launch, busy, timeline, gaps, steps)
         + rules.idle_gaps(gaps, causes, busy)
         + rules.memory_bound_mix(families, mix, busy_pct)
         + rules.fp32_gemm(precision)
-        + rules.interconnect(kind_share, host_memory, memory.interconnect_share(tables.kernels, memops),
-                             int(tables.kernels["duration"].sum() + memops["duration"].sum()))
+        + rules.interconnect(kind_share, host_memory, memory.interconnect_share(totals["total_ns"], memops),
+                             int(totals["total_ns"] + memops["duration"].sum()))
         + rules.sync_memcpy(copies, tables.span_ns, labels, tables.nvtx)
         + rules.pageable_memcpy(copies, tables.span_ns, labels, tables.nvtx)
         + rules.sync_memset(sets, tables.span_ns, labels)
-        + rules.syncs_in_steps(tables.cuda_api, steps, labels, tables.nvtx)
+        + rules.syncs_in_steps(waits, steps, labels, tables.nvtx)
         + _step_findings(steps)
-        + rules.data_stall(steps, tables.nvtx, tables.osrt, tables.kernels, memops, labels)
+        + rules.data_stall(steps, tables.nvtx, tables.osrt, gpu.all_devices_busy(busy_by_device), labels)
         + rules.lock_waits(steps, tables.nvtx, tables.osrt, threads, labels)
         + _thread_findings(threads, tables.span_ns)
         + rules.cpu_scheduling(cores, sched_traced, Path(tables.source_path).suffix in NSYS_SUFFIXES)
@@ -215,14 +232,14 @@ def analyze(tables: TraceTables) -> Analysis:
         "capture_s": tables.span_ns / 1e9,
         "steps_captured": len(steps),
         "median_step_ms": float(steps["duration"].median()) / 1e6 if len(steps) else None,
-        "kernels": len(tables.kernels),
+        "kernels": totals["count"],
         "application_threads": len(threads),
         "osrt_calls": len(tables.osrt),
         "nvtx_ranges": len(tables.nvtx),
         "top_kernel": str(top.kernel) if top is not None else None,
         "top_kernel_pct": float(top.time_pct) if top is not None else None,
         "kernel_family_pct": {row.family: round(float(row.time_pct), 2) for row in families.itertuples()},
-        "tensor_core_pct": mix["tensor_core_pct"] if len(tables.kernels) else None,
+        "tensor_core_pct": mix["tensor_core_pct"] if totals["count"] else None,
         "memop_gpu_time_pct": float(kind_share["gpu_time_pct"].sum()) if len(kind_share) else None,
         "gpu_busy_pct": busy_pct,
         "gpu_idle_gaps": len(gaps),

@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import intervals
 from sftprof.analysis.findings import Finding
-from sftprof.analysis.gpu import gpu_ops
+from sftprof.analysis.gpu import DeviceBusy
 from sftprof.analysis.kernels import COMPUTE_BOUND_FAMILIES, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.utilisation import LOW_UTILISATION_PCT
 
@@ -33,13 +32,13 @@ SM_ISSUE_METRIC = "sm issue"
 TENSOR_METRIC = "tensor active"
 
 
-def metric_means_while_busy(gpu_metrics: pd.DataFrame, kernels: pd.DataFrame, memops: pd.DataFrame) -> dict:
+def metric_means_while_busy(gpu_metrics: pd.DataFrame, busy: dict[int, DeviceBusy]) -> dict:
     """Mean of each metric (lower-cased name) over samples taken while its device was running work."""
     if gpu_metrics.empty:
         return {}
     frames = []
-    for device, ops in gpu_ops(kernels, memops).groupby("device_id"):
-        merged = intervals.union(ops)
+    for device, device_busy in busy.items():
+        merged = device_busy.merged
         samples = gpu_metrics[gpu_metrics["device_id"] == device]
         times = samples["timestamp"].to_numpy(dtype="int64")
         index = np.searchsorted(merged["start"].to_numpy(), times, side="right") - 1

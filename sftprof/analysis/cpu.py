@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
-from sftprof.analysis.cuda import host_wait_calls
 from sftprof.analysis.stats import duration_summary
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
@@ -36,18 +36,23 @@ def step_table(nvtx: pd.DataFrame) -> pd.DataFrame:
     columns = ["step", "start", "end", "duration", *(f"{phase}_ns" for phase in PHASES), "other_ns"]
     if steps.empty:
         return pd.DataFrame(columns=columns)
+    steps = steps.sort_values("start").reset_index(drop=True)
     phases = nvtx[nvtx["name"].isin(PHASES)]
-    rows = []
-    for step in steps.sort_values("start").itertuples():
-        inside = phases[(phases["global_tid"] == step.global_tid) & (phases["start"] >= step.start)
-                        & (phases["end"] <= step.end)]
-        per_phase = inside.groupby("name")["duration"].sum()
-        row = {"step": step.step, "start": step.start, "end": step.end, "duration": step.duration}
-        for phase in PHASES:
-            row[f"{phase}_ns"] = int(per_phase.get(phase, 0))
-        row["other_ns"] = step.duration - sum(row[f"{phase}_ns"] for phase in PHASES)
-        rows.append(row)
-    return pd.DataFrame(rows, columns=columns)
+    # Each phase range belongs to the step range, on its thread, that contains it (steps do not overlap).
+    phase_ns = pd.DataFrame(0, index=steps.index, columns=list(PHASES))
+    for tid, thread_steps in steps.groupby("global_tid"):
+        thread_phases = phases[phases["global_tid"] == tid]
+        step_starts = thread_steps["start"].to_numpy()
+        at = np.searchsorted(step_starts, thread_phases["start"].to_numpy(), side="right") - 1
+        inside = (at >= 0) & (thread_phases["end"].to_numpy() <= thread_steps["end"].to_numpy()[np.maximum(at, 0)])
+        owner = thread_steps.index.to_numpy()[at[inside]]
+        sums = thread_phases[inside].groupby([owner, thread_phases.loc[inside, "name"].to_numpy()])["duration"].sum()
+        phase_ns = phase_ns.add(sums.unstack(fill_value=0).reindex(columns=list(PHASES), fill_value=0), fill_value=0)
+    frame = steps[["step", "start", "end", "duration"]].copy()
+    for phase in PHASES:
+        frame[f"{phase}_ns"] = phase_ns[phase].astype("int64")
+    frame["other_ns"] = frame["duration"] - phase_ns.sum(axis=1)
+    return frame[columns]
 
 
 def phase_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
@@ -56,10 +61,11 @@ def phase_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
     return phases[["name", "start", "end", "duration", "tid"]].sort_values("start").reset_index(drop=True)
 
 
-def application_pids(tables) -> set[int]:
-    """Processes that emitted trace events (the profiled program), not nsys or the system."""
-    pids = set()
-    for frame in (tables.nvtx, tables.cuda_api, tables.osrt):
+def application_pids(tables, api_threads: pd.DataFrame) -> set[int]:
+    """Processes that emitted trace events (the profiled program), not nsys or the system.
+    `api_threads`: cuda.calls_by_thread."""
+    pids = set(api_threads["pid"].dropna().astype(int))
+    for frame in (tables.nvtx, tables.osrt):
         pids.update(int(pid) for pid in frame["pid"].unique())
     return pids
 
@@ -80,27 +86,28 @@ def _clipped_to_capture(calls: pd.DataFrame, span_ns: int) -> pd.Series:
     return (calls["end"].clip(upper=span_ns) - calls["start"].clip(lower=0)).clip(lower=0)
 
 
-def application_threads(tables) -> pd.DataFrame:
+def application_threads(tables, api_threads: pd.DataFrame) -> pd.DataFrame:
     """The profiled program's threads: named ones (ThreadNames) and those that only left events,
-    without nsys's own threads."""
-    pids = application_pids(tables)
+    without nsys's own threads. `api_threads`: cuda.calls_by_thread."""
+    pids = application_pids(tables, api_threads)
     named = tables.threads[tables.threads["pid"].isin(pids)][["global_tid", "pid", "tid", "thread_name"]]
     seen = pd.concat([frame[["global_tid", "pid", "tid"]]
-                      for frame in (tables.osrt, tables.cuda_api, tables.nvtx, tables.sched)])
+                      for frame in (tables.osrt, api_threads, tables.nvtx, tables.sched)])
     seen = seen[seen["pid"].isin(pids)]
     unnamed = seen[~seen["global_tid"].isin(named["global_tid"])].drop_duplicates("global_tid")
     threads = pd.concat([named, unnamed.assign(thread_name=UNNAMED_THREAD)], ignore_index=True)
     return threads[~threads["thread_name"].astype(str).str.match(PROFILER_THREAD)].reset_index(drop=True)
 
 
-def thread_summary(tables) -> pd.DataFrame:
+def thread_summary(tables, waits: pd.DataFrame, api_threads: pd.DataFrame) -> pd.DataFrame:
     """Per application thread: OS-runtime time inside the capture, the call it blocks in most,
-    CUDA API and NVTX activity, and the time it waited for the GPU in synchronizing CUDA calls."""
-    threads = application_threads(tables)
+    CUDA API and NVTX activity, and the time it waited for the GPU in synchronizing CUDA calls
+    (`waits`: cuda.host_wait_calls; `api_threads`: cuda.calls_by_thread)."""
+    threads = application_threads(tables, api_threads)
     osrt = tables.osrt.assign(in_capture=_clipped_to_capture(tables.osrt, tables.span_ns))
     osrt_by_tid = osrt.groupby("global_tid")
-    gpu_wait = host_wait_calls(tables.cuda_api).groupby("global_tid")["duration"].sum()
-    api_by_tid = tables.cuda_api.groupby("global_tid")["duration"].agg(["count", "sum"])
+    gpu_wait = waits.groupby("global_tid")["duration"].sum()
+    api_by_tid = api_threads.set_index("global_tid")[["calls", "total_ns"]].set_axis(["count", "sum"], axis=1)
     nvtx_by_tid = tables.nvtx.groupby("global_tid").size()
     rows = []
     for thread in threads.itertuples():

@@ -10,7 +10,8 @@ import re
 
 import pandas as pd
 
-from sftprof.analysis.stats import duration_summary
+from sftprof.analysis.stats import duration_summary, finish_summary
+from sftprof.trace.events import EventStore
 
 API_VERSION_SUFFIX = re.compile(r"_v\d+$")
 # Calls that put a kernel on a stream (runtime and driver API).
@@ -28,36 +29,68 @@ SYNC_MEMSET_CALL = re.compile(r"^cu(?:da)?Memset(?!.*Async)")
 ASYNC_MEMCPY_CALL = re.compile(r"^cu(?:da)?Memcpy.*Async")
 
 
-def base_names(cuda_api: pd.DataFrame) -> pd.Series:
-    """Call names without version suffix (worked out once per distinct name: traces repeat a few dozen)."""
-    names = cuda_api["name"].astype(str)
-    return names.map({name: API_VERSION_SUFFIX.sub("", name) for name in names.unique()})
+def base_name(name: str) -> str:
+    """A call name without its version suffix."""
+    return API_VERSION_SUFFIX.sub("", name)
 
 
-def _waits_for_gpu(name: str) -> bool:
-    return name in HOST_SYNC_CALLS or bool(SYNC_MEMCPY_CALL.search(name))
+def waits_for_gpu(name: str) -> bool:
+    return base_name(name) in HOST_SYNC_CALLS or bool(SYNC_MEMCPY_CALL.search(base_name(name)))
 
 
-def host_wait_calls(cuda_api: pd.DataFrame) -> pd.DataFrame:
+def name_ids(events: EventStore, keep) -> list[int]:
+    """Ids of the call names (a few dozen, whatever the trace size) for which `keep(name)` holds."""
+    names = events.query("SELECT id, name FROM api_names WHERE id IN (SELECT DISTINCT name_id FROM cuda_api)")
+    return [int(i) for i, name in zip(names["id"], names["name"]) if keep(str(name))]
+
+
+CALL_COLUMNS = 'a.start, a."end", a.duration, n.name, a.global_tid, a.pid, a.tid, a.correlation_id'
+
+
+def calls_named(events: EventStore, keep) -> pd.DataFrame:
+    """The calls whose name satisfies `keep`, in tables.py's cuda_api columns, by start."""
+    ids = name_ids(events, keep) or [-1]
+    return events.query(f"""SELECT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id
+                            WHERE a.name_id IN ({", ".join(map(str, ids))}) ORDER BY a.start""")
+
+
+def calls_during(events: EventStore, windows: pd.DataFrame, threads) -> pd.DataFrame:
+    """The calls of `threads` (global_tids) that overlap any [start, end) of `windows`."""
+    if windows.empty or not len(threads):
+        return events.query(f"SELECT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id LIMIT 0")
+    return events.query(f"""
+        SELECT DISTINCT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id
+        JOIN windows w ON a.start < w."end" AND a."end" > w.start
+        WHERE a.global_tid IN ({", ".join(str(int(t)) for t in threads)})
+        ORDER BY a.start""", windows=windows[["start", "end"]].astype("int64"))
+
+
+def calls_by_thread(events: EventStore) -> pd.DataFrame:
+    """Per calling thread (global_tid, pid, tid): how many CUDA API calls, and their time."""
+    return events.query("""SELECT global_tid, any_value(pid) AS pid, any_value(tid) AS tid, count(*) AS calls,
+                                  sum(duration)::BIGINT AS total_ns FROM cuda_api GROUP BY global_tid""")
+
+
+def host_wait_calls(events: EventStore) -> pd.DataFrame:
     """The API calls in which the calling thread waits for the GPU: explicit synchronization and
     synchronous memcpy."""
-    names = base_names(cuda_api)
-    return cuda_api[names.map({name: _waits_for_gpu(name) for name in names.unique()}).astype(bool)]
+    return calls_named(events, waits_for_gpu)
 
 
-def launch_overhead(cuda_api: pd.DataFrame) -> pd.DataFrame:
-    """Host time per kernel launch call: the CPU cost of putting one kernel on a stream."""
-    return duration_summary(cuda_api[base_names(cuda_api).isin(LAUNCH_CALLS)], ["name"])
+def launch_overhead(api_summary: pd.DataFrame) -> pd.DataFrame:
+    """Host time per kernel launch call: the CPU cost of putting one kernel on a stream.
+    `api_summary`: gpu.cuda_api_summary (the same statistics, over the launch calls only)."""
+    launches = api_summary[api_summary["name"].map(lambda name: base_name(str(name)) in LAUNCH_CALLS).astype(bool)]
+    return finish_summary(launches.drop(columns=["time_pct", "avg_ns"]), ["name"])
 
 
-def sync_calls(cuda_api: pd.DataFrame, span_ns: int) -> pd.DataFrame:
+def sync_calls(events: EventStore, span_ns: int) -> pd.DataFrame:
     """Synchronization calls: how often, and how long the calling threads were blocked in them."""
     columns = ["name", "calls", "total_ns", "avg_ns", "max_ns", "capture_pct", "blocks_host"]
-    names = base_names(cuda_api)
-    calls = cuda_api.assign(base=names)[names.isin(STREAM_WAIT_CALLS)
-                                        | names.map({name: _waits_for_gpu(name) for name in names.unique()}).astype(bool)]
+    calls = calls_named(events, lambda name: base_name(name) in STREAM_WAIT_CALLS or waits_for_gpu(name))
     if calls.empty:
         return pd.DataFrame(columns=columns)
+    calls["base"] = calls["name"].map(base_name)
     frame = calls.groupby("base")["duration"].agg(calls="count", total_ns="sum", avg_ns="mean", max_ns="max")
     frame = frame.reset_index().rename(columns={"base": "name"})
     frame["capture_pct"] = 100.0 * frame["total_ns"] / span_ns if span_ns else float("nan")
@@ -70,13 +103,19 @@ def sync_activity(sync: pd.DataFrame) -> pd.DataFrame:
     return duration_summary(sync, ["sync_type"])
 
 
-def with_api_calls(ops: pd.DataFrame, cuda_api: pd.DataFrame) -> pd.DataFrame:
-    """GPU operations with the API call that issued them (`api` name, `api_start`, `api_end`,
-    `api_duration`, `global_tid`): correlation ids are unique only within a process, so the join
-    is on (pid, correlation_id), as nsys's own scripts do."""
-    calls = cuda_api.assign(api=base_names(cuda_api))[
-        ["pid", "correlation_id", "api", "start", "end", "duration", "global_tid"]].rename(
-        columns={"start": "api_start", "end": "api_end", "duration": "api_duration"})
-    calls = calls.dropna(subset=["pid", "correlation_id"]).astype({"pid": "int64", "correlation_id": "int64"})
+def with_api_calls(ops: pd.DataFrame, events: EventStore) -> pd.DataFrame:
+    """GPU operations (memory operations: a few per step) with the API call that issued them (`api`
+    name, `api_start`, `api_end`, `api_duration`, `global_tid`): correlation ids are unique only
+    within a process, so the join is on (pid, correlation_id), as nsys's own scripts do."""
     keyed = ops.dropna(subset=["pid", "correlation_id"]).astype({"pid": "int64", "correlation_id": "int64"})
-    return keyed.merge(calls, on=["pid", "correlation_id"], how="inner")
+    joined = events.query("""
+        SELECT a.start AS api_start, a."end" AS api_end, a.duration AS api_duration, a.global_tid,
+               n.name AS api, o.row
+        FROM ops o JOIN cuda_api a ON a.pid = o.pid AND a.correlation_id = o.correlation_id
+        JOIN api_names n ON n.id = a.name_id""",
+                          ops=pd.DataFrame({"row": range(len(keyed)), "pid": keyed["pid"].to_numpy(),
+                                            "correlation_id": keyed["correlation_id"].to_numpy()}))
+    joined = joined.sort_values("row", kind="stable").reset_index(drop=True)
+    joined["api"] = joined["api"].map(base_name)
+    matched = keyed.reset_index(drop=True).iloc[joined["row"].to_numpy()].reset_index(drop=True)
+    return pd.concat([matched, joined.drop(columns="row")], axis=1)

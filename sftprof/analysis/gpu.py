@@ -2,18 +2,46 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pandas as pd
 
 from sftprof.analysis import intervals
-from sftprof.analysis.stats import duration_summary
+from sftprof.analysis.stats import SQL_AGGREGATES, duration_summary, finish_summary
+from sftprof.trace.events import EventStore, launch_shape
 
-KERNEL_NAME_COLUMNS = {"demangled": "name", "short": "short_name", "mangled": "mangled_name"}
+KERNEL_NAME_IDS = {"demangled": "name_id", "short": "short_name_id", "mangled": "mangled_name_id"}
+# Kernels shorter than this take less time on the GPU than their launch takes on the CPU
+# (cudaLaunchKernel costs ~5-10 µs): many of them in a row leave the GPU waiting for launches.
+TINY_KERNEL_NS = 10_000
 
 
-def kernel_summary(kernels: pd.DataFrame, names: str = "demangled", by_launch_shape: bool = True) -> pd.DataFrame:
+def kernel_summary(events: EventStore, names: str = "demangled", by_launch_shape: bool = True) -> pd.DataFrame:
     """Kernel time by name, as `nsys stats -r gpukernsum` (2022.4 groups by name, grid and block)."""
-    rows = kernels.assign(kernel=kernels[KERNEL_NAME_COLUMNS[names]].fillna(kernels["name"]))
-    return duration_summary(rows, ["grid", "block", "kernel"] if by_launch_shape else ["kernel"])
+    shape = "grid_x, grid_y, grid_z, block_x, block_y, block_z, " if by_launch_shape else ""
+    summary = events.query(f"""
+        SELECT {shape} coalesce(k.{KERNEL_NAME_IDS[names]}, k.name_id) AS kernel_id, {SQL_AGGREGATES}
+        FROM kernels k GROUP BY ALL""")
+    names_by_id = events.query("SELECT id, name FROM kernel_names").set_index("id")["name"]
+    summary["kernel"] = summary["kernel_id"].map(names_by_id)
+    keys = ["kernel"]
+    if by_launch_shape:
+        for prefix in ("grid", "block"):
+            axes = [summary[f"{prefix}_{axis}"] for axis in "xyz"]
+            summary[prefix] = [launch_shape(x, y, z) for x, y, z in zip(*axes)]
+        keys = ["grid", "block", "kernel"]
+    return finish_summary(summary, keys)
+
+
+def kernel_totals(events: EventStore) -> dict:
+    """All kernels together: count, time, median duration, and how many are tiny (TINY_KERNEL_NS)."""
+    row = events.query(f"""
+        SELECT count(*) AS count, coalesce(sum(duration), 0)::BIGINT AS total_ns, median(duration) AS median_ns,
+               count(*) FILTER (WHERE duration < {TINY_KERNEL_NS}) AS tiny
+        FROM kernels""").iloc[0]
+    return {"count": int(row["count"]), "total_ns": int(row["total_ns"]), "tiny": int(row["tiny"]),
+            "median_ns": float(row["median_ns"]) if row["count"] else None}
 
 
 def memop_summary(memops: pd.DataFrame) -> pd.DataFrame:
@@ -21,27 +49,63 @@ def memop_summary(memops: pd.DataFrame) -> pd.DataFrame:
     return duration_summary(memops, ["operation"])
 
 
-def cuda_api_summary(cuda_api: pd.DataFrame) -> pd.DataFrame:
+def cuda_api_summary(events: EventStore) -> pd.DataFrame:
     """CUDA API time by call, as `nsys stats -r cudaapisum`."""
-    return duration_summary(cuda_api, ["name"])
+    return finish_summary(events.query(f"""
+        SELECT n.name, s.* EXCLUDE (name_id)
+        FROM (SELECT name_id, {SQL_AGGREGATES} FROM cuda_api GROUP BY name_id) s
+        JOIN api_names n ON n.id = s.name_id"""), ["name"])
 
 
-def gpu_ops(kernels: pd.DataFrame, memops: pd.DataFrame) -> pd.DataFrame:
-    """Every kernel and memory operation as (device_id, start, end): what keeps a GPU busy.
-    Rows with start <= 0 are dropped, as nsys's utilisation rules do."""
-    ops = pd.concat([kernels[["device_id", "start", "end"]], memops[["device_id", "start", "end"]]],
-                    ignore_index=True)
-    ops = ops[ops["start"] > 0]
-    return ops.astype({"start": "int64", "end": "int64"})
+@dataclass
+class DeviceBusy:
+    """When one GPU was running anything: `merged` is the union of its kernels and memory operations
+    (sorted, disjoint start/end rows), from its `first` operation's start to its `last` one's end."""
+
+    merged: pd.DataFrame
+    first: int
+    last: int
 
 
-def gpu_busy(kernels: pd.DataFrame, memops: pd.DataFrame) -> pd.DataFrame:
+def busy_by_device(events: EventStore, memops: pd.DataFrame) -> dict[int, DeviceBusy]:
+    """Per device, the union of every kernel and memory operation. Rows with start <= 0 are dropped,
+    as nsys's utilisation rules do. Kernels are sorted in DuckDB and merged a chunk at a time, so
+    memory holds the merged intervals, not every kernel."""
+    ops = memops.loc[memops["start"] > 0, ["device_id", "start", "end"]].astype("int64")
+    chunks = events.chunks("""
+        SELECT device_id::BIGINT AS device_id, start, "end" FROM kernels WHERE start > 0
+        UNION ALL SELECT device_id, start, "end" FROM ops
+        ORDER BY device_id, start""", ops=ops)
+    merged: dict[int, intervals.RunningUnion] = {}
+    first: dict[int, int] = {}
+    for chunk in chunks:
+        devices = chunk["device_id"].to_numpy()
+        edges = np.flatnonzero(np.diff(devices)) + 1
+        for lo, hi in zip(np.r_[0, edges], np.r_[edges, len(devices)]):
+            device = int(devices[lo])
+            first.setdefault(device, int(chunk["start"].iat[lo]))
+            merged.setdefault(device, intervals.RunningUnion()).add(chunk["start"].to_numpy()[lo:hi],
+                                                                    chunk["end"].to_numpy()[lo:hi])
+    busy = {}
+    for device, union in merged.items():
+        frame = union.result()
+        busy[device] = DeviceBusy(frame, first[device], int(frame["end"].iat[-1]))
+    return busy
+
+
+def all_devices_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
+    """When any GPU was running anything (union over devices)."""
+    if not busy:
+        return intervals.union(pd.DataFrame({"start": [], "end": []}))
+    return intervals.union(pd.concat([b.merged for b in busy.values()], ignore_index=True))
+
+
+def gpu_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
     """Per device: span from first to last GPU op, busy time (union over streams), busy %."""
     rows = []
-    for device, device_ops in gpu_ops(kernels, memops).groupby("device_id"):
-        merged = intervals.union(device_ops)
-        span = int(device_ops["end"].max() - device_ops["start"].min())
-        busy = int((merged["end"] - merged["start"]).sum())
-        rows.append({"device_id": device, "span_ns": span, "busy_ns": busy,
-                     "busy_pct": 100.0 * busy / span if span else 0.0})
+    for device, b in busy.items():
+        span = b.last - b.first
+        busy_ns = int((b.merged["end"] - b.merged["start"]).sum())
+        rows.append({"device_id": device, "span_ns": span, "busy_ns": busy_ns,
+                     "busy_pct": 100.0 * busy_ns / span if span else 0.0})
     return pd.DataFrame(rows, columns=["device_id", "span_ns", "busy_ns", "busy_pct"])

@@ -13,15 +13,43 @@ import pandas as pd
 def union(intervals: pd.DataFrame) -> pd.DataFrame:
     """The union of intervals as sorted, disjoint [start, end) rows."""
     if intervals.empty:
-        return pd.DataFrame({"start": pd.Series(dtype="int64"), "end": pd.Series(dtype="int64")})
-    ordered = intervals.sort_values("start", kind="stable")
-    starts = ordered["start"].to_numpy(dtype="int64")
-    ends = ordered["end"].to_numpy(dtype="int64")
-    running_end = np.maximum.accumulate(ends)
-    new_block = np.concatenate([[True], starts[1:] > running_end[:-1]])
-    block = np.cumsum(new_block) - 1
-    merged = pd.DataFrame({"start": starts, "end": running_end, "block": block})
-    return merged.groupby("block").agg(start=("start", "min"), end=("end", "max")).reset_index(drop=True)
+        return RunningUnion().result()
+    starts = intervals["start"].to_numpy(dtype="int64")
+    order = np.argsort(starts, kind="stable")
+    merged = RunningUnion()
+    merged.add(starts[order], intervals["end"].to_numpy(dtype="int64")[order])
+    return merged.result()
+
+
+class RunningUnion:
+    """The union of intervals that arrive in start order, a batch at a time: memory holds the
+    merged intervals (and one batch), so tens of millions of kernels can stream through."""
+
+    def __init__(self):
+        self._starts, self._ends = [], []  # merged, final
+        self._open = None  # the last merged interval: the next batch may extend it
+
+    def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        if len(starts) == 0:
+            return
+        starts, ends = starts.astype("int64", copy=False), ends.astype("int64", copy=False)
+        if self._open is not None:
+            starts, ends = np.r_[self._open[0], starts], np.r_[self._open[1], ends]
+        running_end = np.maximum.accumulate(ends)
+        first = np.flatnonzero(np.r_[True, starts[1:] > running_end[:-1]])
+        last = np.r_[first[1:] - 1, len(starts) - 1]
+        merged_starts, merged_ends = starts[first], running_end[last]
+        self._starts.append(merged_starts[:-1])
+        self._ends.append(merged_ends[:-1])
+        self._open = (merged_starts[-1], merged_ends[-1])
+
+    def result(self) -> pd.DataFrame:
+        """Sorted, disjoint start/end rows (columns share the arrays: no copy)."""
+        if self._open is None:
+            return pd.DataFrame({"start": pd.Series(dtype="int64"), "end": pd.Series(dtype="int64")})
+        starts = np.concatenate([*self._starts, [self._open[0]]]).astype("int64", copy=False)
+        ends = np.concatenate([*self._ends, [self._open[1]]]).astype("int64", copy=False)
+        return pd.DataFrame({"start": starts, "end": ends}, copy=False)
 
 
 def covered_ns(merged: pd.DataFrame, starts, ends) -> np.ndarray:
@@ -47,8 +75,8 @@ def gaps(merged: pd.DataFrame, min_ns: int = 0) -> pd.DataFrame:
     """The holes between disjoint sorted intervals longer than `min_ns`, longest first."""
     starts = merged["end"].to_numpy(dtype="int64")[:-1]
     ends = merged["start"].to_numpy(dtype="int64")[1:]
-    holes = pd.DataFrame({"start": starts, "end": ends, "duration": ends - starts})
-    holes = holes[holes["duration"] > min_ns]
+    longer = np.flatnonzero(ends - starts > min_ns)
+    holes = pd.DataFrame({"start": starts[longer], "end": ends[longer], "duration": ends[longer] - starts[longer]})
     return holes.sort_values(["duration", "start"], ascending=[False, True]).reset_index(drop=True)
 
 

@@ -12,6 +12,8 @@ import re
 
 import pandas as pd
 
+from sftprof.trace.events import EventStore
+
 # Family -> name markers; the first family that matches wins, so the order matters
 # (cuBLAS's `splitKreduce_kernel` is part of a GEMM, not a reduction).
 KERNEL_FAMILIES = (
@@ -50,6 +52,16 @@ UNKNOWN_PRECISION = "not in the name"
 HALF_PRECISIONS = ("fp8", "bf16", "fp16")
 
 
+def name_totals(events: EventStore) -> pd.DataFrame:
+    """Kernel time (`duration`, summed) and `instances` per distinct name: everything that
+    classifying kernels by name needs, a few dozen rows whatever the trace size."""
+    return events.query("""
+        SELECT n.name, s.name AS short_name, t.instances, t.duration
+        FROM (SELECT name_id, short_name_id, count(*) AS instances, sum(duration)::BIGINT AS duration
+              FROM kernels GROUP BY ALL) t
+        LEFT JOIN kernel_names n ON n.id = t.name_id LEFT JOIN kernel_names s ON s.id = t.short_name_id""")
+
+
 def _by_distinct_name(names: pd.Series, classify) -> pd.Series:
     """Apply `classify` (name -> label) once per distinct name: thousands of kernels share a few dozen
     long demangled names."""
@@ -76,7 +88,8 @@ def on_tensor_cores(kernels: pd.DataFrame) -> pd.Series:
 
 
 def family_summary(kernels: pd.DataFrame) -> pd.DataFrame:
-    """Kernel time per family: share of all kernel time, instances, and the family's top kernel."""
+    """Kernel time per family: share of all kernel time, instances, and the family's top kernel.
+    `kernels`: name_totals rows."""
     columns = ["family", "time_pct", "total_ns", "instances", "tensor_core_pct", "bound", "top_kernel"]
     if kernels.empty:
         return pd.DataFrame(columns=columns)
@@ -88,7 +101,7 @@ def family_summary(kernels: pd.DataFrame) -> pd.DataFrame:
         by_kernel = members.groupby("kernel")["duration"].sum().sort_values(ascending=False)
         family_ns = int(members["duration"].sum())
         out.append({"family": family, "time_pct": 100.0 * family_ns / total if total else 0.0,
-                    "total_ns": family_ns, "instances": len(members),
+                    "total_ns": family_ns, "instances": int(members["instances"].sum()),
                     "tensor_core_pct": 100.0 * members.loc[members["tensor_core"], "duration"].sum() / family_ns
                     if family_ns else 0.0,
                     "bound": "compute" if family in COMPUTE_BOUND_FAMILIES else
@@ -99,7 +112,7 @@ def family_summary(kernels: pd.DataFrame) -> pd.DataFrame:
 
 
 def gemm_precision(kernels: pd.DataFrame) -> pd.DataFrame:
-    """GEMM time by input precision, as far as kernel names tell it."""
+    """GEMM time by input precision, as far as kernel names tell it. `kernels`: name_totals rows."""
     columns = ["precision", "time_pct", "total_ns", "instances", "top_kernel"]
     gemms = kernels[kernel_families(kernels) == "GEMM"]
     if gemms.empty:
@@ -110,7 +123,7 @@ def gemm_precision(kernels: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for precision, members in gemms.groupby("precision"):
         rows.append({"precision": precision, "time_pct": 100.0 * members["duration"].sum() / total,
-                     "total_ns": int(members["duration"].sum()), "instances": len(members),
+                     "total_ns": int(members["duration"].sum()), "instances": int(members["instances"].sum()),
                      "top_kernel": members.groupby("kernel")["duration"].sum().idxmax()})
     return pd.DataFrame(rows, columns=columns).sort_values("total_ns", ascending=False).reset_index(drop=True)
 

@@ -25,14 +25,19 @@ _KIND_IN_OPERATION = re.compile(r"memcpy (\w+)")
 def copy_kinds(memops: pd.DataFrame) -> pd.Series:
     """Each operation's copy kind ("HtoD"..., "memset"); read from the operation name where a
     loader did not give `copy_kind` (a Kineto trace names operations the nsys 2022.4 way)."""
-    from_name = memops["operation"].astype(str).map(
-        lambda op: MEMSET_KIND if "memset" in op else (m.group(1) if (m := _KIND_IN_OPERATION.search(op)) else "Unknown"))
+    operations = memops["operation"].astype(str)
+    from_name = operations.map({op: MEMSET_KIND if "memset" in op else
+                                (m.group(1) if (m := _KIND_IN_OPERATION.search(op)) else "Unknown")
+                                for op in operations.unique()})
     return memops["copy_kind"].astype("object").fillna(from_name) if "copy_kind" in memops else from_name
 
 
 def _host_side(kinds: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Which copies read host memory (HtoD, HtoA, HtoH) and which write it (DtoH, AtoH)."""
-    return kinds.str.startswith("H") | kinds.str.startswith("UVM H"), kinds.str.endswith("toH")
+    distinct = kinds.unique()
+    reads = {kind: str(kind).startswith(("H", "UVM H")) for kind in distinct}
+    writes = {kind: str(kind).endswith("toH") for kind in distinct}
+    return kinds.map(reads).astype(bool), kinds.map(writes).astype(bool)
 
 
 def host_memory_kinds(memops: pd.DataFrame) -> pd.Series:
@@ -56,12 +61,12 @@ def size_summary(memops: pd.DataFrame) -> pd.DataFrame:
     return summary[columns].reset_index(drop=True)
 
 
-def kind_share(kernels: pd.DataFrame, memops: pd.DataFrame) -> pd.DataFrame:
-    """Per copy kind: time, its share of all GPU time (kernels + memory ops), bytes and bandwidth."""
+def kind_share(kernel_ns: int, memops: pd.DataFrame) -> pd.DataFrame:
+    """Per copy kind: time, its share of all GPU time (`kernel_ns` + memory ops), bytes and bandwidth."""
     columns = ["copy_kind", "instances", "total_ns", "gpu_time_pct", "bytes", "gb_per_s"]
     if memops.empty:
         return pd.DataFrame(columns=columns)
-    gpu_ns = kernels["duration"].sum() + memops["duration"].sum()
+    gpu_ns = kernel_ns + memops["duration"].sum()
     grouped = memops.assign(copy_kind=copy_kinds(memops)).groupby("copy_kind")
     frame = grouped.agg(instances=("duration", "count"), total_ns=("duration", "sum"), bytes=("bytes", "sum"))
     frame = frame.reset_index().astype({"total_ns": "int64", "bytes": "int64"})
@@ -85,9 +90,9 @@ def host_memory(memops: pd.DataFrame) -> pd.DataFrame:
     return frame[columns].sort_values(["copy_kind", "host_memory"]).reset_index(drop=True)
 
 
-def interconnect_share(kernels: pd.DataFrame, memops: pd.DataFrame) -> dict:
-    """Host<->device and peer copies: time, bytes, and share of all GPU time (%)."""
-    gpu_ns = int(kernels["duration"].sum() + memops["duration"].sum())
+def interconnect_share(kernel_ns: int, memops: pd.DataFrame) -> dict:
+    """Host<->device and peer copies: time, bytes, and share of all GPU time (`kernel_ns` + memory ops, %)."""
+    gpu_ns = int(kernel_ns + memops["duration"].sum())
     crossing = memops[copy_kinds(memops).isin(INTERCONNECT_KINDS)]
     ns = int(crossing["duration"].sum())
     return {"ns": ns, "bytes": int(crossing["bytes"].sum()), "count": len(crossing),

@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis.cuda import with_api_calls
+from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
+JOIN_SLICES = 8
 
 
 def _outside(thread: str) -> str:
@@ -24,7 +25,7 @@ def _outside(thread: str) -> str:
 def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Every (call, range) pair where the range, on the call's thread, contains the call.
     `call` and `range` are index labels of `calls` and `nvtx`."""
-    pairs = []
+    call_labels, range_labels = [], []
     by_thread = dict(tuple(calls.groupby("global_tid")))
     for tid, ranges in nvtx.groupby("global_tid"):
         if tid not in by_thread:
@@ -32,13 +33,16 @@ def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         thread_calls = by_thread[tid].sort_values("start")
         starts, ends = thread_calls["start"].to_numpy(), thread_calls["end"].to_numpy()
         labels = thread_calls.index.to_numpy()
-        for range_label, start, end in zip(ranges.index, ranges["start"], ranges["end"]):
-            lo, hi = np.searchsorted(starts, start, side="left"), np.searchsorted(starts, end, side="right")
+        los = np.searchsorted(starts, ranges["start"].to_numpy(), side="left")
+        his = np.searchsorted(starts, ranges["end"].to_numpy(), side="right")
+        for range_label, lo, hi, end in zip(ranges.index, los, his, ranges["end"].to_numpy()):
             inside = labels[lo:hi][ends[lo:hi] <= end]
-            pairs.append(pd.DataFrame({"call": inside, "range": range_label}))
-    if not pairs:
+            call_labels.append(inside)
+            range_labels.append(np.full(len(inside), range_label, dtype=object))
+    if not call_labels:
         return pd.DataFrame({"call": pd.Series(dtype=calls.index.dtype), "range": pd.Series(dtype=nvtx.index.dtype)})
-    return pd.concat(pairs, ignore_index=True)
+    return pd.DataFrame({"call": np.concatenate(call_labels),
+                         "range": pd.array(np.concatenate(range_labels), dtype=nvtx.index.dtype)})
 
 
 def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
@@ -51,28 +55,87 @@ def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     return pairs.drop_duplicates("call").set_index("call")["range"]
 
 
-def gpu_time_by_range(nvtx: pd.DataFrame, cuda_api: pd.DataFrame, kernels: pd.DataFrame,
-                      thread_labels: dict) -> pd.DataFrame:
+def _segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
+    """Each thread's timeline cut at every start and end of its ranges. Within one segment the same
+    ranges are open, so a call that lies strictly inside a segment is inside exactly the ranges that
+    contain the segment. Returns (segments: global_tid, segment, seg_start, seg_end; segment -> names
+    of its open ranges, innermost first)."""
+    rows, open_ranges = [], {}
+    for tid, ranges in nvtx.groupby("global_tid"):
+        start_of, end_of, name_of = ranges["start"].to_dict(), ranges["end"].to_dict(), ranges["name"].to_dict()
+        bounds = np.unique(np.r_[ranges["start"].to_numpy(), ranges["end"].to_numpy()]).astype("int64")
+        by_start = ranges.groupby("start").groups
+        active: set = set()
+        for seg_start, seg_end in zip(bounds, np.r_[bounds[1:], np.iinfo("int64").max]):
+            active = {label for label in active.union(by_start.get(seg_start, [])) if end_of[label] > seg_start}
+            segment = len(rows)
+            rows.append((tid, segment, seg_start, seg_end))
+            # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges)
+            innermost_first = sorted(active, key=lambda label: (-start_of[label], end_of[label]))
+            open_ranges[segment] = [name_of[label] for label in innermost_first]
+    frame = pd.DataFrame(rows, columns=["global_tid", "segment", "seg_start", "seg_end"])
+    return frame.astype("int64"), open_ranges
+
+
+def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dict) -> pd.DataFrame:
     """Kernel time per NVTX range name. Kernels launched outside every range are listed per thread,
-    so that backward kernels launched by an unannotated autograd thread show up as such."""
+    so that backward kernels launched by an unannotated autograd thread show up as such.
+
+    Kernels are joined to their launches and to the range segments in DuckDB, so only one row per
+    (thread, segment) comes back; calls that touch a segment's edge are placed exactly, one by one."""
     columns = ["range", "kernels", "gpu_ns", "gpu_pct", "inclusive_kernels", "inclusive_gpu_ns"]
-    if kernels.empty:
+    totals = events.query("SELECT count(*) AS n, coalesce(sum(duration), 0)::BIGINT AS ns FROM kernels").iloc[0]
+    if not totals["n"]:
         return pd.DataFrame(columns=columns)
-    launched = with_api_calls(kernels[["pid", "correlation_id", "duration"]], cuda_api)
-    calls = launched.rename(columns={"api_start": "start", "api_end": "end"})
-    innermost = innermost_ranges(nvtx, calls)
-    outside = calls["global_tid"].map(lambda tid: _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}")))
-    calls["range"] = nvtx["name"].reindex(innermost.reindex(calls.index).to_numpy()).to_numpy()
-    calls["range"] = calls["range"].fillna(outside)
-    exclusive = calls.groupby("range")["duration"].agg(kernels="count", gpu_ns="sum")
-    untraced = len(kernels) - len(launched)
-    if untraced:
-        exclusive.loc[NOT_TRACED] = [untraced, int(kernels["duration"].sum() - launched["duration"].sum())]
-    pairs = enclosing_ranges(nvtx, calls)
-    inclusive = pd.DataFrame({"range": nvtx.loc[pairs["range"], "name"].to_numpy(),
-                              "duration": calls.loc[pairs["call"], "duration"].to_numpy()})
-    inclusive = inclusive.groupby("range")["duration"].agg(inclusive_kernels="count", inclusive_gpu_ns="sum")
+    segments, open_ranges = _segments(nvtx)
+    # One row per (thread, segment) for calls strictly inside a segment; one per distinct call span
+    # for the few that touch a segment's edge.
+    inside = 's.segment IS NULL OR (l.start > s.seg_start AND l."end" < s.seg_end)'
+    # In slices of correlation ids (they grow with time, so DuckDB skips the row groups of other
+    # slices): each slice's join fits in memory instead of spilling to disk.
+    low, high = events.query("SELECT min(correlation_id) AS lo, max(correlation_id) AS hi FROM kernels").iloc[0]
+    slices = [] if pd.isna(low) else range(int(low), int(high) + 1, int((high - low) // JOIN_SLICES) + 1)
+    step = slices.step if slices else 1
+    groups = pd.concat([pd.DataFrame(columns=["global_tid", "segment", "start", "end", "kernels", "gpu_ns"])] + [
+        events.query(f"""
+        WITH launched AS (
+            SELECT a.global_tid, a.start, a."end", k.duration
+            FROM (SELECT * FROM kernels WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) k
+            JOIN (SELECT * FROM cuda_api WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) a
+              ON a.pid = k.pid AND a.correlation_id = k.correlation_id)
+        SELECT l.global_tid, s.segment, CASE WHEN {inside} THEN NULL ELSE l.start END AS start,
+               CASE WHEN {inside} THEN NULL ELSE l."end" END AS "end",
+               count(*) AS kernels, sum(l.duration)::BIGINT AS gpu_ns
+        FROM launched l ASOF LEFT JOIN segments s ON l.global_tid = s.global_tid AND l.start >= s.seg_start
+        GROUP BY ALL""", segments=segments) for lo in slices])
+    keys = ["global_tid", "segment", "start", "end"]
+    groups = groups.groupby(keys, dropna=False, sort=False)[["kernels", "gpu_ns"]].sum().reset_index()
+    on_edges = groups["start"].notna()
+
+    def outside(tid) -> str:
+        return _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}"))
+
+    exclusive, inclusive = [], []
+    for tid, segment, kernels, gpu_ns in groups.loc[~on_edges, ["global_tid", "segment", "kernels", "gpu_ns"]].itertuples(
+            index=False):
+        names = open_ranges[segment] if pd.notna(segment) else []
+        exclusive.append((names[0] if names else outside(tid), kernels, gpu_ns))
+        inclusive += [(name, kernels, gpu_ns) for name in names]
+    calls = groups[on_edges].astype({"start": "int64", "end": "int64"})
+    if len(calls):
+        innermost = innermost_ranges(nvtx, calls)
+        for label, call in calls.iterrows():
+            name = nvtx.at[innermost[label], "name"] if label in innermost.index else outside(call["global_tid"])
+            exclusive.append((name, call["kernels"], call["gpu_ns"]))
+        pairs = enclosing_ranges(nvtx, calls)
+        inclusive += [(nvtx.at[r, "name"], calls.at[c, "kernels"], calls.at[c, "gpu_ns"])
+                      for c, r in zip(pairs["call"], pairs["range"])]
+    exclusive = pd.DataFrame(exclusive, columns=["range", "kernels", "gpu_ns"]).groupby("range").sum()
+    launched_n, launched_ns = int(exclusive["kernels"].sum()), int(exclusive["gpu_ns"].sum())
+    if totals["n"] > launched_n:
+        exclusive.loc[NOT_TRACED] = [int(totals["n"]) - launched_n, int(totals["ns"]) - launched_ns]
+    inclusive = pd.DataFrame(inclusive, columns=["range", "inclusive_kernels", "inclusive_gpu_ns"]).groupby("range").sum()
     frame = exclusive.join(inclusive, how="outer").fillna(0).astype("int64").reset_index()
     frame = frame.rename(columns={"index": "range"})
-    frame["gpu_pct"] = 100.0 * frame["gpu_ns"] / kernels["duration"].sum()
+    frame["gpu_pct"] = 100.0 * frame["gpu_ns"] / totals["ns"] if totals["ns"] else 0.0
     return frame[columns].sort_values(["gpu_ns", "inclusive_gpu_ns"], ascending=False).reset_index(drop=True)

@@ -14,14 +14,14 @@ import pandas as pd
 from sftprof.analysis import intervals
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT
 from sftprof.analysis.cpu import PHASES
-from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, host_wait_calls
+from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL
 from sftprof.analysis.findings import Finding
-from sftprof.analysis.gpu import gpu_ops
+from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_LIMIT_PCT, MEGABYTE, PAGEABLE
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
-from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE, TINY_KERNEL_NS
+from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
 
 WARNING_SHARE_PCT = 5.0
 # nsys's cuda_memcpy_sync rule skips HtoD copies up to this size: the driver returns before they finish.
@@ -158,9 +158,9 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return np.where(inside, steps["step"].to_numpy()[np.maximum(index, 0)], -1)
 
 
-def syncs_in_steps(cuda_api: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
-    """CUDA calls that make the CPU wait for the GPU, inside the `step N` ranges, per step."""
-    waits = host_wait_calls(cuda_api)
+def syncs_in_steps(waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
+    """CUDA calls that make the CPU wait for the GPU (`waits`: cuda.host_wait_calls), inside the
+    `step N` ranges, per step."""
     if steps.empty or waits.empty:
         return []
     steps = steps.sort_values("start")
@@ -217,18 +217,19 @@ def idle_gaps(gaps: pd.DataFrame, causes: pd.DataFrame, busy: pd.DataFrame) -> l
         advice)]
 
 
-def launch_bound(kernels: pd.DataFrame, launch: pd.DataFrame, busy: pd.DataFrame, timeline: pd.DataFrame,
+def launch_bound(kernels: dict, launch: pd.DataFrame, busy: pd.DataFrame, timeline: pd.DataFrame,
                  gaps: pd.DataFrame, steps: pd.DataFrame) -> list[Finding]:
-    """Many tiny kernels while the GPU is mostly idle: the CPU cannot launch work fast enough."""
-    if kernels.empty or busy.empty:
+    """Many tiny kernels while the GPU is mostly idle: the CPU cannot launch work fast enough.
+    `kernels`: gpu.kernel_totals."""
+    if not kernels["count"] or busy.empty:
         return []
-    tiny_pct = _pct((kernels["duration"] < TINY_KERNEL_NS).sum(), len(kernels))
+    tiny_pct = _pct(kernels["tiny"], kernels["count"])
     busy_pct = _pct(busy["busy_ns"].sum(), busy["span_ns"].sum())
     if busy_pct >= LOW_UTILISATION_PCT or tiny_pct < LAUNCH_BOUND_TINY_PCT:
         return []
     low_chunks = int((timeline["busy_pct"] < LOW_UTILISATION_PCT).sum())
     in_gaps = _pct(gaps["duration"].sum(), busy["span_ns"].sum() - busy["busy_ns"].sum())
-    median_ns = kernels["duration"].median()
+    median_ns = kernels["median_ns"]
     launch_cost = ""
     if not launch.empty:
         usual = launch.sort_values("instances").iloc[-1]
@@ -236,12 +237,12 @@ def launch_bound(kernels: pd.DataFrame, launch: pd.DataFrame, busy: pd.DataFrame
                        f"{usual['instances']:,} calls)"
                        + (", so the GPU finishes a typical kernel before the CPU has issued the next"
                           if usual["med_ns"] > median_ns else ""))
-    per_step = f" {len(kernels) / len(steps):,.0f} kernels per step." if len(steps) else ""
+    per_step = f" {kernels['count'] / len(steps):,.0f} kernels per step." if len(steps) else ""
     return [Finding(
         "launch_bound", "warning",
         f"Launch-bound: {tiny_pct:.0f}% of kernels run under {TINY_KERNEL_NS / 1e3:g} µs and the GPU is busy "
         f"{busy_pct:.1f}% of its span",
-        f"{len(kernels):,} kernels, median {median_ns / 1e3:.1f} µs{launch_cost}. {low_chunks} of {len(timeline)} "
+        f"{kernels['count']:,} kernels, median {median_ns / 1e3:.1f} µs{launch_cost}. {low_chunks} of {len(timeline)} "
         f"time chunks are "
         f"under {LOW_UTILISATION_PCT:.0f}% busy, and only {in_gaps:.0f}% of the idle time is in gaps over "
         f"{IDLE_GAP_NS / 1e6:g} ms: the rest is short waits between kernels.{per_step}",
@@ -295,9 +296,10 @@ def fp32_gemm(precision: pd.DataFrame) -> list[Finding]:
 
 # ---------------------------------------------------------------- CPU side
 
-def data_stall(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, kernels: pd.DataFrame,
-               memops: pd.DataFrame, labels: dict) -> list[Finding]:
-    """The `data` phase takes a large share of the step: the input pipeline starves the training loop."""
+def data_stall(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, gpu_busy: pd.DataFrame,
+               labels: dict) -> list[Finding]:
+    """The `data` phase takes a large share of the step: the input pipeline starves the training loop.
+    `gpu_busy`: when any GPU ran anything (gpu.all_devices_busy)."""
     if steps.empty:
         return []
     step_ns, data_ns = int(steps["duration"].sum()), int(steps[f"{DATA_PHASE}_ns"].sum())
@@ -313,10 +315,9 @@ def data_stall(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, kern
     top = calls.groupby("name")["inside"].agg(["count", "sum"]).sort_values("sum", ascending=False).head(3)
     doing = ", ".join(f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)" for name, r in top.iterrows())
     gpu = ""
-    ops = gpu_ops(kernels, memops)
-    if not ops.empty:
-        gpu_busy = intervals.covered_ns(intervals.union(ops), merged["start"], merged["end"]).sum()
-        gpu = f" The GPU was busy {_pct(gpu_busy, data_ns):.1f}% of that time."
+    if not gpu_busy.empty:
+        busy_ns = intervals.covered_ns(gpu_busy, merged["start"], merged["end"]).sum()
+        gpu = f" The GPU was busy {_pct(busy_ns, data_ns):.1f}% of that time."
     threads = ", ".join(sorted({labels.get(t, f"tid {int(t) & 0xFFFFFF}") for t in data["global_tid"]}))
     return [Finding(
         "data_stall", "warning",

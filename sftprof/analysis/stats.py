@@ -21,6 +21,12 @@ def sqlite_round(values: pd.Series, digits: int = 1) -> pd.Series:
     return values.map(lambda v: _ROUNDER.execute("SELECT round(?, ?)", (float(v), digits)).fetchone()[0])
 
 
+# The same statistics in SQL, for tables held in an EventStore (DuckDB's median interpolates an even
+# count as SQLite's and pandas' do).
+SQL_AGGREGATES = ("sum(duration)::BIGINT AS total_ns, count(*) AS instances, median(duration) AS med_ns, "
+                  "min(duration) AS min_ns, max(duration) AS max_ns, stddev_samp(duration) AS stddev_ns")
+
+
 def duration_summary(rows: pd.DataFrame, keys: list[str], value: str = "duration") -> pd.DataFrame:
     """One row per distinct `keys`, ordered by total time descending (then by key)."""
     if rows.empty:
@@ -28,7 +34,16 @@ def duration_summary(rows: pd.DataFrame, keys: list[str], value: str = "duration
     grouped = rows.groupby(keys, dropna=False, sort=False)[value]
     summary = grouped.agg(total_ns="sum", instances="count", med_ns="median", min_ns="min", max_ns="max",
                           stddev_ns="std").reset_index()
-    summary["stddev_ns"] = summary["stddev_ns"].fillna(0.0)
+    return finish_summary(summary, keys)
+
+
+def finish_summary(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """From per-group total_ns, instances, med_ns, min_ns, max_ns and stddev_ns (SQL_AGGREGATES or
+    pandas): the average, the share of the total, nsys's rounding and order."""
+    if summary.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS + keys)
+    summary = summary.copy()
+    summary["stddev_ns"] = summary["stddev_ns"].astype("float64").fillna(0.0)
     summary["avg_ns"] = summary["total_ns"] / summary["instances"]
     grand_total = summary["total_ns"].sum()
     summary["time_pct"] = summary["total_ns"] * 100.0 / grand_total if grand_total else 0.0

@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import intervals
-from sftprof.analysis.gpu import gpu_ops
+from sftprof.analysis.cuda import calls_during
+from sftprof.analysis.gpu import TINY_KERNEL_NS, DeviceBusy
+from sftprof.trace.events import EventStore
 
 # A GPU idle for longer than this is a gap worth explaining. Kernels of a training step follow
 # each other within microseconds, so 1 ms of nothing is a stall; nsys analyze's gpu_gaps uses
@@ -21,56 +23,55 @@ from sftprof.analysis.gpu import gpu_ops
 IDLE_GAP_NS = 1_000_000
 UTILISATION_CHUNKS = 50
 LOW_UTILISATION_PCT = 50.0  # as nsys's gpu_time_util
-# Kernels shorter than this take less time on the GPU than their launch takes on the CPU
-# (cudaLaunchKernel costs ~5-10 µs): many of them in a row leave the GPU waiting for launches.
-TINY_KERNEL_NS = 10_000
 GAPS_EXPLAINED = 5
 CAUSES_PER_SOURCE = 5  # rows per gap and per kind of CPU activity
 
 
-def _busy_by_device(kernels: pd.DataFrame, memops: pd.DataFrame) -> dict:
-    return {device: (intervals.union(ops), int(ops["start"].min()), int(ops["end"].max()))
-            for device, ops in gpu_ops(kernels, memops).groupby("device_id")}
-
-
-def idle_gaps(kernels: pd.DataFrame, memops: pd.DataFrame, min_gap_ns: int = IDLE_GAP_NS) -> pd.DataFrame:
+def idle_gaps(busy: dict[int, DeviceBusy], min_gap_ns: int = IDLE_GAP_NS) -> pd.DataFrame:
     """Stretches longer than `min_gap_ns` in which a device ran nothing, longest first."""
     columns = ["device_id", "start", "end", "duration"]
-    frames = [intervals.gaps(merged, min_gap_ns).assign(device_id=device)
-              for device, (merged, _, _) in _busy_by_device(kernels, memops).items()]
+    frames = [intervals.gaps(b.merged, min_gap_ns).assign(device_id=device) for device, b in busy.items()]
     if not frames:
         return pd.DataFrame(columns=columns)
     gaps = pd.concat(frames, ignore_index=True)[columns]
     return gaps.sort_values(["duration", "start"], ascending=[False, True]).reset_index(drop=True)
 
 
-def utilisation_timeline(kernels: pd.DataFrame, memops: pd.DataFrame,
+def utilisation_timeline(events: EventStore, busy: dict[int, DeviceBusy],
                          chunks: int = UTILISATION_CHUNKS) -> pd.DataFrame:
     """Per device, its active span in `chunks` equal windows: busy %, and kernels started in each
     (all, and those shorter than TINY_KERNEL_NS)."""
     columns = ["device_id", "chunk", "start", "end", "busy_pct", "kernels", "tiny_kernels"]
     frames = []
-    for device, (merged, first, last) in _busy_by_device(kernels, memops).items():
-        starts, ends = intervals.chunk_edges(first, last, chunks)
-        busy = intervals.covered_ns(merged, starts, ends)
-        device_kernels = kernels[kernels["device_id"] == device]
-        which = np.clip(np.searchsorted(starts, device_kernels["start"].to_numpy(), side="right") - 1, 0, chunks - 1)
-        counts = np.bincount(which, minlength=chunks)
-        tiny = np.bincount(which[device_kernels["duration"].to_numpy() < TINY_KERNEL_NS], minlength=chunks)
+    for device, b in busy.items():
+        starts, ends = intervals.chunk_edges(b.first, b.last, chunks)
+        covered = intervals.covered_ns(b.merged, starts, ends)
+        # The chunk a kernel starts in: the last one starting at or before it (the first, if none).
+        # Proportion gives it to within one of the rounded edges; the edges settle it.
+        edges = "[" + ", ".join(map(str, starts)) + "]"
+        guess = f"least(greatest((start - {b.first}) * {chunks} // {max(b.last - b.first, 1)}, 0), {chunks - 1})"
+        counted = events.query(f"""
+            SELECT CASE WHEN start < {edges}[c + 1] AND c > 0 THEN c - 1
+                        WHEN c + 1 < {chunks} AND start >= {edges}[c + 2] THEN c + 1 ELSE c END AS chunk,
+                   count(*) AS kernels, count(*) FILTER (WHERE duration < {TINY_KERNEL_NS}) AS tiny
+            FROM (SELECT start, duration, {guess}::BIGINT AS c FROM kernels WHERE device_id = {int(device)})
+            GROUP BY ALL""")
+        counts = np.bincount(counted["chunk"], weights=counted["kernels"], minlength=chunks).astype("int64")
+        tiny = np.bincount(counted["chunk"], weights=counted["tiny"], minlength=chunks).astype("int64")
         frames.append(pd.DataFrame({"device_id": device, "chunk": np.arange(chunks), "start": starts, "end": ends,
-                                    "busy_pct": 100.0 * busy / np.maximum(ends - starts, 1),
+                                    "busy_pct": 100.0 * covered / np.maximum(ends - starts, 1),
                                     "kernels": counts, "tiny_kernels": tiny}))
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
-def step_utilisation(steps: pd.DataFrame, kernels: pd.DataFrame, memops: pd.DataFrame) -> pd.DataFrame:
+def step_utilisation(steps: pd.DataFrame, busy_by_device: dict[int, DeviceBusy]) -> pd.DataFrame:
     """GPU busy time inside each training step's wall-clock window, per device."""
     columns = ["step", "device_id", "duration", "gpu_busy_ns", "gpu_busy_pct"]
     frames = []
-    for device, (merged, _, _) in _busy_by_device(kernels, memops).items():
+    for device, b in busy_by_device.items():
         if steps.empty:
             break
-        busy = intervals.covered_ns(merged, steps["start"], steps["end"])
+        busy = intervals.covered_ns(b.merged, steps["start"], steps["end"])
         frames.append(pd.DataFrame({"step": steps["step"].to_numpy(), "device_id": device,
                                     "duration": steps["duration"].to_numpy(), "gpu_busy_ns": busy,
                                     "gpu_busy_pct": 100.0 * busy / np.maximum(steps["duration"].to_numpy(), 1)}))
@@ -104,8 +105,10 @@ def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAI
     traced calls (running its own code, e.g. Python), each with how much of the gap it covers."""
     columns = ["gap", "device_id", "gap_start", "gap_ns", "source", "thread", "name", "calls", "overlap_ns"]
     rows = []
-    sources = (("CUDA API", tables.cuda_api), ("OS runtime", tables.osrt), ("NVTX range", tables.nvtx))
-    for rank, gap in enumerate(gaps.head(top).itertuples(), start=1):
+    explained = gaps.head(top)
+    cuda_calls = calls_during(tables.events, explained[["start", "end"]], feeders)
+    sources = (("CUDA API", cuda_calls), ("OS runtime", tables.osrt), ("NVTX range", tables.nvtx))
+    for rank, gap in enumerate(explained.itertuples(), start=1):
         found = {source: _overlapping(frame[frame["global_tid"].isin(feeders)], gap.start, gap.end)
                  for source, frame in sources}
         found["NVTX range"] = _leaf_ranges(found["NVTX range"])

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sftprof.trace.events import EventStore
 from sftprof.trace.nsys_sqlite import MEMCPY_OPERATIONS, MEMSET_OPERATION, TraceFormatError
 from sftprof.trace.tables import COLUMNS, TraceTables, empty
 
@@ -240,5 +241,5 @@ def load_kineto_json(path: str | Path) -> TraceTables:
     if not (cuda_api.empty and kernels.empty and memops.empty):
         sources.add("cuda")
     return TraceTables(source_path=str(path), span_ns=span_ns, sources=sources,
-                       threads=_threads(events, device_pids - host_pids), nvtx=nvtx, cuda_api=cuda_api,
-                       kernels=kernels, memops=memops)
+                       threads=_threads(events, device_pids - host_pids), nvtx=nvtx, memops=memops,
+                       events=EventStore.from_frames(kernels, cuda_api))

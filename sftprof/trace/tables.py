@@ -23,6 +23,9 @@ sync        start, end, duration, sync_type ("Event sync", "Stream wait sync", "
 sched       start, cpu, is_sched_in (bool), global_tid, pid, tid   (a thread switched onto or off a
             CPU core: point events, from nsys --cpuctxsw)
 gpu_metrics timestamp, device_id, metric, value   (sampled GPU counters, e.g. "SMs Active [Throughput %]")
+
+kernels and cuda_api grow with the capture (tens of millions of rows), so they live in an
+EventStore (DuckDB, names as ids: see events.py) that analyses query; the others are pandas.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 import pandas as pd
+
+from sftprof.trace.events import EventStore
 
 COLUMNS = {
     "threads": ["global_tid", "pid", "tid", "thread_name", "process_name"],
@@ -52,7 +57,8 @@ def empty(table: str) -> pd.DataFrame:
 
 @dataclass
 class TraceTables:
-    """One capture, normalized. `sources` says which trace sources the capture had."""
+    """One capture, normalized. `sources` says which trace sources the capture had; `events` holds
+    its kernels and CUDA API calls."""
 
     source_path: str
     span_ns: int
@@ -60,12 +66,21 @@ class TraceTables:
     threads: pd.DataFrame = field(default_factory=lambda: empty("threads"))
     nvtx: pd.DataFrame = field(default_factory=lambda: empty("nvtx"))
     osrt: pd.DataFrame = field(default_factory=lambda: empty("osrt"))
-    cuda_api: pd.DataFrame = field(default_factory=lambda: empty("cuda_api"))
-    kernels: pd.DataFrame = field(default_factory=lambda: empty("kernels"))
     memops: pd.DataFrame = field(default_factory=lambda: empty("memops"))
     sync: pd.DataFrame = field(default_factory=lambda: empty("sync"))
     sched: pd.DataFrame = field(default_factory=lambda: empty("sched"))
     gpu_metrics: pd.DataFrame = field(default_factory=lambda: empty("gpu_metrics"))
+    events: EventStore = field(default_factory=EventStore.from_frames)
+
+    @property
+    def kernels(self) -> pd.DataFrame:
+        """Every kernel as one DataFrame: for small traces and tests; analyses query `events`."""
+        return self.events.frame("kernels")
+
+    @property
+    def cuda_api(self) -> pd.DataFrame:
+        """Every CUDA API call as one DataFrame: for small traces and tests; analyses query `events`."""
+        return self.events.frame("cuda_api")
 
     def with_all_columns(self) -> "TraceTables":
         """A copy in which every table has every documented column: a loader that does not know a

@@ -10,7 +10,7 @@ logs.setup(snakemake.log[0])
 with atomic_dir(snakemake.output.analysis) as partial:
     for record in rank.profiled_records(snakemake.input.capture):
         sqlite = Path(snakemake.input.sqlite) / rank.SQLITE_PATTERN.format(rank=record["rank"])
-        analysis = analyze(load_trace(sqlite))
+        analysis = analyze(load_trace(sqlite), progress=lambda step: logging.info("rank %d: %s", record["rank"], step))
         results.save(analysis, partial / rank.RANK_DIR_PATTERN.format(rank=record["rank"]))
         for finding in analysis.findings:
             logging.info("rank %d [%s] %s", record["rank"], finding.severity, finding.title)

@@ -1,0 +1,249 @@
+"""Kernels and CUDA API calls: the two tables that grow with a capture's length (tens of millions of
+rows for minutes of a 7B fine-tuning job), kept in DuckDB so that analyses aggregate them in SQL and
+bring back results, never every row.
+
+The database is a temporary file (compressed on disk, under a memory limit, so memory stays
+bounded whatever the trace size); an nsys export is copied in with one scan per table, reading
+integer columns only. Names are stored once, as ids (benchmarks/ENGINE.md has the measurements
+behind these choices).
+
+kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_id, stream_id,
+          global_pid, pid, correlation_id, grid_x, grid_y, grid_z, block_x, block_y, block_z
+cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
+kernel_names, api_names   id, name   (API names without the `_vNNNN` suffix that nsys stats strips)
+duration, pid and tid are computed from the stored columns (as nsys lays out globalTid), not stored:
+the copy is the slowest part of loading.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+MEMORY_LIMIT = "512MB"
+MAX_THREADS = 8  # a login node is shared: do not take all its cores
+KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+KERNEL_NAME_IDS = ("name_id", "short_name_id", "mangled_name_id")
+SCHEMA = {
+    "kernels": """start BIGINT NOT NULL, "end" BIGINT NOT NULL, duration BIGINT AS ("end" - start),
+                  name_id INTEGER, short_name_id INTEGER, mangled_name_id INTEGER, device_id INTEGER,
+                  stream_id INTEGER, global_pid BIGINT, pid INTEGER AS ((global_pid >> 24) & 16777215),
+                  correlation_id BIGINT, grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER,
+                  block_y INTEGER, block_z INTEGER""",
+    "cuda_api": """start BIGINT NOT NULL, "end" BIGINT NOT NULL, duration BIGINT AS ("end" - start),
+                   name_id INTEGER, global_tid BIGINT, pid INTEGER AS ((global_tid >> 24) & 16777215),
+                   tid INTEGER AS (global_tid & 16777215), correlation_id BIGINT""",
+    "kernel_names": "id INTEGER PRIMARY KEY, name VARCHAR",
+    "api_names": "id INTEGER PRIMARY KEY, name VARCHAR",
+}
+STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",") if " AS (" not in part]
+                  for table, schema in SCHEMA.items()}
+
+
+class EventStoreError(RuntimeError):
+    """DuckDB or its sqlite extension is missing or unusable."""
+
+
+def _sqlite_extension() -> Path:
+    """The sqlite extension shipped by the duckdb-ext-sqlite wheel: `LOAD sqlite` would download it."""
+    spec = importlib.util.find_spec("duckdb_ext")
+    roots = list(spec.submodule_search_locations) if spec else []
+    found = sorted(p for root in roots
+                   for p in Path(root).glob(f"extensions/v{duckdb.__version__}/*/sqlite_scanner.duckdb_extension"))
+    if not found:
+        raise EventStoreError(f"no DuckDB sqlite extension for duckdb {duckdb.__version__}: "
+                              f"pip install duckdb-ext-sqlite (the release matching duckdb {duckdb.__version__})")
+    return found[0]
+
+
+def _sql_text(value) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def attach_export(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Make an nsys SQLite export readable, read-only, as database `export` of `con`."""
+    con.execute(f"LOAD {_sql_text(_sqlite_extension())}")
+    con.execute(f"ATTACH {_sql_text(Path(path).resolve())} AS export (TYPE sqlite, READ_ONLY)")
+
+
+def launch_shape(x, y, z) -> str | None:
+    """A grid or block as nsys stats prints it: "%4d %4d %4d"."""
+    if any(pd.isna(v) for v in (x, y, z)):
+        return None
+    return f"{int(x):4d} {int(y):4d} {int(z):4d}"
+
+
+class EventStore:
+    """The kernels and cuda_api tables of one trace (see the module docstring)."""
+
+    def __init__(self, on_disk: bool):
+        self._folder = tempfile.mkdtemp(prefix="sftprof-events-") if on_disk else None
+        database = os.path.join(self._folder, "events.duckdb") if on_disk else ":memory:"
+        self.con = duckdb.connect(database)
+        self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._folder)
+        settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": MEMORY_LIMIT,
+                    "preserve_insertion_order": False}
+        if self._folder:
+            settings["temp_directory"] = self._folder
+        for name, value in settings.items():
+            self.con.execute(f"SET {name} = '{value}'")
+        for table, schema in SCHEMA.items():
+            self.con.execute(f"CREATE TABLE {table} ({schema})")
+
+    @staticmethod
+    def _release(con, folder):
+        con.close()
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    # ------------------------------------------------------------------ filling
+
+    @classmethod
+    def from_frames(cls, kernels: pd.DataFrame | None = None, cuda_api: pd.DataFrame | None = None) -> "EventStore":
+        """From normalized pandas tables (tables.py's columns, names as text): traces small enough
+        to hold in memory (PyTorch profiler traces, tests)."""
+        store = cls(on_disk=False)
+        if kernels is not None and len(kernels):
+            kernels = kernels.reset_index(drop=True)
+            names = pd.concat([kernels[c] for c in ("name", "short_name", "mangled_name") if c in kernels] +
+                              [pd.Series(dtype="object")])
+            _, uniques = pd.factorize(names.dropna().astype(str))
+            ids = {name: i for i, name in enumerate(uniques)}
+            rows = pd.DataFrame({c: kernels[c] if c in kernels else None
+                                 for c in ("start", "end", "device_id", "stream_id", "correlation_id")})
+            rows["global_pid"] = (pd.to_numeric(kernels["pid"]).astype("Int64") * (1 << 24)) if "pid" in kernels else None
+            for column, name_column in zip(KERNEL_NAME_IDS, ("name", "short_name", "mangled_name")):
+                text = kernels[name_column] if name_column in kernels else pd.Series(None, index=kernels.index)
+                rows[column] = text.map(lambda v: ids.get(str(v)) if pd.notna(v) else None).astype("Int64")
+            for prefix in ("grid", "block"):
+                shape = kernels[prefix] if prefix in kernels else pd.Series(None, index=kernels.index)
+                parts = shape.astype("string").str.split(expand=False)
+                for i, axis in enumerate("xyz"):
+                    rows[f"{prefix}_{axis}"] = pd.to_numeric(parts.str[i], errors="coerce").astype("Int64")
+            store._insert("kernels", rows)
+            store._insert("kernel_names", pd.DataFrame({"id": range(len(uniques)), "name": list(uniques)}))
+        if cuda_api is not None and len(cuda_api):
+            cuda_api = cuda_api.reset_index(drop=True)
+            codes, uniques = pd.factorize(cuda_api["name"].astype(str))
+            rows = pd.DataFrame({c: cuda_api[c] if c in cuda_api else None
+                                 for c in ("start", "end", "global_tid", "correlation_id")})
+            rows["name_id"] = codes
+            store._insert("cuda_api", rows)
+            store._insert("api_names", pd.DataFrame({"id": range(len(uniques)), "name": list(uniques)}))
+        return store
+
+    def _insert(self, table: str, frame: pd.DataFrame) -> None:
+        columns = STORED_COLUMNS[table]
+        self.con.register("incoming", frame[columns])
+        try:
+            quoted = ", ".join(f'"{c}"' for c in columns)
+            self.con.execute(f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM incoming")
+        finally:
+            self.con.unregister("incoming")
+
+    @classmethod
+    def from_nsys_sqlite(cls, path: Path, present: set[str]) -> "EventStore":
+        """Copy the kernels and runtime-API rows of an nsys export (`present`: its table names)."""
+        store = cls(on_disk=True)
+        con = store.con
+        attach_export(con, path)
+        con.execute("INSERT INTO kernel_names SELECT id, value FROM export.StringIds")
+        source = _sql_text(Path(path).resolve())
+        copies = []
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
+            copies.append(f"""
+                INSERT INTO kernels (start, "end", name_id, short_name_id, mangled_name_id, device_id, stream_id,
+                                     global_pid, correlation_id, {", ".join(KERNEL_SHAPE)})
+                SELECT start, "end", demangledName, shortName, mangledName, deviceId, streamId, globalPid,
+                       correlationId, gridX, gridY, gridZ, blockX, blockY, blockZ
+                FROM sqlite_scan({source}, 'CUPTI_ACTIVITY_KIND_KERNEL')""")
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
+            # nsys stats strips a 5-character version (`_v7000`), not longer ones (`_v11060`).
+            con.execute("""
+                CREATE TABLE api_name_of AS
+                SELECT id AS raw_id, dense_rank() OVER (ORDER BY stripped) AS name_id, stripped
+                FROM (SELECT id, CASE WHEN value[-6:-5] = '_v' THEN value[:-7] ELSE value END AS stripped
+                      FROM export.StringIds)""")
+            con.execute("INSERT INTO api_names SELECT DISTINCT name_id, stripped FROM api_name_of")
+            copies.append(f"""
+                INSERT INTO cuda_api (start, "end", name_id, global_tid, correlation_id)
+                SELECT r.start, r."end", n.name_id, r.globalTid, r.correlationId
+                FROM sqlite_scan({source}, 'CUPTI_ACTIVITY_KIND_RUNTIME') r JOIN api_name_of n ON n.raw_id = r.nameId""")
+        # Side by side: sqlite_scan opens its own SQLite connection (an ATTACHed file is read by one).
+        with ThreadPoolExecutor(len(copies) or 1) as pool:
+            list(pool.map(lambda sql: con.cursor().execute(sql), copies))
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
+            con.execute("DROP TABLE api_name_of")
+        con.execute("DETACH export")
+        con.execute("CHECKPOINT")
+        return store
+
+    # ------------------------------------------------------------------ reading
+
+    def query(self, sql: str, **frames: pd.DataFrame) -> pd.DataFrame:
+        """Run `sql`; keyword frames are visible to it as tables of that name."""
+        for name, frame in frames.items():
+            self.con.register(name, frame)
+        try:
+            return self.con.execute(sql).df()
+        finally:
+            for name in frames:
+                self.con.unregister(name)
+
+    def arrays(self, sql: str, **frames: pd.DataFrame) -> dict[str, np.ndarray]:
+        """Columns of a query as numpy arrays: per-row data for interval arithmetic, without a DataFrame."""
+        for name, frame in frames.items():
+            self.con.register(name, frame)
+        try:
+            return {name: np.asarray(values) for name, values in self.con.execute(sql).fetchnumpy().items()}
+        finally:
+            for name in frames:
+                self.con.unregister(name)
+
+    def chunks(self, sql: str, rows: int = 1 << 20, **frames: pd.DataFrame):
+        """The result of `sql` as DataFrames of about `rows` rows each: per-row data streamed, never
+        held whole."""
+        cursor = self.con.cursor()
+        for name, frame in frames.items():
+            cursor.register(name, frame)
+        try:
+            cursor.execute(sql)
+            while len(chunk := cursor.fetch_df_chunk(max(rows // 2048, 1))):
+                yield chunk
+        finally:
+            cursor.close()
+
+    def count(self, table: str) -> int:
+        return int(self.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    def frame(self, table: str) -> pd.DataFrame:
+        """A whole table with its names as text, in tables.py's columns: for small traces and tests
+        (analyses aggregate in SQL instead)."""
+        if table == "kernels":
+            frame = self.query(f"""
+                SELECT k.start, k."end", k.duration, n.name, s.name AS short_name, m.name AS mangled_name,
+                       k.device_id, k.stream_id, k.pid, k.correlation_id, {", ".join(KERNEL_SHAPE)}
+                FROM kernels k LEFT JOIN kernel_names n ON n.id = k.name_id
+                LEFT JOIN kernel_names s ON s.id = k.short_name_id LEFT JOIN kernel_names m ON m.id = k.mangled_name_id
+                ORDER BY k.start""")
+            for prefix in ("grid", "block"):
+                axes = [frame[f"{prefix}_{axis}"] for axis in "xyz"]
+                frame[prefix] = [launch_shape(x, y, z) for x, y, z in zip(*axes)]
+            return frame.drop(columns=list(KERNEL_SHAPE))
+        if table == "cuda_api":
+            return self.query("""
+                SELECT a.start, a."end", a.duration, n.name, a.global_tid, a.pid, a.tid, a.correlation_id
+                FROM cuda_api a LEFT JOIN api_names n ON n.id = a.name_id ORDER BY a.start""")
+        raise KeyError(table)
