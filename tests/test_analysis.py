@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import analyze, gpu, intervals
+from sftprof.analysis import analyze, gpu, intervals, nvtx
 from sftprof.analysis.stats import duration_summary
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import TraceTables
@@ -113,3 +113,31 @@ def test_intervals_merged_in_batches_equal_the_union_at_once():
     for s, e in zip(starts, ends):
         covered[s:e] = True
     assert int((at_once["end"] - at_once["start"]).sum()) == covered.sum()
+
+
+def test_ranges_containing_calls_equal_a_brute_force_check():
+    """nvtx finds the ranges around each call by cutting each thread's timeline at range edges;
+    calls that start or end exactly on an edge, overlapping (start/end) ranges and zero-length
+    calls are the cases that cutting could get wrong."""
+    rng = np.random.default_rng(3)
+    ranges = pd.DataFrame({"start": rng.integers(0, 1_000, 300) // 10 * 10, "global_tid": rng.integers(1, 3, 300)})
+    ranges["end"] = ranges["start"] + rng.integers(0, 30, 300) * 10
+    ranges["name"] = [f"r{i % 7}" for i in range(len(ranges))]
+    calls = pd.DataFrame({"start": rng.integers(0, 1_300, 2_000) // 5 * 5, "global_tid": rng.integers(1, 4, 2_000)})
+    calls["end"] = calls["start"] + rng.integers(0, 8, 2_000) * 5
+    pairs = nvtx.enclosing_ranges(ranges, calls)
+    column = lambda frame, name: frame[name].to_numpy()[:, None] if frame is calls else frame[name].to_numpy()[None, :]  # noqa: E731
+    inside = ((column(calls, "global_tid") == column(ranges, "global_tid"))
+              & (column(ranges, "start") <= column(calls, "start")) & (column(calls, "end") <= column(ranges, "end")))
+    expected = set(zip(*(axis.tolist() for axis in np.nonzero(inside))))  # RangeIndex: positions are labels
+    assert set(zip(pairs["call"], pairs["range"])) == expected
+    assert len(expected) > 500
+    innermost = nvtx.innermost_ranges(ranges, calls)
+    around_call = {}
+    for c, r in sorted(expected):
+        around_call.setdefault(c, []).append(r)
+    for call, chosen in innermost.items():
+        around = ranges.loc[around_call[call]]  # identical ranges: the first one
+        best = around.sort_values(["start", "end"], ascending=[False, True], kind="stable").index[0]
+        assert chosen == best
+    assert set(innermost.index) == {c for c, _ in expected}

@@ -22,57 +22,67 @@ def _outside(thread: str) -> str:
     return f"(no NVTX range, {thread})"
 
 
+def _ranges_of_calls(nvtx: pd.DataFrame, calls: pd.DataFrame) -> dict:
+    """For each call (by index label) inside any range: the index labels of the NVTX ranges, on its
+    thread, that contain it (start and end inside), innermost first."""
+    segments, open_ranges = _segments(nvtx)
+    ranges_by_thread = dict(tuple(nvtx.groupby("global_tid")))
+    found = {}
+    for tid, thread_calls in calls.groupby("global_tid"):
+        thread_segments = segments[segments["global_tid"] == tid]
+        if thread_segments.empty:
+            continue
+        seg_starts, seg_ends = thread_segments["seg_start"].to_numpy(), thread_segments["seg_end"].to_numpy()
+        starts, ends = thread_calls["start"].to_numpy(), thread_calls["end"].to_numpy()
+        at = np.searchsorted(seg_starts, starts, side="right") - 1
+        known = np.maximum(at, 0)
+        strictly_inside = (at >= 0) & (starts > seg_starts[known]) & (ends < seg_ends[known])
+        segment_ids = thread_segments["segment"].to_numpy()[known]
+        for label, segment in zip(thread_calls.index[strictly_inside], segment_ids[strictly_inside]):
+            found[label] = open_ranges[segment]
+        # on a segment's edge (a call starting or ending where a range does): check each range
+        ranges = ranges_by_thread[tid]
+        for label, start, end in zip(thread_calls.index[(at >= 0) & ~strictly_inside],
+                                     starts[(at >= 0) & ~strictly_inside], ends[(at >= 0) & ~strictly_inside]):
+            inside = ranges[(ranges["start"] <= start) & (ranges["end"] >= end)]
+            found[label] = sorted(inside.index, key=lambda lbl: (-inside.at[lbl, "start"], inside.at[lbl, "end"], lbl))
+    return {label: labels for label, labels in found.items() if labels}
+
+
 def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Every (call, range) pair where the range, on the call's thread, contains the call.
     `call` and `range` are index labels of `calls` and `nvtx`."""
-    call_labels, range_labels = [], []
-    by_thread = dict(tuple(calls.groupby("global_tid")))
-    for tid, ranges in nvtx.groupby("global_tid"):
-        if tid not in by_thread:
-            continue
-        thread_calls = by_thread[tid].sort_values("start")
-        starts, ends = thread_calls["start"].to_numpy(), thread_calls["end"].to_numpy()
-        labels = thread_calls.index.to_numpy()
-        los = np.searchsorted(starts, ranges["start"].to_numpy(), side="left")
-        his = np.searchsorted(starts, ranges["end"].to_numpy(), side="right")
-        for range_label, lo, hi, end in zip(ranges.index, los, his, ranges["end"].to_numpy()):
-            inside = labels[lo:hi][ends[lo:hi] <= end]
-            call_labels.append(inside)
-            range_labels.append(np.full(len(inside), range_label, dtype=object))
-    if not call_labels:
-        return pd.DataFrame({"call": pd.Series(dtype=calls.index.dtype), "range": pd.Series(dtype=nvtx.index.dtype)})
-    return pd.DataFrame({"call": np.concatenate(call_labels),
-                         "range": pd.array(np.concatenate(range_labels), dtype=nvtx.index.dtype)})
+    pairs = [(call, label) for call, labels in _ranges_of_calls(nvtx, calls).items() for label in labels]
+    return pd.DataFrame(pairs, columns=["call", "range"]).astype(
+        {"call": calls.index.dtype, "range": nvtx.index.dtype})
 
 
 def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     """For each call (by index label), the index label of the innermost NVTX range containing it
     on its thread: the one that started last (the shorter one on a tie). Calls in no range are absent."""
-    pairs = enclosing_ranges(nvtx, calls)
-    pairs = pairs.assign(start=nvtx.loc[pairs["range"], "start"].to_numpy(),
-                         end=nvtx.loc[pairs["range"], "end"].to_numpy())
-    pairs = pairs.sort_values(["call", "start", "end"], ascending=[True, False, True])
-    return pairs.drop_duplicates("call").set_index("call")["range"]
+    innermost = {call: labels[0] for call, labels in _ranges_of_calls(nvtx, calls).items()}
+    return pd.Series(innermost, name="range", dtype=nvtx.index.dtype).rename_axis("call")
 
 
 def _segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
     """Each thread's timeline cut at every start and end of its ranges. Within one segment the same
     ranges are open, so a call that lies strictly inside a segment is inside exactly the ranges that
-    contain the segment. Returns (segments: global_tid, segment, seg_start, seg_end; segment -> names
-    of its open ranges, innermost first)."""
+    contain the segment. Returns (segments: global_tid, segment, seg_start, seg_end; segment -> index
+    labels of its open ranges, innermost first)."""
     rows, open_ranges = [], {}
     for tid, ranges in nvtx.groupby("global_tid"):
-        start_of, end_of, name_of = ranges["start"].to_dict(), ranges["end"].to_dict(), ranges["name"].to_dict()
-        bounds = np.unique(np.r_[ranges["start"].to_numpy(), ranges["end"].to_numpy()]).astype("int64")
-        by_start = ranges.groupby("start").groups
+        start_of, end_of = ranges["start"].to_dict(), ranges["end"].to_dict()
+        bounds = np.unique(np.r_[ranges["start"].to_numpy(), ranges["end"].to_numpy()]).astype("int64").tolist()
+        by_start: dict[int, list] = {}
+        for label, start in start_of.items():
+            by_start.setdefault(start, []).append(label)
         active: set = set()
-        for seg_start, seg_end in zip(bounds, np.r_[bounds[1:], np.iinfo("int64").max]):
+        for seg_start, seg_end in zip(bounds, bounds[1:] + [np.iinfo("int64").max]):
             active = {label for label in active.union(by_start.get(seg_start, [])) if end_of[label] > seg_start}
             segment = len(rows)
             rows.append((tid, segment, seg_start, seg_end))
             # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges)
-            innermost_first = sorted(active, key=lambda label: (-start_of[label], end_of[label]))
-            open_ranges[segment] = [name_of[label] for label in innermost_first]
+            open_ranges[segment] = sorted(active, key=lambda label: (-start_of[label], end_of[label], label))
     frame = pd.DataFrame(rows, columns=["global_tid", "segment", "seg_start", "seg_end"])
     return frame.astype("int64"), open_ranges
 
@@ -115,10 +125,11 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
     def outside(tid) -> str:
         return _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}"))
 
+    name_of = nvtx["name"].to_dict()
     exclusive, inclusive = [], []
     for tid, segment, kernels, gpu_ns in groups.loc[~on_edges, ["global_tid", "segment", "kernels", "gpu_ns"]].itertuples(
             index=False):
-        names = open_ranges[segment] if pd.notna(segment) else []
+        names = [name_of[label] for label in open_ranges[segment]] if pd.notna(segment) else []
         exclusive.append((names[0] if names else outside(tid), kernels, gpu_ns))
         inclusive += [(name, kernels, gpu_ns) for name in names]
     calls = groups[on_edges].astype({"start": "int64", "end": "int64"})
