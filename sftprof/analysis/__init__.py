@@ -50,7 +50,10 @@ def _step_findings(steps: pd.DataFrame) -> list[Finding]:
     median = float(steps["duration"].median())
     slow = steps[steps["duration"] > SLOW_STEP_FACTOR * median]
     if not slow.empty:
-        listed = ", ".join(f"step {int(r.step)} {r.duration / 1e6:.1f} ms" for r in slow.itertuples())
+        listed = ", ".join(f"step {int(r.step)} {r.duration / 1e6:.1f} ms"
+                           for r in slow.nlargest(rules.STEPS_LISTED, "duration").sort_values("start").itertuples())
+        if len(slow) > rules.STEPS_LISTED:
+            listed += f" and {len(slow) - rules.STEPS_LISTED:,} more (the slowest listed)"
         findings.append(Finding("slow_steps", "warning", f"{len(slow)} step(s) over {SLOW_STEP_FACTOR}x the median",
                                 f"Median step {median / 1e6:.1f} ms; slow: {listed}.",
                                 "Look at what else ran then (first-step warm-up, allocator growth, data "

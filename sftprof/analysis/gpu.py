@@ -95,8 +95,8 @@ def busy_by_device(events: EventStore, memops: pd.DataFrame) -> dict[int, Device
 
 def all_devices_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
     """When any GPU was running anything (union over devices)."""
-    if not busy:
-        return intervals.union(pd.DataFrame({"start": [], "end": []}))
+    if len(busy) <= 1:  # already a union: not another copy of ten million intervals
+        return next(iter(busy.values())).merged if busy else intervals.RunningUnion().result()
     return intervals.union(pd.concat([b.merged for b in busy.values()], ignore_index=True))
 
 

@@ -9,6 +9,8 @@ in the innermost range, so that they add up to the kernel time.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pandas as pd
 
@@ -64,7 +66,19 @@ def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     return pd.Series(innermost, name="range", dtype=nvtx.index.dtype).rename_axis("call")
 
 
+_last_segments: list = []  # [(weakref to an nvtx frame, its segments)]: rules ask again for the same frame
+
+
 def _segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
+    """`_cut_timelines`, worked out once per NVTX table (analyses do not modify their inputs)."""
+    if _last_segments and _last_segments[0][0]() is nvtx:
+        return _last_segments[0][1]
+    result = _cut_timelines(nvtx)
+    _last_segments[:] = [(weakref.ref(nvtx), result)]
+    return result
+
+
+def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
     """Each thread's timeline cut at every start and end of its ranges. Within one segment the same
     ranges are open, so a call that lies strictly inside a segment is inside exactly the ranges that
     contain the segment. Returns (segments: global_tid, segment, seg_start, seg_end; segment -> index
@@ -112,12 +126,17 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
             SELECT a.global_tid, a.start, a."end", k.duration
             FROM (SELECT * FROM kernels WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) k
             JOIN (SELECT * FROM cuda_api WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) a
-              ON a.pid = k.pid AND a.correlation_id = k.correlation_id)
+              ON a.pid = k.pid AND a.correlation_id = k.correlation_id),
+        annotated AS (SELECT * FROM launched WHERE global_tid IN (SELECT global_tid FROM segments))
         SELECT l.global_tid, s.segment, CASE WHEN {inside} THEN NULL ELSE l.start END AS start,
                CASE WHEN {inside} THEN NULL ELSE l."end" END AS "end",
                count(*) AS kernels, sum(l.duration)::BIGINT AS gpu_ns
-        FROM launched l ASOF LEFT JOIN segments s ON l.global_tid = s.global_tid AND l.start >= s.seg_start
-        GROUP BY ALL""", segments=segments) for lo in slices])
+        FROM annotated l ASOF LEFT JOIN segments s ON l.global_tid = s.global_tid AND l.start >= s.seg_start
+        GROUP BY ALL
+        UNION ALL  -- threads without ranges: no segment to look up
+        SELECT global_tid, NULL, NULL, NULL, count(*), sum(duration)::BIGINT FROM launched
+        WHERE global_tid NOT IN (SELECT global_tid FROM segments) GROUP BY global_tid""", segments=segments)
+        for lo in slices])
     keys = ["global_tid", "segment", "start", "end"]
     groups = groups.groupby(keys, dropna=False, sort=False)[["kernels", "gpu_ns"]].sum().reset_index()
     on_edges = groups["start"].notna()

@@ -24,6 +24,7 @@ from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
 
 WARNING_SHARE_PCT = 5.0
+STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
 # nsys's cuda_memcpy_sync rule skips HtoD copies up to this size: the driver returns before they finish.
 SMALL_SYNC_HTOD_BYTES = 64_000
 # Memsets that block the host: on pinned or managed memory (device-memory memsets run asynchronously).
@@ -171,7 +172,10 @@ def syncs_in_steps(waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx:
     per_step = waits.groupby("step")["duration"].agg(["count", "sum"])
     blocked, step_ns = int(waits["duration"].sum()), int(steps["duration"].sum())
     calls = ", ".join(f"{name} x{n}" for name, n in waits["name"].value_counts().items())
-    listed = "; ".join(f"step {step}: {int(r['count'])} calls, {_ms(r['sum'])}" for step, r in per_step.iterrows())
+    listed = "; ".join(f"step {step}: {int(r['count'])} calls, {_ms(r['sum'])}"
+                       for step, r in per_step.head(STEPS_LISTED).iterrows())
+    if len(per_step) > STEPS_LISTED:
+        listed += f"; and {len(per_step) - STEPS_LISTED:,} more steps"
     return [Finding(
         "sync_in_steps", _severity(_pct(blocked, step_ns)),
         f"{len(waits) / len(steps):.0f} synchronizing CUDA calls per step block the CPU "
