@@ -52,7 +52,7 @@ def test_osrt_summary_equals_nsys_osrtsum(demo_sqlite):
 
 def test_threads_of_the_training_process_are_named(demo_sqlite):
     tables = load_trace(demo_sqlite)
-    threads = cpu.thread_summary(tables, cuda.host_wait_calls(tables.events))
+    threads = cpu.thread_summary(tables, cuda.host_wait_calls(tables.events), cuda.calls_by_thread(tables.events))
     main = threads[threads["role"] == "main"]
     assert len(main) == 1 and main.iloc[0]["nvtx_ranges"] > 0
     assert not threads["thread_name"].str.startswith("[NSys").any()
