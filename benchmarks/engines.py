@@ -1,14 +1,15 @@
 """Which engine computes `nsys stats -r gpukernsum` fastest, in the least memory, with our exact numbers?
 
-    python benchmarks/engines.py FILE.sqlite [FILE...] [--engines pandas,sqlite,...] [--python PY] [--out CSV]
+    python benchmarks/engines.py FILE.sqlite [FILE...] [--engines sftprof,sqlite,...] [--python PY] [--out CSV]
 
 The same summary (one row per kernel name + grid + block: total, instances, average, median,
 min, max, sample standard deviation, share of kernel time; nsys's rounding and order) by:
 
-  pandas       today's path: sftprof.trace.nsys_sqlite's kernel query (every kernel row, its three
-               names joined as strings, ORDER BY start) into pandas, then analysis.gpu.kernel_summary
-  pandas-ids   the same groupby, but the query reads only integer columns (name ids, launch shape,
-               duration; no join, no ORDER BY) and names are attached to the ~100 result rows
+  sftprof      the code as it is: sftprof.trace.load_trace (kernels and runtime calls copied into
+               DuckDB, the other tables into pandas), then analysis.gpu.kernel_summary. (The pandas
+               path it replaced, every kernel row with its names as strings, is measured in ENGINE.md.)
+  pandas-ids   a pandas groupby on integer columns only (name ids, launch shape, duration; no join,
+               no ORDER BY), names attached to the ~100 result rows
   sqlite       SQL pushdown into SQLite (Python's sqlite3): one window query over the kernels
                ordered by (group, duration) gives the median rows, the group mean for a two-pass
                standard deviation, and the GROUP BY aggregates; names joined on the result
@@ -18,10 +19,10 @@ min, max, sample standard deviation, share of kernel time; nsys's rounding and o
   polars-adbc  polars group_by on the integer columns read by the ADBC SQLite driver (Arrow)
 
 Every engine runs in its own child process (fresh interpreter: its peak RSS is its own), timed
-from interpreter start to result. Each result must equal the pandas one exactly (same rows, order,
+from interpreter start to result. Each result must equal sftprof's exactly (same rows, order,
 integers and rounded floats), or the engine is marked WRONG. Engines whose package is missing
-are skipped with the reason; DuckDB, polars, connectorx and ADBC are not sftprof dependencies:
-install them in a scratch venv and pass it with --python, e.g.
+are skipped with the reason; polars, connectorx and ADBC are not sftprof dependencies: install
+them in a scratch venv and pass it with --python, e.g.
 
     python3.11 -m venv /tmp/bench-venv
     /tmp/bench-venv/bin/pip install pandas==3.1.1 duckdb==1.4.4 duckdb-ext-sqlite==1.4.4.20260205 \\
@@ -44,7 +45,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINES = ("pandas", "pandas-ids", "sqlite", "duckdb", "polars-cx", "polars-adbc")
+ENGINES = ("sftprof", "pandas-ids", "sqlite", "duckdb", "polars-cx", "polars-adbc")
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 KEY_COLUMNS = ("nid", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
 # Raw aggregates every engine returns, one row per group; `finish` turns them into the summary.
@@ -99,20 +100,13 @@ def finish(raw, path: Path):
 
 # --- the engines (each runs in a child process) -----------------------------------------------
 
-def run_pandas(path: Path):
-    """Today's path: the loader's kernel table (strings joined per row), then kernel_summary."""
+def run_sftprof(path: Path):
+    """The code as it is: load the trace, then kernel_summary over its event store."""
     from sftprof.analysis.gpu import kernel_summary
-    from sftprof.trace import nsys_sqlite
+    from sftprof.trace import load_trace
 
-    if hasattr(nsys_sqlite, "_kernels") and hasattr(nsys_sqlite, "_connect"):
-        conn = nsys_sqlite._connect(Path(path))
-        try:
-            kernels = nsys_sqlite._kernels(conn, nsys_sqlite._tables(conn))
-        finally:
-            conn.close()
-    else:  # the loader was reorganised: load the whole trace
-        kernels = nsys_sqlite.load_nsys_sqlite(path).kernels
-    return kernel_summary(kernels), {"rows_loaded": len(kernels)}
+    tables = load_trace(path)
+    return kernel_summary(tables.events), {"rows_loaded": tables.events.count("kernels")}
 
 
 def run_pandas_ids(path: Path):
@@ -221,7 +215,7 @@ def run_polars_adbc(path: Path):
     return finish(_polars_summary(frame), path), {"rows_loaded": frame.height}
 
 
-RUNNERS = {"pandas": run_pandas, "pandas-ids": run_pandas_ids, "sqlite": run_sqlite, "duckdb": run_duckdb,
+RUNNERS = {"sftprof": run_sftprof, "pandas-ids": run_pandas_ids, "sqlite": run_sqlite, "duckdb": run_duckdb,
            "polars-cx": run_polars_cx, "polars-adbc": run_polars_adbc}
 
 
@@ -286,15 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {', '.join(ENGINES)}")
     parser.add_argument("--python", default=sys.executable,
-                        help="interpreter for the engines other than pandas (a venv with duckdb, polars...)")
+                        help="interpreter for the engines other than sftprof (a venv with polars, connectorx, ADBC...)")
     parser.add_argument("--out", type=Path, help="also write the measurements as CSV")
     args = parser.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = set(engines) - set(ENGINES)
     if unknown:
         parser.error(f"unknown engines: {', '.join(sorted(unknown))}")
-    if "pandas" in engines:  # the reference goes first
-        engines = ["pandas"] + [e for e in engines if e != "pandas"]
+    if "sftprof" in engines:  # the reference goes first
+        engines = ["sftprof"] + [e for e in engines if e != "sftprof"]
     rows = []
     print("| file | kernels | engine | wall s | CPU s | peak RSS GB | result | note |")
     print("|---|---:|---|---:|---:|---:|---|---|")
@@ -305,12 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         kernels = row_counts(path)["kernels"]
         reference = None
         for engine in engines:
-            python = sys.executable if engine == "pandas" else args.python
+            python = sys.executable if engine == "sftprof" else args.python
             m = measure(python, engine, path)
             if m["status"] == "ok":
                 if reference is None:
                     reference = m["summary"]
-                    verdict = "reference" if engine == "pandas" else "no reference"
+                    verdict = "reference" if engine == "sftprof" else "no reference"
                 else:
                     diff = same(reference, m["summary"])
                     verdict = "identical" if not diff else f"WRONG: {diff}"
