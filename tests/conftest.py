@@ -44,6 +44,22 @@ def private_copy(tmp_path_factory, source: Path) -> Path:
     return path
 
 
+H200_CAPTURE = Path(__file__).parent / "fixtures" / "h200_tiny_llama_bf16.sqlite"
+
+
+@pytest.fixture(scope="session")
+def h200_capture(tmp_path_factory) -> Path:
+    """A private copy of the committed H200 capture of the built-in SFT loop (tests/fixtures/README.md)."""
+    return private_copy(tmp_path_factory, H200_CAPTURE)
+
+
+@pytest.fixture(scope="session")
+def h200_tables(h200_capture):
+    from sftprof.trace import load_trace
+
+    return load_trace(h200_capture)
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run the repo's workflow with the local profile, in `workdir` (which holds config.yaml)."""
     argv = [SNAKEMAKE, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),

@@ -28,25 +28,11 @@ import pandas as pd
 import pytest
 
 from sftprof.analysis import analyze, cpu, gpu, intervals, kernels, memory, nvtx, utilisation
-from conftest import private_copy
-from sftprof.trace import load_trace
-
-FIXTURE = Path(__file__).parent / "fixtures" / "h200_tiny_llama_bf16.sqlite"
 
 
 @pytest.fixture(scope="module")
-def capture(tmp_path_factory) -> Path:
-    return private_copy(tmp_path_factory, FIXTURE)
-
-
-@pytest.fixture(scope="module")
-def tables(capture):
-    return load_trace(capture)
-
-
-@pytest.fixture(scope="module")
-def result(tables):
-    return analyze(tables)
+def result(h200_tables):
+    return analyze(h200_tables)
 
 
 def nsys_rows(report: str, path: Path, header: str, fmt: str = "csv") -> list[dict]:
@@ -62,9 +48,9 @@ def query(path: Path, sql: str) -> list[tuple]:
 
 # ---------------------------------------------------------------- equal to nsys stats
 
-def test_size_summary_equals_gpumemsizesum_in_bytes(capture, tables):
-    theirs = {row["Operation"]: row for row in nsys_rows("gpumemsizesum", capture, "Total", "csv:mem=B")}
-    ours = memory.size_summary(tables.memops).set_index("operation")
+def test_size_summary_equals_gpumemsizesum_in_bytes(h200_capture, h200_tables):
+    theirs = {row["Operation"]: row for row in nsys_rows("gpumemsizesum", h200_capture, "Total", "csv:mem=B")}
+    ours = memory.size_summary(h200_tables.memops).set_index("operation")
     assert set(theirs) == set(ours.index) and len(ours) == 4
     for operation, row in theirs.items():
         mine = ours.loc[operation]
@@ -75,21 +61,21 @@ def test_size_summary_equals_gpumemsizesum_in_bytes(capture, tables):
             assert float(row[column]) == pytest.approx(value, rel=1e-12, abs=1e-12), (operation, column)
 
 
-def test_megabytes_print_as_nsys_prints_them(capture, tables):
+def test_megabytes_print_as_nsys_prints_them(h200_capture, h200_tables):
     """nsys's default unit is MB = 10^6 bytes with three decimals (113,246,208 B -> 113.246)."""
     theirs = {(row["Operation"], row["Total (MB)"], row["Avg (MB)"], row["Med (MB)"], row["Max (MB)"])
-              for row in nsys_rows("gpumemsizesum", capture, "Total")}
+              for row in nsys_rows("gpumemsizesum", h200_capture, "Total")}
     ours = {(r.operation, *(f"{v / memory.MEGABYTE:.3f}" for v in (r.total_bytes, r.avg_bytes, r.med_bytes,
                                                                    r.max_bytes)))
-            for r in memory.size_summary(tables.memops).itertuples()}
+            for r in memory.size_summary(h200_tables.memops).itertuples()}
     assert ours == theirs
 
 
-def test_inclusive_gpu_time_per_range_equals_nvtxkernsum(capture, tables, result):
+def test_inclusive_gpu_time_per_range_equals_nvtxkernsum(h200_capture, h200_tables, result):
     """nvtxkernsum counts a kernel in every range around its launch, on the launching thread; kernels
     launched outside every range come out as the range `None`."""
     totals: dict[str, list[int]] = {}
-    for row in nsys_rows("nvtxkernsum", capture, "NVTX Range"):
+    for row in nsys_rows("nvtxkernsum", h200_capture, "NVTX Range"):
         entry = totals.setdefault(row["NVTX Range"], [0, 0])
         entry[0] += int(row["Kern Inst"])
         entry[1] += int(row["Total Time (ns)"])
@@ -99,35 +85,35 @@ def test_inclusive_gpu_time_per_range_equals_nvtxkernsum(capture, tables, result
     assert {name: [int(r.inclusive_kernels), int(r.inclusive_gpu_ns)] for name, r in named.iterrows()} == totals
     unannotated = projection.loc["(no NVTX range, pt_autograd_0 (autograd, tid 566))"]
     assert [unannotated.kernels, unannotated.gpu_ns] == outside
-    assert projection["gpu_ns"].sum() == tables.kernels["duration"].sum()   # innermost: each kernel once
+    assert projection["gpu_ns"].sum() == h200_tables.kernels["duration"].sum()   # innermost: each kernel once
 
 
 # ---------------------------------------------------------------- against the file's own rows
 
-def test_memops_carry_copy_and_memory_kinds_as_the_file_has_them(capture, tables):
-    rows = query(capture, """SELECT e.label, s.label, d.label, count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+def test_memops_carry_copy_and_memory_kinds_as_the_file_has_them(h200_capture, h200_tables):
+    rows = query(h200_capture, """SELECT e.label, s.label, d.label, count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
                              JOIN ENUM_CUDA_MEMCPY_OPER e ON e.id = m.copyKind
                              JOIN ENUM_CUDA_MEM_KIND s ON s.id = m.srcKind JOIN ENUM_CUDA_MEM_KIND d ON d.id = m.dstKind
                              GROUP BY 1, 2, 3""")
     short = {"Host-to-Device": "HtoD", "Device-to-Host": "DtoH", "Device-to-Device": "DtoD"}
-    copies = tables.memops[tables.memops["copy_kind"] != "memset"]
+    copies = h200_tables.memops[h200_tables.memops["copy_kind"] != "memset"]
     ours = copies.groupby(["copy_kind", "src_kind", "dst_kind"]).size().to_dict()
     assert ours == {(short[kind], src, dst): n for kind, src, dst, n in rows}
-    [(memsets, device_memsets)] = query(capture, "SELECT count(*), sum(memKind = 2) FROM CUPTI_ACTIVITY_KIND_MEMSET")
-    sets = tables.memops[tables.memops["copy_kind"] == "memset"]
+    [(memsets, device_memsets)] = query(h200_capture, "SELECT count(*), sum(memKind = 2) FROM CUPTI_ACTIVITY_KIND_MEMSET")
+    sets = h200_tables.memops[h200_tables.memops["copy_kind"] == "memset"]
     assert len(sets) == memsets and (sets["dst_kind"] == "Device").sum() == device_memsets
 
 
-def test_sync_table_holds_every_synchronization_record(capture, tables, result):
-    rows = dict(query(capture, """SELECT t.label, count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION y
+def test_sync_table_holds_every_synchronization_record(h200_capture, h200_tables, result):
+    rows = dict(query(h200_capture, """SELECT t.label, count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION y
                                   JOIN ENUM_CUPTI_SYNC_TYPE t ON t.id = y.syncType GROUP BY 1"""))
-    assert tables.sync["sync_type"].value_counts().to_dict() == rows
+    assert h200_tables.sync["sync_type"].value_counts().to_dict() == rows
     activity = result.tables["sync_activity"].set_index("sync_type")
     assert activity["instances"].to_dict() == rows
 
 
-def test_sync_calls_are_the_runtime_rows_of_those_names(capture, result):
-    [(calls, total)] = query(capture, """SELECT count(*), sum(r."end" - r.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+def test_sync_calls_are_the_runtime_rows_of_those_names(h200_capture, result):
+    [(calls, total)] = query(h200_capture, """SELECT count(*), sum(r."end" - r.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
                                          JOIN StringIds s ON s.id = r.nameId
                                          WHERE s.value LIKE 'cudaStreamSynchronize%'""")
     sync = result.tables["sync_calls"].set_index("name")
@@ -139,21 +125,21 @@ def test_sync_calls_are_the_runtime_rows_of_those_names(capture, result):
 
 # ---------------------------------------------------------------- invariants
 
-def test_families_cover_every_kernel_once(tables, result):
+def test_families_cover_every_kernel_once(h200_tables, result):
     families = result.tables["kernel_families"]
-    assert families["total_ns"].sum() == tables.kernels["duration"].sum()
-    assert families["instances"].sum() == len(tables.kernels)
+    assert families["total_ns"].sum() == h200_tables.kernels["duration"].sum()
+    assert families["instances"].sum() == len(h200_tables.kernels)
     assert families["time_pct"].sum() == pytest.approx(100.0)
-    by_name = tables.kernels.assign(family=kernels.kernel_families(tables.kernels))
+    by_name = h200_tables.kernels.assign(family=kernels.kernel_families(h200_tables.kernels))
     assert (by_name[by_name["short_name"].str.startswith("nvjet")]["family"] == "GEMM").all()
     assert (by_name[by_name["name"].str.contains("sdpa")]["family"] == "attention").all()
     precision = result.tables["gemm_precision"].set_index("precision")
     assert precision["total_ns"].sum() == families.set_index("family").loc["GEMM", "total_ns"]
 
 
-def test_busy_time_gaps_and_timeline_agree(tables, result):
+def test_busy_time_gaps_and_timeline_agree(h200_tables, result):
     # every kernel and memory operation, as nsys's utilisation rules count them (start > 0)
-    ops = pd.concat([tables.kernels[["start", "end"]], tables.memops[["start", "end"]]], ignore_index=True)
+    ops = pd.concat([h200_tables.kernels[["start", "end"]], h200_tables.memops[["start", "end"]]], ignore_index=True)
     ops = ops[ops["start"] > 0].astype("int64")
     merged = intervals.union(ops)
     busy = result.tables["gpu_busy"].iloc[0]
@@ -171,15 +157,15 @@ def test_busy_time_gaps_and_timeline_agree(tables, result):
     assert (per_step["gpu_busy_ns"] <= per_step["duration"]).all() and per_step["gpu_busy_ns"].sum() <= busy.busy_ns
 
 
-def test_memory_kind_shares_add_up_to_the_memory_share(tables, result):
+def test_memory_kind_shares_add_up_to_the_memory_share(h200_tables, result):
     kinds = result.tables["memop_kinds"]
-    gpu_ns = tables.kernels["duration"].sum() + tables.memops["duration"].sum()
-    assert kinds["gpu_time_pct"].sum() == pytest.approx(100.0 * tables.memops["duration"].sum() / gpu_ns)
+    gpu_ns = h200_tables.kernels["duration"].sum() + h200_tables.memops["duration"].sum()
+    assert kinds["gpu_time_pct"].sum() == pytest.approx(100.0 * h200_tables.memops["duration"].sum() / gpu_ns)
     host = result.tables["host_memory"].set_index(["copy_kind", "host_memory"])["instances"].to_dict()
     assert host == {("DtoH", "Pinned"): 24, ("HtoD", "Pageable"): 18}
 
 
-def test_thread_osrt_rows_add_up_to_the_thread_summary(tables, result):
+def test_thread_osrt_rows_add_up_to_the_thread_summary(h200_tables, result):
     per_call = result.tables["thread_osrt"].groupby("thread")["total_ns"].sum()
     labels = cpu.thread_labels(result.tables["threads"])
     summary = result.tables["threads"].assign(thread=result.tables["threads"]["global_tid"].map(labels))
@@ -195,27 +181,27 @@ FIRES = {"launch_bound": "warning", "gpu_busy": "warning", "bound_verdict": "inf
 SILENT = {"sync_memcpy", "sync_memset", "fp32_gemm", "data_stall", "lock_wait"}
 
 
-def test_rules_fire_exactly_where_the_capture_has_the_evidence(capture, tables, result):
+def test_rules_fire_exactly_where_the_capture_has_the_evidence(h200_capture, h200_tables, result):
     severity = {f.rule: f.severity for f in result.findings}
     assert {rule: severity.get(rule) for rule in FIRES} == FIRES
     assert not SILENT & set(severity)
     # The evidence, re-derived from the file itself:
-    apis = dict(query(capture, """SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+    apis = dict(query(h200_capture, """SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
                                   JOIN StringIds s ON s.id = r.nameId GROUP BY 1"""))
     assert not any(name.startswith(("cudaMemcpy_", "cudaMemset_")) for name in apis)   # no synchronous copy/set
-    [(pageable,)] = query(capture, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+    [(pageable,)] = query(h200_capture, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
                                       JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = m.correlationId
                                       JOIN StringIds s ON s.id = r.nameId
                                       WHERE s.value LIKE 'cudaMemcpy%Async%' AND (m.srcKind = 0 OR m.dstKind = 0)""")
     assert pageable == 18 and result.findings[[f.rule for f in result.findings].index("pageable_memcpy")].title \
         .startswith("18 asynchronous copies")
-    [(bf16_gemms,)] = query(capture, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+    [(bf16_gemms,)] = query(h200_capture, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
                                         JOIN StringIds s ON s.id = k.demangledName
                                         WHERE s.value LIKE '%tensorop_bf16%gemm%'""")
     assert bf16_gemms > 0
     steps = result.tables["steps"]
     assert steps["data_ns"].sum() < 0.05 * steps["duration"].sum()
-    tiny = (tables.kernels["duration"] < gpu.TINY_KERNEL_NS).mean()
+    tiny = (h200_tables.kernels["duration"] < gpu.TINY_KERNEL_NS).mean()
     assert tiny > 0.95 and result.headline["gpu_busy_pct"] < 10
 
 
@@ -232,14 +218,14 @@ def test_findings_name_their_numbers(result):
     assert [f.severity for f in result.findings][:2] == ["warning", "warning"]   # problems first
 
 
-def test_headline(result, tables):
+def test_headline(result, h200_tables):
     headline = result.headline
     families = headline["kernel_family_pct"]
     assert max(families, key=families.get) == "elementwise" and sum(families.values()) == pytest.approx(100, abs=0.05)
     assert headline["top_kernel_pct"] == result.tables["kernels"].iloc[0]["time_pct"]
     assert headline["verdict"] == "host-bound, kernels memory-bound" and headline["verdict_confidence"] == "medium"
     assert headline["memop_gpu_time_pct"] == pytest.approx(
-        100 * tables.memops["duration"].sum() / (tables.memops["duration"].sum() + tables.kernels["duration"].sum()))
+        100 * h200_tables.memops["duration"].sum() / (h200_tables.memops["duration"].sum() + h200_tables.kernels["duration"].sum()))
     assert set(headline["warnings"]) == {"launch_bound", "gpu_busy"}
     assert 0 < headline["tensor_core_pct"] < families["GEMM"] + families["attention"]
     assert nvtx.NOT_TRACED not in set(result.tables["nvtx_gpu"]["range"])   # every kernel's launch was traced

@@ -3,26 +3,11 @@ summaries must give exactly what `nsys stats` gives on the same file."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from sftprof.analysis import analyze, gpu
-from conftest import private_copy
-from sftprof.trace import load_trace
 from test_trace import as_nsys_rows, nsys_stats
-
-FIXTURE = Path(__file__).parent / "fixtures" / "h200_tiny_llama_bf16.sqlite"
-
-
-@pytest.fixture(scope="module")
-def capture(tmp_path_factory) -> Path:
-    return private_copy(tmp_path_factory, FIXTURE)
-
-
-@pytest.fixture(scope="module")
-def tables(capture):
-    return load_trace(capture)
 
 
 @pytest.mark.parametrize("report, summarize, name_columns", [
@@ -30,19 +15,19 @@ def tables(capture):
     ("gpumemtimesum", lambda t: gpu.memop_summary(t.memops), ["operation"]),
     ("cudaapisum", lambda t: gpu.cuda_api_summary(t.events), ["name"]),
 ])
-def test_cuda_summaries_equal_nsys_stats(capture, tables, report, summarize, name_columns):
-    ours = as_nsys_rows(summarize(tables), name_columns)
-    theirs = {tuple(row.values()) for row in nsys_stats(report, capture)}
+def test_cuda_summaries_equal_nsys_stats(h200_capture, h200_tables, report, summarize, name_columns):
+    ours = as_nsys_rows(summarize(h200_tables), name_columns)
+    theirs = {tuple(row.values()) for row in nsys_stats(report, h200_capture)}
     assert ours == theirs and len(ours) > 3
 
 
-def test_capture_window_held_exactly_the_configured_steps(tables):
-    steps = sorted(tables.nvtx[tables.nvtx["name"].str.startswith("step")]["name"])
+def test_capture_window_held_exactly_the_configured_steps(h200_tables):
+    steps = sorted(h200_tables.nvtx[h200_tables.nvtx["name"].str.startswith("step")]["name"])
     assert steps == ["step 4", "step 5", "step 6"]
 
 
-def test_findings_on_a_real_gpu_capture(tables):
-    result = analyze(tables)
+def test_findings_on_a_real_gpu_capture(h200_tables):
+    result = analyze(h200_tables)
     rules = {f.rule: f for f in result.findings}
     assert "no_gpu_activity" not in rules
     assert {"top_kernel", "memory_transfer_share", "gpu_busy", "dominant_phase"} <= set(rules)
@@ -51,5 +36,5 @@ def test_findings_on_a_real_gpu_capture(tables):
     threads = result.tables["threads"].set_index("thread_name")
     assert threads.loc["pt_autograd_0", "role"] == "autograd"
     assert threads.loc["pt_autograd_0", "top_osrt_call"] == "pthread_cond_wait"
-    assert (result.tables["threads"]["osrt_ns"] <= tables.span_ns).all()
+    assert (result.tables["threads"]["osrt_ns"] <= h200_tables.span_ns).all()
     assert "pt_autograd_0" in rules["training_thread_blocking"].evidence
