@@ -9,29 +9,20 @@ import pandas as pd
 
 from sftprof.analysis import intervals
 from sftprof.analysis.stats import SQL_AGGREGATES, duration_summary, finish_summary
-from sftprof.trace.events import EventStore, launch_shape
+from sftprof.trace.events import KERNEL_SHAPE, EventStore, with_launch_shapes
 
-KERNEL_NAME_IDS = {"demangled": "name_id", "short": "short_name_id", "mangled": "mangled_name_id"}
 # Kernels shorter than this take less time on the GPU than their launch takes on the CPU
 # (cudaLaunchKernel costs ~5-10 µs): many of them in a row leave the GPU waiting for launches.
 TINY_KERNEL_NS = 10_000
 
 
-def kernel_summary(events: EventStore, names: str = "demangled", by_launch_shape: bool = True) -> pd.DataFrame:
+def kernel_summary(events: EventStore) -> pd.DataFrame:
     """Kernel time by name, as `nsys stats -r gpukernsum` (2022.4 groups by name, grid and block)."""
-    shape = "grid_x, grid_y, grid_z, block_x, block_y, block_z, " if by_launch_shape else ""
     summary = events.query(f"""
-        SELECT {shape} coalesce(k.{KERNEL_NAME_IDS[names]}, k.name_id) AS kernel_id, {SQL_AGGREGATES}
-        FROM kernels k GROUP BY ALL""")
-    names_by_id = events.query("SELECT id, name FROM kernel_names").set_index("id")["name"]
-    summary["kernel"] = summary["kernel_id"].map(names_by_id)
-    keys = ["kernel"]
-    if by_launch_shape:
-        for prefix in ("grid", "block"):
-            axes = [summary[f"{prefix}_{axis}"] for axis in "xyz"]
-            summary[prefix] = [launch_shape(x, y, z) for x, y, z in zip(*axes)]
-        keys = ["grid", "block", "kernel"]
-    return finish_summary(summary, keys)
+        SELECT n.name AS kernel, s.* EXCLUDE (name_id)
+        FROM (SELECT name_id, {", ".join(KERNEL_SHAPE)}, {SQL_AGGREGATES} FROM kernels GROUP BY ALL) s
+        LEFT JOIN kernel_names n ON n.id = s.name_id""")
+    return finish_summary(with_launch_shapes(summary), ["grid", "block", "kernel"])
 
 
 def kernel_totals(events: EventStore) -> dict:

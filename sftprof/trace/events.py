@@ -23,10 +23,10 @@ import shutil
 import tempfile
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pandas as pd
 
 MEMORY_LIMIT = "512MB"
@@ -75,11 +75,31 @@ def attach_export(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     con.execute(f"ATTACH {_sql_text(Path(path).resolve())} AS export (TYPE sqlite, READ_ONLY)")
 
 
-def launch_shape(x, y, z) -> str | None:
-    """A grid or block as nsys stats prints it: "%4d %4d %4d"."""
+def _launch_shape(x, y, z) -> str | None:
     if any(pd.isna(v) for v in (x, y, z)):
         return None
     return f"{int(x):4d} {int(y):4d} {int(z):4d}"
+
+
+def with_launch_shapes(frame: pd.DataFrame) -> pd.DataFrame:
+    """`grid` and `block` as nsys stats prints them ("%4d %4d %4d"), in place of the six
+    KERNEL_SHAPE columns."""
+    for prefix in ("grid", "block"):
+        axes = [frame[f"{prefix}_{axis}"] for axis in "xyz"]
+        frame[prefix] = [_launch_shape(x, y, z) for x, y, z in zip(*axes)]
+    return frame.drop(columns=list(KERNEL_SHAPE))
+
+
+@contextmanager
+def _visible(con, frames: dict[str, pd.DataFrame]):
+    """Pandas frames registered as tables of `con` for the duration of a query."""
+    for name, frame in frames.items():
+        con.register(name, frame)
+    try:
+        yield
+    finally:
+        for name in frames:
+            con.unregister(name)
 
 
 class EventStore:
@@ -194,34 +214,18 @@ class EventStore:
 
     def query(self, sql: str, **frames: pd.DataFrame) -> pd.DataFrame:
         """Run `sql`; keyword frames are visible to it as tables of that name."""
-        for name, frame in frames.items():
-            self.con.register(name, frame)
-        try:
+        with _visible(self.con, frames):
             return self.con.execute(sql).df()
-        finally:
-            for name in frames:
-                self.con.unregister(name)
-
-    def arrays(self, sql: str, **frames: pd.DataFrame) -> dict[str, np.ndarray]:
-        """Columns of a query as numpy arrays: per-row data for interval arithmetic, without a DataFrame."""
-        for name, frame in frames.items():
-            self.con.register(name, frame)
-        try:
-            return {name: np.asarray(values) for name, values in self.con.execute(sql).fetchnumpy().items()}
-        finally:
-            for name in frames:
-                self.con.unregister(name)
 
     def chunks(self, sql: str, rows: int = 1 << 20, **frames: pd.DataFrame):
         """The result of `sql` as DataFrames of about `rows` rows each: per-row data streamed, never
         held whole."""
         cursor = self.con.cursor()
-        for name, frame in frames.items():
-            cursor.register(name, frame)
         try:
-            cursor.execute(sql)
-            while len(chunk := cursor.fetch_df_chunk(max(rows // 2048, 1))):
-                yield chunk
+            with _visible(cursor, frames):
+                cursor.execute(sql)
+                while len(chunk := cursor.fetch_df_chunk(max(rows // 2048, 1))):
+                    yield chunk
         finally:
             cursor.close()
 
@@ -238,10 +242,7 @@ class EventStore:
                 FROM kernels k LEFT JOIN kernel_names n ON n.id = k.name_id
                 LEFT JOIN kernel_names s ON s.id = k.short_name_id LEFT JOIN kernel_names m ON m.id = k.mangled_name_id
                 ORDER BY k.start""")
-            for prefix in ("grid", "block"):
-                axes = [frame[f"{prefix}_{axis}"] for axis in "xyz"]
-                frame[prefix] = [launch_shape(x, y, z) for x, y, z in zip(*axes)]
-            return frame.drop(columns=list(KERNEL_SHAPE))
+            return with_launch_shapes(frame)
         if table == "cuda_api":
             return self.query("""
                 SELECT a.start, a."end", a.duration, n.name, a.global_tid, a.pid, a.tid, a.correlation_id
