@@ -163,13 +163,19 @@ def make_plan(conn, kernels: int) -> Plan:
                 tail_ns=int(gpu_end))
 
 
+def _repeated(plan: Plan, table: str) -> list[str]:
+    """The conditions under which a seed row of `table` is repeated in every replica."""
+    repeated = ["s.start >= 0"]
+    if table == "OSRT_API":
+        repeated += [f"s.eventClass = {OSRT_CALL_CLASS}", f"s.start < {plan.window_end_ns}"]
+    if table == "NVTX_EVENTS":
+        repeated.append(f"s.eventType IN ({','.join(map(str, NVTX_REPEATED_TYPES))})")
+    return repeated
+
+
 def _replica_filter(plan: Plan, table: str) -> str:
     """Which seed rows are repeated, and (partial replica) which rows its last replica keeps."""
-    keep = ["s.start >= 0"]
-    if table == "OSRT_API":
-        keep += [f"s.eventClass = {OSRT_CALL_CLASS}", f"s.start < {plan.window_end_ns}"]
-    if table == "NVTX_EVENTS":
-        keep.append(f"s.eventType IN ({','.join(map(str, NVTX_REPEATED_TYPES))})")
+    keep = _repeated(plan, table)
     if plan.cut_ns is not None:
         keep.append(f"(r.r < {plan.full} OR s.start < {plan.cut_ns})")
     return " AND ".join(keep)
@@ -177,12 +183,7 @@ def _replica_filter(plan: Plan, table: str) -> str:
 
 def _once_filter(plan: Plan, table: str) -> str:
     """The rows of a replicated table that are written once (the complement of the repeated rows)."""
-    repeated = ["s.start >= 0"]
-    if table == "OSRT_API":
-        repeated += [f"s.eventClass = {OSRT_CALL_CLASS}", f"s.start < {plan.window_end_ns}"]
-    if table == "NVTX_EVENTS":
-        repeated.append(f"s.eventType IN ({','.join(map(str, NVTX_REPEATED_TYPES))})")
-    return "NOT (" + " AND ".join(repeated) + ")"
+    return "NOT (" + " AND ".join(_repeated(plan, table)) + ")"
 
 
 def _replica_expressions(plan: Plan, table: str, columns: list[str]) -> list[str]:
