@@ -247,13 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     from sftprof.config import ConfigError
     from sftprof.jobs import SlurmError
     from sftprof.nsys import NsysError
+    from sftprof.trace.events import EventStoreError
     from sftprof.trace.nsys_sqlite import TraceFormatError
     from sftprof.transfer import TransferError
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (CompareError, ConfigError, NsysError, SlurmError, TraceFormatError, TransferError) as error:
+    except (CompareError, ConfigError, EventStoreError, NsysError, SlurmError, TraceFormatError,
+            TransferError) as error:
         print(f"sftprof: error: {error}", file=sys.stderr)
         return 1
 

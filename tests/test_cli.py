@@ -37,6 +37,19 @@ def test_analyze_of_a_missing_file_is_a_clear_error(tmp_path):
     assert result.stderr.strip() == f"sftprof: error: {tmp_path / 'nope.nsys-rep'}: no such file"
 
 
+def test_analyze_without_duckdbs_sqlite_extension_says_what_to_install(h200_capture, tmp_path, monkeypatch, capsys):
+    from sftprof import cli
+    from sftprof.trace import events
+
+    real_find_spec = events.importlib.util.find_spec
+    monkeypatch.setattr(events.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "duckdb_ext" else real_find_spec(name, *a))
+    assert cli.main(["analyze", str(h200_capture), "-o", str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("sftprof: error: no DuckDB sqlite extension") and "pip install duckdb-ext-sqlite" in error
+    assert not (tmp_path / "out").exists()
+
+
 def test_render_prints_the_command_the_workflow_runs():
     result = sftprof("render", "local", "demo", "steady")
     assert result.returncode == 0, result.stderr
