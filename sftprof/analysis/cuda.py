@@ -116,6 +116,6 @@ def with_api_calls(ops: pd.DataFrame, events: EventStore) -> pd.DataFrame:
                           ops=pd.DataFrame({"row": range(len(keyed)), "pid": keyed["pid"].to_numpy(),
                                             "correlation_id": keyed["correlation_id"].to_numpy()}))
     joined = joined.sort_values("row", kind="stable").reset_index(drop=True)
-    joined["api"] = joined["api"].map(base_name)
+    joined["api"] = joined["api"].map({name: base_name(name) for name in joined["api"].unique()})
     matched = keyed.reset_index(drop=True).iloc[joined["row"].to_numpy()].reset_index(drop=True)
     return pd.concat([matched, joined.drop(columns="row")], axis=1)

@@ -8,6 +8,8 @@ as info, when the evidence is there, so that a reader knows it was looked for an
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -67,6 +69,12 @@ def _api_spans(ops: pd.DataFrame) -> pd.DataFrame:
     return ops[["global_tid", "api_start", "api_end"]].set_axis(["global_tid", "start", "end"], axis=1)
 
 
+def _api_named(ops: pd.DataFrame, pattern: re.Pattern) -> pd.Series:
+    """Which rows' `api` matches `pattern`, tested once per distinct name: a long capture has hundreds of
+    thousands of memory operations and a handful of API names."""
+    return ops["api"].isin([name for name in ops["api"].unique() if pattern.search(name)])
+
+
 def _threads(calls: pd.DataFrame, labels: dict) -> str:
     return ", ".join(sorted({labels.get(tid, f"tid {int(tid) & 0xFFFFFF}") for tid in calls["global_tid"]}))
 
@@ -75,7 +83,7 @@ def _threads(calls: pd.DataFrame, labels: dict) -> str:
 
 def sync_memcpy(copies: pd.DataFrame, span_ns: int, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
     """Host<->device copies through the synchronous cudaMemcpy API (copies joined to their API call)."""
-    sync = copies[copies["api"].str.contains(SYNC_MEMCPY_CALL) & copies["copy_kind"].isin(["HtoD", "DtoH"])]
+    sync = copies[_api_named(copies, SYNC_MEMCPY_CALL) & copies["copy_kind"].isin(["HtoD", "DtoH"])]
     sync = sync[~((sync["copy_kind"] == "HtoD") & (sync["bytes"] <= SMALL_SYNC_HTOD_BYTES))]
     if sync.empty:
         return []
@@ -95,7 +103,7 @@ def sync_memcpy(copies: pd.DataFrame, span_ns: int, labels: dict, nvtx: pd.DataF
 
 def pageable_memcpy(copies: pd.DataFrame, span_ns: int, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
     """cudaMemcpyAsync from or to pageable host memory: staged through a pinned buffer, so not asynchronous."""
-    pageable = copies[copies["api"].str.contains(ASYNC_MEMCPY_CALL)
+    pageable = copies[_api_named(copies, ASYNC_MEMCPY_CALL)
                       & ((copies["src_kind"] == PAGEABLE) | (copies["dst_kind"] == PAGEABLE))]
     if pageable.empty:
         return []
@@ -114,7 +122,7 @@ def pageable_memcpy(copies: pd.DataFrame, span_ns: int, labels: dict, nvtx: pd.D
 
 def sync_memset(sets: pd.DataFrame, span_ns: int, labels: dict) -> list[Finding]:
     """cudaMemset (not Async) on pinned or managed memory, which blocks the host."""
-    blocking = sets[sets["api"].str.contains(SYNC_MEMSET_CALL) & sets["dst_kind"].isin(HOST_BLOCKING_MEMSET_KINDS)]
+    blocking = sets[_api_named(sets, SYNC_MEMSET_CALL) & sets["dst_kind"].isin(HOST_BLOCKING_MEMSET_KINDS)]
     if blocking.empty:
         return []
     blocked = int(blocking["api_duration"].sum())

@@ -215,7 +215,7 @@ class EventStore:
     def query(self, sql: str, **frames: pd.DataFrame) -> pd.DataFrame:
         """Run `sql`; keyword frames are visible to it as tables of that name."""
         with _visible(self.con, frames):
-            return self.con.execute(sql).df()
+            return self.con.sql(sql).df()
 
     def chunks(self, sql: str, rows: int = 1 << 20, **frames: pd.DataFrame):
         """The result of `sql` as DataFrames of about `rows` rows each: per-row data streamed, never
