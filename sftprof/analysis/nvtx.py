@@ -9,7 +9,9 @@ in the innermost range, so that they add up to the kernel time.
 
 from __future__ import annotations
 
+import bisect
 import weakref
+from collections import defaultdict
 
 import numpy as np
 import pandas as pd
@@ -85,18 +87,24 @@ def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
     labels of its open ranges, innermost first)."""
     rows, open_ranges = [], {}
     for tid, ranges in nvtx.groupby("global_tid"):
-        start_of, end_of = ranges["start"].to_dict(), ranges["end"].to_dict()
-        bounds = np.unique(np.r_[ranges["start"].to_numpy(), ranges["end"].to_numpy()]).astype("int64").tolist()
-        by_start: dict[int, list] = {}
-        for label, start in start_of.items():
-            by_start.setdefault(start, []).append(label)
-        active: set = set()
+        starts, ends = ranges["start"].to_numpy(), ranges["end"].to_numpy()
+        bounds = np.unique(np.r_[starts, ends]).astype("int64").tolist()
+        # Each range enters the open set at its start and leaves at its end (both are bounds), kept
+        # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges).
+        entering, leaving = defaultdict(list), defaultdict(list)
+        for label, start, end in zip(ranges.index, starts.tolist(), ends.tolist()):
+            if end > start:
+                entry = (-start, end, label)
+                entering[start].append(entry)
+                leaving[end].append(entry)
+        active: list = []
         for seg_start, seg_end in zip(bounds, bounds[1:] + [np.iinfo("int64").max]):
-            active = {label for label in active.union(by_start.get(seg_start, [])) if end_of[label] > seg_start}
-            segment = len(rows)
-            rows.append((tid, segment, seg_start, seg_end))
-            # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges)
-            open_ranges[segment] = sorted(active, key=lambda label: (-start_of[label], end_of[label], label))
+            for entry in leaving.get(seg_start, ()):
+                active.remove(entry)
+            for entry in entering.get(seg_start, ()):
+                bisect.insort(active, entry)
+            open_ranges[len(rows)] = [label for _, _, label in active]
+            rows.append((tid, len(rows), seg_start, seg_end))
     frame = pd.DataFrame(rows, columns=["global_tid", "segment", "seg_start", "seg_end"])
     return frame.astype("int64"), open_ranges
 
