@@ -3,9 +3,9 @@ rows for minutes of a 7B fine-tuning job), kept in DuckDB so that analyses aggre
 bring back results, never every row.
 
 The database is a temporary file (compressed on disk, under a memory limit, so memory stays
-bounded whatever the trace size); an nsys export is copied in with one scan per table, reading
-integer columns only. Names are stored once, as ids (benchmarks/ENGINE.md has the measurements
-behind these choices).
+bounded whatever the trace size); an nsys export is copied in with one pass per table, reading
+integer columns only, decoded straight from the file's pages (sqlite_pages). Names are stored once,
+as ids (benchmarks/ENGINE.md has the measurements behind these choices).
 
 kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_id, stream_id,
           global_pid, pid, correlation_id, grid_x, grid_y, grid_z, block_x, block_y, block_z
@@ -28,6 +28,8 @@ from pathlib import Path
 
 import duckdb
 import pandas as pd
+
+from sftprof.trace import sqlite_pages
 
 MEMORY_LIMIT = "512MB"
 MAX_THREADS = 8  # a login node is shared: do not take all its cores
@@ -100,6 +102,20 @@ def _visible(con, frames: dict[str, pd.DataFrame]):
     finally:
         for name in frames:
             con.unregister(name)
+
+
+def _copy_rows(cursor: duckdb.DuckDBPyConnection, path: Path, table: str, export_table: str,
+               columns: tuple[str, ...], insert: str) -> None:
+    """Run `insert` (INSERT INTO `table` ... FROM {rows}) over `columns` of the export's
+    `export_table`: decoded from the file's pages a chunk at a time (sqlite_pages), or, when the file
+    holds something that decoder does not read, through DuckDB's SQLite reader."""
+    try:
+        for chunk in sqlite_pages.int_columns(path, export_table, list(columns)):
+            with _visible(cursor, {"export_rows": chunk}):
+                cursor.execute(insert.format(rows="export_rows"))
+    except sqlite_pages.Unsupported:
+        cursor.execute(f"DELETE FROM {table}")
+        cursor.execute(insert.format(rows=f"sqlite_scan({_sql_text(Path(path).resolve())}, {_sql_text(export_table)})"))
 
 
 class EventStore:
@@ -180,15 +196,14 @@ class EventStore:
         con = store.con
         attach_export(con, path)
         con.execute("INSERT INTO kernel_names SELECT id, value FROM export.StringIds")
-        source = _sql_text(Path(path).resolve())
         copies = []
         if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
-            copies.append(f"""
+            columns = ("start", "end", "demangledName", "shortName", "mangledName", "deviceId", "streamId",
+                       "globalPid", "correlationId", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
+            copies.append(("kernels", "CUPTI_ACTIVITY_KIND_KERNEL", columns, f"""
                 INSERT INTO kernels (start, "end", name_id, short_name_id, mangled_name_id, device_id, stream_id,
                                      global_pid, correlation_id, {", ".join(KERNEL_SHAPE)})
-                SELECT start, "end", demangledName, shortName, mangledName, deviceId, streamId, globalPid,
-                       correlationId, gridX, gridY, gridZ, blockX, blockY, blockZ
-                FROM sqlite_scan({source}, 'CUPTI_ACTIVITY_KIND_KERNEL')""")
+                SELECT {", ".join(f'"{c}"' for c in columns)} FROM {{rows}}"""))
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             # nsys stats strips a 5-character version (`_v7000`), not longer ones (`_v11060`).
             con.execute("""
@@ -197,13 +212,13 @@ class EventStore:
                 FROM (SELECT id, CASE WHEN value[-6:-5] = '_v' THEN value[:-7] ELSE value END AS stripped
                       FROM export.StringIds)""")
             con.execute("INSERT INTO api_names SELECT DISTINCT name_id, stripped FROM api_name_of")
-            copies.append(f"""
+            copies.append(("cuda_api", "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "end", "nameId", "globalTid", "correlationId"), """
                 INSERT INTO cuda_api (start, "end", name_id, global_tid, correlation_id)
                 SELECT r.start, r."end", n.name_id, r.globalTid, r.correlationId
-                FROM sqlite_scan({source}, 'CUPTI_ACTIVITY_KIND_RUNTIME') r JOIN api_name_of n ON n.raw_id = r.nameId""")
-        # Side by side: sqlite_scan opens its own SQLite connection (an ATTACHed file is read by one).
+                FROM {rows} r JOIN api_name_of n ON n.raw_id = r.nameId"""))
+        # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
         with ThreadPoolExecutor(len(copies) or 1) as pool:
-            list(pool.map(lambda sql: con.cursor().execute(sql), copies))
+            list(pool.map(lambda copy: _copy_rows(con.cursor(), path, *copy), copies))
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
         con.execute("DETACH export")

@@ -1,0 +1,151 @@
+"""The page decoder (sftprof/trace/sqlite_pages.py) against SQLite itself: same values, same order,
+and Unsupported, never a wrong value, for anything it does not decode."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sftprof.trace import events, sqlite_pages
+from sftprof.trace.load import load_trace
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NSYS_EXPORTS = sorted(p for p in FIXTURES.glob("h200_*.sqlite"))
+KERNEL_COLUMNS = ["start", "end", "demangledName", "shortName", "mangledName", "deviceId", "streamId",
+                  "globalPid", "correlationId", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
+# Every integer width SQLite stores (1, 2, 3, 4, 6, 8 bytes), both signs, each side of each boundary,
+# the constants 0 and 1 (serial types 8 and 9), and NULL.
+EDGES = [0, 1, -1, 2, 127, -128, 128, -129, 32767, -32768, 32768, 2**23 - 1, -2**23, 2**23, 2**31 - 1,
+         -2**31, 2**31, 2**47 - 1, -2**47, 2**47, 2**63 - 1, -2**63, None]
+
+
+def decoded(path, table, columns, chunk_bytes=sqlite_pages.CHUNK_BYTES) -> pd.DataFrame:
+    """Every chunk copied (the decoder reuses its buffers), as one frame with NULLs as <NA>."""
+    chunks = [chunk.copy() for chunk in sqlite_pages.int_columns(path, table, columns, chunk_bytes)]
+    return pd.concat(chunks, ignore_index=True).astype("Int64") if chunks else pd.DataFrame(columns=columns)
+
+
+def sqlite_rows(path, table, columns) -> pd.DataFrame:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(f"SELECT {', '.join(f'[{c}]' for c in columns)} FROM {table} ORDER BY rowid").fetchall()
+    return pd.DataFrame(rows, columns=columns, dtype="object").astype("Int64")
+
+
+def make_table(path: Path, rows: list[tuple], page_size: int = 4096, columns: int = 6, extra_sql: str = "") -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA page_size = {page_size}")
+        conn.execute(f"CREATE TABLE t ({', '.join(f'c{i} INTEGER' for i in range(columns))})")
+        conn.executemany(f"INSERT INTO t VALUES ({', '.join('?' * columns)})", rows)
+        if extra_sql:
+            conn.executescript(extra_sql)
+
+
+@pytest.mark.parametrize("export", NSYS_EXPORTS, ids=lambda p: p.stem)
+def test_nsys_exports_decode_as_sqlite_reads_them(export):
+    # 4-page chunks: many chunks, so reused buffers and chunk edges are exercised
+    for table, columns in (("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLUMNS),
+                           ("CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end", "nameId", "globalTid", "correlationId"])):
+        expected = sqlite_rows(export, table, columns)
+        assert len(expected) > 100
+        pd.testing.assert_frame_equal(decoded(export, table, columns, chunk_bytes=4 * 4096), expected)
+
+
+@pytest.mark.parametrize("page_size", [512, 4096, 65536])
+def test_every_integer_width_null_and_deep_btrees(tmp_path, page_size):
+    rng = random.Random(page_size)
+    rows = [tuple(rng.choice(EDGES) if rng.random() < 0.7 else rng.randint(-2**63, 2**63 - 1) for _ in range(6))
+            for _ in range(30_000)]
+    path = tmp_path / "t.sqlite"
+    # deleted rows leave free blocks in their pages; 512-byte pages make a b-tree three levels deep
+    make_table(path, rows, page_size, extra_sql="DELETE FROM t WHERE rowid % 7 = 3;")
+    columns = ["c5", "c0", "c3"]  # out of order, and not every column
+    pd.testing.assert_frame_equal(decoded(path, "t", columns, chunk_bytes=3 * page_size),
+                                  sqlite_rows(path, "t", columns))
+
+
+def test_rows_written_before_a_column_was_added_read_as_null(tmp_path):
+    path = tmp_path / "t.sqlite"
+    make_table(path, [(1, 2), (3, 4)], columns=2,
+               extra_sql="ALTER TABLE t ADD COLUMN c2 INTEGER; INSERT INTO t VALUES (5, 6, 7);")
+    frame = decoded(path, "t", ["c0", "c2"])
+    assert frame["c0"].tolist() == [1, 3, 5]
+    assert frame["c2"].isna().tolist() == [True, True, False] and frame["c2"].iloc[2] == 7
+
+
+def test_empty_table_yields_nothing(tmp_path):
+    path = tmp_path / "t.sqlite"
+    make_table(path, [])
+    assert list(sqlite_pages.int_columns(path, "t", ["c0"])) == []
+
+
+@pytest.mark.parametrize("case", ["text value", "text before the columns read", "real value", "overflowing record",
+                                  "damaged cell pointer", "WAL file", "hot journal", "WITHOUT ROWID", "rowid alias",
+                                  "default value", "no such table"])
+def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
+    path = tmp_path / "t.sqlite"
+    rows = [(i, i * 3, -i) for i in range(2000)]
+    table, columns = "t", ["c1", "c2"]
+    if case == "text value":
+        make_table(path, rows + [(1, "abc", 3)], columns=3)
+    elif case == "text before the columns read":
+        make_table(path, rows + [("abc", 2, 3)], columns=3)
+    elif case == "real value":
+        make_table(path, rows + [(1, 2.5, 3)], columns=3)
+    elif case == "overflowing record":
+        make_table(path, rows + [(b"x" * 10_000, 2, 3)], columns=3)
+    elif case == "damaged cell pointer":
+        make_table(path, rows, columns=3)
+        data = bytearray(path.read_bytes())
+        leaf = next(start for start in range(4096, len(data), 4096) if data[start] == sqlite_pages.TABLE_LEAF)
+        data[leaf + 8:leaf + 10] = b"\xff\xf0"  # the first cell "starts" 16 bytes before the page ends
+        path.write_bytes(bytes(data))
+    elif case == "WAL file":
+        make_table(path, rows, columns=3)
+        with sqlite3.connect(path) as conn:
+            conn.execute("PRAGMA journal_mode = WAL")
+    elif case == "hot journal":
+        make_table(path, rows, columns=3)
+        Path(f"{path}-journal").write_bytes(b"\0" * 512)
+    elif case == "WITHOUT ROWID":
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE w (c0 INTEGER PRIMARY KEY, c1 INTEGER, c2 INTEGER) WITHOUT ROWID")
+            conn.executemany("INSERT INTO w VALUES (?, ?, ?)", rows)
+        table = "w"
+    elif case == "rowid alias":
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE a (c0 INTEGER PRIMARY KEY, c1 INTEGER, c2 INTEGER)")
+            conn.executemany("INSERT INTO a VALUES (?, ?, ?)", rows)
+        table, columns = "a", ["c0", "c1"]
+    elif case == "default value":
+        make_table(path, rows, columns=3, extra_sql="ALTER TABLE t ADD COLUMN c3 INTEGER DEFAULT 9;")
+        columns = ["c3"]
+    else:
+        make_table(path, rows, columns=3)
+        table = "missing"
+    with pytest.raises(sqlite_pages.Unsupported):
+        decoded(path, table, columns)
+
+
+def test_event_store_falls_back_to_sqlite_midway_with_the_same_tables(monkeypatch):
+    export = FIXTURES / "h200_tiny_llama_bf16.sqlite"
+    expected = load_trace(export)
+    decode = sqlite_pages.int_columns
+
+    def fails_after_one_chunk(*args, **kwargs):
+        yield next(decode(*args, **{**kwargs, "chunk_bytes": 4 * 4096}))
+        raise sqlite_pages.Unsupported("a value that is not an integer")
+
+    monkeypatch.setattr(events.sqlite_pages, "int_columns", fails_after_one_chunk)
+    fallen_back = load_trace(export)
+    for table in ("kernels", "cuda_api"):
+        rows, rows_after_fallback = (tables.events.frame(table) for tables in (expected, fallen_back))
+        assert len(rows) > 1000
+        pd.testing.assert_frame_equal(in_full_order(rows_after_fallback), in_full_order(rows))
+
+
+def in_full_order(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.sort_values(list(frame.columns)).reset_index(drop=True)
