@@ -19,7 +19,8 @@ import pandas as pd
 from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
-JOIN_SLICES = 8
+SLICE_KERNELS = 2 << 20
+LAUNCH_KEYS = ["global_tid", "segment", "start", "end"]
 
 
 def _outside(thread: str) -> str:
@@ -109,57 +110,103 @@ def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
     return frame.astype("int64"), open_ranges
 
 
+class _LaunchTally:
+    """Kernels counted by where their launching call lies, over batches of launches: per segment
+    for calls strictly inside one; per call span for the few on a segment's edge (placed exactly
+    later); per thread for calls outside every segment (before the thread's first range, or on a
+    thread without ranges). Memory holds counts per segment, not launches."""
+
+    def __init__(self, segments: pd.DataFrame):
+        self.segment_tids = segments["global_tid"].to_numpy()
+        self.threads = {tid: (rows["seg_start"].to_numpy(), rows["seg_end"].to_numpy(), rows["segment"].to_numpy())
+                        for tid, rows in segments.groupby("global_tid")}
+        self.kernels = np.zeros(len(segments), dtype="int64")  # by segment id (= row of `segments`)
+        self.gpu_ns = np.zeros(len(segments), dtype="int64")
+        self.edge_calls: list[pd.DataFrame] = []
+        self.outside: list[pd.DataFrame] = []
+
+    def add(self, tids: np.ndarray, starts: np.ndarray, ends: np.ndarray, durations: np.ndarray) -> None:
+        placed = np.zeros(len(tids), dtype=bool)
+        for tid, (seg_starts, seg_ends, seg_ids) in self.threads.items():
+            rows = np.flatnonzero(tids == tid)
+            at = np.searchsorted(seg_starts, starts[rows], side="right") - 1
+            known = np.maximum(at, 0)
+            inside = (at >= 0) & (starts[rows] > seg_starts[known]) & (ends[rows] < seg_ends[known])
+            on_edge = (at >= 0) & ~inside
+            np.add.at(self.kernels, seg_ids[known[inside]], 1)
+            np.add.at(self.gpu_ns, seg_ids[known[inside]], durations[rows[inside]])
+            edge_rows = rows[on_edge]
+            self.edge_calls.append(pd.DataFrame({
+                "global_tid": tid, "segment": seg_ids[known[on_edge]], "start": starts[edge_rows],
+                "end": ends[edge_rows], "kernels": 1, "gpu_ns": durations[edge_rows]}))
+            placed[rows[at >= 0]] = True
+        threads, which = np.unique(tids[~placed], return_inverse=True)
+        gpu_ns = np.zeros(len(threads), dtype="int64")
+        np.add.at(gpu_ns, which, durations[~placed])
+        self.outside.append(pd.DataFrame({"global_tid": threads, "kernels": np.bincount(which, minlength=len(threads)),
+                                          "gpu_ns": gpu_ns}))
+
+    def in_segments(self) -> pd.DataFrame:
+        used = np.flatnonzero(self.kernels)
+        return pd.DataFrame({"global_tid": self.segment_tids[used], "segment": used,
+                             "kernels": self.kernels[used], "gpu_ns": self.gpu_ns[used]})
+
+    def on_edges(self) -> pd.DataFrame:
+        calls = pd.concat(self.edge_calls or [pd.DataFrame(columns=LAUNCH_KEYS + ["kernels", "gpu_ns"], dtype="int64")])
+        return calls.groupby(LAUNCH_KEYS, sort=False).sum().reset_index()
+
+    def outside_segments(self) -> pd.DataFrame:
+        rows = pd.concat(self.outside or [pd.DataFrame(columns=["global_tid", "kernels", "gpu_ns"], dtype="int64")])
+        return rows.groupby("global_tid", sort=False).sum().reset_index()
+
+
+def _launches(events: EventStore):
+    """Kernels joined to their launching calls (global_tid, start and end of the call, duration of
+    the kernel) as numpy arrays, in slices of about SLICE_KERNELS kernels by correlation id: ids
+    grow with time, so DuckDB skips the other slices' row groups, and one slice fits in memory.
+    Correlation ids are unique within a process, so the join is on (pid, correlation_id)."""
+    count, low, high = events.query(
+        "SELECT count(*) AS n, min(correlation_id) AS lo, max(correlation_id) AS hi FROM kernels").iloc[0]
+    if pd.isna(low):
+        return
+    step = (int(high) - int(low)) // -(-int(count) // SLICE_KERNELS) + 1
+    for lo in range(int(low), int(high) + 1, step):
+        launched = events.arrays(f"""
+            SELECT a.global_tid, a.start, a."end", k.duration
+            FROM (SELECT * FROM kernels WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) k
+            JOIN (SELECT * FROM cuda_api WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) a
+              ON a.pid = k.pid AND a.correlation_id = k.correlation_id
+            WHERE a.global_tid IS NOT NULL""")
+        yield launched["global_tid"], launched["start"], launched["end"], launched["duration"]
+
+
 def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dict) -> pd.DataFrame:
     """Kernel time per NVTX range name. Kernels launched outside every range are listed per thread,
     so that backward kernels launched by an unannotated autograd thread show up as such.
 
-    Kernels are joined to their launches and to the range segments in DuckDB, so only one row per
-    (thread, segment) comes back; calls that touch a segment's edge are placed exactly, one by one."""
+    Kernels are joined to their launches in DuckDB, a slice at a time; each launch is placed in its
+    thread's segments by binary search, and calls that touch a segment's edge are placed exactly,
+    one by one."""
     columns = ["range", "kernels", "gpu_ns", "gpu_pct", "inclusive_kernels", "inclusive_gpu_ns"]
     totals = events.query("SELECT count(*) AS n, coalesce(sum(duration), 0)::BIGINT AS ns FROM kernels").iloc[0]
     if not totals["n"]:
         return pd.DataFrame(columns=columns)
     segments, open_ranges = _segments(nvtx)
-    # One row per (thread, segment) for calls strictly inside a segment; one per distinct call span
-    # for the few that touch a segment's edge.
-    inside = 's.segment IS NULL OR (l.start > s.seg_start AND l."end" < s.seg_end)'
-    # In slices of correlation ids (they grow with time, so DuckDB skips the row groups of other
-    # slices): each slice's join fits in memory instead of spilling to disk.
-    low, high = events.query("SELECT min(correlation_id) AS lo, max(correlation_id) AS hi FROM kernels").iloc[0]
-    slices = [] if pd.isna(low) else range(int(low), int(high) + 1, int((high - low) // JOIN_SLICES) + 1)
-    step = slices.step if slices else 1
-    groups = pd.concat([pd.DataFrame(columns=["global_tid", "segment", "start", "end", "kernels", "gpu_ns"])] + [
-        events.query(f"""
-        WITH launched AS (
-            SELECT a.global_tid, a.start, a."end", k.duration
-            FROM (SELECT * FROM kernels WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) k
-            JOIN (SELECT * FROM cuda_api WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) a
-              ON a.pid = k.pid AND a.correlation_id = k.correlation_id),
-        annotated AS (SELECT * FROM launched WHERE global_tid IN (SELECT global_tid FROM segments))
-        SELECT l.global_tid, s.segment, CASE WHEN {inside} THEN NULL ELSE l.start END AS start,
-               CASE WHEN {inside} THEN NULL ELSE l."end" END AS "end",
-               count(*) AS kernels, sum(l.duration)::BIGINT AS gpu_ns
-        FROM annotated l ASOF LEFT JOIN segments s ON l.global_tid = s.global_tid AND l.start >= s.seg_start
-        GROUP BY ALL
-        UNION ALL  -- threads without ranges: no segment to look up
-        SELECT global_tid, NULL, NULL, NULL, count(*), sum(duration)::BIGINT FROM launched
-        WHERE global_tid NOT IN (SELECT global_tid FROM segments) GROUP BY global_tid""", segments=segments)
-        for lo in slices])
-    keys = ["global_tid", "segment", "start", "end"]
-    groups = groups.groupby(keys, dropna=False, sort=False)[["kernels", "gpu_ns"]].sum().reset_index()
-    on_edges = groups["start"].notna()
+    tally = _LaunchTally(segments)
+    for launches in _launches(events):
+        tally.add(*launches)
 
     def outside(tid) -> str:
         return _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}"))
 
     name_of = nvtx["name"].to_dict()
     exclusive, inclusive = [], []
-    for tid, segment, kernels, gpu_ns in groups.loc[~on_edges, ["global_tid", "segment", "kernels", "gpu_ns"]].itertuples(
-            index=False):
-        names = [name_of[label] for label in open_ranges[segment]] if pd.notna(segment) else []
+    for tid, segment, kernels, gpu_ns in tally.in_segments().itertuples(index=False):
+        names = [name_of[label] for label in open_ranges[segment]]
         exclusive.append((names[0] if names else outside(tid), kernels, gpu_ns))
         inclusive += [(name, kernels, gpu_ns) for name in names]
-    calls = groups[on_edges].astype({"start": "int64", "end": "int64"})
+    exclusive += [(outside(tid), kernels, gpu_ns) for tid, kernels, gpu_ns in tally.outside_segments().itertuples(index=False)]
+    calls = tally.on_edges()
     if len(calls):
         innermost = innermost_ranges(nvtx, calls)
         for label, call in calls.iterrows():

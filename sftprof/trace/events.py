@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 from sftprof.trace import sqlite_pages
@@ -231,6 +232,11 @@ class EventStore:
         """Run `sql`; keyword frames are visible to it as tables of that name."""
         with _visible(self.con, frames):
             return self.con.sql(sql).df()
+
+    def arrays(self, sql: str) -> dict[str, np.ndarray]:
+        """The result of `sql`, which must hold no NULLs, as one numpy array per column: for rows that
+        numpy works through faster than SQL (binary search into NVTX segments)."""
+        return {name: np.asarray(values) for name, values in self.con.sql(sql).fetchnumpy().items()}
 
     def chunks(self, sql: str, rows: int = 1 << 20, **frames: pd.DataFrame):
         """The result of `sql` as DataFrames of about `rows` rows each: per-row data streamed, never
