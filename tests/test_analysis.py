@@ -96,9 +96,22 @@ def test_thread_blocking_is_a_finding_only_above_the_threshold():
     assert io_bound.recommendation.startswith("write on a training thread")
 
 
+def test_busy_time_merged_window_by_window_equals_the_union_of_every_operation(h200_tables, monkeypatch):
+    """busy_by_device fetches each device's operations in windows of start times; an operation may
+    run on past its window's end into the next ones."""
+    kernels, memops = h200_tables.kernels, h200_tables.memops
+    operations = pd.concat([kernels[["start", "end"]], memops[["start", "end"]]])
+    whole = intervals.union(operations[operations["start"] > 0])
+    monkeypatch.setattr(gpu, "BUSY_WINDOW_ROWS", 50)
+    [windowed] = gpu.busy_by_device(h200_tables.events, memops).values()
+    assert len(operations) // 50 > gpu.BUSY_MAX_WINDOWS  # so every window edge is used
+    pd.testing.assert_frame_equal(windowed.merged, whole)
+    assert (windowed.first, windowed.last) == (operations["start"].min(), whole["end"].max())
+
+
 def test_intervals_merged_in_batches_equal_the_union_at_once():
-    """busy_by_device streams kernels through RunningUnion a chunk at a time; a batch boundary may
-    fall inside a run of overlapping intervals, or between touching ones."""
+    """busy_by_device merges operations through RunningUnion a window at a time; a batch boundary
+    may fall inside a run of overlapping intervals, or between touching ones."""
     rng = np.random.default_rng(7)
     starts = np.sort(rng.integers(0, 100_000, 5_000))
     ends = starts + rng.integers(0, 60, len(starts))

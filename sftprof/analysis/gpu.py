@@ -13,6 +13,8 @@ from sftprof.trace.events import KERNEL_SHAPE, EventStore, with_launch_shapes
 
 # Kernels shorter than this take less time on the GPU than their launch takes on the CPU
 # (cudaLaunchKernel costs ~5-10 µs): many of them in a row leave the GPU waiting for launches.
+BUSY_WINDOW_ROWS = 2 << 20  # operations fetched at a time to merge into a device's busy time
+BUSY_MAX_WINDOWS = 64  # per device: windows are cut at 1/64 quantiles, so larger traces get larger windows
 TINY_KERNEL_NS = 10_000
 
 
@@ -60,27 +62,29 @@ class DeviceBusy:
 
 def busy_by_device(events: EventStore, memops: pd.DataFrame) -> dict[int, DeviceBusy]:
     """Per device, the union of every kernel and memory operation. Rows with start <= 0 are dropped,
-    as nsys's utilisation rules do. Kernels are sorted in DuckDB and merged a chunk at a time, so
-    memory holds the merged intervals, not every kernel."""
+    as nsys's utilisation rules do. Operations are fetched sorted, in windows of about BUSY_WINDOW_ROWS
+    starts (edges at approximate quantiles), and merged a window at a time, so memory holds the
+    merged intervals, not every kernel."""
     ops = memops.loc[memops["start"] > 0, ["device_id", "start", "end"]].astype("int64")
-    chunks = events.chunks("""
-        SELECT device_id::BIGINT AS device_id, start, "end" FROM kernels WHERE start > 0
-        UNION ALL SELECT device_id, start, "end" FROM ops
-        ORDER BY device_id, start""", ops=ops)
-    merged: dict[int, intervals.RunningUnion] = {}
-    first: dict[int, int] = {}
-    for chunk in chunks:
-        devices = chunk["device_id"].to_numpy()
-        edges = np.flatnonzero(np.diff(devices)) + 1
-        for lo, hi in zip(np.r_[0, edges], np.r_[edges, len(devices)]):
-            device = int(devices[lo])
-            first.setdefault(device, int(chunk["start"].iat[lo]))
-            merged.setdefault(device, intervals.RunningUnion()).add(chunk["start"].to_numpy()[lo:hi],
-                                                                    chunk["end"].to_numpy()[lo:hi])
+    operations = """(SELECT device_id::BIGINT AS device_id, start, "end" FROM kernels WHERE start > 0
+                     UNION ALL SELECT device_id, start, "end" FROM ops)"""
+    devices = events.query(f"""
+        SELECT device_id, count(*) AS n, min(start) AS first, max(start) AS last,
+               approx_quantile(start, [{", ".join(str(q / BUSY_MAX_WINDOWS) for q in range(1, BUSY_MAX_WINDOWS))}]) AS cuts
+        FROM {operations} GROUP BY device_id ORDER BY device_id""", ops=ops)
     busy = {}
-    for device, union in merged.items():
-        frame = union.result()
-        busy[device] = DeviceBusy(frame, first[device], int(frame["end"].iat[-1]))
+    for device, n, first, last, cuts in devices.itertuples(index=False):
+        windows = min(-(-int(n) // BUSY_WINDOW_ROWS), BUSY_MAX_WINDOWS)
+        inner = [cuts[k * BUSY_MAX_WINDOWS // windows - 1] for k in range(1, windows)]
+        edges = np.unique(np.array([first, *inner, last + 1], dtype="int64"))
+        merged = intervals.RunningUnion()
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            window = events.arrays(f"""SELECT start, "end" FROM {operations}
+                                       WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi} ORDER BY start""",
+                                   ops=ops)
+            merged.add(window["start"], window["end"])
+        frame = merged.result()
+        busy[int(device)] = DeviceBusy(frame, int(first), int(frame["end"].iat[-1]))
     return busy
 
 

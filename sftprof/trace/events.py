@@ -233,22 +233,11 @@ class EventStore:
         with _visible(self.con, frames):
             return self.con.sql(sql).df()
 
-    def arrays(self, sql: str) -> dict[str, np.ndarray]:
+    def arrays(self, sql: str, **frames: pd.DataFrame) -> dict[str, np.ndarray]:
         """The result of `sql`, which must hold no NULLs, as one numpy array per column: for rows that
-        numpy works through faster than SQL (binary search into NVTX segments)."""
-        return {name: np.asarray(values) for name, values in self.con.sql(sql).fetchnumpy().items()}
-
-    def chunks(self, sql: str, rows: int = 1 << 20, **frames: pd.DataFrame):
-        """The result of `sql` as DataFrames of about `rows` rows each: per-row data streamed, never
-        held whole."""
-        cursor = self.con.cursor()
-        try:
-            with _visible(cursor, frames):
-                cursor.execute(sql)
-                while len(chunk := cursor.fetch_df_chunk(max(rows // 2048, 1))):
-                    yield chunk
-        finally:
-            cursor.close()
+        numpy works through faster than SQL (binary search, running unions)."""
+        with _visible(self.con, frames):
+            return {name: np.asarray(values) for name, values in self.con.sql(sql).fetchnumpy().items()}
 
     def count(self, table: str) -> int:
         return int(self.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
