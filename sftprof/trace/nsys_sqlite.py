@@ -13,6 +13,7 @@ META_DATA_EXPORT (newer), and enum labels come from the file's ENUM_* tables whe
 from __future__ import annotations
 
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -263,19 +264,22 @@ def load_nsys_sqlite(path: str | Path) -> TraceTables:
         release = _nsys_release(_metadata(conn, tables), tables)
         attach_export(reader, path)
         reader.execute("USE export")
-        return TraceTables(
-            source_path=str(path),
-            span_ns=_span_ns(conn, tables),
-            sources=_sources(tables),
-            threads=_threads(conn, tables),
-            nvtx=_nvtx(conn, tables),
-            osrt=_osrt(reader, tables),
-            memops=_memops(conn, reader, tables, release),
-            sync=_sync(conn, reader, tables),
-            sched=_sched(reader, tables),
-            gpu_metrics=_gpu_metrics(conn, tables),
-            events=EventStore.from_nsys_sqlite(path, tables),
-        )
+        # The copy of kernels and API calls leaves part of a core idle: the small tables load meanwhile.
+        with ThreadPoolExecutor(1) as copying:
+            events = copying.submit(EventStore.from_nsys_sqlite, path, tables)
+            return TraceTables(
+                source_path=str(path),
+                span_ns=_span_ns(conn, tables),
+                sources=_sources(tables),
+                threads=_threads(conn, tables),
+                nvtx=_nvtx(conn, tables),
+                osrt=_osrt(reader, tables),
+                memops=_memops(conn, reader, tables, release),
+                sync=_sync(conn, reader, tables),
+                sched=_sched(reader, tables),
+                gpu_metrics=_gpu_metrics(conn, tables),
+                events=events.result(),
+            )
     except (sqlite3.DatabaseError, duckdb.Error) as exc:
         raise TraceFormatError(f"{path}: damaged or truncated export ({exc})") from None
     finally:
