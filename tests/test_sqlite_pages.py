@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sftprof.trace import events, sqlite_pages
+from sftprof.trace import sqlite_pages
 from sftprof.trace.load import load_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -139,7 +139,7 @@ def test_event_store_falls_back_to_sqlite_midway_with_the_same_tables(monkeypatc
         yield next(decode(*args, **{**kwargs, "chunk_bytes": 4 * 4096}))
         raise sqlite_pages.Unsupported("a value that is not an integer")
 
-    monkeypatch.setattr(events.sqlite_pages, "int_columns", fails_after_one_chunk)
+    monkeypatch.setattr(sqlite_pages, "int_columns", fails_after_one_chunk)
     fallen_back = load_trace(export)
     for table in ("kernels", "cuda_api"):
         rows, rows_after_fallback = (tables.events.frame(table) for tables in (expected, fallen_back))

@@ -30,8 +30,6 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from sftprof.trace import sqlite_pages
-
 MEMORY_LIMIT = "512MB"
 MAX_THREADS = 8  # a login node is shared: do not take all its cores
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
@@ -110,6 +108,8 @@ def _copy_rows(cursor: duckdb.DuckDBPyConnection, path: Path, table: str, export
     """Run `insert` (INSERT INTO `table` ... FROM {rows}) over `columns` of the export's
     `export_table`: decoded from the file's pages a chunk at a time (sqlite_pages), or, when the file
     holds something that decoder does not read, through DuckDB's SQLite reader."""
+    from sftprof.trace import sqlite_pages  # imports numba (0.4 s): only when an export is read
+
     try:
         for chunk in sqlite_pages.int_columns(path, export_table, list(columns)):
             with _visible(cursor, {"export_rows": chunk}):
