@@ -9,9 +9,7 @@ in the innermost range, so that they add up to the kernel time.
 
 from __future__ import annotations
 
-import bisect
 import weakref
-from collections import defaultdict
 
 import numpy as np
 import pandas as pd
@@ -72,7 +70,7 @@ def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
 _last_segments: list = []  # [(weakref to an nvtx frame, its segments)]: rules ask again for the same frame
 
 
-def _segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
+def _segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, "_OpenRanges"]:
     """`_cut_timelines`, worked out once per NVTX table (analyses do not modify their inputs)."""
     if _last_segments and _last_segments[0][0]() is nvtx:
         return _last_segments[0][1]
@@ -81,33 +79,45 @@ def _segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
     return result
 
 
-def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, list]]:
+class _OpenRanges:
+    """segment -> index labels of the ranges open in it, innermost first (stored as one array and
+    an offset per segment, not a list per segment)."""
+
+    def __init__(self, labels: np.ndarray, offsets: np.ndarray):
+        self.labels, self.offsets = labels, offsets
+
+    def __getitem__(self, segment: int) -> list:
+        return self.labels[self.offsets[segment]:self.offsets[segment + 1]].tolist()
+
+
+def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, _OpenRanges]:
     """Each thread's timeline cut at every start and end of its ranges. Within one segment the same
     ranges are open, so a call that lies strictly inside a segment is inside exactly the ranges that
-    contain the segment. Returns (segments: global_tid, segment, seg_start, seg_end; segment -> index
-    labels of its open ranges, innermost first)."""
-    rows, open_ranges = [], {}
-    for tid, ranges in nvtx.groupby("global_tid"):
-        starts, ends = ranges["start"].to_numpy(), ranges["end"].to_numpy()
-        bounds = np.unique(np.r_[starts, ends]).astype("int64").tolist()
-        # Each range enters the open set at its start and leaves at its end (both are bounds), kept
-        # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges).
-        entering, leaving = defaultdict(list), defaultdict(list)
-        for label, start, end in zip(ranges.index, starts.tolist(), ends.tolist()):
-            if end > start:
-                entry = (-start, end, label)
-                entering[start].append(entry)
-                leaving[end].append(entry)
-        active: list = []
-        for seg_start, seg_end in zip(bounds, bounds[1:] + [np.iinfo("int64").max]):
-            for entry in leaving.get(seg_start, ()):
-                active.remove(entry)
-            for entry in entering.get(seg_start, ()):
-                bisect.insort(active, entry)
-            open_ranges[len(rows)] = [label for _, _, label in active]
-            rows.append((tid, len(rows), seg_start, seg_end))
-    frame = pd.DataFrame(rows, columns=["global_tid", "segment", "seg_start", "seg_end"])
-    return frame.astype("int64"), open_ranges
+    contain the segment. Returns (segments: global_tid, segment, seg_start, seg_end; the open
+    ranges of each segment)."""
+    parts, opened, first_segment = [], [], 0
+    for tid, ranges in nvtx.groupby("global_tid", sort=True):
+        starts, ends = ranges["start"].to_numpy("int64"), ranges["end"].to_numpy("int64")
+        bounds = np.unique(np.r_[starts, ends])
+        parts.append(pd.DataFrame({"global_tid": tid, "segment": first_segment + np.arange(len(bounds)),
+                                   "seg_start": bounds, "seg_end": np.r_[bounds[1:], np.iinfo("int64").max]}))
+        # A range (end > start) is open in the segments from the one its start opens to the one its
+        # end opens: one (segment, range) row for each.
+        positive = np.flatnonzero(ends > starts)
+        first = np.searchsorted(bounds, starts[positive]) + first_segment
+        spans = np.searchsorted(bounds, ends[positive]) + first_segment - first
+        owner = np.repeat(positive, spans)
+        segment = np.repeat(first, spans) + np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans)
+        opened.append(pd.DataFrame({"segment": segment, "start": starts[owner], "end": ends[owner],
+                                    "label": ranges.index[owner]}))
+        first_segment += len(bounds)
+    segments = pd.concat(parts, ignore_index=True) if parts else \
+        pd.DataFrame(columns=["global_tid", "segment", "seg_start", "seg_end"])
+    pairs = pd.concat(opened, ignore_index=True) if opened else pd.DataFrame(columns=["segment", "start", "end", "label"])
+    # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges)
+    pairs = pairs.sort_values(["segment", "start", "end", "label"], ascending=[True, False, True, True], kind="stable")
+    offsets = np.r_[0, np.cumsum(np.bincount(pairs["segment"].to_numpy("int64"), minlength=len(segments)))]
+    return segments.astype("int64"), _OpenRanges(pairs["label"].to_numpy(), offsets)
 
 
 class _LaunchTally:
