@@ -25,12 +25,12 @@ def _outside(thread: str) -> str:
     return f"(no NVTX range, {thread})"
 
 
-def _ranges_of_calls(nvtx: pd.DataFrame, calls: pd.DataFrame) -> dict:
-    """For each call (by index label) inside any range: the index labels of the NVTX ranges, on its
-    thread, that contain it (start and end inside), innermost first."""
-    segments, open_ranges = _segments(nvtx)
+def _placed_calls(nvtx: pd.DataFrame, calls: pd.DataFrame):
+    """Per thread of `calls` that has ranges: the index labels of its calls that lie strictly inside
+    a segment and those segments (arrays), and for its calls on a segment's edge (a call starting or
+    ending where a range does), each one's enclosing ranges, innermost first (checked range by range)."""
+    segments, _ = _segments(nvtx)
     ranges_by_thread = dict(tuple(nvtx.groupby("global_tid")))
-    found = {}
     for tid, thread_calls in calls.groupby("global_tid"):
         thread_segments = segments[segments["global_tid"] == tid]
         if thread_segments.empty:
@@ -40,22 +40,23 @@ def _ranges_of_calls(nvtx: pd.DataFrame, calls: pd.DataFrame) -> dict:
         at = np.searchsorted(seg_starts, starts, side="right") - 1
         known = np.maximum(at, 0)
         strictly_inside = (at >= 0) & (starts > seg_starts[known]) & (ends < seg_ends[known])
-        segment_ids = thread_segments["segment"].to_numpy()[known]
-        for label, segment in zip(thread_calls.index[strictly_inside], segment_ids[strictly_inside]):
-            found[label] = open_ranges[segment]
-        # on a segment's edge (a call starting or ending where a range does): check each range
+        on_edge = (at >= 0) & ~strictly_inside
         ranges = ranges_by_thread[tid]
-        for label, start, end in zip(thread_calls.index[(at >= 0) & ~strictly_inside],
-                                     starts[(at >= 0) & ~strictly_inside], ends[(at >= 0) & ~strictly_inside]):
+        edges = {}
+        for label, start, end in zip(thread_calls.index[on_edge], starts[on_edge], ends[on_edge]):
             inside = ranges[(ranges["start"] <= start) & (ranges["end"] >= end)]
-            found[label] = sorted(inside.index, key=lambda lbl: (-inside.at[lbl, "start"], inside.at[lbl, "end"], lbl))
-    return {label: labels for label, labels in found.items() if labels}
+            edges[label] = sorted(inside.index, key=lambda lbl: (-inside.at[lbl, "start"], inside.at[lbl, "end"], lbl))
+        yield thread_calls.index[strictly_inside], thread_segments["segment"].to_numpy()[known[strictly_inside]], edges
 
 
 def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Every (call, range) pair where the range, on the call's thread, contains the call.
     `call` and `range` are index labels of `calls` and `nvtx`."""
-    pairs = [(call, label) for call, labels in _ranges_of_calls(nvtx, calls).items() for label in labels]
+    _, open_ranges = _segments(nvtx)
+    pairs = []
+    for inside, segments, edges in _placed_calls(nvtx, calls):
+        pairs += [(call, label) for call, segment in zip(inside, segments) for label in open_ranges[segment]]
+        pairs += [(call, label) for call, labels in edges.items() for label in labels]
     return pd.DataFrame(pairs, columns=["call", "range"]).astype(
         {"call": calls.index.dtype, "range": nvtx.index.dtype})
 
@@ -63,8 +64,13 @@ def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
 def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     """For each call (by index label), the index label of the innermost NVTX range containing it
     on its thread: the one that started last (the shorter one on a tie). Calls in no range are absent."""
-    innermost = {call: labels[0] for call, labels in _ranges_of_calls(nvtx, calls).items()}
-    return pd.Series(innermost, name="range", dtype=nvtx.index.dtype).rename_axis("call")
+    _, open_ranges = _segments(nvtx)
+    parts = [pd.Series(dtype=nvtx.index.dtype)]
+    for inside, segments, edges in _placed_calls(nvtx, calls):
+        first, after = open_ranges.offsets[segments], open_ranges.offsets[segments + 1]
+        parts.append(pd.Series(open_ranges.labels[first[after > first]], index=inside[after > first]))
+        parts.append(pd.Series({call: labels[0] for call, labels in edges.items() if labels}, dtype=nvtx.index.dtype))
+    return pd.concat(parts).astype(nvtx.index.dtype).rename("range").rename_axis("call")
 
 
 _last_segments: list = []  # [(weakref to an nvtx frame, its segments)]: rules ask again for the same frame
