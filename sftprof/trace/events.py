@@ -11,8 +11,9 @@ kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_
           global_pid, pid, correlation_id, grid_x, grid_y, grid_z, block_x, block_y, block_z
 cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
 kernel_names, api_names   id, name   (API names without the `_vNNNN` suffix that nsys stats strips)
-duration, pid and tid are computed from the stored columns (as nsys lays out globalTid), not stored:
-the copy is the slowest part of loading.
+kernels and cuda_api are views: duration, pid and tid are computed from the rows stored in
+kernel_rows and cuda_api_rows (as nsys lays out globalTid). Storing them, or declaring them as
+generated columns, made the copy, the slowest part of loading, 10% slower.
 """
 
 from __future__ import annotations
@@ -35,19 +36,21 @@ MAX_THREADS = 8  # a login node is shared: do not take all its cores
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 KERNEL_NAME_IDS = ("name_id", "short_name_id", "mangled_name_id")
 SCHEMA = {
-    "kernels": """start BIGINT NOT NULL, "end" BIGINT NOT NULL, duration BIGINT AS ("end" - start),
-                  name_id INTEGER, short_name_id INTEGER, mangled_name_id INTEGER, device_id INTEGER,
-                  stream_id INTEGER, global_pid BIGINT, pid INTEGER AS ((global_pid >> 24) & 16777215),
-                  correlation_id BIGINT, grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER,
-                  block_y INTEGER, block_z INTEGER""",
-    "cuda_api": """start BIGINT NOT NULL, "end" BIGINT NOT NULL, duration BIGINT AS ("end" - start),
-                   name_id INTEGER, global_tid BIGINT, pid INTEGER AS ((global_tid >> 24) & 16777215),
-                   tid INTEGER AS (global_tid & 16777215), correlation_id BIGINT""",
+    "kernel_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, short_name_id INTEGER, mangled_name_id INTEGER,
+                      device_id INTEGER, stream_id INTEGER, global_pid BIGINT, correlation_id BIGINT,
+                      grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER, block_y INTEGER,
+                      block_z INTEGER""",
+    "cuda_api_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, global_tid BIGINT, correlation_id BIGINT""",
     "kernel_names": "id INTEGER PRIMARY KEY, name VARCHAR",
     "api_names": "id INTEGER PRIMARY KEY, name VARCHAR",
 }
-STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",") if " AS (" not in part]
-                  for table, schema in SCHEMA.items()}
+VIEWS = {
+    "kernels": """SELECT *, "end" - start AS duration, ((global_pid >> 24) & 16777215)::INTEGER AS pid
+                  FROM kernel_rows""",
+    "cuda_api": """SELECT *, "end" - start AS duration, ((global_tid >> 24) & 16777215)::INTEGER AS pid,
+                          (global_tid & 16777215)::INTEGER AS tid FROM cuda_api_rows""",
+}
+STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",")] for table, schema in SCHEMA.items()}
 
 
 class EventStoreError(RuntimeError):
@@ -135,6 +138,8 @@ class EventStore:
             self.con.execute(f"SET {name} = '{value}'")
         for table, schema in SCHEMA.items():
             self.con.execute(f"CREATE TABLE {table} ({schema})")
+        for view, sql in VIEWS.items():
+            self.con.execute(f"CREATE VIEW {view} AS {sql}")
 
     @staticmethod
     def _release(con, folder):
@@ -169,7 +174,7 @@ class EventStore:
                 parts = shape.astype("string").str.split(expand=False)
                 for i, axis in enumerate("xyz"):
                     rows[f"{prefix}_{axis}"] = pd.to_numeric(parts.str[i], errors="coerce").astype("Int64")
-            store._insert("kernels", rows)
+            store._insert("kernel_rows", rows)
             store._insert("kernel_names", pd.DataFrame({"id": range(len(uniques)), "name": list(uniques)}))
         if cuda_api is not None and len(cuda_api):
             cuda_api = cuda_api.reset_index(drop=True)
@@ -177,7 +182,7 @@ class EventStore:
             rows = pd.DataFrame({c: cuda_api[c] if c in cuda_api else None
                                  for c in ("start", "end", "global_tid", "correlation_id")})
             rows["name_id"] = codes
-            store._insert("cuda_api", rows)
+            store._insert("cuda_api_rows", rows)
             store._insert("api_names", pd.DataFrame({"id": range(len(uniques)), "name": list(uniques)}))
         return store
 
@@ -201,8 +206,8 @@ class EventStore:
         if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
             columns = ("start", "end", "demangledName", "shortName", "mangledName", "deviceId", "streamId",
                        "globalPid", "correlationId", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
-            copies.append(("kernels", "CUPTI_ACTIVITY_KIND_KERNEL", columns, f"""
-                INSERT INTO kernels (start, "end", name_id, short_name_id, mangled_name_id, device_id, stream_id,
+            copies.append(("kernel_rows", "CUPTI_ACTIVITY_KIND_KERNEL", columns, f"""
+                INSERT INTO kernel_rows (start, "end", name_id, short_name_id, mangled_name_id, device_id, stream_id,
                                      global_pid, correlation_id, {", ".join(KERNEL_SHAPE)})
                 SELECT {", ".join(f'"{c}"' for c in columns)} FROM {{rows}}"""))
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
@@ -213,8 +218,8 @@ class EventStore:
                 FROM (SELECT id, CASE WHEN value[-6:-5] = '_v' THEN value[:-7] ELSE value END AS stripped
                       FROM export.StringIds)""")
             con.execute("INSERT INTO api_names SELECT DISTINCT name_id, stripped FROM api_name_of")
-            copies.append(("cuda_api", "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "end", "nameId", "globalTid", "correlationId"), """
-                INSERT INTO cuda_api (start, "end", name_id, global_tid, correlation_id)
+            copies.append(("cuda_api_rows", "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "end", "nameId", "globalTid", "correlationId"), """
+                INSERT INTO cuda_api_rows (start, "end", name_id, global_tid, correlation_id)
                 SELECT r.start, r."end", n.name_id, r.globalTid, r.correlationId
                 FROM {rows} r JOIN api_name_of n ON n.raw_id = r.nameId"""))
         # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
