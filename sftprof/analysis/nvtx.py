@@ -25,6 +25,16 @@ def _outside(thread: str) -> str:
     return f"(no NVTX range, {thread})"
 
 
+def _place(seg_starts: np.ndarray, seg_ends: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    """Calls (starts, ends) among one thread's sorted segments: the segment each starts in (`known`,
+    valid where the call starts in one), which calls lie strictly inside it, and which touch its
+    edge (start or end where a range does)."""
+    at = np.searchsorted(seg_starts, starts, side="right") - 1
+    known = np.maximum(at, 0)
+    strictly_inside = (at >= 0) & (starts > seg_starts[known]) & (ends < seg_ends[known])
+    return known, strictly_inside, (at >= 0) & ~strictly_inside
+
+
 def _placed_calls(nvtx: pd.DataFrame, calls: pd.DataFrame):
     """Per thread of `calls` that has ranges: the index labels of its calls that lie strictly inside
     a segment and those segments (arrays), and for its calls on a segment's edge (a call starting or
@@ -37,10 +47,7 @@ def _placed_calls(nvtx: pd.DataFrame, calls: pd.DataFrame):
             continue
         seg_starts, seg_ends = thread_segments["seg_start"].to_numpy(), thread_segments["seg_end"].to_numpy()
         starts, ends = thread_calls["start"].to_numpy(), thread_calls["end"].to_numpy()
-        at = np.searchsorted(seg_starts, starts, side="right") - 1
-        known = np.maximum(at, 0)
-        strictly_inside = (at >= 0) & (starts > seg_starts[known]) & (ends < seg_ends[known])
-        on_edge = (at >= 0) & ~strictly_inside
+        known, strictly_inside, on_edge = _place(seg_starts, seg_ends, starts, ends)
         ranges = ranges_by_thread[tid]
         edges = {}
         for label, start, end in zip(thread_calls.index[on_edge], starts[on_edge], ends[on_edge]):
@@ -145,17 +152,14 @@ class _LaunchTally:
         placed = np.zeros(len(tids), dtype=bool)
         for tid, (seg_starts, seg_ends, seg_ids) in self.threads.items():
             rows = np.flatnonzero(tids == tid)
-            at = np.searchsorted(seg_starts, starts[rows], side="right") - 1
-            known = np.maximum(at, 0)
-            inside = (at >= 0) & (starts[rows] > seg_starts[known]) & (ends[rows] < seg_ends[known])
-            on_edge = (at >= 0) & ~inside
+            known, inside, on_edge = _place(seg_starts, seg_ends, starts[rows], ends[rows])
             np.add.at(self.kernels, seg_ids[known[inside]], 1)
             np.add.at(self.gpu_ns, seg_ids[known[inside]], durations[rows[inside]])
             edge_rows = rows[on_edge]
             self.edge_calls.append(pd.DataFrame({
                 "global_tid": tid, "segment": seg_ids[known[on_edge]], "start": starts[edge_rows],
                 "end": ends[edge_rows], "kernels": 1, "gpu_ns": durations[edge_rows]}))
-            placed[rows[at >= 0]] = True
+            placed[rows[inside | on_edge]] = True
         threads, which = np.unique(tids[~placed], return_inverse=True)
         gpu_ns = np.zeros(len(threads), dtype="int64")
         np.add.at(gpu_ns, which, durations[~placed])
