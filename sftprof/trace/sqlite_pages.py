@@ -107,11 +107,15 @@ def _decode(pages, page_size, usable, slot, out, missing):
     return row
 
 
-def _read(handle: int, offset: int, size: int) -> bytes:
-    data = os.pread(handle, size, offset)
-    if len(data) != size:
+def _read_into(handle: int, buffer, offset: int) -> None:
+    if os.preadv(handle, [buffer], offset) != len(buffer):
         raise Unsupported("the file ends inside a page")
-    return data
+
+
+def _read(handle: int, offset: int, size: int) -> bytearray:
+    buffer = bytearray(size)
+    _read_into(handle, buffer, offset)
+    return buffer
 
 
 def _table(path: Path, table: str, columns: list[str]) -> tuple[int, np.ndarray]:
@@ -193,8 +197,7 @@ def int_columns(path: str | Path, table: str, columns: list[str],
         for first in range(0, len(leaves), pages_per_chunk):
             size = 0
             for start, count in _runs(leaves[first:first + pages_per_chunk]):
-                if os.preadv(handle, [pages[size:size + count * page_size]], (start - 1) * page_size) != count * page_size:
-                    raise Unsupported("the file ends inside a page")
+                _read_into(handle, pages[size:size + count * page_size], (start - 1) * page_size)
                 size += count * page_size
             headers = pages[:size].reshape(-1, page_size)
             rows = int(((headers[:, 3].astype(np.int64) << 8) | headers[:, 4]).sum())
