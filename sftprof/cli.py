@@ -243,19 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sftprof.compare import CompareError
-    from sftprof.config import ConfigError
-    from sftprof.jobs import SlurmError
-    from sftprof.nsys import NsysError
-    from sftprof.trace.events import EventStoreError
-    from sftprof.trace.nsys_sqlite import TraceFormatError
-    from sftprof.transfer import TransferError
+    from sftprof.errors import SftprofError  # each command imports only the modules it needs
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (CompareError, ConfigError, EventStoreError, NsysError, SlurmError, TraceFormatError,
-            TransferError) as error:
+    except SftprofError as error:
         print(f"sftprof: error: {error}", file=sys.stderr)
         return 1
 

@@ -25,6 +25,7 @@ import pandas as pd
 from sftprof import __version__, results
 from sftprof.analysis import Analysis, analyze
 from sftprof.analysis.cpu import PHASES, STEP_RANGE
+from sftprof.errors import SftprofError
 from sftprof.io import atomic_write_text
 from sftprof.trace import load_trace
 from sftprof.trace.kineto import kernel_short_name
@@ -40,7 +41,7 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), u
                           autoescape=True)
 
 
-class CompareError(ValueError):
+class CompareError(SftprofError, ValueError):
     """An input that is neither an analysis folder nor a trace, or too few inputs."""
 
 

@@ -14,11 +14,13 @@ from typing import Any
 import jsonschema
 import yaml
 
+from sftprof.errors import SftprofError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(SftprofError, ValueError):
     """A config value is wrong; the message names the key."""
 
 

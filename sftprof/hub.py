@@ -49,6 +49,7 @@ from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import filter_repo_objects
 
 from sftprof import layout
+from sftprof.errors import SftprofError
 from sftprof.io import atomic_path, atomic_write_text
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -60,7 +61,7 @@ DOLLY_IDENTITY = {"hub": ("repo", "revision", "filename"), "path": ("path",)}
 _CHUNK = 8 * 2**20
 
 
-class HubError(RuntimeError):
+class HubError(SftprofError, RuntimeError):
     """A download cannot go on; the message says why and what to do. It never holds a token."""
 
 

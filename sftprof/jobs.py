@@ -17,6 +17,7 @@ from pathlib import Path
 import jinja2
 
 from sftprof import __version__, container, layout, nsys, rank, sft
+from sftprof.errors import SftprofError
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), undefined=jinja2.StrictUndefined,
                           keep_trailing_newline=True, autoescape=False)
@@ -150,7 +151,7 @@ def job_name(experiment_name: str, window_name: str) -> str:
     return f"sftprof-{experiment_name}-{window_name}"
 
 
-class SlurmError(RuntimeError):
+class SlurmError(SftprofError, RuntimeError):
     """A job could not be rendered or submitted; the message says why (sbatch's own words)."""
 
 

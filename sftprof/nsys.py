@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
+from sftprof.errors import SftprofError
 from sftprof.io import atomic_path
 from sftprof.sft.annotate import CAPTURE_RANGE_NAME
 
@@ -43,7 +44,7 @@ _PROGRESS_LINE = re.compile(r"^\[\d+/\d+\] \[")
 NVTX_CAPTURE_ENV = {"NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
 
 
-class NsysError(RuntimeError):
+class NsysError(SftprofError, RuntimeError):
     """nsys is missing, failed, or produced no usable report; the message says which."""
 
 

@@ -35,6 +35,8 @@ from paramiko.auth_strategy import AuthFailure, AuthStrategy, InMemoryPrivateKey
 from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
+from sftprof.errors import SftprofError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SSH_CONFIG = Path("~/.ssh/config")
@@ -66,7 +68,7 @@ ProgressCallback = Callable[[int, int], None]  # (bytes of the file now local, f
 T = TypeVar("T")
 
 
-class TransferError(RuntimeError):
+class TransferError(SftprofError, RuntimeError):
     """A transfer that retrying cannot fix (host key, authentication, missing or unreadable remote
     file, checksum mismatch), or one whose connection kept dropping; the message says which."""
 

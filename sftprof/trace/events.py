@@ -31,6 +31,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from sftprof.errors import SftprofError
+
 MEMORY_LIMIT = "512MB"
 MAX_THREADS = 8  # a login node is shared: do not take all its cores
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
@@ -53,7 +55,7 @@ VIEWS = {
 STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",")] for table, schema in SCHEMA.items()}
 
 
-class EventStoreError(RuntimeError):
+class EventStoreError(SftprofError, RuntimeError):
     """DuckDB or its sqlite extension is missing or unusable."""
 
 

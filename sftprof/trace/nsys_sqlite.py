@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
+from sftprof.errors import SftprofError
 from sftprof.trace.events import EventStore, attach_export
 from sftprof.trace.tables import TraceTables, empty
 
@@ -53,7 +54,7 @@ _PID = "((globalTid >> 24) & 16777215)"
 _TID = "(globalTid & 16777215)"
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(SftprofError, ValueError):
     """The file is not a readable nsys SQLite export."""
 
 
