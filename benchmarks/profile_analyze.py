@@ -4,7 +4,8 @@
 
 Runs what `sftprof analyze` runs (load_trace, analyze, results.save, write_html) and reports:
 each loader query (rows, seconds, RSS after, deep size of the frame), each analysis function
-called from analyze() (inclusive seconds of its top-level calls, so nothing is counted twice),
+called from analyze() (inclusive wall and CPU seconds of its top-level calls, so nothing is counted
+twice; CPU is the whole process, DuckDB's threads included),
 and the report's plots and tables. Functions are wrapped by name at run time, so this keeps
 working while the analyses change; cProfile's per-call overhead would distort pandas-heavy code.
 """
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 _depth = 0
-_totals: dict[str, list] = defaultdict(lambda: [0, 0.0])  # name -> [calls, seconds]
+_totals: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])  # name -> [calls, seconds, CPU seconds]
 
 
 def _rss_gb() -> float:
@@ -45,7 +46,7 @@ def _wrap(module, name, func, label):
         if _depth:
             return func(*args, **kwargs)
         _depth += 1
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         try:
             return func(*args, **kwargs)
         finally:
@@ -53,6 +54,7 @@ def _wrap(module, name, func, label):
             entry = _totals[label]
             entry[0] += 1
             entry[1] += time.perf_counter() - started
+            entry[2] += time.process_time() - cpu
     setattr(module, name, timed)
     return timed
 
@@ -108,36 +110,35 @@ def main(argv=None) -> int:
 
     instrument("sftprof.report", prefix="report.")
     phases = []
-    t = time.perf_counter()
-    tables = load_trace(args.file)
-    phases.append(("load_trace", time.perf_counter() - t, _rss_gb()))
+
+    def phase(name, run):
+        started, cpu = time.perf_counter(), time.process_time()
+        value = run()
+        phases.append((name, time.perf_counter() - started, time.process_time() - cpu, _rss_gb()))
+        return value
+
+    tables = phase("load_trace", lambda: load_trace(args.file))
     _totals.clear()
-    t = time.perf_counter()
-    analysis = analysis_pkg.analyze(tables)
-    phases.append(("analyze", time.perf_counter() - t, _rss_gb()))
+    analysis = phase("analyze", lambda: analysis_pkg.analyze(tables))
     analysis_totals = dict(_totals)
     _totals.clear()
-    t = time.perf_counter()
-    results.save(analysis, out / "analysis")
-    phases.append(("results.save", time.perf_counter() - t, _rss_gb()))
-    t = time.perf_counter()
-    write_html([RankReport("", analysis, None)], out / "report.html", "profile")
-    phases.append(("write_html", time.perf_counter() - t, _rss_gb()))
+    phase("results.save", lambda: results.save(analysis, out / "analysis"))
+    phase("write_html", lambda: write_html([RankReport("", analysis, None)], out / "report.html", "profile"))
     report_totals = dict(_totals)
 
     print(f"{args.file}: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
-    print("\nphase            seconds  RSS after (GB)")
-    for name, seconds, rss in phases:
-        print(f"{name:16s} {seconds:8.1f}  {rss:6.2f}")
+    print("\nphase            seconds  CPU s  RSS after (GB)")
+    for name, seconds, cpu, rss in phases:
+        print(f"{name:16s} {seconds:8.1f} {cpu:6.1f}  {rss:6.2f}")
     if loads:
         print("\nloader query                        rows  seconds  RSS after  frame GB")
         for table, rows, seconds, rss, size in loads:
             print(f"{table:32s} {rows:>9,} {seconds:8.1f} {rss:9.2f} {size:9.2f}")
     for title, totals in (("analyze(): top-level calls", analysis_totals), ("write_html(): top-level calls", report_totals)):
         print(f"\n{title} (inclusive, slowest first)")
-        for name, (calls, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:25]:
-            print(f"  {name:45s} {calls:5d} calls {seconds:8.2f} s")
-    inline = phases[1][1] - sum(seconds for _, seconds in analysis_totals.values())
+        for name, (calls, seconds, cpu) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:25]:
+            print(f"  {name:45s} {calls:5d} calls {seconds:8.2f} s {cpu:6.2f} CPU s")
+    inline = phases[1][1] - sum(seconds for _, seconds, _ in analysis_totals.values())
     print(f"\nanalyze()'s own code (not in a function of sftprof.analysis): {inline:.2f} s")
     return 0
 
