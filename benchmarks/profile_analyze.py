@@ -20,6 +20,7 @@ import pkgutil
 import resource
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-_depth = 0
+_depth = threading.local()  # per thread: analyses run on two
 _totals: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])  # name -> [calls, seconds, CPU seconds]
 
 
@@ -42,15 +43,14 @@ def _rss_gb() -> float:
 def _wrap(module, name, func, label):
     @functools.wraps(func)
     def timed(*args, **kwargs):
-        global _depth
-        if _depth:
+        if getattr(_depth, "value", 0):
             return func(*args, **kwargs)
-        _depth += 1
+        _depth.value = 1
         started, cpu = time.perf_counter(), time.process_time()
         try:
             return func(*args, **kwargs)
         finally:
-            _depth -= 1
+            _depth.value = 0
             entry = _totals[label]
             entry[0] += 1
             entry[1] += time.perf_counter() - started

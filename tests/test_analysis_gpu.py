@@ -352,3 +352,33 @@ def test_metric_means_use_only_samples_taken_while_the_gpu_worked():
                             "metric": ["SM Issue [Throughput %]"] * 4, "value": [0, 60, 80, 0]})
     means = boundness.metric_means_while_busy(samples, gpu.busy_by_device(store(ks), frame("memops", [])))
     assert means == {"sm issue [throughput %]": 70.0}
+
+
+_TWO_THREADS = """
+import threading
+import numpy as np, pandas as pd
+from sftprof.trace.events import EventStore
+events = EventStore.from_frames(kernels=pd.DataFrame({"start": [1, 2], "end": [3, 4], "name": ["a", "b"], "device_id": 0}))
+results = {}
+def sums(offset):
+    ops = pd.DataFrame({"x": np.arange(1000) + offset})
+    results[offset] = {int(events.query("SELECT sum(x) + (SELECT count(*) FROM kernels) AS s FROM ops",
+                                        ops=ops)["s"].iat[0]) for _ in range(200)}
+threads = [threading.Thread(target=sums, args=(offset,)) for offset in (0, 10**6)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(sorted((k, sorted(v)) for k, v in results.items()))
+"""
+
+
+def test_event_store_queries_from_two_threads_each_see_their_own_frames():
+    """analyze() queries the store from two threads, often with frames of the same name (`ops`).
+    In a child process: a store that is not thread-safe can deadlock, holding the GIL."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TWO_THREADS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str([(0, [sum(range(1000)) + 2]), (10**6, [sum(range(1000)) + 1000 * 10**6 + 2])])

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,44 +139,52 @@ STEPS = ("kernels", "GPU busy time", "CUDA API calls and threads", "NVTX ranges"
 
 
 def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: None) -> Analysis:
-    """Every analysis of one capture; `progress(step)` is called as each group of them starts."""
+    """Every analysis of one capture; `progress(step)` is called as each group of them starts.
+
+    The heaviest analyses that need nothing else computed here (the NVTX projection, the CUDA API
+    summary, memory operations' calls) run on a second thread beside the rest: DuckDB and numpy
+    release the GIL, and one analysis alone leaves part of a core idle."""
     tables = tables.with_all_columns()
     events = tables.events
-    progress(STEPS[0])
-    memops = tables.memops.assign(copy_kind=memory.copy_kinds(tables.memops))
-    kernel_sum = gpu.kernel_summary(events)
-    totals = gpu.kernel_totals(events)
-    names = kernels.name_totals(events)
-    families = kernels.family_summary(names)
-    precision = kernels.gemm_precision(names)
-    mix = kernels.kernel_mix(names)
-    progress(STEPS[1])
-    busy_by_device = gpu.busy_by_device(events, memops)
-    busy = gpu.gpu_busy(busy_by_device)
-    busy_pct = _gpu_busy_pct(busy)
-    gaps = utilisation.idle_gaps(busy_by_device)
-    timeline = utilisation.utilisation_timeline(events, busy_by_device)
-    metric_means = boundness.metric_means_while_busy(tables.gpu_metrics, busy_by_device)
-    verdict = boundness.verdict(mix, busy_pct, metric_means) if totals["count"] else None
-    progress(STEPS[2])
-    steps = cpu.step_table(tables.nvtx)
-    waits = cuda.host_wait_calls(events)
-    api_threads = cuda.calls_by_thread(events)
-    threads = cpu.thread_summary(tables, waits, api_threads)
-    labels = cpu.thread_labels(threads)
-    launching = set(api_threads["global_tid"])
-    feeders = {tid: label for tid, label in labels.items() if tid in launching}  # the threads that feed the GPU
-    causes = utilisation.gap_causes(gaps, tables, feeders)
-    kind_share = memory.kind_share(totals["total_ns"], memops)
-    host_memory = memory.host_memory(memops)
-    copies = cuda.with_api_calls(memops, events)
-    api_summary = gpu.cuda_api_summary(events)
-    launch = cuda.launch_overhead(api_summary)
-    runs = sched.on_cpu_intervals(tables.sched, tables.span_ns)
-    cores = sched.core_summary(runs, tables.span_ns)
-    sched_traced = "cpuctxsw" in tables.sources or not tables.sched.empty
-    progress(STEPS[3])
-    projection = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
+    with ThreadPoolExecutor(1) as beside:
+        progress(STEPS[0])
+        waits = cuda.host_wait_calls(events)
+        api_threads = cuda.calls_by_thread(events)
+        threads = cpu.thread_summary(tables, waits, api_threads)
+        labels = cpu.thread_labels(threads)
+        projection = beside.submit(nvtx.gpu_time_by_range, tables.nvtx, events, labels)
+        memops = tables.memops.assign(copy_kind=memory.copy_kinds(tables.memops))
+        api_summary = beside.submit(gpu.cuda_api_summary, events)
+        copies = beside.submit(cuda.with_api_calls, memops, events)
+        sync_calls = beside.submit(cuda.sync_calls, events, tables.span_ns)
+        kernel_sum = gpu.kernel_summary(events)
+        totals = gpu.kernel_totals(events)
+        names = kernels.name_totals(events)
+        families = kernels.family_summary(names)
+        precision = kernels.gemm_precision(names)
+        mix = kernels.kernel_mix(names)
+        progress(STEPS[1])
+        busy_by_device = gpu.busy_by_device(events, memops)
+        busy = gpu.gpu_busy(busy_by_device)
+        busy_pct = _gpu_busy_pct(busy)
+        gaps = utilisation.idle_gaps(busy_by_device)
+        timeline = utilisation.utilisation_timeline(events, busy_by_device)
+        metric_means = boundness.metric_means_while_busy(tables.gpu_metrics, busy_by_device)
+        verdict = boundness.verdict(mix, busy_pct, metric_means) if totals["count"] else None
+        progress(STEPS[2])
+        steps = cpu.step_table(tables.nvtx)
+        launching = set(api_threads["global_tid"])
+        feeders = {tid: label for tid, label in labels.items() if tid in launching}  # the threads that feed the GPU
+        causes = utilisation.gap_causes(gaps, tables, feeders)
+        kind_share = memory.kind_share(totals["total_ns"], memops)
+        host_memory = memory.host_memory(memops)
+        runs = sched.on_cpu_intervals(tables.sched, tables.span_ns)
+        cores = sched.core_summary(runs, tables.span_ns)
+        sched_traced = "cpuctxsw" in tables.sources or not tables.sched.empty
+        api_summary, copies = api_summary.result(), copies.result()
+        launch = cuda.launch_overhead(api_summary)
+        progress(STEPS[3])
+        projection, sync_calls = projection.result(), sync_calls.result()
     progress(STEPS[4])
 
     result = Analysis(source_path=tables.source_path, span_ns=tables.span_ns, sources=sorted(tables.sources))
@@ -189,7 +198,7 @@ def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: 
         "host_memory": host_memory,
         "cuda_api": api_summary,
         "launch_overhead": launch,
-        "sync_calls": cuda.sync_calls(events, tables.span_ns),
+        "sync_calls": sync_calls,
         "sync_activity": cuda.sync_activity(tables.sync),
         "gpu_busy": busy,
         "gpu_gaps": gaps,

@@ -8,17 +8,20 @@ rounded to 0.1 by SQLite's round(), which rounds halves away from zero, unlike P
 from __future__ import annotations
 
 import sqlite3
+import threading
 
 import pandas as pd
 
 SUMMARY_COLUMNS = ["time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns"]
 
-_ROUNDER = sqlite3.connect(":memory:")
+_rounders = threading.local()  # an SQLite connection per thread: analyses run on two
 
 
 def sqlite_round(values: pd.Series, digits: int = 1) -> pd.Series:
     """SQLite's round(), value by value (summaries have one row per name, so this is cheap)."""
-    return values.map(lambda v: _ROUNDER.execute("SELECT round(?, ?)", (float(v), digits)).fetchone()[0])
+    if not hasattr(_rounders, "con"):
+        _rounders.con = sqlite3.connect(":memory:")
+    return values.map(lambda v: _rounders.con.execute("SELECT round(?, ?)", (float(v), digits)).fetchone()[0])
 
 
 # The same statistics in SQL, for tables held in an EventStore (DuckDB's median interpolates an even

@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -131,7 +132,11 @@ class EventStore:
         self._folder = tempfile.mkdtemp(prefix="sftprof-events-") if on_disk else None
         database = os.path.join(self._folder, "events.duckdb") if on_disk else ":memory:"
         self.con = duckdb.connect(database)
-        self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._folder)
+        # One cursor per thread that reads: a DuckDB connection object must not run two queries at once,
+        # and analyses run side by side.
+        self._cursors: dict[int, duckdb.DuckDBPyConnection] = {}
+        self._cursors_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
         settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": MEMORY_LIMIT,
                     "preserve_insertion_order": False}
         if self._folder:
@@ -144,7 +149,9 @@ class EventStore:
             self.con.execute(f"CREATE VIEW {view} AS {sql}")
 
     @staticmethod
-    def _release(con, folder):
+    def _release(con, cursors, folder):
+        for cursor in cursors.values():
+            cursor.close()
         con.close()
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
@@ -235,19 +242,29 @@ class EventStore:
 
     # ------------------------------------------------------------------ reading
 
+    def _reader(self) -> duckdb.DuckDBPyConnection:
+        """The calling thread's cursor (frames registered on it are visible to that thread only)."""
+        with self._cursors_lock:
+            thread = threading.get_ident()
+            if thread not in self._cursors:
+                self._cursors[thread] = self.con.cursor()
+            return self._cursors[thread]
+
     def query(self, sql: str, **frames: pd.DataFrame) -> pd.DataFrame:
-        """Run `sql`; keyword frames are visible to it as tables of that name."""
-        with _visible(self.con, frames):
-            return self.con.sql(sql).df()
+        """Run `sql`; keyword frames are visible to it as tables of that name. Safe from several threads."""
+        reader = self._reader()
+        with _visible(reader, frames):
+            return reader.sql(sql).df()
 
     def arrays(self, sql: str, **frames: pd.DataFrame) -> dict[str, np.ndarray]:
         """The result of `sql`, which must hold no NULLs, as one numpy array per column: for rows that
         numpy works through faster than SQL (binary search, running unions)."""
-        with _visible(self.con, frames):
-            return {name: np.asarray(values) for name, values in self.con.sql(sql).fetchnumpy().items()}
+        reader = self._reader()
+        with _visible(reader, frames):
+            return {name: np.asarray(values) for name, values in reader.sql(sql).fetchnumpy().items()}
 
     def count(self, table: str) -> int:
-        return int(self.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+        return int(self._reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
     def frame(self, table: str) -> pd.DataFrame:
         """A whole table with its names as text, in tables.py's columns: for small traces and tests
