@@ -47,8 +47,11 @@ class RunningUnion:
         """Sorted, disjoint start/end rows (columns share the arrays: no copy)."""
         if self._open is None:
             return pd.DataFrame({"start": pd.Series(dtype="int64"), "end": pd.Series(dtype="int64")})
+        # One column at a time, its pieces let go once joined: at 10M kernels each column is 80 MB.
         starts = np.concatenate([*self._starts, [self._open[0]]]).astype("int64", copy=False)
+        self._starts = [starts[:-1]]
         ends = np.concatenate([*self._ends, [self._open[1]]]).astype("int64", copy=False)
+        self._ends = [ends[:-1]]
         return pd.DataFrame({"start": starts, "end": ends}, copy=False)
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
-SLICE_KERNELS = 2 << 20
+SLICE_KERNELS = 1 << 20
 LAUNCH_KEYS = ["global_tid", "segment", "start", "end"]
 
 
