@@ -204,7 +204,10 @@ def _memops(conn, reader, tables, release: int) -> pd.DataFrame:
         parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMSET")
     if not parts:
         return empty("memops")
-    return _rows(reader, " UNION ALL ".join(parts) + " ORDER BY start")
+    # A few distinct labels over hundreds of thousands of rows (468k at 10M kernels): categories
+    # hold them in 40 MB instead of 140 MB of strings, and group and compare faster.
+    return _rows(reader, " UNION ALL ".join(parts) + " ORDER BY start").astype(
+        {column: "category" for column in ("operation", "copy_kind", "src_kind", "dst_kind")})
 
 
 def _sync(conn, reader, tables) -> pd.DataFrame:
