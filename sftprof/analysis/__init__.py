@@ -148,13 +148,14 @@ def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: 
     events = tables.events
     with ThreadPoolExecutor(1) as beside:
         progress(STEPS[0])
+        # First beside the kernel summaries, not beside the busy-time union: both hold many rows.
+        api_summary = beside.submit(gpu.cuda_api_summary, events)
         waits = cuda.host_wait_calls(events)
         api_threads = cuda.calls_by_thread(events)
         threads = cpu.thread_summary(tables, waits, api_threads)
         labels = cpu.thread_labels(threads)
         projection = beside.submit(nvtx.gpu_time_by_range, tables.nvtx, events, labels)
         memops = tables.memops.assign(copy_kind=memory.copy_kinds(tables.memops))
-        api_summary = beside.submit(gpu.cuda_api_summary, events)
         copies = beside.submit(cuda.with_api_calls, memops, events)
         sync_calls = beside.submit(cuda.sync_calls, events, tables.span_ns)
         kernel_sum = gpu.kernel_summary(events)
