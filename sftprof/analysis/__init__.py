@@ -141,9 +141,9 @@ STEPS = ("kernels", "GPU busy time", "CUDA API calls and threads", "NVTX ranges"
 def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: None) -> Analysis:
     """Every analysis of one capture; `progress(step)` is called as each group of them starts.
 
-    The heaviest analyses that need nothing else computed here (the NVTX projection, the CUDA API
-    summary, memory operations' calls) run on a second thread beside the rest: DuckDB and numpy
-    release the GIL, and one analysis alone leaves part of a core idle."""
+    The heaviest analyses that need little else computed here (the CUDA API summary, the NVTX
+    projection, memory operations' calls, sync calls) run on a second thread beside the rest: DuckDB
+    and numpy release the GIL, and one analysis alone leaves part of a core idle."""
     tables = tables.with_all_columns()
     events = tables.events
     with ThreadPoolExecutor(1) as beside:
