@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,9 @@ SFTPROF = str(Path(sys.executable).with_name("sftprof"))
 def slurm_cluster():
     if os.geteuid() != 0:
         pytest.skip("starting Slurm daemons needs root (scripts/slurm-up.sh)")
-    running = subprocess.run(["sinfo", "-h", "-p", "gh"], capture_output=True).returncode == 0
+    # On a fresh machine Slurm is not installed yet: slurm-up.sh installs it.
+    running = bool(shutil.which("sinfo")) and subprocess.run(["sinfo", "-h", "-p", "gh"],
+                                                              capture_output=True).returncode == 0
     subprocess.run([str(REPO / "scripts" / "slurm-up.sh")], check=True)
     yield
     if not running:
