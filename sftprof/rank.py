@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 from sftprof import nsys
+from sftprof.errors import SftprofError
+from sftprof.untrusted import plain_file_name
 from sftprof.io import atomic_write_text
 
 RECORD_PATTERN = "rank{rank}.json"
@@ -87,9 +89,45 @@ def run_rank(profiled_ranks: list[int], capture_dir: str | Path, nsys_env: dict[
     return record
 
 
+class RecordError(SftprofError):
+    """A rank's record that is damaged, or was not written by sftprof.rank."""
+
+
+# A record is a few hundred bytes; ranks and nodes stay far below these.
+MAX_RECORD_BYTES = 1 << 20
+MAX_RANK = 1 << 20
+_SLURM_JOB_ID = re.compile(r"[0-9]{1,20}([_+][0-9]{1,20})?\Z")  # 123, array task 123_4, het job 123+0
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
+
+
+def read_record(path: str | Path) -> dict:
+    """One rank's record, every field checked: records may come from a cluster (fetched), and
+    their names become local file names."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise ValueError(f"larger than {MAX_RECORD_BYTES} bytes")
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise RecordError(f"{path} is not a rank record ({str(error)[:200]})") from None
+    if not isinstance(record, dict):
+        raise RecordError(f"{path} is not a rank record (not a JSON object)")
+    for key in ("rank", "world_size", "node"):
+        if type(record.get(key)) is not int or not 0 <= record[key] <= MAX_RANK:
+            raise RecordError(f"{path}: {key} {ascii(record.get(key))[:50]} is not a number from 0 to {MAX_RANK}")
+    if not isinstance(record.get("host"), str) or not _HOST.match(record["host"]):
+        raise RecordError(f"{path}: host {ascii(record.get('host'))[:80]} is not a host name")
+    job_id = record.get("slurm_job_id")
+    if job_id is not None and not (isinstance(job_id, str) and _SLURM_JOB_ID.match(job_id)):
+        raise RecordError(f"{path}: slurm_job_id {ascii(job_id)[:50]} is not a Slurm job id")
+    if record.get("report") is not None:
+        plain_file_name(record["report"], f"{path}: report")
+    return record
+
+
 def read_records(capture_dir: str | Path) -> list[dict]:
     """Every rank's record in a capture folder, by rank."""
-    records = [json.loads(path.read_text()) for path in Path(capture_dir).glob(RECORD_GLOB)]
+    records = [read_record(path) for path in Path(capture_dir).glob(RECORD_GLOB)]
     return sorted(records, key=lambda record: record["rank"])
 
 

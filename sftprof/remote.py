@@ -10,7 +10,6 @@ only when every one of them is verified.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import posixpath
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from sftprof import layout, rank, transfer
 from sftprof.io import atomic_dir
+from sftprof.untrusted import plain_file_name
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,13 @@ def _job_logs(session: transfer.Session, remote: dict, names: dict, job_ids: set
     return found
 
 
+def _fetch_into(session: transfer.Session, paths: list[str], staging: Path, where: str,
+                progress: bool) -> list[transfer.FetchResult]:
+    """Fetch remote `paths` into `staging` under their own names, each checked before any is written."""
+    local = [staging / plain_file_name(posixpath.basename(path), where) for path in paths]
+    return [session.fetch(path, target, progress=progress) for path, target in zip(paths, local)]
+
+
 def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_name: str,
                   capture_dir: str | Path, *, trust_new_host: bool = False,
                   progress: bool = True) -> list[transfer.FetchResult]:
@@ -74,17 +81,16 @@ def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_n
         if not record_paths:
             raise transfer.TransferError(f"no rank records in {remote['host']}:{source}: has this window run "
                                          "on the cluster yet?")
-        fetched = [session.fetch(path, staging / posixpath.basename(path), progress=progress)
-                   for path in record_paths]
+        where = f"{remote['host']}:{source}"
+        fetched = _fetch_into(session, record_paths, staging, where, progress)
         job_ids = set()
         for result in list(fetched):
-            record = json.loads(result.local_path.read_text())
+            record = rank.read_record(result.local_path)
             job_ids.add(record["slurm_job_id"])
             wanted = [metrics.format(rank=record["rank"])] + ([record["report"]] if record["report"] else [])
-            fetched += [session.fetch(posixpath.join(source, name), staging / name, progress=progress)
-                        for name in wanted]
-        fetched += [session.fetch(path, staging / posixpath.basename(path), progress=False)
-                    for path in _job_logs(session, remote, names, job_ids)]
+            fetched += _fetch_into(session, [posixpath.join(source, name) for name in wanted], staging, where,
+                                   progress)
+        fetched += _fetch_into(session, _job_logs(session, remote, names, job_ids), staging, where, False)
     with atomic_dir(capture_dir) as partial:
         for result in fetched:
             _link_or_copy(result.local_path, partial / result.local_path.name)

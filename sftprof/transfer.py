@@ -13,6 +13,7 @@ so an alias that works with `ssh` works here; explicit `Remote` fields win, as s
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import functools
 import getpass
@@ -36,6 +37,7 @@ from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from sftprof.errors import SftprofError
+from sftprof.untrusted import plain_file_name
 
 log = logging.getLogger(__name__)
 
@@ -404,9 +406,13 @@ class _Connection:
             client.close()
 
     def open_regular_file(self, path: str, label: str) -> tuple[paramiko.SFTPFile, int]:
-        """Open for reading and return (file, size); a problem retrying cannot fix is a TransferError."""
+        """Open for reading and return (file, size); a problem retrying cannot fix is a TransferError.
+        A symbolic link is refused, not followed: a capture's files are written by its job, and a
+        link could point anywhere on the cluster."""
         try:
-            attributes = self.sftp.stat(path)
+            attributes = self.sftp.lstat(path)
+            if stat.S_ISLNK(attributes.st_mode):
+                raise TransferError(f"a symbolic link, not followed: {label}")
             if not stat.S_ISREG(attributes.st_mode):
                 raise TransferError(f"not a regular file: {label}")
             return self.sftp.open(path, "rb"), attributes.st_size
@@ -524,8 +530,8 @@ class Session:
                 time.sleep(delay)
 
     def list_files(self, remote_dir: str, *patterns: str) -> list[str]:
-        """Paths of the regular files (or links to them) in `remote_dir` whose names match any of
-        `patterns` (fnmatch, case-sensitive; default all), sorted. Not recursive."""
+        """Paths of the regular files in `remote_dir` whose names match any of `patterns` (fnmatch,
+        case-sensitive; default all), sorted. Not recursive; symbolic links are left out."""
         patterns = patterns or ("*",)
         label = f"{self.remote.host}:{remote_dir}"
 
@@ -541,13 +547,7 @@ class Session:
             for entry in entries:
                 if not any(fnmatch.fnmatchcase(entry.filename, pattern) for pattern in patterns):
                     continue
-                mode = entry.st_mode
-                if stat.S_ISLNK(mode):  # the listing describes links, not what they point to
-                    try:
-                        mode = connection.sftp.stat(posixpath.join(directory, entry.filename)).st_mode
-                    except FileNotFoundError:  # a dangling link
-                        continue
-                if stat.S_ISREG(mode):
+                if stat.S_ISREG(entry.st_mode):  # links are not followed (see open_regular_file)
                     found.append(posixpath.join(remote_dir, entry.filename))
             return sorted(found)
 
@@ -583,7 +583,7 @@ class Session:
                                    skipped=skipped, resumed_from=resumed_from,
                                    bytes_transferred=tally.bytes_transferred, attempts=tally.attempts)
 
-            if local_path.is_file() and local_path.stat().st_size == size:
+            if not local_path.is_symlink() and local_path.is_file() and local_path.stat().st_size == size:
                 if _sha256_of_file(local_path).hexdigest() == remote_sha256():
                     partial.unlink(missing_ok=True)
                     log.info("%s: %s is already identical; skipped", label, local_path)
@@ -678,9 +678,12 @@ class _Tally:
 
 def _resumable_bytes(partial: Path, size: int, label: str) -> int:
     try:
-        have = partial.stat().st_size
+        info = partial.lstat()
     except FileNotFoundError:
         return 0
+    if stat.S_ISLNK(info.st_mode):
+        raise TransferError(f"{partial} is a symbolic link; not writing through it")
+    have = info.st_size
     if have > size:
         log.warning("%s: partial download %s is larger than the remote file; starting again", label, partial)
         partial.unlink()
@@ -699,7 +702,15 @@ def _download(remote_file: paramiko.SFTPFile, offset: int, size: int, partial: P
               report: ProgressCallback | None, tally: _Tally) -> str:
     """Append the remote bytes from `offset` (the partial's size) on; return the partial's sha256."""
     digest = _sha256_of_file(partial) if offset else hashlib.sha256()
-    with open(partial, "ab" if offset else "wb") as out:
+    # O_NOFOLLOW: a link planted at the partial's name must not redirect the write elsewhere.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if offset else os.O_TRUNC)
+    try:
+        descriptor = os.open(partial, flags, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # linked after _resumable_bytes looked
+            raise TransferError(f"{partial} is a symbolic link; not writing through it") from None
+        raise
+    with open(descriptor, "ab" if offset else "wb") as out:
         position = offset
         for chunk in _read_from(remote_file, offset, size, label):
             out.write(chunk)
@@ -747,5 +758,6 @@ def fetch_matching(remote: Remote, remote_dir: str, local_dir: str | Path, *patt
         paths = session.list_files(remote_dir, *patterns)
         if not paths:
             raise TransferError(f"no file in {remote.host}:{remote_dir} matches {' '.join(patterns or ('*',))}")
-        return [session.fetch(path, Path(local_dir) / posixpath.basename(path), progress=progress)
-                for path in paths]
+        local_paths = [Path(local_dir) / plain_file_name(posixpath.basename(path), f"{remote.host}:{remote_dir}")
+                       for path in paths]  # every name checked before the first file is written
+        return [session.fetch(path, local_path, progress=progress) for path, local_path in zip(paths, local_paths)]

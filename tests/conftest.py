@@ -93,3 +93,71 @@ def no_nsys_agents_left_behind():
     yield
     leftover = running_agent_pids() - before
     assert not leftover, f"nsys agents left running after the tests: {sorted(leftover)}"
+
+
+# --- hostile inputs and faults (tests/test_hostile_*.py) ---------------------------------------
+
+SFTPROF = str(Path(sys.executable).with_name("sftprof"))
+CONTROL_CHARACTERS = {chr(c) for c in range(32) if chr(c) not in "\n\t"} | {"\x7f"} | {chr(c) for c in range(0x80, 0xa0)}
+
+
+def run_sftprof(*args, cwd=REPO, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The installed `sftprof` command as a user runs it (a hang fails the test instead of CI)."""
+    return subprocess.run([SFTPROF, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          errors="surrogateescape")
+
+
+def assert_refused(result: subprocess.CompletedProcess, *, contains: str = "") -> str:
+    """A hostile input's outcome as a user must see it: exit 1, one line `sftprof: error: ...`, last
+    on stderr (progress logged before it is allowed), no traceback, no raw control character.
+    Returns the message."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1, f"exit {result.returncode}; stderr: {result.stderr[-2000:]}"
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in lines if line.startswith("sftprof: error: ")]
+    assert errors == lines[-1:], result.stderr[-2000:]
+    assert not CONTROL_CHARACTERS & set(result.stderr + result.stdout), repr(result.stderr[-500:])
+    assert contains in errors[0], errors[0]
+    return errors[0]
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file and link under `root` (relative path -> (mode, content or link target)): compare
+    two states to prove that nothing outside an output folder was written, and that a previous
+    good output is intact."""
+    import os
+    state = {}
+    for path in sorted(Path(root).rglob("*")):
+        key = str(path.relative_to(root))
+        info = path.lstat()
+        if path.is_symlink():
+            state[key] = (info.st_mode, os.readlink(path).encode())
+        elif path.is_file():
+            state[key] = (info.st_mode, path.read_bytes())
+        else:
+            state[key] = (info.st_mode, b"")
+    return state
+
+
+_HOSTILE_TALLY: dict[str, list[int]] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Count the hostile-input cases per class (the module's name after test_hostile_)."""
+    module = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if not module.startswith("test_hostile_") or report.skipped or (report.when != "call" and report.passed):
+        return
+    # A test that tries many inputs (a fuzzer) says how many: record_property("hostile_inputs", n).
+    inputs = dict(report.user_properties).get("hostile_inputs", 1)
+    counts = _HOSTILE_TALLY.setdefault(module.removeprefix("test_hostile_").removesuffix(".py"), [0, 0])
+    counts[0 if report.passed else 1] += inputs
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The table docs/HOSTILE.md quotes: hostile inputs tried, held and broke, per class."""
+    if not _HOSTILE_TALLY:
+        return
+    terminalreporter.section("hostile inputs and faults")
+    terminalreporter.write_line(f"{'class':<12} {'tried':>6} {'held':>6} {'broke':>6}")
+    for name, (held, broke) in sorted(_HOSTILE_TALLY.items()):
+        terminalreporter.write_line(f"{name:<12} {held + broke:>6} {held:>6} {broke:>6}")

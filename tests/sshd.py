@@ -9,14 +9,24 @@ needs as root: the privilege-separation directory /run/sshd.
 
 from __future__ import annotations
 
+import getpass
 import os
+import pwd
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+
+# As root the tests log in as this user, created for them (and removed after): file permissions
+# apply to it, and its /bin/sh runs no login scripts (root's may be slow, and killing one midway,
+# as the dropped-connection tests do, can leave their locks behind).
+UNPRIVILEGED_USER = "sftprof-test"
 
 SSHD = "/usr/sbin/sshd"  # sshd re-executes itself, so it must be started by absolute path
 PRIVSEP_DIR = Path("/run/sshd")  # sshd started as root refuses to run without it
@@ -216,3 +226,24 @@ class SshServer:
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+@contextmanager
+def login_user():
+    """The user the servers let in: the current one, or as root a throwaway unprivileged one."""
+    if os.geteuid() != 0:
+        yield getpass.getuser()
+        return
+    if shutil.which("useradd") is None:
+        pytest.skip("running as root without `useradd`: cannot create a user that file permissions apply to")
+    created = subprocess.run(["id", "-u", UNPRIVILEGED_USER], capture_output=True).returncode != 0
+    if created:
+        # Password "*", not the locked "!": sshd without PAM refuses locked accounts, keys or not.
+        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/", "--shell", "/bin/sh",
+                        "--password", "*", UNPRIVILEGED_USER], check=True, capture_output=True)
+    try:
+        yield UNPRIVILEGED_USER
+    finally:
+        if created:
+            kill(processes_of(pwd.getpwnam(UNPRIVILEGED_USER).pw_uid))  # commands orphaned by dropped sessions
+            subprocess.run(["userdel", UNPRIVILEGED_USER], check=True, capture_output=True)
