@@ -1,13 +1,16 @@
 """Configuration: load config.yaml, validate it against the one schema, fill its defaults.
 
 The JSON schema in workflow/schemas/ is the only place that lists keys, types and defaults.
-This module adds the checks a schema cannot express (fields that depend on each other) and
-turns validation failures into messages that name the offending key.
+This module adds the checks a schema cannot express (fields that depend on each other, YAML
+features and values no key may hold) and turns failures into one-line messages that name the
+offending key.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +27,32 @@ class ConfigError(SftprofError, ValueError):
     """A config value is wrong; the message names the key."""
 
 
+# C0, DEL and C1 controls (newline and tab included): one would split a rendered script's
+# line or an error message's one line.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Deeper than any config needs, far shallower than Python's recursion limit.
+MAX_DEPTH = 32
+INT64 = range(-2**63, 2**63)
+# jsonschema's `pattern` is re.search, and `$` also matches before a final newline.
+ANCHORED_PATTERN = re.compile(r"\^.*\\Z", re.DOTALL)
+
+
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    unanchored = [pattern for pattern in schema_patterns(schema) if not ANCHORED_PATTERN.fullmatch(pattern)]
+    if unanchored:
+        raise RuntimeError(f"{SCHEMA_PATH}: every pattern must run from ^ to \\Z, not to $: {unanchored}")
+    return schema
+
+
+def schema_patterns(schema) -> list[str]:
+    """Every `pattern` of the schema, at any depth."""
+    if isinstance(schema, list):
+        return [pattern for item in schema for pattern in schema_patterns(item)]
+    if not isinstance(schema, dict):
+        return []
+    own = [schema["pattern"]] if isinstance(schema.get("pattern"), str) else []
+    return own + [pattern for value in schema.values() for pattern in schema_patterns(value)]
 
 
 def _validator_filling_defaults(schema: dict):
@@ -44,11 +71,26 @@ def _validator_filling_defaults(schema: dict):
                     instance[name] = copy.deepcopy(subschema["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(base, {"properties": set_defaults})
+    # jsonschema takes 16.0 for an integer; a float where a count is wanted would reach the
+    # trainer, or an #SBATCH line as --nodes=1.0.
+    integers_only = base.TYPE_CHECKER.redefine(
+        "integer", lambda checker, instance: isinstance(instance, int) and not isinstance(instance, bool))
+    return jsonschema.validators.extend(base, {"properties": set_defaults}, type_checker=integers_only)
+
+
+def _dotted(parts) -> str:
+    """A key path for a one-line message: parts that would not print as themselves are repr()ed."""
+    texts = [str(part) if str(part).isprintable() else repr(part) for part in parts]
+    return ".".join(texts) or "<top level>"
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
-    return ".".join(str(part) for part in error.absolute_path) or "<top level>"
+    return _dotted(error.absolute_path)
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
@@ -58,8 +100,37 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return error.message
 
 
+def check_plain_values(value, path: tuple = ()) -> None:
+    """Refuse what YAML can hold but no config value may: keys that are not strings, control
+    characters, NaN and infinities (every bound check passes them), integers beyond int64, and
+    types JSON has not (dates, sets, bytes)."""
+    where = f"config key {_dotted(path)}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{where}: a key must be a string, not {type(key).__name__}; quote it")
+            check_plain_values(key, path)
+            check_plain_values(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_plain_values(item, (*path, index))
+    elif isinstance(value, str):
+        if CONTROL_CHARACTER.search(value):
+            raise ConfigError(f"{where}: {_shown(value)} holds a control character (a newline, tab...)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: {value} is not a finite number")
+    elif isinstance(value, int):
+        if value not in INT64:
+            raise ConfigError(f"{where}: a {value.bit_length()}-bit integer is beyond the 64-bit range")
+    elif value is not None:
+        raise ConfigError(f"{where}: a value of type {type(value).__name__} is not allowed; "
+                          "quote it to make it a string")
+
+
 def validate(config: dict) -> dict:
     """Validate `config` in place (filling defaults) and return it; raise ConfigError."""
+    check_plain_values(config)
     schema = load_schema()
     validator = _validator_filling_defaults(schema)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
@@ -70,17 +141,100 @@ def validate(config: dict) -> dict:
     return config
 
 
+class _Refused(yaml.MarkedYAMLError):
+    """YAML that PyYAML reads but StrictLoader does not."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses what it would otherwise read silently or crash on: duplicate keys
+    (the last one would win), anchors, aliases and merge keys (an alias bomb expands to
+    gigabytes), nesting deeper than MAX_DEPTH, integers too long for int() and dates (both
+    raise ValueError). Each refusal names the key and its line."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._path: list = []  # per node being composed: its key, its index, or None (a key, the root)
+
+    def compose_node(self, parent, index):
+        """PyYAML's compose_node (index: the key node of a mapping value, the index of a sequence
+        item), with the key path kept for messages and each node checked as it is read."""
+        event = self.peek_event()
+        self._path.append(index.value if isinstance(index, yaml.ScalarNode)
+                          else "?" if isinstance(index, yaml.Node) else index)
+        try:
+            if isinstance(event, yaml.AliasEvent) or event.anchor is not None:
+                raise self._refusal(event.start_mark, "YAML anchors and aliases are not allowed; "
+                                                      "write the value out")
+            if len(self._path) > MAX_DEPTH:
+                raise self._refusal(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
+            node = super().compose_node(parent, index)
+            self._check(node)
+        finally:
+            self._path.pop()
+        return node
+
+    def _check(self, node) -> None:
+        if isinstance(node, yaml.MappingNode):
+            first_of = {}
+            for key, _ in node.value:
+                if key.tag == "tag:yaml.org,2002:merge":
+                    raise self._refusal(key.start_mark, "merge keys (<<) are not allowed; write the keys out")
+                first = first_of.setdefault((key.tag, key.value), key) if isinstance(key, yaml.ScalarNode) else key
+                if first is not key:
+                    mark = first.start_mark
+                    raise self._refusal(key.start_mark, f"duplicate key {_shown(key.value)} (first at line "
+                                                        f"{mark.line + 1}, column {mark.column + 1})")
+        elif node.tag == "tag:yaml.org,2002:timestamp":
+            raise self._refusal(node.start_mark, "a date is not a config value; quote it to make it a string")
+        elif node.tag == "tag:yaml.org,2002:int":
+            try:
+                self.construct_yaml_int(node)
+            except ValueError:
+                raise self._refusal(node.start_mark, f"an integer of {len(node.value)} characters is beyond "
+                                                     "the 64-bit range") from None
+
+    def _refusal(self, mark, problem: str) -> _Refused:
+        where = _dotted(part for part in self._path if part is not None)
+        return _Refused(problem=f"config key {where}: {problem}", problem_mark=mark)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's message in one line (its own spans several, with the offending text quoted)."""
+    if isinstance(error, yaml.reader.ReaderError):
+        return f"character #x{error.character:04x} at offset {error.position}: {error.reason}"
+    mark = getattr(error, "problem_mark", None)
+    if mark is None:
+        return " ".join(str(error).split())
+    what = "; ".join(filter(None, (error.context, error.problem)))
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+
+
 def load(path: str | Path) -> dict:
+    """The config file at `path`, read strictly and validated, with defaults filled in."""
+    return validate(read(path))
+
+
+def read(path: str | Path) -> dict:
+    """The mapping in the config file at `path`, read by StrictLoader but not yet validated
+    (the workflow validates what Snakemake merged from its config files and --config)."""
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
+    try:
+        config = yaml.load(text, Loader=StrictLoader)
+    except _Refused as exc:
+        raise ConfigError(f"config file {path}, line {exc.problem_mark.line + 1}: {exc.problem}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return validate(config)
+    return config
 
 
 def check_cross_field_rules(config: dict) -> None:
@@ -97,6 +251,7 @@ def check_cross_field_rules(config: dict) -> None:
             raise ConfigError(f"config key {where}.data.split: fractions must add up to 1, got {sum(split.values())}")
         _check_data(where, exp["data"])
         _check_model(where, exp["model"], exp["sft"])
+        _check_container(where, exp["container"])
         sft = exp["sft"]
         _check_ranks(where, exp)
         trace = exp["profile"]["trace"]
@@ -128,6 +283,11 @@ def _check_model(where: str, model: dict, sft: dict) -> None:
         raise ConfigError(f"config key {where}.model.num_kv_heads: must divide num_heads")
     if sft["seq_length"] > model["max_position_embeddings"]:
         raise ConfigError(f"config key {where}.sft.seq_length: exceeds model.max_position_embeddings")
+
+
+def _check_container(where: str, container: dict) -> None:
+    if container["runtime"] == "docker" and not container["image"].startswith("docker://"):
+        raise ConfigError(f"config key {where}.container.image: the docker runtime runs docker:// images only")
 
 
 def _check_shared_checkpoints(config: dict) -> None:

@@ -4,6 +4,10 @@
 `render_salloc` turn them into text through Jinja2 templates with StrictUndefined, quoting
 every value with shlex. The workflow's profile step runs the same plan, so what a user
 submits by hand and what Snakemake runs cannot drift apart.
+
+Whatever the config holds, a rendered script keeps its shape: no value can carry a control
+character into it (the config refuses them too), and an #SBATCH option that a shell would
+have to quote is refused, so the #SBATCH lines stay whole and before the first command.
 """
 
 from __future__ import annotations
@@ -17,14 +21,27 @@ from pathlib import Path
 import jinja2
 
 from sftprof import __version__, container, layout, nsys, rank, sft
+from sftprof.config import CONTROL_CHARACTER
 from sftprof.errors import SftprofError
 
+
+class SlurmError(SftprofError, RuntimeError):
+    """A job could not be rendered or submitted; the message says why (sbatch's own words)."""
+
+
+def _one_line(value):
+    """Jinja's finalize: every value a template writes, refused if it would break a line."""
+    if CONTROL_CHARACTER.search(str(value)):
+        raise SlurmError(f"a rendered script would hold a control character, in {str(value)[:80]!r}")
+    return value
+
+
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True, autoescape=False)
+                          keep_trailing_newline=True, autoescape=False, finalize=_one_line)
 _ENV.filters["shjoin"] = shlex.join
 _ENV.filters["q"] = shlex.quote
-# #SBATCH lines are read by sbatch, not by a shell, so a path there cannot be quoted.
-_UNSAFE_IN_DIRECTIVE = set(" \t\n'\"$`\\;")
+# #SBATCH lines are read by sbatch, not by a shell, so a value there cannot be quoted.
+_UNSAFE_IN_DIRECTIVE = set(" '\"$`\\;")
 
 
 @dataclass
@@ -151,20 +168,24 @@ def job_name(experiment_name: str, window_name: str) -> str:
     return f"sftprof-{experiment_name}-{window_name}"
 
 
-class SlurmError(SftprofError, RuntimeError):
-    """A job could not be rendered or submitted; the message says why (sbatch's own words)."""
+def sbatch_directives(options: list[str], workdir: Path, slurm_log: str) -> list[str]:
+    """The options of the #SBATCH lines; SlurmError for one that sbatch would split or misread."""
+    directives = [*options, f"--chdir={workdir}", f"--output={slurm_log}"]
+    for directive in directives:
+        if _UNSAFE_IN_DIRECTIVE & set(directive) or CONTROL_CHARACTER.search(directive):
+            raise SlurmError(f"#SBATCH {directive!r} holds spaces, quotes, shell or control characters, which an "
+                             "#SBATCH line cannot carry; use a plainer value (or run from a plainer path)")
+    return directives
 
 
 def _context(experiment_name: str, experiment: dict, window_name: str, window: dict, workdir: Path) -> dict:
-    if _UNSAFE_IN_DIRECTIVE & set(str(workdir)):
-        raise SlurmError(f"the working directory {str(workdir)!r} holds spaces, quotes or shell characters, "
-                         "which an #SBATCH line cannot carry; run from a plainer path")
     plan = launch_plan(experiment_name, experiment, window_name, window, workdir=workdir, under_slurm=True)
     names = {"experiment": experiment_name, "window": window_name}
+    options = allocation_options(experiment["slurm"], job_name(experiment_name, window_name))
+    slurm_log = str(workdir / layout.JOB_DIR.format(**names) / "slurm-%j.out")
     return {"version": __version__, "experiment": experiment_name, "window": window_name,
             "workdir": str(workdir), "plan": plan, "profiled_ranks": experiment["profile"]["ranks"],
-            "options": allocation_options(experiment["slurm"], job_name(experiment_name, window_name)),
-            "slurm_log": str(workdir / layout.JOB_DIR.format(**names) / "slurm-%j.out")}
+            "options": options, "directives": sbatch_directives(options, workdir, slurm_log)}
 
 
 def render_sbatch(experiment_name: str, experiment: dict, window_name: str, window: dict,
@@ -183,11 +204,13 @@ def render_salloc(experiment_name: str, experiment: dict, window_name: str, wind
 
 def write_sbatch(experiment_name: str, experiment: dict, window_name: str, window: dict,
                  workdir: str | Path) -> Path:
-    """jobs/EXPERIMENT/WINDOW/job.sbatch under `workdir`; the folder also takes Slurm's log."""
+    """jobs/EXPERIMENT/WINDOW/job.sbatch under `workdir`; the folder also takes Slurm's log.
+    Rendered first, so a refused value leaves nothing behind."""
     names = {"experiment": experiment_name, "window": window_name}
+    text = render_sbatch(experiment_name, experiment, window_name, window, workdir)
     script = Path(workdir) / layout.JOB_DIR.format(**names) / "job.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(render_sbatch(experiment_name, experiment, window_name, window, workdir))
+    script.write_text(text)
     return script
 
 

@@ -35,6 +35,8 @@ def test_repo_config_is_valid_and_defaults_are_filled():
     ({"experiments.demo.sft.stepz": 3}, "stepz"),
     ({"experiments.demo.sft.steps": "ten"}, "experiments.demo.sft.steps"),
     ({"experiments.demo.sft.steps": 0}, "experiments.demo.sft.steps"),
+    ({"experiments.demo.sft.steps": 16.0}, "experiments.demo.sft.steps"),
+    ({"experiments.demo.slurm.nodes": 1.0}, "experiments.demo.slurm.nodes"),
     ({"experiments.demo.profile.windows.steady": {"duration_s": 0}},
      "experiments.demo.profile.windows.steady.duration_s"),
     ({"experiments.demo.profile.windows.steady": {"delay_s": -5}},

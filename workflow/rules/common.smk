@@ -1,14 +1,15 @@
-from snakemake.utils import validate
-
 from sftprof import config as sftprof_config
 from sftprof import layout
 from sftprof import container as sftprof_container
 from sftprof import jobs as sftprof_jobs
 from sftprof import sft as sftprof_sft
 
-validate(config, "../schemas/config.schema.yaml")
+# The same checks as `sftprof validate`: each config file read strictly (duplicate keys, aliases,
+# depth), then what Snakemake merged from the files and --config validated as a whole.
 try:
-    sftprof_config.check_cross_field_rules(config)
+    for path in workflow.configfiles:
+        sftprof_config.read(path)
+    sftprof_config.validate(config)
 except sftprof_config.ConfigError as error:
     raise WorkflowError(str(error))
 
