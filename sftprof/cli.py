@@ -20,6 +20,16 @@ from pathlib import Path
 import yaml
 
 from sftprof import __version__
+from sftprof.text import terminal_safe
+
+ANALYZE_OUTPUTS = ("analysis", "report.html")  # what `analyze` writes into its output folder
+
+
+def _for_rich(text) -> str:
+    """Names from a trace and paths from the user, as plain text for rich: no markup, no control sequences."""
+    from rich.markup import escape
+
+    return escape(terminal_safe(text))
 
 
 def _cmd_analyze(args) -> int:
@@ -28,9 +38,13 @@ def _cmd_analyze(args) -> int:
 
     from sftprof import results
     from sftprof.analysis import STEPS, analyze
+    from sftprof.io import atomic_dir
     from sftprof.report import RankReport, write_html
+    from sftprof.report.html import read_metrics
     from sftprof.trace import load_trace
 
+    read_metrics(args.metrics)  # a bad metrics file is refused before any work
+    tables_name, html_name = ANALYZE_OUTPUTS
     for report in map(Path, args.reports):
         stem = report.name.split(".")[0]
         if args.output is None:
@@ -40,10 +54,10 @@ def _cmd_analyze(args) -> int:
         # On a terminal's stderr, and gone when done: a 10M-kernel export takes about a minute.
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
-            task = bar.add_task(f"{report.name}: loading", total=len(STEPS) + 2)
+            task = bar.add_task(f"{_for_rich(report.name)}: loading", total=len(STEPS) + 2)
 
             def step(name: str) -> None:
-                bar.update(task, advance=1, description=f"{report.name}: {name}")
+                bar.update(task, advance=1, description=f"{_for_rich(report.name)}: {name}")
 
             tables = load_trace(report)
             try:
@@ -51,10 +65,12 @@ def _cmd_analyze(args) -> int:
             finally:
                 tables.events.close()  # its temporary database: as large as the trace's kernels and calls
             step("writing tables and HTML")
-            results.save(analysis, out_dir / "analysis")
-            html = write_html([RankReport("", analysis, args.metrics)], out_dir / "report.html",
-                              args.title or f"sftprof: {report.name}")
-        _print_summary(report, analysis, out_dir / "analysis", html)
+            # The whole folder is this run's alone and appears at once: its tables and report always match.
+            with atomic_dir(out_dir, owned=ANALYZE_OUTPUTS) as partial:
+                results.save(analysis, partial / tables_name)
+                write_html([RankReport("", analysis, args.metrics)], partial / html_name,
+                           args.title or f"sftprof: {report.name}")
+        _print_summary(report, analysis, out_dir / tables_name, out_dir / html_name)
     return 0
 
 
@@ -62,23 +78,22 @@ def _print_summary(report: Path, analysis, tables_dir: Path, html: Path) -> None
     """Headline numbers and findings for the terminal (warnings in red); soft-wrapped, so piped
     output keeps each line whole."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
-    console = Console(soft_wrap=True, highlight=False)
-    console.print(f"[bold]{escape(str(report))}[/bold]")
+    console = Console(soft_wrap=True, highlight=False, emoji=False)
+    console.print(f"[bold]{_for_rich(report)}[/bold]")
     headline = Table(show_header=False, box=None, padding=(0, 2))
     headline.add_column(no_wrap=True, min_width=max(map(len, analysis.headline), default=0))
     headline.add_column(no_wrap=True, overflow="ellipsis", max_width=64)  # long kernel names: one line
     for key, value in analysis.headline.items():
         if isinstance(value, (int, float, str)):
-            headline.add_row(key, f"{value:,.3f}" if isinstance(value, float) else escape(str(value)))
+            headline.add_row(_for_rich(key), f"{value:,.3f}" if isinstance(value, float) else _for_rich(value))
     console.print(headline)
     for finding in analysis.findings:
         style = "red" if finding.severity == "warning" else "cyan"
         marker = "!" if finding.severity == "warning" else "-"
-        console.print(f"  [{style}]{marker} {escape(finding.title)}[/{style}]\n      {escape(finding.evidence)}")
-    console.print(f"  tables and findings: {escape(str(tables_dir))}\n  report: {escape(str(html))}")
+        console.print(f"  [{style}]{marker} {_for_rich(finding.title)}[/{style}]\n      {_for_rich(finding.evidence)}")
+    console.print(f"  tables and findings: {_for_rich(tables_dir)}\n  report: {_for_rich(html)}")
 
 
 def _cmd_compare(args) -> int:
@@ -87,7 +102,7 @@ def _cmd_compare(args) -> int:
     comparison = compare.compare_paths(args.inputs)
     written = compare.write(comparison, args.output, args.title or "sftprof comparison")
     print(compare.summary_text(comparison))
-    print("\n" + "\n".join(f"{what}: {path}" for what, path in written.items()))
+    print("\n" + "\n".join(f"{what}: {terminal_safe(path)}" for what, path in written.items()))
     return 0
 
 
@@ -123,7 +138,7 @@ def _cmd_submit(args) -> int:
     experiment, window = _experiment_window(args)
     script = jobs.write_sbatch(args.experiment, experiment, args.window, window, args.workdir)
     job_id = jobs.submit(script, wait=args.wait)
-    print(f"submitted {script} as Slurm job {job_id}" + (", finished" if args.wait else ""))
+    print(terminal_safe(f"submitted {script} as Slurm job {job_id}" + (", finished" if args.wait else "")))
     return 0
 
 
@@ -139,13 +154,13 @@ def _cmd_fetch(args) -> int:
     if args.report:
         html = Path(args.workdir) / layout.REPORT_HTML.format(**names)
         result = remote.fetch_report(settings, args.experiment, args.window, html, trust_new_host=args.trust_new_host)
-        print(f"{result.local_path} ({result.size} bytes, sha256 {result.sha256})")
+        print(terminal_safe(f"{result.local_path} ({result.size} bytes, sha256 {result.sha256})"))
         return 0
     capture = Path(args.workdir) / layout.CAPTURE_DIR.format(**names)
     for result in remote.fetch_capture(settings, args.experiment, experiment, args.window, capture,
                                        trust_new_host=args.trust_new_host):
         state = "already here" if result.skipped else f"{result.bytes_transferred} bytes transferred"
-        print(f"{result.remote_path} -> {capture / result.local_path.name} ({state})")
+        print(terminal_safe(f"{result.remote_path} -> {capture / result.local_path.name} ({state})"))
     return 0
 
 
@@ -164,8 +179,14 @@ def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default=".", help="the workflow's working directory (default: here)")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """Usage errors quote the arguments given: they reach the terminal as text too."""
+        super().error(terminal_safe(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sftprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sftprof {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -249,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except SftprofError as error:
-        print(f"sftprof: error: {error}", file=sys.stderr)
+        print(f"sftprof: error: {terminal_safe(error)}", file=sys.stderr)  # one line, whatever it quotes
         return 1
 
 

@@ -26,7 +26,8 @@ from sftprof import __version__, results
 from sftprof.analysis import Analysis, analyze
 from sftprof.analysis.cpu import PHASES, STEP_RANGE
 from sftprof.errors import SftprofError
-from sftprof.io import atomic_write_text
+from sftprof.io import atomic_dir
+from sftprof.text import terminal_safe, write_csv
 from sftprof.trace import load_trace
 from sftprof.trace.kineto import kernel_short_name
 
@@ -43,6 +44,14 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), u
 
 class CompareError(SftprofError, ValueError):
     """An input that is neither an analysis folder nor a trace, or too few inputs."""
+
+
+class UnusableValue(CompareError):
+    """A value of an analysis that the comparison cannot use; `file` is relative to its folder."""
+
+    def __init__(self, file: str, problem: str):
+        super().__init__(f"{file}: {problem}")
+        self.file, self.problem = file, problem
 
 
 # ---------------------------------------------------------------- inputs
@@ -65,10 +74,17 @@ def _analysis_dirs(folder: Path) -> list[Path]:
 
 
 def _load_analysis(folder: Path) -> Analysis:
+    """The analysis saved in `folder`. Every value the comparison uses is taken from it once here,
+    so that a damaged one is refused naming its file before anything is written."""
+    analysis = results.load(folder)
     try:
-        return results.load(folder)
-    except (ValueError, KeyError, TypeError, OSError, pd.errors.ParserError) as exc:
-        raise CompareError(f"{folder}: damaged analysis folder ({type(exc).__name__}: {exc})") from None
+        for metric in HEADLINE_METRICS:
+            metric.value(analysis)
+        for section in SECTIONS:
+            section.totals(analysis)
+    except UnusableValue as unusable:
+        raise CompareError(f"{folder / unusable.file}: {unusable.problem}") from None
+    return analysis
 
 
 def load_inputs(paths: list[str | Path]) -> list[tuple[Path, Analysis]]:
@@ -119,11 +135,15 @@ def unique_labels(paths: list[Path]) -> list[str]:
 
 # ---------------------------------------------------------------- metrics
 
-def _table(analysis: Analysis, name: str, *columns: str) -> pd.DataFrame | None:
-    """The table if this analysis has it with these columns; None if it does not (other sftprof version)."""
+def _table(analysis: Analysis, name: str, *numbers: str, keys: tuple[str, ...] = ()) -> pd.DataFrame | None:
+    """The table if this analysis has it with these columns of numbers and of keys; None if it does not
+    (other sftprof version)."""
     frame = analysis.tables.get(name)
-    if frame is None or not set(columns) <= set(frame.columns):
+    if frame is None or not {*numbers, *keys} <= set(frame.columns):
         return None
+    for column in numbers:
+        if not pd.api.types.is_numeric_dtype(frame[column]) and frame[column].notna().any():
+            raise UnusableValue(f"{name}.csv", f"column {column} holds values that are not numbers")
     return frame
 
 
@@ -142,7 +162,10 @@ def steps_captured(analysis: Analysis) -> float | None:
     steps = _table(analysis, "steps", "duration")
     if steps is not None:
         return float(len(steps))
-    return analysis.headline.get("steps_captured")
+    count = analysis.headline.get("steps_captured")
+    if count is not None and not results.is_number(count):
+        raise UnusableValue(results.SUMMARY_FILE, "headline.steps_captured must be a number")
+    return count
 
 
 def median_step_ms(analysis: Analysis) -> float | None:
@@ -168,7 +191,7 @@ def gpu_busy_pct(analysis: Analysis) -> float | None:
 def blocked_pct(role: str) -> Callable[[Analysis], float | None]:
     """Share of the capture that the most blocked thread of this role spent in OS-runtime calls."""
     def metric(analysis: Analysis) -> float | None:
-        threads = _table(analysis, "threads", "role", "osrt_ns")
+        threads = _table(analysis, "threads", "osrt_ns", keys=("role",))
         if "osrt" not in analysis.sources or threads is None or not analysis.span_ns:
             return None
         of_role = threads[threads["role"].fillna("") == role]
@@ -206,7 +229,7 @@ HEADLINE_KEYS_SHOWN = {"capture_s", "steps_captured", "median_step_ms", "kernels
 def _total_by(table: str, key: str, value: str = "total_ns",
               name_of: Callable[[str], str] | None = None) -> Callable[[Analysis], pd.Series | None]:
     def extract(analysis: Analysis) -> pd.Series | None:
-        frame = _table(analysis, table, key, value)
+        frame = _table(analysis, table, value, keys=(key,))
         if frame is None:
             return None
         keys = frame[key].astype(str)
@@ -228,7 +251,7 @@ def _phase_means(analysis: Analysis) -> pd.Series | None:
     if steps is None or steps.empty:
         return None
     means = {phase: steps[f"{phase}_ns"].mean() for phase in PHASES}
-    if "other_ns" in steps:
+    if _table(analysis, "steps", "other_ns") is not None:
         means["other"] = steps["other_ns"].mean()
     means["whole step"] = steps["duration"].mean()
     return pd.Series(means, dtype=float)
@@ -239,7 +262,7 @@ def _thread_name(row) -> str:
 
 
 def _thread_blocking(analysis: Analysis) -> pd.Series | None:
-    threads = _table(analysis, "threads", "thread_name", "role", "osrt_ns")
+    threads = _table(analysis, "threads", "osrt_ns", keys=("thread_name", "role"))
     if threads is None:
         return None
     names = pd.Series([_thread_name(row) for row in threads.itertuples()], index=threads.index, dtype=str)
@@ -429,7 +452,7 @@ def summary_text(comparison: Comparison) -> str:
     if len(differing):
         lines += ["", "findings not in every input:"]
         lines += [f"  {row.rule}: only in {row.fired_in}" for row in differing.itertuples()]
-    return "\n".join(lines)
+    return "\n".join(map(terminal_safe, lines))  # names and paths come from traces and users
 
 
 def _direction(delta: float) -> str:
@@ -469,10 +492,11 @@ def render_html(comparison: Comparison, title: str) -> str:
 
 
 def write(comparison: Comparison, out_dir: str | Path, title: str = "sftprof comparison") -> dict[str, Path]:
-    """comparison.csv (every row), findings.csv and the self-contained compare.html."""
-    out_dir = Path(out_dir)
-    paths = {"table": out_dir / COMPARISON_CSV, "findings": out_dir / FINDINGS_CSV, "html": out_dir / HTML_FILE}
-    atomic_write_text(paths["table"], comparison.table.to_csv(index=False))
-    atomic_write_text(paths["findings"], comparison.findings.to_csv(index=False))
-    atomic_write_text(paths["html"], render_html(comparison, title))
-    return paths
+    """comparison.csv (every row), findings.csv and the self-contained compare.html, as one folder
+    that appears whole (see atomic_dir)."""
+    names = {"table": COMPARISON_CSV, "findings": FINDINGS_CSV, "html": HTML_FILE}
+    with atomic_dir(out_dir, owned=names.values()) as tmp:
+        write_csv(comparison.table, tmp / COMPARISON_CSV)
+        write_csv(comparison.findings, tmp / FINDINGS_CSV)
+        (tmp / HTML_FILE).write_text(render_html(comparison, title), encoding="utf-8")
+    return {what: Path(out_dir) / name for what, name in names.items()}

@@ -1,13 +1,18 @@
-"""Atomic file writes: a failed step must never leave a file that looks complete."""
+"""Atomic file writes: a failed step must never leave a file that looks complete, and two runs
+writing the same output never mix."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Collection, Iterator
+
+from sftprof.errors import SftprofError
 
 
 @contextmanager
@@ -31,16 +36,88 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+class OutputError(SftprofError):
+    """An output folder that cannot be written: another run is writing it, it is not sftprof's to
+    replace, or its parent is not writable."""
+
+
 @contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a fresh `path`.partial folder; swap it in for `path` only if the block succeeds."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold `.NAME.lock` beside `path`, or refuse at once if another process holds it. The lock
+    file goes when the holder is done; a process that locked a file removed meanwhile tries again."""
+    lock_path = path.with_name(f".{path.name}.lock")
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            raise OutputError(f"cannot write {path}: {error.strerror or error}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputError(f"another sftprof is writing {path}; wait for it to finish or choose "
+                              "another output folder") from None
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
     try:
-        yield tmp
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)
+        yield
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.unlink(lock_path)
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _clear_leftovers(path: Path) -> None:
+    """Remove what runs killed mid-write left beside `path` (they held the lock, so none is still
+    running). A run killed between its two renames left only `.old`: that is the previous output."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[^.]+\.(partial|old)")
+    for leftover in path.parent.iterdir():
+        match = pattern.fullmatch(leftover.name)
+        if match and match[1] == "old" and not os.path.lexists(path):
+            leftover.rename(path)
+        elif match:
+            _remove(leftover)
+
+
+@contextmanager
+def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterator[Path]:
+    """Yield a fresh folder private to this run; swap it in for `path` only if the block succeeds.
+
+    One writer at a time (another is refused, see `_exclusive`). The swap renames the old folder
+    aside, the new one in, then deletes the old: `path` is always wholly old or wholly new. With
+    `owned` (the names this output consists of), a `path` holding anything else is refused
+    rather than replaced: it is not sftprof's output.
+    """
+    path = Path(os.path.abspath(path))
+    if not path.name:
+        raise OutputError(f"{path} cannot be an output folder")
+    with _exclusive(path):
+        _clear_leftovers(path)
+        if owned is not None and os.path.lexists(path) and (
+                path.is_symlink() or not path.is_dir() or not {p.name for p in path.iterdir()} <= set(owned)):
+            raise OutputError(f"{path} exists and is not an output folder of sftprof: give a new or "
+                              "empty folder")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp makes 0700; finished folders get the usual permissions
+            yield tmp
+            old = tmp.with_suffix(".old")
+            if os.path.lexists(path):
+                path.rename(old)
+            tmp.rename(path)
+            if os.path.lexists(old):
+                _remove(old)
+        finally:
+            if os.path.lexists(tmp):
+                _remove(tmp)

@@ -6,7 +6,17 @@ import logging
 import sys
 from pathlib import Path
 
+from sftprof.text import terminal_safe
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _TerminalSafeFormatter(logging.Formatter):
+    """Messages quote names from traces (findings, kernels, threads) and paths: their control
+    characters are written as escapes; the lines of a multi-line message stay lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return terminal_safe(super().formatMessage(record), multiline=True)
 
 
 def setup(log_path: str | Path | None = None, level: int = logging.INFO) -> None:
@@ -14,7 +24,9 @@ def setup(log_path: str | Path | None = None, level: int = logging.INFO) -> None
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(log_path, mode="w"))
-    logging.basicConfig(level=level, format=FORMAT, handlers=handlers, force=True)
+    for handler in handlers:
+        handler.setFormatter(_TerminalSafeFormatter(FORMAT))
+    logging.basicConfig(level=level, handlers=handlers, force=True)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     # paramiko logs every dropped connection as an ERROR with a traceback; sftprof.transfer
     # reports the drop and its retry itself, in one line.

@@ -7,22 +7,32 @@ output users script against.
 from __future__ import annotations
 
 import json
+import math
+import re
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pandas as pd
 
 from sftprof.analysis import Analysis
 from sftprof.analysis.findings import Finding
+from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir
+from sftprof.text import read_csv, write_csv
 
 SUMMARY_FILE = "analysis.json"
+TABLE_NAME = re.compile(r"\w+")  # a table is NAME.csv in the folder itself: no path in its name
+
+
+class ResultsError(SftprofError, ValueError):
+    """An analysis folder that cannot be read back: damaged, hand-edited or not sftprof's."""
 
 
 def save(analysis: Analysis, out_dir: str | Path) -> Path:
     """Write into a temporary sibling folder, then swap it in: no half-written result folder."""
     with atomic_dir(out_dir) as tmp:
         for name, table in analysis.tables.items():
-            table.to_csv(tmp / f"{name}.csv", index=False)
+            write_csv(table, tmp / f"{name}.csv")
         summary = {"source_path": analysis.source_path, "span_ns": analysis.span_ns, "sources": analysis.sources,
                    "headline": analysis.headline, "findings": [f.to_dict() for f in analysis.findings],
                    "tables": sorted(analysis.tables)}
@@ -30,15 +40,60 @@ def save(analysis: Analysis, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
+def is_number(value) -> bool:
+    """A JSON number that arithmetic can use: not a bool, and within a float's range (NaN is a
+    blank, as pandas reads it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return not math.isinf(float(value))
+    except OverflowError:
+        return False
+
+
+def _is_finding(value) -> bool:
+    """What `Finding(**value)` accepts, with the texts that reports and comparisons show."""
+    return isinstance(value, dict) and set(value) <= {f.name for f in fields(Finding)} and all(
+        isinstance(value.get(f.name), str) for f in fields(Finding) if f.default is MISSING)
+
+
+# What analysis.json must hold, each key with what it must be and a test of it, so that a damaged
+# or hand-edited file is refused by name here rather than failing deep inside a comparison or report.
+_SUMMARY_KEYS = {
+    "source_path": ("a string", lambda v: isinstance(v, str)),
+    "span_ns": ("a number", lambda v: is_number(v) and not math.isnan(v)),
+    "sources": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
+    "headline": ("an object whose numbers fit a float", lambda v: isinstance(v, dict) and all(
+        is_number(x) for x in v.values() if isinstance(x, (int, float)) and not isinstance(x, bool))),
+    "findings": ("a list of findings (objects with the strings rule, severity, title, evidence)",
+                 lambda v: isinstance(v, list) and all(map(_is_finding, v))),
+    "tables": ("a list of table names (letters, digits, _)", lambda v: isinstance(v, list) and all(
+        isinstance(name, str) and TABLE_NAME.fullmatch(name) for name in v)),
+}
+
+
 def load(out_dir: str | Path) -> Analysis:
+    """What `save` wrote; a damaged or hand-edited folder is refused naming its file (and key)."""
     out_dir = Path(out_dir)
-    summary = json.loads((out_dir / SUMMARY_FILE).read_text())
+    path = out_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as error:
+        raise ResultsError(f"{path}: cannot read it ({type(error).__name__}: {error})") from None
+    if not isinstance(summary, dict):
+        raise ResultsError(f"{path}: not a JSON object")
+    for key, (wording, valid) in _SUMMARY_KEYS.items():
+        if not valid(summary.get(key)):
+            raise ResultsError(f"{path}: {key} must be {wording}")
     tables = {}
     for name in summary["tables"]:
+        csv = out_dir / f"{name}.csv"
         try:
-            tables[name] = pd.read_csv(out_dir / f"{name}.csv")
+            tables[name] = read_csv(csv)
         except pd.errors.EmptyDataError:
             tables[name] = pd.DataFrame()
+        except (OSError, ValueError) as error:  # pandas' ParserError and UnicodeDecodeError are ValueErrors
+            raise ResultsError(f"{csv}: cannot read it ({type(error).__name__}: {error})") from None
     return Analysis(source_path=summary["source_path"], span_ns=summary["span_ns"], sources=summary["sources"],
                     tables=tables, findings=[Finding(**f) for f in summary["findings"]],
                     headline=summary["headline"])

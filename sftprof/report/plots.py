@@ -12,12 +12,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from sftprof.analysis.cpu import PHASES  # noqa: E402
+from sftprof.text import terminal_safe  # noqa: E402
 
 PHASE_COLORS = {"data": "#9467bd", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c",
                 "other": "#bbbbbb"}
 MAX_BARS = 60  # per-step plots: more steps than this are drawn as runs of steps
 MAX_TICK_LABELS = 20
-plt.rcParams.update({"svg.fonttype": "none", "font.size": 9})
+# Labels are kernel, thread and NVTX names from the trace: text, never mathtext (`$...$`) or TeX.
+plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "text.parse_math": False, "text.usetex": False})
 
 
 def _svg(fig) -> str:
@@ -28,7 +30,9 @@ def _svg(fig) -> str:
     return text[text.index("<svg"):]
 
 
-def _shorten(name: str, limit: int = 60) -> str:
+def _label(name, limit: int = 60) -> str:
+    """A name from the trace as a plot label: control characters shown as escapes, long names cut."""
+    name = terminal_safe(name)
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
@@ -66,7 +70,7 @@ def share_bars(summary: pd.DataFrame, label_column: str, title: str, top: int = 
         return None
     rows = summary.head(top).iloc[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1))
-    ax.barh([_shorten(str(n)) for n in rows[label_column]], rows["time_pct"], color="#1f77b4")
+    ax.barh([_label(n) for n in rows[label_column]], rows["time_pct"], color="#1f77b4")
     ax.set_xlabel("% of total time")
     ax.set_title(title)
     return _svg(fig)
@@ -118,7 +122,8 @@ def family_bars(families: pd.DataFrame) -> str | None:
     rows = families.iloc[::-1]
     bound = rows["bound"].fillna("").astype(str)
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.2))
-    ax.barh(rows["family"].astype(str), rows["time_pct"], color=[FAMILY_COLORS.get(b, "#999999") for b in bound])
+    ax.barh([_label(family) for family in rows["family"]], rows["time_pct"],
+            color=[FAMILY_COLORS.get(b, "#999999") for b in bound])
     for y, (pct, n) in enumerate(zip(rows["time_pct"], rows["instances"])):
         ax.text(pct, y, f" {pct:.1f}% ({int(n):,})", va="center", fontsize=8)
     ax.set_xlim(0, max(100.0, float(rows["time_pct"].max()) * 1.15))
@@ -133,7 +138,7 @@ def memop_breakdown(kinds: pd.DataFrame) -> str | None:
         return None
     rows = kinds.iloc[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.2))
-    ax.barh(rows["copy_kind"].astype(str), rows["gpu_time_pct"], color="#2ca02c")
+    ax.barh([_label(k) for k in rows["copy_kind"]], rows["gpu_time_pct"], color="#2ca02c")
     for y, (pct, n) in enumerate(zip(rows["gpu_time_pct"], rows["instances"])):
         ax.text(pct, y, f" {pct:.2f}% ({int(n):,})", va="center", fontsize=8)
     ax.set_xlim(0, float(rows["gpu_time_pct"].max()) * 1.3 or 1.0)
@@ -173,7 +178,7 @@ def thread_states(states: pd.DataFrame) -> str | None:
     for i, (label, column, color) in enumerate(series):
         ax.barh([y + (i - (len(series) - 1) / 2) * height for y in range(len(rows))], rows[column].fillna(0),
                 height=height, color=color, label=label)
-    ax.set_yticks(range(len(rows)), [_shorten(str(t), 45) for t in rows["thread"]])
+    ax.set_yticks(range(len(rows)), [_label(t, 45) for t in rows["thread"]])
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of the capture (the states can overlap)")
     ax.set_title("What each thread did")
