@@ -3,11 +3,13 @@ real data prep, model creation, SFT steps under the real nsys, export, analysis 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -60,11 +62,15 @@ def h200_tables(h200_capture):
     return load_trace(h200_capture)
 
 
+def snakemake_argv(workdir: Path, *args: str) -> list[str]:
+    """The repo's workflow with the local profile, in `workdir` (which holds config.yaml)."""
+    return [SNAKEMAKE, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),
+            "--workflow-profile", str(REPO / "profiles" / "local"), *args]
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run the repo's workflow with the local profile, in `workdir` (which holds config.yaml)."""
-    argv = [SNAKEMAKE, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),
-            "--workflow-profile", str(REPO / "profiles" / "local"), *args]
-    result = subprocess.run(argv, capture_output=True, text=True, cwd=workdir)
+    result = subprocess.run(snakemake_argv(workdir, *args), capture_output=True, text=True, cwd=workdir)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
     return result
@@ -119,6 +125,27 @@ def assert_refused(result: subprocess.CompletedProcess, *, contains: str = "") -
     assert not CONTROL_CHARACTERS & set(result.stderr + result.stdout), repr(result.stderr[-500:])
     assert contains in errors[0], errors[0]
     return errors[0]
+
+
+def impossible_numbers(frames: dict, headline: dict) -> list[str]:
+    """What no capture can give, found in an analysis' tables (name -> DataFrame) and headline: a
+    negative time, count or share, a share over 100%, or a time beyond 2^62 ns (146 years: the
+    scale of a wrapped or misread integer)."""
+    problems = []
+    for name, frame in frames.items():
+        for column in frame.columns:
+            values = frame[column].dropna()
+            if not pd.api.types.is_numeric_dtype(values):
+                continue
+            if re.search(r"(_ns|_pct|_ms|duration|instances)$", column) and (values < 0).any() \
+                    or column.endswith("_pct") and (values > 100.001).any() \
+                    or re.search(r"(_ns|duration|start|end)$", column) and (values.abs() > 2**62).any():
+                problems.append(f"{name}.{column} from {values.min()} to {values.max()}")
+    for key, limit in (("gpu_busy_pct", 100.001), ("median_step_ms", 2**62 / 1e6), ("capture_s", 2**62 / 1e9)):
+        value = headline.get(key)
+        if value is not None and not 0 <= value <= limit:
+            problems.append(f"headline {key} = {value}")
+    return problems
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, bytes]]:

@@ -82,9 +82,27 @@ def test_empty_table_yields_nothing(tmp_path):
     assert list(sqlite_pages.int_columns(path, "t", ["c0"])) == []
 
 
+# Damage to the table's root, an interior page (2000 rows fill several leaves): (offset, bytes) written into it.
+DAMAGED_ROOTS = {
+    "root page its own child": None,  # no cells, and the rightmost child is the page itself: a walk that never ends
+    "interior cell pointer out of its page": (12, b"\xff\xff"),
+    "child page 0": (8, b"\0\0\0\0"),
+}
+
+
+def damage_root(path: Path, case: str) -> None:
+    with sqlite3.connect(path) as conn:
+        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 't'").fetchone()[0]
+    data, at = bytearray(path.read_bytes()), (root - 1) * 4096
+    assert data[at] == sqlite_pages.TABLE_INTERIOR
+    offset, value = DAMAGED_ROOTS[case] or (3, b"\0\0\0\0\0" + root.to_bytes(4, "big"))
+    data[at + offset:at + offset + len(value)] = value
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize("case", ["text value", "text before the columns read", "real value", "overflowing record",
-                                  "damaged cell pointer", "WAL file", "hot journal", "WITHOUT ROWID", "rowid alias",
-                                  "default value", "no such table"])
+                                  "damaged cell pointer", *DAMAGED_ROOTS, "WAL file", "hot journal", "WITHOUT ROWID",
+                                  "rowid alias", "default value", "no such table"])
 def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
     path = tmp_path / "t.sqlite"
     rows = [(i, i * 3, -i) for i in range(2000)]
@@ -103,6 +121,9 @@ def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
         leaf = next(start for start in range(4096, len(data), 4096) if data[start] == sqlite_pages.TABLE_LEAF)
         data[leaf + 8:leaf + 10] = b"\xff\xf0"  # the first cell "starts" 16 bytes before the page ends
         path.write_bytes(bytes(data))
+    elif case in DAMAGED_ROOTS:
+        make_table(path, rows, columns=3)
+        damage_root(path, case)
     elif case == "WAL file":
         make_table(path, rows, columns=3)
         with sqlite3.connect(path) as conn:
@@ -128,6 +149,34 @@ def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
         table = "missing"
     with pytest.raises(sqlite_pages.Unsupported):
         decoded(path, table, columns)
+
+
+def test_a_leaf_claiming_more_cells_than_fit_is_unsupported_before_arrays_are_sized_by_it(tmp_path):
+    path = tmp_path / "t.sqlite"
+    make_table(path, [(i, i * 3, -i) for i in range(2000)], columns=3)
+    data = bytearray(path.read_bytes())
+    leaf = next(start for start in range(4096, len(data), 4096) if data[start] == sqlite_pages.TABLE_LEAF)
+    data[leaf + 3:leaf + 5] = b"\xff\xff"  # 65535 cells: a chunk of such pages would ask for gigabytes
+    path.write_bytes(bytes(data))
+    with pytest.raises(sqlite_pages.Unsupported, match="more cells than fit"):
+        decoded(path, "t", ["c1"])
+
+
+def test_fallback_reads_the_file_named_even_when_its_name_holds_uri_characters(monkeypatch, tmp_path):
+    """`?` and `#` end the path of an unescaped SQLite URI, `%41` decodes to `A`: each opened another file."""
+    export = tmp_path / "a?mode=rwc#b%41.sqlite"
+    export.write_bytes((FIXTURES / "h200_plant_clean.sqlite").read_bytes())
+    expected = load_trace(export).events.frame("kernels")
+
+    def unsupported(*args, **kwargs):
+        raise sqlite_pages.Unsupported("read it through SQLite")
+        yield
+
+    monkeypatch.setattr(sqlite_pages, "int_columns", unsupported)
+    fallen_back = load_trace(export).events.frame("kernels")
+    assert len(expected) > 1000
+    pd.testing.assert_frame_equal(in_full_order(fallen_back), in_full_order(expected))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [export.name]
 
 
 def test_event_store_falls_back_to_sqlite_midway_with_the_same_tables(monkeypatch):

@@ -221,7 +221,8 @@ def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: 
     }
     sets = copies[copies["copy_kind"] == memory.MEMSET_KIND]
     findings = (
-        _gpu_findings(tables, kernel_sum, totals["total_ns"], busy)
+        rules.dropped_rows(tables.dropped_rows)
+        + _gpu_findings(tables, kernel_sum, totals["total_ns"], busy)
         + ([boundness.verdict_finding(verdict)] if verdict else [])
         + rules.launch_bound(totals, launch, busy, timeline, gaps, steps)
         + rules.idle_gaps(gaps, causes, busy)

@@ -11,7 +11,8 @@ from sftprof.analysis.stats import duration_summary
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
 PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
-STEP_RANGE = re.compile(r"^(?:.*:)?step (\d+)$")
+# Up to 18 digits: every such number fits int64; a longer one names no training step.
+STEP_RANGE = re.compile(r"^(?:.*:)?step (\d{1,18})$")
 # The trainer's phase ranges inside each step (sftprof.sft.torch_backend).
 PHASES = ("data", "forward", "backward", "optimizer")
 # The name of a thread that left events but has no ThreadNames row (e.g. a Python thread: CPython

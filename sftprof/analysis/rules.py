@@ -24,6 +24,7 @@ from sftprof.analysis.memory import INTERCONNECT_LIMIT_PCT, MEGABYTE, PAGEABLE
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
+from sftprof.trace.events import MAX_TIME_NS
 
 WARNING_SHARE_PCT = 5.0
 STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
@@ -77,6 +78,21 @@ def _api_named(ops: pd.DataFrame, pattern: re.Pattern) -> pd.Series:
 
 def _threads(calls: pd.DataFrame, labels: dict) -> str:
     return ", ".join(sorted({labels.get(tid, f"tid {int(tid) & 0xFFFFFF}") for tid in calls["global_tid"]}))
+
+
+# ---------------------------------------------------------------- the trace itself
+
+def dropped_rows(dropped: dict[str, int]) -> list[Finding]:
+    """Rows the loader left out (TraceTables.dropped_rows), named once: every number computed without them."""
+    if not dropped:
+        return []
+    parts = ", ".join(f"{table} {rows:,}" for table, rows in sorted(dropped.items()))
+    return [Finding(
+        "dropped_rows", "warning", f"{sum(dropped.values()):,} trace rows left out as damaged",
+        f"Left out, by table: {parts}. A start or end time is missing, the end comes before the start, a time "
+        f"lies beyond ±{MAX_TIME_NS / 86_400e9:.0f} days, or a field has the wrong type. Every number in this "
+        "report is computed without them.",
+        "The trace file was damaged or edited: export or record it again.")]
 
 
 # ---------------------------------------------------------------- memory copies and sets

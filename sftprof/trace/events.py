@@ -35,6 +35,9 @@ import pandas as pd
 from sftprof.errors import SftprofError
 
 MEMORY_LIMIT = "512MB"
+# A time beyond ±2^53 ns (104 days) from the capture's origin belongs to no capture; keeping times
+# within it keeps end - start, sums over a capture and their float64 copies exact.
+MAX_TIME_NS = 2**53
 MAX_THREADS = 8  # a login node is shared: do not take all its cores
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 KERNEL_NAME_IDS = ("name_id", "short_name_id", "mangled_name_id")
@@ -74,6 +77,25 @@ def _sqlite_extension() -> Path:
 
 def _sql_text(value) -> str:
     return "'" + str(value).replace("'", "''") + "'"
+
+
+def valid_times_sql(start: str = "start", end: str = '"end"') -> str:
+    """SQL that holds for a row with both times known, in order and within ±MAX_TIME_NS; false for the
+    rest (a damaged or edited export), which every loader leaves out and counts."""
+    return f"coalesce({start} BETWEEN -{MAX_TIME_NS} AND {end} AND {end} <= {MAX_TIME_NS}, false)"
+
+
+def valid_times(start: pd.Series, end: pd.Series | None = None) -> np.ndarray:
+    """valid_times_sql for a pandas table (`end` None: point events); anything not a number is invalid."""
+    start = pd.to_numeric(start, errors="coerce")
+    end = start if end is None else pd.to_numeric(end, errors="coerce")
+    return ((start >= -MAX_TIME_NS) & (start <= end) & (end <= MAX_TIME_NS)).fillna(False).to_numpy(bool)
+
+
+def read_only_uri(path: Path) -> str:
+    """The URI that opens `path` read-only in SQLite, whatever its name holds (`?`, `#`, `%` are escaped:
+    unescaped, they cut the name and open, or create, another file)."""
+    return f"{Path(path).resolve().as_uri()}?mode=ro"
 
 
 def attach_export(con: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -136,6 +158,7 @@ class EventStore:
         # and analyses run side by side.
         self._cursors: dict[int, duckdb.DuckDBPyConnection] = {}
         self._cursors_lock = threading.Lock()
+        self.dropped_rows: dict[str, int] = {}  # rows left out by from_nsys_sqlite, by table (kernels, cuda_api)
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
         settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": MEMORY_LIMIT,
                     "preserve_insertion_order": False}
@@ -205,13 +228,24 @@ class EventStore:
             self.con.unregister("incoming")
 
     @classmethod
-    def from_nsys_sqlite(cls, path: Path, present: set[str]) -> "EventStore":
-        """Copy the kernels and runtime-API rows of an nsys export (`present`: its table names)."""
+    def from_nsys_sqlite(cls, path: Path, present: set[str], strings: pd.DataFrame) -> "EventStore":
+        """Copy the kernels and runtime-API rows of an nsys export (`present`: its table names;
+        `strings`: its StringIds as id, value), leaving out rows whose times are not valid
+        (valid_times_sql), counted in `dropped_rows` by table."""
         store = cls(on_disk=True)
         con = store.con
         attach_export(con, path)
-        con.execute("INSERT INTO kernel_names SELECT id, value FROM export.StringIds")
         copies = []
+        with _visible(con, {"strings": strings}):
+            con.execute("INSERT INTO kernel_names SELECT id, value FROM strings")
+            if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
+                # nsys stats strips a 5-character version (`_v7000`), not longer ones (`_v11060`).
+                con.execute("""
+                    CREATE TABLE api_name_of AS
+                    SELECT id AS raw_id, dense_rank() OVER (ORDER BY stripped) AS name_id, stripped
+                    FROM (SELECT id, CASE WHEN value[-6:-5] = '_v' THEN value[:-7] ELSE value END AS stripped
+                          FROM strings)""")
+                con.execute("INSERT INTO api_names SELECT DISTINCT name_id, stripped FROM api_name_of")
         if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
             columns = ("start", "end", "demangledName", "shortName", "mangledName", "deviceId", "streamId",
                        "globalPid", "correlationId", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
@@ -220,13 +254,6 @@ class EventStore:
                                      global_pid, correlation_id, {", ".join(KERNEL_SHAPE)})
                 SELECT {", ".join(f'"{c}"' for c in columns)} FROM {{rows}}"""))
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
-            # nsys stats strips a 5-character version (`_v7000`), not longer ones (`_v11060`).
-            con.execute("""
-                CREATE TABLE api_name_of AS
-                SELECT id AS raw_id, dense_rank() OVER (ORDER BY stripped) AS name_id, stripped
-                FROM (SELECT id, CASE WHEN value[-6:-5] = '_v' THEN value[:-7] ELSE value END AS stripped
-                      FROM export.StringIds)""")
-            con.execute("INSERT INTO api_names SELECT DISTINCT name_id, stripped FROM api_name_of")
             copies.append(("cuda_api_rows", "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "end", "nameId", "globalTid", "correlationId"), """
                 INSERT INTO cuda_api_rows (start, "end", name_id, global_tid, correlation_id)
                 SELECT r.start, r."end", n.name_id, r.globalTid, r.correlationId
@@ -237,6 +264,11 @@ class EventStore:
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
         con.execute("DETACH export")
+        # Once, after the copy (whichever reader made it): one scan of two columns, nothing on the decoder's path.
+        for table, rows in (("kernels", "kernel_rows"), ("cuda_api", "cuda_api_rows")):
+            dropped = con.execute(f"DELETE FROM {rows} WHERE NOT {valid_times_sql()}").fetchone()[0]
+            if dropped:
+                store.dropped_rows[table] = int(dropped)
         con.execute("CHECKPOINT")
         return store
 

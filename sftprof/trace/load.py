@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sftprof.trace.kineto import load_kineto_json
-from sftprof.trace.nsys_sqlite import TraceFormatError, load_nsys_sqlite
+from sftprof.trace.nsys_sqlite import TraceFormatError, load_nsys_sqlite, require_file
 from sftprof.trace.tables import TraceTables
 
 KINETO_SUFFIXES = (".json", ".json.gz")  # tensorboard_trace_handler writes NAME.pt.trace.json[.gz]
@@ -24,8 +24,7 @@ def sqlite_for_report(report: Path) -> Path:
 
 def load_trace(path: str | Path) -> TraceTables:
     path = Path(path)
-    if not path.exists():
-        raise TraceFormatError(f"{path}: no such file")
+    require_file(path)
     if path.suffix == ".nsys-rep":
         return load_nsys_sqlite(sqlite_for_report(path))
     if path.suffix == ".sqlite":

@@ -20,8 +20,8 @@ import duckdb
 import pandas as pd
 
 from sftprof.errors import SftprofError
-from sftprof.trace.events import EventStore, attach_export
-from sftprof.trace.tables import TraceTables, empty
+from sftprof.trace.events import MAX_TIME_NS, EventStore, attach_export, read_only_uri
+from sftprof.trace.tables import TraceTables, empty, valid_rows
 
 # NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
 NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
@@ -48,6 +48,7 @@ SYNC_TYPE_LABELS = {0: "Unknown", 1: "Event sync", 2: "Stream wait sync", 3: "St
 # The first nsys release whose stats name memcpys by the ENUM_CUDA_MEMCPY_OPER label.
 ENUM_MEMCPY_NAMES_SINCE = 2023
 METADATA_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # newer name first
+CAPTURE_SPAN = "capture span"  # ANALYSIS_DETAILS.duration, counted in dropped_rows beside the tables
 
 # globalTid = [hwId:8][vmId:8][pid:24][tid:24]
 _PID = "((globalTid >> 24) & 16777215)"
@@ -58,21 +59,60 @@ class TraceFormatError(SftprofError, ValueError):
     """The file is not a readable nsys SQLite export."""
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def require_file(path: Path) -> None:
+    """Refuse a path that is not a readable, non-empty regular file (a directory named x.sqlite, a FIFO)."""
     if not path.exists():
         raise TraceFormatError(f"{path}: no such file")
+    if not path.is_file():
+        raise TraceFormatError(f"{path}: not a regular file")
     if path.stat().st_size == 0:
         raise TraceFormatError(f"{path}: file is empty")
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+
+
+def _text(value: bytes) -> str:
+    """Text as SQLite returns it, whatever bytes the export holds (an application's NVTX names need not be UTF-8)."""
+    return value.decode("utf-8", errors="replace")
+
+
+def _one_line(exc: Exception) -> str:
+    """The first line of an error from SQLite or DuckDB (DuckDB's go on with the query and hints)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    require_file(path)
+    try:
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
+    except sqlite3.Error as exc:
+        raise TraceFormatError(f"{path}: cannot open ({_one_line(exc)})") from None
+    conn.text_factory = _text
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # the latter: SQLite's message quotes damaged bytes
         conn.close()
-        raise TraceFormatError(f"{path}: not an SQLite database ({exc})") from None
+        raise TraceFormatError(f"{path}: not an SQLite database ({_one_line(exc)})") from None
     if "StringIds" not in tables:
         conn.close()
         raise TraceFormatError(f"{path}: SQLite, but not an nsys export (no StringIds table)")
     return conn
+
+
+def check_export(path: str | Path) -> None:
+    """Raise TraceFormatError unless `path` is a whole nsys export: it opens as one, and its size is
+    what its header says (nsys exits 0 after a full disk cut its file short or left it empty)."""
+    path = Path(path)
+    conn = _connect(path)
+    try:
+        page_size, = conn.execute("PRAGMA page_size").fetchone()
+        page_count, = conn.execute("PRAGMA page_count").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise TraceFormatError(f"{path}: damaged export ({_one_line(exc)})") from None
+    finally:
+        conn.close()
+    size = path.stat().st_size
+    if page_size * page_count != size:
+        raise TraceFormatError(f"{path}: truncated export ({size:,} bytes; its header says "
+                               f"{page_size * page_count:,})")
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:
@@ -80,7 +120,10 @@ def _tables(conn: sqlite3.Connection) -> set[str]:
 
 
 def _query(conn: sqlite3.Connection, sql: str) -> pd.DataFrame:
-    return pd.read_sql_query(sql, conn)
+    try:
+        return pd.read_sql_query(sql, conn)
+    except pd.errors.DatabaseError as exc:  # pandas wraps SQLite's error in one that quotes the whole query
+        raise (exc.__cause__ or exc) from None
 
 
 def _rows(reader: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
@@ -105,10 +148,16 @@ def _nsys_release(metadata: dict[str, str], tables: set[str]) -> int:
     return ENUM_MEMCPY_NAMES_SINCE if "META_DATA_EXPORT" in tables else 0
 
 
+def _strings(conn: sqlite3.Connection) -> pd.DataFrame:
+    """StringIds as id, value: read once, as text whatever a value holds (DuckDB refuses a BLOB in a TEXT column)."""
+    return _query(conn, "SELECT id, CAST(value AS TEXT) AS value FROM StringIds WHERE typeof(id) = 'integer'")
+
+
 def _enum_labels(conn: sqlite3.Connection, tables: set[str], enum_table: str, fallback: dict[int, str]) -> dict:
     if enum_table not in tables:
         return fallback
-    return {int(code): str(label) for code, label in conn.execute(f"SELECT id, label FROM {enum_table}")}
+    return {code: str(label) for code, label in
+            conn.execute(f"SELECT id, CAST(label AS TEXT) FROM {enum_table} WHERE typeof(id) = 'integer'")}
 
 
 def _case(column: str, labels: dict[int, str], default: str = "NULL") -> str:
@@ -121,11 +170,14 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _span_ns(conn: sqlite3.Connection, tables: set[str]) -> int:
+def _span_ns(conn: sqlite3.Connection, tables: set[str], dropped: dict[str, int]) -> int:
+    """The capture's length; 0 (unknown) when not recorded, or recorded as no length can be (counted in `dropped`)."""
     if "ANALYSIS_DETAILS" in tables:
         row = conn.execute("SELECT duration FROM ANALYSIS_DETAILS").fetchone()
         if row and row[0] is not None:
-            return int(row[0])
+            if isinstance(row[0], int) and 0 <= row[0] <= MAX_TIME_NS:
+                return row[0]
+            dropped[CAPTURE_SPAN] = 1
     return 0
 
 
@@ -137,26 +189,26 @@ def _threads(conn, tables) -> pd.DataFrame:
     process_name = "p.name" if process_join else "NULL"
     return _query(conn, f"""
         SELECT t.globalTid AS global_tid, ((t.globalTid >> 24) & 16777215) AS pid,
-               (t.globalTid & 16777215) AS tid, s.value AS thread_name, {process_name} AS process_name
+               (t.globalTid & 16777215) AS tid, CAST(s.value AS TEXT) AS thread_name,
+               CAST({process_name} AS TEXT) AS process_name
         FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId
         {process_join}
         GROUP BY t.globalTid""")
 
 
-def _nvtx(conn, tables) -> pd.DataFrame:
+def _nvtx(conn, tables, dropped) -> pd.DataFrame:
     if "NVTX_EVENTS" not in tables:
         return empty("nvtx")
     types = ",".join(map(str, NVTX_RANGE_STYLES))
     style = " ".join(f"WHEN {code} THEN '{name}'" for code, name in NVTX_RANGE_STYLES.items())
-    return _query(conn, f"""
+    ranges = _query(conn, f"""
         WITH domains AS (
-            SELECT domainId AS id, globalTid, text AS name FROM NVTX_EVENTS
+            SELECT domainId AS id, globalTid, CAST(text AS TEXT) AS name FROM NVTX_EVENTS
             WHERE eventType = {NVTX_DOMAIN_CREATE} GROUP BY domainId, globalTid),
         maxts AS (SELECT max(max(start), max(end)) AS m FROM NVTX_EVENTS)
         SELECT ne.start AS start, coalesce(ne.end, (SELECT m FROM maxts)) AS "end",
-               coalesce(ne.end, (SELECT m FROM maxts)) - ne.start AS duration,
-               CASE WHEN d.name IS NOT NULL THEN d.name || ':' || coalesce(sid.value, ne.text)
-                    ELSE coalesce(sid.value, ne.text) END AS name,
+               CASE WHEN d.name IS NOT NULL THEN d.name || ':' || CAST(coalesce(sid.value, ne.text) AS TEXT)
+                    ELSE CAST(coalesce(sid.value, ne.text) AS TEXT) END AS name,
                CASE ne.eventType {style} END AS style,
                ne.globalTid AS global_tid, ((ne.globalTid >> 24) & 16777215) AS pid,
                (ne.globalTid & 16777215) AS tid
@@ -166,17 +218,23 @@ def _nvtx(conn, tables) -> pd.DataFrame:
         LEFT JOIN StringIds sid ON ne.textId = sid.id
         WHERE ne.eventType IN ({types})
         ORDER BY ne.start""")
+    return valid_rows(ranges, "nvtx", dropped)
 
 
-def _osrt(reader, tables) -> pd.DataFrame:
+def _osrt(reader, tables, strings, dropped) -> pd.DataFrame:
     if "OSRT_API" not in tables:
         return empty("osrt")
-    return _rows(reader, f"""
-        SELECT o.start, o."end", o."end" - o.start AS duration, s.value AS name,
-               o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
-        FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId
-        WHERE o.eventClass = {OSRT_CALL_CLASS}
-        ORDER BY o.start""")
+    reader.register("string_ids", strings)
+    try:
+        calls = _rows(reader, f"""
+            SELECT o.start, o."end", s.value AS name,
+                   o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
+            FROM OSRT_API o JOIN string_ids s ON s.id = o.nameId
+            WHERE o.eventClass = {OSRT_CALL_CLASS}
+            ORDER BY o.start""")
+    finally:
+        reader.unregister("string_ids")
+    return valid_rows(calls, "osrt", dropped)
 
 
 def _memcpy_operations(conn, tables, release: int) -> dict[int, str]:
@@ -187,9 +245,9 @@ def _memcpy_operations(conn, tables, release: int) -> dict[int, str]:
     return MEMCPY_OPERATIONS
 
 
-def _memops(conn, reader, tables, release: int) -> pd.DataFrame:
+def _memops(conn, reader, tables, release: int, dropped) -> pd.DataFrame:
     parts = []
-    common = ('start, "end", "end" - start AS duration, {op} AS operation, bytes, deviceId AS device_id, '
+    common = ('start, "end", {op} AS operation, bytes, deviceId AS device_id, '
               'streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id, '
               '{kind} AS copy_kind, {src} AS src_kind, {dst} AS dst_kind')
     memory_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND_LABELS)
@@ -206,40 +264,41 @@ def _memops(conn, reader, tables, release: int) -> pd.DataFrame:
         return empty("memops")
     # A few distinct labels over hundreds of thousands of rows (468k at 10M kernels): categories
     # hold them in 40 MB instead of 140 MB of strings, and group and compare faster.
-    return _rows(reader, " UNION ALL ".join(parts) + " ORDER BY start").astype(
+    return valid_rows(_rows(reader, " UNION ALL ".join(parts) + " ORDER BY start"), "memops", dropped).astype(
         {column: "category" for column in ("operation", "copy_kind", "src_kind", "dst_kind")})
 
 
-def _sync(conn, reader, tables) -> pd.DataFrame:
+def _sync(conn, reader, tables, dropped) -> pd.DataFrame:
     if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" not in tables:
         return empty("sync")
     sync_types = _enum_labels(conn, tables, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
-    return _rows(reader, f"""
-        SELECT start, "end", "end" - start AS duration, {_case("syncType", sync_types, "'Unknown'")} AS sync_type,
+    return valid_rows(_rows(reader, f"""
+        SELECT start, "end", {_case("syncType", sync_types, "'Unknown'")} AS sync_type,
                deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
                correlationId AS correlation_id
-        FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION ORDER BY start""")
+        FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION ORDER BY start"""), "sync", dropped)
 
 
-def _sched(reader, tables) -> pd.DataFrame:
+def _sched(reader, tables, dropped) -> pd.DataFrame:
     if "SCHED_EVENTS" not in tables:
         return empty("sched")
     frame = _rows(reader, f"""
         SELECT start, cpu, isSchedIn != 0 AS is_sched_in, globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
         FROM SCHED_EVENTS ORDER BY start""")
-    return frame.assign(is_sched_in=frame["is_sched_in"].astype(bool))
+    return valid_rows(frame.assign(is_sched_in=frame["is_sched_in"].astype(bool)), "sched", dropped)
 
 
-def _gpu_metrics(conn, tables) -> pd.DataFrame:
+def _gpu_metrics(conn, tables, dropped) -> pd.DataFrame:
     """Newer exports' GPU_METRICS (2022.4 keeps GPU metrics as JSON in GENERIC_EVENTS, not read here)."""
     if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
         return empty("gpu_metrics")
-    return _query(conn, """
-        SELECT m.timestamp AS timestamp, (m.typeId & 255) AS device_id, i.metricName AS metric, m.value AS value
+    return valid_rows(_query(conn, """
+        SELECT m.timestamp AS timestamp, (m.typeId & 255) AS device_id, CAST(i.metricName AS TEXT) AS metric,
+               m.value AS value
         FROM GPU_METRICS m
         JOIN (SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS) i
              ON i.typeId = m.typeId AND i.metricId = m.metricId
-        ORDER BY m.timestamp""")
+        ORDER BY m.timestamp"""), "gpu_metrics", dropped)
 
 
 def _sources(tables: set[str]) -> set[str]:
@@ -260,32 +319,39 @@ def _sources(tables: set[str]) -> set[str]:
 
 
 def load_nsys_sqlite(path: str | Path) -> TraceTables:
+    """The export's tables, without the rows whose times are not valid (events.valid_times_sql): those are
+    counted in `dropped_rows`. A file SQLite or DuckDB cannot read is a TraceFormatError."""
     path = Path(path)
     conn = _connect(path)
     reader = duckdb.connect()
+    dropped: dict[str, int] = {}
     try:
         tables = _tables(conn)
         release = _nsys_release(_metadata(conn, tables), tables)
+        strings = _strings(conn)
         attach_export(reader, path)
         reader.execute("USE export")
         # The copy of kernels and API calls leaves part of a core idle: the small tables load meanwhile.
         with ThreadPoolExecutor(1) as copying:
-            events = copying.submit(EventStore.from_nsys_sqlite, path, tables)
-            return TraceTables(
+            events = copying.submit(EventStore.from_nsys_sqlite, path, tables, strings)
+            loaded = TraceTables(
                 source_path=str(path),
-                span_ns=_span_ns(conn, tables),
+                span_ns=_span_ns(conn, tables, dropped),
                 sources=_sources(tables),
                 threads=_threads(conn, tables),
-                nvtx=_nvtx(conn, tables),
-                osrt=_osrt(reader, tables),
-                memops=_memops(conn, reader, tables, release),
-                sync=_sync(conn, reader, tables),
-                sched=_sched(reader, tables),
-                gpu_metrics=_gpu_metrics(conn, tables),
+                nvtx=_nvtx(conn, tables, dropped),
+                osrt=_osrt(reader, tables, strings, dropped),
+                memops=_memops(conn, reader, tables, release, dropped),
+                sync=_sync(conn, reader, tables, dropped),
+                sched=_sched(reader, tables, dropped),
+                gpu_metrics=_gpu_metrics(conn, tables, dropped),
                 events=events.result(),
             )
-    except (sqlite3.DatabaseError, duckdb.Error) as exc:
-        raise TraceFormatError(f"{path}: damaged or truncated export ({exc})") from None
+    # UnicodeDecodeError: an error of SQLite or DuckDB whose message quotes damaged bytes
+    except (sqlite3.DatabaseError, duckdb.Error, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: damaged or truncated export ({_one_line(exc)})") from None
     finally:
         conn.close()
         reader.close()
+    loaded.dropped_rows = {**dropped, **loaded.events.dropped_rows}
+    return loaded

@@ -8,7 +8,8 @@ decoder spends 5 s, and the whole copy into DuckDB fell from 16-19 s to 9-10 s (
 Only the files nsys writes take this path: a rollback-journal database with no hot journal, a
 rowid table whose records fit in their page and hold integers or NULLs in the columns up to the last
 one read. Anything else raises Unsupported, before or during the read, and the caller reads the
-table through SQLite instead.
+table through SQLite instead; so does damage (a page number, cell pointer or record out of its
+bounds, an interior page reached twice): every offset is checked, and every walk ends.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import numba
 import numpy as np
 import pandas as pd
 
+from sftprof.trace.events import read_only_uri
+
 # Pages decoded and inserted at a time: 64 MiB, ~1M kernels or ~2.4M API calls. DuckDB pays per
 # INSERT: at 10M kernels, 16 MiB chunks took 15 s to copy, 64 MiB 9.4 s, 128 MiB 9.7 s.
 CHUNK_BYTES = 64 << 20
 HEADER = b"SQLite format 3\x00"
 TABLE_INTERIOR, TABLE_LEAF = 0x05, 0x0D
+INTERIOR_HEADER = 12  # bytes: type, first free block, cells, cell content start, fragmented bytes, rightmost child
 
 
 class Unsupported(Exception):
@@ -121,7 +125,7 @@ def _read(handle: int, offset: int, size: int) -> bytearray:
 def _table(path: Path, table: str, columns: list[str]) -> tuple[int, np.ndarray]:
     """The table's root page, and for each of its columns up to the last wanted one, the position
     of that column in `columns` (or -1)."""
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+    with sqlite3.connect(read_only_uri(path), uri=True) as conn:
         root = conn.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
         info = conn.execute(f"PRAGMA table_info(\"{table}\")").fetchall()
     if root is None or not root[0]:
@@ -141,27 +145,37 @@ def _table(path: Path, table: str, columns: list[str]) -> tuple[int, np.ndarray]
     return int(root[0]), slot
 
 
-def _leaves(handle: int, root: int, page_size: int) -> np.ndarray:
+def _leaves(handle: int, root: int, page_size: int, usable: int) -> np.ndarray:
     """The table's leaf pages in rowid order. All leaves of a b-tree are at the same depth, so the
     walk reads the interior pages level by level (a few hundred for millions of rows) and stops at
-    the first level whose pages are leaves (the decoder checks each of them)."""
-    level, pages_in_file = [root], os.fstat(handle).st_size // page_size
+    the first level whose pages are leaves (the decoder checks each of them). Every page number and
+    cell pointer is checked, and no page is visited twice, so a damaged b-tree (a page that is its own
+    child, a pointer out of its page) raises Unsupported rather than looping or reading elsewhere."""
+    level, seen, pages_in_file = np.array([root], dtype=np.int64), set(), os.fstat(handle).st_size // page_size
     while True:
-        if 1 in level or len(level) > pages_in_file:
-            raise Unsupported("a damaged b-tree")
+        if level.min() < 2 or level.max() > pages_in_file:
+            raise Unsupported("a damaged b-tree (a child page out of the file)")
         if _read(handle, (level[0] - 1) * page_size, 1)[0] == TABLE_LEAF:
-            return np.array(level, dtype=np.int64)
+            return level
+        interior = set(level.tolist())  # the interior levels are small: a few hundred pages at 10M rows
+        if len(interior) < len(level) or seen & interior:
+            raise Unsupported("a damaged b-tree (an interior page reached twice)")
+        seen |= interior
         children = []
-        for number in level:
+        for number in level.tolist():
             page = np.frombuffer(_read(handle, (number - 1) * page_size, page_size), dtype=np.uint8)
             if page[0] != TABLE_INTERIOR:
                 raise Unsupported(f"page {number} is not a table b-tree page (a WITHOUT ROWID table?)")
             cells = int(page[3]) << 8 | int(page[4])
-            pointers = page[12:12 + 2 * cells].view(">u2").astype(np.int64)
+            pointers = page[INTERIOR_HEADER:INTERIOR_HEADER + 2 * cells].view(">u2").astype(np.int64)
+            # a cell is a 4-byte child page number, then its key (a varint)
+            if INTERIOR_HEADER + 2 * cells > usable or (pointers < INTERIOR_HEADER + 2 * cells).any() \
+                    or (pointers > usable - 5).any():
+                raise Unsupported(f"page {number}: a cell pointer out of its page")
             left = np.stack([page[pointers + k].astype(np.int64) for k in range(4)])
             children.extend(((left[0] << 24) | (left[1] << 16) | (left[2] << 8) | left[3]).tolist())
             children.append(int.from_bytes(page[8:12].tobytes(), "big"))  # the rightmost child
-        level = children
+        level = np.array(children, dtype=np.int64)
 
 
 def _runs(pages: np.ndarray) -> list[tuple[int, int]]:
@@ -188,7 +202,9 @@ def int_columns(path: str | Path, table: str, columns: list[str],
         page_size = int.from_bytes(header[16:18], "big")
         page_size = 65536 if page_size == 1 else page_size
         usable = page_size - header[20]
-        leaves = _leaves(handle, root, page_size)
+        if page_size & (page_size - 1) or not 512 <= page_size <= 65536 or usable < 480:
+            raise Unsupported("a page size SQLite does not write")
+        leaves = _leaves(handle, root, page_size, usable)
         pages_per_chunk = max(chunk_bytes // page_size, 1)
         # One buffer of pages and one of columns, reused for every chunk: fresh arrays of this size
         # would cost a page fault per 4 KiB on each chunk.
@@ -200,7 +216,10 @@ def int_columns(path: str | Path, table: str, columns: list[str],
                 _read_into(handle, pages[size:size + count * page_size], (start - 1) * page_size)
                 size += count * page_size
             headers = pages[:size].reshape(-1, page_size)
-            rows = int(((headers[:, 3].astype(np.int64) << 8) | headers[:, 4]).sum())
+            cells = (headers[:, 3].astype(np.int64) << 8) | headers[:, 4]
+            if (cells > (page_size - 8) // 6).any():  # SQLite's own bound (MX_CELL): before sizing `out` by it
+                raise Unsupported("a page with more cells than fit in it")
+            rows = int(cells.sum())
             if not rows:  # an empty table is one leaf with no cells
                 continue
             if rows > out.shape[1]:

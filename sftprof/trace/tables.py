@@ -24,6 +24,9 @@ sched       start, cpu, is_sched_in (bool), global_tid, pid, tid   (a thread swi
             CPU core: point events, from nsys --cpuctxsw)
 gpu_metrics timestamp, device_id, metric, value   (sampled GPU counters, e.g. "SMs Active [Throughput %]")
 
+Rows whose times are missing, reversed (end < start) or beyond any capture (events.valid_times) are
+left out by the loader and counted in `dropped_rows` (table -> rows), never turned into negative times.
+
 kernels and cuda_api grow with the capture (tens of millions of rows), so they live in an
 EventStore (DuckDB, names as ids: see events.py) that analyses query; the others are pandas.
 """
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, valid_times
 
 COLUMNS = {
     "threads": ["global_tid", "pid", "tid", "thread_name", "process_name"],
@@ -55,10 +58,26 @@ def empty(table: str) -> pd.DataFrame:
     return pd.DataFrame({column: pd.Series(dtype="object") for column in COLUMNS[table]})
 
 
+def valid_rows(frame: pd.DataFrame, table: str, dropped: dict[str, int]) -> pd.DataFrame:
+    """`frame` (`table`'s rows as a loader read them) without the rows whose times are not valid
+    (events.valid_times), counted in `dropped[table]`; times as int64, and `duration` computed here,
+    from valid times only (on a reversed or huge pair, end - start is negative or overflows)."""
+    times = [column for column in ("start", "end", "timestamp") if column in COLUMNS[table]]
+    keep = valid_times(*(frame[column] for column in times))
+    if not keep.all():
+        dropped[table] = dropped.get(table, 0) + int((~keep).sum())
+        frame = frame[keep].reset_index(drop=True)
+    frame = frame.assign(**{column: pd.to_numeric(frame[column]).astype("int64") for column in times})
+    if "duration" in COLUMNS[table]:
+        frame["duration"] = frame["end"] - frame["start"]
+    return frame[COLUMNS[table]]
+
+
 @dataclass
 class TraceTables:
     """One capture, normalized. `sources` says which trace sources the capture had; `events` holds
-    its kernels and CUDA API calls."""
+    its kernels and CUDA API calls; `dropped_rows` counts, by table, the rows left out for their times
+    (or, for a trace format whose rows can be malformed otherwise, their types)."""
 
     source_path: str
     span_ns: int
@@ -71,6 +90,7 @@ class TraceTables:
     sched: pd.DataFrame = field(default_factory=lambda: empty("sched"))
     gpu_metrics: pd.DataFrame = field(default_factory=lambda: empty("gpu_metrics"))
     events: EventStore = field(default_factory=EventStore.from_frames)
+    dropped_rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def kernels(self) -> pd.DataFrame:
