@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -38,6 +39,9 @@ INSTALL_HINT = (
 PER_RANK_OUTPUT = ".%q{SLURM_JOB_ID}.%q{SLURM_NODEID}.%q{SLURM_PROCID}.%h"
 # How long output may keep coming after nsys has exited before what is left is killed.
 OUTPUT_GRACE_S = 10.0
+# Set to a fresh random value for each profiled run: what carries it in its environment is that
+# run's, and only that is reaped after nsys exits.
+RUN_TOKEN = "SFTPROF_RUN_TOKEN"
 # A line of the progress bar nsys draws while importing a capture: "[1/1] [==42%   ] NAME".
 _PROGRESS_LINE = re.compile(r"^\[\d+/\d+\] \[")
 # Unregistered NVTX strings (what the trainer pushes) only open an nvtx capture range with this.
@@ -224,15 +228,16 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
     """Profile `app_argv` into `output`.nsys-rep; return the report path or raise NsysError.
 
     `output` may hold nsys's %q{VAR} and %h expansions (see output_pattern). nsys's own output
-    is copied to `log` and echoed to stdout. Helpers that this run started (the nsys process
-    group, new `--start-agent` processes) are killed before returning.
+    is copied to `log` and echoed to stdout. What this run started and left behind (nsys's
+    process group, the program, the `--start-agent` helper) is killed before returning; it is
+    found by a token in its environment, so other runs on the node are never touched.
     """
     nsys = find_nsys()
-    env = {**os.environ, **(extra_env or {})}
+    token = secrets.token_hex(16)
+    env = {**os.environ, **(extra_env or {}), RUN_TOKEN: token}
     base = expand_output(str(output), env)
     base.parent.mkdir(parents=True, exist_ok=True)
     argv = profile_argv(options, output, app_argv, nsys)
-    agents_before = running_agent_pids()
     log.write("[sftprof] " + shlex.join(argv) + "\n")
     log.flush()
     captured: list[str] = []
@@ -258,9 +263,8 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
         except ProcessLookupError:
             pass
         proc.wait()
-        _kill_stray_program(app_argv, env)
+        _reap_run(token)
         reader.join(timeout=OUTPUT_GRACE_S)
-        _reap_agents(agents_before)
     log.flush()
     output = "".join(captured)
     if returncode != 0:
@@ -275,42 +279,50 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
     return _collect_report(base, output, nsys, log, capture_range)
 
 
-def _kill_stray_program(app_argv: Sequence[str], env: dict[str, str]) -> None:
-    """Kill the profiled program if it outlived nsys. nsys starts it through nsys-launcher in a
-    session of its own, so killing nsys's process group misses it; it is found by its command
-    line and, where ranks share a node, by its RANK."""
-    wanted = [arg.encode() for arg in app_argv]
-    rank = f"RANK={env['RANK']}".encode() if "RANK" in env else None
-    for pid, argv in _processes():
-        if argv != wanted:
-            continue
+def _run_processes(token: str) -> set[int]:
+    """Processes started by the run that `token` marks: the environment they began with holds it.
+    nsys hands its environment to everything it starts (its launcher, the program, the
+    `--start-agent` helper), even where they leave its session or process group."""
+    marker = f"{RUN_TOKEN}={token}".encode()
+    found = set()
+    for environ_path in glob.glob("/proc/[0-9]*/environ"):
         try:
-            if rank is not None and rank not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                continue
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except OSError:
+            if marker in Path(environ_path).read_bytes().split(b"\0"):
+                found.add(int(environ_path.split("/")[2]))
+        except (OSError, ValueError):  # ended while we looked, or another user's
             continue
+    found.discard(os.getpid())
+    return found
 
 
-def _reap_agents(agents_before: set[int], grace_s: float = 2.0) -> None:
+def _reap_run(token: str, grace_s: float = 2.0) -> None:
+    """Kill what this run started and left behind (the program if it outlived nsys, the agent),
+    after `grace_s` to end on its own. Only this run's: another run on the same node, or a rerun
+    of the same command line and rank, is left alone."""
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        leftover = running_agent_pids() - agents_before
-        if not leftover:
-            return
+    while _run_processes(token) and time.monotonic() < deadline:
         time.sleep(0.2)
-    _kill(running_agent_pids() - agents_before)
+    _kill(_run_processes(token))
 
 
 def export_sqlite(report: str | Path, sqlite_path: str | Path) -> Path:
-    """`nsys export --type=sqlite`, written atomically to `sqlite_path`."""
+    """`nsys export --type=sqlite`, written atomically to `sqlite_path`, and only once it opens
+    as a whole export: on a full disk nsys exits 0 and leaves an empty or truncated file."""
+    from sftprof.trace.nsys_sqlite import TraceFormatError, check_export
+
     nsys = find_nsys()
     sqlite_path = Path(sqlite_path)
     with atomic_path(sqlite_path) as tmp:
         tmp.unlink()
         result = subprocess.run([nsys, "export", "--type=sqlite", "--force-overwrite=true",
                                  f"--output={tmp}", str(report)], capture_output=True, text=True)
+        messages = (result.stderr or result.stdout).strip()
         if result.returncode != 0 or not tmp.exists():
-            raise NsysError(f"nsys export failed on {report} (exit {result.returncode}): "
-                            f"{(result.stderr or result.stdout).strip()[-2000:]}")
+            raise NsysError(f"nsys export failed on {report} (exit {result.returncode}): {messages[-2000:]}")
+        try:
+            check_export(tmp)
+        except TraceFormatError as error:
+            last = messages.splitlines()[-1:] or ["no message"]
+            raise NsysError(f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
+                            f"Is the disk of {sqlite_path.parent} full?") from None
     return sqlite_path

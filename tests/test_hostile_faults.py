@@ -1,0 +1,123 @@
+"""Faults of the machine, with the real nsys: two profiled runs on one host, a full disk (the
+hostile-input tally's class "faults")."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sftprof import nsys
+
+OPTIONS = ["--trace=osrt", "--sample=none", "--cpuctxsw=none"]
+# One command line for both runs, as two ranks or a rerun have: only the environment differs.
+PROGRAM = [sys.executable, "-c", "import os, time; time.sleep(float(os.environ['SLEEP_S'])); print('finished')"]
+
+
+def profile_in_child(output: Path, sleep_s: float) -> subprocess.Popen:
+    """nsys.run_profile in a process of its own, as each rank or workflow job runs it."""
+    code = textwrap.dedent(f"""
+        import io
+        from sftprof import nsys
+        report = nsys.run_profile({OPTIONS!r}, {PROGRAM!r}, {str(output)!r}, io.StringIO(),
+                                  {{"SLEEP_S": "{sleep_s}", "RANK": "0"}})
+        print("REPORT", report)
+    """)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_profiled_runs_on_one_host_leave_each_other_alone(tmp_path):
+    """The run that ends first reaps only what it started: not the other's agent, nor its
+    program, though both have the same command line and RANK."""
+    first = profile_in_child(tmp_path / "short", 2)
+    second = profile_in_child(tmp_path / "long", 8)  # starts later, ends later
+    for run, name in ((first, "short"), (second, "long")):
+        stdout, stderr = run.communicate(timeout=180)
+        assert run.returncode == 0, stderr[-3000:]
+        assert f"REPORT {tmp_path / name}.nsys-rep" in stdout
+        assert (tmp_path / f"{name}.nsys-rep").stat().st_size > 0
+
+
+def test_a_run_leaves_an_unrelated_process_of_the_same_command_line_running(tmp_path):
+    """A rerun after a kill -9 meets the old run's program still running (or the reverse): the
+    cleanup of one must not kill the other."""
+    stranger = subprocess.Popen(PROGRAM, env={**os.environ, "SLEEP_S": "60", "RANK": "0"}, start_new_session=True)
+    try:
+        report = nsys.run_profile(OPTIONS, PROGRAM, tmp_path / "run", io.StringIO(), {"SLEEP_S": "0.5", "RANK": "0"})
+        assert report.stat().st_size > 0
+        assert stranger.poll() is None, "the run killed a process it did not start"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs: too small for any export."""
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def test_an_export_onto_a_full_disk_fails_and_leaves_no_file(tmp_path, small_disk):
+    """nsys export exits 0 with an empty file when the disk fills: the export must be checked,
+    or the step passes for done and every rerun fails on it."""
+    report = nsys.run_profile(OPTIONS, PROGRAM, tmp_path / "run", io.StringIO(), {"SLEEP_S": "0.5"})
+    target = small_disk / "rank0.sqlite"
+    with pytest.raises(nsys.NsysError, match="not a complete export"):
+        nsys.export_sqlite(report, target)
+    assert list(small_disk.iterdir()) == []
+    done = nsys.export_sqlite(report, tmp_path / "rank0.sqlite")  # with room, the same report exports
+    assert done.stat().st_size > 0
+
+
+@pytest.mark.e2e
+def test_two_workflows_profiling_at_once_on_one_host_both_finish(demo_run, tmp_path):
+    """Two users (or two experiments) running the workflow on one login node at once: each
+    profiles, exports and analyses its own window, and neither run breaks the other's capture."""
+    import copy
+    import shutil
+
+    from conftest import SMALL_DEMO, snakemake_argv, write_config
+
+    runs = []
+    for name, end_step in (("first", 3), ("second", 5)):
+        workdir = tmp_path / name
+        shutil.copytree(demo_run, workdir, symlinks=True)
+        config = copy.deepcopy(SMALL_DEMO)
+        config["experiments"]["demo"]["profile"]["windows"]["steady"]["end_step"] = end_step
+        write_config(workdir, config)
+        runs.append((workdir, end_step, subprocess.Popen(snakemake_argv(workdir), cwd=workdir, text=True,
+                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+    for workdir, end_step, run in runs:
+        stdout, stderr = run.communicate(timeout=900)
+        assert run.returncode == 0, stderr[-4000:]
+        steps = (workdir / "results/demo/steady/analysis/rank0/steps.csv").read_text().splitlines()
+        assert [int(line.split(",")[0]) for line in steps[1:]] == list(range(2, end_step + 1))
+
+
+@pytest.mark.parametrize("kept", [0.0, 0.5, 0.99])
+def test_a_cut_short_export_is_not_complete(tmp_path, kept):
+    """What a full disk or a killed export leaves: refused however much of the file is there."""
+    import shutil
+
+    from sftprof.trace.nsys_sqlite import TraceFormatError, check_export
+
+    export = tmp_path / "rank0.sqlite"
+    shutil.copy(Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite", export)
+    check_export(export)
+    os.truncate(export, int(export.stat().st_size * kept))
+    with pytest.raises(TraceFormatError):
+        check_export(export)
