@@ -40,8 +40,12 @@ def run(backend: str, model_dir: str | Path, train_jsonl: str | Path, metrics_pa
 
 
 def backend_settings(sft: dict) -> dict:
-    """The `sft` settings the chosen backend reads: the nemo block only matters to nemo."""
-    return {key: value for key, value in sft.items() if key != "nemo" or sft["backend"] == "nemo"}
+    """The `sft` settings the chosen backend reads: the nemo block only matters to nemo, the
+    built-in loop's switches only to it (so changing them reruns no nemo window)."""
+    from sftprof.sft.torch_backend import SWITCHES
+
+    ignored = SWITCHES if sft["backend"] == "nemo" else ("nemo",)
+    return {key: value for key, value in sft.items() if key not in ignored}
 
 
 def command(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
