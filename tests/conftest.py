@@ -3,6 +3,7 @@ real data prep, model creation, SFT steps under the real nsys, export, analysis 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -146,6 +147,24 @@ def impossible_numbers(frames: dict, headline: dict) -> list[str]:
         if value is not None and not 0 <= value <= limit:
             problems.append(f"headline {key} = {value}")
     return problems
+
+
+def assert_sane_with_dropped_rows(folder: Path, dropped: dict[str, int]) -> tuple[dict, dict]:
+    """An analysis folder of a damaged trace: no impossible number anywhere, and the rows left out
+    (table -> count, none expected when empty) named in one `dropped_rows` note. Returns
+    (analysis.json, tables)."""
+    summary = json.loads((folder / "analysis.json").read_text())
+    frames = {csv.stem: pd.read_csv(csv) for csv in folder.glob("*.csv") if csv.stat().st_size > 1}
+    assert not impossible_numbers(frames, summary["headline"]), (folder, impossible_numbers(frames, summary["headline"]))
+    notes = [f for f in summary["findings"] if f["rule"] == "dropped_rows"]
+    if dropped:
+        [note] = notes
+        assert f"{sum(dropped.values()):,} trace rows" in note["title"], (folder, note, dropped)
+        for table, rows in dropped.items():
+            assert f"{table} {rows:,}" in note["evidence"], (folder, table, rows, note["evidence"])
+    else:
+        assert not notes, notes
+    return summary, frames
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, bytes]]:

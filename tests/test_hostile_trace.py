@@ -17,10 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from conftest import assert_refused, impossible_numbers, run_sftprof, tree_state
+from conftest import assert_refused, assert_sane_with_dropped_rows, impossible_numbers, run_sftprof, tree_state
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite"
 FUZZ_SEED, FUZZ_CASES = 20261201, 60
@@ -183,18 +182,8 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
     assert {path.split("/")[0] for path in new} == {"out"}, sorted(new)[:5]  # no stray file beside the exports
     results = {}
     for name in cases:
-        folder = tmp_path / "out" / name.split(".")[0] / "analysis"
-        summary = json.loads((folder / "analysis.json").read_text())
-        frames = {csv.stem: pd.read_csv(csv) for csv in folder.glob("*.csv") if csv.stat().st_size > 1}
-        assert not impossible_numbers(frames, summary["headline"]), (name, impossible_numbers(frames, summary["headline"]))
-        notes = [f for f in summary["findings"] if f["rule"] == "dropped_rows"]
-        if expected[name]:
-            [note] = notes
-            assert f"{sum(expected[name].values()):,} trace rows" in note["title"], note
-            for table, rows in expected[name].items():
-                assert f"{table} {rows:,}" in note["evidence"], (table, rows, note["evidence"])
-        else:
-            assert not notes, notes
+        summary, frames = assert_sane_with_dropped_rows(tmp_path / "out" / name.split(".")[0] / "analysis",
+                                                        expected[name])
         results[name] = summary, frames
     named_steps = count(cases["strings"], f"SELECT count(*) FROM NVTX_EVENTS WHERE {steps}")
     assert len(results["strings"][1]["steps"]) == named_steps - 1 > 0  # the step past int64 is no step
