@@ -39,7 +39,7 @@ def _placed_calls(nvtx: pd.DataFrame, calls: pd.DataFrame):
     """Per thread of `calls` that has ranges: the index labels of its calls that lie strictly inside
     a segment and those segments (arrays), and for its calls on a segment's edge (a call starting or
     ending where a range does), each one's enclosing ranges, innermost first (checked range by range)."""
-    segments, _ = _segments(nvtx)
+    segments, _ = timeline_segments(nvtx)
     ranges_by_thread = dict(tuple(nvtx.groupby("global_tid")))
     for tid, thread_calls in calls.groupby("global_tid"):
         thread_segments = segments[segments["global_tid"] == tid]
@@ -59,7 +59,7 @@ def _placed_calls(nvtx: pd.DataFrame, calls: pd.DataFrame):
 def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Every (call, range) pair where the range, on the call's thread, contains the call.
     `call` and `range` are index labels of `calls` and `nvtx`."""
-    _, open_ranges = _segments(nvtx)
+    _, open_ranges = timeline_segments(nvtx)
     pairs = []
     for inside, segments, edges in _placed_calls(nvtx, calls):
         pairs += [(call, label) for call, segment in zip(inside, segments) for label in open_ranges[segment]]
@@ -71,7 +71,7 @@ def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
 def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     """For each call (by index label), the index label of the innermost NVTX range containing it
     on its thread: the one that started last (the shorter one on a tie). Calls in no range are absent."""
-    _, open_ranges = _segments(nvtx)
+    _, open_ranges = timeline_segments(nvtx)
     parts = [pd.Series(dtype=nvtx.index.dtype)]
     for inside, segments, edges in _placed_calls(nvtx, calls):
         first, after = open_ranges.offsets[segments], open_ranges.offsets[segments + 1]
@@ -83,7 +83,7 @@ def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
 _last_segments: list = []  # [(weakref to an nvtx frame, its segments)]: rules ask again for the same frame
 
 
-def _segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, "_OpenRanges"]:
+def timeline_segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, "_OpenRanges"]:
     """`_cut_timelines`, worked out once per NVTX table (analyses do not modify their inputs)."""
     if _last_segments and _last_segments[0][0]() is nvtx:
         return _last_segments[0][1]
@@ -211,7 +211,7 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
     totals = events.query("SELECT count(*) AS n, coalesce(sum(duration), 0)::BIGINT AS ns FROM kernels").iloc[0]
     if not totals["n"]:
         return pd.DataFrame(columns=columns)
-    segments, open_ranges = _segments(nvtx)
+    segments, open_ranges = timeline_segments(nvtx)
     tally = _LaunchTally(segments)
     for launches in _launches(events):
         tally.add(*launches)

@@ -43,7 +43,7 @@ import pandas as pd
 
 from sftprof.trace.events import MAX_TIME_NS, EventStore
 from sftprof.trace.nsys_sqlite import MEMCPY_OPERATIONS, MEMSET_OPERATION, TraceFormatError, require_file
-from sftprof.trace.tables import COLUMNS, TraceTables, empty, valid_rows
+from sftprof.trace.tables import COLUMNS, TraceTables, empty, gpu_rows, valid_rows
 
 HOST_RANGE_CATEGORIES = {"user_annotation", "cpu_op"}
 CUDA_API_CATEGORIES = {"cuda_runtime", "cuda_driver"}
@@ -122,7 +122,8 @@ def _category(event: dict) -> str | None:
     return category if isinstance(category, str) else None
 
 
-def _trace_events(path: Path) -> list[dict]:
+def _trace_events(path: Path) -> tuple[list[dict], object]:
+    """The trace's events (the dicts among them) and the whole document."""
     document = _read_json(path)
     events = document.get("traceEvents") if isinstance(document, dict) else document
     if not isinstance(events, list):
@@ -132,7 +133,7 @@ def _trace_events(path: Path) -> list[dict]:
     if not is_kineto and not any(_category(event) in KNOWN_CATEGORIES for event in events):
         raise TraceFormatError(f"{path}: a Chrome trace, but not one written by the PyTorch profiler "
                                "(no Kineto events)")
-    return events
+    return events, document
 
 
 def _ns(microseconds) -> int | None:
@@ -274,9 +275,31 @@ def _threads(events: list[dict], device_pids: set[int]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS["threads"]) if rows else empty("threads")
 
 
+# deviceProperties key -> gpus column (libkineto's CuptiActivityProfiler devicePropertiesJson).
+DEVICE_PROPERTIES = {"id": "device_id", "name": "name", "numSms": "sm_count", "totalGlobalMem": "memory_bytes"}
+
+
+def _gpus(document) -> pd.DataFrame:
+    """The GPUs of the trace's `deviceProperties` (Kineto writes it when CUDA was profiled; empty or
+    absent for a CPU trace): id, name, SMs, memory, compute capability. A value of the wrong type is NA."""
+    properties = document.get("deviceProperties") if isinstance(document, dict) else None
+    if not isinstance(properties, list):
+        return empty("gpus")
+    rows = []
+    for device in properties:
+        if not isinstance(device, dict):
+            continue
+        row = {column: device.get(key) for key, column in DEVICE_PROPERTIES.items()}
+        major, minor = (_int_in(device.get(key), 0, 100) for key in ("computeMajor", "computeMinor"))
+        row["compute_capability"] = f"{major}.{minor}" if major is not None and minor is not None else None
+        rows.append({column: value if _is_int(value) or isinstance(value, str) else None
+                     for column, value in row.items()})
+    return gpu_rows(pd.DataFrame(rows, columns=[*DEVICE_PROPERTIES.values(), "compute_capability"]))
+
+
 def load_kineto_json(path: str | Path) -> TraceTables:
     path = Path(path)
-    events = _trace_events(path)
+    events, document = _trace_events(path)
     spans = [times for times in map(_times, events) if times is not None]
     starts = np.array([start for start, _ in spans] or [0], dtype=np.int64)
     # The first event near the median: a capture's events lie within MAX_TIME_NS of each other, and one
@@ -303,4 +326,4 @@ def load_kineto_json(path: str | Path) -> TraceTables:
         sources.add("cuda")
     return TraceTables(source_path=str(path), span_ns=span_ns, sources=sources,
                        threads=_threads(events, device_pids - host_pids), nvtx=nvtx, memops=memops,
-                       events=EventStore.from_frames(kernels, cuda_api), dropped_rows=dropped)
+                       gpus=_gpus(document), events=EventStore.from_frames(kernels, cuda_api), dropped_rows=dropped)

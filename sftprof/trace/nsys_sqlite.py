@@ -21,7 +21,7 @@ import pandas as pd
 
 from sftprof.errors import SftprofError
 from sftprof.trace.events import MAX_TIME_NS, EventStore, attach_export, read_only_uri
-from sftprof.trace.tables import TraceTables, empty, valid_rows
+from sftprof.trace.tables import TraceTables, empty, gpu_rows, valid_rows
 
 # NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
 NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
@@ -301,6 +301,31 @@ def _gpu_metrics(conn, tables, dropped) -> pd.DataFrame:
         ORDER BY m.timestamp"""), "gpu_metrics", dropped)
 
 
+# TARGET_INFO_GPU column -> gpus column (nsys 2022.4 has them all; a column a release lacks is NA).
+GPU_INFO_COLUMNS = {"id": "device_id", "name": "name", "chipName": "chip_name", "smCount": "sm_count",
+                    "totalMemory": "memory_bytes", "memoryBandwidth": "memory_bandwidth_bytes_per_s",
+                    "clockRate": "clock_hz", "computeMajor": "compute_major", "computeMinor": "compute_minor"}
+
+
+def _gpus(conn, tables) -> pd.DataFrame:
+    """The GPUs nsys saw on the target (TARGET_INFO_GPU): name, SMs, memory, clock. Empty without
+    the table (a capture without CUDA). Names are read as text; anything in a number column that is
+    not a non-negative integer is NA."""
+    if "TARGET_INFO_GPU" not in tables:
+        return empty("gpus")
+    have = {row[1] for row in conn.execute("PRAGMA table_info(TARGET_INFO_GPU)")}
+    if "id" not in have:
+        return empty("gpus")
+    selected = ", ".join(f"CAST({column} AS TEXT) AS {name}" if name in ("name", "chip_name") else
+                         f"{column} AS {name}" for column, name in GPU_INFO_COLUMNS.items() if column in have)
+    rows = _query(conn, f"SELECT {selected} FROM TARGET_INFO_GPU")
+    major, minor = (pd.to_numeric(rows[c], errors="coerce") if c in rows else pd.Series(float("nan"), index=rows.index)
+                    for c in ("compute_major", "compute_minor"))
+    rows["compute_capability"] = [f"{int(a)}.{int(b)}" if pd.notna(a) and pd.notna(b) and 0 <= a < 100 and 0 <= b < 100
+                                  else None for a, b in zip(major, minor)]
+    return gpu_rows(rows)
+
+
 def _sources(tables: set[str]) -> set[str]:
     sources = set()
     if "OSRT_API" in tables:
@@ -345,6 +370,7 @@ def load_nsys_sqlite(path: str | Path) -> TraceTables:
                 sync=_sync(conn, reader, tables, dropped),
                 sched=_sched(reader, tables, dropped),
                 gpu_metrics=_gpu_metrics(conn, tables, dropped),
+                gpus=_gpus(conn, tables),
                 events=events.result(),
             )
     # UnicodeDecodeError: an error of SQLite or DuckDB whose message quotes damaged bytes

@@ -23,6 +23,10 @@ sync        start, end, duration, sync_type ("Event sync", "Stream wait sync", "
 sched       start, cpu, is_sched_in (bool), global_tid, pid, tid   (a thread switched onto or off a
             CPU core: point events, from nsys --cpuctxsw)
 gpu_metrics timestamp, device_id, metric, value   (sampled GPU counters, e.g. "SMs Active [Throughput %]")
+gpus        device_id, name ("NVIDIA H200"), chip_name ("GH100"), sm_count, memory_bytes,
+            memory_bandwidth_bytes_per_s, clock_hz, compute_capability ("9.0")   (the GPUs the
+            capture saw, one row per device id: nsys's TARGET_INFO_GPU, Kineto's deviceProperties;
+            what a source does not record is NA; empty for a CPU capture)
 
 Rows whose times are missing, reversed (end < start) or beyond any capture (events.valid_times) are
 left out by the loader and counted in `dropped_rows` (table -> rows), never turned into negative times.
@@ -51,11 +55,31 @@ COLUMNS = {
     "sync": ["start", "end", "duration", "sync_type", "device_id", "stream_id", "pid", "correlation_id"],
     "sched": ["start", "cpu", "is_sched_in", "global_tid", "pid", "tid"],
     "gpu_metrics": ["timestamp", "device_id", "metric", "value"],
+    "gpus": ["device_id", "name", "chip_name", "sm_count", "memory_bytes", "memory_bandwidth_bytes_per_s", "clock_hz",
+             "compute_capability"],
 }
+# gpus' integer columns (nullable: a source may not record one)
+GPU_COUNTS = ("device_id", "sm_count", "memory_bytes", "memory_bandwidth_bytes_per_s", "clock_hz")
 
 
 def empty(table: str) -> pd.DataFrame:
     return pd.DataFrame({column: pd.Series(dtype="object") for column in COLUMNS[table]})
+
+
+def gpu_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The gpus table from a loader's rows (any of its columns; values as the source gave them):
+    counts as nullable integers (anything not a non-negative integer becomes NA), names as text, one
+    row per device id (the first), rows without a device id left out."""
+    frame = pd.DataFrame({column: rows[column] if column in rows else pd.Series(pd.NA, index=rows.index, dtype="object")
+                          for column in COLUMNS["gpus"]})
+    for column in GPU_COUNTS:
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        whole = numbers.notna() & (numbers >= 0) & (numbers < 2**63) & (numbers == numbers.round())
+        frame[column] = pd.array([int(v) if ok else pd.NA for v, ok in zip(numbers, whole)], dtype="Int64")
+    for column in ("name", "chip_name", "compute_capability"):
+        frame[column] = frame[column].map(lambda v: str(v) if isinstance(v, str) else None).astype("object")
+    frame = frame[frame["device_id"].notna()].drop_duplicates("device_id")
+    return frame.sort_values("device_id").reset_index(drop=True)
 
 
 def valid_rows(frame: pd.DataFrame, table: str, dropped: dict[str, int]) -> pd.DataFrame:
@@ -89,6 +113,7 @@ class TraceTables:
     sync: pd.DataFrame = field(default_factory=lambda: empty("sync"))
     sched: pd.DataFrame = field(default_factory=lambda: empty("sched"))
     gpu_metrics: pd.DataFrame = field(default_factory=lambda: empty("gpu_metrics"))
+    gpus: pd.DataFrame = field(default_factory=lambda: empty("gpus"))
     events: EventStore = field(default_factory=EventStore.from_frames)
     dropped_rows: dict[str, int] = field(default_factory=dict)
 

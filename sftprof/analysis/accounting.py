@@ -1,0 +1,562 @@
+"""Per-step accounting: where each training step's GPU time went, by phase, and what bounds the step.
+
+For each `step N` NVTX range (cpu.step_table):
+
+GPU time by phase. A kernel belongs to the step and phase (cpu.PHASES: data, forward, backward,
+optimizer) whose ranges were open on its launching thread when its launching CUDA call started
+(launches are joined to kernels by correlation id, a slice of kernels at a time, and placed among
+the thread's NVTX segments, nvtx's cut of each thread's timeline, by binary search). A kernel
+launched by a thread that has no step ranges (PyTorch's pt_autograd_* threads run the backward pass
+and carry no NVTX range) is placed by time on its process's training thread (the thread with the
+step ranges): the ranges open there when it was launched; a kernel whose launch was not traced, by
+its own start. Kernels inside a step but outside every phase range are `other`. So `kernel_ns`
+(every kernel launched in the step, on any device) = data + forward + backward + optimizer + other,
+by construction; a step's kernels may run after its range ends (the host runs ahead of the GPU).
+
+Busy and idle time. Inside the step's wall-clock window, on ONE device: the one whose SMs were
+busy longest in that step (`device_id`; a rank drives one GPU, and summing devices would count
+parallel work twice):
+  sm_busy_ns    union of kernel intervals (any stream)
+  copy_busy_ns  union of memcpy/memset intervals (copy engines)
+  copy_only_ns  copies running while no kernel runs
+  idle_ns       neither; sm_busy_ns + copy_only_ns + idle_ns = duration
+SM idle time (duration - sm_busy_ns) is split by cause:
+  sm_idle_data_ns  inside the step thread's `data` ranges: the host was getting the next batch
+  sm_idle_sync_ns  outside them, while a thread of the training process waited in a host-sync call
+                   (cuda.host_wait_calls: the host could not launch), and the rest of every SM gap
+                   that began during such a wait (the wait drained the GPU's queue, so it idles until
+                   the host has launched again)
+  sm_idle_host_ns  the rest: the host did not launch work fast enough (launch overhead, Python)
+short_gap_idle_ns is the SM idle time in gaps shorter than SHORT_GAP_NS, and comm_exposed_ns the time
+NCCL kernels ran with no other kernel beside them.
+
+One class per step (BOUND_CLASSES), decided in this order, with the numbers in `evidence`:
+  communication-bound  exposed NCCL time >= COMM_EXPOSED_PCT of the step
+  compute-bound /      SMs busy >= GPU_BOUND_PCT of the step: the GPU's own work sets the pace, and the
+  memory-bound kernels kernel mix of the step (by kernel family, kernels.py) says which: GEMM/attention
+                       time against memory-bound families (MEMORY_BOUND_FAMILIES), the larger wins
+  sync-bound /         otherwise the SMs idle most of the step, and the largest of the idle causes
+  data-bound /         above names it
+  launch/host-bound
+A step with no GPU work on any device (a CPU capture) has no class.
+
+Large traces (benchmarks/ENGINE.md): nothing is pulled whole into pandas. Two passes over the kernels,
+as numpy arrays: by correlation-id slices joined to their launches (phases, kernel mix), and per
+device by windows of start time (busy intervals, merged as they stream; each merged interval that no
+later kernel can extend is summed into its steps and dropped). Memory holds one slice or window and
+a few numbers per step. On a generated export of 10M kernels (benchmarks/generate_export.py, 7,098
+steps) it took 3.4 s on the 2-core machine, 0.6 s at 1M.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sftprof.analysis import cpu, cuda, gpu, intervals, kernels, nvtx
+from sftprof.analysis.gpu import TINY_KERNEL_NS
+from sftprof.analysis.utilisation import IDLE_GAP_NS
+from sftprof.trace.events import EventStore
+
+# SMs busy at least this share of a step: the GPU's own work sets the step's pace, and at most a fifth
+# of the step could be won by feeding it better. The line the capture-wide gpu_busy finding draws
+# (analysis._gpu_findings warns below 80%: "the GPU waits on the CPU"). Below it, what the GPU waits
+# for is named first: a 100 ms sleep per micro-batch in the data range of an 823M-parameter run
+# (tests/fixtures/h200_sft_data_stall) leaves the SMs 58% busy, and that step is data-bound (1.5x
+# slower than without the sleep), not bound by its kernels.
+GPU_BOUND_PCT = 80.0
+# NCCL kernels running alone for this share of a step: data-parallel training overlaps its gradient
+# all-reduce with the backward pass, so exposed communication should be near zero; a fifth of the step
+# spent waiting on the network outweighs what kernel tuning could win, and is named first.
+COMM_EXPOSED_PCT = 20.0
+# SM gaps shorter than this are launch latency between kernels, not stalls (utilisation.IDLE_GAP_NS:
+# 1 ms of nothing is a stall); `short_gap_idle_ns` is the idle time in such gaps, the mark of a
+# launch-bound step (many tiny kernels with gaps between them).
+SHORT_GAP_NS = IDLE_GAP_NS
+COMMUNICATION_MARKER = "nccl"  # kernels whose name holds it are collective communication
+
+BOUND_CLASSES = ("compute-bound", "memory-bound kernels", "launch/host-bound", "data-bound", "sync-bound",
+                 "communication-bound")
+OTHER_PHASE = "other"
+PHASE_COLUMNS = [f"{phase}_gpu_ns" for phase in (*cpu.PHASES, OTHER_PHASE)]
+MIX_CLASSES = ("compute", "memory", "communication", "other")  # kernel classes, by name
+COMPUTE, MEMORY, COMMUNICATION, OTHER = range(len(MIX_CLASSES))
+COLUMNS = ["step", "start", "end", "duration", "device_id", "kernels", "tiny_kernels", "kernel_ns", *PHASE_COLUMNS,
+           "compute_kernel_ns", "memory_kernel_ns", "comm_kernel_ns", "sm_busy_ns", "copy_busy_ns", "copy_only_ns",
+           "idle_ns", "sm_idle_sync_ns", "sm_idle_data_ns", "sm_idle_host_ns", "short_gap_idle_ns", "comm_exposed_ns",
+           "sm_busy_pct", "idle_pct", "bound_class", "evidence"]
+_FAR = 2**62  # beyond any capture (events.MAX_TIME_NS is 2^53): the open ends of the first and last SM gap
+_EMPTY = np.zeros(0, dtype="int64")
+
+
+# ---------------------------------------------------------------- kernels: names, slices
+
+def _mix_class(frame: pd.DataFrame) -> np.ndarray:
+    """Each kernel name's MIX_CLASSES index: communication when the name holds COMMUNICATION_MARKER,
+    else by family (kernels.kernel_families)."""
+    families = kernels.kernel_families(frame)
+    names = (frame["short_name"].fillna("").astype(str) + " " + frame["name"].fillna("").astype(str)).str.lower()
+    code = np.where(families.isin(kernels.COMPUTE_BOUND_FAMILIES), COMPUTE,
+                    np.where(families.isin(kernels.MEMORY_BOUND_FAMILIES), MEMORY, OTHER))
+    return np.where(names.str.contains(COMMUNICATION_MARKER, regex=False), COMMUNICATION, code).astype("int64")
+
+
+def _name_classes(events: EventStore) -> pd.DataFrame:
+    """(name_id, short_name_id) -> class, for the few dozen distinct kernel names (NULL ids as -1)."""
+    names = events.query("""
+        SELECT coalesce(t.name_id, -1) AS name_id, coalesce(t.short_name_id, -1) AS short_name_id,
+               n.name, s.name AS short_name
+        FROM (SELECT DISTINCT name_id, short_name_id FROM kernels) t
+        LEFT JOIN kernel_names n ON n.id = t.name_id LEFT JOIN kernel_names s ON s.id = t.short_name_id""")
+    return pd.DataFrame({"name_id": names["name_id"].astype("int64"),
+                         "short_name_id": names["short_name_id"].astype("int64"),
+                         "cls": _mix_class(names) if len(names) else _EMPTY})
+
+
+_CLASS_JOIN = """LEFT JOIN classes c ON c.name_id = coalesce(k.name_id, -1)
+                                     AND c.short_name_id = coalesce(k.short_name_id, -1)"""
+
+
+def _launched_slices(events: EventStore, classes: pd.DataFrame):
+    """Every kernel with its launch, as numpy arrays, a slice of about nvtx.SLICE_KERNELS kernels at a
+    time by correlation id (as nvtx's launch join: ids grow with time, so DuckDB skips the other
+    slices' row groups; kernels without a correlation id come last): `at` (the launching call's start,
+    or the kernel's own when the launch was not traced), launch_tid (-1: not traced), pid, cls
+    (MIX_CLASSES index) and duration."""
+    count, low, high = events.query(
+        "SELECT count(*) AS n, min(correlation_id) AS lo, max(correlation_id) AS hi FROM kernels").iloc[0]
+    columns = f"""coalesce(a.start, k.start)::BIGINT AS at, coalesce(a.global_tid, -1)::BIGINT AS launch_tid,
+                 coalesce(k.pid, -1)::BIGINT AS pid, coalesce(c.cls, {OTHER})::BIGINT AS cls, k.duration"""
+    if not pd.isna(low):
+        step = (int(high) - int(low)) // -(-int(count) // nvtx.SLICE_KERNELS) + 1
+        for lo in range(int(low), int(high) + 1, step):
+            yield events.arrays(f"""
+                SELECT {columns}
+                FROM (SELECT * FROM kernels WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) k
+                LEFT JOIN (SELECT * FROM cuda_api WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) a
+                  ON a.pid = k.pid AND a.correlation_id = k.correlation_id
+                {_CLASS_JOIN}""", classes=classes)
+    yield events.arrays(f"""SELECT {columns} FROM (SELECT * FROM kernels WHERE correlation_id IS NULL) k
+                            LEFT JOIN (SELECT * FROM cuda_api LIMIT 0) a ON false {_CLASS_JOIN}""", classes=classes)
+
+
+# ---------------------------------------------------------------- phases by launch
+
+class _Timeline:
+    """A training thread's NVTX timeline as nvtx cuts it into segments, with the step (row of the
+    steps table, -1: none) and innermost phase (cpu.PHASES index, len(PHASES): none) open in each."""
+
+    def __init__(self, seg_starts: np.ndarray, seg_step: np.ndarray, seg_phase: np.ndarray):
+        self.seg_starts, self.seg_step, self.seg_phase = seg_starts, seg_step, seg_phase
+
+    def place(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(step, phase) open at each time (ranges open at t: start <= t < end)."""
+        at = np.searchsorted(self.seg_starts, times, side="right") - 1
+        known = np.maximum(at, 0)
+        return np.where(at >= 0, self.seg_step[known], -1), np.where(at >= 0, self.seg_phase[known], len(cpu.PHASES))
+
+
+def _timelines(ranges: pd.DataFrame, step_rows: pd.Series) -> dict[int, _Timeline]:
+    """Per thread with step ranges (global_tid), its _Timeline. `step_rows`: nvtx index label of each
+    step range -> its row in the steps table."""
+    segments, open_ranges = nvtx.timeline_segments(ranges)
+    segment_of_pair = np.repeat(np.arange(len(segments)), np.diff(open_ranges.offsets))
+    labels = open_ranges.labels
+    seg_step = np.full(len(segments), -1, dtype="int64")
+    is_step = pd.Index(step_rows.index).get_indexer(labels)
+    seg_step[segment_of_pair[is_step >= 0]] = step_rows.to_numpy()[is_step[is_step >= 0]]
+    phase = ranges["name"].map({name: i for i, name in enumerate(cpu.PHASES)}).reindex(labels).to_numpy()
+    has_phase = ~pd.isna(phase)
+    seg_phase = np.full(len(segments), len(cpu.PHASES), dtype="int64")
+    # a segment's open ranges are listed innermost first: its first phase is its innermost one
+    segs, first = np.unique(segment_of_pair[has_phase], return_index=True)
+    seg_phase[segs] = phase[has_phase][first].astype("int64")
+    timelines = {}
+    for tid in ranges.loc[step_rows.index, "global_tid"].unique():
+        rows = segments["global_tid"].to_numpy() == tid
+        ids = segments["segment"].to_numpy()[rows]
+        timelines[int(tid)] = _Timeline(segments["seg_start"].to_numpy()[rows], seg_step[ids], seg_phase[ids])
+    return timelines
+
+
+def _step_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
+    """nvtx index label of each step range -> its row in `steps` (cpu.step_table's rows: the ranges
+    matching cpu.STEP_RANGE with the same start and end; the first where two threads have one)."""
+    step_ranges = ranges[ranges["name"].astype(str).str.match(cpu.STEP_RANGE)]
+    rows = pd.Series(np.arange(len(steps)), index=pd.MultiIndex.from_arrays([steps["start"], steps["end"]]))
+    rows = rows[~rows.index.duplicated()]
+    found = pd.Series(rows.reindex(pd.MultiIndex.from_arrays([step_ranges["start"], step_ranges["end"]])).to_numpy(),
+                      index=step_ranges.index).dropna().astype("int64")
+    return found[~found.duplicated()]
+
+
+def _launch_sums(events: EventStore, classes: pd.DataFrame, timelines: dict[int, _Timeline],
+                 training_thread: dict[int, int], n: int) -> dict[str, np.ndarray]:
+    """Per step: kernels, tiny kernels, kernel time by phase (n x PHASES+1) and by class (n x MIX_CLASSES)."""
+    phases = len(cpu.PHASES) + 1
+    sums = {"kernels": np.zeros(n, "int64"), "tiny": np.zeros(n, "int64"),
+            "phase_ns": np.zeros(n * phases, "int64"), "class_ns": np.zeros(n * len(MIX_CLASSES), "int64")}
+    for k in _launched_slices(events, classes):
+        launch_tid = k["launch_tid"]
+        if not len(launch_tid):
+            continue
+        # the thread whose ranges place the kernel: its launching thread when that one has steps,
+        # else the training thread of its process
+        placer = np.full(len(launch_tid), -1, dtype="int64")
+        for tid in timelines:
+            placer[launch_tid == tid] = tid
+        process = np.where(launch_tid >= 0, (launch_tid >> 24) & 0xFFFFFF, k["pid"])
+        for pid in np.unique(process[placer < 0]):
+            placer[(placer < 0) & (process == pid)] = training_thread.get(int(pid), -1)
+        step = np.full(len(placer), -1, dtype="int64")
+        phase = np.full(len(placer), len(cpu.PHASES), dtype="int64")
+        for tid, timeline in timelines.items():
+            rows = placer == tid
+            if rows.any():
+                step[rows], phase[rows] = timeline.place(k["at"][rows])
+        inside = step >= 0
+        step, phase, cls, duration = step[inside], phase[inside], k["cls"][inside], k["duration"][inside]
+        sums["phase_ns"] += np.bincount(step * phases + phase, weights=duration, minlength=n * phases).astype("int64")
+        sums["class_ns"] += np.bincount(step * len(MIX_CLASSES) + cls, weights=duration,
+                                        minlength=n * len(MIX_CLASSES)).astype("int64")
+        sums["kernels"] += np.bincount(step, minlength=n)
+        sums["tiny"] += np.bincount(step[duration < TINY_KERNEL_NS], minlength=n)
+    return sums
+
+
+# ---------------------------------------------------------------- busy and idle time, streamed
+
+def _frame(starts, ends) -> pd.DataFrame:
+    return pd.DataFrame({"start": np.asarray(starts, dtype="int64"), "end": np.asarray(ends, dtype="int64")})
+
+
+def _intersect(merged: pd.DataFrame, starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces of sorted disjoint `merged` inside each window [starts[i], ends[i]): (piece starts,
+    piece ends, the window's index i), by binary search (no pair of rows is compared one by one)."""
+    starts, ends = np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64")
+    if merged.empty or not len(starts):
+        return _EMPTY, _EMPTY, _EMPTY
+    first = np.searchsorted(merged["end"].to_numpy("int64"), starts, side="right")
+    last = np.searchsorted(merged["start"].to_numpy("int64"), ends, side="left")
+    counts = np.maximum(last - first, 0)
+    index = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    window = np.repeat(np.arange(len(starts)), counts)
+    return (np.maximum(merged["start"].to_numpy("int64")[index], starts[window]),
+            np.minimum(merged["end"].to_numpy("int64")[index], ends[window]), window)
+
+
+class _Pieces:
+    """Intervals cut to the steps' windows, each piece with its step's row: what is summed per step."""
+
+    def __init__(self, start: np.ndarray = _EMPTY, end: np.ndarray = _EMPTY, row: np.ndarray = _EMPTY):
+        self.start, self.end, self.row = start, end, row
+
+    @classmethod
+    def cut(cls, merged: pd.DataFrame, steps_start: np.ndarray, steps_end: np.ndarray, rows=None) -> "_Pieces":
+        """`merged` (sorted disjoint) inside the windows of the steps `rows` (all steps by default)."""
+        rows = np.arange(len(steps_start)) if rows is None else rows
+        start, end, window = _intersect(merged, steps_start[rows], steps_end[rows])
+        return cls(start, end, rows[window])
+
+    @classmethod
+    def joined(cls, parts: list["_Pieces"]) -> "_Pieces":
+        if not parts:
+            return cls()
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("start", "end", "row")))
+
+    def per_step(self, values: np.ndarray, n: int) -> np.ndarray:
+        return np.bincount(self.row, weights=values, minlength=n).astype("int64")
+
+    def lengths(self, n: int) -> np.ndarray:
+        """Per step, the pieces' total length."""
+        return self.per_step(self.end - self.start, n)
+
+    def covered(self, merged: pd.DataFrame, n: int) -> np.ndarray:
+        """Per step, how much of its pieces `merged` (sorted disjoint) covers."""
+        if not len(self.row):
+            return np.zeros(n, "int64")
+        return self.per_step(intervals.covered_ns(merged, self.start, self.end), n)
+
+
+class _Settled:
+    """The union of intervals arriving in start order, a window at a time: each window hands back the
+    merged intervals that no later interval can extend (all but the last), so memory holds one window.
+    The merge is intervals.RunningUnion's."""
+
+    def __init__(self):
+        self.open: tuple[int, int] | None = None
+
+    def add(self, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.open is not None:
+            starts, ends = np.r_[self.open[0], starts], np.r_[self.open[1], ends]
+        if not len(starts):
+            return _EMPTY, _EMPTY
+        running_end = np.maximum.accumulate(ends)
+        first = np.flatnonzero(np.r_[True, starts[1:] > running_end[:-1]])
+        merged_starts, merged_ends = starts[first], running_end[np.r_[first[1:] - 1, len(starts) - 1]]
+        self.open = (int(merged_starts[-1]), int(merged_ends[-1]))
+        return merged_starts[:-1], merged_ends[:-1]
+
+    def close(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.open is None:
+            return _EMPTY, _EMPTY
+        (start, end), self.open = self.open, None
+        return np.array([start], dtype="int64"), np.array([end], dtype="int64")
+
+
+class _DeviceTime:
+    """Per-step sums over one device's settled busy intervals (kernel union), fed in time order: SM busy
+    time, and, with `gaps`, the time its SM gaps were sync, short, and kernels overlapped copies or
+    data ranges (`copies`, `data`: _Pieces)."""
+
+    def __init__(self, steps_start, steps_end, last_end: int, waited: pd.DataFrame = None, copies: _Pieces = None,
+                 data: _Pieces = None, gaps: bool = True):
+        self.starts, self.ends, self.n = steps_start, steps_end, len(steps_start)
+        self.waited, self.copies, self.data, self.gaps = waited, copies, data, gaps
+        self.previous_end = last_end  # where the current SM gap began
+        zeros = lambda: np.zeros(self.n, "int64")  # noqa: E731
+        self.sm, self.sm_in_copies, self.sm_in_data = zeros(), zeros(), zeros()
+        self.sync, self.sync_in_data, self.short = zeros(), zeros(), zeros()
+
+    def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        if not len(starts):
+            return
+        busy = _frame(starts, ends)
+        self.sm += intervals.covered_ns(busy, self.starts, self.ends)
+        if not self.gaps:
+            return
+        self.sm_in_copies += self.copies.covered(busy, self.n)
+        self.sm_in_data += self.data.covered(busy, self.n)
+        self._gaps(np.r_[self.previous_end, ends[:-1]], starts)
+        self.previous_end = int(ends[-1])
+
+    def close(self) -> None:
+        if self.gaps:
+            self._gaps(np.array([self.previous_end]), np.array([_FAR]))
+
+    def _gaps(self, gap_starts: np.ndarray, gap_ends: np.ndarray) -> None:
+        """Sum SM gaps (sorted, disjoint) into the steps: short ones, and the sync part (see the module
+        docstring), found from the waits' side: a few waits, many gaps."""
+        short = gap_ends - gap_starts < SHORT_GAP_NS
+        self.short += intervals.covered_ns(_frame(gap_starts[short], gap_ends[short]), self.starts, self.ends)
+        wait_starts, wait_ends = self.waited["start"].to_numpy("int64"), self.waited["end"].to_numpy("int64")
+        near = slice(np.searchsorted(wait_ends, gap_starts[0], side="right"),
+                     np.searchsorted(wait_starts, gap_ends[-1], side="left"))
+        wait_starts, wait_ends = wait_starts[near], wait_ends[near]
+        if not len(wait_starts):
+            return
+        # gaps that began during a wait, whole; and the part of every gap during a wait
+        first = np.searchsorted(gap_starts, wait_starts, side="left")
+        counts = np.searchsorted(gap_starts, wait_ends, side="left") - first
+        drained = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        during_starts, during_ends, _ = _intersect(_frame(gap_starts, gap_ends), wait_starts, wait_ends)
+        synced = intervals.union(_frame(np.r_[gap_starts[drained], during_starts],
+                                        np.r_[gap_ends[drained], during_ends]))
+        self.sync += intervals.covered_ns(synced, self.starts, self.ends)
+        self.sync_in_data += self.data.covered(synced, self.n)
+
+
+def _busy_windows(events: EventStore, span: tuple[int, int], classes: pd.DataFrame, nccl: bool):
+    """Per device, its kernels that overlap `span` sorted by start, in windows of about
+    gpu.BUSY_WINDOW_ROWS (edges at approximate quantiles of start, as gpu.busy_by_device cuts them):
+    yields (device, the last kernel end before span, [(starts, ends, is_nccl or None), ...] lazily)."""
+    lo, hi = span
+    overlapping = f'k."end" > {lo} AND k.start < {hi}'
+    quantiles = ", ".join(str(q / gpu.BUSY_MAX_WINDOWS) for q in range(1, gpu.BUSY_MAX_WINDOWS))
+    devices = events.query(f"""
+        SELECT coalesce(device_id, -1)::BIGINT AS device_id, count(*) AS n, min(start) AS first, max(start) AS last,
+               approx_quantile(start, [{quantiles}]) AS cuts
+        FROM kernels k WHERE {overlapping} GROUP BY ALL ORDER BY device_id""")
+    before = events.query(f"""SELECT coalesce(device_id, -1)::BIGINT AS device_id, max("end") AS last_end
+                              FROM kernels WHERE "end" <= {lo} GROUP BY ALL""")
+    last_end = dict(zip(before["device_id"], before["last_end"]))
+    flag = f"coalesce(c.cls, {OTHER}) = {COMMUNICATION}" if nccl else "false"
+    for device, n, first, last, cuts in devices.itertuples(index=False):
+        windows = min(-(-int(n) // gpu.BUSY_WINDOW_ROWS), gpu.BUSY_MAX_WINDOWS)
+        inner = [cuts[k * gpu.BUSY_MAX_WINDOWS // windows - 1] for k in range(1, windows)]
+        edges = np.unique(np.array([first, *inner, last + 1], dtype="int64"))
+
+        def fetch(device=device, edges=edges):
+            for start, end in zip(edges[:-1], edges[1:]):
+                rows = events.arrays(f"""
+                    SELECT k.start, k."end", {flag} AS nccl FROM kernels k {_CLASS_JOIN}
+                    WHERE coalesce(k.device_id, -1) = {int(device)} AND {overlapping}
+                      AND k.start >= {start} AND k.start < {end}
+                    ORDER BY k.start""", classes=classes)
+                yield rows["start"], rows["end"], rows["nccl"].astype(bool)
+        yield int(device), int(last_end.get(device, -_FAR)), fetch()
+
+
+def _busy_and_idle(result: pd.DataFrame, tables, classes: pd.DataFrame, thread_of_step: np.ndarray,
+                   waits: pd.DataFrame) -> None:
+    """Fill the busy, idle and idle-cause columns of `result` (see the module docstring)."""
+    n = len(result)
+    starts, ends = result["start"].to_numpy("int64"), result["end"].to_numpy("int64")
+    empty = intervals.RunningUnion().result()
+    # the step thread's data ranges inside its steps
+    data_ranges = tables.nvtx[tables.nvtx["name"] == cpu.PHASES[0]]
+    data = _Pieces.joined([_Pieces.cut(intervals.union(ranges), starts, ends, np.flatnonzero(thread_of_step == tid))
+                           for tid, ranges in data_ranges.groupby("global_tid")])
+    # waits of the training processes only: another process's sync does not stall this one
+    pids = {(int(tid) >> 24) & 0xFFFFFF for tid in thread_of_step if tid >= 0}
+    wait_pids = (waits["global_tid"].to_numpy("int64") >> 24) & 0xFFFFFF
+    waited = intervals.union(waits.loc[np.isin(wait_pids, list(pids)), ["start", "end"]]) if len(waits) else empty
+    memops = tables.memops
+    copy_unions = {int(d): intervals.union(ops) for d, ops in
+                   memops[memops["device_id"].notna()].astype({"device_id": "int64"}).groupby("device_id")}
+    events = tables.events
+    nccl = bool((classes["cls"] == COMMUNICATION).any())
+    measured: dict[int, _DeviceTime] = {}
+    exposed: dict[int, np.ndarray] = {}
+    for device, last_end, windows in _busy_windows(events, (int(starts.min()), int(ends.max())), classes, nccl):
+        copies = _Pieces.cut(copy_unions.get(device, empty), starts, ends)
+        time = _DeviceTime(starts, ends, last_end, waited, copies, data)
+        settled = _Settled()
+        without_nccl = (_DeviceTime(starts, ends, last_end, gaps=False), _Settled()) if nccl else None
+        for window_starts, window_ends, is_nccl in windows:
+            time.add(*settled.add(window_starts, window_ends))
+            if without_nccl:
+                without_nccl[0].add(*without_nccl[1].add(window_starts[~is_nccl], window_ends[~is_nccl]))
+        time.add(*settled.close())
+        time.close()
+        measured[device] = time
+        if without_nccl:
+            without_nccl[0].add(*without_nccl[1].close())
+            exposed[device] = time.sm - without_nccl[0].sm
+    for device, union in copy_unions.items():  # a device with copies and no kernels
+        if device not in measured:
+            time = _DeviceTime(starts, ends, -_FAR, waited, _Pieces.cut(union, starts, ends), data)
+            time.close()
+            measured[device] = time
+    devices = sorted(measured)
+    columns = {c: np.zeros(n, dtype="int64") for c in ("sm_busy_ns", "copy_busy_ns", "copy_only_ns", "comm_exposed_ns",
+                                                        "sm_idle_sync_ns", "sm_idle_data_ns", "short_gap_idle_ns")}
+    device_of = np.full(n, -1, dtype="int64")
+    if devices:
+        copy_busy = {d: measured[d].copies.lengths(n) for d in devices}
+        # the busiest device per step: most SM time, then most copy time, then the lowest id
+        order = np.lexsort((-np.vstack([copy_busy[d] for d in devices]),
+                            -np.vstack([measured[d].sm for d in devices])), axis=0)[0]
+        device_of = np.asarray(devices, dtype="int64")[order]
+        data_ns = data.lengths(n)
+        for device in devices:
+            rows, time = device_of == device, measured[device]
+            for column, values in (("sm_busy_ns", time.sm), ("copy_busy_ns", copy_busy[device]),
+                                   ("copy_only_ns", copy_busy[device] - time.sm_in_copies),
+                                   ("comm_exposed_ns", exposed.get(device, np.zeros(n, "int64"))),
+                                   ("sm_idle_data_ns", data_ns - time.sm_in_data),
+                                   ("sm_idle_sync_ns", time.sync - time.sync_in_data),
+                                   ("short_gap_idle_ns", time.short)):
+                columns[column][rows] = values[rows]
+    for column, values in columns.items():
+        result[column] = values
+    result["device_id"] = pd.array([d if d >= 0 else pd.NA for d in device_of], dtype="Int64")
+    result["idle_ns"] = result["duration"] - result["sm_busy_ns"] - result["copy_only_ns"]
+    result["sm_idle_host_ns"] = (result["duration"] - result["sm_busy_ns"] - result["sm_idle_sync_ns"]
+                                 - result["sm_idle_data_ns"])
+
+
+# ---------------------------------------------------------------- classes
+
+def _pct(part, whole) -> float:
+    return 100.0 * part / whole if whole else 0.0
+
+
+def _ms(ns) -> str:
+    return f"{ns / 1e6:,.2f} ms"
+
+
+def _classify(r: dict) -> tuple[str | None, str]:
+    """One step's class and the numbers behind it (see the module docstring)."""
+    duration = r["duration"]
+    if pd.isna(r["device_id"]):
+        return None, "no GPU work recorded"
+    sm_idle = duration - r["sm_busy_ns"]
+    busy = (f"SMs busy {_pct(r['sm_busy_ns'], duration):.1f}% of the step ({_ms(r['sm_busy_ns'])} of "
+            f"{_ms(duration)}, device {r['device_id']})")
+    idle = (f"SMs idle {_pct(sm_idle, duration):.1f}% of the step ({_ms(sm_idle)}; {_ms(r['copy_only_ns'])} of it "
+            f"copies only): {_pct(r['sm_idle_data_ns'], sm_idle):.1f}% inside data ranges, "
+            f"{_pct(r['sm_idle_sync_ns'], sm_idle):.1f}% while or after the host waited in a sync call, "
+            f"{_pct(r['sm_idle_host_ns'], sm_idle):.1f}% while the host launched too slowly")
+    if _pct(r["comm_exposed_ns"], duration) >= COMM_EXPOSED_PCT:
+        return "communication-bound", (f"NCCL kernels ran with no other kernel beside them for "
+                                       f"{_pct(r['comm_exposed_ns'], duration):.1f}% of the step "
+                                       f"({_ms(r['comm_exposed_ns'])}, >= {COMM_EXPOSED_PCT:.0f}%); {busy}")
+    if _pct(r["sm_busy_ns"], duration) >= GPU_BOUND_PCT:
+        math_ns, memory_ns = r["compute_kernel_ns"], r["memory_kernel_ns"]
+        mix = (f"of the step's kernel time ({_ms(r['kernel_ns'])}), "
+               f"GEMM/attention {_pct(math_ns, r['kernel_ns']):.1f}%, "
+               f"memory-bound families ({', '.join(kernels.MEMORY_BOUND_FAMILIES)}) "
+               f"{_pct(memory_ns, r['kernel_ns']):.1f}%")
+        verdict = "memory-bound kernels" if memory_ns > math_ns else "compute-bound"
+        return verdict, f"{busy}, >= {GPU_BOUND_PCT:.0f}%; {mix}; {idle}"
+    causes = {"data-bound": r["sm_idle_data_ns"], "sync-bound": r["sm_idle_sync_ns"],
+              "launch/host-bound": r["sm_idle_host_ns"]}
+    verdict = max(causes, key=lambda name: (causes[name], name == "launch/host-bound"))
+    launches = (f"; {r['kernels']:,} kernels launched, {_pct(r['tiny_kernels'], r['kernels']):.0f}% under "
+                f"{TINY_KERNEL_NS / 1e3:.0f} µs; {_pct(r['short_gap_idle_ns'], sm_idle):.1f}% of the idle time in "
+                f"gaps under {SHORT_GAP_NS / 1e6:g} ms")
+    return verdict, f"{busy}, < {GPU_BOUND_PCT:.0f}%; {idle}{launches}"
+
+
+def step_accounting(tables, waits: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per training step (COLUMNS, see the module docstring): kernel time by phase, SM-busy,
+    copy-only and idle time, the causes of SM idle time, a bound class and its evidence. Empty (with
+    the columns) without step ranges. `waits`: cuda.host_wait_calls(tables.events), when the caller
+    has it already.
+
+    Why: a capture-wide verdict averages a data stall in one step with compute in the next; per step,
+    each cost is where it happened, and backward kernels launched from autograd threads are counted
+    in `backward`, not outside every range."""
+    ranges = tables.nvtx
+    steps = cpu.step_table(ranges)
+    if steps.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    steps = steps.reset_index(drop=True)
+    step_rows = _step_ranges(ranges, steps)
+    thread_of_step = np.full(len(steps), -1, dtype="int64")
+    thread_of_step[step_rows.to_numpy()] = ranges.loc[step_rows.index, "global_tid"].to_numpy("int64")
+    # each process's training thread: the one with the most steps (a rank has one)
+    training_thread = {}
+    for tid in pd.Series(thread_of_step[thread_of_step >= 0]).value_counts().index:
+        training_thread.setdefault(int(tid) >> 24 & 0xFFFFFF, int(tid))
+    n = len(steps)
+    classes = _name_classes(tables.events)
+    sums = _launch_sums(tables.events, classes, _timelines(ranges, step_rows), training_thread, n)
+
+    result = steps[["step", "start", "end", "duration"]].copy()
+    result["kernels"], result["tiny_kernels"] = sums["kernels"], sums["tiny"]
+    by_phase = sums["phase_ns"].reshape(n, len(cpu.PHASES) + 1)
+    for i, column in enumerate(PHASE_COLUMNS):
+        result[column] = by_phase[:, i]
+    result["kernel_ns"] = by_phase.sum(axis=1)
+    by_class = sums["class_ns"].reshape(n, len(MIX_CLASSES))
+    for i, column in ((COMPUTE, "compute_kernel_ns"), (MEMORY, "memory_kernel_ns"), (COMMUNICATION, "comm_kernel_ns")):
+        result[column] = by_class[:, i]
+    _busy_and_idle(result, tables, classes, thread_of_step,
+                   cuda.host_wait_calls(tables.events) if waits is None else waits)
+    result["sm_busy_pct"] = 100.0 * result["sm_busy_ns"] / result["duration"].clip(lower=1)
+    result["idle_pct"] = 100.0 * result["idle_ns"] / result["duration"].clip(lower=1)
+    verdicts = [_classify(r) for r in result.to_dict("records")]
+    result["bound_class"] = pd.Series([v for v, _ in verdicts], index=result.index, dtype="object")
+    result["evidence"] = [e for _, e in verdicts]
+    return result[COLUMNS]
+
+
+def run_bound(accounting: pd.DataFrame) -> dict:
+    """The run in one line: `bound_class`, the class that covers the most step time (steps weighted by
+    their duration), each class's share of step time, and SM-busy, copy-busy and idle time as % of all
+    steps' time (None without steps). Why: the class of the step a reader sees first need not be the
+    run's; weighting by time keeps a few slow steps from being outvoted by many fast ones."""
+    total = int(accounting["duration"].sum()) if len(accounting) else 0
+    if not total:
+        return {"bound_class": None, "class_pct": {}, "sm_busy_pct": None, "copy_busy_pct": None, "idle_pct": None,
+                "steps": 0}
+    by_class = accounting.dropna(subset=["bound_class"]).groupby("bound_class")["duration"].sum()
+    by_class = by_class.sort_values(ascending=False, kind="stable")
+    return {"bound_class": str(by_class.index[0]) if len(by_class) else None,
+            "class_pct": {str(name): float(_pct(ns, total)) for name, ns in by_class.items()},
+            "sm_busy_pct": float(_pct(accounting["sm_busy_ns"].sum(), total)),
+            "copy_busy_pct": float(_pct(accounting["copy_busy_ns"].sum(), total)),
+            "idle_pct": float(_pct(accounting["idle_ns"].sum(), total)),
+            "steps": len(accounting)}
