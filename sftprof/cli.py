@@ -40,10 +40,10 @@ def _cmd_analyze(args) -> int:
     from sftprof.analysis import STEPS, analyze
     from sftprof.io import atomic_dir
     from sftprof.report import RankReport, write_html
-    from sftprof.report.html import read_metrics
     from sftprof.trace import load_trace
+    from sftprof.trace.metrics import read_metrics
 
-    read_metrics(args.metrics)  # a bad metrics file is refused before any work
+    metrics = read_metrics(args.metrics)  # a bad metrics file is refused before any work
     tables_name, html_name = ANALYZE_OUTPUTS
     for report in map(Path, args.reports):
         stem = report.name.split(".")[0]
@@ -61,7 +61,7 @@ def _cmd_analyze(args) -> int:
 
             tables = load_trace(report)
             try:
-                analysis = analyze(tables, progress=step)
+                analysis = analyze(tables, progress=step, metrics=metrics)
             finally:
                 tables.events.close()  # its temporary database: as large as the trace's kernels and calls
             step("writing tables and HTML")

@@ -8,6 +8,7 @@ Captures differ in length, so section times are per captured step whenever every
 a 3-step window against a 2-step one then compares like with like. Analyses from other sftprof
 versions may lack a table, a column or a trace source; such a value stays blank (NaN), never 0.
 A name that an input has the table for but did not record (a kernel it never ran) counts as 0.
+Each finding's attainable gain is compared as its analysis gives it (analysis.json), never derived again.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pandas as pd
 from sftprof import __version__, results
 from sftprof.analysis import Analysis, analyze
 from sftprof.analysis.cpu import PHASES, STEP_RANGE
+from sftprof.analysis.findings import gain_text
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir
 from sftprof.text import terminal_safe, write_csv
@@ -36,7 +38,10 @@ TOP_CHANGES = 10   # rows of "largest changes" in the terminal summary and the H
 SECTION_ROWS = 15  # rows per section in the HTML; the CSV keeps every row
 NS_PER_MS = 1e6
 HEADLINE = "headline"
+GAINS = "gains"  # the section of each rule's attainable gain (% of the median step), as each analysis gives it
+GAIN_UNIT = "% of median step"
 DELTA, DELTA_PCT = "delta:", "delta_pct:"  # CSV column prefixes, followed by the input's label
+GAIN = "gain:"  # findings.csv: each input's gain for the rule, after its title column
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), undefined=jinja2.StrictUndefined,
                           autoescape=True)
@@ -355,8 +360,36 @@ def section_frame(section: Section, analyses: dict[str, Analysis], steps: dict[s
     return frame
 
 
+def _rule_gains(analysis: Analysis) -> dict[str, float]:
+    """Each rule's gain as the analysis gives it (the largest, where a rule fired more than once); rules
+    without an estimate are left out."""
+    gains: dict[str, float] = {}
+    for finding in analysis.findings:
+        if finding.gain_pct is not None:
+            gains[finding.rule] = max(gains.get(finding.rule, 0.0), float(finding.gain_pct))
+    return gains
+
+
+def gains_frame(analyses: dict[str, Analysis]) -> pd.DataFrame:
+    """One row per rule with a gain in any input: each input's gain, taken from its analysis (never
+    derived again here), and the deltas; largest gain first. Blank where the rule did not fire."""
+    labels = list(analyses)
+    by_label = {label: _rule_gains(a) for label, a in analyses.items()}
+    rules = list(dict.fromkeys(rule for gains in by_label.values() for rule in gains))
+    if not rules:
+        return pd.DataFrame(columns=["section", "item", "unit", *labels])
+    frame = pd.DataFrame({"item": rules, **{label: [by_label[label].get(rule, math.nan) for rule in rules]
+                                             for label in labels}})
+    frame = _with_deltas(frame, labels)
+    frame = frame.loc[frame[labels].max(axis=1).sort_values(ascending=False, kind="stable").index]
+    frame = frame.reset_index(drop=True)
+    frame.insert(0, "section", GAINS)
+    frame.insert(2, "unit", GAIN_UNIT)
+    return frame
+
+
 def findings_frame(analyses: dict[str, Analysis]) -> pd.DataFrame:
-    """One row per rule fired anywhere: its title(s) in each input, blank where it did not fire."""
+    """One row per rule fired anywhere: its title(s) and gain in each input, blank where it did not fire."""
     labels = list(analyses)
     titles: dict[str, dict[str, list[str]]] = {}
     severity: dict[str, str] = {}
@@ -365,13 +398,15 @@ def findings_frame(analyses: dict[str, Analysis]) -> pd.DataFrame:
             titles.setdefault(finding.rule, {}).setdefault(label, []).append(finding.title)
             if finding.severity == "warning" or finding.rule not in severity:
                 severity[finding.rule] = finding.severity
+    gains = {label: _rule_gains(a) for label, a in analyses.items()}
     rows = []
     for rule, by_label in titles.items():
         fired = [label for label in labels if label in by_label]
         rows.append({"rule": rule, "severity": severity[rule],
                      "fired_in": "all" if len(fired) == len(labels) else ", ".join(fired),
-                     **{label: "; ".join(by_label.get(label, [])) for label in labels}})
-    return pd.DataFrame(rows, columns=["rule", "severity", "fired_in", *labels])
+                     **{label: "; ".join(by_label.get(label, [])) for label in labels},
+                     **{GAIN + label: gains[label].get(rule, math.nan) for label in labels}})
+    return pd.DataFrame(rows, columns=["rule", "severity", "fired_in", *labels, *(GAIN + label for label in labels)])
 
 
 def compare(analyses: dict[str, Analysis], paths: dict[str, str] | None = None) -> Comparison:
@@ -381,7 +416,7 @@ def compare(analyses: dict[str, Analysis], paths: dict[str, str] | None = None) 
     labels = list(analyses)
     step_counts = {label: steps_captured(a) for label, a in analyses.items()}
     per_step = all(count for count in step_counts.values())
-    frames = [headline_frame(analyses)]
+    frames = [headline_frame(analyses), gains_frame(analyses)]
     frames += [section_frame(s, analyses, step_counts if per_step else None) for s in SECTIONS]
     table = pd.concat([f for f in frames if len(f)], ignore_index=True)
     return Comparison(labels=labels, paths=paths or {label: a.source_path for label, a in analyses.items()},
@@ -397,7 +432,7 @@ def compare_paths(paths: list[str | Path]) -> Comparison:
 
 def largest_changes(comparison: Comparison, top: int = TOP_CHANGES) -> pd.DataFrame:
     """The section rows (times, same unit) that moved most against the baseline, over all sections."""
-    rows = comparison.table[comparison.table["section"] != HEADLINE]
+    rows = comparison.table[~comparison.table["section"].isin([HEADLINE, GAINS])]
     weight = largest_delta(rows)
     rows = rows.assign(weight=weight)[weight > 0]
     return rows.sort_values("weight", ascending=False, kind="stable").head(top).drop(columns="weight")
@@ -441,6 +476,13 @@ def summary_text(comparison: Comparison) -> str:
     lines.append("")
     lines += ["  ".join([line[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(line[1:], widths[1:]))])
               for line in grid]
+    gains = comparison.table[comparison.table["section"] == GAINS].head(TOP_CHANGES)
+    if len(gains):
+        lines += ["", f"attainable gains ({GAIN_UNIT}, from each analysis):"]
+        for _, row in gains.iterrows():
+            values = " | ".join(_number(row[label]) for label in labels)
+            deltas = ", ".join(_delta_text(row, label) for label in labels[1:])
+            lines.append(f"  {row['item']}: {values}  [{deltas}]")
     changes = largest_changes(comparison)
     if len(changes):
         lines += ["", "largest changes against the baseline:"]
@@ -453,6 +495,10 @@ def summary_text(comparison: Comparison) -> str:
         lines += ["", "findings not in every input:"]
         lines += [f"  {row.rule}: only in {row.fired_in}" for row in differing.itertuples()]
     return "\n".join(map(terminal_safe, lines))  # names and paths come from traces and users
+
+
+def _gain_cell(gain: float) -> str:
+    return "" if math.isnan(gain) else gain_text(gain)
 
 
 def _direction(delta: float) -> str:
@@ -473,15 +519,21 @@ def render_html(comparison: Comparison, title: str) -> str:
     labels, table = comparison.labels, comparison.table
     changes = largest_changes(comparison)
     sections = []
-    for name, section_title in [(HEADLINE, "Headline numbers"), *((s.name, s.title) for s in SECTIONS)]:
+    titles = [(HEADLINE, "Headline numbers"),
+              (GAINS, f"Attainable gain by finding ({GAIN_UNIT}: the most fixing it could save, as each analysis "
+                      "bounds it; gains overlap and do not add up)"),
+              *((s.name, s.title) for s in SECTIONS)]
+    for name, section_title in titles:
         rows = table[table["section"] == name]
         if rows.empty:
             continue
-        shown = rows if name == HEADLINE else rows.head(SECTION_ROWS)
+        shown = rows if name in (HEADLINE, GAINS) else rows.head(SECTION_ROWS)
         sections.append({"name": name, "title": section_title, "total_rows": len(rows),
                          "rows": _html_rows(shown, labels, set(changes.index))})
     findings = [{"rule": row["rule"], "severity": row["severity"], "fired_in": row["fired_in"],
-                 "titles": [row[label] for label in labels]} for _, row in comparison.findings.iterrows()]
+                 "titles": [row[label] for label in labels],
+                 "gains": [_gain_cell(row[GAIN + label]) for label in labels]}
+                for _, row in comparison.findings.iterrows()]
     inputs = [{"label": label, "path": comparison.paths[label], "span_s": _number(a.span_ns / 1e9),
                "sources": ", ".join(a.sources) or "nothing"} for label, a in comparison.analyses.items()]
     return _ENV.get_template("compare.html.j2").render(

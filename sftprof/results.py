@@ -52,9 +52,15 @@ def is_number(value) -> bool:
 
 
 def _is_finding(value) -> bool:
-    """What `Finding(**value)` accepts, with the texts that reports and comparisons show."""
-    return isinstance(value, dict) and set(value) <= {f.name for f in fields(Finding)} and all(
-        isinstance(value.get(f.name), str) for f in fields(Finding) if f.default is MISSING)
+    """What `Finding(**value)` accepts, with the texts that reports and comparisons show and a gain
+    that ranks and subtracts: a share from 0 to 100, or null (no estimate). Findings saved before
+    gains existed have none, and load with none."""
+    if not isinstance(value, dict) or not set(value) <= {f.name for f in fields(Finding)}:
+        return False
+    texts = [f.name for f in fields(Finding) if f.name != "gain_pct" and (f.default is MISSING or f.name in value)]
+    gain = value.get("gain_pct")
+    return all(isinstance(value.get(name), str) for name in texts) and (
+        gain is None or is_number(gain) and 0 <= gain <= 100)
 
 
 # What analysis.json must hold, each key with what it must be and a test of it, so that a damaged
@@ -65,7 +71,8 @@ _SUMMARY_KEYS = {
     "sources": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
     "headline": ("an object whose numbers fit a float", lambda v: isinstance(v, dict) and all(
         is_number(x) for x in v.values() if isinstance(x, (int, float)) and not isinstance(x, bool))),
-    "findings": ("a list of findings (objects with the strings rule, severity, title, evidence)",
+    "findings": ("a list of findings (objects with the strings rule, severity, title, evidence and a gain_pct "
+                 "from 0 to 100 or null)",
                  lambda v: isinstance(v, list) and all(map(_is_finding, v))),
     "tables": ("a list of table names (letters, digits, _)", lambda v: isinstance(v, list) and all(
         isinstance(name, str) and TABLE_NAME.fullmatch(name) for name in v)),

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import boundness, cuda, gpu, intervals, kernels, memory, nvtx, rules, utilisation
+from sftprof.analysis import boundness, cuda, gains, gpu, intervals, kernels, memory, nvtx, rules, utilisation
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
 
@@ -43,6 +43,14 @@ def api(name: str, start: int, duration: int, correlation: int, tid: int = MAIN)
 def nvtx_range(name: str, start: int, end: int, tid: int = MAIN) -> dict:
     return {"start": start, "end": end, "duration": end - start, "name": name, "style": "PushPop", "global_tid": tid,
             "pid": tid >> 24, "tid": tid & 0xFFFFFF}
+
+
+def clock(span_ns: int, busy: list[tuple[int, int]] = (), waits: list[tuple[int, int]] = (),
+          steps: pd.DataFrame | None = None) -> gains.StepClock:
+    """What gains are measured against: a capture of `span_ns` (or these steps), GPU busy and CPU waits."""
+    spans = lambda pairs: pd.DataFrame(list(pairs), columns=["start", "end"], dtype="int64")  # noqa: E731
+    return gains.StepClock.of(steps if steps is not None else pd.DataFrame(), span_ns,
+                              intervals.union(spans(busy)), spans(waits))
 
 
 # ---------------------------------------------------------------- kernel families, tensor cores, precision
@@ -115,22 +123,34 @@ def test_fp32_gemm_rule_fires_only_without_any_half_precision_gemm():
     only_fp32 = kernels.gemm_precision(name_totals(frame("kernels", [sgemm, nvjet]))).set_index("precision")
     assert only_fp32.loc["fp32", "time_pct"] == pytest.approx(90.0)
     assert only_fp32.loc[kernels.UNKNOWN_PRECISION, "instances"] == 1   # nvjet names carry no precision
-    [finding] = rules.fp32_gemm(only_fp32.reset_index())
+    gpu_bound = clock(2_000, busy=[(0, 900), (1000, 1100)], waits=[(0, 2_000)])
+    [finding] = rules.fp32_gemm(only_fp32.reset_index(), gpu_bound)
     assert finding.severity == "warning" and "fp32 90.0% of GEMM time" in finding.evidence
+    assert finding.gain_pct == pytest.approx(100 * 0.5 * 900 / 2_000)   # bf16 takes at most half the time
+    assert rules.fp32_gemm(only_fp32.reset_index(), gpu_bound, run_precision="bfloat16") == []
     bf16 = kernel("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64>(T1::Params)", 2000, 10,
                   "Kernel2")
-    assert rules.fp32_gemm(kernels.gemm_precision(name_totals(frame("kernels", [sgemm, bf16])))) == []
+    assert rules.fp32_gemm(kernels.gemm_precision(name_totals(frame("kernels", [sgemm, bf16]))), gpu_bound) == []
 
 
-def test_memory_bound_mix_is_a_warning_only_when_the_gpu_is_busy():
-    streaming = frame("kernels", [kernel("elementwise_kernel", 0, 700), kernel("nvjet_sm90_x", 700, 300)])
+def test_fusing_elementwise_runs_saves_only_what_the_cpu_waits_for():
+    """Three elementwise kernels back to back (300 ns) fused take as long as the longest (100 ns): 200 ns
+    of GPU time, which shortens the step only while the CPU waits for the GPU."""
+    streaming = frame("kernels", [kernel("elementwise_kernel", 0, 100), kernel("elementwise_kernel", 100, 100),
+                                  kernel("elementwise_kernel", 200, 100), kernel("nvjet_sm90_x", 300, 100),
+                                  kernel("elementwise_kernel", 400, 100)])   # alone: nothing to fuse with
     families, mix = kernels.family_summary(name_totals(streaming)), kernels.kernel_mix(name_totals(streaming))
-    assert [f.severity for f in rules.memory_bound_mix(families, mix, busy_pct=90.0)] == ["warning"]
-    [idle] = rules.memory_bound_mix(families, mix, busy_pct=10.0)
-    assert idle.severity == "info" and "busy only 10.0%" in idle.evidence
+    chains = gains.elementwise_chains(store(streaming))
+    assert chains[["start", "kernels", "total_ns", "longest_ns"]].values.tolist() == [[0, 3, 300, 100]]
+    [waiting] = rules.memory_bound_mix(families, mix, chains, clock(1_000, [(0, 500)], waits=[(0, 1_000)]))
+    assert waiting.severity == "warning" and waiting.gain_pct == pytest.approx(20.0)
+    [running_ahead] = rules.memory_bound_mix(families, mix, chains, clock(1_000, [(0, 500)]))
+    assert running_ahead.severity == "info" and running_ahead.gain_pct == 0
+    assert "the CPU waited for the GPU only 0.000 ms per step" in running_ahead.evidence
     compute = frame("kernels", [kernel("elementwise_kernel", 0, 300), kernel("nvjet_sm90_x", 300, 700)])
-    assert rules.memory_bound_mix(kernels.family_summary(name_totals(compute)),
-                                  kernels.kernel_mix(name_totals(compute)), 90.0) == []
+    totals = name_totals(compute)
+    assert rules.memory_bound_mix(kernels.family_summary(totals), kernels.kernel_mix(totals),
+                                  gains.elementwise_chains(store(compute)), clock(1_000)) == []
 
 
 # ---------------------------------------------------------------- memory operations
@@ -172,9 +192,16 @@ def test_kind_shares_of_gpu_time_and_pageable_host_memory():
         ["DtoH", "Pinned", 1], ["HtoD", "Pageable", 1], ["HtoD", "Pinned", 1]]
     crossing = memory.interconnect_share(kernel_ns, ops)
     assert (crossing["count"], crossing["ns"], crossing["gpu_time_pct"]) == (3, 150, 15.0)
-    [verdict] = rules.interconnect(memory.kind_share(kernel_ns, ops), host, crossing, 1000)
-    assert verdict.severity == "warning" and "can limit the step" in verdict.title
+    copies = ops.assign(exposed_ns=ops["duration"])   # no kernel runs beside any of them
+    shares = memory.kind_share(kernel_ns, ops)
+    [verdict] = rules.interconnect(shares, host, crossing, 1000, copies, clock(6_000, waits=[(0, 6_000)]))
+    assert verdict.gain_pct == pytest.approx(100 * 150 / 6_000)   # HtoD 100 + 20, DtoH 30: not DtoD, not memset
+    assert verdict.severity == "info" and verdict.title.endswith("is not the limit")
     assert "1 of 3 host copies use pageable memory" in verdict.evidence
+    [limiting] = rules.interconnect(shares, host, crossing, 1000, copies, clock(1_500, waits=[(0, 1_500)]))
+    assert limiting.severity == "warning" and "can limit the step" in limiting.title   # 100 of 1,500 ns
+    [running_ahead] = rules.interconnect(shares, host, crossing, 1000, copies, clock(1_500))
+    assert running_ahead.title.endswith("is not the limit") and running_ahead.gain_pct == 0
 
 
 def test_copy_kind_comes_from_the_operation_name_when_a_loader_lacks_it():
@@ -237,9 +264,12 @@ def test_gap_causes_say_what_the_feeding_thread_did():
     assert found == {("OS runtime", "read"): 1_000_000, ("CUDA API", "cudaLaunchKernel"): 50,
                      ("NVTX range", "data"): 1_999_800,   # the innermost range; `step 1` contains it
                      (utilisation.OWN_CODE, "data"): 2_999_900 - 1_000_000 - 50}
-    [finding] = rules.idle_gaps(gaps, causes, pd.DataFrame({"device_id": [0], "span_ns": [3_000_100]}))
+    busy = intervals.union(ks[["start", "end"]])
+    [finding] = rules.idle_gaps(gaps, causes, pd.DataFrame({"device_id": [0], "span_ns": [3_000_100]}),
+                                gains.StepClock.of(pd.DataFrame(), 4_000_000, busy, busy.iloc[0:0]))
     assert "python (main, tid 7) in its own code in NVTX `data` for 2.000 ms" in finding.evidence
     assert finding.severity == "warning" and finding.recommendation.startswith("The threads that feed the GPU")
+    assert finding.gain_pct == pytest.approx(100 * (3_000_100 - 200) / 4_000_000, abs=1e-3)   # the gap, of the capture
 
 
 def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
@@ -250,13 +280,17 @@ def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
     timeline = utilisation.utilisation_timeline(tiny_events, tiny_busy)
     launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "instances": [100], "med_ns": [8_000.0]})
     no_steps = pd.DataFrame(columns=["step"])
+    tiny_clock = gains.StepClock.of(no_steps, 99 * 20_000 + 2_000, tiny_busy[0].merged,
+                                    pd.DataFrame(columns=["start", "end"]))
     [finding] = rules.launch_bound(gpu.kernel_totals(tiny_events), launch, busy, timeline,
-                                   utilisation.idle_gaps(tiny_busy), no_steps)
+                                   utilisation.idle_gaps(tiny_busy), no_steps, tiny_clock)
     assert "100% of kernels run under 10 µs" in finding.title and "8.0 µs (median cudaLaunchKernel" in finding.evidence
+    # the short gaps between kernels; the first kernel starts at 0 and is left out, as nsys's rules do
+    assert finding.gain_pct == pytest.approx(100 * 98 * 18_000 / (99 * 20_000 + 2_000), abs=1e-3)
     big = frame("kernels", [kernel("k", i * 20_000, 19_000) for i in range(100)])
     busy_big = busy.assign(busy_ns=1_900_000)
     assert rules.launch_bound(gpu.kernel_totals(store(big)), launch, busy_big, timeline, busy.iloc[0:0],
-                              no_steps) == []
+                              no_steps, tiny_clock) == []
 
 
 # ---------------------------------------------------------------- CUDA API: copies, syncs
@@ -273,14 +307,20 @@ def test_copy_rules_follow_nsys_semantics():
                            memop("memset", 51_000, 10, 8, None, "Pinned", correlation=6)])
     events = store(cuda_api=frame("cuda_api", calls))
     copies = cuda.with_api_calls(ops, events)
+    copies = copies.assign(exposed_ns=copies["duration"] - gains.kernel_time_in(events, copies["start"], copies["end"]))
     labels = {MAIN: "python (main, tid 7)"}
     nvtx_ = frame("nvtx", [nvtx_range("data", 0, 100_000)])
-    [sync] = rules.sync_memcpy(copies, 1_000_000, labels, nvtx_)
+    capture = clock(1_000_000, busy=ops[["start", "end"]].itertuples(index=False))
+    [sync] = rules.sync_memcpy(copies, capture, labels, nvtx_)
     assert sync.title == "1 synchronous cudaMemcpy calls block the CPU for 0.005 ms"
     assert "mostly in NVTX `data` (1 of 1)" in sync.evidence
-    [pageable] = rules.pageable_memcpy(copies, 1_000_000, labels, nvtx_)
+    # the copy's own 100 ns (no kernel beside it) and the idle after the call until the next copy: at most the wait
+    assert sync.gain_pct == pytest.approx(100 * min(5_000, 100 + (11_000 - 5_000)) / 1_000_000)
+    [pageable] = rules.pageable_memcpy(copies, capture, labels, nvtx_)
     assert pageable.title.startswith("1 asynchronous copies use pageable") and pageable.severity == "info"
-    [memset] = rules.sync_memset(copies[copies["copy_kind"] == "memset"], 1_000_000, labels)
+    # the copy (100 ns, no kernel beside it) and the GPU idle during the rest of its 3 µs API call
+    assert pageable.gain_pct == pytest.approx(100 * (100 + 3_000 - 100) / 1_000_000)
+    [memset] = rules.sync_memset(copies[copies["copy_kind"] == "memset"], capture, labels)
     assert memset.title.startswith("1 synchronous cudaMemset") and "Pinned" in memset.evidence
     # the same correlation id in another process is another call: nothing joins
     assert cuda.with_api_calls(ops.assign(pid=8), events).empty
@@ -289,14 +329,23 @@ def test_copy_rules_follow_nsys_semantics():
 def test_syncs_in_steps_are_counted_per_step():
     calls = frame("cuda_api", [api("cudaStreamSynchronize", 100, 4_000, 1), api("cudaStreamSynchronize", 6_000, 2_000, 2),
                                api("cudaDeviceSynchronize", 12_000, 1_000, 3, tid=AUTOGRAD),
-                               api("cudaLaunchKernel", 14_000, 10_000, 4),
+                               api("cudaMemcpy", 14_000, 1_000, 6),               # a copy: sync_memcpy's
+                               api("cudaLaunchKernel", 16_000, 2_000, 4),
                                api("cudaStreamSynchronize", 30_000, 5_000, 5)])   # after the last step
     steps = pd.DataFrame({"step": [1, 2], "start": [0, 10_000], "end": [10_000, 20_000], "duration": [10_000, 10_000]})
     events = store(cuda_api=calls)
     waits = cuda.host_wait_calls(events)
-    [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, frame("nvtx", []))
+    # The GPU runs until 5,000, then from 5,500 to 7,000; the next work comes at 13,500.
+    gpu_runs = clock(40_000, busy=[(0, 5_000), (5_500, 7_000), (13_500, 20_000)],
+                     waits=waits[["start", "end"]].itertuples(index=False), steps=steps)
+    [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, frame("nvtx", []), gpu_runs)
     assert "step 1: 2 calls, 0.006 ms; step 2: 1 calls, 0.001 ms" in finding.evidence
-    assert finding.severity == "warning" and "(35.0% of step time)" in finding.title
+    assert "cudaMemcpy" not in finding.evidence
+    # Step 1: the GPU still runs when the first call (100-4,100) returns: 0; after the second (6,000-8,000) it
+    # idles from 7,000 to 13,500, capped by the 2,000 waited. Step 2: the call (12,000-13,000) finds the GPU idle
+    # already; from its start to 13,500, capped by the 1,000 waited.
+    assert finding.gain_pct == pytest.approx(100 * np.median([2_000, 1_000]) / 10_000)
+    assert finding.severity == "warning" and finding.title.startswith("2 synchronizing CUDA calls per step")
     assert cuda.sync_calls(events, 100_000).set_index("name").loc["cudaStreamSynchronize", "calls"] == 3
 
 
@@ -341,7 +390,7 @@ def test_verdict_confidence_follows_the_evidence():
     assert (measured["kernels"], measured["confidence"]) == ("compute-bound", "medium")
     assert "names alone would say memory-bound" in measured["basis"]
     idle = boundness.verdict(mostly_streaming, 12.0, {})
-    finding = boundness.verdict_finding(idle)
+    finding = boundness.verdict_finding(idle, pd.DataFrame(columns=["precision", "time_pct"]))
     assert idle["host_bound"] and finding.title.startswith("Host-bound: the GPU is busy 12.0%")
     assert "confidence high" in finding.evidence and "memory-bound, confidence medium" in finding.evidence
 

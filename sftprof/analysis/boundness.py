@@ -6,16 +6,22 @@ Three kinds of evidence, strongest last:
 - the kernel mix by name: GEMM/attention time vs streaming (elementwise, reduction, copy,
   optimizer) time, and the share on tensor cores: a good proxy, not a measurement;
 - GPU metrics, when collected: SM issue, tensor-core and DRAM throughput sampled while the GPU worked.
+
+Advice for compute-bound work follows the GEMMs' precision, as the run reports it or, failing that,
+as kernel names show it: a run never gets told to use a precision it already has, and nvjet names,
+which carry none, are read as "unknown", not as fp32.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
 
 from sftprof.analysis.findings import Finding
 from sftprof.analysis.gpu import DeviceBusy
-from sftprof.analysis.kernels import COMPUTE_BOUND_FAMILIES, MEMORY_BOUND_FAMILIES
+from sftprof.analysis.kernels import COMPUTE_BOUND_FAMILIES, HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.utilisation import LOW_UTILISATION_PCT
 
 GPU_METRICS_SWITCH = "--gpu-metrics-device=all (nsys 2022.4; --gpu-metrics-devices=all in newer releases)"
@@ -30,6 +36,19 @@ METRIC_LIMIT_PCT = 40.0
 DRAM_METRICS = ("dram read bandwidth", "dram write bandwidth")
 SM_ISSUE_METRIC = "sm issue"
 TENSOR_METRIC = "tensor active"
+# Share of GEMM time (%) that kernel names must show as fp32/tf32 before the GEMMs count as fp32:
+# cuBLASLt's nvjet names carry no precision, so a few fp32 GEMMs (an fp32 head, say) beside many such
+# kernels are no evidence that mixed precision is off.
+FP32_GEMM_MIN_PCT = 50.0
+FULL_PRECISIONS = ("fp32", "tf32")
+# The run's precision as a trainer reports it ("bfloat16", "torch.float16", "fp8"...), by label;
+# first match wins ("bfloat16" also contains "float16").
+RUN_PRECISIONS = (("fp8", r"fp8|float8|e4m3|e5m2"), ("bf16", r"bf16|bfloat16"), ("fp16", r"fp16|float16|half"),
+                  ("tf32", r"tf32"), ("fp32", r"fp32|float32"))
+# What raises a compute-bound step's speed once the GEMMs run in half precision.
+HALF_PRECISION_LEVERS = ("larger GEMMs (more tokens per micro-batch, a larger hidden size) in tensor-core-friendly "
+                         "shapes (multiples of 64), and fusing the work between them")
+FP8_LEVER = "FP8 GEMMs with Transformer Engine (Hopper, Blackwell)"
 
 
 def metric_means_while_busy(gpu_metrics: pd.DataFrame, busy: dict[int, DeviceBusy]) -> dict:
@@ -116,7 +135,51 @@ def evidence_table(mix: dict, busy_pct: float | None, metric_means: dict) -> pd.
     return pd.DataFrame(rows, columns=["evidence", "value", "basis"])
 
 
-def verdict_finding(result: dict) -> Finding:
+def run_precision_label(run_precision: str | None) -> str | None:
+    """"bf16", "fp16", "fp8", "tf32" or "fp32" for what a run reports, None when it reports nothing known."""
+    text = str(run_precision or "").lower()
+    return next((label for label, pattern in RUN_PRECISIONS if re.search(pattern, text)), None)
+
+
+def half_precision(run_precision: str | None) -> bool:
+    return run_precision_label(run_precision) in HALF_PRECISIONS
+
+
+def gemm_precision_known(gemm_precision: pd.DataFrame, run_precision: str | None) -> tuple[str | None, str]:
+    """The GEMMs' precision as far as the evidence goes, and where that comes from: the run's own report
+    first, then kernel names (a half precision if any GEMM name shows one; fp32/tf32 only where such
+    names hold FP32_GEMM_MIN_PCT of GEMM time). (None, "") when neither tells."""
+    label = run_precision_label(run_precision)
+    if label:
+        return label, f"the run reports {run_precision}"
+    if gemm_precision.empty:
+        return None, ""
+    half = gemm_precision[gemm_precision["precision"].isin(HALF_PRECISIONS)]
+    if len(half):
+        return str(half.iloc[0]["precision"]), "by kernel name"
+    full = gemm_precision[gemm_precision["precision"].isin(FULL_PRECISIONS)]
+    if full["time_pct"].sum() >= FP32_GEMM_MIN_PCT:
+        return str(full.iloc[0]["precision"]), "by kernel name"
+    return None, ""
+
+
+def _compute_bound_advice(gemm_precision: pd.DataFrame, run_precision: str | None) -> str:
+    """The levers left to a compute-bound step: never lower precision to a run that already has it."""
+    label, source = gemm_precision_known(gemm_precision, run_precision)
+    if label in HALF_PRECISIONS:
+        levers = HALF_PRECISION_LEVERS if label == "fp8" else f"{FP8_LEVER}, {HALF_PRECISION_LEVERS}"
+        return f"The GEMMs already run in {label} ({source}): the levers left are {levers}."
+    if label in FULL_PRECISIONS:
+        return (f"The GEMMs run in {label} ({source}): bf16 (torch.autocast or bf16 weights) at least doubles their "
+                f"rate on tensor cores; then {FP8_LEVER}, {HALF_PRECISION_LEVERS}.")
+    return ("Kernel names do not tell the GEMM precision (cuBLASLt's nvjet kernels carry none) and the run reported "
+            f"none: a run in fp32 gains most from bf16 first; one already in bf16 from {FP8_LEVER}, "
+            f"{HALF_PRECISION_LEVERS}.")
+
+
+def verdict_finding(result: dict, gemm_precision: pd.DataFrame, run_precision: str | None = None) -> Finding:
+    """The verdict as a finding (a diagnosis: no gain of its own); compute-bound advice follows the
+    GEMMs' precision (gemm_precision_known)."""
     kernels, confidence = result["kernels"], result["confidence"]
     if result["host_bound"]:
         return Finding(
@@ -128,10 +191,9 @@ def verdict_finding(result: dict) -> Finding:
             "Feed the GPU first (see the launch-bound, idle-gap and synchronization findings); the kernel mix "
             "matters once the GPU is busy.")
     advice = {"memory-bound": "Raise arithmetic intensity: fuse elementwise chains (torch.compile, fused "
-                              "norm/rotary/activation kernels), fused optimizers, bf16 activations, larger hidden "
-                              "size or batch per kernel.",
-              "compute-bound": "The GPU does dense math: lower precision (bf16, FP8 with Transformer Engine on "
-                               "Hopper) and tensor-core-friendly shapes (multiples of 64) are the levers left.",
+                              "norm/rotary/activation kernels), fused optimizers, larger hidden size or batch per "
+                              "kernel.",
+              "compute-bound": _compute_bound_advice(gemm_precision, run_precision),
               "mixed": "No kernel class dominates: optimise the largest families in the kernel-family table."}
     return Finding("bound_verdict", "info", f"The GPU work is {kernels} (confidence {confidence})",
                    f"GPU busy {result['busy_pct']:.1f}% of its active span. {result['basis']}.",

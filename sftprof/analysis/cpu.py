@@ -11,8 +11,10 @@ from sftprof.analysis.stats import duration_summary
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
 PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
+# A training step's range: the trainer's NVTX `step N` (or `domain:step N`), or the PyTorch
+# profiler's `ProfilerStep#N` (torch.profiler's step()), used only where no `step N` range exists.
 # Up to 18 digits: every such number fits int64; a longer one names no training step.
-STEP_RANGE = re.compile(r"^(?:.*:)?step (\d{1,18})$")
+STEP_RANGE = re.compile(r"^(?:(?:.*:)?step (\d{1,18})|ProfilerStep#(\d{1,18}))$")
 # The trainer's phase ranges inside each step (sftprof.sft.torch_backend).
 PHASES = ("data", "forward", "backward", "optimizer")
 # The name of a thread that left events but has no ThreadNames row (e.g. a Python thread: CPython
@@ -31,9 +33,13 @@ def nvtx_summary(nvtx: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_table(nvtx: pd.DataFrame) -> pd.DataFrame:
-    """One row per `step N` range, with the time of each phase range nested inside it."""
-    match = nvtx["name"].astype(str).str.extract(STEP_RANGE, expand=False)
-    steps = nvtx[match.notna()].assign(step=match.dropna().astype(int))
+    """One row per step range (STEP_RANGE), with the time of each phase range nested inside it.
+    `ProfilerStep#N` counts only in a trace without `step N` ranges: where a loop has both, they
+    are the same steps, and two overlapping sets would count each step twice."""
+    match = nvtx["name"].astype(str).str.extract(STEP_RANGE)
+    own, profiler = match[0], match[1]
+    number = own if own.notna().any() else profiler
+    steps = nvtx[number.notna()].assign(step=number.dropna().astype("int64"))
     columns = ["step", "start", "end", "duration", *(f"{phase}_ns" for phase in PHASES), "other_ns"]
     if steps.empty:
         return pd.DataFrame(columns=columns)

@@ -1,8 +1,20 @@
-"""A finding: what the trace shows, the numbers behind it, and what to do about it."""
+"""A finding: what the trace shows, the numbers behind it, what to do about it, and what doing it
+could save.
+
+`gain_pct` is the share of the median step time that fixing the problem could save at most, read off
+the timeline (see gains.py), and `gain_basis` says in one line how it was computed; a finding that
+is a fact rather than a fixable cost (a verdict, a note about the trace) has no gain (None).
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+# A problem whose attainable gain reaches this share of the median step is a warning; below, info.
+WARNING_SHARE_PCT = 5.0
+# Findings about the capture itself rather than the program (rows left out as damaged, trace kinds
+# that recorded nothing): reports say them once, before the findings they qualify.
+CAPTURE_NOTES = ("dropped_rows", "empty_trace_kind")
 
 
 @dataclass(frozen=True)
@@ -12,6 +24,25 @@ class Finding:
     title: str
     evidence: str
     recommendation: str = ""
+    gain_pct: float | None = None
+    gain_basis: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def severity_of(gain_pct: float) -> str:
+    return "warning" if gain_pct >= WARNING_SHARE_PCT else "info"
+
+
+def ranked(findings: list[Finding]) -> list[Finding]:
+    """By attainable gain, largest first; findings without a gain after them, warnings first, each
+    group in the order the rules produced it (sorted() is stable)."""
+    return sorted(findings, key=lambda f: (f.gain_pct is None, -(f.gain_pct or 0.0), f.severity != "warning"))
+
+
+def gain_text(gain_pct: float | None) -> str:
+    """A gain as reports and comparisons print it: "12.3%", "<0.1%" for a small non-zero one."""
+    if gain_pct is None:
+        return "–"
+    return "<0.1%" if 0 < gain_pct < 0.05 else f"{gain_pct:.1f}%"

@@ -16,8 +16,6 @@ from sftprof.trace.nsys_sqlite import MEMSET_KIND
 MEGABYTE = 1e6  # nsys stats prints memory sizes in MB of 1000^2 bytes, with 3 decimals
 # Copies over PCIe / NVLink-C2C (host) or NVLink / PCIe (peer GPUs).
 INTERCONNECT_KINDS = ("HtoD", "DtoH", "PtoP", "UVM HtoD", "UVM DtoH")
-# Host<->device and peer copies above this share of GPU time can limit a training step.
-INTERCONNECT_LIMIT_PCT = 10.0
 PAGEABLE = "Pageable"
 _KIND_IN_OPERATION = re.compile(r"memcpy (\w+)")
 

@@ -1,9 +1,10 @@
 """Expert rules: each looks for one known performance problem and returns a finding with the
-numbers behind it and what to do, or nothing when the trace holds no evidence of the problem.
+numbers behind it, what to do, and what doing it could save (gains.py), or nothing when the trace
+holds no evidence of the problem.
 
-Severity: a problem whose cost reaches WARNING_SHARE_PCT of the time it is measured against
-(the capture, the steps, the GPU's active span) is a warning; a smaller one is still reported,
-as info, when the evidence is there, so that a reader knows it was looked for and what it costs.
+Severity follows the attainable gain: WARNING_SHARE_PCT of the median step or more is a warning; a
+smaller one is still reported, as info with the reason in its evidence, when the evidence is there,
+so that a reader knows it was looked for and what it costs.
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import intervals
-from sftprof.analysis.boundness import DOMINANT_SHARE_PCT
+from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
 from sftprof.analysis.cpu import PHASES
-from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL
-from sftprof.analysis.findings import Finding
+from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
+from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
+from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, StepClock
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
-from sftprof.analysis.memory import INTERCONNECT_LIMIT_PCT, MEGABYTE, PAGEABLE
+from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
 from sftprof.trace.events import MAX_TIME_NS
 
-WARNING_SHARE_PCT = 5.0
 STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
 # nsys's cuda_memcpy_sync rule skips HtoD copies up to this size: the driver returns before they finish.
 SMALL_SYNC_HTOD_BYTES = 64_000
@@ -39,9 +40,14 @@ DATA_STALL_PCT = 10.0
 LOCK_WAIT_CALLS = {"pthread_mutex_lock", "pthread_mutex_timedlock", "pthread_rwlock_rdlock", "pthread_rwlock_wrlock",
                    "pthread_rwlock_timedrdlock", "pthread_rwlock_timedwrlock", "pthread_spin_lock", "sem_wait",
                    "sem_timedwait", "sem_clockwait"}
+# Lock waits of the most blocked training thread below this share of step time are not worth a finding.
+LOCK_WAIT_MIN_PCT = 5.0
 DATA_PHASE = PHASES[0]
 # Launch-bound needs most kernels to be tiny (TINY_KERNEL_NS), not a few.
 LAUNCH_BOUND_TINY_PCT = 50.0
+# A GEMM moved from fp32/tf32 to bf16 takes at most this share of its time: bf16 tensor cores run at
+# twice the tf32 rate (A100, H100, dense) and move half the bytes; fp32 SIMT GEMMs gain more.
+BF16_GEMM_TIME_SHARE = 0.5
 
 
 def _ms(ns) -> str:
@@ -52,8 +58,28 @@ def _pct(part, whole) -> float:
     return 100.0 * part / whole if whole else 0.0
 
 
-def _severity(cost_pct: float) -> str:
-    return "warning" if cost_pct >= WARNING_SHARE_PCT else "info"
+def _median_ms(per_step) -> str:
+    return _ms(float(np.median(per_step)))
+
+
+def _gained(rule: str, title: str, evidence: str, recommendation: str, clock: StepClock, per_step,
+            model: str, info_reason: str = "") -> Finding:
+    """A finding whose severity and gain come from `per_step` (ns per step that fixing it saves at
+    most); `info_reason` says, in the evidence, why a small gain is small."""
+    gain = clock.share(per_step)
+    severity = severity_of(gain)
+    if severity == "info" and info_reason:
+        evidence = f"{evidence} Below {WARNING_SHARE_PCT:g}% of the step because {info_reason}."
+    return Finding(rule, severity, title, evidence, recommendation, gain, f"{model}; {clock.scope(per_step)}")
+
+
+def _gpu_side_reason(clock: StepClock, saved_per_step) -> str:
+    """Why a GPU-side saving is small: little GPU time to save, or a CPU that hardly waits for the GPU."""
+    waited = clock.waited()
+    if np.median(waited) < np.median(saved_per_step):
+        return (f"the CPU waited for the GPU only {_median_ms(waited)} per step, so kernels that finish sooner leave "
+                "the GPU idle longer rather than the step shorter")
+    return f"it saves {_median_ms(saved_per_step)} of GPU time per step"
 
 
 def _where(nvtx: pd.DataFrame, calls: pd.DataFrame) -> str:
@@ -95,82 +121,128 @@ def dropped_rows(dropped: dict[str, int]) -> list[Finding]:
         "The trace file was damaged or edited: export or record it again.")]
 
 
+# ---------------------------------------------------------------- synchronization: what a wait costs the GPU
+
+def _sync_costs(calls: pd.DataFrame, clock: StepClock, own_gpu_ns=0) -> tuple[np.ndarray, ...]:
+    """Per step: what the CPU waited in these calls (start, end), the GPU idle that follows them until
+    new work arrives plus `own_gpu_ns` (a copy's or set's own time that kernels did not overlap: done
+    asynchronously it could hide under them), and what removing the waits could save: per call the
+    latter, at most the CPU's wait in it (the CPU gets back no more than it waited)."""
+    waited = (calls["end"] - calls["start"]).to_numpy(dtype=float)
+    idle = clock.idle_after(calls["start"], calls["end"]) + np.asarray(own_gpu_ns, dtype=float)
+    return (clock.by_step(calls["start"], waited), clock.by_step(calls["start"], idle),
+            clock.by_step(calls["start"], np.minimum(waited, idle)))
+
+
+SYNC_MODEL = "GPU idle that follows each call until new work arrives, at most the CPU's wait in it"
+COPY_SYNC_MODEL = ("each operation's time not overlapped by kernels plus the GPU idle that follows its call, at most "
+                   "the CPU's wait in the call")
+
+
+def _sync_reason(waited, lost) -> str:
+    """Why waits cost the GPU little: it got new work soon after them (less lost than waited), or they
+    were short (the wait is what bounds the loss)."""
+    if np.median(lost) < np.median(waited):
+        return (f"the CPU waits for a busy GPU: new work reaches the GPU soon after each call returns, so removing "
+                f"them saves at most {_median_ms(lost)} per step")
+    return (f"the calls wait only {_median_ms(waited)} per step: the GPU had run out of work when they began, so it "
+            "is the CPU, not these calls, that keeps it idle")
+
+
 # ---------------------------------------------------------------- memory copies and sets
 
-def sync_memcpy(copies: pd.DataFrame, span_ns: int, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
-    """Host<->device copies through the synchronous cudaMemcpy API (copies joined to their API call)."""
+def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
+    """Host<->device copies through the synchronous cudaMemcpy API (copies joined to their API call,
+    with `exposed_ns`: the copy's time not overlapped by kernels)."""
     sync = copies[_api_named(copies, SYNC_MEMCPY_CALL) & copies["copy_kind"].isin(["HtoD", "DtoH"])]
     sync = sync[~((sync["copy_kind"] == "HtoD") & (sync["bytes"] <= SMALL_SYNC_HTOD_BYTES))]
     if sync.empty:
         return []
     blocked = int(sync["api_duration"].sum())
+    waited, _, lost = _sync_costs(_api_spans(sync), clock, sync["exposed_ns"])
     kinds = ", ".join(f"{n} {kind}" for kind, n in sync["copy_kind"].value_counts().items())
-    return [Finding(
-        "sync_memcpy", _severity(_pct(blocked, span_ns)),
-        f"{len(sync)} synchronous cudaMemcpy calls block the CPU for {_ms(blocked)}",
-        f"{kinds} copies ({sync['bytes'].sum() / MEGABYTE:,.3f} MB) were issued with "
+    return [_gained(
+        "sync_memcpy", f"{len(sync)} synchronous cudaMemcpy calls block the CPU for {_ms(blocked)}",
+        f"{kinds} copies ({sync['bytes'].sum() / MEGABYTE:,.3f} MB, {_ms(sync['duration'].sum())} on the GPU, "
+        f"{_ms(sync['exposed_ns'].sum())} of it with no kernel running) were issued with "
         f"{', '.join(sorted(set(sync['api'])))}, not an Async call: {_threads(sync, labels)} waited {_ms(blocked)} "
-        f"in them ({_pct(blocked, span_ns):.1f}% of the capture), {_where(nvtx, _api_spans(sync))}. HtoD copies of at most "
-        f"{SMALL_SYNC_HTOD_BYTES:,} bytes are left out, as in nsys's cuda_memcpy_sync rule: they return early.",
+        f"in them, {_where(nvtx, _api_spans(sync))}. HtoD copies of at most {SMALL_SYNC_HTOD_BYTES:,} bytes are left "
+        "out, as in nsys's cuda_memcpy_sync rule: they return early.",
         "Copy with cudaMemcpyAsync from pinned memory and synchronize only where the data is needed (PyTorch: "
         "DataLoader(pin_memory=True), tensor.to('cuda', non_blocking=True); read results with one .item() or "
-        ".cpu() per logging interval, not per step).")]
+        ".cpu() per logging interval, not per step).",
+        clock, lost, COPY_SYNC_MODEL, _sync_reason(waited, lost))]
 
 
-def pageable_memcpy(copies: pd.DataFrame, span_ns: int, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
+def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
     """cudaMemcpyAsync from or to pageable host memory: staged through a pinned buffer, so not asynchronous."""
     pageable = copies[_api_named(copies, ASYNC_MEMCPY_CALL)
                       & ((copies["src_kind"] == PAGEABLE) | (copies["dst_kind"] == PAGEABLE))]
     if pageable.empty:
         return []
     api_ns = int(pageable["api_duration"].sum())
+    calls = _api_spans(pageable)
+    staging = clock.idle_in(calls["start"], calls["end"])
+    lost = clock.by_step(calls["start"], pageable["exposed_ns"].to_numpy(dtype=float) + staging)
     sizes = ", ".join(f"{n} {kind}" for kind, n in pageable["copy_kind"].value_counts().items())
-    return [Finding(
-        "pageable_memcpy", _severity(_pct(api_ns, span_ns)),
+    return [_gained(
+        "pageable_memcpy",
         f"{len(pageable)} asynchronous copies use pageable host memory, so they are not asynchronous",
         f"{sizes} copies ({pageable['bytes'].sum() / MEGABYTE:,.3f} MB, median {pageable['bytes'].median():,.0f} B) "
         f"read or write pageable memory: the driver stages them through a pinned buffer while the CPU waits. "
-        f"Their API calls took {_ms(api_ns)} on {_threads(pageable, labels)} ({_pct(api_ns, span_ns):.2f}% of the "
-        f"capture), {_where(nvtx, _api_spans(pageable))}.",
+        f"Their API calls took {_ms(api_ns)} on {_threads(pageable, labels)}, {_where(nvtx, calls)}; the copies ran "
+        f"{_ms(pageable['exposed_ns'].sum())} with no kernel beside them, and the GPU idled {_ms(staging.sum())} "
+        "while the CPU staged them.",
         "Pin the host buffers: DataLoader(pin_memory=True) or tensor.pin_memory(), then .to('cuda', "
-        "non_blocking=True), so the copy overlaps GPU work instead of holding the CPU.")]
+        "non_blocking=True), so the copy overlaps GPU work instead of holding the CPU.",
+        clock, lost,
+        "copy time not overlapped by kernels plus the GPU idle while the CPU staged each copy (its API call)",
+        f"the copies and the idle while staging them come to {_median_ms(lost)} per step")]
 
 
-def sync_memset(sets: pd.DataFrame, span_ns: int, labels: dict) -> list[Finding]:
+def sync_memset(sets: pd.DataFrame, clock: StepClock, labels: dict) -> list[Finding]:
     """cudaMemset (not Async) on pinned or managed memory, which blocks the host."""
     blocking = sets[_api_named(sets, SYNC_MEMSET_CALL) & sets["dst_kind"].isin(HOST_BLOCKING_MEMSET_KINDS)]
     if blocking.empty:
         return []
     blocked = int(blocking["api_duration"].sum())
-    return [Finding(
-        "sync_memset", _severity(_pct(blocked, span_ns)),
+    waited, _, lost = _sync_costs(_api_spans(blocking), clock, blocking["exposed_ns"])
+    return [_gained(
+        "sync_memset",
         f"{len(blocking)} synchronous cudaMemset calls on host-visible memory block the CPU for {_ms(blocked)}",
         f"{', '.join(sorted(set(blocking['api'])))} on {', '.join(sorted(set(blocking['dst_kind'])))} memory "
-        f"({blocking['bytes'].sum() / MEGABYTE:,.3f} MB) by {_threads(blocking, labels)}: "
-        f"{_pct(blocked, span_ns):.2f}% of the capture.",
-        "Use cudaMemsetAsync on a stream, or clear device memory instead of pinned/managed memory.")]
+        f"({blocking['bytes'].sum() / MEGABYTE:,.3f} MB) by {_threads(blocking, labels)}.",
+        "Use cudaMemsetAsync on a stream, or clear device memory instead of pinned/managed memory.",
+        clock, lost, COPY_SYNC_MODEL, _sync_reason(waited, lost))]
 
 
-def interconnect(kind_share: pd.DataFrame, host_memory: pd.DataFrame, crossing: dict,
-                 gpu_ns: int) -> list[Finding]:
-    """The interconnect verdict: do host<->device and peer copies take a share of GPU time that matters?"""
+def interconnect(kind_share: pd.DataFrame, host_memory: pd.DataFrame, crossing: dict, gpu_ns: int,
+                 copies: pd.DataFrame, clock: StepClock) -> list[Finding]:
+    """The interconnect verdict: what would hiding host<->device and peer copies under kernels save
+    (`copies` with `exposed_ns`), and so do they limit the step?"""
     if kind_share.empty:
         return []
-    limits = crossing["gpu_time_pct"] >= INTERCONNECT_LIMIT_PCT
+    crossing_copies = copies[copies["copy_kind"].isin(INTERCONNECT_KINDS)]
+    exposed = clock.by_step(crossing_copies["start"], crossing_copies["exposed_ns"])
+    lost = clock.gpu_side(exposed)
+    limits = severity_of(clock.share(lost)) == "warning"
     parts = "; ".join(f"{r.copy_kind} {r.gpu_time_pct:.2f}% ({r.instances} ops, {r.bytes / MEGABYTE:,.3f} MB"
                       + (f", {r.gb_per_s:,.1f} GB/s" if r.bytes >= MEGABYTE else "") + ")"
                       for r in kind_share.itertuples())
     host_copies = host_memory["instances"].sum()
     pageable = host_memory.loc[host_memory["host_memory"] == PAGEABLE, "instances"].sum()
-    return [Finding(
-        "interconnect", "warning" if limits else "info",
+    return [_gained(
+        "interconnect",
         f"Host-device and peer copies are {crossing['gpu_time_pct']:.2f}% of GPU time: the interconnect "
         + ("can limit the step" if limits else "is not the limit"),
         f"Shares of the {_ms(gpu_ns)} of GPU time (kernels + memory operations): {parts}. Crossing PCIe/NVLink: "
-        f"{crossing['count']} copies, {crossing['bytes'] / MEGABYTE:,.3f} MB, {_ms(crossing['ns'])}; "
-        f"{pageable} of {host_copies} host copies use pageable memory.",
+        f"{crossing['count']} copies, {crossing['bytes'] / MEGABYTE:,.3f} MB, {_ms(crossing['ns'])}, "
+        f"{_ms(crossing_copies['exposed_ns'].sum())} of it with no kernel running; {pageable} of {host_copies} host "
+        "copies use pageable memory.",
         "Overlap transfers with compute (pinned memory, non_blocking copies on a side stream, prefetch the next "
-        "batch) or move less (keep tensors on the GPU, offload less)." if limits else "")]
+        "batch) or move less (keep tensors on the GPU, offload less)." if limits else "",
+        clock, lost, "host-device and peer copies' time not overlapped by kernels, at most the CPU's wait for the GPU",
+        _gpu_side_reason(clock, exposed))]
 
 
 # ---------------------------------------------------------------- synchronization in the loop
@@ -183,9 +255,12 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return np.where(inside, steps["step"].to_numpy()[np.maximum(index, 0)], -1)
 
 
-def syncs_in_steps(waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
-    """CUDA calls that make the CPU wait for the GPU (`waits`: cuda.host_wait_calls), inside the
-    `step N` ranges, per step."""
+def syncs_in_steps(waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx: pd.DataFrame,
+                   clock: StepClock) -> list[Finding]:
+    """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
+    cuda.host_wait_calls) inside the `step N` ranges, per step. Synchronous copies and sets have
+    their own rules."""
+    waits = waits[waits["name"].map(base_name).isin(HOST_SYNC_CALLS)]
     if steps.empty or waits.empty:
         return []
     steps = steps.sort_values("start")
@@ -194,35 +269,34 @@ def syncs_in_steps(waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx:
     if waits.empty:
         return []
     per_step = waits.groupby("step")["duration"].agg(["count", "sum"])
-    blocked, step_ns = int(waits["duration"].sum()), int(steps["duration"].sum())
+    waited, idle, lost = _sync_costs(waits, clock)
     calls = ", ".join(f"{name} x{n}" for name, n in waits["name"].value_counts().items())
     listed = "; ".join(f"step {step}: {int(r['count'])} calls, {_ms(r['sum'])}"
                        for step, r in per_step.head(STEPS_LISTED).iterrows())
     if len(per_step) > STEPS_LISTED:
         listed += f"; and {len(per_step) - STEPS_LISTED:,} more steps"
-    return [Finding(
-        "sync_in_steps", _severity(_pct(blocked, step_ns)),
-        f"{len(waits) / len(steps):.0f} synchronizing CUDA calls per step block the CPU "
-        f"{_ms(blocked / len(steps))} per step ({_pct(blocked, step_ns):.1f}% of step time)",
-        f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(waits, labels)}, {_where(nvtx, waits)}.",
+    return [_gained(
+        "sync_in_steps",
+        f"{len(waits) / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
+        "step in them",
+        f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(waits, labels)}, {_where(nvtx, waits)}. "
+        f"After them the GPU idles {_median_ms(idle)} per step until new work arrives.",
         "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
         ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
-        "torch.cuda.synchronize() in the loop, and use non_blocking copies.")]
+        "torch.cuda.synchronize() in the loop, and use non_blocking copies.",
+        clock, lost, SYNC_MODEL, _sync_reason(waited, lost))]
 
 
 # ---------------------------------------------------------------- GPU utilisation
 
-def idle_gaps(gaps: pd.DataFrame, causes: pd.DataFrame, busy: pd.DataFrame) -> list[Finding]:
+def idle_gaps(gaps: pd.DataFrame, causes: pd.DataFrame, busy: pd.DataFrame, clock: StepClock) -> list[Finding]:
     """GPU gaps longer than IDLE_GAP_NS, with what the CPU threads did during the longest."""
     if gaps.empty:
         return []
     spans = busy.set_index("device_id")["span_ns"]
-    devices = []
-    for device, device_gaps in gaps.groupby("device_id"):
-        share = _pct(device_gaps["duration"].sum(), spans.get(device, 0))
-        devices.append((share, f"GPU {device}: {len(device_gaps)} gaps, {_ms(device_gaps['duration'].sum())} "
-                               f"({share:.1f}% of its active span)"))
-    worst_share = max(share for share, _ in devices)
+    devices = [f"GPU {device}: {len(device_gaps)} gaps, {_ms(device_gaps['duration'].sum())} "
+               f"({_pct(device_gaps['duration'].sum(), spans.get(device, 0)):.1f}% of its active span)"
+               for device, device_gaps in gaps.groupby("device_id")]
     longest = gaps.iloc[0]
     first = causes[causes["gap"] == 1]
     explained = []
@@ -237,16 +311,18 @@ def idle_gaps(gaps: pd.DataFrame, causes: pd.DataFrame, busy: pd.DataFrame) -> l
               "fewer Python-side ops between launches) or capture the step in a CUDA graph."
               if not own_code.empty and own_code["overlap_ns"].max() >= 0.5 * longest["duration"] else
               "Remove the blocking calls listed from the training loop, or overlap them with GPU work.")
-    return [Finding(
-        "gpu_idle_gaps", _severity(worst_share),
+    lost = clock.in_steps(clock.idle_gaps(IDLE_GAP_NS))
+    return [_gained(
+        "gpu_idle_gaps",
         f"{len(gaps)} GPU idle gaps over {IDLE_GAP_NS / 1e6:g} ms, {_ms(gaps['duration'].sum())} in all",
-        "; ".join(text for _, text in devices) + f". Longest {_ms(longest['duration'])} at "
+        "; ".join(devices) + f". Longest {_ms(longest['duration'])} at "
         f"{longest['start'] / 1e6:,.3f} ms: " + ("; ".join(explained) or "no traced CPU activity") + ".",
-        advice)]
+        advice, clock, lost, f"GPU idle (no device busy) in gaps over {IDLE_GAP_NS / 1e6:g} ms inside the steps",
+        f"they come to {_median_ms(lost)} per step")]
 
 
 def launch_bound(kernels: dict, launch: pd.DataFrame, busy: pd.DataFrame, timeline: pd.DataFrame,
-                 gaps: pd.DataFrame, steps: pd.DataFrame) -> list[Finding]:
+                 gaps: pd.DataFrame, steps: pd.DataFrame, clock: StepClock) -> list[Finding]:
     """Many tiny kernels while the GPU is mostly idle: the CPU cannot launch work fast enough.
     `kernels`: gpu.kernel_totals."""
     if not kernels["count"] or busy.empty:
@@ -266,68 +342,120 @@ def launch_bound(kernels: dict, launch: pd.DataFrame, busy: pd.DataFrame, timeli
                        + (", so the GPU finishes a typical kernel before the CPU has issued the next"
                           if usual["med_ns"] > median_ns else ""))
     per_step = f" {kernels['count'] / len(steps):,.0f} kernels per step." if len(steps) else ""
-    return [Finding(
-        "launch_bound", "warning",
+    lost = clock.in_steps(clock.idle_gaps(at_most=IDLE_GAP_NS))
+    return [_gained(
+        "launch_bound",
         f"Launch-bound: {tiny_pct:.0f}% of kernels run under {TINY_KERNEL_NS / 1e3:g} µs and the GPU is busy "
         f"{busy_pct:.1f}% of its span",
         f"{kernels['count']:,} kernels, median {median_ns / 1e3:.1f} µs{launch_cost}. {low_chunks} of {len(timeline)} "
-        f"time chunks are "
-        f"under {LOW_UTILISATION_PCT:.0f}% busy, and only {in_gaps:.0f}% of the idle time is in gaps over "
-        f"{IDLE_GAP_NS / 1e6:g} ms: the rest is short waits between kernels.{per_step}",
+        f"time chunks are under {LOW_UTILISATION_PCT:.0f}% busy, and only {in_gaps:.0f}% of the idle time is in gaps "
+        f"over {IDLE_GAP_NS / 1e6:g} ms: the rest is short waits between kernels.{per_step}",
         "Cut the CPU cost per unit of GPU work: capture the step in CUDA graphs (torch.compile(mode="
         "'reduce-overhead'), torch.cuda.graphs), fuse small ops (torch.compile), use a fused optimizer "
         "(AdamW(fused=True)), and give each kernel more work (larger micro-batch or sequence length, fewer "
-        "accumulation steps).")]
+        "accumulation steps).",
+        clock, lost, f"GPU idle in the gaps of at most {IDLE_GAP_NS / 1e6:g} ms between kernels inside the steps",
+        f"the short gaps come to {_median_ms(lost)} per step")]
 
 
 # ---------------------------------------------------------------- kernel mix and precision
 
-def memory_bound_mix(families: pd.DataFrame, mix: dict, busy_pct: float | None) -> list[Finding]:
-    """Streaming kernels dominate kernel time: bandwidth, not math, bounds the GPU's work."""
-    if families.empty or mix["memory_pct"] < DOMINANT_SHARE_PCT:
+ELEMENTWISE_MODEL = ("each run of consecutive elementwise kernels on a stream, fused, taking as long as its longest "
+                     "kernel (an estimate: the trace holds no tensor sizes to bound it by bytes), at most the CPU's "
+                     "wait for the GPU")
+
+
+def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: pd.DataFrame, clock: StepClock) -> list[Finding]:
+    """Streaming kernels take kernel time that fusion could save: chains of elementwise kernels
+    (`chains`: gains.elementwise_chains) fused into one, each element read and written once."""
+    if families.empty or (chains.empty and mix["memory_pct"] < DOMINANT_SHARE_PCT):
         return []
     streaming = families[families["family"].isin(MEMORY_BOUND_FAMILIES)]
     parts = ", ".join(f"{r.family} {r.time_pct:.1f}% (top: {r.top_kernel})" for r in streaming.itertuples())
-    gpu_matters = busy_pct is not None and busy_pct >= LOW_UTILISATION_PCT
-    idle = (f" The GPU is busy only {busy_pct:.1f}% of its span, so this matters once the host keeps it fed."
-            if busy_pct is not None and not gpu_matters else "")
-    return [Finding(
-        "memory_bound_kernel_mix", "warning" if gpu_matters else "info",
-        f"{mix['memory_pct']:.1f}% of kernel time is in memory-bound streaming kernels",
+    saved = clock.by_step(chains["start"], chains["total_ns"] - chains["longest_ns"])
+    runs = (f" {len(chains):,} runs of 2 or more elementwise kernels back to back on a stream "
+            f"({int(chains['kernels'].sum()):,} kernels, {_ms(chains['total_ns'].sum())}) would take "
+            f"{_ms(chains['longest_ns'].sum())} fused."
+            if len(chains) else " No elementwise kernels run back to back: fusion by torch.compile has little to join.")
+    return [_gained(
+        "memory_bound_kernel_mix", f"{mix['memory_pct']:.1f}% of kernel time is in memory-bound streaming kernels",
         f"{parts}; GEMM/attention {mix['compute_pct']:.1f}%, tensor cores {mix['tensor_core_pct']:.1f}% of kernel "
-        f"time.{idle}",
-        "Fuse elementwise chains (torch.compile; fused RMSNorm/rotary/SwiGLU kernels such as Liger's), use a fused "
-        "optimizer (AdamW(fused=True)), keep activations in bf16, and grow the work per kernel (hidden size, "
-        "batch) to raise arithmetic intensity.")]
+        f"time.{runs}",
+        "Fuse elementwise chains (torch.compile; fused RMSNorm/rotary/SwiGLU kernels such as Liger's) and grow the "
+        "work per kernel (hidden size, batch) to raise arithmetic intensity.",
+        clock, clock.gpu_side(saved), ELEMENTWISE_MODEL, _gpu_side_reason(clock, saved))]
 
 
-# Share of GEMM time (%) that names must show as fp32/tf32 before fp32_gemm speaks.
-FP32_GEMM_MIN_PCT = 50.0
-
-
-def fp32_gemm(precision: pd.DataFrame) -> list[Finding]:
-    """Most GEMM time in fp32/tf32 and no bf16/fp16/fp8 GEMM in the capture: mixed precision is off."""
-    if precision.empty or precision["precision"].isin(HALF_PRECISIONS).any():
+def foreach_optimizer(foreach: pd.DataFrame, clock: StepClock) -> list[Finding]:
+    """The optimizer updates parameters with PyTorch's foreach kernels, one pass over the optimizer state
+    per operation (`foreach`: gains.foreach_optimizer_kernels); a fused optimizer makes one pass."""
+    if foreach.empty:
         return []
-    full = precision[precision["precision"].isin(["fp32", "tf32"])]
-    # cuBLASLt's nvjet names carry no precision: a few fp32 GEMMs (an fp32 head, say) beside
-    # many such kernels are no evidence that mixed precision is off.
+    kept = FUSED_ADAMW_BYTES / FOREACH_ADAMW_BYTES
+    saved = clock.by_step(foreach["start"], foreach["duration"] * (1 - kept))
+    return [_gained(
+        "foreach_optimizer",
+        f"The optimizer runs as {len(foreach):,} foreach kernels: a fused optimizer would take about "
+        f"{100 * kept:.0f}% of their time",
+        f"Foreach (multi-tensor, not fused) optimizer kernels: {_ms(foreach['duration'].sum())} in {len(foreach):,} "
+        f"kernels. Each foreach operation reads and writes the whole optimizer state again; AdamW(fused=True) "
+        f"reads parameters, gradients and both moments and writes them back once ({FUSED_ADAMW_BYTES} B per fp32 "
+        f"parameter against about {FOREACH_ADAMW_BYTES} B in the 8 foreach passes).",
+        "Use the fused optimizer: torch.optim.AdamW(..., fused=True) (or apex/Transformer Engine's fused Adam).",
+        clock, clock.gpu_side(saved),
+        f"the foreach kernels' time x (1 - {FUSED_ADAMW_BYTES}/{FOREACH_ADAMW_BYTES}): fused AdamW moves "
+        f"{FUSED_ADAMW_BYTES} B/param in one pass, foreach AdamW ~{FOREACH_ADAMW_BYTES} B/param in 8, at the same "
+        "bandwidth; at most the CPU's wait for the GPU",
+        _gpu_side_reason(clock, saved))]
+
+
+def fp32_gemm(precision: pd.DataFrame, clock: StepClock, run_precision: str | None = None) -> list[Finding]:
+    """Most GEMM time in fp32/tf32, no bf16/fp16/fp8 GEMM in the capture, and a run that does not report
+    half precision (`run_precision`, e.g. the trainer's "bfloat16"): mixed precision is off."""
+    if precision.empty or precision["precision"].isin(HALF_PRECISIONS).any() or half_precision(run_precision):
+        return []
+    full = precision[precision["precision"].isin(FULL_PRECISIONS)]
     if full.empty or full["time_pct"].sum() < FP32_GEMM_MIN_PCT:
         return []
-    parts = ", ".join(f"{r.precision} {r.time_pct:.1f}% of GEMM time ({r.instances} kernels)" for r in full.itertuples())
-    return [Finding(
-        "fp32_gemm", "warning", "GEMMs run in fp32: no bf16, fp16 or fp8 GEMM in the capture",
+    parts = ", ".join(f"{r.precision} {r.time_pct:.1f}% of GEMM time ({r.instances} kernels)"
+                      for r in full.itertuples())
+    saved = np.full(clock.steps, BF16_GEMM_TIME_SHARE * full["total_ns"].sum() / clock.steps)
+    return [_gained(
+        "fp32_gemm", "GEMMs run in fp32: no bf16, fp16 or fp8 GEMM in the capture",
         f"By kernel name: {parts}; e.g. {full.iloc[0]['top_kernel'][:120]}.",
         "Train in mixed precision: torch.autocast('cuda', dtype=torch.bfloat16) or bf16 weights; FP8 with "
-        "Transformer Engine on Hopper; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True).")]
+        "Transformer Engine on Hopper; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True).",
+        clock, clock.gpu_side(saved),
+        f"{BF16_GEMM_TIME_SHARE:.0%} of the fp32/tf32 GEMM time (bf16 tensor cores run at twice the tf32 rate), "
+        "spread evenly over the steps, at most the CPU's wait for the GPU",
+        _gpu_side_reason(clock, saved))]
+
+
+def padding(padding_share: float | None, token_time_ns: float | None, step_ns: float | None) -> list[Finding]:
+    """Padded token slots: work the token-proportional kernels (GEMM, attention and elementwise over
+    activations, not the optimizer) do for nothing. `padding_share`: padded slots / all slots (0-1);
+    `token_time_ns`: those kernels' time per median step; `step_ns`: the median step."""
+    if not padding_share or padding_share <= 0 or not token_time_ns or not step_ns:
+        return []
+    saved = padding_share * token_time_ns
+    gain = round(min(100.0, 100.0 * saved / step_ns), 3)
+    severity = severity_of(gain)
+    return [Finding(
+        "padding", severity, f"{100 * padding_share:.1f}% of the token slots are padding",
+        f"Token-proportional kernels take {_ms(token_time_ns)} per step; {100 * padding_share:.1f}% of the tokens "
+        f"they process are padding: {_ms(saved)} per step of work on nothing."
+        + ("" if severity == "warning" else f" Small: that is {gain:.1f}% of the {_ms(step_ns)} step."),
+        "Pack sequences (padding-free batches with position ids or cu_seqlens) or group samples of similar length "
+        "(group_by_length, a length-bucketing sampler); pad to a multiple of 8 or 64, not to the longest sample.",
+        gain, f"padded share x time in token-proportional kernels per step / {_ms(step_ns)} median step "
+              "(attention's cost grows faster than linearly with padded length: an estimate there)")]
 
 
 # ---------------------------------------------------------------- CPU side
 
-def data_stall(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, gpu_busy: pd.DataFrame,
+def data_stall(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, clock: StepClock,
                labels: dict) -> list[Finding]:
-    """The `data` phase takes a large share of the step: the input pipeline starves the training loop.
-    `gpu_busy`: when any GPU ran anything (gpu.all_devices_busy)."""
+    """The `data` phase takes a large share of the step: the input pipeline starves the training loop."""
     if steps.empty:
         return []
     step_ns, data_ns = int(steps["duration"].sum()), int(steps[f"{DATA_PHASE}_ns"].sum())
@@ -342,25 +470,27 @@ def data_stall(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, gpu_
     in_calls = int(intervals.covered_ns(intervals.union(calls), merged["start"], merged["end"]).sum())
     top = calls.groupby("name")["inside"].agg(["count", "sum"]).sort_values("sum", ascending=False).head(3)
     doing = ", ".join(f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)" for name, r in top.iterrows())
-    gpu = ""
-    if not gpu_busy.empty:
-        busy_ns = intervals.covered_ns(gpu_busy, merged["start"], merged["end"]).sum()
-        gpu = f" The GPU was busy {_pct(busy_ns, data_ns):.1f}% of that time."
+    idle = clock.idle_in(merged["start"], merged["end"])
+    lost = clock.by_step(merged["start"], idle)
+    gpu = (f" The GPU was idle {_pct(idle.sum(), data_ns):.1f}% of that time." if clock.has_gpu else
+           " No GPU work in the capture: the data ranges hold up the CPU-side step itself.")
     threads = ", ".join(sorted({labels.get(t, f"tid {int(t) & 0xFFFFFF}") for t in data["global_tid"]}))
-    return [Finding(
-        "data_stall", "warning",
-        f"Data loading takes {share:.1f}% of step time: the input pipeline starves the training loop",
+    return [_gained(
+        "data_stall", f"Data loading takes {share:.1f}% of step time: the input pipeline starves the training loop",
         f"NVTX `{DATA_PHASE}` ranges on {threads}: {_ms(data_ns)} of {_ms(step_ns)} in {len(steps)} steps "
         f"({_ms(data_ns / len(steps))} per step). Inside them: "
         + (f"{doing}; " if doing else "no OS-runtime calls; ")
         + f"{_ms(data_ns - in_calls)} in the thread's own code.{gpu}",
         "Prepare batches ahead of the step: DataLoader(num_workers>0, prefetch_factor, persistent_workers=True, "
         "pin_memory=True), pre-tokenize the dataset, and keep file or network reads and sleeps/retries off the "
-        "training thread.")]
+        "training thread.",
+        clock, lost, f"GPU idle inside the `{DATA_PHASE}` ranges" if clock.has_gpu else
+        f"the `{DATA_PHASE}` ranges' time (no GPU work in the capture)",
+        "the GPU kept running queued work through most of the data loading")]
 
 
 def lock_waits(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, threads: pd.DataFrame,
-               labels: dict) -> list[Finding]:
+               labels: dict, clock: StepClock) -> list[Finding]:
     """Training threads waiting for locks inside the steps. Waits inside `data` ranges are waits for
     data (a queue from loader workers) and belong to data_stall."""
     training = threads.loc[threads["role"] != "", "global_tid"]
@@ -373,7 +503,7 @@ def lock_waits(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, thre
     waits = waits[waits["waited"] > 0]
     step_ns = int(steps["duration"].sum())
     per_thread = waits.groupby("global_tid")["waited"].sum().sort_values(ascending=False)
-    if per_thread.empty or _pct(per_thread.iloc[0], step_ns) < WARNING_SHARE_PCT:
+    if per_thread.empty or _pct(per_thread.iloc[0], step_ns) < LOCK_WAIT_MIN_PCT:
         return []
     parts = []
     for tid, waited in per_thread.items():
@@ -385,14 +515,33 @@ def lock_waits(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, thre
     longest = waits.loc[[waits.loc[waits["global_tid"] == worst_tid, "waited"].idxmax()]]
     where = innermost_ranges(nvtx, longest)
     place = f" in NVTX `{nvtx.loc[where.iloc[0], 'name']}`" if len(where) else ""
-    return [Finding(
-        "lock_wait", "warning",
+    idle = np.minimum(clock.idle_in(waits["start"], waits["end"]), waits["waited"].to_numpy())
+    return [_gained(
+        "lock_wait",
         f"{labels.get(worst_tid, worst_tid)} waits for locks {_pct(per_thread.iloc[0], step_ns):.1f}% of step time",
         f"Lock waits inside the steps (outside NVTX `{DATA_PHASE}`): " + "; ".join(parts)
         + f". Longest single wait {_ms(longest['waited'].iloc[0])}{place}.",
         "Another thread holds a lock the training thread needs (a logger, checkpoint, metrics or queue): shorten "
         "the critical section, hand work over through a queue without holding the lock, or move that work out "
-        "of the step.")]
+        "of the step.",
+        clock, clock.by_step(waits["start"], idle),
+        "GPU idle during the lock waits, at most the waits themselves" if clock.has_gpu else
+        "the lock waits themselves (no GPU work in the capture)",
+        "the GPU kept running queued work through most of the waits")]
+
+
+def empty_trace_kinds(messages: dict[str, str]) -> list[Finding]:
+    """Trace kinds that were requested but recorded nothing (`messages`: kind -> what the capture says
+    about it), named once: their absence from the report is no evidence about the program."""
+    if not messages:
+        return []
+    kinds = ", ".join(messages)
+    return [Finding(
+        "empty_trace_kind", "info", f"Traced but recorded nothing in the window: {kinds}",
+        "; ".join(f"{kind}: {text}" for kind, text in messages.items()) + ". The sections fed by them are empty "
+        "for that reason alone.",
+        "Nothing to fix in the program: drop these kinds from profile.trace, or check that the library's calls "
+        "happen inside the capture window.")]
 
 
 def cpu_scheduling(cores: pd.DataFrame, sched_traced: bool, nsys_capture: bool) -> list[Finding]:

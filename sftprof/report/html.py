@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,12 +12,13 @@ import pandas as pd
 
 from sftprof import __version__
 from sftprof.analysis import Analysis
+from sftprof.analysis.findings import CAPTURE_NOTES, Finding, gain_text
 from sftprof.analysis.memory import MEGABYTE
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT
-from sftprof.errors import SftprofError
 from sftprof.io import atomic_write_text
 from sftprof.report import plots
+from sftprof.trace.metrics import read_metrics
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("sftprof.report", "templates"),
@@ -67,66 +67,6 @@ def _table_html(frame: pd.DataFrame, drop: tuple[str, ...] = (), limit: int = 25
     return shown.to_html(index=False, classes="data", border=0, na_rep="", float_format=lambda v: f"{v:,.1f}")
 
 
-class MetricsError(SftprofError, ValueError):
-    """A trainer's metrics file that is missing or not what the trainers write."""
-
-
-# The fields of a metrics line (sftprof.sft's trainers write them): the required ones, and each
-# field's test. Integers fit int64 and floats are finite; the loss may be null (or NaN: a diverged run).
-METRICS_REQUIRED = ("step", "step_time_s", "tokens_per_s", "in_window")
-_INT64 = 2 ** 63
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64
-
-
-def _is_float(value) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-METRICS_FIELDS = {
-    "step": ("an integer", _is_int),
-    "rank": ("an integer", _is_int),
-    "loss": ("a number or null", lambda v: v is None or _is_float(v) or (isinstance(v, float) and math.isnan(v))),
-    "step_time_s": ("a finite number", _is_float),
-    "tokens": ("an integer", _is_int),
-    "tokens_per_s": ("a finite number", _is_float),
-    "in_window": ("true or false", lambda v: isinstance(v, bool)),
-}
-
-
-def read_metrics(path: str | Path | None) -> pd.DataFrame:
-    """The trainer's per-step metrics (none without a path), every line checked: a bad file is
-    refused naming its line and field, not drawn as a wrong curve or failing halfway through a report."""
-    if path is None:
-        return pd.DataFrame(columns=list(METRICS_FIELDS))
-    records, seen = [], set()
-    try:
-        with open(path, encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}, line {number}"
-                try:
-                    record = json.loads(line)
-                except ValueError as error:
-                    raise MetricsError(f"{where}: not JSON ({error})") from None
-                if not isinstance(record, dict):
-                    raise MetricsError(f"{where}: not a JSON object")
-                missing = [name for name in METRICS_REQUIRED if name not in record]
-                if missing:
-                    raise MetricsError(f"{where}: no {', '.join(missing)}")
-                for name, (wording, valid) in METRICS_FIELDS.items():
-                    if name in record and not valid(record[name]):
-                        raise MetricsError(f"{where}: {name} must be {wording}")
-                records.append(record)
-                seen.update(record)
-    except (OSError, UnicodeDecodeError) as error:
-        raise MetricsError(f"{path}: cannot read the metrics ({getattr(error, 'strerror', None) or error})") from None
-    return pd.DataFrame(records, columns=[name for name in METRICS_FIELDS if name in METRICS_REQUIRED or name in seen])
-
-
 @dataclass
 class RankReport:
     """One profiled rank's part of a report: `label` names it ("" when it is the only one)."""
@@ -168,15 +108,30 @@ def _active_threads(threads: pd.DataFrame) -> pd.DataFrame:
     return threads[active | threads["role"].fillna("").astype(bool)]
 
 
+_ENV.filters["gain"] = gain_text
+
+
+def _ranked(findings: list[Finding]) -> list[dict]:
+    """The first screen's table: findings with an attainable gain, largest first (the analysis ranked
+    them), and warnings without one."""
+    return [{"rule": f.rule, "severity": f.severity, "title": f.title, "gain": gain_text(f.gain_pct),
+             "basis": f.gain_basis} for f in findings
+            if f.rule not in CAPTURE_NOTES and (f.gain_pct is not None or f.severity == "warning")]
+
+
 def _rank_context(part: RankReport, anchor: str) -> dict:
     t = _tables(part.analysis.tables)
-    metrics = read_metrics(part.metrics_path)
+    run_metrics = read_metrics(part.metrics_path)
+    metrics = run_metrics.steps[run_metrics.present_columns()]
     window_metrics = metrics[metrics["in_window"]] if not metrics.empty else metrics
     findings = {f.rule: f for f in part.analysis.findings}
     return {
         "label": part.label,
         "anchor": anchor,
         "analysis": part.analysis,
+        "ranked": _ranked(part.analysis.findings),
+        "notes": [f for f in part.analysis.findings if f.rule in CAPTURE_NOTES],
+        "findings": [f for f in part.analysis.findings if f.rule not in CAPTURE_NOTES],
         "verdict": findings.get("bound_verdict"),
         "absent": _absent(part.analysis.sources),
         "idle_gap_ms": IDLE_GAP_NS / 1e6,

@@ -17,6 +17,8 @@ rule analyze:
         sqlite=rules.export_sqlite.output.sqlite,
     output:
         analysis=directory(layout.ANALYSIS_DIR),
+    params:
+        output_name=lambda wc: experiment(wc)["profile"]["output_name"],
     log:
         f"{layout.LOG_DIR}/{{window}}/analyze.log",
     script:

@@ -1,0 +1,197 @@
+"""What fixing a finding could save, as a share of the median step, read off the timeline.
+
+Each model is an upper bound (or, where the trace cannot bound it, an estimate whose basis says
+so) taken from when the GPUs ran and when the CPU waited for them, never from how long the symptom
+took on the CPU: a CPU that waits 150 ms for a busy GPU costs the GPU nothing.
+
+Two quantities carry the models:
+- GPU idle: no device runs a kernel or a memory operation (the union over devices);
+- the CPU's wait for the GPU: time in calls that return only once GPU work has finished
+  (cuda.host_wait_calls) and in launches held up by a full launch queue. A step cannot get shorter
+  than the CPU's own work, so work taken off the GPU shortens it by at most this wait.
+Amounts are summed per step range; a gain is their median over the steps divided by the median
+step. A capture without step ranges counts as one step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sftprof.analysis import cuda, intervals, kernels
+from sftprof.trace.events import EventStore
+
+# A kernel launch that takes longer than this waited for a free slot in the full launch queue (a
+# launch costs the CPU 5-30 µs, up to ~120 µs under tracing; the queue holds ~1,000 launches).
+LAUNCH_QUEUE_WAIT_NS = 200_000
+# Bytes per parameter of one AdamW step on fp32 parameters and moments. Fused (AdamW(fused=True)):
+# read param, grad, exp_avg, exp_avg_sq (16), write param and both moments (12), in one pass.
+# PyTorch's foreach AdamW: 8 passes: mul_(params) 8, lerp_(exp_avg, grad) 12, mul_(exp_avg_sq) 8,
+# addcmul_(exp_avg_sq, grad, grad) 12, sqrt 8, div_ 8, add_(eps) 8, addcdiv_(params, exp_avg, denom) 16.
+FUSED_ADAMW_BYTES, FOREACH_ADAMW_BYTES = 28, 80
+# PyTorch's multi-tensor kernels: foreach ops (_foreach_*) and the fused optimizers' kernels.
+MULTI_TENSOR_KERNEL = re.compile(r"multi_tensor_apply", re.IGNORECASE)
+FUSED_OPTIMIZER_KERNEL = re.compile(r"fused", re.IGNORECASE)
+# Foreach kernels that are not the optimizer's update: _foreach_norm (gradient clipping).
+NOT_OPTIMIZER_UPDATE = re.compile(r"norm", re.IGNORECASE)
+ELEMENTWISE_FAMILY = "elementwise"
+
+
+@dataclass(frozen=True)
+class StepClock:
+    """The windows gains are measured in (the step ranges, or the whole capture as one), when any GPU
+    ran (`gpu_busy`, disjoint sorted start/end) and when a CPU thread waited for one (`cpu_wait`)."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    has_steps: bool
+    gpu_busy: pd.DataFrame
+    cpu_wait: pd.DataFrame
+
+    @classmethod
+    def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: pd.DataFrame, cpu_wait: pd.DataFrame) -> "StepClock":
+        waits = intervals.union(cpu_wait[["start", "end"]])
+        if len(steps):
+            ordered = steps.sort_values("start")
+            return cls(ordered["start"].to_numpy("int64"), ordered["end"].to_numpy("int64"), True, gpu_busy, waits)
+        return cls(np.array([0], "int64"), np.array([max(int(span_ns), 0)], "int64"), False, gpu_busy, waits)
+
+    @property
+    def steps(self) -> int:
+        return len(self.starts)
+
+    @property
+    def step_ns(self) -> float:
+        """The median step (the capture, without steps): what every gain is a share of."""
+        return float(np.median(self.ends - self.starts))
+
+    @property
+    def has_gpu(self) -> bool:
+        return not self.gpu_busy.empty
+
+    def share(self, per_step) -> float:
+        """The median over the steps of a per-step amount (ns), as % of the median step."""
+        if not self.step_ns:
+            return 0.0
+        return round(float(np.clip(100.0 * np.median(per_step) / self.step_ns, 0.0, 100.0)), 3)
+
+    def scope(self, per_step) -> str:
+        """How a gain was taken, for its basis: "0.958 ms per step (median of 2) / 44.045 ms median step"."""
+        amount, whole = f"{np.median(per_step) / 1e6:,.3f} ms", f"{self.step_ns / 1e6:,.3f} ms"
+        if not self.has_steps:
+            return f"{amount} over the whole capture (no step ranges) / its {whole}"
+        return f"{amount} per step (median of {self.steps}) / {whole} median step"
+
+    def in_steps(self, spans: pd.DataFrame) -> np.ndarray:
+        """Per step, how much of it the union of `spans` (start, end) covers."""
+        return intervals.covered_ns(intervals.union(spans[["start", "end"]]), self.starts, self.ends).astype(float)
+
+    def by_step(self, times, amounts) -> np.ndarray:
+        """Per step, the sum of the amounts whose time falls inside it (the rest belongs to no step)."""
+        times = np.asarray(times, dtype="int64")
+        amounts = np.asarray(amounts, dtype=float)
+        index = np.searchsorted(self.starts, times, side="right") - 1
+        inside = (index >= 0) & (times < self.ends[np.maximum(index, 0)])
+        return np.bincount(index[inside], weights=amounts[inside], minlength=self.steps).astype(float)
+
+    def waited(self) -> np.ndarray:
+        """Per step, the time some CPU thread waited for the GPU."""
+        return self.in_steps(self.cpu_wait)
+
+    def gpu_side(self, saved) -> np.ndarray:
+        """Per step, what GPU time saved (per step) can take off the step: at most the CPU's wait."""
+        return np.minimum(np.asarray(saved, dtype=float), self.waited())
+
+    def idle_in(self, starts, ends) -> np.ndarray:
+        """GPU idle inside each window [starts[i], ends[i])."""
+        starts, ends = np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64")
+        return (ends - starts) - intervals.covered_ns(self.gpu_busy, starts, ends)
+
+    def idle_after(self, starts, ends) -> np.ndarray:
+        """For each call [starts[i], ends[i]), the GPU idle that follows it: from when the GPU ran dry
+        (or the call began, if later) until the next GPU work starts; 0 where a GPU still ran when
+        the call returned, or no work followed in the capture."""
+        starts, ends = np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64")
+        busy_starts = self.gpu_busy["start"].to_numpy(dtype="int64")
+        busy_ends = self.gpu_busy["end"].to_numpy(dtype="int64")
+        if not len(busy_starts):
+            return np.zeros(len(ends), dtype="int64")
+        begun = np.searchsorted(busy_starts, ends, side="right")  # busy stretches starting by the call's end
+        ran_dry = np.where(begun > 0, busy_ends[np.maximum(begun - 1, 0)], np.iinfo("int64").min)
+        follows = begun < len(busy_starts)
+        next_work = busy_starts[np.minimum(begun, len(busy_starts) - 1)]
+        idle = next_work - np.maximum(ran_dry, starts)
+        return np.where(follows & (ran_dry <= ends), np.clip(idle, 0, None), 0)
+
+    def idle_gaps(self, longer_than: int = 0, at_most: int | None = None) -> pd.DataFrame:
+        """The stretches between GPU work (union over devices) longer than `longer_than`, up to `at_most`."""
+        gaps = intervals.gaps(self.gpu_busy, longer_than)
+        return gaps if at_most is None else gaps[gaps["duration"] <= at_most]
+
+
+def cpu_waits(events: EventStore, waits: pd.DataFrame) -> pd.DataFrame:
+    """When a CPU thread waited for the GPU (start, end; may overlap): the host-waiting calls
+    (`waits`: cuda.host_wait_calls) and launches longer than LAUNCH_QUEUE_WAIT_NS."""
+    launches = cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS) or [-1]
+    held = events.query(f"""SELECT start, "end" FROM cuda_api WHERE name_id IN ({", ".join(map(str, launches))})
+                            AND duration > {LAUNCH_QUEUE_WAIT_NS}""")
+    return pd.concat([waits[["start", "end"]], held], ignore_index=True).astype("int64")
+
+
+def kernel_time_in(events: EventStore, starts, ends) -> np.ndarray:
+    """Per window, how much of it some kernel covers (any device)."""
+    windows = pd.DataFrame({"start": np.asarray(starts, dtype="int64"), "end": np.asarray(ends, dtype="int64")})
+    if windows.empty:
+        return np.zeros(0, dtype="int64")
+    running = events.query("""SELECT DISTINCT k.start, k."end" FROM kernels k
+                              JOIN windows w ON k.start < w."end" AND k."end" > w.start""", windows=windows)
+    return intervals.covered_ns(intervals.union(running), windows["start"], windows["end"])
+
+
+def _names(events: EventStore) -> pd.DataFrame:
+    """Every kernel name id with its names and family (kernels.KERNEL_FAMILIES): a few dozen rows."""
+    names = events.query("""SELECT DISTINCT k.name_id, n.name, s.name AS short_name FROM kernels k
+                            LEFT JOIN kernel_names n ON n.id = k.name_id
+                            LEFT JOIN kernel_names s ON s.id = k.short_name_id
+                            WHERE k.name_id IS NOT NULL""")
+    return names.assign(family=kernels.kernel_families(names)) if len(names) else names.assign(family=[])
+
+
+def elementwise_chains(events: EventStore) -> pd.DataFrame:
+    """Runs of two or more elementwise kernels one after another on a stream (no other kernel between
+    them there): when each run starts, its kernels, total time and longest kernel."""
+    columns = ["start", "kernels", "total_ns", "longest_ns"]
+    names = _names(events)
+    elementwise = names.loc[names["family"] == ELEMENTWISE_FAMILY, ["name_id"]] if len(names) else names
+    if elementwise.empty:
+        return pd.DataFrame(columns=columns, dtype="int64")
+    return events.query("""
+        WITH marked AS (SELECT device_id, stream_id, start, "end", duration,
+                               coalesce(name_id IN (SELECT name_id FROM elementwise), false) AS chained
+                        FROM kernels),
+             runs AS (SELECT *, sum(CASE WHEN chained THEN 0 ELSE 1 END) OVER (
+                                    PARTITION BY device_id, stream_id ORDER BY start, "end"
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS run
+                      FROM marked)
+        SELECT min(start) AS start, count(*) AS kernels, sum(duration)::BIGINT AS total_ns,
+               max(duration)::BIGINT AS longest_ns
+        FROM runs WHERE chained GROUP BY device_id, stream_id, run HAVING count(*) > 1 ORDER BY start""",
+                        elementwise=elementwise)
+
+
+def foreach_optimizer_kernels(events: EventStore) -> pd.DataFrame:
+    """The optimizer's foreach (multi-tensor, not fused) update kernels: start, duration. None where
+    a fused optimizer ran: its few foreach kernels are bookkeeping (step counters), not the update."""
+    names = _names(events)
+    if names.empty:
+        return pd.DataFrame(columns=["start", "duration"], dtype="int64")
+    full = names["name"].fillna(names["short_name"]).astype(str)
+    multi_tensor = full.str.contains(MULTI_TENSOR_KERNEL) & (names["family"] == "optimizer")
+    fused = multi_tensor & full.str.contains(FUSED_OPTIMIZER_KERNEL)
+    foreach = names.loc[multi_tensor & ~fused & ~full.str.contains(NOT_OPTIMIZER_UPDATE), "name_id"]
+    ids = [] if fused.any() else [int(i) for i in foreach]
+    return events.query(f"""SELECT start, duration FROM kernels WHERE name_id IN ({", ".join(map(str, ids or [-1]))})
+                            ORDER BY start""")
