@@ -307,7 +307,8 @@ def test_copy_rules_follow_nsys_semantics():
                            memop("memset", 51_000, 10, 8, None, "Pinned", correlation=6)])
     events = store(cuda_api=frame("cuda_api", calls))
     copies = cuda.with_api_calls(ops, events)
-    copies = copies.assign(exposed_ns=copies["duration"] - gains.kernel_time_in(events, copies["start"], copies["end"]))
+    copies = copies.assign(exposed_ns=copies["duration"] - gains.kernel_time_in(
+        gpu.all_devices_busy(gpu.busy_by_device(events, ops.iloc[:0])), copies["start"], copies["end"]))
     labels = {MAIN: "python (main, tid 7)"}
     nvtx_ = frame("nvtx", [nvtx_range("data", 0, 100_000)])
     capture = clock(1_000_000, busy=ops[["start", "end"]].itertuples(index=False))

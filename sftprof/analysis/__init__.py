@@ -238,7 +238,8 @@ def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: 
         cores = sched.core_summary(runs, tables.span_ns)
         sched_traced = "cpuctxsw" in tables.sources or not tables.sched.empty
         api_summary, copies = api_summary.result(), copies.result()
-        beside_kernels = gains.kernel_time_in(events, copies["start"], copies["end"])
+        kernels_busy = gpu.all_devices_busy(gpu.busy_by_device(events, memops.iloc[:0]))
+        beside_kernels = gains.kernel_time_in(kernels_busy, copies["start"], copies["end"])
         copies = copies.assign(exposed_ns=copies["duration"] - beside_kernels)  # a copy's time with no kernel running
         launch = cuda.launch_overhead(api_summary)
         progress(STEPS[3])

@@ -126,10 +126,15 @@ class StepClock:
         idle = next_work - np.maximum(ran_dry, starts)
         return np.where(follows & (ran_dry <= ends), np.clip(idle, 0, None), 0)
 
-    def idle_gaps(self, longer_than: int = 0, at_most: int | None = None) -> pd.DataFrame:
-        """The stretches between GPU work (union over devices) longer than `longer_than`, up to `at_most`."""
-        gaps = intervals.gaps(self.gpu_busy, longer_than)
-        return gaps if at_most is None else gaps[gaps["duration"] <= at_most]
+    def idle_in_steps(self, longer_than: int = 0, at_most: int | None = None) -> np.ndarray:
+        """Per step, the GPU idle time (no device running anything) in stretches longer than
+        `longer_than` and up to `at_most`. The stretches are disjoint and in time order already,
+        so no union is taken: a launch-bound run has millions of them."""
+        starts = self.gpu_busy["end"].to_numpy(dtype="int64")[:-1]
+        ends = self.gpu_busy["start"].to_numpy(dtype="int64")[1:]
+        keep = (ends - starts > longer_than) & (ends - starts <= (at_most if at_most is not None else np.inf))
+        stretches = pd.DataFrame({"start": starts[keep], "end": ends[keep]})
+        return intervals.covered_ns(stretches, self.starts, self.ends).astype(float)
 
 
 def cpu_waits(events: EventStore, waits: pd.DataFrame) -> pd.DataFrame:
@@ -141,14 +146,10 @@ def cpu_waits(events: EventStore, waits: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([waits[["start", "end"]], held], ignore_index=True).astype("int64")
 
 
-def kernel_time_in(events: EventStore, starts, ends) -> np.ndarray:
-    """Per window, how much of it some kernel covers (any device)."""
-    windows = pd.DataFrame({"start": np.asarray(starts, dtype="int64"), "end": np.asarray(ends, dtype="int64")})
-    if windows.empty:
-        return np.zeros(0, dtype="int64")
-    running = events.query("""SELECT DISTINCT k.start, k."end" FROM kernels k
-                              JOIN windows w ON k.start < w."end" AND k."end" > w.start""", windows=windows)
-    return intervals.covered_ns(intervals.union(running), windows["start"], windows["end"])
+def kernel_time_in(kernels_busy: pd.DataFrame, starts, ends) -> np.ndarray:
+    """Per window, how much of it some kernel covers; `kernels_busy`: the union of every kernel on
+    any device (gpu.busy_by_device without memory operations, then gpu.all_devices_busy)."""
+    return intervals.covered_ns(kernels_busy, np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64"))
 
 
 def _names(events: EventStore) -> pd.DataFrame:
@@ -168,18 +169,23 @@ def elementwise_chains(events: EventStore) -> pd.DataFrame:
     elementwise = names.loc[names["family"] == ELEMENTWISE_FAMILY, ["name_id"]] if len(names) else names
     if elementwise.empty:
         return pd.DataFrame(columns=columns, dtype="int64")
-    return events.query("""
-        WITH marked AS (SELECT device_id, stream_id, start, "end", duration,
-                               coalesce(name_id IN (SELECT name_id FROM elementwise), false) AS chained
-                        FROM kernels),
-             runs AS (SELECT *, sum(CASE WHEN chained THEN 0 ELSE 1 END) OVER (
-                                    PARTITION BY device_id, stream_id ORDER BY start, "end"
-                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS run
-                      FROM marked)
-        SELECT min(start) AS start, count(*) AS kernels, sum(duration)::BIGINT AS total_ns,
-               max(duration)::BIGINT AS longest_ns
-        FROM runs WHERE chained GROUP BY device_id, stream_id, run HAVING count(*) > 1 ORDER BY start""",
-                        elementwise=elementwise)
+    # Fetched in stream order and cut into runs in numpy: a window function over every kernel costs
+    # several times the sorted fetch at ten million kernels.
+    ordered = events.arrays("""SELECT start, duration, (device_id::BIGINT << 32) + coalesce(stream_id, -1) AS stream,
+                                      coalesce(name_id IN (SELECT name_id FROM elementwise), false) AS chained
+                               FROM kernels ORDER BY device_id, stream_id, start, "end\"""", elementwise=elementwise)
+    chained = ordered["chained"].astype(bool)
+    stream = ordered["stream"]
+    new_stream = np.r_[True, stream[1:] != stream[:-1]] if len(stream) else np.zeros(0, bool)
+    run = np.cumsum(~chained | new_stream)[chained]  # a run ends at another kernel or another stream
+    if not len(run):
+        return pd.DataFrame(columns=columns, dtype="int64")
+    first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+    counts = np.diff(np.r_[first, len(run)])
+    durations = ordered["duration"][chained].astype("int64")
+    runs = pd.DataFrame({"start": ordered["start"][chained][first].astype("int64"), "kernels": counts.astype("int64"),
+                         "total_ns": np.add.reduceat(durations, first), "longest_ns": np.maximum.reduceat(durations, first)})
+    return runs[runs["kernels"] > 1].sort_values("start", kind="stable").reset_index(drop=True)
 
 
 def foreach_optimizer_kernels(events: EventStore) -> pd.DataFrame:

@@ -311,7 +311,7 @@ def idle_gaps(gaps: pd.DataFrame, causes: pd.DataFrame, busy: pd.DataFrame, cloc
               "fewer Python-side ops between launches) or capture the step in a CUDA graph."
               if not own_code.empty and own_code["overlap_ns"].max() >= 0.5 * longest["duration"] else
               "Remove the blocking calls listed from the training loop, or overlap them with GPU work.")
-    lost = clock.in_steps(clock.idle_gaps(IDLE_GAP_NS))
+    lost = clock.idle_in_steps(IDLE_GAP_NS)
     return [_gained(
         "gpu_idle_gaps",
         f"{len(gaps)} GPU idle gaps over {IDLE_GAP_NS / 1e6:g} ms, {_ms(gaps['duration'].sum())} in all",
@@ -342,7 +342,7 @@ def launch_bound(kernels: dict, launch: pd.DataFrame, busy: pd.DataFrame, timeli
                        + (", so the GPU finishes a typical kernel before the CPU has issued the next"
                           if usual["med_ns"] > median_ns else ""))
     per_step = f" {kernels['count'] / len(steps):,.0f} kernels per step." if len(steps) else ""
-    lost = clock.in_steps(clock.idle_gaps(at_most=IDLE_GAP_NS))
+    lost = clock.idle_in_steps(at_most=IDLE_GAP_NS)
     return [_gained(
         "launch_bound",
         f"Launch-bound: {tiny_pct:.0f}% of kernels run under {TINY_KERNEL_NS / 1e3:g} µs and the GPU is busy "
