@@ -18,6 +18,7 @@ import jsonschema
 import yaml
 
 from sftprof.errors import SftprofError
+from sftprof.untrusted import CONTROL_CHARACTER
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -27,9 +28,6 @@ class ConfigError(SftprofError, ValueError):
     """A config value is wrong; the message names the key."""
 
 
-# C0, DEL and C1 controls (newline and tab included): one would split a rendered script's
-# line or an error message's one line.
-CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Deeper than any config needs, far shallower than Python's recursion limit.
 MAX_DEPTH = 32
 INT64 = range(-2**63, 2**63)

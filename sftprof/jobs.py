@@ -21,8 +21,8 @@ from pathlib import Path
 import jinja2
 
 from sftprof import __version__, container, layout, nsys, rank, sft
-from sftprof.config import CONTROL_CHARACTER
 from sftprof.errors import SftprofError
+from sftprof.untrusted import CONTROL_CHARACTER
 
 
 class SlurmError(SftprofError, RuntimeError):

@@ -4,8 +4,13 @@ write anywhere but the folder a name is meant for."""
 
 from __future__ import annotations
 
+import re
+
 from sftprof.errors import SftprofError
 
+# C0 and C1 control characters and DEL (newline and tab included): a newline forges a log line or
+# splits a rendered script's line, an escape drives the terminal.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # The longest file name most local file systems take (ext4, xfs, NFS).
 MAX_NAME_BYTES = 255
 
@@ -24,7 +29,7 @@ def plain_file_name(name: object, what: str) -> str:
     if not isinstance(name, str):
         raise UnsafeName(f"{what}: expected a file name, got {type(name).__name__}")
     unsafe = (not name or name.startswith((".", "-")) or "/" in name or "\\" in name
-              or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name)
+              or CONTROL_CHARACTER.search(name)
               or len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES)
     if unsafe:
         raise UnsafeName(f"{what}: {ascii(name)[:200]} is not a plain file name; refusing to write it")

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,7 +15,6 @@ import pandas as pd
 from sftprof.analysis import (accounting, boundness, cpu, cuda, efficiency, gains, gpu, kernels, memory, nvtx, rules,
                               sched, utilisation)
 from sftprof.analysis.findings import Finding, ranked, severity_of
-from sftprof.trace.events import EventStore
 from sftprof.trace.metrics import RunMetrics
 from sftprof.trace.tables import TraceTables
 
@@ -124,18 +122,6 @@ def _gpu_findings(tables: TraceTables, kernel_sum: pd.DataFrame, top: pd.Series 
                                 f"Its idle time is the most that feeding it better can win; the findings with gains "
                                 "say which cause holds how much of it."))
     return findings
-
-
-# nsys's own diagnostic for a requested trace kind that recorded nothing; an nsys export keeps it
-# among its strings, which the loader keeps with the kernel names.
-NOTHING_COLLECTED = re.compile(r"No (\w+) events collected\.(?: Does the process use \1\?)?")
-
-
-def _traced_but_empty(events: EventStore) -> dict[str, str]:
-    """Trace kinds the capture itself says recorded nothing (kind -> nsys's message)."""
-    said = events.query("SELECT name FROM kernel_names WHERE name LIKE 'No % events collected.%'")["name"]
-    return {match.group(1): f'nsys says "{match.group(0)}"'
-            for match in map(NOTHING_COLLECTED.fullmatch, said) if match}
 
 
 # OS-runtime calls in which a thread waits for another thread or for the GPU.
@@ -292,7 +278,7 @@ def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: 
     sets = copies[copies["copy_kind"] == memory.MEMSET_KIND]
     findings = (
         rules.dropped_rows(tables.dropped_rows)
-        + rules.empty_trace_kinds(_traced_but_empty(events))
+        + rules.empty_trace_kinds(tables.empty_trace_kinds)
         + rules.sync_memcpy(copies, clock, labels, tables.nvtx)
         + rules.sync_memset(sets, clock, labels)
         + rules.syncs_in_steps(waits, steps, labels, tables.nvtx, clock)

@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import cpu, cuda, gpu, intervals, kernels, nvtx
+from sftprof.analysis.findings import ms, pct
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.utilisation import IDLE_GAP_NS
 from sftprof.trace.events import EventStore
@@ -458,43 +459,35 @@ def _busy_and_idle(result: pd.DataFrame, tables, classes: pd.DataFrame, thread_o
 
 # ---------------------------------------------------------------- classes
 
-def _pct(part, whole) -> float:
-    return 100.0 * part / whole if whole else 0.0
-
-
-def _ms(ns) -> str:
-    return f"{ns / 1e6:,.2f} ms"
-
-
 def _classify(r: dict) -> tuple[str | None, str]:
     """One step's class and the numbers behind it (see the module docstring)."""
     duration = r["duration"]
     if pd.isna(r["device_id"]):
         return None, "no GPU work recorded"
     sm_idle = duration - r["sm_busy_ns"]
-    busy = (f"SMs busy {_pct(r['sm_busy_ns'], duration):.1f}% of the step ({_ms(r['sm_busy_ns'])} of "
-            f"{_ms(duration)}, device {r['device_id']})")
-    idle = (f"SMs idle {_pct(sm_idle, duration):.1f}% of the step ({_ms(sm_idle)}; {_ms(r['copy_only_ns'])} of it "
-            f"copies only): {_pct(r['sm_idle_data_ns'], sm_idle):.1f}% inside data ranges, "
-            f"{_pct(r['sm_idle_sync_ns'], sm_idle):.1f}% while or after the host waited in a sync call, "
-            f"{_pct(r['sm_idle_host_ns'], sm_idle):.1f}% while the host launched too slowly")
-    if _pct(r["comm_exposed_ns"], duration) >= COMM_EXPOSED_PCT:
+    busy = (f"SMs busy {pct(r['sm_busy_ns'], duration):.1f}% of the step ({ms(r['sm_busy_ns'], 2)} of "
+            f"{ms(duration, 2)}, device {r['device_id']})")
+    idle = (f"SMs idle {pct(sm_idle, duration):.1f}% of the step ({ms(sm_idle, 2)}; {ms(r['copy_only_ns'], 2)} of it "
+            f"copies only): {pct(r['sm_idle_data_ns'], sm_idle):.1f}% inside data ranges, "
+            f"{pct(r['sm_idle_sync_ns'], sm_idle):.1f}% while or after the host waited in a sync call, "
+            f"{pct(r['sm_idle_host_ns'], sm_idle):.1f}% while the host launched too slowly")
+    if pct(r["comm_exposed_ns"], duration) >= COMM_EXPOSED_PCT:
         return "communication-bound", (f"NCCL kernels ran with no other kernel beside them for "
-                                       f"{_pct(r['comm_exposed_ns'], duration):.1f}% of the step "
-                                       f"({_ms(r['comm_exposed_ns'])}, >= {COMM_EXPOSED_PCT:.0f}%); {busy}")
-    if _pct(r["sm_busy_ns"], duration) >= GPU_BOUND_PCT:
+                                       f"{pct(r['comm_exposed_ns'], duration):.1f}% of the step "
+                                       f"({ms(r['comm_exposed_ns'], 2)}, >= {COMM_EXPOSED_PCT:.0f}%); {busy}")
+    if pct(r["sm_busy_ns"], duration) >= GPU_BOUND_PCT:
         math_ns, memory_ns = r["compute_kernel_ns"], r["memory_kernel_ns"]
-        mix = (f"of the step's kernel time ({_ms(r['kernel_ns'])}), "
-               f"GEMM/attention {_pct(math_ns, r['kernel_ns']):.1f}%, "
+        mix = (f"of the step's kernel time ({ms(r['kernel_ns'], 2)}), "
+               f"GEMM/attention {pct(math_ns, r['kernel_ns']):.1f}%, "
                f"memory-bound families ({', '.join(kernels.MEMORY_BOUND_FAMILIES)}) "
-               f"{_pct(memory_ns, r['kernel_ns']):.1f}%")
+               f"{pct(memory_ns, r['kernel_ns']):.1f}%")
         verdict = "memory-bound kernels" if memory_ns > math_ns else "compute-bound"
         return verdict, f"{busy}, >= {GPU_BOUND_PCT:.0f}%; {mix}; {idle}"
     causes = {"data-bound": r["sm_idle_data_ns"], "sync-bound": r["sm_idle_sync_ns"],
               "launch/host-bound": r["sm_idle_host_ns"]}
     verdict = max(causes, key=lambda name: (causes[name], name == "launch/host-bound"))
-    launches = (f"; {r['kernels']:,} kernels launched, {_pct(r['tiny_kernels'], r['kernels']):.0f}% under "
-                f"{TINY_KERNEL_NS / 1e3:.0f} µs; {_pct(r['short_gap_idle_ns'], sm_idle):.1f}% of the idle time in "
+    launches = (f"; {r['kernels']:,} kernels launched, {pct(r['tiny_kernels'], r['kernels']):.0f}% under "
+                f"{TINY_KERNEL_NS / 1e3:.0f} µs; {pct(r['short_gap_idle_ns'], sm_idle):.1f}% of the idle time in "
                 f"gaps under {SHORT_GAP_NS / 1e6:g} ms")
     return verdict, f"{busy}, < {GPU_BOUND_PCT:.0f}%; {idle}{launches}"
 
@@ -555,8 +548,8 @@ def run_bound(accounting: pd.DataFrame) -> dict:
     by_class = accounting.dropna(subset=["bound_class"]).groupby("bound_class")["duration"].sum()
     by_class = by_class.sort_values(ascending=False, kind="stable")
     return {"bound_class": str(by_class.index[0]) if len(by_class) else None,
-            "class_pct": {str(name): float(_pct(ns, total)) for name, ns in by_class.items()},
-            "sm_busy_pct": float(_pct(accounting["sm_busy_ns"].sum(), total)),
-            "copy_busy_pct": float(_pct(accounting["copy_busy_ns"].sum(), total)),
-            "idle_pct": float(_pct(accounting["idle_ns"].sum(), total)),
+            "class_pct": {str(name): float(pct(ns, total)) for name, ns in by_class.items()},
+            "sm_busy_pct": float(pct(accounting["sm_busy_ns"].sum(), total)),
+            "copy_busy_pct": float(pct(accounting["copy_busy_ns"].sum(), total)),
+            "idle_pct": float(pct(accounting["idle_ns"].sum(), total)),
             "steps": len(accounting)}

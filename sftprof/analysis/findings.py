@@ -31,6 +31,16 @@ class Finding:
         return asdict(self)
 
 
+def pct(part, whole) -> float:
+    """`part` as a share of `whole` in %; 0 when `whole` is 0 (an empty capture, no steps)."""
+    return 100.0 * part / whole if whole else 0.0
+
+
+def ms(ns, digits: int = 3) -> str:
+    """Nanoseconds as evidence text shows them: `1,234.567 ms`."""
+    return f"{ns / 1e6:,.{digits}f} ms"
+
+
 def severity_of(gain_pct: float) -> str:
     return "warning" if gain_pct >= WARNING_SHARE_PCT else "info"
 

@@ -19,6 +19,8 @@ from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FU
 from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
+from sftprof.analysis.findings import ms as _ms
+from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, StepClock
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
@@ -48,14 +50,6 @@ LAUNCH_BOUND_TINY_PCT = 50.0
 # A GEMM moved from fp32/tf32 to bf16 takes at most this share of its time: bf16 tensor cores run at
 # twice the tf32 rate (A100, H100, dense) and move half the bytes; fp32 SIMT GEMMs gain more.
 BF16_GEMM_TIME_SHARE = 0.5
-
-
-def _ms(ns) -> str:
-    return f"{ns / 1e6:,.3f} ms"
-
-
-def _pct(part, whole) -> float:
-    return 100.0 * part / whole if whole else 0.0
 
 
 def _median_ms(per_step) -> str:

@@ -12,6 +12,7 @@ META_DATA_EXPORT (newer), and enum labels come from the file's ENUM_* tables whe
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -151,6 +152,17 @@ def _nsys_release(metadata: dict[str, str], tables: set[str]) -> int:
 def _strings(conn: sqlite3.Connection) -> pd.DataFrame:
     """StringIds as id, value: read once, as text whatever a value holds (DuckDB refuses a BLOB in a TEXT column)."""
     return _query(conn, "SELECT id, CAST(value AS TEXT) AS value FROM StringIds WHERE typeof(id) = 'integer'")
+
+
+# nsys's own diagnostic for a requested trace kind that recorded nothing, kept among the export's strings.
+NOTHING_COLLECTED = re.compile(r"No (\w+) events collected\.(?: Does the process use \1\?)?")
+
+
+def _empty_trace_kinds(strings: pd.DataFrame) -> dict[str, str]:
+    """Trace kinds the capture itself says recorded nothing (kind -> nsys's message)."""
+    values = strings["value"].dropna().astype(str)
+    return {match.group(1): f'nsys says "{match.group(0)}"'
+            for match in map(NOTHING_COLLECTED.fullmatch, values[values.str.startswith("No ")]) if match}
 
 
 def _enum_labels(conn: sqlite3.Connection, tables: set[str], enum_table: str, fallback: dict[int, str]) -> dict:
@@ -371,6 +383,7 @@ def load_nsys_sqlite(path: str | Path) -> TraceTables:
                 sched=_sched(reader, tables, dropped),
                 gpu_metrics=_gpu_metrics(conn, tables, dropped),
                 gpus=_gpus(conn, tables),
+                empty_trace_kinds=_empty_trace_kinds(strings),
                 events=events.result(),
             )
     # UnicodeDecodeError: an error of SQLite or DuckDB whose message quotes damaged bytes

@@ -101,7 +101,8 @@ def valid_rows(frame: pd.DataFrame, table: str, dropped: dict[str, int]) -> pd.D
 class TraceTables:
     """One capture, normalized. `sources` says which trace sources the capture had; `events` holds
     its kernels and CUDA API calls; `dropped_rows` counts, by table, the rows left out for their times
-    (or, for a trace format whose rows can be malformed otherwise, their types)."""
+    (or, for a trace format whose rows can be malformed otherwise, their types); `empty_trace_kinds`
+    names the trace kinds the capture says recorded nothing (kind -> the tool's own message)."""
 
     source_path: str
     span_ns: int
@@ -116,6 +117,7 @@ class TraceTables:
     gpus: pd.DataFrame = field(default_factory=lambda: empty("gpus"))
     events: EventStore = field(default_factory=EventStore.from_frames)
     dropped_rows: dict[str, int] = field(default_factory=dict)
+    empty_trace_kinds: dict[str, str] = field(default_factory=dict)
 
     @property
     def kernels(self) -> pd.DataFrame:
