@@ -97,7 +97,7 @@ def _print_summary(report: Path, analysis, tables_dir: Path, html: Path) -> None
 
 
 def _cmd_compare(args) -> int:
-    from sftprof import compare
+    from sftprof.report import compare
 
     comparison = compare.compare_paths(args.inputs)
     written = compare.write(comparison, args.output, args.title or "sftprof comparison")
@@ -107,14 +107,14 @@ def _cmd_compare(args) -> int:
 
 
 def _experiment_window(args) -> tuple[dict, dict]:
-    from sftprof import config
+    from sftprof.capture import config
 
     cfg = config.load(args.config)
     return config.experiment(cfg, args.experiment), config.window(cfg, args.experiment, args.window)
 
 
 def _cmd_render(args) -> int:
-    from sftprof import jobs
+    from sftprof.capture import jobs
 
     experiment, window = _experiment_window(args)
     if args.form == "local":
@@ -133,7 +133,7 @@ def _cmd_render(args) -> int:
 
 
 def _cmd_submit(args) -> int:
-    from sftprof import jobs
+    from sftprof.capture import jobs
 
     experiment, window = _experiment_window(args)
     script = jobs.write_sbatch(args.experiment, experiment, args.window, window, args.workdir)
@@ -143,7 +143,8 @@ def _cmd_submit(args) -> int:
 
 
 def _cmd_fetch(args) -> int:
-    from sftprof import config, layout, logs, remote
+    from sftprof import layout, logs
+    from sftprof.capture import config, remote
 
     logs.setup()
     cfg = config.load(args.config)
@@ -165,7 +166,7 @@ def _cmd_fetch(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from sftprof import config
+    from sftprof.capture import config
 
     cfg = config.load(args.config)
     print(yaml.safe_dump(cfg, sort_keys=False) if not args.json else json.dumps(cfg, indent=2))
@@ -255,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = commands.add_parser(
         "validate", help="validate a config file and print it with defaults filled in",
-        description="Check CONFIG against workflow/schemas/config.schema.yaml and the cross-field "
+        description="Check CONFIG against the schema (sftprof/capture/config.schema.yaml) and the cross-field "
                     "rules; print the result, or an error naming the offending key.")
     validate.add_argument("config", nargs="?", default="config.yaml")
     validate.add_argument("--json", action="store_true", help="print JSON instead of YAML")

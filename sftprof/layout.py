@@ -2,7 +2,7 @@
 
 Patterns with {experiment} and {window} wildcards: the Snakemake rules use them as they are,
 and code outside Snakemake (the CLI) fills them with str.format. Inside a capture folder,
-report names come from sftprof.nsys.output_pattern and each rank's record from sftprof.rank.
+report names come from sftprof.capture.nsys.output_pattern and each rank's record from sftprof.capture.rank.
 """
 
 DOLLY_JSONL = "resources/{experiment}/dolly.jsonl"

@@ -28,6 +28,6 @@ def setup(log_path: str | Path | None = None, level: int = logging.INFO) -> None
         handler.setFormatter(_TerminalSafeFormatter(FORMAT))
     logging.basicConfig(level=level, handlers=handlers, force=True)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    # paramiko logs every dropped connection as an ERROR with a traceback; sftprof.transfer
+    # paramiko logs every dropped connection as an ERROR with a traceback; sftprof.capture.transfer
     # reports the drop and its retry itself, in one line.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)

@@ -94,7 +94,7 @@ def demo_sqlite(demo_run) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def no_nsys_agents_left_behind():
     """nsys can leave `--start-agent` helpers that burn a core each; no test may leave one."""
-    from sftprof.nsys import running_agent_pids
+    from sftprof.capture.nsys import running_agent_pids
 
     before = running_agent_pids()
     yield

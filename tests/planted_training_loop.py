@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from sftprof.sft.annotate import Annotator
+from sftprof.capture.sft.annotate import Annotator
 
 DATA_S = {"clean": 0.001, "data_starved": 0.040, "lock": 0.001}
 FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.010, 0.020, 0.002

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof import nsys
+from sftprof.capture import nsys
 from sftprof.analysis import analyze, intervals, sched
 from sftprof.trace import load_trace
 

@@ -54,7 +54,7 @@ def test_render_prints_the_command_the_workflow_runs():
     result = sftprof("render", "local", "demo", "steady")
     assert result.returncode == 0, result.stderr
     argv = shlex.split(result.stdout.replace("\\\n", " "))
-    assert argv[1:3] == ["-m", "sftprof.rank"] and "--env=NSYS_NVTX_PROFILER_REGISTER_ONLY=0" in argv
+    assert argv[1:3] == ["-m", "sftprof.capture.rank"] and "--env=NSYS_NVTX_PROFILER_REGISTER_ONLY=0" in argv
     nsys_at = argv.index("--") + 1
     assert argv[nsys_at:nsys_at + 2] == ["nsys", "profile"]
     assert "--capture-range=nvtx" in argv and "--output=results/demo/steady/capture/profile" in argv

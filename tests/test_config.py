@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import REPO, SMALL_DEMO
-from sftprof import config
+from sftprof.capture import config
 
 
 def validated(changes: dict | None = None) -> dict:

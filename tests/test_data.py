@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sftprof import data
+from sftprof.capture import data
 
 
 def test_sample_has_dolly_fields_and_is_deterministic():

@@ -18,7 +18,7 @@ import pytest
 from sftprof import results
 from sftprof.analysis import Analysis, analyze, boundness, cpu, gains, rules
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, ranked
-from sftprof.compare import DELTA, GAIN, GAINS, compare
+from sftprof.report.compare import DELTA, GAIN, GAINS, compare
 from sftprof.report.html import RankReport, render_html
 from sftprof.trace import load_trace
 from sftprof.trace.events import EventStore

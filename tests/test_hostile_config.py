@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import CONTROL_CHARACTERS, assert_refused, run_sftprof, tree_state
-from sftprof import cli, config, jobs
+from sftprof import cli
+from sftprof.capture import config, jobs
 
 WINDOW = {"capture_range": "nvtx", "start_step": 4, "end_step": 7}
 BASE = {"run": ["demo"], "experiments": {"demo": {"profile": {"windows": {"steady": WINDOW}}}}}

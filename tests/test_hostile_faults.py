@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sftprof import nsys
+from sftprof.capture import nsys
 
 OPTIONS = ["--trace=osrt", "--sample=none", "--cpuctxsw=none"]
 # One command line for both runs, as two ranks or a rerun have: only the environment differs.
@@ -23,7 +23,7 @@ def profile_in_child(output: Path, sleep_s: float) -> subprocess.Popen:
     """nsys.run_profile in a process of its own, as each rank or workflow job runs it."""
     code = textwrap.dedent(f"""
         import io
-        from sftprof import nsys
+        from sftprof.capture import nsys
         report = nsys.run_profile({OPTIONS!r}, {PROGRAM!r}, {str(output)!r}, io.StringIO(),
                                   {{"SLEEP_S": "{sleep_s}", "RANK": "0"}})
         print("REPORT", report)

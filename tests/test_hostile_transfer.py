@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import SMALL_DEMO, assert_refused, run_sftprof, tree_state
-from sftprof import transfer
+from sftprof.capture import transfer
 from sshd import SshServer, generate_key, login_user, missing_tools, public_key, world_readable_dir
 
 CAPTURE = Path("results/demo/steady/capture")

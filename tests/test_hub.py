@@ -1,4 +1,4 @@
-"""Llama 2 and dolly downloads (sftprof.hub) through the real huggingface_hub client, against a
+"""Llama 2 and dolly downloads (sftprof.capture.hub) through the real huggingface_hub client, against a
 stand-in Hub on loopback (tests/hubserver.py): verification, resume, gated access, offline mode,
 clear errors and token safety; the dolly conversion's stats; and the download rules in the
 workflow, end to end."""
@@ -22,8 +22,9 @@ from huggingface_hub import constants as hf_constants
 
 from conftest import SMALL_DEMO, snakemake, write_config
 from hubserver import HubRepo, HubServer
-from sftprof import config, data, hub, layout
-from sftprof.model import create_tiny_llama
+from sftprof import layout
+from sftprof.capture import config, data, hub
+from sftprof.capture.model import create_tiny_llama
 
 TOKEN = "hf_" + secrets.token_hex(16)  # may read the gated model
 OTHER_TOKEN = "hf_" + secrets.token_hex(16)  # a token without access to it

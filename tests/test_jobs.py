@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from sftprof import config, container, jobs, nsys, rank
-from sftprof.sft import nemo_backend
+from sftprof.capture import config, container, jobs, nsys, rank
+from sftprof.capture.sft import nemo_backend
 
 CLUSTER_CONFIG = REPO / "tests" / "fixtures" / "cluster-config.yaml"
 SFT_JSON = ('{"model_dir": "resources/nemo-checkpoints/Llama-2-7b-hf", "train_jsonl": '
@@ -33,11 +33,11 @@ srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=72 --kill-on-bad-e
   apptainer exec --nv --bind /work/exp --bind {REPO}:/opt/sftprof-src:ro --bind /shared/models \
 --bind /scratch/hf:/root/.cache/huggingface --env PYTHONPATH=/opt/sftprof-src --pwd /work/exp \
 /shared/images/nemo_25.02.01.sif \\
-  python -m sftprof.rank --profiled-ranks=0,1 --capture-dir=results/llama/steady/capture -- \\
+  python -m sftprof.capture.rank --profiled-ranks=0,1 --capture-dir=results/llama/steady/capture -- \\
   nsys profile --trace=cuda,cudnn,cublas,osrt,nvtx --sample=none --cpuctxsw=none --show-output=true \
 --event-sample=system-wide --capture-range=cudaProfilerApi --capture-range-end=stop \
 '--output=results/llama/steady/capture/profile.%q{{SLURM_JOB_ID}}.%q{{SLURM_NODEID}}.%q{{SLURM_PROCID}}.%h' \\
-  python -m sftprof.sft '{SFT_JSON}'
+  python -m sftprof.capture.sft '{SFT_JSON}'
 """
 
 
@@ -131,7 +131,7 @@ def test_local_plan_has_one_rank_and_a_plain_report_name():
     assert plan.srun == [] and plan.container == []
     options, output, app = nsys.split_profile_argv(plan.nsys + plan.app)
     assert output == "results/demo/steady/capture/profile"
-    assert app[1:3] == ["-m", "sftprof.sft"] and "--capture-range=nvtx" in options
+    assert app[1:3] == ["-m", "sftprof.capture.sft"] and "--capture-range=nvtx" in options
 
 
 @pytest.mark.parametrize("key, value", [
@@ -243,7 +243,7 @@ def test_cluster_only_code_compiles():
     """What runs only inside the NeMo container or as a workflow step must at least compile."""
     import py_compile
 
-    for path in [REPO / "sftprof" / "sft" / "nemo_backend.py", *sorted((REPO / "workflow" / "scripts").glob("*.py"))]:
+    for path in [REPO / "sftprof" / "capture" / "sft" / "nemo_backend.py", *sorted((REPO / "workflow" / "scripts").glob("*.py"))]:
         py_compile.compile(str(path), doraise=True)
 
 

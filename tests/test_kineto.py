@@ -34,7 +34,7 @@ GRAD_ACCUM_STEPS = 2
 
 def profile_sft_steps(trace_path: Path | None, steps=FIXTURE_STEPS, profiled=FIXTURE_PROFILED,
                       grad_accum_steps: int = GRAD_ACCUM_STEPS, trace_dir: Path | None = None):
-    """The built-in trainer's loop (sftprof.sft.torch_backend) on a tiny Llama, on CPU, with every step
+    """The built-in trainer's loop (sftprof.capture.sft.torch_backend) on a tiny Llama, on CPU, with every step
     and phase a `record_function` range instead of an NVTX range; only `profiled` steps run under
     torch.profiler. Writes with export_chrome_trace(trace_path) or tensorboard_trace_handler(trace_dir).
     Returns the profiler, whose own event list is the reference the loader is checked against."""
@@ -42,9 +42,9 @@ def profile_sft_steps(trace_path: Path | None, steps=FIXTURE_STEPS, profiled=FIX
     from torch.profiler import ProfilerActivity, profile, record_function, tensorboard_trace_handler
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sftprof.data import generate_sample, to_sft_example
-    from sftprof.model import SPECIAL_TOKENS, build_byte_tokenizer
-    from sftprof.sft.torch_backend import MicroBatches, encode_example
+    from sftprof.capture.data import generate_sample, to_sft_example
+    from sftprof.capture.model import SPECIAL_TOKENS, build_byte_tokenizer
+    from sftprof.capture.sft.torch_backend import MicroBatches, encode_example
 
     torch.manual_seed(0)
     tokenizer = build_byte_tokenizer()

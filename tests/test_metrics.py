@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from sftprof.report import RankReport, html
-from sftprof.sft.torch_backend import StepRecord
+from sftprof.capture.sft.torch_backend import StepRecord
 from sftprof.trace import metrics
 from sftprof.trace.metrics import STEP_COLUMNS, MetricsError, read_metrics
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sftprof import nsys
+from sftprof.capture import nsys
 
 PROFILE = {"trace": ["cuda", "cudnn", "cublas", "osrt", "nvtx"], "sample": "none", "cpuctxsw": "none",
            "event_sample": "system-wide", "show_output": True, "force_overwrite": False}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sftprof.model import build_byte_tokenizer
-from sftprof.sft.annotate import CAPTURE_RANGE_NAME, CaptureWindow
-from sftprof.sft.torch_backend import IGNORE_INDEX, MicroBatches, encode_example
+from sftprof.capture.model import build_byte_tokenizer
+from sftprof.capture.sft.annotate import CAPTURE_RANGE_NAME, CaptureWindow
+from sftprof.capture.sft.torch_backend import IGNORE_INDEX, MicroBatches, encode_example
 
 
 @pytest.fixture(scope="module")

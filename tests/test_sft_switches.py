@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from conftest import SMALL_DEMO
-from sftprof import config, sft
-from sftprof.data import generate_sample, to_sft_example, write_jsonl
-from sftprof.model import build_byte_tokenizer, create_tiny_llama
+from sftprof.capture import config, sft
+from sftprof.capture.data import generate_sample, to_sft_example, write_jsonl
+from sftprof.capture.model import build_byte_tokenizer, create_tiny_llama
 from sftprof.report.html import read_metrics
-from sftprof.sft.torch_backend import (SWITCHES, SeqLengthError, StepClock, collate, encode_example,
+from sftprof.capture.sft.torch_backend import (SWITCHES, SeqLengthError, StepClock, collate, encode_example,
                                        encode_examples, padded_length, train)
 
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -144,7 +144,7 @@ def test_loss_every_reads_the_loss_on_every_nth_and_the_last_step(run_sft):
 
 def test_fused_optimizer_runs_on_cpu_and_pin_memory_says_it_is_ignored(run_sft, caplog):
     reference = run_sft(steps=3)
-    with caplog.at_level(logging.INFO, logger="sftprof.sft.torch_backend"):
+    with caplog.at_level(logging.INFO, logger="sftprof.capture.sft.torch_backend"):
         lines = run_sft(steps=3, fused_optimizer=True, pin_memory=True)
     assert "sft.pin_memory is ignored on cpu" in caplog.text
     assert lines[0]["run"]["fused_optimizer"] is True and lines[0]["run"]["pin_memory"] is False
@@ -173,7 +173,7 @@ def test_fp16_checkpoint_trains_with_float32_weights_under_bf16_autocast(run_sft
 def test_examples_without_label_tokens_are_dropped_and_counted(caplog):
     tokenizer = build_byte_tokenizer()
     rows = [{"input": "p" * 10, "output": "answer"}, {"input": "p" * 40, "output": "lost"}]
-    with caplog.at_level(logging.WARNING, logger="sftprof.sft.torch_backend"):
+    with caplog.at_level(logging.WARNING, logger="sftprof.capture.sft.torch_backend"):
         [kept] = encode_examples(tokenizer, rows, seq_length=32)
     assert kept["input_ids"][1:11] == tokenizer.encode("p" * 10, add_special_tokens=False)
     assert "sft.seq_length=32 cuts off every response token of 1 of 2 training examples" in caplog.text

@@ -1,4 +1,4 @@
-"""sftprof.transfer against real OpenSSH servers on loopback (tests/sshd.py): host-key trust,
+"""sftprof.capture.transfer against real OpenSSH servers on loopback (tests/sshd.py): host-key trust,
 key-only authentication, ProxyJump, resume after a killed connection, integrity checks."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sftprof import transfer
-from sftprof.transfer import Remote, TransferError
+from sftprof.capture import transfer
+from sftprof.capture.transfer import Remote, TransferError
 from sshd import SshServer, generate_key, login_user, missing_tools, public_key, world_readable_dir
 
 MiB = 2**20
@@ -116,7 +116,7 @@ def test_fetches_files_of_every_size_byte_identical_over_one_connection(world, t
 
 
 def test_an_identical_local_file_is_skipped_and_a_different_one_replaced(world, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="sftprof.transfer")
+    caplog.set_level(logging.INFO, logger="sftprof.capture.transfer")
     source, local = world.files / "medium.bin", tmp_path / "medium.bin"
     transfer.fetch(world.remote(), str(source), local)
     again = transfer.fetch(world.remote(), str(source), local)

@@ -15,7 +15,7 @@ PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
 # profiler's `ProfilerStep#N` (torch.profiler's step()), used only where no `step N` range exists.
 # Up to 18 digits: every such number fits int64; a longer one names no training step.
 STEP_RANGE = re.compile(r"^(?:(?:.*:)?step (\d{1,18})|ProfilerStep#(\d{1,18}))$")
-# The trainer's phase ranges inside each step (sftprof.sft.torch_backend).
+# The trainer's phase ranges inside each step (sftprof.capture.sft.torch_backend).
 PHASES = ("data", "forward", "backward", "optimizer")
 # The name of a thread that left events but has no ThreadNames row (e.g. a Python thread: CPython
 # does not name OS threads).

@@ -14,7 +14,7 @@ KINETO_SUFFIXES = (".json", ".json.gz")  # tensorboard_trace_handler writes NAME
 
 def sqlite_for_report(report: Path) -> Path:
     """Export a .nsys-rep once; reuse the export beside it while it is newer than the report."""
-    from sftprof.nsys import export_sqlite
+    from sftprof.capture.nsys import export_sqlite
 
     sqlite_path = report.with_suffix(".sqlite")
     if not sqlite_path.exists() or sqlite_path.stat().st_mtime < report.stat().st_mtime:

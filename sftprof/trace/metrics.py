@@ -1,6 +1,6 @@
 """The trainer's metrics file (`profile.rankN.metrics.jsonl`) as an input: the one reader of it.
 
-sftprof's trainers (sftprof.sft) write one JSON object per optimizer step:
+sftprof's trainers (sftprof.capture.sft) write one JSON object per optimizer step:
 
   step, rank, loss (null on steps whose loss was not read; NaN for a diverged run), step_time_s,
   tokens (real tokens, under its original name), tokens_per_s, in_window   -- every trainer

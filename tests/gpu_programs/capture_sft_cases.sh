@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Profile each case of sft_cases.py under Nsight Systems 2022.4 (the bundle of
 # ../shared/nsys-lab: device-capture.sh and what make-device-bundle.sh packs), with the nsys
-# options the workflow renders (sftprof.nsys.profile_options) for
+# options the workflow renders (sftprof.capture.nsys.profile_options) for
 #   profile: {trace: [cuda, nvtx, osrt], sample: none, cpuctxsw: none, show_output: true}
 #   window:  {capture_range: cudaProfilerApi, capture_range_end: stop, start_step: 10, end_step: 11}
 # Usage: capture_sft_cases.sh BUNDLE WORK DEST [CASE...]
@@ -23,7 +23,7 @@ for case in "${cases[@]}"; do
   if (( SECONDS - start + longest * 6 / 5 > ${BUDGET_S:-560} )); then echo "== $case skipped: out of time"; continue; fi
   case_start=$SECONDS
   name=h200_sft_$case
-  if [ "$case" = data_stall ]; then program=(python3 "$here/slow_data.py"); else program=(python3 -m sftprof.sft); fi
+  if [ "$case" = data_stall ]; then program=(python3 "$here/slow_data.py"); else program=(python3 -m sftprof.capture.sft); fi
   t0=$(date +%s.%N)
   # OUT emptied: device-capture.sh would put an .xz copy there too.
   OUT= bash "$bundle/device-capture.sh" "$bundle" "$name" "${opts[@]}" -- "${program[@]}" "$(cat "$work/cases/$case.json")" \

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from sftprof.sft.annotate import Annotator, CaptureWindow
+from sftprof.capture.sft.annotate import Annotator, CaptureWindow
 
 PLANTS = ("clean", "sync_memcpy", "pageable", "device_sync", "cpu_starved", "elementwise", "gemm")
 STEPS, WINDOW_START, WINDOW_END, ACCUM = 6, 3, 4, 2

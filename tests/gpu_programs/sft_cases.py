@@ -1,4 +1,4 @@
-"""Inputs for real captures of sftprof's built-in SFT loop (`python -m sftprof.sft`): one clean
+"""Inputs for real captures of sftprof's built-in SFT loop (`python -m sftprof.capture.sft`): one clean
 run and runs that each carry one problem the trainer's `sft` switches fix. The committed
 fixtures tests/fixtures/h200_sft_*.sqlite were made with this file (see tests/fixtures/README.md).
 
@@ -15,9 +15,9 @@ The fixes of foreach_adamw, pageable and data_stall are clean itself.
         [--capture-range cudaProfilerApi|nvtx]
 
 writes WORK/data/{short,long}/{training,validation,test}.jsonl (dolly-format records made by
-sftprof.data's generator; long ones join several into one multi-part request), WORK/model/ (a
-randomly initialised Llama made by sftprof.model.create_tiny_llama; `h200` is TinyLlama-1.1B's
-shape) and WORK/cases/CASE.json, the settings argument of `python -m sftprof.sft`.
+sftprof.capture.data's generator; long ones join several into one multi-part request), WORK/model/ (a
+randomly initialised Llama made by sftprof.capture.model.create_tiny_llama; `h200` is TinyLlama-1.1B's
+shape) and WORK/cases/CASE.json, the settings argument of `python -m sftprof.capture.sft`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import json
 import random
 from pathlib import Path
 
-from sftprof.data import build_prompt, generate_sample, prepare_sft_splits, write_jsonl
+from sftprof.capture.data import build_prompt, generate_sample, prepare_sft_splits, write_jsonl
 
 CASES = ("clean", "padding", "padding_fixed", "foreach_adamw", "pageable", "data_stall")
 SPLITS = {"training": 0.8, "validation": 0.15, "test": 0.05}
@@ -39,7 +39,7 @@ MODELS = {
     "tiny": {"hidden_size": 64, "intermediate_size": 172, "num_layers": 2, "num_heads": 4,
              "num_kv_heads": 2, "max_position_embeddings": 2048, "seed": 0},
 }
-SFT = {  # every `sft` key, as workflow/schemas/config.schema.yaml's defaults fill them, then ours
+SFT = {  # every `sft` key, as sftprof/capture/config.schema.yaml's defaults fill them, then ours
     "backend": "torch", "device": "auto", "precision": "bf16", "steps": 30, "micro_batch_size": 4,
     "grad_accum_steps": 2, "seq_length": 2048, "learning_rate": 0.0003, "weight_decay": 0.01, "seed": 0,
     "num_threads": 0, "padding": "longest", "pad_to_multiple_of": 64, "pin_memory": True,
@@ -125,7 +125,7 @@ def main() -> None:
         settings = case_settings(case, work, data, args.steps, tuple(args.window), args.capture_range, args.device)
         (work / "cases" / f"{case}.json").write_text(json.dumps(settings))
     if not args.no_model:
-        from sftprof.model import create_tiny_llama
+        from sftprof.capture.model import create_tiny_llama
 
         summary = create_tiny_llama(MODELS[args.size], work / "model")
         print(f"model: {summary['parameters']:,} parameters, vocab {summary['vocab_size']}")

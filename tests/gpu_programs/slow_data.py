@@ -1,13 +1,13 @@
 """sftprof's built-in SFT loop with a planted data stall: a CPU sleep in the data path.
 
 The trainer has no switch for this (nor should it): this program wraps
-sftprof.sft.torch_backend.MicroBatches.next, which the trainer calls inside each micro-batch's
+sftprof.capture.sft.torch_backend.MicroBatches.next, which the trainer calls inside each micro-batch's
 "data" NVTX range, with a sleep of SLEEP_S (the time a slow tokenizer, decoder or file read
-would take), then runs `python -m sftprof.sft`'s main with the same settings argument. With
+would take), then runs `python -m sftprof.capture.sft`'s main with the same settings argument. With
 loss_every 1 the host waits for the GPU at the end of every step, so the GPU sits idle for the
 first micro-batch's sleep of each step. The fix is the same run without the sleep.
 
-    python tests/gpu_programs/slow_data.py SETTINGS_JSON     (as for python -m sftprof.sft)
+    python tests/gpu_programs/slow_data.py SETTINGS_JSON     (as for python -m sftprof.capture.sft)
 
 Used for tests/fixtures/h200_sft_data_stall.* (see tests/fixtures/README.md and sft_cases.py).
 """
@@ -19,8 +19,8 @@ import os
 import sys
 import time
 
-from sftprof import sft
-from sftprof.sft.torch_backend import MicroBatches
+from sftprof.capture import sft
+from sftprof.capture.sft.torch_backend import MicroBatches
 
 SLEEP_S = float(os.environ.get("SFTPROF_SLOW_DATA_S", "0.1"))  # per micro-batch
 

@@ -1,8 +1,8 @@
-from sftprof import config as sftprof_config
+from sftprof.capture import config as sftprof_config
 from sftprof import layout
-from sftprof import container as sftprof_container
-from sftprof import jobs as sftprof_jobs
-from sftprof import sft as sftprof_sft
+from sftprof.capture import container as sftprof_container
+from sftprof.capture import jobs as sftprof_jobs
+from sftprof.capture import sft as sftprof_sft
 
 # The same checks as `sftprof validate`: each config file read strictly (duplicate keys, aliases,
 # depth), then what Snakemake merged from the files and --config validated as a whole.

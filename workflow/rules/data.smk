@@ -1,6 +1,6 @@
 import re
 
-from sftprof import hub as sftprof_hub
+from sftprof.capture import hub as sftprof_hub
 
 
 def experiments_with(section, *sources):

@@ -1,7 +1,9 @@
 import logging
 from pathlib import Path
 
-from sftprof import logs, rank, results
+from sftprof import logs, results
+
+from sftprof.capture import rank
 from sftprof.analysis import analyze
 from sftprof.io import atomic_dir
 from sftprof.trace import load_trace

@@ -1,6 +1,8 @@
 import logging
 
-from sftprof import compare, logs
+from sftprof import logs
+
+from sftprof.report import compare
 
 logs.setup(snakemake.log[0])
 comparison = compare.compare_paths(list(snakemake.input.analyses))

@@ -1,6 +1,8 @@
 import logging
 
-from sftprof import hub, logs
+from sftprof import logs
+
+from sftprof.capture import hub
 
 logs.setup(snakemake.log[0])
 logging.getLogger("httpx2").setLevel(logging.WARNING)  # a line per HTTP request otherwise

@@ -1,7 +1,9 @@
 import logging
 from pathlib import Path
 
-from sftprof import logs, nsys, rank
+from sftprof import logs
+
+from sftprof.capture import nsys, rank
 from sftprof.io import atomic_dir
 
 logs.setup(snakemake.log[0])

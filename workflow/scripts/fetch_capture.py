@@ -1,6 +1,8 @@
 import logging
 
-from sftprof import logs, remote
+from sftprof import logs
+
+from sftprof.capture import remote
 
 logs.setup(snakemake.log[0])
 fetched = remote.fetch_capture(snakemake.params.remote, snakemake.wildcards.experiment, snakemake.params.experiment,

@@ -1,6 +1,8 @@
 import logging
 
-from sftprof import logs, remote
+from sftprof import logs
+
+from sftprof.capture import remote
 
 logs.setup(snakemake.log[0])
 result = remote.fetch_report(snakemake.params.remote, snakemake.wildcards.experiment, snakemake.wildcards.window,

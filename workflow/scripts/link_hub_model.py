@@ -1,7 +1,9 @@
 import logging
 import os
 
-from sftprof import hub, logs
+from sftprof import logs
+
+from sftprof.capture import hub
 
 logs.setup(snakemake.log[0])
 checkpoint = os.path.dirname(snakemake.input.manifest)

@@ -1,6 +1,8 @@
 import logging
 
-from sftprof import data, logs
+from sftprof import logs
+
+from sftprof.capture import data
 
 logs.setup(snakemake.log[0])
 records = data.generate_sample(snakemake.params.records, snakemake.params.seed)

@@ -1,7 +1,9 @@
 import json
 import logging
 
-from sftprof import data, logs
+from sftprof import logs
+
+from sftprof.capture import data
 from sftprof.io import atomic_write_text
 
 logs.setup(snakemake.log[0])

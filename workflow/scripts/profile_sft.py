@@ -2,7 +2,9 @@ import logging
 import os
 import subprocess
 
-from sftprof import config, jobs, logs, rank
+from sftprof import logs
+
+from sftprof.capture import config, jobs, rank
 from sftprof.io import atomic_dir
 
 logs.setup()

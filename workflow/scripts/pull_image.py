@@ -2,7 +2,9 @@ import logging
 import shutil
 import subprocess
 
-from sftprof import container, logs
+from sftprof import logs
+
+from sftprof.capture import container
 from sftprof.io import atomic_path
 
 logs.setup(snakemake.log[0])

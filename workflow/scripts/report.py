@@ -1,7 +1,9 @@
 import logging
 from pathlib import Path
 
-from sftprof import logs, rank, results
+from sftprof import logs, results
+
+from sftprof.capture import rank
 from sftprof.report import RankReport, write_html
 
 logs.setup(snakemake.log[0])

@@ -20,15 +20,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftprof.data import read_jsonl
+from sftprof.capture.data import read_jsonl
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_path
-from sftprof.sft.annotate import Annotator, CaptureWindow
+from sftprof.capture.sft.annotate import Annotator, CaptureWindow
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100  # label value that cross-entropy skips
-# The `sft` keys only this backend reads (sftprof.sft.backend_settings leaves them out for nemo).
+# The `sft` keys only this backend reads (sftprof.capture.sft.backend_settings leaves them out for nemo).
 SWITCHES = ("padding", "pad_to_multiple_of", "pin_memory", "fused_optimizer", "loss_every", "compile")
 
 
@@ -252,7 +252,7 @@ def resolve_device(requested: str) -> str:
 
 
 def _data_parallel(model, device: str):
-    """With WORLD_SIZE > 1 (set per Slurm task by sftprof.rank), wrap the model for data
+    """With WORLD_SIZE > 1 (set per Slurm task by sftprof.capture.rank), wrap the model for data
     parallelism over gloo (CPU) or NCCL (GPU); otherwise return it as it is."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel

@@ -155,12 +155,12 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m sftprof.sft.nemo_backend import-checkpoint HF_DIR OUTPUT_DIR` (one process)."""
+    """`python -m sftprof.capture.sft.nemo_backend import-checkpoint HF_DIR OUTPUT_DIR` (one process)."""
     import sys
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 3 or argv[0] != "import-checkpoint":
-        print("usage: python -m sftprof.sft.nemo_backend import-checkpoint HF_DIR OUTPUT_DIR", file=sys.stderr)
+        print("usage: python -m sftprof.capture.sft.nemo_backend import-checkpoint HF_DIR OUTPUT_DIR", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     log.info("imported into %s", import_checkpoint(argv[1], argv[2]))

@@ -14,13 +14,13 @@ from pathlib import Path
 
 
 def _torch_backend(**kwargs) -> dict:
-    from sftprof.sft.torch_backend import train
+    from sftprof.capture.sft.torch_backend import train
 
     return train(**kwargs)
 
 
 def _nemo_backend(**kwargs) -> dict:
-    from sftprof.sft.nemo_backend import train
+    from sftprof.capture.sft.nemo_backend import train
 
     return train(**kwargs)
 
@@ -42,7 +42,7 @@ def run(backend: str, model_dir: str | Path, train_jsonl: str | Path, metrics_pa
 def backend_settings(sft: dict) -> dict:
     """The `sft` settings the chosen backend reads: the nemo block only matters to nemo, the
     built-in loop's switches only to it (so changing them reruns no nemo window)."""
-    from sftprof.sft.torch_backend import SWITCHES
+    from sftprof.capture.sft.torch_backend import SWITCHES
 
     ignored = SWITCHES if sft["backend"] == "nemo" else ("nemo",)
     return {key: value for key, value in sft.items() if key not in ignored}
@@ -56,17 +56,17 @@ def command(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | 
     """
     settings = {"model_dir": str(model_dir), "train_jsonl": str(train_jsonl),
                 "metrics_path": str(metrics_path), "sft": backend_settings(sft), "window": window}
-    return [python, "-m", "sftprof.sft", json.dumps(settings)]
+    return [python, "-m", "sftprof.capture.sft", json.dumps(settings)]
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m sftprof.sft SETTINGS_JSON  (built by sftprof.sft.command)", file=sys.stderr)
+        print("usage: python -m sftprof.capture.sft SETTINGS_JSON  (built by sftprof.capture.sft.command)", file=sys.stderr)
         return 2
     settings = json.loads(argv[0])
     result = run(settings["sft"]["backend"], settings["model_dir"], settings["train_jsonl"],
                  settings["metrics_path"], settings["sft"], settings["window"])
-    logging.getLogger("sftprof.sft").info("done: %s", result)
+    logging.getLogger("sftprof.capture.sft").info("done: %s", result)
     return 0

@@ -26,7 +26,7 @@ from typing import IO, Iterator, Sequence
 
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_path
-from sftprof.sft.annotate import CAPTURE_RANGE_NAME
+from sftprof.capture.sft.annotate import CAPTURE_RANGE_NAME
 
 REPORT_SUFFIX = ".nsys-rep"
 RAW_SUFFIX = ".qdstrm"
@@ -117,7 +117,7 @@ def expand_output(pattern: str, environ: dict[str, str] | None = None) -> Path:
 
 def profile_argv(options: Sequence[str], output: str | Path, app_argv: Sequence[str], nsys: str = "nsys") -> list[str]:
     """`nsys profile OPTIONS --output=OUTPUT PROGRAM...`: --output always comes last, right before
-    the program (sftprof.rank relies on that to split the two). No "--" before the program:
+    the program (sftprof.capture.rank relies on that to split the two). No "--" before the program:
     nsys 2022.4 rejects it as an ambiguous option."""
     return [nsys, "profile", *options, f"--output={output}", *app_argv]
 

@@ -1,5 +1,5 @@
 """One rank of a profiled run, started once per Slurm task:
-`python -m sftprof.rank --profiled-ranks=0 --capture-dir=DIR -- nsys profile ... PROGRAM`.
+`python -m sftprof.capture.rank --profiled-ranks=0 --capture-dir=DIR -- nsys profile ... PROGRAM`.
 
 Listed ranks run the SFT program under `nsys profile`; the others run it plain.
 Either way the rank leaves a small record (RECORD_PATTERN) in the capture folder naming its
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sftprof import nsys
+from sftprof.capture import nsys
 from sftprof.errors import SftprofError
 from sftprof.untrusted import plain_file_name
 from sftprof.io import atomic_write_text
@@ -60,8 +60,8 @@ def distributed_environment(environ: dict[str, str]) -> dict[str, str]:
 
 
 def rank_argv(python: str, profiled_ranks: list[int], capture_dir: str, nsys_env: dict[str, str]) -> list[str]:
-    """`python -m sftprof.rank ... --`, to be followed by `nsys profile ... PROGRAM`."""
-    argv = [python, "-m", "sftprof.rank", f"--profiled-ranks={','.join(map(str, profiled_ranks))}",
+    """`python -m sftprof.capture.rank ... --`, to be followed by `nsys profile ... PROGRAM`."""
+    argv = [python, "-m", "sftprof.capture.rank", f"--profiled-ranks={','.join(map(str, profiled_ranks))}",
             f"--capture-dir={capture_dir}"]
     argv += [f"--env={name}={value}" for name, value in nsys_env.items()]
     return [*argv, "--"]
@@ -90,7 +90,7 @@ def run_rank(profiled_ranks: list[int], capture_dir: str | Path, nsys_env: dict[
 
 
 class RecordError(SftprofError):
-    """A rank's record that is damaged, or was not written by sftprof.rank."""
+    """A rank's record that is damaged, or was not written by sftprof.capture.rank."""
 
 
 # A record is a few hundred bytes; ranks and nodes stay far below these.
@@ -138,7 +138,7 @@ def profiled_records(capture_dir: str | Path) -> list[dict]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m sftprof.rank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="python -m sftprof.capture.rank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profiled-ranks", required=True, type=lambda text: [int(r) for r in text.split(",")],
                         help="comma-separated global ranks that run under nsys")
     parser.add_argument("--capture-dir", required=True, help="folder of the reports and rank records")
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_rank(args.profiled_ranks, args.capture_dir, nsys_env, profile_argv, dict(os.environ))
     except nsys.NsysError as error:
-        print(f"sftprof.rank: error: {error}", file=sys.stderr)
+        print(f"sftprof.capture.rank: error: {error}", file=sys.stderr)
         return 1
     return 0
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import jinja2
 
-from sftprof import __version__, container, layout, nsys, rank, sft
+from sftprof import __version__, layout
+from sftprof.capture import container, nsys, rank, sft
 from sftprof.errors import SftprofError
 from sftprof.untrusted import CONTROL_CHARACTER
 
@@ -36,7 +37,7 @@ def _one_line(value):
     return value
 
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), undefined=jinja2.StrictUndefined,
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof.capture", "templates"), undefined=jinja2.StrictUndefined,
                           keep_trailing_newline=True, autoescape=False, finalize=_one_line)
 _ENV.filters["shjoin"] = shlex.join
 _ENV.filters["q"] = shlex.quote

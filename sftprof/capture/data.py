@@ -3,7 +3,7 @@
 Records follow databricks-dolly-15k's fields (instruction, context, response, category). The
 sample's text is generated here from small word banks, so nothing of dolly's text is copied.
 The conversion takes any dolly-format jsonl (the sample, or databricks-dolly-15k as
-sftprof.hub fetches it) and writes training/validation/test jsonl files with `input` (the
+sftprof.capture.hub fetches it) and writes training/validation/test jsonl files with `input` (the
 prompt) and `output` (the response), the layout NeMo's fine-tuning data modules read, plus
 stats: rows skipped and why, records per split, and length percentiles.
 """

@@ -12,11 +12,13 @@ import re
 import sys
 from pathlib import Path
 
+import sftprof
+
 SIF_RUNTIMES = ("apptainer", "singularity")
 # The sftprof checkout is mounted here and put on PYTHONPATH, so the stock NeMo image runs the
 # very sftprof version that rendered the job (an image built from containers/ works the same).
 PACKAGE_MOUNT = "/opt/sftprof-src"
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(sftprof.__file__).resolve().parent.parent
 # What a rank needs to know who it is and where its peers are, inside any container.
 DISTRIBUTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NODEID", "SLURM_NTASKS",
                    "SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")

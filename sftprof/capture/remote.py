@@ -1,5 +1,5 @@
 """Results that live on the cluster: which remote files make a window's capture or report, and
-fetching them into this machine's results/ tree through sftprof.transfer.
+fetching them into this machine's results/ tree through sftprof.capture.transfer.
 
 A capture is fetched record first: each rank's record names its report, so only the reports
 of the run that finished last are fetched, even when earlier jobs left theirs in the same
@@ -16,7 +16,8 @@ import posixpath
 import shutil
 from pathlib import Path
 
-from sftprof import layout, rank, transfer
+from sftprof import layout
+from sftprof.capture import rank, transfer
 from sftprof.io import atomic_dir
 from sftprof.untrusted import plain_file_name
 

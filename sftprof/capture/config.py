@@ -1,6 +1,6 @@
 """Configuration: load config.yaml, validate it against the one schema, fill its defaults.
 
-The JSON schema in workflow/schemas/ is the only place that lists keys, types and defaults.
+The JSON schema beside this module (config.schema.yaml, shipped as package data) is the only place that lists keys, types and defaults.
 This module adds the checks a schema cannot express (fields that depend on each other, YAML
 features and values no key may hold) and turns failures into one-line messages that name the
 offending key.
@@ -20,8 +20,7 @@ import yaml
 from sftprof.errors import SftprofError
 from sftprof.untrusted import CONTROL_CHARACTER
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")  # package data: a wheel validates too
 
 
 class ConfigError(SftprofError, ValueError):
@@ -294,7 +293,7 @@ def _check_shared_checkpoints(config: dict) -> None:
     hub_models = {name: exp["model"] for name, exp in config["experiments"].items() if exp["model"]["source"] == "hub"}
     if not hub_models:
         return
-    from sftprof import hub  # imports huggingface_hub: only when some experiment downloads
+    from sftprof.capture import hub  # imports huggingface_hub: only when some experiment downloads
 
     first: dict[str, tuple[str, dict]] = {}
     for name, model in hub_models.items():

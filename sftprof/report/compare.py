@@ -43,7 +43,7 @@ GAIN_UNIT = "% of median step"
 DELTA, DELTA_PCT = "delta:", "delta_pct:"  # CSV column prefixes, followed by the input's label
 GAIN = "gain:"  # findings.csv: each input's gain for the rule, after its title column
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof", "templates"), undefined=jinja2.StrictUndefined,
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof.report", "templates"), undefined=jinja2.StrictUndefined,
                           autoescape=True)
 
 

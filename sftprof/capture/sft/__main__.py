@@ -1,0 +1,5 @@
+import sys
+
+from sftprof.capture.sft import main
+
+sys.exit(main())

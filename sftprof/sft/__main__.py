@@ -1,5 +1,0 @@
-import sys
-
-from sftprof.sft import main
-
-sys.exit(main())
