@@ -25,6 +25,7 @@ import pandas as pd
 
 from sftprof import __version__, results
 from sftprof.analysis import Analysis, analyze
+from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.analysis.cpu import PHASES, STEP_RANGE
 from sftprof.analysis.findings import gain_text
 from sftprof.errors import SftprofError
@@ -143,6 +144,8 @@ def unique_labels(paths: list[Path]) -> list[str]:
 def _table(analysis: Analysis, name: str, *numbers: str, keys: tuple[str, ...] = ()) -> pd.DataFrame | None:
     """The table if this analysis has it with these columns of numbers and of keys; None if it does not
     (other sftprof version)."""
+    if name not in SAVED_TABLES:  # a comparison reads only what the analysis saves (its registry)
+        raise KeyError(f"{name} is not a table the analysis saves")
     frame = analysis.tables.get(name)
     if frame is None or not {*numbers, *keys} <= set(frame.columns):
         return None

@@ -12,6 +12,7 @@ import pandas as pd
 
 from sftprof import __version__
 from sftprof.analysis import Analysis
+from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.analysis.findings import CAPTURE_NOTES, Finding, gain_text
 from sftprof.analysis.memory import MEGABYTE
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
@@ -91,11 +92,7 @@ def _absent(sources: list[str]) -> dict[str, str]:
 
 def _tables(t: dict) -> dict:
     """Tables by name; an analysis saved by an older sftprof may lack some (they render as absent)."""
-    return {name: t.get(name, pd.DataFrame()) for name in (
-        "kernels", "kernel_families", "gemm_precision", "memops", "memops_by_size", "memop_kinds", "host_memory",
-        "cuda_api", "launch_overhead", "sync_calls", "sync_activity", "gpu_busy", "gpu_gaps", "gap_causes",
-        "gpu_timeline", "step_gpu", "bound_evidence", "osrt", "nvtx", "nvtx_gpu", "steps", "phases", "threads",
-        "thread_osrt", "thread_states", "cpu_cores", "cpu_timeline")}
+    return {name: t.get(name, pd.DataFrame()) for name in SAVED_TABLES}
 
 
 def _active_threads(threads: pd.DataFrame) -> pd.DataFrame:
