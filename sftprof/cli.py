@@ -22,7 +22,6 @@ import yaml
 from sftprof import __version__
 from sftprof.text import terminal_safe
 
-ANALYZE_OUTPUTS = ("analysis", "report.html")  # what `analyze` writes into its output folder
 
 
 def _for_rich(text) -> str:
@@ -36,15 +35,11 @@ def _cmd_analyze(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sftprof import results
-    from sftprof.analysis import STEPS, analyze
-    from sftprof.io import atomic_dir
-    from sftprof.report import RankReport, write_html
-    from sftprof.trace import load_trace
+    from sftprof import pipeline
+    from sftprof.analysis import STEPS
     from sftprof.trace.metrics import read_metrics
 
-    metrics = read_metrics(args.metrics)  # a bad metrics file is refused before any work
-    tables_name, html_name = ANALYZE_OUTPUTS
+    read_metrics(args.metrics)  # a bad metrics file is refused before any work
     for report in map(Path, args.reports):
         stem = report.name.split(".")[0]
         if args.output is None:
@@ -59,18 +54,9 @@ def _cmd_analyze(args) -> int:
             def step(name: str) -> None:
                 bar.update(task, advance=1, description=f"{_for_rich(report.name)}: {name}")
 
-            tables = load_trace(report)
-            try:
-                analysis = analyze(tables, progress=step, metrics=metrics)
-            finally:
-                tables.events.close()  # its temporary database: as large as the trace's kernels and calls
-            step("writing tables and HTML")
-            # The whole folder is this run's alone and appears at once: its tables and report always match.
-            with atomic_dir(out_dir, owned=ANALYZE_OUTPUTS) as partial:
-                results.save(analysis, partial / tables_name)
-                write_html([RankReport("", analysis, args.metrics)], partial / html_name,
-                           args.title or f"sftprof: {report.name}")
-        _print_summary(report, analysis, out_dir / tables_name, out_dir / html_name)
+            analysis = pipeline.analyze_into(report, out_dir, args.metrics, args.title or f"sftprof: {report.name}",
+                                             step)
+        _print_summary(report, analysis, out_dir / pipeline.ANALYSIS_DIR, out_dir / pipeline.REPORT_HTML)
     return 0
 
 

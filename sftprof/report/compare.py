@@ -23,15 +23,14 @@ from typing import Callable
 import jinja2
 import pandas as pd
 
-from sftprof import __version__, results
-from sftprof.analysis import Analysis, analyze
+from sftprof import __version__, pipeline, results
+from sftprof.analysis import Analysis
 from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.analysis.cpu import PHASES, STEP_RANGE
 from sftprof.analysis.findings import gain_text
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir
 from sftprof.text import terminal_safe, write_csv
-from sftprof.trace import load_trace
 from sftprof.trace.kineto import kernel_short_name
 
 COMPARISON_CSV, FINDINGS_CSV, HTML_FILE = "comparison.csv", "findings.csv", "compare.html"
@@ -106,7 +105,7 @@ def load_inputs(paths: list[str | Path]) -> list[tuple[Path, Analysis]]:
                                    "rank folder below; give an analysis folder or a trace file")
             loaded += [(folder, _load_analysis(folder)) for folder in folders]
         elif path.exists():
-            loaded.append((path, analyze(load_trace(path))))
+            loaded.append((path, pipeline.analyze_trace(path)))
         else:
             raise CompareError(f"{path}: no such file or folder")
     return loaded
