@@ -31,3 +31,14 @@ def setup(log_path: str | Path | None = None, level: int = logging.INFO) -> None
     # paramiko logs every dropped connection as an ERROR with a traceback; sftprof.capture.transfer
     # reports the drop and its retry itself, in one line.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+def one_line_errors(function, *args, **kwargs):
+    """Call a rule script's step: sftprof's own errors end the script with their one-line message (Snakemake
+    shows it beside the rule), not a traceback."""
+    from sftprof.errors import SftprofError
+
+    try:
+        return function(*args, **kwargs)
+    except SftprofError as error:
+        raise SystemExit(terminal_safe(str(error))) from None

@@ -3,6 +3,8 @@ real data prep, model creation, SFT steps under the real nsys, export, analysis 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import shutil
@@ -207,3 +209,18 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"{'class':<12} {'tried':>6} {'held':>6} {'broke':>6}")
     for name, (held, broke) in sorted(_HOSTILE_TALLY.items()):
         terminalreporter.write_line(f"{name:<12} {held + broke:>6} {held:>6} {broke:>6}")
+
+
+# nsys stats beside sftprof's own summaries: the fidelity tests compare them row for row.
+def nsys_stats(report: str, sqlite_path) -> list[dict]:
+    """One `nsys stats` report of an export, as CSV rows (the installed nsys)."""
+    result = subprocess.run(["nsys", "stats", "--report", report, "--format", "csv", "--force-export", "false",
+                             str(sqlite_path)], capture_output=True, text=True, check=True)
+    text = result.stdout[result.stdout.index("Time (%)"):]
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def as_nsys_rows(summary, name_columns) -> set[tuple]:
+    return {(f"{r.time_pct:.1f}", str(r.total_ns), str(r.instances), f"{r.avg_ns:.1f}", f"{r.med_ns:.1f}",
+             str(r.min_ns), str(r.max_ns), f"{r.stddev_ns:.1f}", *(str(getattr(r, c)) for c in name_columns))
+            for r in summary.itertuples()}

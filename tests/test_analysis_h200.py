@@ -222,6 +222,9 @@ def test_findings_name_their_numbers(result):
     assert found["bound_verdict"].title.startswith("Host-bound") and "--gpu-metrics-device=all" in \
         found["bound_verdict"].evidence
     assert "pt_autograd_0" in found["nvtx_gpu_time"].evidence and "emit_nvtx" in found["nvtx_gpu_time"].recommendation
+    for finding in result.findings:  # quoted thread labels keep their own parentheses
+        text = finding.title + finding.evidence + finding.recommendation
+        assert text.count("(") == text.count(")"), finding
     assert result.findings[0].rule == "launch_bound" and result.findings[0].severity == "warning"   # largest gain first
 
 

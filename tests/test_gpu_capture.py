@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sftprof.analysis import analyze, gpu
-from test_trace import as_nsys_rows, nsys_stats
+from conftest import as_nsys_rows, nsys_stats
 
 
 @pytest.mark.parametrize("report, summarize, name_columns", [

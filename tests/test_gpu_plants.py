@@ -12,7 +12,7 @@ import pytest
 from sftprof.analysis import gpu
 from conftest import private_copy
 from sftprof.trace import load_trace
-from test_trace import as_nsys_rows, nsys_stats
+from conftest import as_nsys_rows, nsys_stats
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PLANTS = ("clean", "sync_memcpy", "pageable", "device_sync", "cpu_starved", "elementwise", "gemm")

@@ -13,20 +13,9 @@ from sftprof.analysis import cpu, cuda
 from sftprof.trace import load_trace
 from sftprof.trace.nsys_sqlite import TraceFormatError
 
+from conftest import as_nsys_rows, nsys_stats
+
 pytestmark = pytest.mark.e2e
-
-
-def nsys_stats(report: str, sqlite_path) -> list[dict]:
-    result = subprocess.run(["nsys", "stats", "--report", report, "--format", "csv", "--force-export", "false",
-                             str(sqlite_path)], capture_output=True, text=True, check=True)
-    text = result.stdout[result.stdout.index("Time (%)"):]
-    return list(csv.DictReader(io.StringIO(text)))
-
-
-def as_nsys_rows(summary, name_columns) -> set[tuple]:
-    return {(f"{r.time_pct:.1f}", str(r.total_ns), str(r.instances), f"{r.avg_ns:.1f}", f"{r.med_ns:.1f}",
-             str(r.min_ns), str(r.max_ns), f"{r.stddev_ns:.1f}", *(str(getattr(r, c)) for c in name_columns))
-            for r in summary.itertuples()}
 
 
 def test_nvtx_ranges_of_every_step_and_phase_were_recorded(demo_sqlite):

@@ -563,7 +563,7 @@ def nvtx_projection(projection: pd.DataFrame) -> list[Finding]:
     outside = projection[projection["range"].str.startswith("(")]
     parts = ", ".join(f"`{r.range}` {r.gpu_pct:.1f}%" for r in named.head(5).itertuples())
     outside_pct = float(outside["gpu_pct"].sum())
-    unnamed = ", ".join(f"{r.range.strip('()').removeprefix('no NVTX range, ')} {r.gpu_pct:.1f}%"
+    unnamed = ", ".join(f"{r.range[1:-1].removeprefix('no NVTX range, ')} {r.gpu_pct:.1f}%"  # the outer parentheses only
                         for r in outside.head(3).itertuples())
     return [Finding(
         "nvtx_gpu_time", "info",

@@ -6,6 +6,8 @@ rule export_sqlite:
         sqlite=directory(layout.SQLITE_DIR),
     log:
         f"{layout.LOG_DIR}/{{window}}/export.log",
+    conda:
+        "../envs/sftprof.yaml"
     script:
         "../scripts/export_sqlite.py"
 
@@ -17,10 +19,12 @@ rule analyze:
         sqlite=rules.export_sqlite.output.sqlite,
     output:
         analysis=directory(layout.ANALYSIS_DIR),
-    params:
-        output_name=lambda wc: experiment(wc)["profile"]["output_name"],
     log:
         f"{layout.LOG_DIR}/{{window}}/analyze.log",
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        output_name=lambda wc: experiment(wc)["profile"]["output_name"],
     script:
         "../scripts/analyze.py"
 
@@ -32,11 +36,13 @@ rule render_report:
         analysis=rules.analyze.output.analysis,
     output:
         html=layout.REPORT_HTML,
+    log:
+        f"{layout.LOG_DIR}/{{window}}/report.log",
+    conda:
+        "../envs/sftprof.yaml"
     params:
         title=lambda wc: f"sftprof: {wc.experiment} / {wc.window}",
         output_name=lambda wc: experiment(wc)["profile"]["output_name"],
-    log:
-        f"{layout.LOG_DIR}/{{window}}/report.log",
     script:
         "../scripts/report.py"
 
@@ -45,13 +51,17 @@ rule compare_experiment:
     """Every window and profiled rank of an experiment side by side (sftprof compare), against
     the first window's first rank."""
     input:
-        analyses=lambda wc: [layout.ANALYSIS_DIR.format(experiment=wc.experiment, window=name)
-                             for name in experiment(wc)["profile"]["windows"]],
+        analyses=lambda wc: [
+            layout.ANALYSIS_DIR.format(experiment=wc.experiment, window=name)
+            for name in experiment(wc)["profile"]["windows"]
+        ],
     output:
         comparison=directory(layout.COMPARISON_DIR),
-    params:
-        title=lambda wc: f"sftprof: {wc.experiment}, windows and ranks compared",
     log:
         f"{layout.LOG_DIR}/compare.log",
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        title=lambda wc: f"sftprof: {wc.experiment}, windows and ranks compared",
     script:
         "../scripts/compare.py"

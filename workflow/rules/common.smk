@@ -1,6 +1,9 @@
+import re
+
 from sftprof.capture import config as sftprof_config
 from sftprof import layout
 from sftprof.capture import container as sftprof_container
+from sftprof.capture import hub as sftprof_hub
 from sftprof.capture import jobs as sftprof_jobs
 from sftprof.capture import sft as sftprof_sft
 
@@ -29,13 +32,17 @@ def window(wildcards):
 
 def all_reports():
     """Every window's report, and a comparison where an experiment has several windows or
-    profiled ranks (not when only reports are fetched: the analyses stay on the cluster)."""
+    profiled ranks (not when only reports are fetched: the analyses stay on the cluster).
+    """
     reports = [
         layout.REPORT_HTML.format(experiment=name, window=window_name)
         for name in config["run"]
         for window_name in config["experiments"][name]["profile"]["windows"]
     ]
-    if config["results_from"] == "remote" and config["remote"]["analysis_on"] == "cluster":
+    if (
+        config["results_from"] == "remote"
+        and config["remote"]["analysis_on"] == "cluster"
+    ):
         return reports
     for name in config["run"]:
         profile = config["experiments"][name]["profile"]
@@ -53,10 +60,15 @@ def image_file(wildcards):
 def profile_inputs(wildcards):
     exp = experiment(wildcards)
     names = {"experiment": wildcards.experiment, "split": "training"}
-    inputs = {"training": layout.SFT_SPLIT.format(**names), "image": image_file(wildcards)}
+    inputs = {
+        "training": layout.SFT_SPLIT.format(**names),
+        "image": image_file(wildcards),
+    }
     inputs["model"] = sftprof_jobs.model_dir(wildcards.experiment, exp)
     if exp["sft"]["backend"] == "nemo":
-        inputs["nemo_checkpoint"] = sftprof_jobs.nemo_checkpoint(wildcards.experiment, exp)
+        inputs["nemo_checkpoint"] = sftprof_jobs.nemo_checkpoint(
+            wildcards.experiment, exp
+        )
     return inputs
 
 
@@ -69,11 +81,17 @@ def profile_params(wildcards):
     slurm = exp["slurm"]
     return {
         # Only where the checkpoint is: the model's contents reach this step as its input.
-        "model": {key: exp["model"][key] for key in ("source", "path") if key in exp["model"]},
+        "model": {
+            key: exp["model"][key] for key in ("source", "path") if key in exp["model"]
+        },
         "sft": sftprof_sft.backend_settings(exp["sft"]),
-        "profile": {key: value for key, value in exp["profile"].items() if key != "windows"},
+        "profile": {
+            key: value for key, value in exp["profile"].items() if key != "windows"
+        },
         "container": exp["container"],
-        "slurm": {key: slurm[key] for key in ("nodes", "ntasks_per_node", "cpus_per_task")},
+        "slurm": {
+            key: slurm[key] for key in ("nodes", "ntasks_per_node", "cpus_per_task")
+        },
         "window": window(wildcards),
     }
 
@@ -90,9 +108,13 @@ def slurm_resources():
     one task per rank; the local executor ignores all of these."""
 
     def resource(key):
-        return lambda wildcards: sftprof_jobs.executor_resources(experiment(wildcards)["slurm"])[key]
+        return lambda wildcards: sftprof_jobs.executor_resources(
+            experiment(wildcards)["slurm"]
+        )[key]
 
-    return {key: resource(key) for key in sftprof_jobs.EXECUTOR_RESOURCES} | {"mpi": "srun"}
+    return {key: resource(key) for key in sftprof_jobs.EXECUTOR_RESOURCES} | {
+        "mpi": "srun"
+    }
 
 
 def image_container(wildcards):
@@ -105,7 +127,9 @@ def image_container(wildcards):
 
 
 # Pulls run where snakemake runs unless some experiment asks for them to run as Slurm jobs.
-if all(exp["container"]["pull_on"] == "login" for exp in config["experiments"].values()):
+if all(
+    exp["container"]["pull_on"] == "login" for exp in config["experiments"].values()
+):
 
     localrules:
         pull_image,
@@ -115,7 +139,10 @@ def nemo_import_experiment(wildcards):
     """The (first) experiment whose NeMo checkpoint this is: it names the HF folder and container."""
     path = layout.NEMO_CHECKPOINT.format(model=wildcards.model)
     for name, exp in config["experiments"].items():
-        if exp["sft"]["backend"] == "nemo" and sftprof_jobs.nemo_checkpoint(name, exp) == path:
+        if (
+            exp["sft"]["backend"] == "nemo"
+            and sftprof_jobs.nemo_checkpoint(name, exp) == path
+        ):
             return {"name": name, **exp}
     raise WorkflowError(f"no nemo experiment converts into {path}")
 
@@ -123,7 +150,37 @@ def nemo_import_experiment(wildcards):
 def nemo_import_inputs(wildcards):
     exp = nemo_import_experiment(wildcards)
     image = sftprof_container.image_file(exp["container"])
-    return {"hf": sftprof_jobs.model_dir(exp["name"], exp), "image": [] if image is None else [str(image)]}
+    return {
+        "hf": sftprof_jobs.model_dir(exp["name"], exp),
+        "image": [] if image is None else [str(image)],
+    }
+
+
+def experiments_with(section, *sources):
+    """A wildcard pattern that matches the experiments whose `section` (data or model) comes
+    from one of `sources`: it picks, per experiment, the one rule that makes its data or model
+    (also used by model.smk). Matches nothing when no experiment qualifies."""
+    names = [
+        name
+        for name, exp in config["experiments"].items()
+        if exp[section]["source"] in sources
+    ]
+    return "|".join(re.escape(name) for name in names) or "(?!)"
+
+
+def dolly_local_file(wildcards):
+    """A local dolly file is an input, so that replacing it redoes the data; URLs and the Hub are not."""
+    data = experiment(wildcards)["data"]
+    if data["source"] == "path" and not re.match(r"https?://", data["path"]):
+        return [data["path"]]
+    return []
+
+
+def hub_checkpoint_manifest(wildcards):
+    """The manifest of the experiment's shared checkpoint: it exists only once every file is verified."""
+    model = experiment(wildcards)["model"]
+    return f"{sftprof_hub.checkpoint_dir(model)}/{layout.MODEL_MANIFEST}"
+
 
 if config["local_analysis"]:
 

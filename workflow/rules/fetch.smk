@@ -5,14 +5,16 @@ if config["remote"]["analysis_on"] == "workstation":
         verified by size and SHA-256 (resumed after a dropped connection)."""
         output:
             capture=directory(layout.CAPTURE_DIR),
-        params:
-            remote=config["remote"],
-            experiment=experiment,
         log:
             f"{layout.LOG_DIR}/{{window}}/fetch.log",
         localrule: True
+        conda:
+            "../envs/sftprof.yaml"
         resources:
             ssh=1,  # login nodes limit concurrent logins: one fetch at a time
+        params:
+            remote=config["remote"],
+            experiment=experiment,
         script:
             "../scripts/fetch_capture.py"
 
@@ -22,12 +24,14 @@ else:
         """The report that the cluster's own run of the workflow rendered."""
         output:
             html=layout.REPORT_HTML,
-        params:
-            remote=config["remote"],
         log:
             f"{layout.LOG_DIR}/{{window}}/fetch.log",
         localrule: True
+        conda:
+            "../envs/sftprof.yaml"
         resources:
             ssh=1,
+        params:
+            remote=config["remote"],
         script:
             "../scripts/fetch_report.py"

@@ -1,19 +1,15 @@
-def hub_checkpoint_manifest(wildcards):
-    """The manifest of the experiment's shared checkpoint: it exists only once every file is verified."""
-    model = experiment(wildcards)["model"]
-    return f"{sftprof_hub.checkpoint_dir(model)}/{layout.MODEL_MANIFEST}"
-
-
 rule create_tiny_model:
     """A seeded random LlamaForCausalLM in HF layout, standing in for Llama 2 7B."""
     output:
         model=directory(layout.MODEL_DIR),
-    params:
-        model=lambda wc: experiment(wc)["model"],
-    wildcard_constraints:
-        experiment=experiments_with("model", "tiny"),
     log:
         f"{layout.LOG_DIR}/create_tiny_model.log",
+    wildcard_constraints:
+        experiment=experiments_with("model", "tiny"),
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        model=lambda wc: experiment(wc)["model"],
     script:
         "../scripts/create_tiny_model.py"
 
@@ -24,13 +20,17 @@ rule download_model:
     machine that runs snakemake: compute nodes often have no internet."""
     output:
         manifest=f"{{checkpoint}}/{layout.MODEL_MANIFEST}",
-    params:
-        # What the checkpoint is; how to get it (token, endpoint, offline) is read from the
-        # config by the script, so changing that reruns nothing.
-        source=lambda wc: sftprof_hub.model_identity(sftprof_hub.hub_model_settings(config, wc.checkpoint)),
     log:
         f"{{checkpoint}}/{layout.MODEL_DOWNLOAD_LOG}",
     localrule: True
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        # What the checkpoint is; how to get it (token, endpoint, offline) is read from the
+        # config by the script, so changing that reruns nothing.
+        source=lambda wc: sftprof_hub.model_identity(
+            sftprof_hub.hub_model_settings(config, wc.checkpoint)
+        ),
     script:
         "../scripts/download_model.py"
 
@@ -41,11 +41,13 @@ rule link_hub_model:
         manifest=hub_checkpoint_manifest,
     output:
         model=directory(layout.MODEL_DIR),
-    wildcard_constraints:
-        experiment=experiments_with("model", "hub"),
     log:
         f"{layout.LOG_DIR}/link_hub_model.log",
+    wildcard_constraints:
+        experiment=experiments_with("model", "hub"),
     localrule: True
+    conda:
+        "../envs/sftprof.yaml"
     script:
         "../scripts/link_hub_model.py"
 
@@ -56,9 +58,14 @@ rule import_nemo_checkpoint:
         unpack(nemo_import_inputs),
     output:
         checkpoint=directory(layout.NEMO_CHECKPOINT),
-    params:
-        container=lambda wc: nemo_import_experiment(wc)["container"],
     log:
         "logs/import_nemo_checkpoint/{model}.log",
+    # The NeMo image is not declared as `container:`: the step runs on the host in this env and puts
+    # its command in the image itself (sftprof.capture.container.exec_prefix), with the binds, GPU and
+    # Slurm settings a `container:` directive cannot express; declaring it would nest one in the other.
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        container=lambda wc: nemo_import_experiment(wc)["container"],
     script:
         "../scripts/import_nemo_checkpoint.py"

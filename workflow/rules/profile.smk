@@ -8,12 +8,17 @@ rule profile_sft:
         unpack(profile_inputs),
     output:
         capture=directory(layout.CAPTURE_DIR),
-    params:
-        run=profile_params,
     log:
         layout.PROFILE_LOG,
+    # The NeMo image is not declared as `container:`: the step runs on the host in this env and puts
+    # its command in the image itself (sftprof.capture.container.exec_prefix), with the binds, GPU and
+    # Slurm settings a `container:` directive cannot express; declaring it would nest one in the other.
+    conda:
+        "../envs/sftprof.yaml"
     threads: profile_threads
     resources:
         **slurm_resources(),
+    params:
+        run=profile_params,
     script:
         "../scripts/profile_sft.py"
