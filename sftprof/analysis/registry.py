@@ -39,7 +39,7 @@ class Section:
 
 @dataclass(frozen=True)
 class Rule:
-    name: str               # what the docs call it; its findings carry their own rule ids
+    name: str               # the rule ids of the findings it can return (Finding.rule)
     check: Callable
     inputs: tuple[str, ...]
 
@@ -170,24 +170,24 @@ SECTIONS: tuple[Section, ...] = (
 
 RULES: tuple[Rule, ...] = (
     Rule("dropped_rows", lambda t: rules.dropped_rows(t.dropped_rows), ("tables",)),
-    Rule("empty_trace_kinds", lambda t: rules.empty_trace_kinds(t.empty_trace_kinds), ("tables",)),
+    Rule("empty_trace_kind", lambda t: rules.empty_trace_kinds(t.empty_trace_kinds), ("tables",)),
     Rule("sync_memcpy", lambda copies, clock, labels, t: rules.sync_memcpy(copies, clock, labels, t.nvtx),
          ("copies", "clock", "labels", "tables")),
     Rule("sync_memset", lambda copies, clock, labels: rules.sync_memset(
         copies[copies["copy_kind"] == memory.MEMSET_KIND], clock, labels), ("copies", "clock", "labels")),
-    Rule("syncs_in_steps", lambda waits, steps, labels, t, clock: rules.syncs_in_steps(
+    Rule("sync_in_steps", lambda waits, steps, labels, t, clock: rules.syncs_in_steps(
         waits, steps, labels, t.nvtx, clock), ("waits", "steps", "labels", "tables", "clock")),
     Rule("pageable_memcpy", lambda copies, clock, labels, t: rules.pageable_memcpy(copies, clock, labels, t.nvtx),
          ("copies", "clock", "labels", "tables")),
     Rule("data_stall", lambda steps, t, clock, labels: rules.data_stall(steps, t.nvtx, t.osrt, clock, labels),
          ("steps", "tables", "clock", "labels")),
-    Rule("lock_waits", lambda steps, t, threads, labels, clock: rules.lock_waits(
+    Rule("lock_wait", lambda steps, t, threads, labels, clock: rules.lock_waits(
         steps, t.nvtx, t.osrt, threads, labels, clock), ("steps", "tables", "threads", "labels", "clock")),
-    Rule("idle_gaps", rules.idle_gaps, ("gpu_gaps", "gap_causes", "gpu_busy", "clock")),
+    Rule("gpu_idle_gaps", rules.idle_gaps, ("gpu_gaps", "gap_causes", "gpu_busy", "clock")),
     Rule("launch_bound", rules.launch_bound,
          ("kernel_totals", "launch_overhead", "gpu_busy", "gpu_timeline", "gpu_gaps", "steps", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),
-    Rule("memory_bound_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
+    Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
     Rule("padding", lambda padded, token_ns, clock: rules.padding(
         padded.padding_pct / 100 if padded.padding_pct is not None else None, token_ns,
         clock.step_ns if clock.has_steps else None), ("padded", "token_ns", "clock")),
@@ -196,16 +196,16 @@ RULES: tuple[Rule, ...] = (
         kinds, host, memory.interconnect_share(totals["total_ns"], rows),
         int(totals["total_ns"] + rows["duration"].sum()), copies, clock),
         ("memop_kinds", "host_memory", "kernel_totals", "memop_rows", "copies", "clock")),
-    Rule("gpu_overview", lambda t, k, top, totals, busy: overview.gpu_findings(t, k, top, totals["total_ns"], busy),
+    Rule("top_kernel, memory_transfer_share, gpu_busy, no_gpu_activity", lambda t, k, top, totals, busy: overview.gpu_findings(t, k, top, totals["total_ns"], busy),
          ("tables", "kernels", "top_kernel", "kernel_totals", "gpu_busy")),
     Rule("bound_verdict", lambda verdict, precision_table, precision: (
         [boundness.verdict_finding(verdict, precision_table, precision)] if verdict else []),
         ("verdict", "gemm_precision", "precision")),
-    Rule("step_overview", overview.step_findings, ("steps",)),
-    Rule("training_threads", lambda threads, t: overview.thread_findings(threads, t.span_ns), ("threads", "tables")),
-    Rule("cpu_scheduling", lambda cores, traced, t: rules.cpu_scheduling(
+    Rule("dominant_phase, slow_steps, no_steps", overview.step_findings, ("steps",)),
+    Rule("training_thread_blocking", lambda threads, t: overview.thread_findings(threads, t.span_ns), ("threads", "tables")),
+    Rule("cpu_cores, no_cpu_scheduling", lambda cores, traced, t: rules.cpu_scheduling(
         cores, traced, Path(t.source_path).suffix in NSYS_SUFFIXES), ("cpu_cores", "sched_traced", "tables")),
-    Rule("nvtx_projection", rules.nvtx_projection, ("nvtx_gpu",)),
+    Rule("nvtx_gpu_time", rules.nvtx_projection, ("nvtx_gpu",)),
 )
 
 SAVED_TABLES = tuple(s.name for s in SECTIONS if s.saved)
