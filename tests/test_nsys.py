@@ -147,3 +147,131 @@ def test_time_window_with_real_nsys_lets_the_program_finish(tmp_path):
     assert report.exists()
     assert "finished after the window" in log.getvalue()
     assert "--delay=1" in log.getvalue() and "--duration=1" in log.getvalue()
+
+
+# ---------------------------------------------------------------- what nsys 2022.4 and 2025.3 print
+
+# Real output, progress bars shortened. 2025.3.1: `nsys profile` of tests/gpu_programs/plants.py gemm
+# on the H200 (tests/fixtures/nsys2025/README.md); 2022.4.2.1: `nsys profile` of a one-line program here.
+PROFILE_2025 = ("gemm step 4: 187.5 ms on the host\nCapture range started in the application.\n"
+                "Capture range ended in the application.\nGenerating '/tmp/nsys-report-11f2.qdstrm'\n"
+                "\r[1/1] [0%                          ] h200_plant_gemm.nsys-repProcessing events...\n"
+                "\r[1/1] [0%                          ] h200_plant_gemm.nsys-rep"
+                "\r[1/1] [========================100%] h200_plant_gemm.nsys-rep\n"
+                "gemm step 5: 200.8 ms on the host\nGenerated:\n\t/tmp/nsys2025/caps/h200_plant_gemm.nsys-rep\n")
+PROFILE_2022 = ("hi\nGenerating '/tmp/nsys-report-af76.qdstrm'\n\r[1/1] [0%                          ] plain.nsys-rep"
+                "\r[1/1] [========================100%] plain.nsys-rep\nGenerated:\n    /tmp/p22/plain.nsys-rep\n")
+# `nsys export --type=sqlite`: 2025.3.1 draws "Processing N events", 2022.4 "Exporting N events"; both say
+# nothing else when they succeed. 2022.4 on a 2025.3 report: the refusal, exit 1.
+def _export_bar(label: str) -> str:
+    return "".join(f"\r{label}: [{'=' * (p // 2)}{p}%{' ' * (52 - p // 2)}]" for p in (1, 50, 100)) + "\n"
+
+
+EXPORT_2025, EXPORT_2022 = _export_bar("Processing 9535 events"), _export_bar("Exporting 142 events")
+REFUSED_BY_2022 = "Exportation error: Version not supported: 36398880\n"
+
+
+def test_versions_of_both_releases_are_read():
+    assert nsys.parse_version("NVIDIA Nsight Systems version 2025.3.1.0\n") == ("2025.3.1.0", 2025)
+    assert nsys.parse_version("NVIDIA Nsight Systems version 2022.4.2.1-df9881f\n") == ("2022.4.2.1-df9881f", 2022)
+    assert nsys.parse_version("nsys: command not found") is None
+
+
+def test_profile_output_of_both_releases_names_the_report_and_the_raw_capture():
+    assert nsys.generated_paths(PROFILE_2025) == ["/tmp/nsys2025/caps/h200_plant_gemm.nsys-rep"]
+    assert nsys.generated_paths(PROFILE_2022) == ["/tmp/p22/plain.nsys-rep"]
+    assert nsys.raw_capture_paths(PROFILE_2025) == ["/tmp/nsys-report-11f2.qdstrm"]
+    assert nsys.raw_capture_paths(PROFILE_2022) == ["/tmp/nsys-report-af76.qdstrm"]
+    assert nsys.nsys_messages(PROFILE_2025)[-4:] == [
+        "Generating '/tmp/nsys-report-11f2.qdstrm'", "gemm step 5: 200.8 ms on the host", "Generated:",
+        "/tmp/nsys2025/caps/h200_plant_gemm.nsys-rep"]
+
+
+def test_export_progress_bars_of_both_releases_are_not_messages():
+    assert nsys.nsys_messages(EXPORT_2025) == [] and nsys.nsys_messages(EXPORT_2022) == []
+    assert nsys.nsys_messages(EXPORT_2022 + REFUSED_BY_2022) == [REFUSED_BY_2022.strip()]
+
+
+def test_a_2025_capture_whose_report_was_written_is_collected(tmp_path):
+    """The raw capture 2025.3 (like 2022.4) generates in /tmp is its own, not a diverted report."""
+    report = tmp_path / "h200_plant_gemm.nsys-rep"
+    report.write_bytes(b"report")
+    output = PROFILE_2025.replace("/tmp/nsys2025/caps", str(tmp_path))
+    assert nsys._collect_report(tmp_path / "h200_plant_gemm", output, "nsys", io.StringIO(), True) == report
+
+
+def test_raw_capture_left_where_nsys_generated_it_is_imported(tmp_path, monkeypatch):
+    """No report and no NAME.qdstrm, but the run's own raw capture (named in its "Generating" line) is
+    there: it is imported, as NAME.qdstrm would be."""
+    raw = tmp_path / "nsys-report-11f2.qdstrm"
+    raw.write_bytes(b"raw capture")
+    importer = tmp_path / "QdstrmImporter"
+    importer.write_text('#!/bin/sh\ncp "$2" "$4"\necho "[1/1] [100%] imported"\n')
+    importer.chmod(0o755)
+    monkeypatch.setenv("SFTPROF_QDSTRM_IMPORTER", str(importer))
+    output = PROFILE_2025.replace("/tmp/nsys-report-11f2.qdstrm", str(raw)).split("Generated:")[0]
+    log = io.StringIO()
+    report = nsys._collect_report(tmp_path / "h200_plant_gemm", output, "nsys", log, True)
+    assert report.read_bytes() == b"raw capture" and not raw.exists()
+    assert f"running {importer}" in log.getvalue()
+
+
+def _fake_nsys(folder: Path, version: str, export_stdout: str, export_stderr: str, code: int) -> Path:
+    """An `nsys` that prints `version` for --version and the given output for export."""
+    folder.mkdir()
+    (folder / "out").write_text(export_stdout)
+    (folder / "err").write_text(export_stderr)
+    script = folder / "nsys"
+    script.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then\n  echo "NVIDIA Nsight Systems version {version}"; exit 0\n'
+                      f'fi\ncat "{folder}/out"; cat "{folder}/err" >&2; exit {code}\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_a_report_too_new_for_the_nsys_is_refused_with_what_to_do(tmp_path, monkeypatch):
+    fake = _fake_nsys(tmp_path / "bin", "2022.4.2.1-df9881f", "", REFUSED_BY_2022, 1)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    report = tmp_path / "new.nsys-rep"
+    report.write_bytes(b"NVIDIA Tegra Profiler Report 36398880.\n")
+    with pytest.raises(nsys.NsysError) as error:
+        nsys.export_sqlite(report, tmp_path / "new.sqlite")
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{report} was written by a newer nsys than nsys 2022.4.2.1")
+    assert "(it says: Exportation error: Version not supported: 36398880)" in message
+    assert f"nsys export --type=sqlite --output={tmp_path / 'new.sqlite'} {report}" in message
+    assert not (tmp_path / "new.sqlite").exists() and not list(tmp_path.glob(".*partial*"))
+
+
+def test_a_failed_export_quotes_what_nsys_said_without_its_progress_bar(tmp_path, monkeypatch):
+    fake = _fake_nsys(tmp_path / "bin", "2025.3.1.0", "", EXPORT_2025 + "Export failed: disk quota exceeded\n", 2)
+    said = r"nsys export failed on .* \(exit 2\): Export failed: disk quota exceeded$"
+    with pytest.raises(nsys.NsysError, match=said):
+        nsys.export_sqlite(tmp_path / "r.nsys-rep", tmp_path / "r.sqlite", nsys=str(fake))
+
+
+def test_export_runs_the_nsys_that_captured_inside_its_container():
+    prefix = ["apptainer", "exec", "--nv", "nemo.sif"]
+    assert nsys.export_argv("c/rank0.nsys-rep", "s/.rank0.sqlite.partial.sqlite", prefix=prefix) == [
+        *prefix, "nsys", "export", "--type=sqlite", "--force-overwrite=true",
+        "--output=s/.rank0.sqlite.partial.sqlite", "c/rank0.nsys-rep"]
+
+
+def test_stats_report_names_of_both_releases():
+    assert {t: nsys.stats_report(t, 2022) for t in nsys.STATS_REPORTS} == {
+        "kernels": "gpukernsum", "kernels_by_name": None, "memops": "gpumemtimesum", "memops_by_size": "gpumemsizesum",
+        "cuda_api": "cudaapisum", "osrt": "osrtsum", "nvtx": "nvtxsum"}
+    # the names 2025.3.1 ran: tests/fixtures/nsys2025/NAME.REPORT.csv
+    assert {t: nsys.stats_report(t, 2025) for t in nsys.STATS_REPORTS} == {
+        "kernels": None, "kernels_by_name": "cuda_gpu_kern_sum", "memops": "cuda_gpu_mem_time_sum",
+        "memops_by_size": "cuda_gpu_mem_size_sum", "cuda_api": "cuda_api_sum", "osrt": "osrt_sum", "nvtx": "nvtx_sum"}
+    fixtures = Path(__file__).parent / "fixtures" / "nsys2025"
+    assert all((fixtures / f"h200_sft_clean.{name}.csv").exists() for _, name in nsys.STATS_REPORTS.values() if name)
+
+
+def test_installed_nsys_knows_its_releases_report_names():
+    version = nsys.nsys_version(nsys.find_nsys())
+    assert version is not None
+    listed = subprocess.run([nsys.find_nsys(), "stats", "--help-reports"], capture_output=True, text=True).stdout
+    names = {line.split()[0].split("[")[0] for line in listed.splitlines() if line.startswith("  ") and line.split()}
+    wanted = {nsys.stats_report(table, version[1]) for table in nsys.STATS_REPORTS} - {None}
+    assert wanted <= names, wanted - names

@@ -12,6 +12,7 @@ import re
 
 import pandas as pd
 
+from sftprof.analysis.stats import SQL_AGGREGATES, finish_summary
 from sftprof.trace.events import EventStore
 
 # Family -> name markers; the first family that matches wins, so the order matters
@@ -60,6 +61,17 @@ def name_totals(events: EventStore) -> pd.DataFrame:
         FROM (SELECT name_id, short_name_id, count(*) AS instances, sum(duration)::BIGINT AS duration
               FROM kernels GROUP BY ALL) t
         LEFT JOIN kernel_names n ON n.id = t.name_id LEFT JOIN kernel_names s ON s.id = t.short_name_id""")
+
+
+def name_summary(events: EventStore) -> pd.DataFrame:
+    """Kernel time by name over all its launch shapes, as `nsys stats -r cuda_gpu_kern_sum` of nsys
+    2023 and later (2022.4's gpukernsum has a row per name, grid and block: gpu.kernel_summary).
+    Median and standard deviation are computed over every kernel's duration, as nsys does."""
+    summary = events.query(f"""
+        SELECT n.name AS kernel, s.* EXCLUDE (name_id)
+        FROM (SELECT name_id, {SQL_AGGREGATES} FROM kernels GROUP BY name_id) s
+        LEFT JOIN kernel_names n ON n.id = s.name_id""")
+    return finish_summary(summary, ["kernel"])
 
 
 def _by_distinct_name(names: pd.Series, classify) -> pd.Series:

@@ -5,6 +5,10 @@ wrong in practice, each seen on real installs:
 - a capture left as NAME.qdstrm because QdstrmImporter was not found (exit code still 0);
 - output diverted to /tmp/nsys-report-XXXX.qdstrm because the target existed (exit code 0);
 - `nsys --start-agent` processes left behind that burn a core each and stall later captures.
+
+Two releases are checked on real captures, 2022.4 (Debian's) and 2025.3 (tests/fixtures/nsys2025):
+their messages (the progress bars, "Generating '...qdstrm'", "Generated:"), the stats report names
+(STATS_REPORTS) and the refusal of a report written by a newer release (NEWER_REPORT).
 """
 
 from __future__ import annotations
@@ -46,6 +50,33 @@ RUN_TOKEN = "SFTPROF_RUN_TOKEN"
 _PROGRESS_LINE = re.compile(r"^\[\d+/\d+\] \[")
 # Unregistered NVTX strings (what the trainer pushes) only open an nvtx capture range with this.
 NVTX_CAPTURE_ENV = {"NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
+# A progress bar of `nsys export` (drawn with carriage returns): 2022.4 prints
+# "Exporting 142 events: [====100%]", 2025.3 "Processing 9535 events: [====100%]".
+_EXPORT_PROGRESS = re.compile(r"^(?:Exporting|Processing) \d+ events: \[")
+# Where nsys writes the raw capture before importing it into the report (2022.4 and 2025.3 alike):
+# "Generating '/tmp/nsys-report-af76.qdstrm'".
+_RAW_CAPTURE_LINE = re.compile(r"^Generating '(.+\.qdstrm)'$")
+# What an nsys says of a report written by a newer release, which it cannot read (2022.4 on a
+# 2025.3 report: "Exportation error: Version not supported: 36398880").
+NEWER_REPORT = re.compile(r"Version not supported")
+# `nsys --version`: "NVIDIA Nsight Systems version 2022.4.2.1-df9881f", "... version 2025.3.1.0".
+_VERSION = re.compile(r"Nsight Systems version (\d{4})\.(\d+)[\w.-]*")
+# The first release whose `nsys stats` reports have the new names (cuda_gpu_kern_sum, ...);
+# checked: 2022.4 has the old names, 2025.3 the new ones.
+STATS_RENAMED_SINCE = 2023
+# sftprof's summary table -> the `nsys stats` report it equals row for row: (2022.4's name,
+# the name since STATS_RENAMED_SINCE); None where that release has no such report. Kernels differ
+# in their rows, not only their name: 2022.4's gpukernsum has a row per name, grid and block
+# (`kernels`), the newer cuda_gpu_kern_sum a row per name (`kernels_by_name`).
+STATS_REPORTS = {
+    "kernels": ("gpukernsum", None),
+    "kernels_by_name": (None, "cuda_gpu_kern_sum"),
+    "memops": ("gpumemtimesum", "cuda_gpu_mem_time_sum"),
+    "memops_by_size": ("gpumemsizesum", "cuda_gpu_mem_size_sum"),
+    "cuda_api": ("cudaapisum", "cuda_api_sum"),
+    "osrt": ("osrtsum", "osrt_sum"),
+    "nvtx": ("nvtxsum", "nvtx_sum"),
+}
 
 
 class NsysError(SftprofError, RuntimeError):
@@ -57,6 +88,35 @@ def find_nsys() -> str:
     if path is None:
         raise NsysError(f"`nsys` is not on PATH. {INSTALL_HINT}")
     return path
+
+
+def parse_version(text: str) -> tuple[str, int] | None:
+    """(version, release year) from `nsys --version`'s output ("2025.3.1.0", 2025); None if it says none."""
+    match = _VERSION.search(text)
+    return (match.group(0).rsplit(" ", 1)[-1], int(match.group(1))) if match else None
+
+
+def nsys_version(nsys: str, prefix: Sequence[str] = ()) -> tuple[str, int] | None:
+    """parse_version of `nsys --version` (run after `prefix`, e.g. a container's exec prefix)."""
+    try:
+        result = subprocess.run([*prefix, nsys, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_version(result.stdout + result.stderr)
+
+
+def stats_report(table: str, release: int) -> str | None:
+    """The `nsys stats` report of nsys release `release` (a year: 2022, 2025) that sftprof's `table`
+    equals (STATS_REPORTS); None where that release has none."""
+    old, new = STATS_REPORTS[table]
+    return new if release >= STATS_RENAMED_SINCE else old
+
+
+def nsys_messages(output: str) -> list[str]:
+    """What nsys said, without its progress bars (import, export, of either release) or blank lines."""
+    lines = output.replace("\r", "\n").splitlines()
+    return [line.strip() for line in lines
+            if line.strip() and not _PROGRESS_LINE.match(line) and not _EXPORT_PROGRESS.match(line)]
 
 
 def profile_options(profile: dict, window: dict) -> list[str]:
@@ -185,8 +245,14 @@ def import_qdstrm(qdstrm: Path, report: Path, nsys_path: str, log: IO[str]) -> N
     qdstrm.unlink()
 
 
+def raw_capture_paths(output: str) -> list[str]:
+    """The raw captures nsys says it is writing ("Generating '/tmp/nsys-report-XXXX.qdstrm'")."""
+    return [match.group(1) for match in map(_RAW_CAPTURE_LINE.match, nsys_messages(output)) if match]
+
+
 def generated_paths(output: str) -> list[str]:
-    """The files nsys says it wrote: the indented lines after each "Generated:" line."""
+    """The files nsys says it wrote: the indented lines after each "Generated:" line (2022.4 indents
+    them with spaces, 2025.3 with a tab)."""
     paths, in_block = [], False
     for line in output.splitlines():
         if line.strip() == "Generated:":
@@ -216,6 +282,11 @@ def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str], captu
         return report
     if raw.exists():
         import_qdstrm(raw, report, nsys_path, log)
+        return report
+    # Its own raw capture, named in this run's output, where a failed import left it.
+    left = [Path(p) for p in raw_capture_paths(output) if Path(p).is_file()]
+    if left:
+        import_qdstrm(left[-1], report, nsys_path, log)
         return report
     if capture_range:
         raise NsysError(f"nsys produced no report at {report}: the capture range never opened (check the "
@@ -305,24 +376,49 @@ def _reap_run(token: str, grace_s: float = 2.0) -> None:
     _kill(_run_processes(token))
 
 
-def export_sqlite(report: str | Path, sqlite_path: str | Path) -> Path:
+def export_argv(report: str | Path, output: str | Path, nsys: str = "nsys", prefix: Sequence[str] = ()) -> list[str]:
+    """`nsys export --type=sqlite` of `report` into `output`, run after `prefix` (a container's exec
+    prefix, or nothing). 2022.4 and 2025.3 both write `output` as named when it ends in .sqlite."""
+    return [*prefix, nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={output}", str(report)]
+
+
+def newer_report_message(report: str | Path, nsys: str, prefix: Sequence[str], said: str) -> str:
+    """One line for a report that `nsys` cannot read because a newer release wrote it (NEWER_REPORT)."""
+    version = nsys_version(nsys, prefix)
+    which = f"nsys {version[0]}" if version else "nsys"
+    return (f"{report} was written by a newer nsys than {which} ({shlex.join([*prefix, nsys])}), which cannot read it "
+            f"(it says: {said}). Export it with the nsys that captured it (`nsys export --type=sqlite "
+            f"--output={shlex.quote(str(Path(report).with_suffix('.sqlite')))} {shlex.quote(str(report))}`) and give "
+            "sftprof the .sqlite, or put that nsys first on PATH.")
+
+
+def export_sqlite(report: str | Path, sqlite_path: str | Path, *, nsys: str | None = None,
+                  prefix: Sequence[str] = ()) -> Path:
     """`nsys export --type=sqlite`, written atomically to `sqlite_path`, and only once it opens
-    as a whole export: on a full disk nsys exits 0 and leaves an empty or truncated file."""
+    as a whole export: on a full disk nsys exits 0 and leaves an empty or truncated file.
+
+    `nsys`: the nsys that captured the report, run after `prefix` (a container's exec prefix, where
+    the capture ran in that container: its nsys is then the image's, "nsys" on its PATH); by
+    default the one on PATH, as run_profile uses. An older release refuses a newer one's report:
+    the NsysError says so, and what to do."""
     from sftprof.trace.nsys_sqlite import TraceFormatError, check_export
 
-    nsys = find_nsys()
+    nsys = nsys or ("nsys" if prefix else find_nsys())
     sqlite_path = Path(sqlite_path)
     with atomic_path(sqlite_path) as tmp:
         tmp.unlink()
-        result = subprocess.run([nsys, "export", "--type=sqlite", "--force-overwrite=true",
-                                 f"--output={tmp}", str(report)], capture_output=True, text=True)
-        messages = (result.stderr or result.stdout).strip()
+        result = subprocess.run(export_argv(report, tmp, nsys, prefix), capture_output=True, text=True)
+        said = nsys_messages(f"{result.stdout}\n{result.stderr}")
         if result.returncode != 0 or not tmp.exists():
-            raise NsysError(f"nsys export failed on {report} (exit {result.returncode}): {messages[-2000:]}")
+            refusal = next((line for line in said if NEWER_REPORT.search(line)), None)
+            if refusal:
+                raise NsysError(newer_report_message(report, nsys, prefix, refusal[-300:]))
+            raise NsysError(f"nsys export failed on {report} (exit {result.returncode}): "
+                            f"{'; '.join(said)[-2000:] or 'no message'}")
         try:
             check_export(tmp)
         except TraceFormatError as error:
-            last = messages.splitlines()[-1:] or ["no message"]
+            last = said[-1:] or ["no message"]
             raise NsysError(f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
                             f"Is the disk of {sqlite_path.parent} full?") from None
     return sqlite_path
