@@ -169,7 +169,8 @@ def _duckdb_connect():
         roots = list(spec.submodule_search_locations) if spec else []
         found = [p for root in roots for p in Path(root).rglob("sqlite_scanner.duckdb_extension")]
         if not found:
-            raise ImportError("no DuckDB sqlite extension: pip install duckdb-ext-sqlite (matching duckdb's version)")
+            raise ImportError("no DuckDB sqlite extension: pip install duckdb-ext-sqlite (matching duckdb's "
+                              "version)") from None
         con.execute(f"LOAD '{found[0]}'")
     return con
 
@@ -315,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                 verdict, note = m["status"], m["error"].splitlines()[-1] if m["error"] else ""
                 print(f"| {path.name} | {kernels:,} | {engine} | | | | {verdict} | {note[:200]} |", flush=True)
             rows.append({"file": path.name, "kernels": kernels, "engine": engine, "status": m["status"],
-                         "wall_s": round(m.get("wall_s", float("nan")), 2), "cpu_s": round(m.get("cpu_s", float("nan")), 2),
+                         "wall_s": round(m.get("wall_s", float("nan")), 2),
+                         "cpu_s": round(m.get("cpu_s", float("nan")), 2),
                          "peak_rss_gb": round(m.get("peak_rss_gb", float("nan")), 3), "result": verdict, "note": note})
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

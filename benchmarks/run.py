@@ -53,9 +53,10 @@ def default_workdir() -> Path:
 
 
 def sftprof_command() -> list[str]:
-    """The sftprof next to this interpreter (the venv's entry point), else `python -m sftprof.cli`."""
-    beside = Path(sys.executable).parent / "sftprof"
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "sftprof.cli"]
+    """`sftprof` of this checkout (the one this file is in), run as the venv's entry point runs it: a copy
+    of the tree (a change under test, say) is measured, not the package the venv has installed."""
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); from sftprof.cli import main; "
+                                  "sys.exit(main())"]
 
 
 # --- measuring one child ----------------------------------------------------------------------
@@ -318,7 +319,8 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"kernel counts, comma-separated (default {DEFAULT_SIZES})")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES,
+                        help=f"kernel counts, comma-separated (default {DEFAULT_SIZES})")
     parser.add_argument("--large", action="store_true", help=f"also {format_count(LARGE_SIZE)} kernels (~3 GiB export)")
     parser.add_argument("--workdir", type=Path, default=default_workdir(),
                         help="where exports are cached and outputs written (default $SFTPROF_BENCH_DIR or "

@@ -74,7 +74,7 @@ COMM_EXPOSED_PCT = 20.0
 # 1 ms of nothing is a stall); `short_gap_idle_ns` is the idle time in such gaps, the mark of a
 # launch-bound step (many tiny kernels with gaps between them).
 SHORT_GAP_NS = IDLE_GAP_NS
-COMMUNICATION_MARKER = "nccl"  # kernels whose name holds it are collective communication
+COMMUNICATION_MARKER = gpu.COMMUNICATION_MARKER  # kernels whose name holds it are collective communication
 
 BOUND_CLASSES = ("compute-bound", "memory-bound kernels", "launch/host-bound", "data-bound", "sync-bound",
                  "communication-bound")
@@ -96,49 +96,29 @@ def _mix_class(frame: pd.DataFrame) -> np.ndarray:
     """Each kernel name's MIX_CLASSES index: communication when the name holds COMMUNICATION_MARKER,
     else by family (kernels.kernel_families)."""
     families = kernels.kernel_families(frame)
-    names = (frame["short_name"].fillna("").astype(str) + " " + frame["name"].fillna("").astype(str)).str.lower()
     code = np.where(families.isin(kernels.COMPUTE_BOUND_FAMILIES), COMPUTE,
                     np.where(families.isin(kernels.MEMORY_BOUND_FAMILIES), MEMORY, OTHER))
-    return np.where(names.str.contains(COMMUNICATION_MARKER, regex=False), COMMUNICATION, code).astype("int64")
+    return np.where(gpu.is_communication(frame["name"], frame["short_name"]), COMMUNICATION, code).astype("int64")
 
 
 def _name_classes(events: EventStore) -> pd.DataFrame:
     """(name_id, short_name_id) -> class, for the few dozen distinct kernel names (NULL ids as -1)."""
-    names = events.query("""
-        SELECT coalesce(t.name_id, -1) AS name_id, coalesce(t.short_name_id, -1) AS short_name_id,
-               n.name, s.name AS short_name
-        FROM (SELECT DISTINCT name_id, short_name_id FROM kernels) t
-        LEFT JOIN kernel_names n ON n.id = t.name_id LEFT JOIN kernel_names s ON s.id = t.short_name_id""")
+    names = events.used_names("kernels")
     return pd.DataFrame({"name_id": names["name_id"].astype("int64"),
                          "short_name_id": names["short_name_id"].astype("int64"),
                          "cls": _mix_class(names) if len(names) else _EMPTY})
 
 
-_CLASS_JOIN = """LEFT JOIN classes c ON c.name_id = coalesce(k.name_id, -1)
-                                     AND c.short_name_id = coalesce(k.short_name_id, -1)"""
-
-
-def _launched_slices(events: EventStore, classes: pd.DataFrame):
-    """Every kernel with its launch, as numpy arrays, a slice of about nvtx.SLICE_KERNELS kernels at a
-    time by correlation id (as nvtx's launch join: ids grow with time, so DuckDB skips the other
-    slices' row groups; kernels without a correlation id come last): `at` (the launching call's start,
-    or the kernel's own when the launch was not traced), launch_tid (-1: not traced), pid, cls
-    (MIX_CLASSES index) and duration."""
-    count, low, high = events.query(
-        "SELECT count(*) AS n, min(correlation_id) AS lo, max(correlation_id) AS hi FROM kernels").iloc[0]
-    columns = f"""coalesce(a.start, k.start)::BIGINT AS at, coalesce(a.global_tid, -1)::BIGINT AS launch_tid,
-                 coalesce(k.pid, -1)::BIGINT AS pid, coalesce(c.cls, {OTHER})::BIGINT AS cls, k.duration"""
-    if not pd.isna(low):
-        step = (int(high) - int(low)) // -(-int(count) // nvtx.SLICE_KERNELS) + 1
-        for lo in range(int(low), int(high) + 1, step):
-            yield events.arrays(f"""
-                SELECT {columns}
-                FROM (SELECT * FROM kernels WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) k
-                LEFT JOIN (SELECT * FROM cuda_api WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) a
-                  ON a.pid = k.pid AND a.correlation_id = k.correlation_id
-                {_CLASS_JOIN}""", classes=classes)
-    yield events.arrays(f"""SELECT {columns} FROM (SELECT * FROM kernels WHERE correlation_id IS NULL) k
-                            LEFT JOIN (SELECT * FROM cuda_api LIMIT 0) a ON false {_CLASS_JOIN}""", classes=classes)
+def _class_of(classes: pd.DataFrame, name_id: np.ndarray, short_name_id: np.ndarray) -> np.ndarray:
+    """Each kernel's MIX_CLASSES index from its name ids (-1: NULL), by binary search in `classes`."""
+    keys = ((classes["name_id"].to_numpy("int64") + 1) << 32) + classes["short_name_id"].to_numpy("int64") + 1
+    order = np.argsort(keys)
+    keys, cls = keys[order], classes["cls"].to_numpy("int64")[order]
+    wanted = ((name_id + 1) << 32) + short_name_id + 1
+    if not len(keys):
+        return np.full(len(wanted), OTHER, dtype="int64")
+    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    return np.where(keys[at] == wanted, cls[at], OTHER)
 
 
 # ---------------------------------------------------------------- phases by launch
@@ -191,44 +171,85 @@ def _step_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     return found[~found.duplicated()]
 
 
-def _launch_sums(events: EventStore, classes: pd.DataFrame, timelines: dict[int, _Timeline],
-                 training_thread: dict[int, int], n: int) -> dict[str, np.ndarray]:
-    """Per step: kernels, tiny kernels, kernel time by phase (n x PHASES+1) and by class (n x MIX_CLASSES)."""
-    phases = len(cpu.PHASES) + 1
-    sums = {"kernels": np.zeros(n, "int64"), "tiny": np.zeros(n, "int64"),
-            "phase_ns": np.zeros(n * phases, "int64"), "class_ns": np.zeros(n * len(MIX_CLASSES), "int64")}
-    for k in _launched_slices(events, classes):
+class LaunchSums:
+    """Per step: kernels, tiny kernels, kernel time by phase (n x PHASES+1) and by class (n x
+    MIX_CLASSES), summed over the slices of the launch join (nvtx.launch_slices) as they pass: fed by
+    step_accounting itself, or by nvtx.gpu_time_by_range (its `also`) so that one join serves both.
+    Built from the NVTX ranges alone (the steps, each thread's timeline) and the kernel names."""
+
+    def __init__(self, tables):
+        ranges = tables.nvtx
+        self.steps = cpu.step_table(ranges).reset_index(drop=True)
+        self.n = n = len(self.steps)
+        self.finished = False
+        phases = len(cpu.PHASES) + 1
+        self.kernels, self.tiny = np.zeros(n, "int64"), np.zeros(n, "int64")
+        self.phase_ns, self.class_ns = np.zeros(n * phases, "int64"), np.zeros(n * len(MIX_CLASSES), "int64")
+        self.thread_of_step = np.full(n, -1, dtype="int64")
+        self.timelines: dict[int, _Timeline] = {}
+        self.training_thread: dict[int, int] = {}
+        if not n:
+            return
+        step_rows = _step_ranges(ranges, self.steps)
+        self.thread_of_step[step_rows.to_numpy()] = ranges.loc[step_rows.index, "global_tid"].to_numpy("int64")
+        # each process's training thread: the one with the most steps (a rank has one)
+        for tid in pd.Series(self.thread_of_step[self.thread_of_step >= 0]).value_counts().index:
+            self.training_thread.setdefault(int(tid) >> 24 & 0xFFFFFF, int(tid))
+        self.classes = _name_classes(tables.events)
+        self.timelines = _timelines(ranges, step_rows)
+
+    def add(self, k: dict[str, np.ndarray]) -> None:
+        """One slice of nvtx.launch_slices."""
         launch_tid = k["launch_tid"]
-        if not len(launch_tid):
-            continue
+        if not self.n or not len(launch_tid):
+            return
+        at = k["launch_start"]  # the kernel's own start where its launch was not traced
         # the thread whose ranges place the kernel: its launching thread when that one has steps,
         # else the training thread of its process
         placer = np.full(len(launch_tid), -1, dtype="int64")
-        for tid in timelines:
+        for tid in self.timelines:
             placer[launch_tid == tid] = tid
-        process = np.where(launch_tid >= 0, (launch_tid >> 24) & 0xFFFFFF, k["pid"])
-        for pid in np.unique(process[placer < 0]):
-            placer[(placer < 0) & (process == pid)] = training_thread.get(int(pid), -1)
-        step = np.full(len(placer), -1, dtype="int64")
-        phase = np.full(len(placer), len(cpu.PHASES), dtype="int64")
-        for tid, timeline in timelines.items():
-            rows = placer == tid
-            if rows.any():
-                step[rows], phase[rows] = timeline.place(k["at"][rows])
-        inside = step >= 0
-        step, phase, cls, duration = step[inside], phase[inside], k["cls"][inside], k["duration"][inside]
-        sums["phase_ns"] += np.bincount(step * phases + phase, weights=duration, minlength=n * phases).astype("int64")
-        sums["class_ns"] += np.bincount(step * len(MIX_CLASSES) + cls, weights=duration,
-                                        minlength=n * len(MIX_CLASSES)).astype("int64")
-        sums["kernels"] += np.bincount(step, minlength=n)
-        sums["tiny"] += np.bincount(step[duration < TINY_KERNEL_NS], minlength=n)
-    return sums
+        unplaced = placer < 0
+        if unplaced.any():
+            process = np.where(launch_tid >= 0, (launch_tid >> 24) & 0xFFFFFF, k["pid"])
+            for pid, tid in self.training_thread.items():  # a process without one: its kernels stay unplaced
+                placer[unplaced & (process == pid)] = tid
+        if len(self.timelines) == 1 and (placer == next(iter(self.timelines))).all():  # one thread places all
+            step, phase = next(iter(self.timelines.values())).place(at)
+        else:
+            step = np.full(len(placer), -1, dtype="int64")
+            phase = np.full(len(placer), len(cpu.PHASES), dtype="int64")
+            for tid, timeline in self.timelines.items():
+                rows = placer == tid
+                if rows.any():
+                    step[rows], phase[rows] = timeline.place(at[rows])
+        inside = np.flatnonzero(step >= 0)
+        step, phase, duration = step[inside], phase[inside], k["duration"][inside]
+        cls = _class_of(self.classes, k["name_id"][inside], k["short_name_id"][inside])
+        n, phases = self.n, len(cpu.PHASES) + 1
+        self.phase_ns += np.bincount(step * phases + phase, weights=duration, minlength=n * phases).astype("int64")
+        self.class_ns += np.bincount(step * len(MIX_CLASSES) + cls, weights=duration,
+                                     minlength=n * len(MIX_CLASSES)).astype("int64")
+        self.kernels += np.bincount(step, minlength=n)
+        self.tiny += np.bincount(step[duration < TINY_KERNEL_NS], minlength=n)
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def run(self, events: EventStore) -> LaunchSums:
+        """Fed by a join of its own, unless it was fed already."""
+        if not self.finished:
+            for k in nvtx.launch_slices(events):
+                self.add(k)
+            self.finish()
+        return self
 
 
 # ---------------------------------------------------------------- busy and idle time, streamed
 
 def _frame(starts, ends) -> pd.DataFrame:
-    return pd.DataFrame({"start": np.asarray(starts, dtype="int64"), "end": np.asarray(ends, dtype="int64")})
+    return pd.DataFrame({"start": np.asarray(starts, dtype="int64"), "end": np.asarray(ends, dtype="int64")},
+                        copy=False)
 
 
 def _intersect(merged: pd.DataFrame, starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -247,20 +268,26 @@ def _intersect(merged: pd.DataFrame, starts, ends) -> tuple[np.ndarray, np.ndarr
 
 
 class _Pieces:
-    """Intervals cut to the steps' windows, each piece with its step's row: what is summed per step."""
+    """Intervals cut to the steps' windows, each piece with its step's row: what is summed per step.
+    Kept in order of start, with the latest end so far, so that a window of busy time meets only the
+    pieces it can cover (_DeviceTime's batches each meet a few of 0.4M copy pieces at 10M kernels)."""
 
     def __init__(self, start: np.ndarray = _EMPTY, end: np.ndarray = _EMPTY, row: np.ndarray = _EMPTY):
+        if len(start) and not (start[1:] >= start[:-1]).all():
+            order = np.argsort(start, kind="stable")
+            start, end, row = start[order], end[order], row[order]
         self.start, self.end, self.row = start, end, row
+        self.reach = np.maximum.accumulate(end) if len(end) else end  # the latest end up to each piece
 
     @classmethod
-    def cut(cls, merged: pd.DataFrame, steps_start: np.ndarray, steps_end: np.ndarray, rows=None) -> "_Pieces":
+    def cut(cls, merged: pd.DataFrame, steps_start: np.ndarray, steps_end: np.ndarray, rows=None) -> _Pieces:
         """`merged` (sorted disjoint) inside the windows of the steps `rows` (all steps by default)."""
         rows = np.arange(len(steps_start)) if rows is None else rows
         start, end, window = _intersect(merged, steps_start[rows], steps_end[rows])
         return cls(start, end, rows[window])
 
     @classmethod
-    def joined(cls, parts: list["_Pieces"]) -> "_Pieces":
+    def joined(cls, parts: list[_Pieces]) -> _Pieces:
         if not parts:
             return cls()
         return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("start", "end", "row")))
@@ -274,9 +301,16 @@ class _Pieces:
 
     def covered(self, merged: pd.DataFrame, n: int) -> np.ndarray:
         """Per step, how much of its pieces `merged` (sorted disjoint) covers."""
-        if not len(self.row):
+        if not len(self.row) or merged.empty:
             return np.zeros(n, "int64")
-        return self.per_step(intervals.covered_ns(merged, self.start, self.end), n)
+        # only the pieces that reach into [first start, last end) of `merged`
+        first = np.searchsorted(self.reach, merged["start"].iat[0], side="right")
+        last = np.searchsorted(self.start, merged["end"].iat[-1], side="left")
+        if first >= last:
+            return np.zeros(n, "int64")
+        near = slice(first, last)
+        covered = intervals.covered_ns(merged, self.start[near], self.end[near])
+        return np.bincount(self.row[near], weights=covered, minlength=n).astype("int64")
 
 
 class _Settled:
@@ -357,40 +391,37 @@ class _DeviceTime:
         self.sync_in_data += self.data.covered(synced, self.n)
 
 
-def _busy_windows(events: EventStore, span: tuple[int, int], classes: pd.DataFrame, nccl: bool):
-    """Per device, its kernels that overlap `span` sorted by start, in windows of about
-    gpu.BUSY_WINDOW_ROWS (edges at approximate quantiles of start, as gpu.busy_by_device cuts them):
-    yields (device, the last kernel end before span, [(starts, ends, is_nccl or None), ...] lazily)."""
+def _union_windows(unions: gpu.BusyUnions, span: tuple[int, int]):
+    """Per device whose kernels overlap `span`: the end of its last merged kernel interval before
+    `span`, and lazily its merged kernel intervals that overlap `span` (gpu.busy_unions), a window
+    of about gpu.BUSY_WINDOW_ROWS at a time, each with the union of its kernels but NCCL's cut at
+    the same start times (None without NCCL kernels)."""
     lo, hi = span
-    overlapping = f'k."end" > {lo} AND k.start < {hi}'
-    quantiles = ", ".join(str(q / gpu.BUSY_MAX_WINDOWS) for q in range(1, gpu.BUSY_MAX_WINDOWS))
-    devices = events.query(f"""
-        SELECT coalesce(device_id, -1)::BIGINT AS device_id, count(*) AS n, min(start) AS first, max(start) AS last,
-               approx_quantile(start, [{quantiles}]) AS cuts
-        FROM kernels k WHERE {overlapping} GROUP BY ALL ORDER BY device_id""")
-    before = events.query(f"""SELECT coalesce(device_id, -1)::BIGINT AS device_id, max("end") AS last_end
-                              FROM kernels WHERE "end" <= {lo} GROUP BY ALL""")
-    last_end = dict(zip(before["device_id"], before["last_end"]))
-    flag = f"coalesce(c.cls, {OTHER}) = {COMMUNICATION}" if nccl else "false"
-    for device, n, first, last, cuts in devices.itertuples(index=False):
-        windows = min(-(-int(n) // gpu.BUSY_WINDOW_ROWS), gpu.BUSY_MAX_WINDOWS)
-        inner = [cuts[k * gpu.BUSY_MAX_WINDOWS // windows - 1] for k in range(1, windows)]
-        edges = np.unique(np.array([first, *inner, last + 1], dtype="int64"))
+    for device, busy in unions.kernels.items():
+        starts, ends = busy.merged["start"].to_numpy("int64"), busy.merged["end"].to_numpy("int64")
+        first, last = np.searchsorted(ends, lo, side="right"), np.searchsorted(starts, hi, side="left")
+        if first >= last:
+            continue
+        own = unions.not_communication.get(device) if unions.not_communication is not None else None
+        own_starts, own_ends = ((own.merged["start"].to_numpy("int64"), own.merged["end"].to_numpy("int64"))
+                                if own is not None else (_EMPTY, _EMPTY))
+        own_first, own_last = np.searchsorted(own_ends, lo, side="right"), np.searchsorted(own_starts, hi, side="left")
 
-        def fetch(device=device, edges=edges):
-            for start, end in zip(edges[:-1], edges[1:]):
-                rows = events.arrays(f"""
-                    SELECT k.start, k."end", {flag} AS nccl FROM kernels k {_CLASS_JOIN}
-                    WHERE coalesce(k.device_id, -1) = {int(device)} AND {overlapping}
-                      AND k.start >= {start} AND k.start < {end}
-                    ORDER BY k.start""", classes=classes)
-                yield rows["start"], rows["end"], rows["nccl"].astype(bool)
-        yield int(device), int(last_end.get(device, -_FAR)), fetch()
+        def windows(starts=starts, ends=ends, first=first, last=last, own_starts=own_starts, own_ends=own_ends,
+                    own_first=own_first, own_last=own_last, nccl=unions.not_communication is not None):
+            cuts = np.r_[first:last:gpu.BUSY_WINDOW_ROWS, last]
+            # the other union cut at the same start times: both merge in order, window by window
+            own_cuts = np.clip(np.searchsorted(own_starts, starts[cuts[1:-1]], side="left"), own_first, own_last)
+            own_cuts = np.r_[own_first, own_cuts, max(own_last, own_first)]
+            for a, b, c, d in zip(cuts[:-1], cuts[1:], own_cuts[:-1], own_cuts[1:], strict=True):
+                yield starts[a:b], ends[a:b], *((own_starts[c:d], own_ends[c:d]) if nccl else (None, None))
+        yield int(device), int(ends[first - 1]) if first else -_FAR, windows()
 
 
 def _busy_and_idle(result: pd.DataFrame, tables, classes: pd.DataFrame, thread_of_step: np.ndarray,
-                   waits: pd.DataFrame) -> None:
-    """Fill the busy, idle and idle-cause columns of `result` (see the module docstring)."""
+                   waits: pd.DataFrame, unions: gpu.BusyUnions | None = None) -> None:
+    """Fill the busy, idle and idle-cause columns of `result` (see the module docstring). `unions`:
+    gpu.busy_unions of the capture, when the caller has them (step_accounting's `busy`)."""
     n = len(result)
     starts, ends = result["start"].to_numpy("int64"), result["end"].to_numpy("int64")
     empty = intervals.RunningUnion().result()
@@ -409,15 +440,17 @@ def _busy_and_idle(result: pd.DataFrame, tables, classes: pd.DataFrame, thread_o
     nccl = bool((classes["cls"] == COMMUNICATION).any())
     measured: dict[int, _DeviceTime] = {}
     exposed: dict[int, np.ndarray] = {}
-    for device, last_end, windows in _busy_windows(events, (int(starts.min()), int(ends.max())), classes, nccl):
+    span = (int(starts.min()), int(ends.max()))
+    unions = unions if unions is not None else gpu.busy_unions(events, memops.iloc[:0])
+    for device, last_end, windows in _union_windows(unions, span):
         copies = _Pieces.cut(copy_unions.get(device, empty), starts, ends)
         time = _DeviceTime(starts, ends, last_end, waited, copies, data)
         settled = _Settled()
         without_nccl = (_DeviceTime(starts, ends, last_end, gaps=False), _Settled()) if nccl else None
-        for window_starts, window_ends, is_nccl in windows:
+        for window_starts, window_ends, own_starts, own_ends in windows:
             time.add(*settled.add(window_starts, window_ends))
             if without_nccl:
-                without_nccl[0].add(*without_nccl[1].add(window_starts[~is_nccl], window_ends[~is_nccl]))
+                without_nccl[0].add(*without_nccl[1].add(own_starts, own_ends))
         time.add(*settled.close())
         time.close()
         measured[device] = time
@@ -492,42 +525,32 @@ def _classify(r: dict) -> tuple[str | None, str]:
     return verdict, f"{busy}, < {GPU_BOUND_PCT:.0f}%; {idle}{launches}"
 
 
-def step_accounting(tables, waits: pd.DataFrame | None = None) -> pd.DataFrame:
+def step_accounting(tables, waits: pd.DataFrame | None = None, launches: LaunchSums | None = None,
+                    busy: gpu.BusyUnions | None = None) -> pd.DataFrame:
     """One row per training step (COLUMNS, see the module docstring): kernel time by phase, SM-busy,
     copy-only and idle time, the causes of SM idle time, a bound class and its evidence. Empty (with
-    the columns) without step ranges. `waits`: cuda.host_wait_calls(tables.events), when the caller
-    has it already.
+    the columns) without step ranges. What the caller has already, so that it is not worked out
+    twice: `waits`, cuda.host_wait_calls(tables.events); `launches`, a LaunchSums(tables) that
+    nvtx.gpu_time_by_range fed (its `also`); `busy`, gpu.busy_unions(tables.events, tables.memops).
 
     Why: a capture-wide verdict averages a data stall in one step with compute in the next; per step,
     each cost is where it happened, and backward kernels launched from autograd threads are counted
     in `backward`, not outside every range."""
-    ranges = tables.nvtx
-    steps = cpu.step_table(ranges)
-    if steps.empty:
+    sums = (launches if launches is not None else LaunchSums(tables)).run(tables.events)
+    steps, n = sums.steps, sums.n
+    if not n:
         return pd.DataFrame(columns=COLUMNS)
-    steps = steps.reset_index(drop=True)
-    step_rows = _step_ranges(ranges, steps)
-    thread_of_step = np.full(len(steps), -1, dtype="int64")
-    thread_of_step[step_rows.to_numpy()] = ranges.loc[step_rows.index, "global_tid"].to_numpy("int64")
-    # each process's training thread: the one with the most steps (a rank has one)
-    training_thread = {}
-    for tid in pd.Series(thread_of_step[thread_of_step >= 0]).value_counts().index:
-        training_thread.setdefault(int(tid) >> 24 & 0xFFFFFF, int(tid))
-    n = len(steps)
-    classes = _name_classes(tables.events)
-    sums = _launch_sums(tables.events, classes, _timelines(ranges, step_rows), training_thread, n)
-
     result = steps[["step", "start", "end", "duration"]].copy()
-    result["kernels"], result["tiny_kernels"] = sums["kernels"], sums["tiny"]
-    by_phase = sums["phase_ns"].reshape(n, len(cpu.PHASES) + 1)
+    result["kernels"], result["tiny_kernels"] = sums.kernels, sums.tiny
+    by_phase = sums.phase_ns.reshape(n, len(cpu.PHASES) + 1)
     for i, column in enumerate(PHASE_COLUMNS):
         result[column] = by_phase[:, i]
     result["kernel_ns"] = by_phase.sum(axis=1)
-    by_class = sums["class_ns"].reshape(n, len(MIX_CLASSES))
+    by_class = sums.class_ns.reshape(n, len(MIX_CLASSES))
     for i, column in ((COMPUTE, "compute_kernel_ns"), (MEMORY, "memory_kernel_ns"), (COMMUNICATION, "comm_kernel_ns")):
         result[column] = by_class[:, i]
-    _busy_and_idle(result, tables, classes, thread_of_step,
-                   cuda.host_wait_calls(tables.events) if waits is None else waits)
+    _busy_and_idle(result, tables, sums.classes, sums.thread_of_step,
+                   cuda.host_wait_calls(tables.events) if waits is None else waits, busy)
     result["sm_busy_pct"] = 100.0 * result["sm_busy_ns"] / result["duration"].clip(lower=1)
     result["idle_pct"] = 100.0 * result["idle_ns"] / result["duration"].clip(lower=1)
     verdicts = [_classify(r) for r in result.to_dict("records")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from sftprof.analysis.stats import duration_summary, finish_summary
@@ -40,8 +41,8 @@ def waits_for_gpu(name: str) -> bool:
 
 def name_ids(events: EventStore, keep) -> list[int]:
     """Ids of the call names (a few dozen, whatever the trace size) for which `keep(name)` holds."""
-    names = events.query("SELECT id, name FROM api_names WHERE id IN (SELECT DISTINCT name_id FROM cuda_api)")
-    return [int(i) for i, name in zip(names["id"], names["name"]) if keep(str(name))]
+    names = events.used_names("cuda_api")
+    return [int(i) for i, name in zip(names["id"], names["name"], strict=True) if keep(str(name))]
 
 
 CALL_COLUMNS = 'a.start, a."end", a.duration, n.name, a.global_tid, a.pid, a.tid, a.correlation_id'
@@ -106,16 +107,24 @@ def sync_activity(sync: pd.DataFrame) -> pd.DataFrame:
 def with_api_calls(ops: pd.DataFrame, events: EventStore) -> pd.DataFrame:
     """GPU operations (memory operations: a few per step) with the API call that issued them (`api`
     name, `api_start`, `api_end`, `api_duration`, `global_tid`): correlation ids are unique only
-    within a process, so the join is on (pid, correlation_id), as nsys's own scripts do."""
+    within a process, so the join is on (pid, correlation_id), as nsys's own scripts do.
+
+    The join brings back numbers only (the call's name as an id): each row then refers to one of a
+    few name strings, and the operations are taken once, in their order (1.5M memsets at 10M kernels)."""
     keyed = ops.dropna(subset=["pid", "correlation_id"]).astype({"pid": "int64", "correlation_id": "int64"})
-    joined = events.query("""
-        SELECT a.start AS api_start, a."end" AS api_end, a.duration AS api_duration, a.global_tid,
-               n.name AS api, o.row
+    keys = pd.DataFrame({"row": np.arange(len(keyed)), "pid": keyed["pid"].to_numpy(),
+                         "correlation_id": keyed["correlation_id"].to_numpy()})
+    joined = events.arrays("""
+        SELECT o.row, a.start AS api_start, a."end" AS api_end, a.duration AS api_duration, a.global_tid, a.name_id
         FROM ops o JOIN cuda_api a ON a.pid = o.pid AND a.correlation_id = o.correlation_id
-        JOIN api_names n ON n.id = a.name_id""",
-                          ops=pd.DataFrame({"row": range(len(keyed)), "pid": keyed["pid"].to_numpy(),
-                                            "correlation_id": keyed["correlation_id"].to_numpy()}))
-    joined = joined.sort_values("row", kind="stable").reset_index(drop=True)
-    joined["api"] = joined["api"].map({name: base_name(name) for name in joined["api"].unique()})
-    matched = keyed.reset_index(drop=True).iloc[joined["row"].to_numpy()].reset_index(drop=True)
-    return pd.concat([matched, joined.drop(columns="row")], axis=1)
+        JOIN api_names n ON n.id = a.name_id""", ops=keys)
+    order = np.argsort(joined["row"], kind="stable")
+    joined = {column: values[order] for column, values in joined.items()}
+    ids = np.unique(joined["name_id"])
+    names = events.query(f"SELECT id, name FROM api_names WHERE id IN ({', '.join(map(str, ids.tolist() or [-1]))})")
+    base = dict(zip(names["id"].tolist(), names["name"].map(lambda name: base_name(str(name))), strict=True))
+    api = (np.array([base[i] for i in ids.tolist()], dtype=object)[np.searchsorted(ids, joined["name_id"])]
+           if len(ids) else np.zeros(0))  # no calls: the dtype pandas gave the empty column before
+    matched = keyed.iloc[joined["row"]].reset_index(drop=True)
+    return matched.assign(api_start=joined["api_start"], api_end=joined["api_end"], api_duration=joined["api_duration"],
+                          global_tid=joined["global_tid"], api=api)

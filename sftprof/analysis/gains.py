@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import cuda, intervals, kernels
+from sftprof.analysis import cuda, gpu, intervals, kernels
 from sftprof.trace.events import EventStore
 
 # A kernel launch that takes longer than this waited for a free slot in the full launch queue (a
@@ -52,7 +52,7 @@ class StepClock:
     cpu_wait: pd.DataFrame
 
     @classmethod
-    def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: pd.DataFrame, cpu_wait: pd.DataFrame) -> "StepClock":
+    def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: pd.DataFrame, cpu_wait: pd.DataFrame) -> StepClock:
         waits = intervals.union(cpu_wait[["start", "end"]])
         if len(steps):
             ordered = steps.sort_values("start")
@@ -132,9 +132,18 @@ class StepClock:
         so no union is taken: a launch-bound run has millions of them."""
         starts = self.gpu_busy["end"].to_numpy(dtype="int64")[:-1]
         ends = self.gpu_busy["start"].to_numpy(dtype="int64")[1:]
-        keep = (ends - starts > longer_than) & (ends - starts <= (at_most if at_most is not None else np.inf))
-        stretches = pd.DataFrame({"start": starts[keep], "end": ends[keep]})
-        return intervals.covered_ns(stretches, self.starts, self.ends).astype(float)
+        idle = np.zeros(self.steps, dtype="int64")
+        for i in range(0, len(starts), intervals.CHUNK_ROWS):  # a chunk at a time: no temporary of 80 MB
+            chunk_starts, chunk_ends = starts[i:i + intervals.CHUNK_ROWS], ends[i:i + intervals.CHUNK_ROWS]
+            lengths = chunk_ends - chunk_starts
+            keep = lengths > longer_than
+            if at_most is not None:
+                keep &= lengths <= at_most
+            # the stretches left out made empty, not removed: no copy of the ones kept
+            stretches = pd.DataFrame({"start": chunk_starts, "end": np.where(keep, chunk_ends, chunk_starts)},
+                                     copy=False)
+            idle += intervals.covered_ns(stretches, self.starts, self.ends)
+        return idle.astype(float)
 
 
 def cpu_waits(events: EventStore, waits: pd.DataFrame) -> pd.DataFrame:
@@ -154,38 +163,99 @@ def kernel_time_in(kernels_busy: pd.DataFrame, starts, ends) -> np.ndarray:
 
 def _names(events: EventStore) -> pd.DataFrame:
     """Every kernel name id with its names and family (kernels.KERNEL_FAMILIES): a few dozen rows."""
-    names = events.query("""SELECT DISTINCT k.name_id, n.name, s.name AS short_name FROM kernels k
-                            LEFT JOIN kernel_names n ON n.id = k.name_id
-                            LEFT JOIN kernel_names s ON s.id = k.short_name_id
-                            WHERE k.name_id IS NOT NULL""")
+    names = events.used_names("kernels")
+    names = names.loc[names["name_id"] >= 0, ["name_id", "name", "short_name"]].drop_duplicates(ignore_index=True)
     return names.assign(family=kernels.kernel_families(names)) if len(names) else names.assign(family=[])
+
+
+CHAIN_COLUMNS = ["start", "kernels", "total_ns", "longest_ns"]
+_LAST = 2**62  # NULL device or stream ids sort after every other, as in SQL's ORDER BY
 
 
 def elementwise_chains(events: EventStore) -> pd.DataFrame:
     """Runs of two or more elementwise kernels one after another on a stream (no other kernel between
-    them there): when each run starts, its kernels, total time and longest kernel."""
-    columns = ["start", "kernels", "total_ns", "longest_ns"]
+    them there): when each run starts, its kernels, total time and longest kernel.
+
+    Each device's kernels are fetched a window of start times at a time (gpu.device_windows), put in
+    stream order in numpy, and cut into runs; a run still open at a window's end on its stream is
+    carried into the next window. Memory holds one window and the runs (a window function, or one
+    sorted fetch of every kernel, cost several times as much at ten million kernels, and the fetch
+    held them all)."""
     names = _names(events)
-    elementwise = names.loc[names["family"] == ELEMENTWISE_FAMILY, ["name_id"]] if len(names) else names
-    if elementwise.empty:
-        return pd.DataFrame(columns=columns, dtype="int64")
-    # Fetched in stream order and cut into runs in numpy: a window function over every kernel costs
-    # several times the sorted fetch at ten million kernels.
-    ordered = events.arrays("""SELECT start, duration, (device_id::BIGINT << 32) + coalesce(stream_id, -1) AS stream,
-                                      coalesce(name_id IN (SELECT name_id FROM elementwise), false) AS chained
-                               FROM kernels ORDER BY device_id, stream_id, start, "end\"""", elementwise=elementwise)
-    chained = ordered["chained"].astype(bool)
-    stream = ordered["stream"]
-    new_stream = np.r_[True, stream[1:] != stream[:-1]] if len(stream) else np.zeros(0, bool)
-    run = np.cumsum(~chained | new_stream)[chained]  # a run ends at another kernel or another stream
-    if not len(run):
-        return pd.DataFrame(columns=columns, dtype="int64")
-    first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
-    counts = np.diff(np.r_[first, len(run)])
-    durations = ordered["duration"][chained].astype("int64")
-    runs = pd.DataFrame({"start": ordered["start"][chained][first].astype("int64"), "kernels": counts.astype("int64"),
-                         "total_ns": np.add.reduceat(durations, first), "longest_ns": np.maximum.reduceat(durations, first)})
-    return runs[runs["kernels"] > 1].sort_values("start", kind="stable").reset_index(drop=True)
+    elementwise = names.loc[names["family"] == ELEMENTWISE_FAMILY, "name_id"] if len(names) else []
+    if not len(elementwise):
+        return pd.DataFrame(columns=CHAIN_COLUMNS, dtype="int64")
+    source = f"""(SELECT coalesce(device_id::BIGINT, {_LAST}) AS device_id, start, "end", duration,
+                         coalesce(stream_id::BIGINT, {_LAST}) AS stream,
+                         coalesce(name_id IN ({", ".join(str(int(i)) for i in elementwise)}), false) AS chained
+                  FROM kernels)"""
+    runs = _Runs()
+    for device, _, _, _, windows in gpu.device_windows(events, source):
+        for lo, hi in windows:
+            rows = events.arrays(f"""SELECT start, "end", duration, stream, chained FROM {source}
+                                     WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi}""")
+            runs.add(int(device), rows)
+    return runs.result()
+
+
+class _Runs:
+    """Runs of chained kernels per stream, fed windows of one device's kernels in start order."""
+
+    def __init__(self):
+        # per window, the runs of 2 or more kernels: start, kernels, total, longest, device, stream, first end
+        self.done: list[np.ndarray] = []
+        self.open: dict[tuple[int, int], np.ndarray] = {}  # (device, stream) -> the run that reached the window's end
+
+    def add(self, device: int, rows: dict[str, np.ndarray]) -> None:
+        # stream order: by stream, then start, then end (ties in start are rare: two passes cost little)
+        order = np.argsort(rows["end"], kind="stable")
+        order = order[np.argsort(rows["start"][order], kind="stable")]
+        order = order[np.argsort(rows["stream"][order], kind="stable")]
+        start, end, duration = rows["start"][order], rows["end"][order], rows["duration"][order]
+        stream, chained = rows["stream"][order], rows["chained"][order].astype(bool)
+        if not len(start):
+            return
+        new_stream = np.r_[True, stream[1:] != stream[:-1]]
+        at = np.flatnonzero(chained)
+        run = np.cumsum(~chained | new_stream)[at]  # a run ends at another kernel or another stream
+        first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if len(at) else at
+        last = np.r_[first[1:] - 1, len(at) - 1] if len(at) else at
+        first_at, last_at = at[first], at[last]
+        durations = duration[at]
+        found = np.stack([start[first_at], np.diff(np.r_[first, len(at)]), np.add.reduceat(durations, first),
+                          np.maximum.reduceat(durations, first), np.full(len(first), device), stream[first_at],
+                          end[first_at]]) if len(at) else np.zeros((7, 0), dtype="int64")
+        keep = np.ones(found.shape[1], dtype=bool)
+        # a stream's first run may continue the one open at the last window's end; its last may go on
+        stream_first = np.flatnonzero(new_stream)
+        stream_last = np.r_[stream_first[1:] - 1, len(start) - 1]
+        for s, a, b in zip(stream[stream_first], stream_first, stream_last, strict=True):
+            key = (device, int(s))
+            carried = self.open.pop(key, None)
+            ra, rb = np.searchsorted(first_at, a, side="left"), np.searchsorted(first_at, b, side="right")
+            if carried is not None:
+                if ra < rb and first_at[ra] == a:
+                    found[0, ra], found[6, ra] = carried[0], carried[6]
+                    found[1, ra] += carried[1]
+                    found[2, ra] += carried[2]
+                    found[3, ra] = max(found[3, ra], carried[3])
+                else:
+                    self.done.append(carried[:, None][:, carried[1:2] > 1])
+            if ra < rb and last_at[rb - 1] == b:
+                self.open[key] = found[:, rb - 1].copy()
+                keep[rb - 1] = False
+        self.done.append(found[:, keep & (found[1] > 1)])
+
+    def result(self) -> pd.DataFrame:
+        parts = [*self.done, *(run[:, None] for run in self.open.values() if run[1] > 1), np.zeros((7, 0), "int64")]
+        found = [np.concatenate([part[i] for part in parts]) for i in range(7)]  # a column at a time: no 7-row copy
+        # in time order; runs that start together in device, stream, then first kernel's end order
+        # (the order they came in already, but for runs carried over a window's end: checked)
+        order = np.argsort(found[0], kind="stable")
+        starts = found[0][order]
+        if (starts[1:] == starts[:-1]).any():
+            order = np.lexsort((found[6], found[5], found[4], found[0]))
+        return pd.DataFrame({column: found[i][order] for i, column in enumerate(CHAIN_COLUMNS)})
 
 
 def foreach_optimizer_kernels(events: EventStore) -> pd.DataFrame:

@@ -23,11 +23,14 @@ _KIND_IN_OPERATION = re.compile(r"memcpy (\w+)")
 def copy_kinds(memops: pd.DataFrame) -> pd.Series:
     """Each operation's copy kind ("HtoD"..., "memset"); read from the operation name where a
     loader did not give `copy_kind` (a Kineto trace names operations the nsys 2022.4 way)."""
+    given = memops["copy_kind"].astype("object") if "copy_kind" in memops else None
+    if given is not None and not given.isna().any():  # nsys's loader gives them all: no name is read
+        return given
     operations = memops["operation"].astype(str)
     from_name = operations.map({op: MEMSET_KIND if "memset" in op else
                                 (m.group(1) if (m := _KIND_IN_OPERATION.search(op)) else "Unknown")
                                 for op in operations.unique()})
-    return memops["copy_kind"].astype("object").fillna(from_name) if "copy_kind" in memops else from_name
+    return given.fillna(from_name) if given is not None else from_name
 
 
 def _host_side(kinds: pd.Series) -> tuple[pd.Series, pd.Series]:

@@ -17,7 +17,7 @@ import pandas as pd
 from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
-SLICE_KERNELS = 1 << 20
+SLICE_KERNELS = 1 << 19  # 0.5M: half the peak memory of the launch join at 1M, no slower at 10M kernels
 LAUNCH_KEYS = ["global_tid", "segment", "start", "end"]
 
 
@@ -50,7 +50,7 @@ def _placed_calls(nvtx: pd.DataFrame, calls: pd.DataFrame):
         known, strictly_inside, on_edge = _place(seg_starts, seg_ends, starts, ends)
         ranges = ranges_by_thread[tid]
         edges = {}
-        for label, start, end in zip(thread_calls.index[on_edge], starts[on_edge], ends[on_edge]):
+        for label, start, end in zip(thread_calls.index[on_edge], starts[on_edge], ends[on_edge], strict=True):
             inside = ranges[(ranges["start"] <= start) & (ranges["end"] >= end)]
             edges[label] = sorted(inside.index, key=lambda lbl: (-inside.at[lbl, "start"], inside.at[lbl, "end"], lbl))
         yield thread_calls.index[strictly_inside], thread_segments["segment"].to_numpy()[known[strictly_inside]], edges
@@ -62,7 +62,8 @@ def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     _, open_ranges = timeline_segments(nvtx)
     pairs = []
     for inside, segments, edges in _placed_calls(nvtx, calls):
-        pairs += [(call, label) for call, segment in zip(inside, segments) for label in open_ranges[segment]]
+        pairs += [(call, label) for call, segment in zip(inside, segments, strict=True)
+                  for label in open_ranges[segment]]
         pairs += [(call, label) for call, labels in edges.items() for label in labels]
     return pd.DataFrame(pairs, columns=["call", "range"]).astype(
         {"call": calls.index.dtype, "range": nvtx.index.dtype})
@@ -83,7 +84,7 @@ def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
 _last_segments: list = []  # [(weakref to an nvtx frame, its segments)]: rules ask again for the same frame
 
 
-def timeline_segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, "_OpenRanges"]:
+def timeline_segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, _OpenRanges]:
     """`_cut_timelines`, worked out once per NVTX table (analyses do not modify their inputs)."""
     if _last_segments and _last_segments[0][0]() is nvtx:
         return _last_segments[0][1]
@@ -126,7 +127,8 @@ def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, _OpenRanges]:
         first_segment += len(bounds)
     segments = pd.concat(parts, ignore_index=True) if parts else \
         pd.DataFrame(columns=["global_tid", "segment", "seg_start", "seg_end"])
-    pairs = pd.concat(opened, ignore_index=True) if opened else pd.DataFrame(columns=["segment", "start", "end", "label"])
+    pairs = (pd.concat(opened, ignore_index=True) if opened
+             else pd.DataFrame(columns=["segment", "start", "end", "label"]))
     # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges)
     pairs = pairs.sort_values(["segment", "start", "end", "label"], ascending=[True, False, True, True], kind="stable")
     offsets = np.r_[0, np.cumsum(np.bincount(pairs["segment"].to_numpy("int64"), minlength=len(segments)))]
@@ -153,16 +155,16 @@ class _LaunchTally:
         for tid, (seg_starts, seg_ends, seg_ids) in self.threads.items():
             rows = np.flatnonzero(tids == tid)
             known, inside, on_edge = _place(seg_starts, seg_ends, starts[rows], ends[rows])
-            np.add.at(self.kernels, seg_ids[known[inside]], 1)
-            np.add.at(self.gpu_ns, seg_ids[known[inside]], durations[rows[inside]])
+            ids = seg_ids[known[inside]]
+            self.kernels += np.bincount(ids, minlength=len(self.kernels))
+            self.gpu_ns += np.bincount(ids, weights=durations[rows[inside]], minlength=len(self.gpu_ns)).astype("int64")
             edge_rows = rows[on_edge]
             self.edge_calls.append(pd.DataFrame({
                 "global_tid": tid, "segment": seg_ids[known[on_edge]], "start": starts[edge_rows],
                 "end": ends[edge_rows], "kernels": 1, "gpu_ns": durations[edge_rows]}))
             placed[rows[inside | on_edge]] = True
         threads, which = np.unique(tids[~placed], return_inverse=True)
-        gpu_ns = np.zeros(len(threads), dtype="int64")
-        np.add.at(gpu_ns, which, durations[~placed])
+        gpu_ns = np.bincount(which, weights=durations[~placed], minlength=len(threads)).astype("int64")
         self.outside.append(pd.DataFrame({"global_tid": threads, "kernels": np.bincount(which, minlength=len(threads)),
                                           "gpu_ns": gpu_ns}))
 
@@ -180,41 +182,125 @@ class _LaunchTally:
         return rows.groupby("global_tid", sort=False).sum().reset_index()
 
 
-def _launches(events: EventStore):
-    """Kernels joined to their launching calls (global_tid, start and end of the call, duration of
-    the kernel) as numpy arrays, in slices of about SLICE_KERNELS kernels by correlation id: ids
-    grow with time, so DuckDB skips the other slices' row groups, and one slice fits in memory.
-    Correlation ids are unique within a process, so the join is on (pid, correlation_id)."""
+# A call's pid (24 bits) and correlation id, offset from its slice's first, as one int64 key.
+_KEY_SHIFT = 38
+_LAUNCH_COLUMNS = ("launch_tid", "launch_start", "launch_end", "start", "duration", "pid", "name_id", "short_name_id")
+
+
+def launch_slices(events: EventStore):
+    """Every kernel with the CUDA API call that launched it, as numpy arrays (_LAUNCH_COLUMNS), in
+    slices of about SLICE_KERNELS kernels by correlation id: ids grow with time, so DuckDB skips the
+    other slices' row groups, and one slice fits in memory. A kernel whose launch was not traced
+    has launch_tid -1 and its own start as the launch's start and end; NULL pids and name ids are -1.
+
+    Correlation ids are unique within a process, so kernels and calls are matched on (pid,
+    correlation_id), as nsys's own scripts do: both sides of a slice are fetched as arrays and
+    matched in numpy, through an array indexed by correlation id (one process) or by binary search
+    (several). A DuckDB join of the same slices took 2-3x as long: fetching is cheap, the join's
+    result is not. A slice whose calls repeat a key (a damaged export) is joined by DuckDB instead,
+    duplicates and all."""
     count, low, high = events.query(
         "SELECT count(*) AS n, min(correlation_id) AS lo, max(correlation_id) AS hi FROM kernels").iloc[0]
-    if pd.isna(low):
-        return
-    step = (int(high) - int(low)) // -(-int(count) // SLICE_KERNELS) + 1
-    for lo in range(int(low), int(high) + 1, step):
-        launched = events.arrays(f"""
-            SELECT a.global_tid, a.start, a."end", k.duration
-            FROM (SELECT * FROM kernels WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) k
-            JOIN (SELECT * FROM cuda_api WHERE correlation_id >= {lo} AND correlation_id < {lo + step}) a
-              ON a.pid = k.pid AND a.correlation_id = k.correlation_id
-            WHERE a.global_tid IS NOT NULL""")
-        yield launched["global_tid"], launched["start"], launched["end"], launched["duration"]
+    kernel_columns = """correlation_id, coalesce(global_pid, -1) AS global_pid, start, duration,
+                        coalesce(name_id, -1) AS name_id, coalesce(short_name_id, -1) AS short_name_id"""
+    if not pd.isna(low):
+        step = (int(high) - int(low)) // -(-int(count) // SLICE_KERNELS) + 1
+        for lo in range(int(low), int(high) + 1, step):
+            within = f"correlation_id >= {lo} AND correlation_id < {lo + step}"
+            kernels = _with_pid(events.arrays(f"SELECT {kernel_columns} FROM kernels WHERE {within}"))
+            calls = events.arrays(f"""SELECT correlation_id, global_tid, start, "end" FROM cuda_api
+                                      WHERE {within} AND global_tid IS NOT NULL""")
+            joined = _matched(kernels, calls, lo, step)
+            yield joined if joined is not None else _joined_by_duckdb(events, within)
+    rest = events.arrays(f"SELECT {kernel_columns} FROM kernels WHERE correlation_id IS NULL")
+    if len(rest["start"]):
+        yield _unlaunched(_with_pid(rest))
 
 
-def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dict) -> pd.DataFrame:
+def _with_pid(kernels: dict) -> dict[str, np.ndarray]:
+    """The kernels' pid from global_pid (as the kernels view computes it; -1 for none), name ids as int64."""
+    global_pid = kernels.pop("global_pid")
+    kernels["pid"] = np.where(global_pid >= 0, (global_pid >> 24) & 0xFFFFFF, -1)
+    for column in ("name_id", "short_name_id"):
+        kernels[column] = kernels[column].astype("int64", copy=False)
+    return kernels
+
+
+def _unlaunched(kernels: dict) -> dict[str, np.ndarray]:
+    none = np.full(len(kernels["start"]), -1, dtype="int64")
+    return {"launch_tid": none, "launch_start": kernels["start"], "launch_end": kernels["start"],
+            **{c: kernels[c] for c in ("start", "duration", "pid", "name_id", "short_name_id")}}
+
+
+def _matched(kernels: dict, calls: dict, lo: int, step: int) -> dict[str, np.ndarray] | None:
+    """Each kernel of a slice with its call (launch_slices), or None where a call repeats a key."""
+    joined = _unlaunched(kernels)
+    if not len(calls["correlation_id"]):
+        return joined
+    call_pid = (calls["global_tid"] >> 24) & 0xFFFFFF
+    offsets, kernel_offsets = calls["correlation_id"] - lo, kernels["correlation_id"] - lo
+    pid = int(call_pid[0])
+    if (call_pid == pid).all() and step <= 2 * len(offsets) + 1024:
+        # one process: each call's row, at its correlation id
+        row_of = np.full(step, -1, dtype="int64")
+        row_of[offsets] = np.arange(len(offsets))
+        if (row_of[offsets] != np.arange(len(offsets))).any():
+            return None
+        call = np.where(kernels["pid"] == pid, row_of[kernel_offsets], -1)
+        found = call >= 0
+    else:
+        call_keys = (call_pid << _KEY_SHIFT) | offsets
+        order = np.argsort(call_keys, kind="stable")  # nearly sorted already: ids grow with time
+        sorted_keys = call_keys[order]
+        if (sorted_keys[1:] == sorted_keys[:-1]).any() or step >= 1 << _KEY_SHIFT:
+            return None
+        kernel_keys = np.where(kernels["pid"] >= 0, (kernels["pid"] << _KEY_SHIFT) | kernel_offsets, -1)
+        at = np.minimum(np.searchsorted(sorted_keys, kernel_keys), len(sorted_keys) - 1)
+        found = sorted_keys[at] == kernel_keys
+        call = order[at]
+    if found.any():
+        call = np.where(found, call, 0)
+        joined["launch_tid"] = np.where(found, calls["global_tid"][call], -1)
+        joined["launch_start"] = np.where(found, calls["start"][call], kernels["start"])
+        joined["launch_end"] = np.where(found, calls["end"][call], kernels["start"])
+    return joined
+
+
+def _joined_by_duckdb(events: EventStore, within: str) -> dict[str, np.ndarray]:
+    joined = events.arrays(f"""
+        SELECT coalesce(a.global_tid, -1) AS launch_tid, coalesce(a.start, k.start) AS launch_start,
+               coalesce(a."end", k.start) AS launch_end, k.start, k.duration, coalesce(k.pid, -1) AS pid,
+               coalesce(k.name_id, -1) AS name_id, coalesce(k.short_name_id, -1) AS short_name_id
+        FROM (SELECT * FROM kernels WHERE {within}) k
+        LEFT JOIN (SELECT pid, correlation_id, global_tid, start, "end" FROM cuda_api WHERE {within}) a
+          ON a.pid = k.pid AND a.correlation_id = k.correlation_id""")
+    return {column: joined[column].astype("int64") for column in _LAUNCH_COLUMNS}
+
+
+def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dict, also=None) -> pd.DataFrame:
     """Kernel time per NVTX range name. Kernels launched outside every range are listed per thread,
     so that backward kernels launched by an unannotated autograd thread show up as such.
 
-    Kernels are joined to their launches in DuckDB, a slice at a time; each launch is placed in its
-    thread's segments by binary search, and calls that touch a segment's edge are placed exactly,
-    one by one."""
+    Kernels are joined to their launches a slice at a time (launch_slices); each launch is placed in
+    its thread's segments by binary search, and calls that touch a segment's edge are placed
+    exactly, one by one. `also`: another tally of the same join (accounting.LaunchSums), fed every
+    slice as it passes (`also.add`) and closed at the end (`also.finish`), so that the kernels are
+    joined to their launches once for both."""
     columns = ["range", "kernels", "gpu_ns", "gpu_pct", "inclusive_kernels", "inclusive_gpu_ns"]
     totals = events.query("SELECT count(*) AS n, coalesce(sum(duration), 0)::BIGINT AS ns FROM kernels").iloc[0]
     if not totals["n"]:
+        if also is not None:
+            also.finish()
         return pd.DataFrame(columns=columns)
     segments, open_ranges = timeline_segments(nvtx)
     tally = _LaunchTally(segments)
-    for launches in _launches(events):
-        tally.add(*launches)
+    for launches in launch_slices(events):
+        if also is not None:
+            also.add(launches)
+        launched = launches["launch_tid"] >= 0
+        tally.add(*(launches[c][launched] for c in ("launch_tid", "launch_start", "launch_end", "duration")))
+    if also is not None:
+        also.finish()
 
     def outside(tid) -> str:
         return _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}"))
@@ -225,7 +311,8 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
         names = [name_of[label] for label in open_ranges[segment]]
         exclusive.append((names[0] if names else outside(tid), kernels, gpu_ns))
         inclusive += [(name, kernels, gpu_ns) for name in names]
-    exclusive += [(outside(tid), kernels, gpu_ns) for tid, kernels, gpu_ns in tally.outside_segments().itertuples(index=False)]
+    exclusive += [(outside(tid), kernels, gpu_ns)
+                  for tid, kernels, gpu_ns in tally.outside_segments().itertuples(index=False)]
     calls = tally.on_edges()
     if len(calls):
         innermost = innermost_ranges(nvtx, calls)
@@ -234,12 +321,13 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
             exclusive.append((name, call["kernels"], call["gpu_ns"]))
         pairs = enclosing_ranges(nvtx, calls)
         inclusive += [(nvtx.at[r, "name"], calls.at[c, "kernels"], calls.at[c, "gpu_ns"])
-                      for c, r in zip(pairs["call"], pairs["range"])]
+                      for c, r in zip(pairs["call"], pairs["range"], strict=True)]
     exclusive = pd.DataFrame(exclusive, columns=["range", "kernels", "gpu_ns"]).groupby("range").sum()
     launched_n, launched_ns = int(exclusive["kernels"].sum()), int(exclusive["gpu_ns"].sum())
     if totals["n"] > launched_n:
         exclusive.loc[NOT_TRACED] = [int(totals["n"]) - launched_n, int(totals["ns"]) - launched_ns]
-    inclusive = pd.DataFrame(inclusive, columns=["range", "inclusive_kernels", "inclusive_gpu_ns"]).groupby("range").sum()
+    inclusive = pd.DataFrame(inclusive, columns=["range", "inclusive_kernels", "inclusive_gpu_ns"])
+    inclusive = inclusive.groupby("range").sum()
     frame = exclusive.join(inclusive, how="outer").fillna(0).astype("int64").reset_index()
     frame = frame.rename(columns={"index": "range"})
     frame["gpu_pct"] = 100.0 * frame["gpu_ns"] / totals["ns"] if totals["ns"] else 0.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import intervals
+from sftprof.analysis import gpu, intervals
 from sftprof.analysis.cuda import calls_during
 from sftprof.analysis.gpu import TINY_KERNEL_NS, DeviceBusy
 from sftprof.trace.events import EventStore
@@ -21,7 +21,7 @@ from sftprof.trace.events import EventStore
 # each other within microseconds, so 1 ms of nothing is a stall; nsys analyze's gpu_gaps uses
 # 500 ms, tuned for whole-application traces, which would hide every in-step stall.
 IDLE_GAP_NS = 1_000_000
-UTILISATION_CHUNKS = 50
+UTILISATION_CHUNKS = gpu.TIMELINE_CHUNKS
 LOW_UTILISATION_PCT = 50.0  # as nsys's gpu_time_util
 GAPS_EXPLAINED = 5
 CAUSES_PER_SOURCE = 5  # rows per gap and per kind of CPU activity
@@ -40,12 +40,19 @@ def idle_gaps(busy: dict[int, DeviceBusy], min_gap_ns: int = IDLE_GAP_NS) -> pd.
 def utilisation_timeline(events: EventStore, busy: dict[int, DeviceBusy],
                          chunks: int = UTILISATION_CHUNKS) -> pd.DataFrame:
     """Per device, its active span in `chunks` equal windows: busy %, and kernels started in each
-    (all, and those shorter than TINY_KERNEL_NS)."""
+    (all, and those shorter than TINY_KERNEL_NS): counted as gpu.busy_unions merged them where it
+    did, else by a query."""
     columns = ["device_id", "chunk", "start", "end", "busy_pct", "kernels", "tiny_kernels"]
     frames = []
     for device, b in busy.items():
         starts, ends = intervals.chunk_edges(b.first, b.last, chunks)
         covered = intervals.covered_ns(b.merged, starts, ends)
+        if b.kernel_chunks is not None and chunks == gpu.TIMELINE_CHUNKS:
+            counts, tiny = b.kernel_chunks
+            frames.append(pd.DataFrame({"device_id": device, "chunk": np.arange(chunks), "start": starts, "end": ends,
+                                        "busy_pct": 100.0 * covered / np.maximum(ends - starts, 1),
+                                        "kernels": counts, "tiny_kernels": tiny}))
+            continue
         # The chunk a kernel starts in: the last one starting at or before it (the first, if none).
         # Proportion gives it to within one of the rounded edges; the edges settle it.
         edges = "[" + ", ".join(map(str, starts)) + "]"
@@ -89,7 +96,7 @@ def _leaf_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
     leaves = []
     for _, thread_ranges in ranges.groupby("global_tid"):
         starts, ends = thread_ranges["start"].to_numpy(), thread_ranges["end"].to_numpy()
-        contains_other = [((starts >= s) & (ends <= e)).sum() > 1 for s, e in zip(starts, ends)]
+        contains_other = [((starts >= s) & (ends <= e)).sum() > 1 for s, e in zip(starts, ends, strict=True)]
         leaves.append(thread_ranges[~np.array(contains_other)])
     return pd.concat(leaves) if leaves else ranges
 

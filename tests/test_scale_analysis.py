@@ -1,0 +1,283 @@
+"""The large-trace paths give what the plain computations give: one busy pass for three unions and the
+timeline's counts, one launch join for the NVTX projection and the per-step accounting, windowed
+elementwise chains, unions written in place, and the loader's labels read as codes.
+
+Each is checked against a direct computation on small or random traces, with windows and slices made
+tiny so that every edge between them is crossed (benchmarks/ENGINE.md has the measurements behind
+these paths)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sftprof.analysis import accounting, cpu, cuda, gains, gpu, intervals, nvtx, utilisation
+from sftprof.trace import load_trace
+from sftprof.trace.events import EventStore
+from sftprof.trace.tables import COLUMNS, TraceTables
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MAIN, AUTOGRAD, OTHER_PROCESS = (7 << 24) | 7, (7 << 24) | 9, (8 << 24) | 8
+NAMES = ["vectorized_elementwise_kernel", "ampere_bf16_gemm", "unrolled_elementwise_kernel", "reduce_kernel",
+         "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"]
+
+
+def _frame(table: str, rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{c: row.get(c) for c in COLUMNS[table]} for row in rows], columns=COLUMNS[table])
+
+
+def random_trace(seed: int = 5, n: int = 6_000, devices=(0, 1), streams=(7, 8, 13), memops: int = 300,
+                 steps: int = 12) -> TraceTables:
+    """Kernels on several devices and streams (overlapping, some NCCL, some ties), launched from two
+    threads of one process and one of another, some without a traced launch; memory operations;
+    step and phase ranges on the main thread."""
+    rng = np.random.default_rng(seed)
+    span = 1_000_000
+    starts = rng.integers(1, span, n)
+    kernels = pd.DataFrame({"start": starts, "end": starts + rng.integers(0, 400, n),
+                            "name": rng.choice(NAMES, n, p=[.35, .25, .2, .1, .1]),
+                            "device_id": rng.choice(devices, n), "stream_id": rng.choice(streams, n),
+                            "pid": 7, "correlation_id": np.arange(1, n + 1) * 3})
+    kernels["short_name"] = kernels["name"]
+    kernels.loc[rng.random(n) < 0.05, "correlation_id"] = None        # launch not traced
+    kernels["duration"] = kernels["end"] - kernels["start"]
+    tids = rng.choice([MAIN, AUTOGRAD, OTHER_PROCESS], n, p=[.6, .3, .1])
+    launch = np.maximum(kernels["start"].to_numpy() - rng.integers(0, 2_000, n), 0)
+    launched = kernels["correlation_id"].notna().to_numpy()
+    calls = pd.DataFrame({"start": launch[launched], "end": launch[launched] + 500, "name": "cudaLaunchKernel",
+                          "global_tid": tids[launched], "correlation_id": kernels["correlation_id"][launched]})
+    calls["pid"], calls["tid"] = tids[launched] >> 24, tids[launched] & 0xFFFFFF
+    calls["duration"] = calls["end"] - calls["start"]
+    kernels.loc[tids == OTHER_PROCESS, "pid"] = 8
+    syncs = pd.DataFrame({"start": rng.integers(0, span, 40), "name": "cudaStreamSynchronize", "global_tid": MAIN,
+                          "pid": 7, "tid": 7, "correlation_id": 10**7 + np.arange(40)})
+    syncs["end"] = syncs["start"] + rng.integers(0, 20_000, 40)
+    syncs["duration"] = syncs["end"] - syncs["start"]
+    ranges = []
+    edges = np.linspace(0, span, steps + 1).astype("int64")
+    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        ranges.append({"name": f"step {i}", "start": lo, "end": hi})
+        cut = np.linspace(lo, hi, 5).astype("int64")
+        ranges += [{"name": phase, "start": a, "end": b}
+                   for phase, a, b in zip(cpu.PHASES, cut[:-1], cut[1:], strict=True)]
+    nvtx_rows = [{**r, "duration": r["end"] - r["start"], "style": "PushPop", "global_tid": MAIN, "pid": 7, "tid": 7}
+                 for r in ranges]
+    op_starts = rng.integers(1, span, memops)
+    ops = [{"start": s, "end": s + int(d), "duration": int(d), "operation": "[CUDA memcpy HtoD]", "bytes": 64,
+            "device_id": int(dev), "stream_id": 9, "pid": 7, "correlation_id": None, "copy_kind": "HtoD"}
+           for s, d, dev in zip(op_starts, rng.integers(0, 3_000, memops), rng.choice(devices, memops), strict=True)]
+    events = EventStore.from_frames(kernels=kernels, cuda_api=pd.concat([calls, syncs], ignore_index=True))
+    return TraceTables(source_path="random", span_ns=span, sources={"cuda", "nvtx"}, events=events,
+                       nvtx=_frame("nvtx", nvtx_rows), memops=_frame("memops", ops))
+
+
+@pytest.fixture(params=[None, 97], ids=["whole", "tiny windows"])
+def windows(request, monkeypatch):
+    """Run a test with the default windows and slices, and with ones a few dozen rows long."""
+    if request.param:
+        monkeypatch.setattr(gpu, "BUSY_WINDOW_ROWS", request.param)
+        monkeypatch.setattr(gpu, "BUSY_MAX_WINDOWS", 1_000)
+        monkeypatch.setattr(nvtx, "SLICE_KERNELS", request.param)
+    return request.param
+
+
+# ---------------------------------------------------------------- unions
+
+def test_running_union_in_place_equals_the_union_at_once():
+    rng = np.random.default_rng(11)
+    for overlap in (5, 60, 5_000):  # mostly apart, some merged, nearly all merged
+        starts = np.sort(rng.integers(0, 200_000, 4_000))
+        ends = starts + rng.integers(0, overlap, len(starts))
+        at_once = intervals.union(pd.DataFrame({"start": starts, "end": ends}))
+        for capacity in (None, len(starts), 10):  # announced, or too small: pieces from then on
+            for batch in (1, 7, 999, 4_000):
+                running = intervals.RunningUnion(capacity)
+                for lo in range(0, len(starts), batch):
+                    running.add(starts[lo:lo + batch], ends[lo:lo + batch])
+                pd.testing.assert_frame_equal(running.result(), at_once)
+
+
+def test_covered_ns_counts_every_window_exactly():
+    rng = np.random.default_rng(3)
+    starts = np.sort(rng.integers(0, 10_000, 300))
+    merged = intervals.union(pd.DataFrame({"start": starts, "end": starts + rng.integers(0, 40, 300)}))
+    timeline = np.zeros(10_100, dtype=bool)
+    for s, e in zip(merged["start"], merged["end"], strict=True):
+        timeline[s:e] = True
+    lo = rng.integers(0, 10_000, 500)
+    hi = lo + rng.integers(0, 500, 500)
+    expected = [int(timeline[a:b].sum()) for a, b in zip(lo, hi, strict=True)]
+    assert intervals.covered_ns(merged, lo, hi).tolist() == expected
+
+
+def test_one_busy_pass_gives_the_three_unions_and_the_timeline_counts(windows):
+    tables = random_trace()
+    events, memops = tables.events, tables.memops
+    kernels = tables.kernels
+    kernels = kernels[kernels["start"] > 0]
+    comm = kernels["name"].str.contains("nccl")
+    unions = gpu.busy_unions(events, memops)
+    for device in (0, 1):
+        mine, ops = kernels[kernels["device_id"] == device], memops[memops["device_id"] == device]
+        expected = {"operations": pd.concat([mine[["start", "end"]], ops[["start", "end"]]]),
+                    "kernels": mine[["start", "end"]], "not_communication": mine.loc[~comm, ["start", "end"]]}
+        for name, rows in expected.items():
+            union = getattr(unions, name)[device].merged
+            pd.testing.assert_frame_equal(union, intervals.union(rows.astype("int64")))
+    assert unions.operations[0].last == max(kernels.loc[kernels["device_id"] == 0, "end"].max(),
+                                            memops.loc[memops["device_id"] == 0, "end"].max())
+    # the counts the pass kept are the timeline's query
+    counted = utilisation.utilisation_timeline(events, unions.operations)
+    queried = utilisation.utilisation_timeline(events, {d: gpu.DeviceBusy(b.merged, b.first, b.last)
+                                                        for d, b in unions.operations.items()})
+    pd.testing.assert_frame_equal(counted, queried)
+    assert counted["kernels"].sum() == len(kernels)
+
+
+def test_without_collectives_there_is_no_third_union_and_without_copies_two_are_one():
+    tables = random_trace(devices=(0,))
+    names = tables.kernels["name"]
+    assert names.str.contains("nccl").any()
+    plain = EventStore.from_frames(kernels=tables.kernels[~names.str.contains("nccl")])
+    unions = gpu.busy_unions(plain, tables.memops.iloc[:0])
+    assert unions.not_communication is None and unions.kernels[0].merged is unions.operations[0].merged
+    assert list(gpu.busy_by_device(tables.events, tables.memops)) == list(unions.operations)
+
+
+# ---------------------------------------------------------------- the launch join, shared
+
+def test_launch_slices_match_kernels_to_their_calls_as_a_join_does(windows):
+    tables = random_trace()
+    events = tables.events
+    kernels, calls = tables.kernels, tables.cuda_api
+    joined = kernels.merge(calls[["pid", "correlation_id", "global_tid", "start", "end"]], how="left",
+                           on=["pid", "correlation_id"], suffixes=("", "_call"))
+    expected = pd.DataFrame({"launch_tid": joined["global_tid"].fillna(-1).astype("int64"),
+                             "launch_start": joined["start_call"].fillna(joined["start"]).astype("int64"),
+                             "start": joined["start"], "duration": joined["duration"]})
+    found = pd.concat([pd.DataFrame({c: s[c] for c in expected.columns}) for s in nvtx.launch_slices(events)])
+    key = list(expected.columns)
+    pd.testing.assert_frame_equal(found.sort_values(key, ignore_index=True),
+                                  expected.sort_values(key, ignore_index=True), check_dtype=False)
+
+
+def test_a_call_that_repeats_a_key_is_joined_duplicates_and_all():
+    """A damaged export whose calls repeat a (pid, correlation id): each kernel meets both, as SQL's join does."""
+    kernels = pd.DataFrame({"start": [10, 20], "end": [15, 25], "name": "k", "short_name": "k", "device_id": 0,
+                            "stream_id": 7, "pid": 7, "correlation_id": [1, 2]})
+    calls = pd.DataFrame({"start": [1, 2, 3], "end": [4, 5, 6], "name": "cudaLaunchKernel", "global_tid": MAIN,
+                          "correlation_id": [1, 1, 2]})
+    [found] = list(nvtx.launch_slices(EventStore.from_frames(kernels=kernels, cuda_api=calls)))
+    assert sorted(zip(found["start"].tolist(), found["launch_start"].tolist(), strict=True)) == [(10, 1), (10, 2),
+                                                                                                 (20, 3)]
+
+
+@pytest.mark.parametrize("capture", ["h200_tiny_llama_bf16.sqlite", "h200_sft_clean.sqlite",
+                                     "h200_plant_device_sync.sqlite"])
+def test_accounting_fed_by_the_projection_and_the_busy_pass_equals_its_own(capture):
+    tables = load_trace(FIXTURES / capture).with_all_columns()
+    _shared_equals_own(tables)
+
+
+def test_accounting_shared_equals_own_on_several_devices_with_collectives(windows):
+    tables = random_trace()
+    own = _shared_equals_own(tables)
+    # SM-busy and exposed NCCL time, each step on its device, straight from the kernels
+    kernels = tables.kernels
+    for device, rows in own.groupby("device_id"):
+        mine = kernels[kernels["device_id"] == device]
+        busy = intervals.union(mine[["start", "end"]])
+        others = intervals.union(mine.loc[~mine["name"].str.contains("nccl"), ["start", "end"]])
+        sm = intervals.covered_ns(busy, rows["start"], rows["end"])
+        assert rows["sm_busy_ns"].tolist() == sm.tolist()
+        assert rows["comm_exposed_ns"].tolist() == (sm - intervals.covered_ns(others, rows["start"], rows["end"])).tolist()
+    assert own["comm_exposed_ns"].sum() > 0
+
+
+def _shared_equals_own(tables: TraceTables) -> pd.DataFrame:
+    events = tables.events
+    waits = cuda.host_wait_calls(events)
+    labels = cpu.thread_labels(cpu.thread_summary(tables, waits, cuda.calls_by_thread(events)))
+    own = accounting.step_accounting(tables, waits)
+    projection_alone = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
+    sums = accounting.LaunchSums(tables)
+    projection = nvtx.gpu_time_by_range(tables.nvtx, events, labels, sums)
+    assert sums.finished
+    pd.testing.assert_frame_equal(projection, projection_alone)
+    shared = accounting.step_accounting(tables, waits, sums, gpu.busy_unions(events, tables.memops))
+    pd.testing.assert_frame_equal(shared, own)
+    assert len(own) and own["kernel_ns"].sum() > 0
+    return own
+
+
+def test_launch_sums_not_fed_are_filled_by_the_accounting_itself():
+    tables = random_trace(devices=(0,))
+    waits = cuda.host_wait_calls(tables.events)
+    unfed = accounting.LaunchSums(tables)
+    pd.testing.assert_frame_equal(accounting.step_accounting(tables, waits, unfed),
+                                  accounting.step_accounting(tables, waits))
+    assert unfed.finished
+
+
+# ---------------------------------------------------------------- elementwise chains
+
+def _chains_at_once(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The runs of elementwise kernels, from every kernel sorted by device, stream, start and end."""
+    ordered = kernels.sort_values(["device_id", "stream_id", "start", "end"], kind="stable").reset_index(drop=True)
+    chained = ordered["name"].str.contains("elementwise").to_numpy()
+    stream = (ordered["device_id"].to_numpy("int64") << 32) + ordered["stream_id"].to_numpy("int64")
+    new_stream = np.r_[True, stream[1:] != stream[:-1]]
+    run = np.cumsum(~chained | new_stream)
+    runs = ordered[chained].assign(run=run[chained]).groupby("run").agg(
+        start=("start", "first"), kernels=("start", "size"), total_ns=("duration", "sum"),
+        longest_ns=("duration", "max"))
+    return runs[runs["kernels"] > 1].sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def test_chains_cut_window_by_window_equal_the_chains_of_every_kernel_at_once(windows):
+    kernels = random_trace(n=8_000).kernels
+    kernels = kernels.assign(start=kernels["start"] // 50 * 50)  # ties: several kernels start together
+    kernels["end"] = kernels["start"] + kernels["duration"]
+    found = gains.elementwise_chains(EventStore.from_frames(kernels=kernels))
+    expected = _chains_at_once(kernels)
+    assert len(found) > 100
+    pd.testing.assert_frame_equal(found[["kernels", "total_ns", "longest_ns"]],
+                                  expected[["kernels", "total_ns", "longest_ns"]], check_dtype=False)
+    assert found["start"].tolist() == expected["start"].tolist()
+
+
+# ---------------------------------------------------------------- the loader and the copies' calls
+
+def test_labels_read_as_codes_are_the_exports_labels():
+    """Memory operations', sync activity's and OS calls' text columns are read as codes and labels; the
+    same rows read with their labels as text by SQL."""
+    import sqlite3
+
+    path = FIXTURES / "h200_sft_clean.sqlite"
+    tables = load_trace(path)
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        osrt = pd.read_sql_query("""SELECT o.start, s.value AS name FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId
+                                    WHERE o.eventClass = 27 ORDER BY o.start""", conn)
+        sets = pd.read_sql_query("SELECT count(*) AS n FROM CUPTI_ACTIVITY_KIND_MEMSET", conn)["n"].iat[0]
+    assert tables.osrt["name"].tolist() == osrt["name"].tolist()
+    memops = tables.memops
+    assert (memops["operation"] == "[CUDA memset]").sum() == sets == (memops["copy_kind"] == "memset").sum()
+    assert memops["src_kind"][memops["copy_kind"] == "memset"].isna().all()
+    assert set(memops["dst_kind"].dropna()) <= {"Device", "Pinned", "Pageable"}
+    assert isinstance(memops["operation"].dtype, pd.CategoricalDtype)
+    assert set(tables.sync["sync_type"]) <= {"Event sync", "Stream wait sync", "Stream sync", "Context sync",
+                                             "Unknown"}
+
+
+def test_copies_with_their_calls_keep_the_operations_order_and_names():
+    tables = load_trace(FIXTURES / "h200_sft_clean.sqlite").with_all_columns()
+    copies = cuda.with_api_calls(tables.memops, tables.events)
+    calls = tables.cuda_api
+    expected = tables.memops.merge(calls, on=["pid", "correlation_id"], suffixes=("", "_call"))
+    assert len(copies) == len(expected) > 1_000
+    assert copies["start"].tolist() == expected["start"].tolist()
+    assert copies["api"].tolist() == [cuda.base_name(n) for n in expected["name"]]
+    assert copies["api_start"].tolist() == expected["start_call"].tolist()
