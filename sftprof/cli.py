@@ -3,6 +3,7 @@
   sftprof analyze REPORT        analyse an .nsys-rep, .sqlite or PyTorch profiler .json[.gz] into
                                 tables, findings and HTML
   sftprof compare A B [C...]    compare analyses or traces side by side: headline, deltas, findings
+  sftprof ranks DIR [DIR...]    compare the ranks of a multi-rank run: stragglers, skew, communication
   sftprof render FORM EXP WIN   print how a window runs: local command, sbatch script, salloc line
   sftprof submit EXP WIN        write the sbatch script of a window and submit it
   sftprof fetch EXP WIN         fetch a window's capture (or report) from the cluster over SSH
@@ -51,8 +52,8 @@ def _cmd_analyze(args) -> int:
                       console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
             task = bar.add_task(f"{_for_rich(report.name)}: loading", total=len(STEPS) + 2)
 
-            def step(name: str) -> None:
-                bar.update(task, advance=1, description=f"{_for_rich(report.name)}: {name}")
+            def step(name: str, task=task, shown=_for_rich(report.name)) -> None:
+                bar.update(task, advance=1, description=f"{shown}: {name}")
 
             analysis = pipeline.analyze_into(report, out_dir, args.metrics, args.title or f"sftprof: {report.name}",
                                              step)
@@ -82,6 +83,20 @@ def _print_summary(report: Path, analysis, tables_dir: Path, html: Path) -> None
     console.print(f"  tables and findings: {_for_rich(tables_dir)}\n  report: {_for_rich(html)}")
 
 
+def _cmd_suggest(args) -> int:
+    from sftprof import results
+    from sftprof.report import compare, suggest
+
+    folders = compare.analysis_dirs(Path(args.result))
+    if not folders:
+        raise results.ResultsError(f"{args.result}: no {results.SUMMARY_FILE} in it, in its analysis/ folder "
+                                   "or in a rank folder below")
+    analysis = results.load(folders[0])  # the first profiled rank
+    sys.stdout.write(terminal_safe(suggest.as_yaml(suggest.suggest(analysis, args.top), str(folders[0])),
+                                   multiline=True))
+    return 0
+
+
 def _cmd_compare(args) -> int:
     from sftprof.report import compare
 
@@ -89,6 +104,29 @@ def _cmd_compare(args) -> int:
     written = compare.write(comparison, args.output, args.title or "sftprof comparison")
     print(compare.summary_text(comparison))
     print("\n" + "\n".join(f"{what}: {terminal_safe(path)}" for what, path in written.items()))
+    return 0
+
+
+def _cmd_ranks(args) -> int:
+    from sftprof import pipeline
+
+    def step(text: str) -> None:
+        print(terminal_safe(text), file=sys.stderr)
+
+    out = Path(args.output)
+    result = pipeline.cross_rank_dirs(args.dirs, out, args.title or "sftprof: across ranks", step)
+    headline = result.headline
+    print(terminal_safe(f"{headline['ranks']} ranks on {headline['nodes']} node(s), {headline['common_steps']} common "
+                        f"step(s), median job step {headline['median_step_ms']:.3f} ms"))
+    for finding in result.findings:
+        marker = "!" if finding.severity == "warning" else "-"
+        gain = f" [gain {finding.gain_pct:.1f}%]" if finding.gain_pct is not None else ""
+        print(terminal_safe(f"  {marker} {finding.title}{gain}"))
+    if not result.findings:
+        print("  no rank holds the others back, and no collective runs exposed")
+    for what, path in (("cross-rank report", pipeline.RANKS_HTML), ("tables and findings", pipeline.RANKS_DIR),
+                       ("per-rank report", pipeline.REPORT_HTML)):
+        print(terminal_safe(f"{what}: {out / path}"))
     return 0
 
 
@@ -204,6 +242,29 @@ def build_parser() -> argparse.ArgumentParser:
                          help="output folder (default: sftprof-compare)")
     compare.add_argument("--title", help="title of the HTML page")
     compare.set_defaults(handler=_cmd_compare)
+
+    ranks = commands.add_parser(
+        "ranks", help="compare the profiled ranks of a multi-rank run: stragglers, skew, communication",
+        description="Read every profiled rank recorded in the capture folders DIR (rank*.json with its report or "
+                    "export rankN.sqlite, and metrics; one folder for the job or one per node), analyse each, and "
+                    "compare them by step number: step time and skew per step, each rank's phases and its waiting "
+                    "for the others, collectives, and a straggler finding that names the rank, its node and phase "
+                    "with its attainable gain (docs/RANKS.md). Writes OUTPUT/ranks.html, OUTPUT/ranks/ (tables, "
+                    "ranks.json), OUTPUT/report.html and OUTPUT/analysis/rankN/.")
+    ranks.add_argument("dirs", nargs="+", metavar="DIR", help="capture folder with rank records")
+    ranks.add_argument("-o", "--output", default="sftprof-ranks", help="output folder (default: sftprof-ranks)")
+    ranks.add_argument("--title", help="title of the HTML pages")
+    ranks.set_defaults(handler=_cmd_ranks)
+
+    suggest = commands.add_parser(
+        "suggest", help="print config variants that test a report's top findings",
+        description="Read the findings of one analysis (an analysis folder, a window's results folder, or what "
+                    "`analyze` wrote) and print, as YAML to paste under experiments.NAME.variants, the variant "
+                    "that tests each of the top findings sftprof has a switch for, largest predicted gain first. "
+                    "Run them, and results/NAME/variants/ says whether each paid what was predicted.")
+    suggest.add_argument("result", metavar="RESULT_DIR", help="analysis folder, or a folder with one below it")
+    suggest.add_argument("--top", type=int, default=3, help="at most this many variants (default 3)")
+    suggest.set_defaults(handler=_cmd_suggest)
 
     render = commands.add_parser(
         "render", help="print how one experiment window is launched: locally, as sbatch script or salloc",

@@ -28,3 +28,6 @@ JOB_DIR = "jobs/{experiment}/{window}"
 FETCH_STAGING = "resources/fetched/{experiment}/{window}"
 LOG_DIR = "logs/{experiment}"
 PROFILE_LOG = LOG_DIR + "/{window}/profile.log"
+# An experiment's variants against it (config `variants:`); each variant's own results are under
+# results/{experiment}/{variant}/{window}/ (its experiment name is EXPERIMENT/VARIANT).
+VARIANTS_DIR = "results/{experiment}/variants"

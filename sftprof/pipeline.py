@@ -58,7 +58,7 @@ def analyze_capture(capture_dir: str | Path, sqlite_dir: str | Path, output_name
             metrics, folder = _rank_paths(capture_dir, output_name, record)
             analysis = analyze_trace(sqlite_dir / rank.SQLITE_PATTERN.format(rank=record["rank"]),
                                      metrics if metrics.exists() else None,
-                                     lambda step: log.info("rank %d: %s", record["rank"], step))
+                                     lambda step, n=record["rank"]: log.info("rank %d: %s", n, step))
             results.save(analysis, partial / folder)
             for finding in analysis.findings:
                 log.info("rank %d [%s] %s", record["rank"], finding.severity, finding.title)
@@ -75,3 +75,142 @@ def render_capture(capture_dir: str | Path, analysis_dir: str | Path, output_nam
                                 metrics))
     write_html(parts, html, title)
     log.info("report %s (%d rank(s))", html, len(parts))
+
+
+def _first_rank(capture_dir: Path, analysis_dir: Path, output_name: str):
+    """The analysis and trainer metrics of a window's first profiled rank."""
+    from sftprof.analysis.variants import Run
+
+    record = rank.profiled_records(capture_dir)[0]
+    metrics, folder = _rank_paths(capture_dir, output_name, record)
+    return Run(results.load(analysis_dir / folder).findings, read_metrics(metrics if metrics.exists() else None))
+
+
+def compare_variants(baseline: tuple[str, str | Path, str | Path], variants: list[tuple[str, str | None, str | Path, str | Path]],
+                     output_name: str, out_dir: str | Path, title: str) -> None:
+    """The workflow's variants step: each variant (name, motivated_by, capture dir, analysis dir) of one window
+    against the baseline (name, capture dir, analysis dir), into OUT_DIR (variants.csv, variants.html)."""
+    from sftprof.analysis.variants import verdict
+    from sftprof.report import variants as variants_report
+
+    label, capture_dir, analysis_dir = baseline
+    base = _first_rank(Path(capture_dir), Path(analysis_dir), output_name)
+    runs = {name: (rule, _first_rank(Path(capture), Path(analysis), output_name))
+            for name, rule, capture, analysis in variants}
+    table = verdict(base, runs)
+    with atomic_dir(out_dir) as partial:
+        variants_report.write(table, partial, title, label)
+    for row in table.itertuples():
+        log.info("variant %s: %s", row.variant, row.verdict)
+
+
+
+# ---------------------------------------------------------------- across ranks (docs/RANKS.md)
+
+RANKS_DIR, RANKS_HTML = "ranks", "ranks.html"  # the cross-rank tables and page, beside a window's report
+
+
+def _clock_origin(sqlite: Path) -> int | None:
+    """The capture's time 0 on its host's clock (nsys's TARGET_INFO_SESSION_START_TIME.utcEpochNs), where the
+    export has it: the cross-rank analysis lines start times up only for captures made on one host."""
+    import sqlite3
+
+    from sftprof.trace.events import read_only_uri
+
+    try:
+        with sqlite3.connect(read_only_uri(Path(sqlite)), uri=True) as con:
+            row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+    except (sqlite3.Error, OSError):
+        return None
+    return int(row[0]) if row and isinstance(row[0], int) else None
+
+
+def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: Path | None):
+    from sftprof.analysis.ranks import RankInput
+
+    origin = _clock_origin(trace) if trace is not None and trace.suffix == ".sqlite" and trace.exists() else None
+    run = read_metrics(metrics if metrics is not None and metrics.exists() else None).run
+    return RankInput(rank=record["rank"], node=record["node"], host=record["host"], world_size=record["world_size"],
+                     tables=analysis.tables, run=run, origin_ns=origin, sources=tuple(analysis.sources))
+
+
+def _write_ranks(result, out_dir: Path, html: Path, title: str, rank_links: dict[int, str]) -> None:
+    from sftprof.report import ranks as ranks_report
+
+    ranks_report.save(result, out_dir)
+    ranks_report.write_html(result, html, title, rank_links)
+    for finding in result.findings:
+        log.info("across ranks [%s] %s", finding.severity, finding.title)
+
+
+def cross_rank_capture(capture_dir: str | Path, sqlite_dir: str | Path, analysis_dir: str | Path, output_name: str,
+                       out_dir: str | Path, html: str | Path, title: str, report_html: str = REPORT_HTML):
+    """The workflow's cross-rank step: every profiled rank's saved analysis of one window (analysis_dir/rankN)
+    compared, into OUT_DIR (tables, ranks.json) and HTML, which links each rank to its section of the window's
+    `report_html` (render_capture's anchors)."""
+    from sftprof.analysis.ranks import analyze_ranks
+
+    capture_dir, sqlite_dir, analysis_dir = Path(capture_dir), Path(sqlite_dir), Path(analysis_dir)
+    records = rank.profiled_records(capture_dir)
+    inputs = []
+    for record in records:
+        metrics, folder = _rank_paths(capture_dir, output_name, record)
+        inputs.append(_rank_input(record, results.load(analysis_dir / folder), metrics,
+                                  sqlite_dir / rank.SQLITE_PATTERN.format(rank=record["rank"])))
+    result = analyze_ranks(inputs)
+    links = {record["rank"]: f"{report_html}#r{i}-rank" for i, record in enumerate(records)}
+    _write_ranks(result, Path(out_dir), Path(html), title, links)
+    return result
+
+
+def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
+    """A rank's trace in a capture folder (its export rankN.sqlite, else the report its record names,
+    exported on loading) and its trainer metrics (*.rankN.metrics.jsonl, where there is one)."""
+    from sftprof.analysis.ranks import RanksError
+
+    candidates = [folder / rank.SQLITE_PATTERN.format(rank=record["rank"]), folder / record["report"]]
+    trace = next((path for path in candidates if path.is_file()), None)
+    if trace is None:
+        raise RanksError(f"{folder}: rank {record['rank']}'s record names {record['report']}, and neither it nor "
+                         f"{candidates[0].name} is there")
+    metrics = sorted(folder.glob(f"*.rank{record['rank']}.metrics.jsonl"))
+    return trace, metrics[0] if len(metrics) == 1 else None
+
+
+def cross_rank_dirs(capture_dirs: list[str | Path], out_dir: str | Path, title: str,
+                    progress: Callable[[str], None] = lambda step: None):
+    """`sftprof ranks DIR...`: the profiled ranks recorded in the capture folders DIR (one per node, or one for
+    the job), each analysed, then compared: OUT_DIR/analysis/rankN/ and OUT_DIR/report.html (as the workflow
+    writes a window's), OUT_DIR/ranks/ and OUT_DIR/ranks.html, which appear together or not at all."""
+    from sftprof.analysis.ranks import RanksError, analyze_ranks
+
+    found: dict[int, tuple[Path, dict]] = {}
+    for folder in map(Path, capture_dirs):
+        if not folder.is_dir():
+            raise RanksError(f"{folder} is not a folder: give capture folders (rank*.json records with their reports)")
+        records = rank.profiled_records(folder)
+        if not records:
+            raise RanksError(f"{folder}: no rank records with a report (rank*.json, as python -m sftprof.capture.rank "
+                             "writes them beside the reports): is this a capture folder?")
+        for record in records:
+            if record["rank"] in found:
+                raise RanksError(f"rank {record['rank']} is recorded in both {found[record['rank']][0]} and {folder}")
+            found[record["rank"]] = (folder, record)
+    out_dir = Path(out_dir)
+    parts, inputs, links = [], [], {}
+    with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML, RANKS_DIR, RANKS_HTML)) as partial:
+        for index, number in enumerate(sorted(found)):
+            folder, record = found[number]
+            trace, metrics = _rank_files(folder, record)
+            progress(f"rank {number}: analysing {trace.name}")
+            analysis = analyze_trace(trace, metrics)
+            name = rank.RANK_DIR_PATTERN.format(rank=number)
+            results.save(analysis, partial / ANALYSIS_DIR / name)
+            parts.append(RankReport(f"Rank {number} on {record['host']}", analysis, metrics))
+            inputs.append(_rank_input(record, analysis, metrics, trace))
+            links[number] = f"{REPORT_HTML}#r{index}-rank"
+        progress("comparing the ranks")
+        result = analyze_ranks(inputs)
+        write_html(parts, partial / REPORT_HTML, f"{title}: each rank")
+        _write_ranks(result, partial / RANKS_DIR, partial / RANKS_HTML, title, links)
+    return result

@@ -71,6 +71,15 @@ def snakemake_argv(workdir: Path, *args: str) -> list[str]:
             "--workflow-profile", str(REPO / "profiles" / "local"), *args]
 
 
+JOB_TABLE = re.compile(r"^(\w+)\s+(\d+)$", re.M)
+
+
+def planned_jobs(result) -> dict[str, int]:
+    """The job-count table a dry run prints."""
+    table = result.stdout.split("Job stats:")[1].split("Reasons:")[0] if "Job stats:" in result.stdout else ""
+    return {name: int(n) for name, n in JOB_TABLE.findall(table) if name != "total"}
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run the repo's workflow with the local profile, in `workdir` (which holds config.yaml)."""
     result = subprocess.run(snakemake_argv(workdir, *args), capture_output=True, text=True, cwd=workdir)

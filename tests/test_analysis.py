@@ -83,7 +83,7 @@ def _threads(osrt_ms: dict[str, tuple[float, str]]) -> pd.DataFrame:
 
 
 def test_thread_blocking_is_a_finding_only_above_the_threshold():
-    from sftprof.analysis import _thread_findings
+    from sftprof.analysis.overview import thread_findings as _thread_findings
 
     span = 1_000_000_000
     assert _thread_findings(_threads({"python": (50, "pthread_cond_wait")}), span) == []

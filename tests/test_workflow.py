@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import shutil
 
 import pytest
 
 import yaml
 
-from conftest import REPO, SMALL_DEMO, snakemake, write_config
+from conftest import REPO, SMALL_DEMO, planned_jobs, snakemake, write_config
 
 pytestmark = pytest.mark.e2e
-
-JOB_TABLE = re.compile(r"^(\w+)\s+(\d+)$", re.M)
-
-
-def planned_jobs(result) -> dict[str, int]:
-    """The job-count table a dry run prints."""
-    table = result.stdout.split("Job stats:")[1].split("Reasons:")[0] if "Job stats:" in result.stdout else ""
-    return {name: int(n) for name, n in JOB_TABLE.findall(table) if name != "total"}
-
 
 def test_demo_produces_report_from_real_capture(demo_run):
     window = demo_run / "results" / "demo" / "steady"

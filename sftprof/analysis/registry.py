@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sftprof.analysis import (accounting, boundness, cpu, cuda, efficiency, gains, gpu, kernels, memory, nvtx,
-                              overview, rules, sched, utilisation)
+from sftprof.analysis import (accounting, boundness, collectives, cpu, cuda, efficiency, gains, gpu, kernels, memory,
+                              nvtx, overview, rules, sched, utilisation)
 
 BASE_VALUES = ("tables", "events", "metrics")
 # Traces from nsys (other formats, e.g. Kineto, cannot record CPU scheduling at all).
@@ -141,6 +141,11 @@ SECTIONS: tuple[Section, ...] = (
 
     _saved("step_accounting", accounting.step_accounting, ("tables", "waits"), N,
            "per step: GPU time by phase, SM-busy apart from copy-busy, idle, and the step's class"),
+    _saved("collectives", collectives.collective_table, ("events", "steps"), N,
+           "NCCL collective kernels per step, device and kind (all-reduce, reduce-scatter, ...): time, and time "
+           "exposed with no compute kernel beside them (rows without a step: the whole capture)"),
+    _saved("step_waits", lambda t: collectives.step_waits(t.nvtx, t.osrt), ("tables",), N,
+           "per step and phase: the training thread's time blocked in synchronization calls (gloo, MPI, c10d waits)"),
 
     Section("bound", accounting.run_bound, ("step_accounting",), F),
     Section("measured_steps", _measured_steps, ("metrics",), F),
@@ -209,6 +214,7 @@ RULES: tuple[Rule, ...] = (
     Rule("cpu_cores, no_cpu_scheduling", lambda cores, traced, t: rules.cpu_scheduling(
         cores, traced, Path(t.source_path).suffix in NSYS_SUFFIXES), ("cpu_cores", "sched_traced", "tables")),
     Rule("nvtx_gpu_time", rules.nvtx_projection, ("nvtx_gpu",)),
+    Rule("exposed_communication", collectives.exposed_communication, ("collectives", "steps", "clock")),
 )
 
 SAVED_TABLES = tuple(s.name for s in SECTIONS if s.saved)

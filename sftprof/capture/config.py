@@ -134,8 +134,55 @@ def validate(config: dict) -> dict:
     if errors:
         error = jsonschema.exceptions.best_match(errors)
         raise ConfigError(f"config key {_key_path(error)}: {_describe(error)}")
+    _expand_variants(config, schema)
     check_cross_field_rules(config)
     return config
+
+
+# Folders under results/EXPERIMENT/ that are not windows or variants.
+RESERVED_VARIANT_NAMES = {"comparison", "variants"}
+
+
+def _merged(base, overrides):
+    """`base` with `overrides` merged into it key by key (mappings recursively; other values replaced)."""
+    if not isinstance(base, dict) or not isinstance(overrides, dict):
+        return copy.deepcopy(overrides)
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        merged[key] = _merged(base.get(key), value)
+    return merged
+
+
+def _expand_variants(config: dict, schema: dict) -> None:
+    """Add each experiment's variants to `experiments` as EXPERIMENT/VARIANT: the experiment with the
+    variant's overrides merged in, checked against the experiment schema (defaults filled), so that every
+    rule and check treats a variant as the experiment it is. Repeatable: a second call rebuilds them."""
+    experiment_schema = {**schema, **schema["definitions"]["experiment"]}
+    validator = _validator_filling_defaults(experiment_schema)(experiment_schema)
+    experiments = config["experiments"]
+    for name in [name for name in experiments if "/" not in name]:
+        base = {key: value for key, value in experiments[name].items() if key != "variants"}
+        for variant, overrides in experiments[name].get("variants", {}).items():
+            where = f"experiments.{name}.variants.{variant}"
+            if variant in RESERVED_VARIANT_NAMES or variant in base["profile"]["windows"]:
+                raise ConfigError(f"config key {where}: a variant may not be named like a window or "
+                                  f"{' or '.join(sorted(RESERVED_VARIANT_NAMES))} (they share results/{name}/)")
+            merged = _merged(base, {key: value for key, value in overrides.items() if key != "motivated_by"})
+            errors = sorted(validator.iter_errors(merged), key=lambda e: list(e.absolute_path))
+            if errors:
+                error = jsonschema.exceptions.best_match(errors)
+                raise ConfigError(f"config key {where}.{_key_path(error)}: {_describe(error)}")
+            experiments[f"{name}/{variant}"] = merged
+
+
+def variants_of(config: dict, name: str) -> dict[str, dict]:
+    """The variants of experiment `name` as written in the config (overrides and motivated_by), by name."""
+    return config["experiments"][name].get("variants", {})
+
+
+def built_experiments(config: dict) -> list[str]:
+    """What `snakemake` builds: each experiment of `run`, and its variants after it."""
+    return [full for name in config["run"] for full in (name, *(f"{name}/{v}" for v in variants_of(config, name)))]
 
 
 class _Refused(yaml.MarkedYAMLError):
@@ -273,6 +320,16 @@ def _check_model(where: str, model: dict, sft: dict) -> None:
             raise ConfigError(f"config key {where}.model.path: model.source path needs the checkpoint folder")
         return
     if model["source"] == "hub":
+        return
+    if model["source"] == "random":
+        from sftprof.capture.model import ARCHITECTURES
+
+        if model["architecture"] not in ARCHITECTURES:
+            raise ConfigError(f"config key {where}.model.architecture: {model['architecture']!r} is not offered; "
+                              f"choose one of {', '.join(ARCHITECTURES)}")
+        if sft["seq_length"] > ARCHITECTURES[model["architecture"]]["hf"]["max_position_embeddings"]:
+            raise ConfigError(f"config key {where}.sft.seq_length: exceeds {model['architecture']}'s "
+                              "max_position_embeddings")
         return
     if model["hidden_size"] % model["num_heads"]:
         raise ConfigError(f"config key {where}.model.hidden_size: must be a multiple of num_heads")

@@ -67,6 +67,12 @@ def model_dir(experiment_name: str, experiment: dict) -> str:
     return model["path"] if model["source"] == "path" else layout.MODEL_DIR.format(experiment=experiment_name)
 
 
+def needs_nemo_checkpoint(experiment: dict) -> bool:
+    """The NeMo backend reads a converted NeMo 2 checkpoint, except from a `random` model folder,
+    which it builds from NeMo's config class with no import or restore."""
+    return experiment["sft"]["backend"] == "nemo" and experiment["model"]["source"] != "random"
+
+
 def nemo_checkpoint(experiment_name: str, experiment: dict) -> str:
     """Where the NeMo backend keeps the model converted to NeMo 2 format: shared by every
     experiment that fine-tunes the same HF folder."""
@@ -152,7 +158,7 @@ def launch_plan(experiment_name: str, experiment: dict, window_name: str, window
     profile = experiment["profile"]
     python = container.python_for(experiment["container"])
     metrics = str(Path(capture_dir) / rank.METRICS_PATTERN.format(output_name=profile["output_name"]))
-    model = (nemo_checkpoint(experiment_name, experiment) if experiment["sft"]["backend"] == "nemo"
+    model = (nemo_checkpoint(experiment_name, experiment) if needs_nemo_checkpoint(experiment)
              else model_dir(experiment_name, experiment))
     app = sft.command(model, layout.SFT_SPLIT.format(split="training", **names),
                       metrics, experiment["sft"], window, python=python)

@@ -72,3 +72,113 @@ def create_tiny_llama(settings: dict, out_dir: str | Path) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return summary
+
+
+# Published architectures that `model.source: random` builds with random weights: profiling needs
+# the shapes, not the trained values, so a 7B run needs no 13.5 GB download. The one table of what
+# is offered: config validation, both backends and the docs read it. `hf` are LlamaConfig fields
+# (from each model's published config.json); `nemo` is the nemo.collections.llm config class of
+# the same model (NeMo 2.2.1), whose fields match these.
+ARCHITECTURES = {
+    "llama2-7b": {
+        "hf": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+               "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+        "nemo": "Llama2Config7B",
+    },
+    "llama2-13b": {
+        "hf": {"hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40, "num_attention_heads": 40,
+               "num_key_value_heads": 40, "vocab_size": 32000, "max_position_embeddings": 4096,
+               "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+        "nemo": "Llama2Config13B",
+    },
+    "llama3-8b": {
+        "hf": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+               "rms_norm_eps": 1e-5, "rope_theta": 500000.0},
+        "nemo": "Llama3Config8B",
+    },
+}
+MODEL_FACTS = "sftprof-model.json"
+
+
+class ArchitectureError(ValueError):
+    """An architecture name that ARCHITECTURES does not offer."""
+
+
+def architecture(name: str) -> dict:
+    try:
+        return ARCHITECTURES[name]
+    except KeyError:
+        raise ArchitectureError(f"unknown model.architecture {name!r}; offered: {', '.join(ARCHITECTURES)}") from None
+
+
+def hf_config(name: str):
+    """The LlamaConfig of architecture `name`, with the byte tokenizer's special token ids (its
+    ids all lie below any table vocab_size, so the model keeps the published vocabulary size)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**architecture(name)["hf"], pad_token_id=SPECIAL_TOKENS["<pad>"],
+                       bos_token_id=SPECIAL_TOKENS["<s>"], eos_token_id=SPECIAL_TOKENS["</s>"],
+                       tie_word_embeddings=False)
+
+
+def parameter_count(name: str) -> int:
+    """Parameters of LlamaForCausalLM for architecture `name`, counted on the meta device (no memory)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(hf_config(name))
+    return sum(p.numel() for p in model.parameters())
+
+
+def create_random_model(settings: dict, out_dir: str | Path) -> dict:
+    """A model folder with an architecture and no weights: config.json, the byte tokenizer and
+    sftprof-model.json saying `"weights": "random"`. Each backend builds the model from it with
+    seeded random initialisation (load_model here; the NeMo backend from the `nemo` config class).
+    A few kB whatever the model size; written to a sibling folder and renamed, like create_tiny_llama."""
+    out_dir = Path(out_dir)
+    name = settings["architecture"]
+    entry = architecture(name)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    hf_config(name).save_pretrained(tmp)
+    build_byte_tokenizer().save_pretrained(tmp)
+    summary = {"architecture": "LlamaForCausalLM", "weights": "random", "preset": name, "nemo_config": entry["nemo"],
+               "parameters": parameter_count(name), "vocab_size": entry["hf"]["vocab_size"], "seed": settings["seed"]}
+    (tmp / MODEL_FACTS).write_text(json.dumps(summary, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return summary
+
+
+def model_facts(model_dir: str | Path) -> dict:
+    """sftprof-model.json of a folder sftprof built ({} for any other checkpoint folder)."""
+    path = Path(model_dir) / MODEL_FACTS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def is_random(model_dir: str | Path) -> bool:
+    return model_facts(model_dir).get("weights") == "random"
+
+
+def load_model(model_dir: str | Path, device: str, seed: int):
+    """LlamaForCausalLM in float32 on `device` (the torch backend trains float32 weights; bf16 is
+    autocast): the checkpoint's weights, or for a `random` folder a seeded random initialisation
+    made directly on the device, so a 7B model never passes through host memory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if not is_random(model_dir):
+        return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    config = LlamaConfig.from_pretrained(model_dir)
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.device(device):
+            return LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)

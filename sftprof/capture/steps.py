@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from sftprof.capture import config, container, jobs, rank
+from sftprof.capture import config, container, jobs, nsys, rank
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir, atomic_path
 
@@ -88,3 +88,18 @@ def import_nemo_checkpoint(settings: dict, hf_dir: str | Path, checkpoint: str |
                 "sftprof.capture.sft.nemo_backend", "import-checkpoint", str(hf_dir), str(partial)]
         run_logged(argv, log_file, log_path, "checkpoint import")
     log.info("NeMo checkpoint %s", checkpoint)
+
+
+def export_capture(capture_dir: str | Path, sqlite_dir: str | Path, container_settings: dict | None) -> None:
+    """Export every profiled rank's report to SQLITE_DIR/rankN.sqlite with the nsys that captured it: the
+    container's, where the capture ran in one (`container_settings`; None or runtime none: the host's)."""
+    capture_dir = Path(capture_dir)
+    prefix: list[str] = []
+    if container_settings and container_settings["runtime"] != "none":
+        image = container.image_file(container_settings)
+        prefix = container.exec_prefix(container_settings, image, os.getcwd())
+    with atomic_dir(sqlite_dir) as partial:
+        for record in rank.profiled_records(capture_dir):
+            target = partial / rank.SQLITE_PATTERN.format(rank=record["rank"])
+            nsys.export_sqlite(capture_dir / record["report"], target, prefix=prefix)
+            log.info("rank %d: %s -> %s", record["rank"], record["report"], target.name)

@@ -66,7 +66,7 @@ def _natural_key(path: Path) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
 
 
-def _analysis_dirs(folder: Path) -> list[Path]:
+def analysis_dirs(folder: Path) -> list[Path]:
     """The analysis folders a folder stands for: itself, FOLDER/analysis (`sftprof analyze -o FOLDER`),
     or the rank folders below either (the workflow's results/EXP/WINDOW/analysis/rankN)."""
     for candidate in (folder, folder / "analysis"):
@@ -99,7 +99,7 @@ def load_inputs(paths: list[str | Path]) -> list[tuple[Path, Analysis]]:
         if path.is_file() and path.name == results.SUMMARY_FILE:
             path = path.parent
         if path.is_dir():
-            folders = _analysis_dirs(path)
+            folders = analysis_dirs(path)
             if not folders:
                 raise CompareError(f"{path}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a "
                                    "rank folder below; give an analysis folder or a trace file")
@@ -512,7 +512,7 @@ def _html_rows(frame: pd.DataFrame, labels: list[str], highlighted: set[int]) ->
     for index, row in frame.iterrows():
         deltas = [{"text": _delta_text(row, label), "direction": _direction(row[DELTA + label])}
                   for label in labels[1:]]
-        rows.append({"item": str(row["item"]), "unit": row["unit"], "values": [_number(row[l]) for l in labels],
+        rows.append({"item": str(row["item"]), "unit": row["unit"], "values": [_number(row[label]) for label in labels],
                      "deltas": deltas, "highlight": index in highlighted})
     return rows
 

@@ -159,6 +159,8 @@ class EventStore:
         self._cursors: dict[int, duckdb.DuckDBPyConnection] = {}
         self._cursors_lock = threading.Lock()
         self.dropped_rows: dict[str, int] = {}  # rows left out by from_nsys_sqlite, by table (kernels, cuda_api)
+        self._names: dict[str, pd.DataFrame] = {}  # used_names, by table
+        self._names_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
         settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": MEMORY_LIMIT,
                     "preserve_insertion_order": False}
@@ -185,7 +187,7 @@ class EventStore:
     # ------------------------------------------------------------------ filling
 
     @classmethod
-    def from_frames(cls, kernels: pd.DataFrame | None = None, cuda_api: pd.DataFrame | None = None) -> "EventStore":
+    def from_frames(cls, kernels: pd.DataFrame | None = None, cuda_api: pd.DataFrame | None = None) -> EventStore:
         """From normalized pandas tables (tables.py's columns, names as text): traces small enough
         to hold in memory (PyTorch profiler traces, tests)."""
         store = cls(on_disk=False)
@@ -228,7 +230,7 @@ class EventStore:
             self.con.unregister("incoming")
 
     @classmethod
-    def from_nsys_sqlite(cls, path: Path, present: set[str], strings: pd.DataFrame) -> "EventStore":
+    def from_nsys_sqlite(cls, path: Path, present: set[str], strings: pd.DataFrame) -> EventStore:
         """Copy the kernels and runtime-API rows of an nsys export (`present`: its table names;
         `strings`: its StringIds as id, value), leaving out rows whose times are not valid
         (valid_times_sql), counted in `dropped_rows` by table."""
@@ -294,6 +296,27 @@ class EventStore:
         reader = self._reader()
         with _visible(reader, frames):
             return {name: np.asarray(values) for name, values in reader.sql(sql).fetchnumpy().items()}
+
+    def used_names(self, table: str) -> pd.DataFrame:
+        """The names the rows of `table` use, worked out once per store (one scan of the table; several
+        analyses ask): for "cuda_api", id and name; for "kernels", each distinct name_id and
+        short_name_id (-1 for NULL) with their `name` and `short_name` (None where unknown). A few
+        dozen rows, whatever the trace size. Safe from several threads."""
+        with self._names_lock:
+            if table not in self._names:
+                if table == "cuda_api":
+                    sql = "SELECT id, name FROM api_names WHERE id IN (SELECT DISTINCT name_id FROM cuda_api)"
+                elif table == "kernels":
+                    sql = """SELECT coalesce(t.name_id, -1)::BIGINT AS name_id,
+                                    coalesce(t.short_name_id, -1)::BIGINT AS short_name_id,
+                                    n.name, s.name AS short_name
+                             FROM (SELECT DISTINCT name_id, short_name_id FROM kernels) t
+                             LEFT JOIN kernel_names n ON n.id = t.name_id
+                             LEFT JOIN kernel_names s ON s.id = t.short_name_id"""
+                else:
+                    raise KeyError(table)
+                self._names[table] = self.query(sql)
+            return self._names[table].copy(deep=False)
 
     def count(self, table: str) -> int:
         return int(self._reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])

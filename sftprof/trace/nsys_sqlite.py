@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 from sftprof.errors import SftprofError
@@ -172,10 +173,32 @@ def _enum_labels(conn: sqlite3.Connection, tables: set[str], enum_table: str, fa
             conn.execute(f"SELECT id, CAST(label AS TEXT) FROM {enum_table} WHERE typeof(id) = 'integer'")}
 
 
-def _case(column: str, labels: dict[int, str], default: str = "NULL") -> str:
-    """An SQL CASE that maps a code column to its label."""
-    whens = " ".join(f"WHEN {code} THEN {_quote(label)}" for code, label in labels.items())
-    return f"CASE {column} {whens} ELSE {default} END"
+class _Labels:
+    """Text columns read as small integer codes (an SQL CASE over the code column, as _case) and
+    turned back into labels in pandas: each row then holds a reference to one of a few strings, not
+    a string of its own (at 1.5M memory operations, four such columns took 0.35 GB while they loaded)."""
+
+    def __init__(self):
+        self.labels: list[str] = []
+
+    def code(self, label: str) -> int:
+        if label not in self.labels:
+            self.labels.append(label)
+        return self.labels.index(label)
+
+    def case(self, column: str, labels: dict[int, str], default: str | None = None) -> str:
+        whens = " ".join(f"WHEN {code} THEN {self.code(label)}" for code, label in labels.items())
+        otherwise = self.constant(default)
+        return f"coalesce(CASE {column} {whens} ELSE {otherwise} END, -1)" if whens else otherwise
+
+    def constant(self, label: str | None) -> str:
+        return str(-1 if label is None else self.code(label))
+
+    def decode(self, frame: pd.DataFrame, columns) -> pd.DataFrame:
+        """`frame` with each of `columns` (codes) as its labels (NA for -1)."""
+        values = np.array([*self.labels, None], dtype=object)
+        return frame.assign(**{column: pd.Series(values[frame[column].to_numpy("int64")], index=frame.index)
+                               for column in columns})
 
 
 def _quote(text: str) -> str:
@@ -236,17 +259,20 @@ def _nvtx(conn, tables, dropped) -> pd.DataFrame:
 def _osrt(reader, tables, strings, dropped) -> pd.DataFrame:
     if "OSRT_API" not in tables:
         return empty("osrt")
-    reader.register("string_ids", strings)
+    reader.register("string_ids", strings[["id"]])
     try:
+        # names as ids, then each row given a reference to its name's one string (not a string of its own)
         calls = _rows(reader, f"""
-            SELECT o.start, o."end", s.value AS name,
+            SELECT o.start, o."end", o.nameId AS name,
                    o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
-            FROM OSRT_API o JOIN string_ids s ON s.id = o.nameId
+            FROM OSRT_API o SEMI JOIN string_ids s ON s.id = o.nameId
             WHERE o.eventClass = {OSRT_CALL_CLASS}
             ORDER BY o.start""")
     finally:
         reader.unregister("string_ids")
-    return valid_rows(calls, "osrt", dropped)
+    names = pd.Series(strings["value"].to_numpy(), index=strings["id"].to_numpy())
+    names = names[~names.index.duplicated()]
+    return valid_rows(calls.assign(name=calls["name"].map(names)), "osrt", dropped)
 
 
 def _memcpy_operations(conn, tables, release: int) -> dict[int, str]:
@@ -263,32 +289,35 @@ def _memops(conn, reader, tables, release: int, dropped) -> pd.DataFrame:
               'streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id, '
               '{kind} AS copy_kind, {src} AS src_kind, {dst} AS dst_kind')
     memory_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND_LABELS)
+    labels = _Labels()
     if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
-        op = _case("copyKind", _memcpy_operations(conn, tables, release), _quote(MEMCPY_OPERATIONS[0]))
-        columns = common.format(op=op, kind=_case("copyKind", MEMCPY_KINDS, _quote(MEMCPY_KINDS[0])),
-                                src=_case("srcKind", memory_kinds), dst=_case("dstKind", memory_kinds))
+        op = labels.case("copyKind", _memcpy_operations(conn, tables, release), MEMCPY_OPERATIONS[0])
+        columns = common.format(op=op, kind=labels.case("copyKind", MEMCPY_KINDS, MEMCPY_KINDS[0]),
+                                src=labels.case("srcKind", memory_kinds), dst=labels.case("dstKind", memory_kinds))
         parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMCPY")
     if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
-        columns = common.format(op=_quote(MEMSET_OPERATION), kind=_quote(MEMSET_KIND), src="NULL",
-                                dst=_case("memKind", memory_kinds))
+        columns = common.format(op=labels.constant(MEMSET_OPERATION), kind=labels.constant(MEMSET_KIND),
+                                src=labels.constant(None), dst=labels.case("memKind", memory_kinds))
         parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMSET")
     if not parts:
         return empty("memops")
-    # A few distinct labels over hundreds of thousands of rows (468k at 10M kernels): categories
-    # hold them in 40 MB instead of 140 MB of strings, and group and compare faster.
-    return valid_rows(_rows(reader, " UNION ALL ".join(parts) + " ORDER BY start"), "memops", dropped).astype(
-        {column: "category" for column in ("operation", "copy_kind", "src_kind", "dst_kind")})
+    # A few distinct labels over hundreds of thousands of rows (468k at 10M kernels): read as codes,
+    # held as categories (40 MB instead of 140 MB of strings; they group and compare faster too).
+    text = ("operation", "copy_kind", "src_kind", "dst_kind")
+    rows = labels.decode(_rows(reader, " UNION ALL ".join(parts) + " ORDER BY start"), text)
+    return valid_rows(rows, "memops", dropped).astype({column: "category" for column in text})
 
 
 def _sync(conn, reader, tables, dropped) -> pd.DataFrame:
     if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" not in tables:
         return empty("sync")
     sync_types = _enum_labels(conn, tables, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
-    return valid_rows(_rows(reader, f"""
-        SELECT start, "end", {_case("syncType", sync_types, "'Unknown'")} AS sync_type,
+    labels = _Labels()
+    return valid_rows(labels.decode(_rows(reader, f"""
+        SELECT start, "end", {labels.case("syncType", sync_types, "Unknown")} AS sync_type,
                deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
                correlationId AS correlation_id
-        FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION ORDER BY start"""), "sync", dropped)
+        FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION ORDER BY start"""), ["sync_type"]), "sync", dropped)
 
 
 def _sched(reader, tables, dropped) -> pd.DataFrame:
@@ -334,7 +363,7 @@ def _gpus(conn, tables) -> pd.DataFrame:
     major, minor = (pd.to_numeric(rows[c], errors="coerce") if c in rows else pd.Series(float("nan"), index=rows.index)
                     for c in ("compute_major", "compute_minor"))
     rows["compute_capability"] = [f"{int(a)}.{int(b)}" if pd.notna(a) and pd.notna(b) and 0 <= a < 100 and 0 <= b < 100
-                                  else None for a, b in zip(major, minor)]
+                                  else None for a, b in zip(major, minor, strict=True)]
     return gpu_rows(rows)
 
 
@@ -393,4 +422,19 @@ def load_nsys_sqlite(path: str | Path) -> TraceTables:
         conn.close()
         reader.close()
     loaded.dropped_rows = {**dropped, **loaded.events.dropped_rows}
+    loaded.empty_trace_kinds = _still_empty(loaded, tables)
     return loaded
+
+
+# The export's tables that hold each kind's rows, for kinds sftprof does not load itself.
+_KIND_TABLES = {"cuDNN": ("CUDNN_EVENTS",), "cuBLAS": ("CUBLAS_EVENTS",), "OpenMP": ("OPENMP_EVENTS",)}
+
+
+def _still_empty(loaded: TraceTables, tables: set[str]) -> dict[str, str]:
+    """nsys writes "No X events collected" per process: a capture of a launcher and the trainer it starts
+    (NeMo's data workers, torchrun) says so for every process that did not use X. Only kinds with no rows
+    at all in the export recorded nothing."""
+    recorded = {"CUDA": bool(loaded.events.count("kernels") or loaded.events.count("cuda_api") or len(loaded.memops)),
+                "NVTX": not loaded.nvtx.empty, "OSRT": not loaded.osrt.empty}
+    recorded |= {kind: any(name in tables for name in names) for kind, names in _KIND_TABLES.items()}
+    return {kind: message for kind, message in loaded.empty_trace_kinds.items() if not recorded.get(kind, False)}

@@ -129,7 +129,7 @@ class TraceTables:
         """Every CUDA API call as one DataFrame: for small traces and tests; analyses query `events`."""
         return self.events.frame("cuda_api")
 
-    def with_all_columns(self) -> "TraceTables":
+    def with_all_columns(self) -> TraceTables:
         """A copy in which every table has every documented column: a loader that does not know a
         column (another trace format, an older sftprof) leaves it missing, and analyses read it as NA."""
         frames = {}

@@ -2,12 +2,19 @@ rule export_sqlite:
     """`nsys export --type=sqlite` of every rank's report: the input of every analysis."""
     input:
         capture=layout.CAPTURE_DIR,
+        image=export_image,
     output:
         sqlite=directory(layout.SQLITE_DIR),
     log:
         f"{layout.LOG_DIR}/{{window}}/export.log",
     conda:
         "../envs/sftprof.yaml"
+    params:
+        # The nsys that captured: the container's where the capture ran in one here; a fetched
+        # capture is exported by this machine's nsys.
+        container=lambda wc: (
+            experiment(wc)["container"] if config["results_from"] == "here" else None
+        ),
     script:
         "../scripts/export_sqlite.py"
 
@@ -65,3 +72,45 @@ rule compare_experiment:
         title=lambda wc: f"sftprof: {wc.experiment}, windows and ranks compared",
     script:
         "../scripts/compare.py"
+
+
+rule compare_variants:
+    """Each variant of an experiment against it, in its first window: predicted gain beside the
+    measured one, real tokens/s, whether the motivating finding is gone, and the loss curve.
+    """
+    input:
+        unpack(variant_windows),
+    output:
+        variants=directory(layout.VARIANTS_DIR),
+    log:
+        f"{layout.LOG_DIR}/variants.log",
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        variants=lambda wc: sftprof_config.variants_of(config, wc.experiment),
+        output_name=lambda wc: experiment(wc)["profile"]["output_name"],
+        title=lambda wc: f"sftprof: {wc.experiment}, variants against it",
+    script:
+        "../scripts/compare_variants.py"
+
+
+rule cross_rank:
+    """Every profiled rank of a window compared (as `sftprof ranks`): stragglers, skew per
+    step, waiting and collectives; it links each rank to its section of the window's report.
+    """
+    input:
+        capture=layout.CAPTURE_DIR,
+        sqlite=rules.export_sqlite.output.sqlite,
+        analysis=rules.analyze.output.analysis,
+    output:
+        tables=directory(f"{layout.WINDOW_DIR}/ranks"),
+        html=f"{layout.WINDOW_DIR}/ranks.html",
+    log:
+        f"{layout.LOG_DIR}/{{window}}/ranks.log",
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        title=lambda wc: f"sftprof: {wc.experiment} / {wc.window}, across ranks",
+        output_name=lambda wc: experiment(wc)["profile"]["output_name"],
+    script:
+        "../scripts/ranks.py"

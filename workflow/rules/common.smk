@@ -18,7 +18,8 @@ except sftprof_config.ConfigError as error:
 
 
 wildcard_constraints:
-    experiment=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    # EXPERIMENT or EXPERIMENT/VARIANT: a variant's results sit under its experiment's folder.
+    experiment=r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?",
     window=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
@@ -36,7 +37,7 @@ def all_reports():
     """
     reports = [
         layout.REPORT_HTML.format(experiment=name, window=window_name)
-        for name in config["run"]
+        for name in sftprof_config.built_experiments(config)
         for window_name in config["experiments"][name]["profile"]["windows"]
     ]
     if (
@@ -48,13 +49,44 @@ def all_reports():
         profile = config["experiments"][name]["profile"]
         if len(profile["windows"]) * len(profile["ranks"]) > 1:
             reports.append(layout.COMPARISON_DIR.format(experiment=name))
+        # the cross-rank report of each window (rule cross_rank)
+        if len(profile["ranks"]) > 1:
+            ranks_html = f"{layout.WINDOW_DIR}/ranks.html"
+            reports += [
+                ranks_html.format(experiment=name, window=window_name)
+                for window_name in profile["windows"]
+            ]
+        if sftprof_config.variants_of(config, name):
+            reports.append(layout.VARIANTS_DIR.format(experiment=name))
     return reports
+
+
+def variant_windows(wildcards):
+    """The first window of the experiment and of each of its variants: capture and analysis folders."""
+    window_name = next(iter(experiment(wildcards)["profile"]["windows"]))
+    names = [wildcards.experiment] + [
+        f"{wildcards.experiment}/{v}"
+        for v in sftprof_config.variants_of(config, wildcards.experiment)
+    ]
+    return {
+        f"{kind}_{i}": pattern.format(experiment=name, window=window_name)
+        for i, name in enumerate(names)
+        for kind, pattern in (
+            ("capture", layout.CAPTURE_DIR),
+            ("analysis", layout.ANALYSIS_DIR),
+        )
+    }
 
 
 def image_file(wildcards):
     """The pulled container image of the experiment, or nothing when it runs without one."""
     image = sftprof_container.image_file(experiment(wildcards)["container"])
     return [] if image is None else [str(image)]
+
+
+def export_image(wildcards):
+    """The image whose nsys exports the capture: only where the capture ran here."""
+    return image_file(wildcards) if config["results_from"] == "here" else []
 
 
 def profile_inputs(wildcards):
@@ -65,7 +97,7 @@ def profile_inputs(wildcards):
         "image": image_file(wildcards),
     }
     inputs["model"] = sftprof_jobs.model_dir(wildcards.experiment, exp)
-    if exp["sft"]["backend"] == "nemo":
+    if sftprof_jobs.needs_nemo_checkpoint(exp):
         inputs["nemo_checkpoint"] = sftprof_jobs.nemo_checkpoint(
             wildcards.experiment, exp
         )
@@ -140,7 +172,7 @@ def nemo_import_experiment(wildcards):
     path = layout.NEMO_CHECKPOINT.format(model=wildcards.model)
     for name, exp in config["experiments"].items():
         if (
-            exp["sft"]["backend"] == "nemo"
+            sftprof_jobs.needs_nemo_checkpoint(exp)
             and sftprof_jobs.nemo_checkpoint(name, exp) == path
         ):
             return {"name": name, **exp}
@@ -188,3 +220,4 @@ if config["local_analysis"]:
         export_sqlite,
         analyze,
         render_report,
+        cross_rank,

@@ -14,6 +14,24 @@ rule create_tiny_model:
         "../scripts/create_tiny_model.py"
 
 
+rule create_random_model:
+    """A published architecture (model.architecture) with no weights: its config, the
+    byte tokenizer and a note that each backend initialises it randomly; no download."""
+    output:
+        model=directory(layout.MODEL_DIR),
+    log:
+        f"{layout.LOG_DIR}/create_random_model.log",
+    wildcard_constraints:
+        experiment=experiments_with("model", "random"),
+    localrule: True
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        model=lambda wc: experiment(wc)["model"],
+    script:
+        "../scripts/create_random_model.py"
+
+
 rule download_model:
     """A Hub checkpoint (Llama 2 7B) into the shared model folder model.dir/model.repo, every
     file verified; the manifest is written last, so only a complete checkpoint has one. On the

@@ -75,47 +75,107 @@ def import_checkpoint(hf_dir: str | Path, output_dir: str | Path) -> Path:
                            output_path=Path(output_dir).resolve(), overwrite=True)
 
 
-def _step_metrics_callback(metrics_path: Path, rank: int, tokens_per_step: int, window_steps):
-    """A Lightning callback that writes sftprof's per-step metrics lines (as the torch backend does)."""
+def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_accum_steps: int):
+    """A Lightning callback that writes sftprof's per-step metrics lines (as the torch backend does).
+
+    Every micro-batch is padded to seq_length (build_recipe sets pad_to_max_length), so a step's
+    token slots are micro_batch_size x grad_accum_steps x seq_length. Step times are host wall
+    time between batch start and end: Megatron's step ends with a loss reduction that waits for
+    the GPU. Step 0's line carries the run's facts for an MFU estimate (`run`, as run_facts)."""
     import lightning.pytorch as pl
+
+    seq_length = settings["seq_length"]
+    slots = settings["micro_batch_size"] * grad_accum_steps * seq_length
+    window_steps = settings["nsys_steps"]
+
+    import torch
+
+    from sftprof.capture.sft.annotate import Annotator
+
+    annotator = Annotator(torch.cuda.is_available())
 
     class StepMetrics(pl.Callback):
         def __init__(self):
-            self._file = open(metrics_path, "w")
+            self._file = None
             self._started = 0.0
+            self._facts = None
+
+        def on_train_start(self, trainer, pl_module):
+            import torch
+
+            self._file = open(metrics_path, "w")
+            config = pl_module.config
+            embedding = sum(p.numel() for name, p in pl_module.named_parameters() if "word_embeddings" in name)
+            self._facts = {
+                "parameters": sum(p.numel() for p in pl_module.parameters()),
+                "trainable_parameters": sum(p.numel() for p in pl_module.parameters() if p.requires_grad),
+                "weight_dtype": str(next(pl_module.parameters()).dtype).removeprefix("torch."),
+                "precision": {"bf16-mixed": "bfloat16", "16-mixed": "float16"}.get(settings["precision"]),
+                "model": {"architecture": type(pl_module).__name__, "num_layers": config.num_layers,
+                          "hidden_size": config.hidden_size, "intermediate_size": config.ffn_hidden_size,
+                          "num_heads": config.num_attention_heads,
+                          "num_kv_heads": config.num_query_groups or config.num_attention_heads,
+                          "vocab_size": getattr(config, "vocab_size", None), "seq_length": seq_length,
+                          "embedding_parameters": embedding},
+                "padding": "max_length", "backend": "nemo", "peft": settings["peft_scheme"],
+                "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            }
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            # A `step N` NVTX range per optimizer step, as the torch trainer writes: NeMo writes none, and
+            # without them the analysis has no steps to account (sftprof.analysis.cpu.STEP_RANGE).
+            annotator.push(f"step {trainer.global_step}")
             self._started = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             elapsed = time.perf_counter() - self._started
+            annotator.pop()
             step = trainer.global_step - 1
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
             record = {"step": step, "rank": rank, "loss": float(loss) if loss is not None else None,
-                      "step_time_s": elapsed, "tokens": tokens_per_step, "tokens_per_s": tokens_per_step / elapsed,
-                      "in_window": window_steps is not None and window_steps[0] <= step < window_steps[1]}
+                      "step_time_s": elapsed, "tokens": slots, "tokens_per_s": slots / elapsed,
+                      "in_window": window_steps is not None and window_steps[0] <= step < window_steps[1],
+                      "token_slots": slots, "padded_lengths": [seq_length] * grad_accum_steps}
+            if step == 0 and self._facts is not None:
+                record["run"] = self._facts
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
 
         def on_train_end(self, trainer, pl_module):
-            self._file.close()
+            if self._file is not None:
+                self._file.close()
 
     return StepMetrics()
 
 
-def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
-          sft: dict, window: dict) -> dict:
-    """Fine-tune the NeMo checkpoint at `model_dir` on the splits beside `train_jsonl`."""
-    import fiddle as fdl
+def _have_transformer_engine() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # not installed, or installed without its CUDA libraries
+        return False
+    return True
+
+
+def build_recipe(model_dir: str | Path, train_jsonl: str | Path, sft: dict, window: dict,
+                 environ: dict[str, str], log_dir: str | Path):
+    """NeMo's `finetune_recipe` (a nemo_run Partial of llm.finetune) with sftprof's settings: the
+    plan's parallel layout, batch, steps and precision; the data module over sftprof's splits; no
+    validation or checkpoints; NsysCallback on the capture window. Returns (recipe, settings).
+
+    A `random` model folder (sftprof.capture.model) gets the architecture's NeMo config class,
+    the folder's tokenizer and no AutoResume: nothing is restored. Otherwise `model_dir` is a NeMo
+    2 checkpoint that AutoResume restores.
+    """
     import nemo_run as run
+    from nemo import lightning as nl
     from nemo.collections import llm
-    from nemo.collections.llm.recipes import precision as precision_recipes
+    from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer
+    from nemo.collections.llm.recipes.precision import mixed_precision
     from nemo.lightning.pytorch.callbacks import NsysCallback
 
-    settings = plan(sft, window, dict(os.environ))
-    rank = int(os.environ.get("RANK", "0"))
-    metrics_path = Path(metrics_path)
-    log_dir = metrics_path.parent / f"nemo-logs.rank{rank}"
+    from sftprof.capture import model as sftprof_model
+
+    settings = plan(sft, window, environ)
     recipe = getattr(llm, settings["recipe"]).finetune_recipe(
         dir=str(log_dir), name="sftprof", num_nodes=settings["num_nodes"],
         num_gpus_per_node=settings["devices_per_node"], peft_scheme=settings["peft_scheme"],
@@ -128,28 +188,75 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
     recipe.trainer.val_check_interval = settings["max_steps"]
     recipe.trainer.limit_val_batches = 0
     recipe.trainer.enable_checkpointing = False
+    recipe.trainer.log_every_n_steps = 1
     recipe.log.ckpt = None
     if settings["precision"] in PRECISION_PLUGINS:
-        recipe.trainer.plugins = getattr(precision_recipes.mixed_precision, PRECISION_PLUGINS[settings["precision"]])()
+        recipe.trainer.plugins = getattr(mixed_precision, PRECISION_PLUGINS[settings["precision"]])()
+    else:  # "32": no mixed-precision plugin (the recipe's default is bf16_mixed)
+        recipe.trainer.plugins = run.Config(nl.MegatronMixedPrecision, precision="32")
     recipe.optim.config.lr = settings["learning_rate"]
     recipe.model.config.seq_length = settings["seq_length"]
     recipe.data = run.Config(llm.FineTuningDataModule, dataset_root=str(Path(train_jsonl).parent),
                              seq_length=settings["seq_length"], micro_batch_size=settings["micro_batch_size"],
-                             global_batch_size=settings["global_batch_size"])
-    recipe.resume.restore_config.path = str(Path(model_dir).resolve())
-    if not hasattr(recipe.trainer, "callbacks") or recipe.trainer.callbacks is None:
-        recipe.trainer.callbacks = []
+                             global_batch_size=settings["global_batch_size"], num_workers=2,
+                             dataset_kwargs={"pad_to_max_length": True})
+    facts = sftprof_model.model_facts(model_dir)
+    if facts.get("weights") == "random":
+        config = run.Config(getattr(llm, facts["nemo_config"]), seq_length=settings["seq_length"])
+        if settings["peft_scheme"]:  # as the recipe sets it for LoRA
+            config.cross_entropy_loss_fusion = False
+        tokenizer = run.Config(AutoTokenizer, pretrained_model_name=str(Path(model_dir).resolve()), use_fast=True)
+        recipe.model = run.Config(llm.LlamaModel, config=config, tokenizer=tokenizer)
+        recipe.resume = None
+        settings["model"] = {"weights": "random", "nemo_config": facts["nemo_config"],
+                             "vocab_size": facts["vocab_size"]}
+    else:
+        recipe.resume.restore_config.path = str(Path(model_dir).resolve())
+        settings["model"] = {"weights": "checkpoint", "path": str(Path(model_dir).resolve())}
+    # Without Transformer Engine, GPTConfig's default_layer_spec is megatron-core's local spec;
+    # Llama's fused RoPE needs TE or Apex (TransformerConfig refuses it otherwise) and the fused
+    # masked softmax needs megatron's compiled kernels: both off, as the local spec runs them unfused.
+    settings["layer_spec"] = "transformer_engine" if _have_transformer_engine() else "local"
+    if settings["layer_spec"] == "local":
+        recipe.model.config.apply_rope_fusion = False
+        recipe.model.config.masked_softmax_fusion = False
+        # The local spec's norm is WrappedTorchNorm, which refuses persist_layer_norm (Llama's is
+        # True): found on the H200, "AssertionError: persist_layer_norm not supported by torch LayerNorm".
+        recipe.model.config.persist_layer_norm = False
+    recipe.trainer.callbacks = list(recipe.trainer.callbacks or [])
     if settings["nsys_steps"] is not None:
         start, end = settings["nsys_steps"]
         world = settings["num_nodes"] * settings["devices_per_node"]
         # Every rank opens the window; only the ranks that run under nsys are recorded.
         recipe.trainer.callbacks.append(run.Config(NsysCallback, start_step=start, end_step=end,
                                                    ranks=list(range(world))))
-    log.info("NeMo fine-tuning: %s", settings)
+    return recipe, settings
+
+
+def built_task(recipe, settings: dict):
+    """fdl.build of the recipe: llm.finetune as a functools.partial over built objects. A random
+    model keeps its published vocabulary size (NeMo would otherwise size the embedding from the
+    tokenizer, 260 byte tokens padded to 384): GPTConfig.configure_model uses a preset
+    `vocab_size` attribute when there is one."""
+    import fiddle as fdl
+
     task = fdl.build(recipe)
-    tokens_per_step = settings["micro_batch_size"] * sft["grad_accum_steps"] * settings["seq_length"]
+    if settings["model"]["weights"] == "random":
+        task.keywords["model"].config.vocab_size = settings["model"]["vocab_size"]
+    return task
+
+
+def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
+          sft: dict, window: dict) -> dict:
+    """Fine-tune the NeMo checkpoint (or random model folder) at `model_dir` on the splits beside `train_jsonl`."""
+    rank = int(os.environ.get("RANK", "0"))
+    metrics_path = Path(metrics_path)
+    recipe, settings = build_recipe(model_dir, train_jsonl, sft, window, dict(os.environ),
+                                    metrics_path.parent / f"nemo-logs.rank{rank}")
+    log.info("NeMo fine-tuning: %s", settings)
+    task = built_task(recipe, settings)
     task.keywords["trainer"].callbacks.append(
-        _step_metrics_callback(metrics_path, rank, tokens_per_step, settings["nsys_steps"]))
+        _step_metrics_callback(metrics_path, rank, settings, sft["grad_accum_steps"]))
     task()
     return {"backend": "nemo", "rank": rank, **settings}
 

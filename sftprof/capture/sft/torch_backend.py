@@ -275,7 +275,9 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
     """
     import torch
     import torch.distributed as dist
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoTokenizer
+
+    from sftprof.capture.model import load_model
 
     rank = int(os.environ.get("RANK", "0"))
     device = resolve_device(sft["device"])
@@ -287,7 +289,7 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
         torch.set_num_threads(sft["num_threads"])
     torch.manual_seed(sft["seed"])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    model = load_model(model_dir, device, sft["seed"])  # float32; `random` folders are initialised on the device
     model.train()
     trained = _data_parallel(model, device)
     if sft["compile"]:

@@ -1,0 +1,41 @@
+"""The real NeMo 2.2.1 capture: LoRA fine-tuning of Llama 2 7B (random weights, megatron-core's local
+layer spec) on one H200 under Nsight Systems 2025.3.1, through sftprof's launch path
+(tests/fixtures/nemo/README.md). What sftprof reads from it."""
+
+import lzma
+import shutil
+
+import pytest
+
+from conftest import REPO
+from sftprof.pipeline import analyze_trace
+
+FIXTURE = REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b"
+
+
+@pytest.fixture(scope="module")
+def nemo(tmp_path_factory):
+    path = tmp_path_factory.mktemp("nemo") / "nemo_lora.sqlite"
+    with lzma.open(FIXTURE.with_suffix(".sqlite.xz")) as packed, open(path, "wb") as out:
+        shutil.copyfileobj(packed, out)
+    return analyze_trace(path, FIXTURE.with_suffix(".metrics.jsonl"))
+
+
+def test_the_steps_of_nsys_callbacks_window_are_the_captured_ones(nemo):
+    """NsysCallback was given (2, 4) for the inclusive window 2..3: the capture holds steps 2 and 3 (the
+    `step N` ranges the backend writes), so the end_step + 1 it is given is right."""
+    assert list(nemo.tables["steps"]["step"]) == [2, 3]
+
+
+def test_a_child_process_saying_no_cuda_is_not_a_capture_without_cuda(nemo):
+    """nsys writes "No CUDA/NVTX events collected" for NeMo's processes that used neither; only cuDNN,
+    traced but never called here, recorded nothing."""
+    notes = [f for f in nemo.findings if f.rule == "empty_trace_kind"]
+    assert len(notes) == 1 and "cuDNN" in notes[0].title and "CUDA," not in notes[0].title
+    assert nemo.headline["kernels"] > 10_000 and nemo.headline["nvtx_ranges"] > 100_000
+
+
+def test_headline_and_mfu_from_nemos_own_metrics(nemo):
+    assert nemo.headline["top_kernel"].startswith("nvjet_sm90")  # a Hopper GEMM
+    assert 0 < nemo.headline["mfu_pct"] < 100
+    assert nemo.headline["bound_class"] and nemo.findings[0].gain_pct is not None

@@ -1,0 +1,81 @@
+"""`model.source: random`: a published architecture with random weights, from one table, for both backends."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from conftest import REPO, SMALL_DEMO
+from sftprof.capture import config, jobs, model
+from sftprof.capture.sft import nemo_backend
+
+
+def random_experiment(architecture="llama2-7b", **sft):
+    cfg = copy.deepcopy(SMALL_DEMO)
+    name = next(iter(cfg["experiments"]))
+    cfg["experiments"][name]["model"] = {"source": "random", "architecture": architecture}
+    cfg["experiments"][name].setdefault("sft", {}).update(sft)
+    return name, cfg
+
+
+def test_schema_offers_random_and_names_every_table_architecture():
+    schema = yaml.safe_load((REPO / "sftprof" / "capture" / "config.schema.yaml").read_text())
+    props = schema["definitions"]["model"]["properties"]
+    assert "random" in props["source"]["enum"]
+    assert props["architecture"]["default"] in model.ARCHITECTURES
+    for name in model.ARCHITECTURES:  # the description lists what the table offers, no more, no less
+        assert name in props["architecture"]["description"]
+
+
+def test_random_source_validates_against_the_table():
+    name, cfg = random_experiment()
+    assert config.validate(cfg)["experiments"][name]["model"]["architecture"] == "llama2-7b"
+    _, bad = random_experiment("llama9-1t")
+    with pytest.raises(config.ConfigError, match="llama9-1t.*llama2-7b"):
+        config.validate(bad)
+    _, long = random_experiment(seq_length=8192)
+    with pytest.raises(config.ConfigError, match="seq_length"):
+        config.validate(long)
+
+
+def test_llama2_7b_is_the_published_architecture(tmp_path):
+    summary = model.create_random_model({"architecture": "llama2-7b", "seed": 3}, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["intermediate_size"],
+            cfg["vocab_size"]) == (4096, 32, 32, 11008, 32000)
+    assert summary["parameters"] == 6_738_415_616  # Llama-2-7b-hf's count
+    assert summary["nemo_config"] == "Llama2Config7B" and model.is_random(tmp_path / "m")
+    assert not list((tmp_path / "m").glob("*.safetensors")) and not (tmp_path / "m.partial").exists()
+
+
+def test_torch_backend_initialises_a_random_folder_seeded_in_float32(tmp_path, monkeypatch):
+    small = {"hf": {**model.ARCHITECTURES["llama2-7b"]["hf"], "hidden_size": 32, "intermediate_size": 64,
+                    "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 300},
+             "nemo": "Llama2Config7B"}
+    monkeypatch.setitem(model.ARCHITECTURES, "tiny-test", small)
+    model.create_random_model({"architecture": "tiny-test", "seed": 0}, tmp_path / "m")
+    first, second = (model.load_model(tmp_path / "m", "cpu", seed=5) for _ in range(2))
+    weights = next(first.parameters())
+    assert str(weights.dtype) == "torch.float32" and first.config.vocab_size == 300
+    assert all((a == b).all() for a, b in zip(first.parameters(), second.parameters()))
+
+
+def test_nemo_random_model_skips_the_checkpoint_import():
+    name, cfg = random_experiment()
+    experiment = config.validate(cfg)["experiments"][name]
+    experiment["sft"]["backend"] = "nemo"
+    assert not jobs.needs_nemo_checkpoint(experiment)
+    experiment["model"]["source"] = "tiny"
+    assert jobs.needs_nemo_checkpoint(experiment)
+
+
+def test_nemo_plan_window_end_is_exclusive():
+    sft = {"micro_batch_size": 1, "grad_accum_steps": 2, "seq_length": 1024, "steps": 5, "learning_rate": 1e-4,
+           "nemo": {"tensor_parallel": 1, "pipeline_parallel": 1, "precision": "bf16-mixed", "peft": "lora",
+                    "recipe": "llama2_7b"}}
+    settings = nemo_backend.plan(sft, {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3},
+                                 {"WORLD_SIZE": "1"})
+    assert settings["nsys_steps"] == (2, 4) and settings["global_batch_size"] == 2
