@@ -76,42 +76,86 @@ COMM_EXPOSED_PCT = 20.0
 SHORT_GAP_NS = IDLE_GAP_NS
 COMMUNICATION_MARKER = gpu.COMMUNICATION_MARKER  # kernels whose name holds it are collective communication
 
-BOUND_CLASSES = ("compute-bound", "memory-bound kernels", "launch/host-bound", "data-bound", "sync-bound",
-                 "communication-bound")
+BOUND_CLASSES = (
+    "compute-bound",
+    "memory-bound kernels",
+    "launch/host-bound",
+    "data-bound",
+    "sync-bound",
+    "communication-bound",
+)
 OTHER_PHASE = "other"
 PHASE_COLUMNS = [f"{phase}_gpu_ns" for phase in (*cpu.PHASES, OTHER_PHASE)]
 MIX_CLASSES = ("compute", "memory", "communication", "other")  # kernel classes, by name
 COMPUTE, MEMORY, COMMUNICATION, OTHER = range(len(MIX_CLASSES))
-COLUMNS = ["step", "start", "end", "duration", "device_id", "kernels", "tiny_kernels", "kernel_ns", *PHASE_COLUMNS,
-           "compute_kernel_ns", "memory_kernel_ns", "comm_kernel_ns", "sm_busy_ns", "copy_busy_ns", "copy_only_ns",
-           "idle_ns", "sm_idle_sync_ns", "sm_idle_data_ns", "sm_idle_host_ns", "short_gap_idle_ns", "comm_exposed_ns",
-           "sm_busy_pct", "idle_pct", "bound_class", "evidence"]
+COLUMNS = [
+    "step",
+    "start",
+    "end",
+    "duration",
+    "device_id",
+    "kernels",
+    "tiny_kernels",
+    "kernel_ns",
+    *PHASE_COLUMNS,
+    "compute_kernel_ns",
+    "memory_kernel_ns",
+    "comm_kernel_ns",
+    "sm_busy_ns",
+    "copy_busy_ns",
+    "copy_only_ns",
+    "idle_ns",
+    "sm_idle_sync_ns",
+    "sm_idle_data_ns",
+    "sm_idle_host_ns",
+    "short_gap_idle_ns",
+    "comm_exposed_ns",
+    "sm_busy_pct",
+    "idle_pct",
+    "bound_class",
+    "evidence",
+]
 _FAR = 2**62  # beyond any capture (events.MAX_TIME_NS is 2^53): the open ends of the first and last SM gap
 _EMPTY = np.zeros(0, dtype="int64")
 
 
 # ---------------------------------------------------------------- kernels: names, slices
 
+
 def _mix_class(frame: pd.DataFrame) -> np.ndarray:
     """Each kernel name's MIX_CLASSES index: communication when the name holds COMMUNICATION_MARKER,
     else by family (kernels.kernel_families)."""
     families = kernels.kernel_families(frame)
-    code = np.where(families.isin(kernels.COMPUTE_BOUND_FAMILIES), COMPUTE,
-                    np.where(families.isin(kernels.MEMORY_BOUND_FAMILIES), MEMORY, OTHER))
+    code = np.where(
+        families.isin(kernels.COMPUTE_BOUND_FAMILIES),
+        COMPUTE,
+        np.where(families.isin(kernels.MEMORY_BOUND_FAMILIES), MEMORY, OTHER),
+    )
     return np.where(gpu.is_communication(frame["name"], frame["short_name"]), COMMUNICATION, code).astype("int64")
 
 
 def _name_classes(events: EventStore) -> pd.DataFrame:
     """(name_id, short_name_id) -> class, for the few dozen distinct kernel names (NULL ids as -1)."""
     names = events.used_names("kernels")
-    return pd.DataFrame({"name_id": names["name_id"].astype("int64"),
-                         "short_name_id": names["short_name_id"].astype("int64"),
-                         "cls": _mix_class(names) if len(names) else _EMPTY})
+    return pd.DataFrame(
+        {
+            "name_id": names["name_id"].astype("int64"),
+            "short_name_id": names["short_name_id"].astype("int64"),
+            "cls": _mix_class(names) if len(names) else _EMPTY,
+        }
+    )
 
 
 def _class_of(classes: pd.DataFrame, name_id: np.ndarray, short_name_id: np.ndarray) -> np.ndarray:
-    """Each kernel's MIX_CLASSES index from its name ids (-1: NULL), by binary search in `classes`."""
-    keys = ((classes["name_id"].to_numpy("int64") + 1) << 32) + classes["short_name_id"].to_numpy("int64") + 1
+    """Each kernel's MIX_CLASSES index from its name ids (-1: NULL): looked up by name id where that
+    alone decides the class (as a rule), else by binary search over the pairs in `classes`."""
+    ids = classes["name_id"].to_numpy("int64")
+    if len(ids) and ids.max() < 1 << 22 and not pd.Series(ids).duplicated().any():
+        by_name = np.full(int(ids.max()) + 2, OTHER, dtype="int64")
+        by_name[ids + 1] = classes["cls"].to_numpy("int64")
+        known = (name_id >= -1) & (name_id + 1 < len(by_name))
+        return np.where(known, by_name[np.where(known, name_id + 1, 0)], OTHER)
+    keys = ((ids + 1) << 32) + classes["short_name_id"].to_numpy("int64") + 1
     order = np.argsort(keys)
     keys, cls = keys[order], classes["cls"].to_numpy("int64")[order]
     wanted = ((name_id + 1) << 32) + short_name_id + 1
@@ -122,6 +166,7 @@ def _class_of(classes: pd.DataFrame, name_id: np.ndarray, short_name_id: np.ndar
 
 
 # ---------------------------------------------------------------- phases by launch
+
 
 class _Timeline:
     """A training thread's NVTX timeline as nvtx cuts it into segments, with the step (row of the
@@ -166,8 +211,14 @@ def _step_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     step_ranges = ranges[ranges["name"].astype(str).str.match(cpu.STEP_RANGE)]
     rows = pd.Series(np.arange(len(steps)), index=pd.MultiIndex.from_arrays([steps["start"], steps["end"]]))
     rows = rows[~rows.index.duplicated()]
-    found = pd.Series(rows.reindex(pd.MultiIndex.from_arrays([step_ranges["start"], step_ranges["end"]])).to_numpy(),
-                      index=step_ranges.index).dropna().astype("int64")
+    found = (
+        pd.Series(
+            rows.reindex(pd.MultiIndex.from_arrays([step_ranges["start"], step_ranges["end"]])).to_numpy(),
+            index=step_ranges.index,
+        )
+        .dropna()
+        .astype("int64")
+    )
     return found[~found.duplicated()]
 
 
@@ -228,8 +279,9 @@ class LaunchSums:
         cls = _class_of(self.classes, k["name_id"][inside], k["short_name_id"][inside])
         n, phases = self.n, len(cpu.PHASES) + 1
         self.phase_ns += np.bincount(step * phases + phase, weights=duration, minlength=n * phases).astype("int64")
-        self.class_ns += np.bincount(step * len(MIX_CLASSES) + cls, weights=duration,
-                                     minlength=n * len(MIX_CLASSES)).astype("int64")
+        self.class_ns += np.bincount(
+            step * len(MIX_CLASSES) + cls, weights=duration, minlength=n * len(MIX_CLASSES)
+        ).astype("int64")
         self.kernels += np.bincount(step, minlength=n)
         self.tiny += np.bincount(step[duration < TINY_KERNEL_NS], minlength=n)
 
@@ -247,9 +299,11 @@ class LaunchSums:
 
 # ---------------------------------------------------------------- busy and idle time, streamed
 
+
 def _frame(starts, ends) -> pd.DataFrame:
-    return pd.DataFrame({"start": np.asarray(starts, dtype="int64"), "end": np.asarray(ends, dtype="int64")},
-                        copy=False)
+    return pd.DataFrame(
+        {"start": np.asarray(starts, dtype="int64"), "end": np.asarray(ends, dtype="int64")}, copy=False
+    )
 
 
 def _intersect(merged: pd.DataFrame, starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -263,8 +317,11 @@ def _intersect(merged: pd.DataFrame, starts, ends) -> tuple[np.ndarray, np.ndarr
     counts = np.maximum(last - first, 0)
     index = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
     window = np.repeat(np.arange(len(starts)), counts)
-    return (np.maximum(merged["start"].to_numpy("int64")[index], starts[window]),
-            np.minimum(merged["end"].to_numpy("int64")[index], ends[window]), window)
+    return (
+        np.maximum(merged["start"].to_numpy("int64")[index], starts[window]),
+        np.minimum(merged["end"].to_numpy("int64")[index], ends[window]),
+        window,
+    )
 
 
 class _Pieces:
@@ -344,8 +401,16 @@ class _DeviceTime:
     time, and, with `gaps`, the time its SM gaps were sync, short, and kernels overlapped copies or
     data ranges (`copies`, `data`: _Pieces)."""
 
-    def __init__(self, steps_start, steps_end, last_end: int, waited: pd.DataFrame = None, copies: _Pieces = None,
-                 data: _Pieces = None, gaps: bool = True):
+    def __init__(
+        self,
+        steps_start,
+        steps_end,
+        last_end: int,
+        waited: pd.DataFrame = None,
+        copies: _Pieces = None,
+        data: _Pieces = None,
+        gaps: bool = True,
+    ):
         self.starts, self.ends, self.n = steps_start, steps_end, len(steps_start)
         self.waited, self.copies, self.data, self.gaps = waited, copies, data, gaps
         self.previous_end = last_end  # where the current SM gap began
@@ -375,8 +440,10 @@ class _DeviceTime:
         short = gap_ends - gap_starts < SHORT_GAP_NS
         self.short += intervals.covered_ns(_frame(gap_starts[short], gap_ends[short]), self.starts, self.ends)
         wait_starts, wait_ends = self.waited["start"].to_numpy("int64"), self.waited["end"].to_numpy("int64")
-        near = slice(np.searchsorted(wait_ends, gap_starts[0], side="right"),
-                     np.searchsorted(wait_starts, gap_ends[-1], side="left"))
+        near = slice(
+            np.searchsorted(wait_ends, gap_starts[0], side="right"),
+            np.searchsorted(wait_starts, gap_ends[-1], side="left"),
+        )
         wait_starts, wait_ends = wait_starts[near], wait_ends[near]
         if not len(wait_starts):
             return
@@ -385,8 +452,9 @@ class _DeviceTime:
         counts = np.searchsorted(gap_starts, wait_ends, side="left") - first
         drained = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         during_starts, during_ends, _ = _intersect(_frame(gap_starts, gap_ends), wait_starts, wait_ends)
-        synced = intervals.union(_frame(np.r_[gap_starts[drained], during_starts],
-                                        np.r_[gap_ends[drained], during_ends]))
+        synced = intervals.union(
+            _frame(np.r_[gap_starts[drained], during_starts], np.r_[gap_ends[drained], during_ends])
+        )
         self.sync += intervals.covered_ns(synced, self.starts, self.ends)
         self.sync_in_data += self.data.covered(synced, self.n)
 
@@ -403,23 +471,42 @@ def _union_windows(unions: gpu.BusyUnions, span: tuple[int, int]):
         if first >= last:
             continue
         own = unions.not_communication.get(device) if unions.not_communication is not None else None
-        own_starts, own_ends = ((own.merged["start"].to_numpy("int64"), own.merged["end"].to_numpy("int64"))
-                                if own is not None else (_EMPTY, _EMPTY))
+        own_starts, own_ends = (
+            (own.merged["start"].to_numpy("int64"), own.merged["end"].to_numpy("int64"))
+            if own is not None
+            else (_EMPTY, _EMPTY)
+        )
         own_first, own_last = np.searchsorted(own_ends, lo, side="right"), np.searchsorted(own_starts, hi, side="left")
 
-        def windows(starts=starts, ends=ends, first=first, last=last, own_starts=own_starts, own_ends=own_ends,
-                    own_first=own_first, own_last=own_last, nccl=unions.not_communication is not None):
-            cuts = np.r_[first:last:gpu.BUSY_WINDOW_ROWS, last]
+        def windows(
+            starts=starts,
+            ends=ends,
+            first=first,
+            last=last,
+            own_starts=own_starts,
+            own_ends=own_ends,
+            own_first=own_first,
+            own_last=own_last,
+            nccl=unions.not_communication is not None,
+        ):
+            cuts = np.r_[first : last : gpu.BUSY_WINDOW_ROWS, last]
             # the other union cut at the same start times: both merge in order, window by window
             own_cuts = np.clip(np.searchsorted(own_starts, starts[cuts[1:-1]], side="left"), own_first, own_last)
             own_cuts = np.r_[own_first, own_cuts, max(own_last, own_first)]
             for a, b, c, d in zip(cuts[:-1], cuts[1:], own_cuts[:-1], own_cuts[1:], strict=True):
                 yield starts[a:b], ends[a:b], *((own_starts[c:d], own_ends[c:d]) if nccl else (None, None))
+
         yield int(device), int(ends[first - 1]) if first else -_FAR, windows()
 
 
-def _busy_and_idle(result: pd.DataFrame, tables, classes: pd.DataFrame, thread_of_step: np.ndarray,
-                   waits: pd.DataFrame, unions: gpu.BusyUnions | None = None) -> None:
+def _busy_and_idle(
+    result: pd.DataFrame,
+    tables,
+    classes: pd.DataFrame,
+    thread_of_step: np.ndarray,
+    waits: pd.DataFrame,
+    unions: gpu.BusyUnions | None = None,
+) -> None:
     """Fill the busy, idle and idle-cause columns of `result` (see the module docstring). `unions`:
     gpu.busy_unions of the capture, when the caller has them (step_accounting's `busy`)."""
     n = len(result)
@@ -427,15 +514,21 @@ def _busy_and_idle(result: pd.DataFrame, tables, classes: pd.DataFrame, thread_o
     empty = intervals.RunningUnion().result()
     # the step thread's data ranges inside its steps
     data_ranges = tables.nvtx[tables.nvtx["name"] == cpu.PHASES[0]]
-    data = _Pieces.joined([_Pieces.cut(intervals.union(ranges), starts, ends, np.flatnonzero(thread_of_step == tid))
-                           for tid, ranges in data_ranges.groupby("global_tid")])
+    data = _Pieces.joined(
+        [
+            _Pieces.cut(intervals.union(ranges), starts, ends, np.flatnonzero(thread_of_step == tid))
+            for tid, ranges in data_ranges.groupby("global_tid")
+        ]
+    )
     # waits of the training processes only: another process's sync does not stall this one
     pids = {(int(tid) >> 24) & 0xFFFFFF for tid in thread_of_step if tid >= 0}
     wait_pids = (waits["global_tid"].to_numpy("int64") >> 24) & 0xFFFFFF
     waited = intervals.union(waits.loc[np.isin(wait_pids, list(pids)), ["start", "end"]]) if len(waits) else empty
     memops = tables.memops
-    copy_unions = {int(d): intervals.union(ops) for d, ops in
-                   memops[memops["device_id"].notna()].astype({"device_id": "int64"}).groupby("device_id")}
+    copy_unions = {
+        int(d): intervals.union(ops)
+        for d, ops in memops[memops["device_id"].notna()].astype({"device_id": "int64"}).groupby("device_id")
+    }
     events = tables.events
     nccl = bool((classes["cls"] == COMMUNICATION).any())
     measured: dict[int, _DeviceTime] = {}
@@ -463,34 +556,50 @@ def _busy_and_idle(result: pd.DataFrame, tables, classes: pd.DataFrame, thread_o
             time.close()
             measured[device] = time
     devices = sorted(measured)
-    columns = {c: np.zeros(n, dtype="int64") for c in ("sm_busy_ns", "copy_busy_ns", "copy_only_ns", "comm_exposed_ns",
-                                                        "sm_idle_sync_ns", "sm_idle_data_ns", "short_gap_idle_ns")}
+    columns = {
+        c: np.zeros(n, dtype="int64")
+        for c in (
+            "sm_busy_ns",
+            "copy_busy_ns",
+            "copy_only_ns",
+            "comm_exposed_ns",
+            "sm_idle_sync_ns",
+            "sm_idle_data_ns",
+            "short_gap_idle_ns",
+        )
+    }
     device_of = np.full(n, -1, dtype="int64")
     if devices:
         copy_busy = {d: measured[d].copies.lengths(n) for d in devices}
         # the busiest device per step: most SM time, then most copy time, then the lowest id
-        order = np.lexsort((-np.vstack([copy_busy[d] for d in devices]),
-                            -np.vstack([measured[d].sm for d in devices])), axis=0)[0]
+        order = np.lexsort(
+            (-np.vstack([copy_busy[d] for d in devices]), -np.vstack([measured[d].sm for d in devices])), axis=0
+        )[0]
         device_of = np.asarray(devices, dtype="int64")[order]
         data_ns = data.lengths(n)
         for device in devices:
             rows, time = device_of == device, measured[device]
-            for column, values in (("sm_busy_ns", time.sm), ("copy_busy_ns", copy_busy[device]),
-                                   ("copy_only_ns", copy_busy[device] - time.sm_in_copies),
-                                   ("comm_exposed_ns", exposed.get(device, np.zeros(n, "int64"))),
-                                   ("sm_idle_data_ns", data_ns - time.sm_in_data),
-                                   ("sm_idle_sync_ns", time.sync - time.sync_in_data),
-                                   ("short_gap_idle_ns", time.short)):
+            for column, values in (
+                ("sm_busy_ns", time.sm),
+                ("copy_busy_ns", copy_busy[device]),
+                ("copy_only_ns", copy_busy[device] - time.sm_in_copies),
+                ("comm_exposed_ns", exposed.get(device, np.zeros(n, "int64"))),
+                ("sm_idle_data_ns", data_ns - time.sm_in_data),
+                ("sm_idle_sync_ns", time.sync - time.sync_in_data),
+                ("short_gap_idle_ns", time.short),
+            ):
                 columns[column][rows] = values[rows]
     for column, values in columns.items():
         result[column] = values
     result["device_id"] = pd.array([d if d >= 0 else pd.NA for d in device_of], dtype="Int64")
     result["idle_ns"] = result["duration"] - result["sm_busy_ns"] - result["copy_only_ns"]
-    result["sm_idle_host_ns"] = (result["duration"] - result["sm_busy_ns"] - result["sm_idle_sync_ns"]
-                                 - result["sm_idle_data_ns"])
+    result["sm_idle_host_ns"] = (
+        result["duration"] - result["sm_busy_ns"] - result["sm_idle_sync_ns"] - result["sm_idle_data_ns"]
+    )
 
 
 # ---------------------------------------------------------------- classes
+
 
 def _classify(r: dict) -> tuple[str | None, str]:
     """One step's class and the numbers behind it (see the module docstring)."""
@@ -498,35 +607,49 @@ def _classify(r: dict) -> tuple[str | None, str]:
     if pd.isna(r["device_id"]):
         return None, "no GPU work recorded"
     sm_idle = duration - r["sm_busy_ns"]
-    busy = (f"SMs busy {pct(r['sm_busy_ns'], duration):.1f}% of the step ({ms(r['sm_busy_ns'], 2)} of "
-            f"{ms(duration, 2)}, device {r['device_id']})")
-    idle = (f"SMs idle {pct(sm_idle, duration):.1f}% of the step ({ms(sm_idle, 2)}; {ms(r['copy_only_ns'], 2)} of it "
-            f"copies only): {pct(r['sm_idle_data_ns'], sm_idle):.1f}% inside data ranges, "
-            f"{pct(r['sm_idle_sync_ns'], sm_idle):.1f}% while or after the host waited in a sync call, "
-            f"{pct(r['sm_idle_host_ns'], sm_idle):.1f}% while the host launched too slowly")
+    busy = (
+        f"SMs busy {pct(r['sm_busy_ns'], duration):.1f}% of the step ({ms(r['sm_busy_ns'], 2)} of "
+        f"{ms(duration, 2)}, device {r['device_id']})"
+    )
+    idle = (
+        f"SMs idle {pct(sm_idle, duration):.1f}% of the step ({ms(sm_idle, 2)}; {ms(r['copy_only_ns'], 2)} of it "
+        f"copies only): {pct(r['sm_idle_data_ns'], sm_idle):.1f}% inside data ranges, "
+        f"{pct(r['sm_idle_sync_ns'], sm_idle):.1f}% while or after the host waited in a sync call, "
+        f"{pct(r['sm_idle_host_ns'], sm_idle):.1f}% while the host launched too slowly"
+    )
     if pct(r["comm_exposed_ns"], duration) >= COMM_EXPOSED_PCT:
-        return "communication-bound", (f"NCCL kernels ran with no other kernel beside them for "
-                                       f"{pct(r['comm_exposed_ns'], duration):.1f}% of the step "
-                                       f"({ms(r['comm_exposed_ns'], 2)}, >= {COMM_EXPOSED_PCT:.0f}%); {busy}")
+        return "communication-bound", (
+            f"NCCL kernels ran with no other kernel beside them for "
+            f"{pct(r['comm_exposed_ns'], duration):.1f}% of the step "
+            f"({ms(r['comm_exposed_ns'], 2)}, >= {COMM_EXPOSED_PCT:.0f}%); {busy}"
+        )
     if pct(r["sm_busy_ns"], duration) >= GPU_BOUND_PCT:
         math_ns, memory_ns = r["compute_kernel_ns"], r["memory_kernel_ns"]
-        mix = (f"of the step's kernel time ({ms(r['kernel_ns'], 2)}), "
-               f"GEMM/attention {pct(math_ns, r['kernel_ns']):.1f}%, "
-               f"memory-bound families ({', '.join(kernels.MEMORY_BOUND_FAMILIES)}) "
-               f"{pct(memory_ns, r['kernel_ns']):.1f}%")
+        mix = (
+            f"of the step's kernel time ({ms(r['kernel_ns'], 2)}), "
+            f"GEMM/attention {pct(math_ns, r['kernel_ns']):.1f}%, "
+            f"memory-bound families ({', '.join(kernels.MEMORY_BOUND_FAMILIES)}) "
+            f"{pct(memory_ns, r['kernel_ns']):.1f}%"
+        )
         verdict = "memory-bound kernels" if memory_ns > math_ns else "compute-bound"
         return verdict, f"{busy}, >= {GPU_BOUND_PCT:.0f}%; {mix}; {idle}"
-    causes = {"data-bound": r["sm_idle_data_ns"], "sync-bound": r["sm_idle_sync_ns"],
-              "launch/host-bound": r["sm_idle_host_ns"]}
+    causes = {
+        "data-bound": r["sm_idle_data_ns"],
+        "sync-bound": r["sm_idle_sync_ns"],
+        "launch/host-bound": r["sm_idle_host_ns"],
+    }
     verdict = max(causes, key=lambda name: (causes[name], name == "launch/host-bound"))
-    launches = (f"; {r['kernels']:,} kernels launched, {pct(r['tiny_kernels'], r['kernels']):.0f}% under "
-                f"{TINY_KERNEL_NS / 1e3:.0f} µs; {pct(r['short_gap_idle_ns'], sm_idle):.1f}% of the idle time in "
-                f"gaps under {SHORT_GAP_NS / 1e6:g} ms")
+    launches = (
+        f"; {r['kernels']:,} kernels launched, {pct(r['tiny_kernels'], r['kernels']):.0f}% under "
+        f"{TINY_KERNEL_NS / 1e3:.0f} µs; {pct(r['short_gap_idle_ns'], sm_idle):.1f}% of the idle time in "
+        f"gaps under {SHORT_GAP_NS / 1e6:g} ms"
+    )
     return verdict, f"{busy}, < {GPU_BOUND_PCT:.0f}%; {idle}{launches}"
 
 
-def step_accounting(tables, waits: pd.DataFrame | None = None, launches: LaunchSums | None = None,
-                    busy: gpu.BusyUnions | None = None) -> pd.DataFrame:
+def step_accounting(
+    tables, waits: pd.DataFrame | None = None, launches: LaunchSums | None = None, busy: gpu.BusyUnions | None = None
+) -> pd.DataFrame:
     """One row per training step (COLUMNS, see the module docstring): kernel time by phase, SM-busy,
     copy-only and idle time, the causes of SM idle time, a bound class and its evidence. Empty (with
     the columns) without step ranges. What the caller has already, so that it is not worked out
@@ -549,8 +672,14 @@ def step_accounting(tables, waits: pd.DataFrame | None = None, launches: LaunchS
     by_class = sums.class_ns.reshape(n, len(MIX_CLASSES))
     for i, column in ((COMPUTE, "compute_kernel_ns"), (MEMORY, "memory_kernel_ns"), (COMMUNICATION, "comm_kernel_ns")):
         result[column] = by_class[:, i]
-    _busy_and_idle(result, tables, sums.classes, sums.thread_of_step,
-                   cuda.host_wait_calls(tables.events) if waits is None else waits, busy)
+    _busy_and_idle(
+        result,
+        tables,
+        sums.classes,
+        sums.thread_of_step,
+        cuda.host_wait_calls(tables.events) if waits is None else waits,
+        busy,
+    )
     result["sm_busy_pct"] = 100.0 * result["sm_busy_ns"] / result["duration"].clip(lower=1)
     result["idle_pct"] = 100.0 * result["idle_ns"] / result["duration"].clip(lower=1)
     verdicts = [_classify(r) for r in result.to_dict("records")]
@@ -566,13 +695,21 @@ def run_bound(accounting: pd.DataFrame) -> dict:
     run's; weighting by time keeps a few slow steps from being outvoted by many fast ones."""
     total = int(accounting["duration"].sum()) if len(accounting) else 0
     if not total:
-        return {"bound_class": None, "class_pct": {}, "sm_busy_pct": None, "copy_busy_pct": None, "idle_pct": None,
-                "steps": 0}
+        return {
+            "bound_class": None,
+            "class_pct": {},
+            "sm_busy_pct": None,
+            "copy_busy_pct": None,
+            "idle_pct": None,
+            "steps": 0,
+        }
     by_class = accounting.dropna(subset=["bound_class"]).groupby("bound_class")["duration"].sum()
     by_class = by_class.sort_values(ascending=False, kind="stable")
-    return {"bound_class": str(by_class.index[0]) if len(by_class) else None,
-            "class_pct": {str(name): float(pct(ns, total)) for name, ns in by_class.items()},
-            "sm_busy_pct": float(pct(accounting["sm_busy_ns"].sum(), total)),
-            "copy_busy_pct": float(pct(accounting["copy_busy_ns"].sum(), total)),
-            "idle_pct": float(pct(accounting["idle_ns"].sum(), total)),
-            "steps": len(accounting)}
+    return {
+        "bound_class": str(by_class.index[0]) if len(by_class) else None,
+        "class_pct": {str(name): float(pct(ns, total)) for name, ns in by_class.items()},
+        "sm_busy_pct": float(pct(accounting["sm_busy_ns"].sum(), total)),
+        "copy_busy_pct": float(pct(accounting["copy_busy_ns"].sum(), total)),
+        "idle_pct": float(pct(accounting["idle_ns"].sum(), total)),
+        "steps": len(accounting),
+    }

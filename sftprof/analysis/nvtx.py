@@ -62,11 +62,11 @@ def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     _, open_ranges = timeline_segments(nvtx)
     pairs = []
     for inside, segments, edges in _placed_calls(nvtx, calls):
-        pairs += [(call, label) for call, segment in zip(inside, segments, strict=True)
-                  for label in open_ranges[segment]]
+        pairs += [
+            (call, label) for call, segment in zip(inside, segments, strict=True) for label in open_ranges[segment]
+        ]
         pairs += [(call, label) for call, labels in edges.items() for label in labels]
-    return pd.DataFrame(pairs, columns=["call", "range"]).astype(
-        {"call": calls.index.dtype, "range": nvtx.index.dtype})
+    return pd.DataFrame(pairs, columns=["call", "range"]).astype({"call": calls.index.dtype, "range": nvtx.index.dtype})
 
 
 def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
@@ -101,7 +101,7 @@ class _OpenRanges:
         self.labels, self.offsets = labels, offsets
 
     def __getitem__(self, segment: int) -> list:
-        return self.labels[self.offsets[segment]:self.offsets[segment + 1]].tolist()
+        return self.labels[self.offsets[segment] : self.offsets[segment + 1]].tolist()
 
 
 def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, _OpenRanges]:
@@ -113,8 +113,16 @@ def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, _OpenRanges]:
     for tid, ranges in nvtx.groupby("global_tid", sort=True):
         starts, ends = ranges["start"].to_numpy("int64"), ranges["end"].to_numpy("int64")
         bounds = np.unique(np.r_[starts, ends])
-        parts.append(pd.DataFrame({"global_tid": tid, "segment": first_segment + np.arange(len(bounds)),
-                                   "seg_start": bounds, "seg_end": np.r_[bounds[1:], np.iinfo("int64").max]}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "global_tid": tid,
+                    "segment": first_segment + np.arange(len(bounds)),
+                    "seg_start": bounds,
+                    "seg_end": np.r_[bounds[1:], np.iinfo("int64").max],
+                }
+            )
+        )
         # A range (end > start) is open in the segments from the one its start opens to the one its
         # end opens: one (segment, range) row for each.
         positive = np.flatnonzero(ends > starts)
@@ -122,13 +130,18 @@ def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, _OpenRanges]:
         spans = np.searchsorted(bounds, ends[positive]) + first_segment - first
         owner = np.repeat(positive, spans)
         segment = np.repeat(first, spans) + np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans)
-        opened.append(pd.DataFrame({"segment": segment, "start": starts[owner], "end": ends[owner],
-                                    "label": ranges.index[owner]}))
+        opened.append(
+            pd.DataFrame({"segment": segment, "start": starts[owner], "end": ends[owner], "label": ranges.index[owner]})
+        )
         first_segment += len(bounds)
-    segments = pd.concat(parts, ignore_index=True) if parts else \
-        pd.DataFrame(columns=["global_tid", "segment", "seg_start", "seg_end"])
-    pairs = (pd.concat(opened, ignore_index=True) if opened
-             else pd.DataFrame(columns=["segment", "start", "end", "label"]))
+    segments = (
+        pd.concat(parts, ignore_index=True)
+        if parts
+        else pd.DataFrame(columns=["global_tid", "segment", "seg_start", "seg_end"])
+    )
+    pairs = (
+        pd.concat(opened, ignore_index=True) if opened else pd.DataFrame(columns=["segment", "start", "end", "label"])
+    )
     # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges)
     pairs = pairs.sort_values(["segment", "start", "end", "label"], ascending=[True, False, True, True], kind="stable")
     offsets = np.r_[0, np.cumsum(np.bincount(pairs["segment"].to_numpy("int64"), minlength=len(segments)))]
@@ -143,8 +156,10 @@ class _LaunchTally:
 
     def __init__(self, segments: pd.DataFrame):
         self.segment_tids = segments["global_tid"].to_numpy()
-        self.threads = {tid: (rows["seg_start"].to_numpy(), rows["seg_end"].to_numpy(), rows["segment"].to_numpy())
-                        for tid, rows in segments.groupby("global_tid")}
+        self.threads = {
+            tid: (rows["seg_start"].to_numpy(), rows["seg_end"].to_numpy(), rows["segment"].to_numpy())
+            for tid, rows in segments.groupby("global_tid")
+        }
         self.kernels = np.zeros(len(segments), dtype="int64")  # by segment id (= row of `segments`)
         self.gpu_ns = np.zeros(len(segments), dtype="int64")
         self.edge_calls: list[pd.DataFrame] = []
@@ -159,19 +174,37 @@ class _LaunchTally:
             self.kernels += np.bincount(ids, minlength=len(self.kernels))
             self.gpu_ns += np.bincount(ids, weights=durations[rows[inside]], minlength=len(self.gpu_ns)).astype("int64")
             edge_rows = rows[on_edge]
-            self.edge_calls.append(pd.DataFrame({
-                "global_tid": tid, "segment": seg_ids[known[on_edge]], "start": starts[edge_rows],
-                "end": ends[edge_rows], "kernels": 1, "gpu_ns": durations[edge_rows]}))
+            self.edge_calls.append(
+                pd.DataFrame(
+                    {
+                        "global_tid": tid,
+                        "segment": seg_ids[known[on_edge]],
+                        "start": starts[edge_rows],
+                        "end": ends[edge_rows],
+                        "kernels": 1,
+                        "gpu_ns": durations[edge_rows],
+                    }
+                )
+            )
             placed[rows[inside | on_edge]] = True
         threads, which = np.unique(tids[~placed], return_inverse=True)
         gpu_ns = np.bincount(which, weights=durations[~placed], minlength=len(threads)).astype("int64")
-        self.outside.append(pd.DataFrame({"global_tid": threads, "kernels": np.bincount(which, minlength=len(threads)),
-                                          "gpu_ns": gpu_ns}))
+        self.outside.append(
+            pd.DataFrame(
+                {"global_tid": threads, "kernels": np.bincount(which, minlength=len(threads)), "gpu_ns": gpu_ns}
+            )
+        )
 
     def in_segments(self) -> pd.DataFrame:
         used = np.flatnonzero(self.kernels)
-        return pd.DataFrame({"global_tid": self.segment_tids[used], "segment": used,
-                             "kernels": self.kernels[used], "gpu_ns": self.gpu_ns[used]})
+        return pd.DataFrame(
+            {
+                "global_tid": self.segment_tids[used],
+                "segment": used,
+                "kernels": self.kernels[used],
+                "gpu_ns": self.gpu_ns[used],
+            }
+        )
 
     def on_edges(self) -> pd.DataFrame:
         calls = pd.concat(self.edge_calls or [pd.DataFrame(columns=LAUNCH_KEYS + ["kernels", "gpu_ns"], dtype="int64")])
@@ -200,7 +233,8 @@ def launch_slices(events: EventStore):
     result is not. A slice whose calls repeat a key (a damaged export) is joined by DuckDB instead,
     duplicates and all."""
     count, low, high = events.query(
-        "SELECT count(*) AS n, min(correlation_id) AS lo, max(correlation_id) AS hi FROM kernels").iloc[0]
+        "SELECT count(*) AS n, min(correlation_id) AS lo, max(correlation_id) AS hi FROM kernels"
+    ).iloc[0]
     kernel_columns = """correlation_id, coalesce(global_pid, -1) AS global_pid, start, duration,
                         coalesce(name_id, -1) AS name_id, coalesce(short_name_id, -1) AS short_name_id"""
     if not pd.isna(low):
@@ -228,8 +262,12 @@ def _with_pid(kernels: dict) -> dict[str, np.ndarray]:
 
 def _unlaunched(kernels: dict) -> dict[str, np.ndarray]:
     none = np.full(len(kernels["start"]), -1, dtype="int64")
-    return {"launch_tid": none, "launch_start": kernels["start"], "launch_end": kernels["start"],
-            **{c: kernels[c] for c in ("start", "duration", "pid", "name_id", "short_name_id")}}
+    return {
+        "launch_tid": none,
+        "launch_start": kernels["start"],
+        "launch_end": kernels["start"],
+        **{c: kernels[c] for c in ("start", "duration", "pid", "name_id", "short_name_id")},
+    }
 
 
 def _matched(kernels: dict, calls: dict, lo: int, step: int) -> dict[str, np.ndarray] | None:
@@ -250,8 +288,11 @@ def _matched(kernels: dict, calls: dict, lo: int, step: int) -> dict[str, np.nda
         found = call >= 0
     else:
         call_keys = (call_pid << _KEY_SHIFT) | offsets
-        order = np.argsort(call_keys, kind="stable")  # nearly sorted already: ids grow with time
-        sorted_keys = call_keys[order]
+        if (call_keys[1:] >= call_keys[:-1]).all():  # usually: ids grow with time, calls are stored in time order
+            order, sorted_keys = np.arange(len(call_keys)), call_keys
+        else:
+            order = np.argsort(call_keys, kind="stable")
+            sorted_keys = call_keys[order]
         if (sorted_keys[1:] == sorted_keys[:-1]).any() or step >= 1 << _KEY_SHIFT:
             return None
         kernel_keys = np.where(kernels["pid"] >= 0, (kernels["pid"] << _KEY_SHIFT) | kernel_offsets, -1)
@@ -311,8 +352,9 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
         names = [name_of[label] for label in open_ranges[segment]]
         exclusive.append((names[0] if names else outside(tid), kernels, gpu_ns))
         inclusive += [(name, kernels, gpu_ns) for name in names]
-    exclusive += [(outside(tid), kernels, gpu_ns)
-                  for tid, kernels, gpu_ns in tally.outside_segments().itertuples(index=False)]
+    exclusive += [
+        (outside(tid), kernels, gpu_ns) for tid, kernels, gpu_ns in tally.outside_segments().itertuples(index=False)
+    ]
     calls = tally.on_edges()
     if len(calls):
         innermost = innermost_ranges(nvtx, calls)
@@ -320,8 +362,10 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
             name = nvtx.at[innermost[label], "name"] if label in innermost.index else outside(call["global_tid"])
             exclusive.append((name, call["kernels"], call["gpu_ns"]))
         pairs = enclosing_ranges(nvtx, calls)
-        inclusive += [(nvtx.at[r, "name"], calls.at[c, "kernels"], calls.at[c, "gpu_ns"])
-                      for c, r in zip(pairs["call"], pairs["range"], strict=True)]
+        inclusive += [
+            (nvtx.at[r, "name"], calls.at[c, "kernels"], calls.at[c, "gpu_ns"])
+            for c, r in zip(pairs["call"], pairs["range"], strict=True)
+        ]
     exclusive = pd.DataFrame(exclusive, columns=["range", "kernels", "gpu_ns"]).groupby("range").sum()
     launched_n, launched_ns = int(exclusive["kernels"].sum()), int(exclusive["gpu_ns"].sum())
     if totals["n"] > launched_n:
