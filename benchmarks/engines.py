@@ -50,8 +50,9 @@ KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 KEY_COLUMNS = ("nid", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
 # Raw aggregates every engine returns, one row per group; `finish` turns them into the summary.
 RAW_COLUMNS = [*KEY_COLUMNS, "total_ns", "instances", "mean_ns", "med_ns", "min_ns", "max_ns", "stddev_ns"]
-INT_QUERY = (f'SELECT demangledName AS nid, gridX, gridY, gridZ, blockX, blockY, blockZ, "end" - start AS d '
-             f"FROM {KERNEL}")
+INT_QUERY = (
+    f'SELECT demangledName AS nid, gridX, gridY, gridZ, blockX, blockY, blockZ, "end" - start AS d FROM {KERNEL}'
+)
 
 
 def _uri(path: Path) -> str:
@@ -80,15 +81,20 @@ def finish(raw, path: Path):
     raw = pd.DataFrame(raw, columns=RAW_COLUMNS) if not isinstance(raw, pd.DataFrame) else raw[RAW_COLUMNS]
     names = _names(path, raw["nid"])
     fmt = lambda a, b, c: f"{int(a):4d} {int(b):4d} {int(c):4d}"  # noqa: E731  printf('%4d %4d %4d')
-    out = pd.DataFrame({
-        "total_ns": raw["total_ns"].astype("int64"), "instances": raw["instances"].astype("int64"),
-        "avg_ns": raw["total_ns"].astype("int64") / raw["instances"].astype("int64"),
-        "med_ns": raw["med_ns"].astype("float64"), "min_ns": raw["min_ns"].astype("int64"),
-        "max_ns": raw["max_ns"].astype("int64"), "stddev_ns": raw["stddev_ns"].astype("float64").fillna(0.0),
-        "grid": [fmt(*r) for r in raw[["gridX", "gridY", "gridZ"]].itertuples(index=False)],
-        "block": [fmt(*r) for r in raw[["blockX", "blockY", "blockZ"]].itertuples(index=False)],
-        "kernel": raw["nid"].map(lambda i: names[int(i)]).astype(object),
-    })
+    out = pd.DataFrame(
+        {
+            "total_ns": raw["total_ns"].astype("int64"),
+            "instances": raw["instances"].astype("int64"),
+            "avg_ns": raw["total_ns"].astype("int64") / raw["instances"].astype("int64"),
+            "med_ns": raw["med_ns"].astype("float64"),
+            "min_ns": raw["min_ns"].astype("int64"),
+            "max_ns": raw["max_ns"].astype("int64"),
+            "stddev_ns": raw["stddev_ns"].astype("float64").fillna(0.0),
+            "grid": [fmt(*r) for r in raw[["gridX", "gridY", "gridZ"]].itertuples(index=False)],
+            "block": [fmt(*r) for r in raw[["blockX", "blockY", "blockZ"]].itertuples(index=False)],
+            "kernel": raw["nid"].map(lambda i: names[int(i)]).astype(object),
+        }
+    )
     grand = out["total_ns"].sum()
     out["time_pct"] = out["total_ns"] * 100.0 / grand if grand else 0.0
     for column in ("time_pct", "avg_ns", "med_ns", "stddev_ns"):
@@ -99,6 +105,7 @@ def finish(raw, path: Path):
 
 
 # --- the engines (each runs in a child process) -----------------------------------------------
+
 
 def run_sftprof(path: Path):
     """The code as it is: load the trace, then kernel_summary over its event store."""
@@ -120,8 +127,9 @@ def run_pandas_ids(path: Path):
     finally:
         conn.close()
     g = frame.groupby(list(KEY_COLUMNS), sort=False)["d"]
-    raw = g.agg(total_ns="sum", instances="count", mean_ns="mean", med_ns="median", min_ns="min", max_ns="max",
-                stddev_ns="std").reset_index()
+    raw = g.agg(
+        total_ns="sum", instances="count", mean_ns="mean", med_ns="median", min_ns="min", max_ns="max", stddev_ns="std"
+    ).reset_index()
     return finish(raw, path), {"rows_loaded": len(frame)}
 
 
@@ -147,7 +155,7 @@ def run_sqlite(path: Path):
 
     conn = sqlite3.connect(_uri(path), uri=True)
     try:
-        conn.execute("PRAGMA temp_store = FILE")   # the sort spills to disk instead of growing the heap
+        conn.execute("PRAGMA temp_store = FILE")  # the sort spills to disk instead of growing the heap
         conn.execute("PRAGMA cache_size = -65536")  # 64 MiB page cache
         plan = [r[-1] for r in conn.execute("EXPLAIN QUERY PLAN " + SQLITE_PUSHDOWN)]
         rows = conn.execute(SQLITE_PUSHDOWN).fetchall()
@@ -169,8 +177,9 @@ def _duckdb_connect():
         roots = list(spec.submodule_search_locations) if spec else []
         found = [p for root in roots for p in Path(root).rglob("sqlite_scanner.duckdb_extension")]
         if not found:
-            raise ImportError("no DuckDB sqlite extension: pip install duckdb-ext-sqlite (matching duckdb's "
-                              "version)") from None
+            raise ImportError(
+                "no DuckDB sqlite extension: pip install duckdb-ext-sqlite (matching duckdb's version)"
+            ) from None
         con.execute(f"LOAD '{found[0]}'")
     return con
 
@@ -192,10 +201,14 @@ def _polars_summary(frame):
     import polars as pl
 
     raw = frame.group_by(list(KEY_COLUMNS)).agg(
-        pl.col("d").sum().alias("total_ns"), pl.col("d").count().alias("instances"),
-        pl.col("d").mean().alias("mean_ns"), pl.col("d").median().alias("med_ns"),
-        pl.col("d").min().alias("min_ns"), pl.col("d").max().alias("max_ns"),
-        pl.col("d").std(ddof=1).alias("stddev_ns"))
+        pl.col("d").sum().alias("total_ns"),
+        pl.col("d").count().alias("instances"),
+        pl.col("d").mean().alias("mean_ns"),
+        pl.col("d").median().alias("med_ns"),
+        pl.col("d").min().alias("min_ns"),
+        pl.col("d").max().alias("max_ns"),
+        pl.col("d").std(ddof=1).alias("stddev_ns"),
+    )
     return raw.to_pandas()
 
 
@@ -216,8 +229,14 @@ def run_polars_adbc(path: Path):
     return finish(_polars_summary(frame), path), {"rows_loaded": frame.height}
 
 
-RUNNERS = {"sftprof": run_sftprof, "pandas-ids": run_pandas_ids, "sqlite": run_sqlite, "duckdb": run_duckdb,
-           "polars-cx": run_polars_cx, "polars-adbc": run_polars_adbc}
+RUNNERS = {
+    "sftprof": run_sftprof,
+    "pandas-ids": run_pandas_ids,
+    "sqlite": run_sqlite,
+    "duckdb": run_duckdb,
+    "polars-cx": run_polars_cx,
+    "polars-adbc": run_polars_adbc,
+}
 
 
 def child(engine: str, path: Path, out: Path) -> int:
@@ -237,14 +256,16 @@ def child(engine: str, path: Path, out: Path) -> int:
 
 # --- the parent: one child per (file, engine), then compare ---------------------------------
 
+
 def measure(python: str, engine: str, path: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.pickle"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
-        proc = subprocess.run([python, __file__, "--child", engine, str(path), str(result_file)], env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [python, __file__, "--child", engine, str(path), str(result_file)], env=env, capture_output=True, text=True
+        )
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0 or not result_file.exists():
@@ -257,8 +278,16 @@ def measure(python: str, engine: str, path: Path) -> dict:
     if "skipped" in result:
         return {"engine": engine, "status": "skipped", "error": result["skipped"]}
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"engine": engine, "status": "ok", "wall_s": wall, "cpu_s": cpu, "compute_s": result["compute_s"],
-            "peak_rss_gb": result["peak_rss"] / 2**30, "summary": result["summary"], "info": result["info"]}
+    return {
+        "engine": engine,
+        "status": "ok",
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "compute_s": result["compute_s"],
+        "peak_rss_gb": result["peak_rss"] / 2**30,
+        "summary": result["summary"],
+        "info": result["info"],
+    }
 
 
 def same(a, b) -> str:
@@ -266,8 +295,9 @@ def same(a, b) -> str:
     import pandas as pd
 
     try:
-        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True), check_dtype=False,
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            a.reset_index(drop=True), b.reset_index(drop=True), check_dtype=False, check_exact=True
+        )
         return ""
     except AssertionError as exc:
         return str(exc).splitlines()[0][:300]
@@ -276,12 +306,16 @@ def same(a, b) -> str:
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         return child(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {', '.join(ENGINES)}")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter for the engines other than sftprof (a venv with polars, connectorx, ADBC...)")
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter for the engines other than sftprof (a venv with polars, connectorx, ADBC...)",
+    )
     parser.add_argument("--out", type=Path, help="also write the measurements as CSV")
     args = parser.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -310,15 +344,27 @@ def main(argv: list[str] | None = None) -> int:
                     diff = same(reference, m["summary"])
                     verdict = "identical" if not diff else f"WRONG: {diff}"
                 note = json.dumps(m["info"]) if m["info"] else ""
-                print(f"| {path.name} | {kernels:,} | {engine} | {m['wall_s']:.1f} | {m['cpu_s']:.1f} | "
-                      f"{m['peak_rss_gb']:.2f} | {verdict} | {note[:120]} |", flush=True)
+                print(
+                    f"| {path.name} | {kernels:,} | {engine} | {m['wall_s']:.1f} | {m['cpu_s']:.1f} | "
+                    f"{m['peak_rss_gb']:.2f} | {verdict} | {note[:120]} |",
+                    flush=True,
+                )
             else:
                 verdict, note = m["status"], m["error"].splitlines()[-1] if m["error"] else ""
                 print(f"| {path.name} | {kernels:,} | {engine} | | | | {verdict} | {note[:200]} |", flush=True)
-            rows.append({"file": path.name, "kernels": kernels, "engine": engine, "status": m["status"],
-                         "wall_s": round(m.get("wall_s", float("nan")), 2),
-                         "cpu_s": round(m.get("cpu_s", float("nan")), 2),
-                         "peak_rss_gb": round(m.get("peak_rss_gb", float("nan")), 3), "result": verdict, "note": note})
+            rows.append(
+                {
+                    "file": path.name,
+                    "kernels": kernels,
+                    "engine": engine,
+                    "status": m["status"],
+                    "wall_s": round(m.get("wall_s", float("nan")), 2),
+                    "cpu_s": round(m.get("cpu_s", float("nan")), 2),
+                    "peak_rss_gb": round(m.get("peak_rss_gb", float("nan")), 3),
+                    "result": verdict,
+                    "note": note,
+                }
+            )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("w", newline="") as handle:

@@ -45,8 +45,13 @@ DEFAULT_SEED = REPO / "tests" / "fixtures" / "h200_tiny_llama_bf16.sqlite"
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 # GPU/API activity: defines the replicated window and its period.
-CORE_TABLES = (KERNEL, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-               "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", RUNTIME)
+CORE_TABLES = (
+    KERNEL,
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+    RUNTIME,
+)
 # Every table that is repeated (when the seed has it); any other table is copied once.
 GPU_WORK_TABLES = (KERNEL, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 REPLICATED_TABLES = (*CORE_TABLES, "OSRT_API", "NVTX_EVENTS")
@@ -81,18 +86,18 @@ def format_count(n: int) -> str:
 
 @dataclass
 class Plan:
-    kernels: int          # kernels wanted
+    kernels: int  # kernels wanted
     seed_kernels: int
-    full: int             # complete replicas
-    total: int            # replicas written, the partial one included
-    cut_ns: int | None    # in the partial replica, rows with seed start < cut_ns
-    origin_ns: int        # start of the replicated window (seed time)
+    full: int  # complete replicas
+    total: int  # replicas written, the partial one included
+    cut_ns: int | None  # in the partial replica, rows with seed start < cut_ns
+    origin_ns: int  # start of the replicated window (seed time)
     period_ns: int
     correlation_stride: int
     grid_stride: int
     range_stride: int
     steps_per_period: int
-    tail_ns: int          # rows written once that start after the seed's last GPU work move to the end
+    tail_ns: int  # rows written once that start after the seed's last GPU work move to the end
 
     @property
     def window_end_ns(self) -> int:
@@ -136,11 +141,15 @@ def make_plan(conn, kernels: int) -> Plan:
     steps = []
     if "NVTX_EVENTS" in tables:
         types = ",".join(map(str, NVTX_RANGE_TYPES))
-        rows = _q(conn, f"SELECT start, \"end\", text FROM seed.NVTX_EVENTS WHERE eventType IN ({types}) "
-                        "AND start >= 0 AND text GLOB 'step [0-9]*'")
+        rows = _q(
+            conn,
+            f'SELECT start, "end", text FROM seed.NVTX_EVENTS WHERE eventType IN ({types}) '
+            "AND start >= 0 AND text GLOB 'step [0-9]*'",
+        )
         steps = sorted((start, end) for start, end, text in rows if STEP_TEXT.match(text or ""))
-        ranges = _q(conn, f"SELECT min(start), max(\"end\") FROM seed.NVTX_EVENTS WHERE start >= 0 "
-                          f"AND eventType IN ({types})")[0]
+        ranges = _q(
+            conn, f'SELECT min(start), max("end") FROM seed.NVTX_EVENTS WHERE start >= 0 AND eventType IN ({types})'
+        )[0]
         if ranges[0] is not None:
             lo, hi = min(lo, ranges[0]), max(hi, ranges[1] if ranges[1] is not None else ranges[0])
     period = int(hi - lo) + 1000  # 1 µs between the last activity and the next replica
@@ -157,10 +166,20 @@ def make_plan(conn, kernels: int) -> Plan:
         cut = _q(conn, f"SELECT start FROM seed.{KERNEL} ORDER BY start LIMIT 1 OFFSET ?", rem)[0][0]
     grid = _q(conn, f"SELECT max(gridId) FROM seed.{KERNEL}")[0][0] or 0
     range_max = _q(conn, "SELECT max(rangeId) FROM seed.NVTX_EVENTS")[0][0] if "NVTX_EVENTS" in tables else 0
-    return Plan(kernels=kernels, seed_kernels=seed_kernels, full=full, total=full + (1 if rem else 0), cut_ns=cut,
-                origin_ns=int(lo), period_ns=period, correlation_stride=max(strides) + 1,
-                grid_stride=grid + 1, range_stride=(range_max or 0) + 1, steps_per_period=len(steps),
-                tail_ns=int(gpu_end))
+    return Plan(
+        kernels=kernels,
+        seed_kernels=seed_kernels,
+        full=full,
+        total=full + (1 if rem else 0),
+        cut_ns=cut,
+        origin_ns=int(lo),
+        period_ns=period,
+        correlation_stride=max(strides) + 1,
+        grid_stride=grid + 1,
+        range_stride=(range_max or 0) + 1,
+        steps_per_period=len(steps),
+        tail_ns=int(gpu_end),
+    )
 
 
 def _repeated(plan: Plan, table: str) -> list[str]:
@@ -206,9 +225,11 @@ def _replica_expressions(plan: Plan, table: str, columns: list[str]) -> list[str
         elif column == "rangeId" and table == "NVTX_EVENTS":
             out.append(f"{ref} + r.r * {plan.range_stride}")
         elif column == "text" and table == "NVTX_EVENTS" and plan.steps_per_period:
-            out.append(f"CASE WHEN {ref} GLOB 'step [0-9]*' AND CAST(substr({ref}, 6) AS INTEGER) || '' = "
-                       f"substr({ref}, 6) THEN 'step ' || (CAST(substr({ref}, 6) AS INTEGER) + r.r * "
-                       f"{plan.steps_per_period}) ELSE {ref} END")
+            out.append(
+                f"CASE WHEN {ref} GLOB 'step [0-9]*' AND CAST(substr({ref}, 6) AS INTEGER) || '' = "
+                f"substr({ref}, 6) THEN 'step ' || (CAST(substr({ref}, 6) AS INTEGER) + r.r * "
+                f"{plan.steps_per_period}) ELSE {ref} END"
+            )
         else:
             out.append(ref)
     return out
@@ -229,8 +250,14 @@ def generate(seed: Path, out: Path, kernels: int, quiet: bool = False) -> dict:
     conn = sqlite3.connect(str(partial), uri=True, isolation_level=None)
     # page_size 4096 as nsys writes them (set before the first table); no journal: a failed run
     # leaves only the .partial file, which the next run deletes
-    for pragma in ("page_size = 4096", "journal_mode = OFF", "synchronous = OFF", "locking_mode = EXCLUSIVE",
-                   "cache_size = -262144", "temp_store = MEMORY"):
+    for pragma in (
+        "page_size = 4096",
+        "journal_mode = OFF",
+        "synchronous = OFF",
+        "locking_mode = EXCLUSIVE",
+        "cache_size = -262144",
+        "temp_store = MEMORY",
+    ):
         conn.execute(f"PRAGMA {pragma}")
     conn.execute("ATTACH DATABASE ? AS seed", (f"{seed.resolve().as_uri()}?mode=ro",))
     plan = make_plan(conn, kernels)
@@ -241,8 +268,10 @@ def generate(seed: Path, out: Path, kernels: int, quiet: bool = False) -> dict:
         if kind == "table":
             conn.execute(sql)
     conn.execute("CREATE TEMP TABLE replica (r INTEGER PRIMARY KEY)")
-    conn.execute(f"WITH RECURSIVE n(r) AS (SELECT 0 UNION ALL SELECT r + 1 FROM n WHERE r + 1 < {plan.total}) "
-                 "INSERT INTO temp.replica SELECT r FROM n")
+    conn.execute(
+        f"WITH RECURSIVE n(r) AS (SELECT 0 UNION ALL SELECT r + 1 FROM n WHERE r + 1 < {plan.total}) "
+        "INSERT INTO temp.replica SELECT r FROM n"
+    )
     counts = {}
     for table in seed_tables:
         columns = _columns(conn, table, "seed")
@@ -251,24 +280,32 @@ def generate(seed: Path, out: Path, kernels: int, quiet: bool = False) -> dict:
         if table in REPLICATED_TABLES:
             # edge rows once, then the replicas in time order (replica outer, seed rows in rowid order)
             edges = f"s.start >= {plan.tail_ns}"
-            conn.execute(f"INSERT INTO main.\"{table}\" ({names}) "
-                         f"SELECT {', '.join(_edge_expressions(plan, columns, edges))} "
-                         f"FROM seed.\"{table}\" s WHERE {_once_filter(plan, table)} AND s.start < {plan.origin_ns}")
-            conn.execute(f"INSERT INTO main.\"{table}\" ({names}) "
-                         f"SELECT {', '.join(_replica_expressions(plan, table, columns))} "
-                         f"FROM temp.replica r CROSS JOIN seed.\"{table}\" s WHERE {_replica_filter(plan, table)}")
-            conn.execute(f"INSERT INTO main.\"{table}\" ({names}) "
-                         f"SELECT {', '.join(_edge_expressions(plan, columns, edges))} "
-                         f"FROM seed.\"{table}\" s WHERE {_once_filter(plan, table)} AND s.start >= {plan.origin_ns}")
+            conn.execute(
+                f'INSERT INTO main."{table}" ({names}) '
+                f"SELECT {', '.join(_edge_expressions(plan, columns, edges))} "
+                f'FROM seed."{table}" s WHERE {_once_filter(plan, table)} AND s.start < {plan.origin_ns}'
+            )
+            conn.execute(
+                f'INSERT INTO main."{table}" ({names}) '
+                f"SELECT {', '.join(_replica_expressions(plan, table, columns))} "
+                f'FROM temp.replica r CROSS JOIN seed."{table}" s WHERE {_replica_filter(plan, table)}'
+            )
+            conn.execute(
+                f'INSERT INTO main."{table}" ({names}) '
+                f"SELECT {', '.join(_edge_expressions(plan, columns, edges))} "
+                f'FROM seed."{table}" s WHERE {_once_filter(plan, table)} AND s.start >= {plan.origin_ns}'
+            )
         elif table in EDGE_TABLES and "start" in columns:
-            conn.execute(f"INSERT INTO main.\"{table}\" ({names}) "
-                         f"SELECT {', '.join(_edge_expressions(plan, columns, f's.start >= {plan.tail_ns}'))} "
-                         f"FROM seed.\"{table}\" s")
+            conn.execute(
+                f'INSERT INTO main."{table}" ({names}) '
+                f"SELECT {', '.join(_edge_expressions(plan, columns, f's.start >= {plan.tail_ns}'))} "
+                f'FROM seed."{table}" s'
+            )
         elif table == "ANALYSIS_DETAILS":
             exprs = [f"{c} + {plan.shift_to_end_ns}" if c in ("duration", "stopTime") else c for c in columns]
-            conn.execute(f"INSERT INTO main.\"{table}\" ({names}) SELECT {', '.join(exprs)} FROM seed.\"{table}\"")
+            conn.execute(f'INSERT INTO main."{table}" ({names}) SELECT {", ".join(exprs)} FROM seed."{table}"')
         else:
-            conn.execute(f"INSERT INTO main.\"{table}\" ({names}) SELECT {names} FROM seed.\"{table}\"")
+            conn.execute(f'INSERT INTO main."{table}" ({names}) SELECT {names} FROM seed."{table}"')
         counts[table] = _q(conn, f'SELECT count(*) FROM main."{table}"')[0][0]
         if not quiet and table in REPLICATED_TABLES:
             print(f"  {table}: {counts[table]:,} rows in {time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -294,8 +331,11 @@ def row_counts(path: Path) -> dict[str, int]:
         return {
             "kernels": count(f"SELECT count(*) FROM {KERNEL}") if KERNEL in tables else 0,
             "runtime": count(f"SELECT count(*) FROM {RUNTIME}") if RUNTIME in tables else 0,
-            "memops": sum(count(f"SELECT count(*) FROM {t}") for t in
-                          ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if t in tables),
+            "memops": sum(
+                count(f"SELECT count(*) FROM {t}")
+                for t in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+                if t in tables
+            ),
             "osrt": count("SELECT count(*) FROM OSRT_API") if "OSRT_API" in tables else 0,
             "nvtx": count("SELECT count(*) FROM NVTX_EVENTS") if "NVTX_EVENTS" in tables else 0,
         }
@@ -310,12 +350,19 @@ def check_links(path: Path) -> dict:
         kernels, distinct = _q(conn, f"SELECT count(*), count(DISTINCT correlationId) FROM {KERNEL}")[0]
         api_rows, api_distinct = _q(conn, f"SELECT count(*), count(DISTINCT correlationId) FROM {RUNTIME}")[0]
         # both sides sorted by correlationId (a temp b-tree each), then merged: linear, unlike a nested loop
-        linked = _q(conn, f"""
+        linked = _q(
+            conn,
+            f"""
             SELECT count(*) FROM (SELECT correlationId c, globalPid p FROM {KERNEL}) k
             JOIN (SELECT correlationId c, globalTid t FROM {RUNTIME}) r
-              ON r.c = k.c AND (r.t & 0xFFFFFFFFFF000000) = k.p""")[0][0]
-        return {"kernels": kernels, "unique_kernel_correlation_ids": distinct == kernels,
-                "unique_api_correlation_ids": api_distinct == api_rows, "kernels_linked": linked}
+              ON r.c = k.c AND (r.t & 0xFFFFFFFFFF000000) = k.p""",
+        )[0][0]
+        return {
+            "kernels": kernels,
+            "unique_kernel_correlation_ids": distinct == kernels,
+            "unique_api_correlation_ids": api_distinct == api_rows,
+            "kernels_linked": linked,
+        }
     finally:
         conn.close()
 
@@ -326,8 +373,12 @@ def nsys_kernel_instances(path: Path) -> int:
     import io
     import subprocess
 
-    proc = subprocess.run(["nsys", "stats", "-r", "gpukernsum", "-f", "csv", "--force-export", "false", str(path)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["nsys", "stats", "-r", "gpukernsum", "-f", "csv", "--force-export", "false", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = proc.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("Time (%)"))
     rows = list(csv.DictReader(io.StringIO("\n".join(lines[header:]))))
@@ -335,29 +386,41 @@ def nsys_kernel_instances(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("kernels", type=parse_count, help="kernel rows to write: 20k, 1M, 16M...")
     parser.add_argument("-o", "--output", type=Path, help="output .sqlite (default: k<N>.sqlite here)")
     parser.add_argument("--seed", type=Path, default=DEFAULT_SEED, help=f"seed export (default: {DEFAULT_SEED.name})")
-    parser.add_argument("--check", action="store_true",
-                        help="then verify: nsys stats -r gpukernsum counts N instances, every kernel links to "
-                             "its CUDA API row, correlationIds are unique")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="then verify: nsys stats -r gpukernsum counts N instances, every kernel links to "
+        "its CUDA API row, correlationIds are unique",
+    )
     args = parser.parse_args(argv)
     out = args.output or Path(f"k{format_count(args.kernels)}.sqlite")
     result = generate(args.seed, out, args.kernels)
     plan = result["plan"]
-    print(f"{out}: {args.kernels:,} kernels from {plan.seed_kernels:,}-kernel seed x {plan.total} replicas "
-          f"(period {plan.period_ns / 1e6:.3f} ms), {result['bytes'] / 2**30:.2f} GiB in {result['seconds']:.1f} s")
+    print(
+        f"{out}: {args.kernels:,} kernels from {plan.seed_kernels:,}-kernel seed x {plan.total} replicas "
+        f"(period {plan.period_ns / 1e6:.3f} ms), {result['bytes'] / 2**30:.2f} GiB in {result['seconds']:.1f} s"
+    )
     print("  " + ", ".join(f"{k} {v:,}" for k, v in row_counts(out).items()))
     if args.check:
         links = check_links(out)
         instances = nsys_kernel_instances(out)
-        ok = (instances == args.kernels and links["kernels_linked"] == args.kernels
-              and links["unique_kernel_correlation_ids"] and links["unique_api_correlation_ids"])
-        print(f"  check: nsys gpukernsum instances {instances:,}; kernels linked to their API call "
-              f"{links['kernels_linked']:,}; unique correlationIds: kernels {links['unique_kernel_correlation_ids']}, "
-              f"API {links['unique_api_correlation_ids']} -> {'OK' if ok else 'FAILED'}")
+        ok = (
+            instances == args.kernels
+            and links["kernels_linked"] == args.kernels
+            and links["unique_kernel_correlation_ids"]
+            and links["unique_api_correlation_ids"]
+        )
+        print(
+            f"  check: nsys gpukernsum instances {instances:,}; kernels linked to their API call "
+            f"{links['kernels_linked']:,}; unique correlationIds: kernels {links['unique_kernel_correlation_ids']}, "
+            f"API {links['unique_api_correlation_ids']} -> {'OK' if ok else 'FAILED'}"
+        )
         return 0 if ok else 1
     return 0
 

@@ -57,6 +57,7 @@ def _timed(func, label):
             entry[0] += 1
             entry[1] += time.perf_counter() - started
             entry[2] += time.process_time() - cpu
+
     return timed
 
 
@@ -74,13 +75,20 @@ def instrument(package: str, prefix: str = "") -> None:
     """Wrap every function defined in the package's modules, and the references to it that other
     modules of the package imported by name."""
     pkg = importlib.import_module(package)
-    modules = [pkg] + [importlib.import_module(f"{package}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)
-                       if m.name != "__main__"]
+    modules = [pkg] + [
+        importlib.import_module(f"{package}.{m.name}")
+        for m in pkgutil.iter_modules(pkg.__path__)
+        if m.name != "__main__"
+    ]
     originals = {}
     for module in modules:
         for name, func in list(vars(module).items()):
-            if (inspect.isfunction(func) and func.__module__ == module.__name__ and not name.startswith("__")
-                    and name not in ENTRY_POINTS):
+            if (
+                inspect.isfunction(func)
+                and func.__module__ == module.__name__
+                and not name.startswith("__")
+                and name not in ENTRY_POINTS
+            ):
                 originals[func] = _wrap(module, name, func, f"{prefix}{module.__name__.split('.')[-1]}.{name}")
     for module in modules:  # `from x import f` copies: point them at the wrapper too
         for name, func in list(vars(module).items()):
@@ -89,8 +97,9 @@ def instrument(package: str, prefix: str = "") -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("file", type=Path)
     parser.add_argument("-o", "--output", type=Path, help="output folder (default: a temporary one)")
     args = parser.parse_args(argv)
@@ -101,13 +110,22 @@ def main(argv=None) -> int:
     query = nsys_sqlite._query if hasattr(nsys_sqlite, "_query") else None
     loads = []
     if query is not None:
+
         def timed_query(conn, sql, *rest, **kw):
             started = time.perf_counter()
             frame = query(conn, sql, *rest, **kw)
             table = next((w for w in sql.split() if w.isupper() and ("_" in w or w == "StringIds")), "?")
-            loads.append((table, len(frame), time.perf_counter() - started, _rss_gb(),
-                          frame.memory_usage(deep=True).sum() / 2**30))
+            loads.append(
+                (
+                    table,
+                    len(frame),
+                    time.perf_counter() - started,
+                    _rss_gb(),
+                    frame.memory_usage(deep=True).sum() / 2**30,
+                )
+            )
             return frame
+
         nsys_sqlite._query = timed_query
 
     instrument("sftprof.analysis")
@@ -115,10 +133,12 @@ def main(argv=None) -> int:
 
     registry = getattr(analysis_pkg, "registry", None)
     if registry is not None and hasattr(analysis_pkg, "SECTIONS"):  # analyze() walks the registry's lists
-        analysis_pkg.SECTIONS = tuple(dataclasses.replace(s, compute=_timed(s.compute, f"section {s.name}"))
-                                      for s in analysis_pkg.SECTIONS)
-        analysis_pkg.RULES = tuple(dataclasses.replace(r, check=_timed(r.check, f"rule {r.name}"))
-                                   for r in analysis_pkg.RULES)
+        analysis_pkg.SECTIONS = tuple(
+            dataclasses.replace(s, compute=_timed(s.compute, f"section {s.name}")) for s in analysis_pkg.SECTIONS
+        )
+        analysis_pkg.RULES = tuple(
+            dataclasses.replace(r, check=_timed(r.check, f"rule {r.name}")) for r in analysis_pkg.RULES
+        )
     from sftprof import results
     from sftprof.report import RankReport, write_html
     from sftprof.trace import load_trace
@@ -149,8 +169,10 @@ def main(argv=None) -> int:
         print("\nloader query                        rows  seconds  RSS after  frame GB")
         for table, rows, seconds, rss, size in loads:
             print(f"{table:32s} {rows:>9,} {seconds:8.1f} {rss:9.2f} {size:9.2f}")
-    for title, totals in (("analyze(): top-level calls", analysis_totals),
-                          ("write_html(): top-level calls", report_totals)):
+    for title, totals in (
+        ("analyze(): top-level calls", analysis_totals),
+        ("write_html(): top-level calls", report_totals),
+    ):
         print(f"\n{title} (inclusive, slowest first)")
         for name, (calls, seconds, cpu) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:30]:
             print(f"  {name:45s} {calls:5d} calls {seconds:8.2f} s {cpu:6.2f} CPU s")

@@ -55,11 +55,15 @@ def default_workdir() -> Path:
 def sftprof_command() -> list[str]:
     """`sftprof` of this checkout (the one this file is in), run as the venv's entry point runs it: a copy
     of the tree (a change under test, say) is measured, not the package the venv has installed."""
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); from sftprof.cli import main; "
-                                  "sys.exit(main())"]
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from sftprof.cli import main; sys.exit(main())",
+    ]
 
 
 # --- measuring one child ----------------------------------------------------------------------
+
 
 def measure(command: list[str], stdout: Path, stderr: Path, timeout: float, progress: str = "") -> dict:
     """Run `command` to completion; wall, CPU and peak RSS of it and its descendants (wait4)."""
@@ -67,8 +71,9 @@ def measure(command: list[str], stdout: Path, stderr: Path, timeout: float, prog
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     with stdout.open("wb") as out, stderr.open("wb") as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
         timed_out = threading.Event()
 
         def kill():
@@ -89,8 +94,13 @@ def measure(command: list[str], stdout: Path, stderr: Path, timeout: float, prog
                 ticker.stop()
         proc.returncode = os.waitstatus_to_exitcode(status)  # so Popen does not wait on it again
         wall = time.perf_counter() - started
-    return {"rc": proc.returncode, "timed_out": timed_out.is_set(), "wall_s": wall,
-            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_gb": usage.ru_maxrss * 1024 / 2**30}
+    return {
+        "rc": proc.returncode,
+        "timed_out": timed_out.is_set(),
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_gb": usage.ru_maxrss * 1024 / 2**30,
+    }
 
 
 class _Ticker:
@@ -105,8 +115,12 @@ class _Ticker:
     def _run(self):
         while not self.done.wait(1.0):
             if self.enabled:
-                print(f"\r  {self.label}: {time.perf_counter() - self.started:6.0f} s", end="", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"\r  {self.label}: {time.perf_counter() - self.started:6.0f} s",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def stop(self):
         self.done.set()
@@ -116,6 +130,7 @@ class _Ticker:
 
 
 # --- checking the outputs ---------------------------------------------------------------------
+
 
 def nsys_sections(text: str) -> dict[str, list[dict]]:
     """`nsys stats -f csv` output to {report: rows}."""
@@ -134,15 +149,30 @@ def nsys_sections(text: str) -> dict[str, list[dict]]:
 
 # (nsys report, its key columns, its value columns, sftprof table, its key columns, its value columns)
 COMPARISONS = (
-    ("gpukernsum", ("Name", "GridXYZ", "BlockXYZ"),
-     ("Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
-     "kernels", ("kernel", "grid", "block"), None),
-    ("gpumemtimesum", ("Operation",),
-     ("Time (%)", "Total Time (ns)", "Count", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
-     "memops", ("operation",), None),
-    ("cudaapisum", ("Name",),
-     ("Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
-     "cuda_api", ("name",), None),
+    (
+        "gpukernsum",
+        ("Name", "GridXYZ", "BlockXYZ"),
+        ("Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
+        "kernels",
+        ("kernel", "grid", "block"),
+        None,
+    ),
+    (
+        "gpumemtimesum",
+        ("Operation",),
+        ("Time (%)", "Total Time (ns)", "Count", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
+        "memops",
+        ("operation",),
+        None,
+    ),
+    (
+        "cudaapisum",
+        ("Name",),
+        ("Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
+        "cuda_api",
+        ("name",),
+        None,
+    ),
 )
 SFTPROF_VALUES = ("time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns")
 
@@ -166,12 +196,18 @@ def agreement(nsys: dict[str, list[dict]], analysis_dir: Path) -> str:
 
 # --- one size ---------------------------------------------------------------------------------
 
+
 def export_for(size: int, workdir: Path, seed: Path, created: list[Path]) -> tuple[Path, float | None]:
     """The cached export of `size` kernels, generated when missing or stale; (path, seconds to generate)."""
     path = workdir / f"k{format_count(size)}.sqlite"
     meta_path = path.with_suffix(".json")
-    meta = {"kernels": size, "seed": str(seed.resolve()), "seed_bytes": seed.stat().st_size,
-            "seed_mtime": int(seed.stat().st_mtime), "generator": GENERATOR_VERSION}
+    meta = {
+        "kernels": size,
+        "seed": str(seed.resolve()),
+        "seed_bytes": seed.stat().st_size,
+        "seed_mtime": int(seed.stat().st_mtime),
+        "generator": GENERATOR_VERSION,
+    }
     if path.exists() and meta_path.exists():
         try:
             if json.loads(meta_path.read_text()) == meta:
@@ -210,14 +246,21 @@ def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list
     instances = sum(int(r["Instances"]) for r in sections.get("gpukernsum", []))
     sft_ok = sft["rc"] == 0 and (out_dir / "sftprof" / "report.html").exists()
     row = {
-        "size": label, "kernels": counts["kernels"], "runtime": counts["runtime"], "memops": counts["memops"],
-        "osrt": counts["osrt"], "nvtx": counts["nvtx"], "export_gib": round(export.stat().st_size / 2**30, 2),
+        "size": label,
+        "kernels": counts["kernels"],
+        "runtime": counts["runtime"],
+        "memops": counts["memops"],
+        "osrt": counts["osrt"],
+        "nvtx": counts["nvtx"],
+        "export_gib": round(export.stat().st_size / 2**30, 2),
         "generate_s": round(gen_s, 1) if gen_s is not None else "",
         "sftprof_status": "ok" if sft_ok else _failure(sft, out_dir / "sftprof.err"),
-        "sftprof_wall_s": round(sft["wall_s"], 1), "sftprof_cpu_s": round(sft["cpu_s"], 1),
+        "sftprof_wall_s": round(sft["wall_s"], 1),
+        "sftprof_cpu_s": round(sft["cpu_s"], 1),
         "sftprof_rss_gb": round(sft["peak_rss_gb"], 2),
         "nsys_status": "ok" if nsys["rc"] == 0 else _failure(nsys, out_dir / "nsys.err"),
-        "nsys_wall_s": round(nsys["wall_s"], 1), "nsys_cpu_s": round(nsys["cpu_s"], 1),
+        "nsys_wall_s": round(nsys["wall_s"], 1),
+        "nsys_cpu_s": round(nsys["cpu_s"], 1),
         "nsys_rss_gb": round(nsys["peak_rss_gb"], 2),
         "time_ratio": round(sft["wall_s"] / nsys["wall_s"], 3) if nsys["wall_s"] else "",
         "rss_ratio": round(sft["peak_rss_gb"] / nsys["peak_rss_gb"], 2) if nsys["peak_rss_gb"] else "",
@@ -239,12 +282,23 @@ def _failure(m: dict, stderr: Path) -> str:
 # --- the table --------------------------------------------------------------------------------
 
 COLUMNS = (  # (header, key)
-    ("size", "size"), ("kernels", "kernels"), ("runtime", "runtime"), ("osrt", "osrt"), ("nvtx", "nvtx"),
-    ("sftprof wall s", "sftprof_wall_s"), ("sftprof CPU s", "sftprof_cpu_s"), ("sftprof peak RSS GB", "sftprof_rss_gb"),
-    ("nsys wall s", "nsys_wall_s"), ("nsys CPU s", "nsys_cpu_s"), ("nsys peak RSS GB", "nsys_rss_gb"),
-    ("time ratio", "time_ratio"), ("RSS ratio", "rss_ratio"),
-    ("sftprof time / anchor", "sftprof_vs_anchor"), ("nsys time / anchor", "nsys_vs_anchor"),
-    ("rows / anchor", "rows_vs_anchor"), ("agree", "agree"),
+    ("size", "size"),
+    ("kernels", "kernels"),
+    ("runtime", "runtime"),
+    ("osrt", "osrt"),
+    ("nvtx", "nvtx"),
+    ("sftprof wall s", "sftprof_wall_s"),
+    ("sftprof CPU s", "sftprof_cpu_s"),
+    ("sftprof peak RSS GB", "sftprof_rss_gb"),
+    ("nsys wall s", "nsys_wall_s"),
+    ("nsys CPU s", "nsys_cpu_s"),
+    ("nsys peak RSS GB", "nsys_rss_gb"),
+    ("time ratio", "time_ratio"),
+    ("RSS ratio", "rss_ratio"),
+    ("sftprof time / anchor", "sftprof_vs_anchor"),
+    ("nsys time / anchor", "nsys_vs_anchor"),
+    ("rows / anchor", "rows_vs_anchor"),
+    ("agree", "agree"),
 )
 
 
@@ -272,8 +326,10 @@ def _cell(row: dict, key: str) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(h for h, _ in COLUMNS) + " |",
-             "|" + "|".join("---" if k in ("size", "agree") else "---:" for _, k in COLUMNS) + "|"]
+    lines = [
+        "| " + " | ".join(h for h, _ in COLUMNS) + " |",
+        "|" + "|".join("---" if k in ("size", "agree") else "---:" for _, k in COLUMNS) + "|",
+    ]
     lines += ["| " + " | ".join(_cell(r, k) for _, k in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -288,14 +344,18 @@ def verdicts(rows: list[dict]) -> list[str]:
         # on the measured times, not the rounded ratio: 0.3337 would round to 0.33 and pass
         time_ok = r["time_ratio"] != "" and r["sftprof_wall_s"] <= r["nsys_wall_s"] * TARGET_TIME_RATIO
         rss_ok = r["sftprof_rss_gb"] <= TARGET_RSS_GB
-        out.append(f"{r['size']}: time {r['time_ratio']}x nsys stats (target <= {TARGET_TIME_RATIO:.2f}: "
-                   f"{'met' if time_ok else 'NOT met'}), peak RSS {r['sftprof_rss_gb']} GB (target <= "
-                   f"{TARGET_RSS_GB:g}: {'met' if rss_ok else 'NOT met'})")
+        out.append(
+            f"{r['size']}: time {r['time_ratio']}x nsys stats (target <= {TARGET_TIME_RATIO:.2f}: "
+            f"{'met' if time_ok else 'NOT met'}), peak RSS {r['sftprof_rss_gb']} GB (target <= "
+            f"{TARGET_RSS_GB:g}: {'met' if rss_ok else 'NOT met'})"
+        )
     large = [r for r in rows if r["kernels"] >= LARGE_SIZE and r.get("sftprof_vs_anchor") != ""]
     for r in large:
         ok = r["sftprof_vs_anchor"] <= TARGET_LINEARITY
-        out.append(f"{r['size']}: sftprof time {r['sftprof_vs_anchor']}x the anchor's for {r['rows_vs_anchor']}x "
-                   f"the rows (target <= {TARGET_LINEARITY:g}x: {'met' if ok else 'NOT met'})")
+        out.append(
+            f"{r['size']}: sftprof time {r['sftprof_vs_anchor']}x the anchor's for {r['rows_vs_anchor']}x "
+            f"the rows (target <= {TARGET_LINEARITY:g}x: {'met' if ok else 'NOT met'})"
+        )
     return out
 
 
@@ -312,24 +372,34 @@ def machine() -> str:
     except OSError:
         nsys = "nsys not found"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{platform.node()}: {cores} cores, {mem:.0f} GiB, {platform.platform()}, Python "
-            f"{platform.python_version()}, {nsys}; load average {load:.1f} at the start")
+    return (
+        f"{platform.node()}: {cores} cores, {mem:.0f} GiB, {platform.platform()}, Python "
+        f"{platform.python_version()}, {nsys}; load average {load:.1f} at the start"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default=DEFAULT_SIZES,
-                        help=f"kernel counts, comma-separated (default {DEFAULT_SIZES})")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"kernel counts, comma-separated (default {DEFAULT_SIZES})"
+    )
     parser.add_argument("--large", action="store_true", help=f"also {format_count(LARGE_SIZE)} kernels (~3 GiB export)")
-    parser.add_argument("--workdir", type=Path, default=default_workdir(),
-                        help="where exports are cached and outputs written (default $SFTPROF_BENCH_DIR or "
-                             "/tmp/sftprof-bench)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=default_workdir(),
+        help="where exports are cached and outputs written (default $SFTPROF_BENCH_DIR or /tmp/sftprof-bench)",
+    )
     parser.add_argument("--seed", type=Path, default=DEFAULT_SEED, help="the real export to replicate")
     parser.add_argument("--out", type=Path, help="write the results as CSV too")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the exports generated and the outputs of this run (default: delete them; "
-                             "exports that were already cached stay)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the exports generated and the outputs of this run (default: delete them; "
+        "exports that were already cached stay)",
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per measured command (default 3600)")
     args = parser.parse_args(argv)
     sizes = [parse_count(s) for s in args.sizes.split(",") if s.strip()]

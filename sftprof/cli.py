@@ -1,13 +1,13 @@
 """`sftprof`: the pipeline's pieces, usable without Snakemake.
 
-  sftprof analyze REPORT        analyse an .nsys-rep, .sqlite or PyTorch profiler .json[.gz] into
-                                tables, findings and HTML
-  sftprof compare A B [C...]    compare analyses or traces side by side: headline, deltas, findings
-  sftprof ranks DIR [DIR...]    compare the ranks of a multi-rank run: stragglers, skew, communication
-  sftprof render FORM EXP WIN   print how a window runs: local command, sbatch script, salloc line
-  sftprof submit EXP WIN        write the sbatch script of a window and submit it
-  sftprof fetch EXP WIN         fetch a window's capture (or report) from the cluster over SSH
-  sftprof validate [CONFIG]     check a config file and print it with defaults filled in
+sftprof analyze REPORT        analyse an .nsys-rep, .sqlite or PyTorch profiler .json[.gz] into
+                              tables, findings and HTML
+sftprof compare A B [C...]    compare analyses or traces side by side: headline, deltas, findings
+sftprof ranks DIR [DIR...]    compare the ranks of a multi-rank run: stragglers, skew, communication
+sftprof render FORM EXP WIN   print how a window runs: local command, sbatch script, salloc line
+sftprof submit EXP WIN        write the sbatch script of a window and submit it
+sftprof fetch EXP WIN         fetch a window's capture (or report) from the cluster over SSH
+sftprof validate [CONFIG]     check a config file and print it with defaults filled in
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import yaml
 
 from sftprof import __version__
 from sftprof.text import terminal_safe
-
 
 
 def _for_rich(text) -> str:
@@ -48,15 +47,24 @@ def _cmd_analyze(args) -> int:
         else:
             out_dir = Path(args.output) / stem if len(args.reports) > 1 else Path(args.output)
         # On a terminal's stderr, and gone when done: a 10M-kernel export takes about a minute.
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
-            task = bar.add_task(f"{_for_rich(report.name)}: loading", total=len(STEPS) + 2)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            disable=not sys.stderr.isatty(),
+        ) as bar:
+            shown = _for_rich(report.name)
+            task = bar.add_task(f"{shown}: loading", total=len(STEPS) + 2)
 
-            def step(name: str, task=task, shown=_for_rich(report.name)) -> None:
+            def step(name: str, task=task, shown=shown) -> None:
                 bar.update(task, advance=1, description=f"{shown}: {name}")
 
-            analysis = pipeline.analyze_into(report, out_dir, args.metrics, args.title or f"sftprof: {report.name}",
-                                             step)
+            analysis = pipeline.analyze_into(
+                report, out_dir, args.metrics, args.title or f"sftprof: {report.name}", step
+            )
         _print_summary(report, analysis, out_dir / pipeline.ANALYSIS_DIR, out_dir / pipeline.REPORT_HTML)
     return 0
 
@@ -89,11 +97,13 @@ def _cmd_suggest(args) -> int:
 
     folders = compare.analysis_dirs(Path(args.result))
     if not folders:
-        raise results.ResultsError(f"{args.result}: no {results.SUMMARY_FILE} in it, in its analysis/ folder "
-                                   "or in a rank folder below")
+        raise results.ResultsError(
+            f"{args.result}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a rank folder below"
+        )
     analysis = results.load(folders[0])  # the first profiled rank
-    sys.stdout.write(terminal_safe(suggest.as_yaml(suggest.suggest(analysis, args.top), str(folders[0])),
-                                   multiline=True))
+    sys.stdout.write(
+        terminal_safe(suggest.as_yaml(suggest.suggest(analysis, args.top), str(folders[0])), multiline=True)
+    )
     return 0
 
 
@@ -116,16 +126,23 @@ def _cmd_ranks(args) -> int:
     out = Path(args.output)
     result = pipeline.cross_rank_dirs(args.dirs, out, args.title or "sftprof: across ranks", step)
     headline = result.headline
-    print(terminal_safe(f"{headline['ranks']} ranks on {headline['nodes']} node(s), {headline['common_steps']} common "
-                        f"step(s), median job step {headline['median_step_ms']:.3f} ms"))
+    print(
+        terminal_safe(
+            f"{headline['ranks']} ranks on {headline['nodes']} node(s), {headline['common_steps']} common "
+            f"step(s), median job step {headline['median_step_ms']:.3f} ms"
+        )
+    )
     for finding in result.findings:
         marker = "!" if finding.severity == "warning" else "-"
         gain = f" [gain {finding.gain_pct:.1f}%]" if finding.gain_pct is not None else ""
         print(terminal_safe(f"  {marker} {finding.title}{gain}"))
     if not result.findings:
         print("  no rank holds the others back, and no collective runs exposed")
-    for what, path in (("cross-rank report", pipeline.RANKS_HTML), ("tables and findings", pipeline.RANKS_DIR),
-                       ("per-rank report", pipeline.REPORT_HTML)):
+    for what, path in (
+        ("cross-rank report", pipeline.RANKS_HTML),
+        ("tables and findings", pipeline.RANKS_DIR),
+        ("per-rank report", pipeline.REPORT_HTML),
+    ):
         print(terminal_safe(f"{what}: {out / path}"))
     return 0
 
@@ -142,8 +159,9 @@ def _cmd_render(args) -> int:
 
     experiment, window = _experiment_window(args)
     if args.form == "local":
-        plan = jobs.launch_plan(args.experiment, experiment, args.window, window, workdir=args.workdir,
-                                under_slurm=False)
+        plan = jobs.launch_plan(
+            args.experiment, experiment, args.window, window, workdir=args.workdir, under_slurm=False
+        )
         text = " \\\n  ".join(shlex.join(part) for part in (plan.container, plan.rank, plan.nsys, plan.app) if part)
         text += "\n"
     else:
@@ -182,8 +200,9 @@ def _cmd_fetch(args) -> int:
         print(terminal_safe(f"{result.local_path} ({result.size} bytes, sha256 {result.sha256})"))
         return 0
     capture = Path(args.workdir) / layout.CAPTURE_DIR.format(**names)
-    for result in remote.fetch_capture(settings, args.experiment, experiment, args.window, capture,
-                                       trust_new_host=args.trust_new_host):
+    for result in remote.fetch_capture(
+        settings, args.experiment, experiment, args.window, capture, trust_new_host=args.trust_new_host
+    ):
         state = "already here" if result.skipped else f"{result.bytes_transferred} bytes transferred"
         print(terminal_safe(f"{result.remote_path} -> {capture / result.local_path.name} ({state})"))
     return 0
@@ -211,100 +230,124 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="sftprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="sftprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sftprof {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     analyze = commands.add_parser(
-        "analyze", help="analyse Nsight Systems reports into tables, findings and an HTML report",
+        "analyze",
+        help="analyse Nsight Systems reports into tables, findings and an HTML report",
         description="Load each report (an .nsys-rep is exported to .sqlite beside it, once), run every "
-                    "analysis, and write OUTPUT/analysis/*.csv, OUTPUT/analysis/analysis.json and "
-                    "OUTPUT/report.html. Findings are also printed.")
-    analyze.add_argument("reports", nargs="+", metavar="REPORT",
-                         help=".nsys-rep or .sqlite file, or a PyTorch profiler trace .json or .json.gz")
-    analyze.add_argument("-o", "--output", help="output folder (default: NAME-sftprof beside each report; "
-                         "with several reports, one subfolder per report)")
+        "analysis, and write OUTPUT/analysis/*.csv, OUTPUT/analysis/analysis.json and "
+        "OUTPUT/report.html. Findings are also printed.",
+    )
+    analyze.add_argument(
+        "reports",
+        nargs="+",
+        metavar="REPORT",
+        help=".nsys-rep or .sqlite file, or a PyTorch profiler trace .json or .json.gz",
+    )
+    analyze.add_argument(
+        "-o",
+        "--output",
+        help="output folder (default: NAME-sftprof beside each report; with several reports, one subfolder per report)",
+    )
     analyze.add_argument("--metrics", help="the trainer's metrics .jsonl, to add the run's step times")
     analyze.add_argument("--title", help="report title")
     analyze.set_defaults(handler=_cmd_analyze)
 
     compare = commands.add_parser(
-        "compare", help="compare analyses or traces side by side: headline numbers, deltas, findings",
+        "compare",
+        help="compare analyses or traces side by side: headline numbers, deltas, findings",
         description="Compare INPUTs against the first one (the baseline): headline numbers, time by kernel "
-                    "family, kernel, memory operation, CUDA call, step phase, NVTX range, OS call and thread, "
-                    "and the findings fired in each. An INPUT is an analysis folder (analysis.json + CSVs, as "
-                    "`analyze` or the workflow writes them; results/EXP/WINDOW/analysis stands for all its "
-                    "ranks) or a trace file, analysed first. Writes OUTPUT/comparison.csv, "
-                    "OUTPUT/findings.csv and OUTPUT/compare.html, and prints a summary.")
+        "family, kernel, memory operation, CUDA call, step phase, NVTX range, OS call and thread, "
+        "and the findings fired in each. An INPUT is an analysis folder (analysis.json + CSVs, as "
+        "`analyze` or the workflow writes them; results/EXP/WINDOW/analysis stands for all its "
+        "ranks) or a trace file, analysed first. Writes OUTPUT/comparison.csv, "
+        "OUTPUT/findings.csv and OUTPUT/compare.html, and prints a summary.",
+    )
     compare.add_argument("inputs", nargs="+", metavar="INPUT", help="analysis folder or trace file")
-    compare.add_argument("-o", "--output", default="sftprof-compare",
-                         help="output folder (default: sftprof-compare)")
+    compare.add_argument("-o", "--output", default="sftprof-compare", help="output folder (default: sftprof-compare)")
     compare.add_argument("--title", help="title of the HTML page")
     compare.set_defaults(handler=_cmd_compare)
 
     ranks = commands.add_parser(
-        "ranks", help="compare the profiled ranks of a multi-rank run: stragglers, skew, communication",
+        "ranks",
+        help="compare the profiled ranks of a multi-rank run: stragglers, skew, communication",
         description="Read every profiled rank recorded in the capture folders DIR (rank*.json with its report or "
-                    "export rankN.sqlite, and metrics; one folder for the job or one per node), analyse each, and "
-                    "compare them by step number: step time and skew per step, each rank's phases and its waiting "
-                    "for the others, collectives, and a straggler finding that names the rank, its node and phase "
-                    "with its attainable gain (docs/RANKS.md). Writes OUTPUT/ranks.html, OUTPUT/ranks/ (tables, "
-                    "ranks.json), OUTPUT/report.html and OUTPUT/analysis/rankN/.")
+        "export rankN.sqlite, and metrics; one folder for the job or one per node), analyse each, and "
+        "compare them by step number: step time and skew per step, each rank's phases and its waiting "
+        "for the others, collectives, and a straggler finding that names the rank, its node and phase "
+        "with its attainable gain (docs/RANKS.md). Writes OUTPUT/ranks.html, OUTPUT/ranks/ (tables, "
+        "ranks.json), OUTPUT/report.html and OUTPUT/analysis/rankN/.",
+    )
     ranks.add_argument("dirs", nargs="+", metavar="DIR", help="capture folder with rank records")
     ranks.add_argument("-o", "--output", default="sftprof-ranks", help="output folder (default: sftprof-ranks)")
     ranks.add_argument("--title", help="title of the HTML pages")
     ranks.set_defaults(handler=_cmd_ranks)
 
     suggest = commands.add_parser(
-        "suggest", help="print config variants that test a report's top findings",
+        "suggest",
+        help="print config variants that test a report's top findings",
         description="Read the findings of one analysis (an analysis folder, a window's results folder, or what "
-                    "`analyze` wrote) and print, as YAML to paste under experiments.NAME.variants, the variant "
-                    "that tests each of the top findings sftprof has a switch for, largest predicted gain first. "
-                    "Run them, and results/NAME/variants/ says whether each paid what was predicted.")
+        "`analyze` wrote) and print, as YAML to paste under experiments.NAME.variants, the variant "
+        "that tests each of the top findings sftprof has a switch for, largest predicted gain first. "
+        "Run them, and results/NAME/variants/ says whether each paid what was predicted.",
+    )
     suggest.add_argument("result", metavar="RESULT_DIR", help="analysis folder, or a folder with one below it")
     suggest.add_argument("--top", type=int, default=3, help="at most this many variants (default 3)")
     suggest.set_defaults(handler=_cmd_suggest)
 
     render = commands.add_parser(
-        "render", help="print how one experiment window is launched: locally, as sbatch script or salloc",
+        "render",
+        help="print how one experiment window is launched: locally, as sbatch script or salloc",
         description="Print, shell-quoted, what runs EXPERIMENT's WINDOW. `local`: the command the local "
-                    "workflow runs (one rank). `sbatch`: a batch script for `sbatch FILE` (partition, nodes, "
-                    "GPUs, time... from the experiment's slurm section; srun per rank; the container exec "
-                    "line). `salloc`: the same as an salloc command line, runnable as it is. Every config "
-                    "value is quoted for the shell.")
+        "workflow runs (one rank). `sbatch`: a batch script for `sbatch FILE` (partition, nodes, "
+        "GPUs, time... from the experiment's slurm section; srun per rank; the container exec "
+        "line). `salloc`: the same as an salloc command line, runnable as it is. Every config "
+        "value is quoted for the shell.",
+    )
     render.add_argument("form", choices=("local", "sbatch", "salloc"))
     _add_window_arguments(render)
     render.add_argument("-o", "--output", help="write to this file instead of standard output")
     render.set_defaults(handler=_cmd_render)
 
     submit = commands.add_parser(
-        "submit", help="render the sbatch script of a window and submit it with sbatch",
+        "submit",
+        help="render the sbatch script of a window and submit it with sbatch",
         description="Write jobs/EXPERIMENT/WINDOW/job.sbatch (see `render sbatch`) and submit it. Reports land "
-                    "in results/EXPERIMENT/WINDOW/capture/, one per profiled rank; analyse them with "
-                    "`sftprof analyze` or let the workflow pick them up.")
+        "in results/EXPERIMENT/WINDOW/capture/, one per profiled rank; analyse them with "
+        "`sftprof analyze` or let the workflow pick them up.",
+    )
     _add_window_arguments(submit)
     submit.add_argument("--wait", action="store_true", help="return only when the job has finished (sbatch --wait)")
     submit.set_defaults(handler=_cmd_submit)
 
     fetch = commands.add_parser(
-        "fetch", help="fetch a window's capture (or its finished report) from the cluster over SSH",
+        "fetch",
+        help="fetch a window's capture (or its finished report) from the cluster over SSH",
         description="Fetch EXPERIMENT's WINDOW from the cluster named by the config's `remote` section: each "
-                    "rank's record, report and metrics into results/EXPERIMENT/WINDOW/capture/ (then `snakemake "
-                    "--config results_from=remote` or `sftprof analyze` takes it from there), or with --report the "
-                    "report.html the cluster rendered. Every file is verified by size and SHA-256; an interrupted "
-                    "fetch resumes where it stopped. Host keys are checked against known_hosts.")
+        "rank's record, report and metrics into results/EXPERIMENT/WINDOW/capture/ (then `snakemake "
+        "--config results_from=remote` or `sftprof analyze` takes it from there), or with --report the "
+        "report.html the cluster rendered. Every file is verified by size and SHA-256; an interrupted "
+        "fetch resumes where it stopped. Host keys are checked against known_hosts.",
+    )
     _add_window_arguments(fetch)
     fetch.add_argument("--report", action="store_true", help="fetch only the rendered report.html")
-    fetch.add_argument("--trust-new-host", action="store_true",
-                       help="accept a host that is not in known_hosts yet (prints its fingerprint and records it); "
-                            "a changed host key is refused regardless")
+    fetch.add_argument(
+        "--trust-new-host",
+        action="store_true",
+        help="accept a host that is not in known_hosts yet (prints its fingerprint and records it); "
+        "a changed host key is refused regardless",
+    )
     fetch.set_defaults(handler=_cmd_fetch)
 
     validate = commands.add_parser(
-        "validate", help="validate a config file and print it with defaults filled in",
+        "validate",
+        help="validate a config file and print it with defaults filled in",
         description="Check CONFIG against the schema (sftprof/capture/config.schema.yaml) and the cross-field "
-                    "rules; print the result, or an error naming the offending key.")
+        "rules; print the result, or an error naming the offending key.",
+    )
     validate.add_argument("config", nargs="?", default="config.yaml")
     validate.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     validate.set_defaults(handler=_cmd_validate)

@@ -8,9 +8,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Collection, Iterator
 
 from sftprof.errors import SftprofError
 
@@ -56,8 +56,9 @@ def _exclusive(path: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise OutputError(f"another sftprof is writing {path}; wait for it to finish or choose "
-                              "another output folder") from None
+            raise OutputError(
+                f"another sftprof is writing {path}; wait for it to finish or choose another output folder"
+            ) from None
         try:
             if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
                 break
@@ -104,10 +105,12 @@ def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterat
         raise OutputError(f"{path} cannot be an output folder")
     with _exclusive(path):
         _clear_leftovers(path)
-        if owned is not None and os.path.lexists(path) and (
-                path.is_symlink() or not path.is_dir() or not {p.name for p in path.iterdir()} <= set(owned)):
-            raise OutputError(f"{path} exists and is not an output folder of sftprof: give a new or "
-                              "empty folder")
+        if (
+            owned is not None
+            and os.path.lexists(path)
+            and (path.is_symlink() or not path.is_dir() or not {p.name for p in path.iterdir()} <= set(owned))
+        ):
+            raise OutputError(f"{path} exists and is not an output folder of sftprof: give a new or empty folder")
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
         try:
             os.chmod(tmp, 0o755)  # mkdtemp makes 0700; finished folders get the usual permissions

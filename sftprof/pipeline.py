@@ -22,8 +22,9 @@ ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` 
 log = logging.getLogger(__name__)
 
 
-def analyze_trace(trace: str | Path, metrics: str | Path | None = None,
-                  progress: Callable[[str], None] = lambda step: None) -> Analysis:
+def analyze_trace(
+    trace: str | Path, metrics: str | Path | None = None, progress: Callable[[str], None] = lambda step: None
+) -> Analysis:
     """Load one trace (nsys .sqlite/.nsys-rep, Kineto JSON) and analyze it with the trainer's metrics."""
     run_metrics = read_metrics(metrics)  # a bad metrics file is refused before any work
     tables = load_trace(trace)
@@ -33,8 +34,13 @@ def analyze_trace(trace: str | Path, metrics: str | Path | None = None,
         tables.events.close()  # its temporary database: as large as the trace's kernels and calls
 
 
-def analyze_into(trace: str | Path, out_dir: str | Path, metrics: str | Path | None, title: str,
-                 progress: Callable[[str], None] = lambda step: None) -> Analysis:
+def analyze_into(
+    trace: str | Path,
+    out_dir: str | Path,
+    metrics: str | Path | None,
+    title: str,
+    progress: Callable[[str], None] = lambda step: None,
+) -> Analysis:
     """`sftprof analyze`: OUT_DIR/analysis/ and OUT_DIR/report.html, which appear together or not at all."""
     analysis = analyze_trace(trace, metrics, progress)
     progress("writing tables and HTML")
@@ -56,23 +62,27 @@ def analyze_capture(capture_dir: str | Path, sqlite_dir: str | Path, output_name
     with atomic_dir(out_dir) as partial:
         for record in rank.profiled_records(capture_dir):
             metrics, folder = _rank_paths(capture_dir, output_name, record)
-            analysis = analyze_trace(sqlite_dir / rank.SQLITE_PATTERN.format(rank=record["rank"]),
-                                     metrics if metrics.exists() else None,
-                                     lambda step, n=record["rank"]: log.info("rank %d: %s", n, step))
+            analysis = analyze_trace(
+                sqlite_dir / rank.SQLITE_PATTERN.format(rank=record["rank"]),
+                metrics if metrics.exists() else None,
+                lambda step, n=record["rank"]: log.info("rank %d: %s", n, step),
+            )
             results.save(analysis, partial / folder)
             for finding in analysis.findings:
                 log.info("rank %d [%s] %s", record["rank"], finding.severity, finding.title)
 
 
-def render_capture(capture_dir: str | Path, analysis_dir: str | Path, output_name: str, html: str | Path,
-                   title: str) -> None:
+def render_capture(
+    capture_dir: str | Path, analysis_dir: str | Path, output_name: str, html: str | Path, title: str
+) -> None:
     """The workflow's report step: one HTML report with a section per profiled rank."""
     capture_dir, analysis_dir = Path(capture_dir), Path(analysis_dir)
     parts = []
     for record in rank.profiled_records(capture_dir):
         metrics, folder = _rank_paths(capture_dir, output_name, record)
-        parts.append(RankReport(f"Rank {record['rank']} on {record['host']}", results.load(analysis_dir / folder),
-                                metrics))
+        parts.append(
+            RankReport(f"Rank {record['rank']} on {record['host']}", results.load(analysis_dir / folder), metrics)
+        )
     write_html(parts, html, title)
     log.info("report %s (%d rank(s))", html, len(parts))
 
@@ -86,8 +96,13 @@ def _first_rank(capture_dir: Path, analysis_dir: Path, output_name: str):
     return Run(results.load(analysis_dir / folder).findings, read_metrics(metrics if metrics.exists() else None))
 
 
-def compare_variants(baseline: tuple[str, str | Path, str | Path], variants: list[tuple[str, str | None, str | Path, str | Path]],
-                     output_name: str, out_dir: str | Path, title: str) -> None:
+def compare_variants(
+    baseline: tuple[str, str | Path, str | Path],
+    variants: list[tuple[str, str | None, str | Path, str | Path]],
+    output_name: str,
+    out_dir: str | Path,
+    title: str,
+) -> None:
     """The workflow's variants step: each variant (name, motivated_by, capture dir, analysis dir) of one window
     against the baseline (name, capture dir, analysis dir), into OUT_DIR (variants.csv, variants.html)."""
     from sftprof.analysis.variants import verdict
@@ -95,14 +110,15 @@ def compare_variants(baseline: tuple[str, str | Path, str | Path], variants: lis
 
     label, capture_dir, analysis_dir = baseline
     base = _first_rank(Path(capture_dir), Path(analysis_dir), output_name)
-    runs = {name: (rule, _first_rank(Path(capture), Path(analysis), output_name))
-            for name, rule, capture, analysis in variants}
+    runs = {
+        name: (rule, _first_rank(Path(capture), Path(analysis), output_name))
+        for name, rule, capture, analysis in variants
+    }
     table = verdict(base, runs)
     with atomic_dir(out_dir) as partial:
         variants_report.write(table, partial, title, label)
     for row in table.itertuples():
         log.info("variant %s: %s", row.variant, row.verdict)
-
 
 
 # ---------------------------------------------------------------- across ranks (docs/RANKS.md)
@@ -130,8 +146,16 @@ def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: P
 
     origin = _clock_origin(trace) if trace is not None and trace.suffix == ".sqlite" and trace.exists() else None
     run = read_metrics(metrics if metrics is not None and metrics.exists() else None).run
-    return RankInput(rank=record["rank"], node=record["node"], host=record["host"], world_size=record["world_size"],
-                     tables=analysis.tables, run=run, origin_ns=origin, sources=tuple(analysis.sources))
+    return RankInput(
+        rank=record["rank"],
+        node=record["node"],
+        host=record["host"],
+        world_size=record["world_size"],
+        tables=analysis.tables,
+        run=run,
+        origin_ns=origin,
+        sources=tuple(analysis.sources),
+    )
 
 
 def _write_ranks(result, out_dir: Path, html: Path, title: str, rank_links: dict[int, str]) -> None:
@@ -143,8 +167,16 @@ def _write_ranks(result, out_dir: Path, html: Path, title: str, rank_links: dict
         log.info("across ranks [%s] %s", finding.severity, finding.title)
 
 
-def cross_rank_capture(capture_dir: str | Path, sqlite_dir: str | Path, analysis_dir: str | Path, output_name: str,
-                       out_dir: str | Path, html: str | Path, title: str, report_html: str = REPORT_HTML):
+def cross_rank_capture(
+    capture_dir: str | Path,
+    sqlite_dir: str | Path,
+    analysis_dir: str | Path,
+    output_name: str,
+    out_dir: str | Path,
+    html: str | Path,
+    title: str,
+    report_html: str = REPORT_HTML,
+):
     """The workflow's cross-rank step: every profiled rank's saved analysis of one window (analysis_dir/rankN)
     compared, into OUT_DIR (tables, ranks.json) and HTML, which links each rank to its section of the window's
     `report_html` (render_capture's anchors)."""
@@ -155,8 +187,14 @@ def cross_rank_capture(capture_dir: str | Path, sqlite_dir: str | Path, analysis
     inputs = []
     for record in records:
         metrics, folder = _rank_paths(capture_dir, output_name, record)
-        inputs.append(_rank_input(record, results.load(analysis_dir / folder), metrics,
-                                  sqlite_dir / rank.SQLITE_PATTERN.format(rank=record["rank"])))
+        inputs.append(
+            _rank_input(
+                record,
+                results.load(analysis_dir / folder),
+                metrics,
+                sqlite_dir / rank.SQLITE_PATTERN.format(rank=record["rank"]),
+            )
+        )
     result = analyze_ranks(inputs)
     links = {record["rank"]: f"{report_html}#r{i}-rank" for i, record in enumerate(records)}
     _write_ranks(result, Path(out_dir), Path(html), title, links)
@@ -171,14 +209,17 @@ def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
     candidates = [folder / rank.SQLITE_PATTERN.format(rank=record["rank"]), folder / record["report"]]
     trace = next((path for path in candidates if path.is_file()), None)
     if trace is None:
-        raise RanksError(f"{folder}: rank {record['rank']}'s record names {record['report']}, and neither it nor "
-                         f"{candidates[0].name} is there")
+        raise RanksError(
+            f"{folder}: rank {record['rank']}'s record names {record['report']}, and neither it nor "
+            f"{candidates[0].name} is there"
+        )
     metrics = sorted(folder.glob(f"*.rank{record['rank']}.metrics.jsonl"))
     return trace, metrics[0] if len(metrics) == 1 else None
 
 
-def cross_rank_dirs(capture_dirs: list[str | Path], out_dir: str | Path, title: str,
-                    progress: Callable[[str], None] = lambda step: None):
+def cross_rank_dirs(
+    capture_dirs: list[str | Path], out_dir: str | Path, title: str, progress: Callable[[str], None] = lambda step: None
+):
     """`sftprof ranks DIR...`: the profiled ranks recorded in the capture folders DIR (one per node, or one for
     the job), each analysed, then compared: OUT_DIR/analysis/rankN/ and OUT_DIR/report.html (as the workflow
     writes a window's), OUT_DIR/ranks/ and OUT_DIR/ranks.html, which appear together or not at all."""
@@ -190,8 +231,10 @@ def cross_rank_dirs(capture_dirs: list[str | Path], out_dir: str | Path, title: 
             raise RanksError(f"{folder} is not a folder: give capture folders (rank*.json records with their reports)")
         records = rank.profiled_records(folder)
         if not records:
-            raise RanksError(f"{folder}: no rank records with a report (rank*.json, as python -m sftprof.capture.rank "
-                             "writes them beside the reports): is this a capture folder?")
+            raise RanksError(
+                f"{folder}: no rank records with a report (rank*.json, as python -m sftprof.capture.rank "
+                "writes them beside the reports): is this a capture folder?"
+            )
         for record in records:
             if record["rank"] in found:
                 raise RanksError(f"rank {record['rank']} is recorded in both {found[record['rank']][0]} and {folder}")

@@ -33,9 +33,14 @@ def save(analysis: Analysis, out_dir: str | Path) -> Path:
     with atomic_dir(out_dir) as tmp:
         for name, table in analysis.tables.items():
             write_csv(table, tmp / f"{name}.csv")
-        summary = {"source_path": analysis.source_path, "span_ns": analysis.span_ns, "sources": analysis.sources,
-                   "headline": analysis.headline, "findings": [f.to_dict() for f in analysis.findings],
-                   "tables": sorted(analysis.tables)}
+        summary = {
+            "source_path": analysis.source_path,
+            "span_ns": analysis.span_ns,
+            "sources": analysis.sources,
+            "headline": analysis.headline,
+            "findings": [f.to_dict() for f in analysis.findings],
+            "tables": sorted(analysis.tables),
+        }
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
     return Path(out_dir)
 
@@ -60,7 +65,8 @@ def _is_finding(value) -> bool:
     texts = [f.name for f in fields(Finding) if f.name != "gain_pct" and (f.default is MISSING or f.name in value)]
     gain = value.get("gain_pct")
     return all(isinstance(value.get(name), str) for name in texts) and (
-        gain is None or is_number(gain) and 0 <= gain <= 100)
+        gain is None or is_number(gain) and 0 <= gain <= 100
+    )
 
 
 # What analysis.json must hold, each key with what it must be and a test of it, so that a damaged
@@ -69,13 +75,20 @@ _SUMMARY_KEYS = {
     "source_path": ("a string", lambda v: isinstance(v, str)),
     "span_ns": ("a number", lambda v: is_number(v) and not math.isnan(v)),
     "sources": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
-    "headline": ("an object whose numbers fit a float", lambda v: isinstance(v, dict) and all(
-        is_number(x) for x in v.values() if isinstance(x, (int, float)) and not isinstance(x, bool))),
-    "findings": ("a list of findings (objects with the strings rule, severity, title, evidence and a gain_pct "
-                 "from 0 to 100 or null)",
-                 lambda v: isinstance(v, list) and all(map(_is_finding, v))),
-    "tables": ("a list of table names (letters, digits, _)", lambda v: isinstance(v, list) and all(
-        isinstance(name, str) and TABLE_NAME.fullmatch(name) for name in v)),
+    "headline": (
+        "an object whose numbers fit a float",
+        lambda v: isinstance(v, dict)
+        and all(is_number(x) for x in v.values() if isinstance(x, (int, float)) and not isinstance(x, bool)),
+    ),
+    "findings": (
+        "a list of findings (objects with the strings rule, severity, title, evidence and a gain_pct "
+        "from 0 to 100 or null)",
+        lambda v: isinstance(v, list) and all(map(_is_finding, v)),
+    ),
+    "tables": (
+        "a list of table names (letters, digits, _)",
+        lambda v: isinstance(v, list) and all(isinstance(name, str) and TABLE_NAME.fullmatch(name) for name in v),
+    ),
 }
 
 
@@ -101,6 +114,11 @@ def load(out_dir: str | Path) -> Analysis:
             tables[name] = pd.DataFrame()
         except (OSError, ValueError) as error:  # pandas' ParserError and UnicodeDecodeError are ValueErrors
             raise ResultsError(f"{csv}: cannot read it ({type(error).__name__}: {error})") from None
-    return Analysis(source_path=summary["source_path"], span_ns=summary["span_ns"], sources=summary["sources"],
-                    tables=tables, findings=[Finding(**f) for f in summary["findings"]],
-                    headline=summary["headline"])
+    return Analysis(
+        source_path=summary["source_path"],
+        span_ns=summary["span_ns"],
+        sources=summary["sources"],
+        tables=tables,
+        findings=[Finding(**f) for f in summary["findings"]],
+        headline=summary["headline"],
+    )

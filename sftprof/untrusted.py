@@ -28,9 +28,14 @@ def plain_file_name(name: object, what: str) -> str:
     """
     if not isinstance(name, str):
         raise UnsafeName(f"{what}: expected a file name, got {type(name).__name__}")
-    unsafe = (not name or name.startswith((".", "-")) or "/" in name or "\\" in name
-              or CONTROL_CHARACTER.search(name)
-              or len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES)
+    unsafe = (
+        not name
+        or name.startswith((".", "-"))
+        or "/" in name
+        or "\\" in name
+        or CONTROL_CHARACTER.search(name)
+        or len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES
+    )
     if unsafe:
         raise UnsafeName(f"{what}: {ascii(name)[:200]} is not a plain file name; refusing to write it")
     return name

@@ -25,8 +25,7 @@ SMALL_DEMO = {
     "experiments": {
         "demo": {
             "data": {"sample_records": 60},
-            "sft": {"steps": 6, "micro_batch_size": 2, "grad_accum_steps": 2, "seq_length": 128,
-                    "device": "cpu"},
+            "sft": {"steps": 6, "micro_batch_size": 2, "grad_accum_steps": 2, "seq_length": 128, "device": "cpu"},
             "profile": {
                 "trace": ["osrt", "nvtx"],
                 "windows": {"steady": {"capture_range": "nvtx", "start_step": 2, "end_step": 4}},
@@ -67,8 +66,16 @@ def h200_tables(h200_capture):
 
 def snakemake_argv(workdir: Path, *args: str) -> list[str]:
     """The repo's workflow with the local profile, in `workdir` (which holds config.yaml)."""
-    return [SNAKEMAKE, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),
-            "--workflow-profile", str(REPO / "profiles" / "local"), *args]
+    return [
+        SNAKEMAKE,
+        "--snakefile",
+        str(REPO / "workflow" / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--workflow-profile",
+        str(REPO / "profiles" / "local"),
+        *args,
+    ]
 
 
 JOB_TABLE = re.compile(r"^(\w+)\s+(\d+)$", re.M)
@@ -116,13 +123,16 @@ def no_nsys_agents_left_behind():
 # --- hostile inputs and faults (tests/test_hostile_*.py) ---------------------------------------
 
 SFTPROF = str(Path(sys.executable).with_name("sftprof"))
-CONTROL_CHARACTERS = {chr(c) for c in range(32) if chr(c) not in "\n\t"} | {"\x7f"} | {chr(c) for c in range(0x80, 0xa0)}
+CONTROL_CHARACTERS = (
+    {chr(c) for c in range(32) if chr(c) not in "\n\t"} | {"\x7f"} | {chr(c) for c in range(0x80, 0xA0)}
+)
 
 
 def run_sftprof(*args, cwd=REPO, timeout: float = 300) -> subprocess.CompletedProcess:
     """The installed `sftprof` command as a user runs it (a hang fails the test instead of CI)."""
-    return subprocess.run([SFTPROF, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          errors="surrogateescape")
+    return subprocess.run(
+        [SFTPROF, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout, errors="surrogateescape"
+    )
 
 
 def assert_refused(result: subprocess.CompletedProcess, *, contains: str = "") -> str:
@@ -149,9 +159,14 @@ def impossible_numbers(frames: dict, headline: dict) -> list[str]:
             values = frame[column].dropna()
             if not pd.api.types.is_numeric_dtype(values):
                 continue
-            if re.search(r"(_ns|_pct|_ms|duration|instances)$", column) and (values < 0).any() \
-                    or column.endswith("_pct") and (values > 100.001).any() \
-                    or re.search(r"(_ns|duration|start|end)$", column) and (values.abs() > 2**62).any():
+            if (
+                re.search(r"(_ns|_pct|_ms|duration|instances)$", column)
+                and (values < 0).any()
+                or column.endswith("_pct")
+                and (values > 100.001).any()
+                or re.search(r"(_ns|duration|start|end)$", column)
+                and (values.abs() > 2**62).any()
+            ):
                 problems.append(f"{name}.{column} from {values.min()} to {values.max()}")
     for key, limit in (("gpu_busy_pct", 100.001), ("median_step_ms", 2**62 / 1e6), ("capture_s", 2**62 / 1e9)):
         value = headline.get(key)
@@ -166,7 +181,10 @@ def assert_sane_with_dropped_rows(folder: Path, dropped: dict[str, int]) -> tupl
     (analysis.json, tables)."""
     summary = json.loads((folder / "analysis.json").read_text())
     frames = {csv.stem: pd.read_csv(csv) for csv in folder.glob("*.csv") if csv.stat().st_size > 1}
-    assert not impossible_numbers(frames, summary["headline"]), (folder, impossible_numbers(frames, summary["headline"]))
+    assert not impossible_numbers(frames, summary["headline"]), (
+        folder,
+        impossible_numbers(frames, summary["headline"]),
+    )
     notes = [f for f in summary["findings"] if f["rule"] == "dropped_rows"]
     if dropped:
         [note] = notes
@@ -183,6 +201,7 @@ def tree_state(root: Path) -> dict[str, tuple[int, bytes]]:
     two states to prove that nothing outside an output folder was written, and that a previous
     good output is intact."""
     import os
+
     state = {}
     for path in sorted(Path(root).rglob("*")):
         key = str(path.relative_to(root))
@@ -223,13 +242,28 @@ def pytest_terminal_summary(terminalreporter):
 # nsys stats beside sftprof's own summaries: the fidelity tests compare them row for row.
 def nsys_stats(report: str, sqlite_path) -> list[dict]:
     """One `nsys stats` report of an export, as CSV rows (the installed nsys)."""
-    result = subprocess.run(["nsys", "stats", "--report", report, "--format", "csv", "--force-export", "false",
-                             str(sqlite_path)], capture_output=True, text=True, check=True)
-    text = result.stdout[result.stdout.index("Time (%)"):]
+    result = subprocess.run(
+        ["nsys", "stats", "--report", report, "--format", "csv", "--force-export", "false", str(sqlite_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    text = result.stdout[result.stdout.index("Time (%)") :]
     return list(csv.DictReader(io.StringIO(text)))
 
 
 def as_nsys_rows(summary, name_columns) -> set[tuple]:
-    return {(f"{r.time_pct:.1f}", str(r.total_ns), str(r.instances), f"{r.avg_ns:.1f}", f"{r.med_ns:.1f}",
-             str(r.min_ns), str(r.max_ns), f"{r.stddev_ns:.1f}", *(str(getattr(r, c)) for c in name_columns))
-            for r in summary.itertuples()}
+    return {
+        (
+            f"{r.time_pct:.1f}",
+            str(r.total_ns),
+            str(r.instances),
+            f"{r.avg_ns:.1f}",
+            f"{r.med_ns:.1f}",
+            str(r.min_ns),
+            str(r.max_ns),
+            f"{r.stddev_ns:.1f}",
+            *(str(getattr(r, c)) for c in name_columns),
+        )
+        for r in summary.itertuples()
+    }

@@ -117,8 +117,9 @@ class HubServer:
         self.hub = ThreadingHTTPServer(("127.0.0.1", 0), self._handler("hub"))
         self.cdn = ThreadingHTTPServer(("127.0.0.1", 0), self._handler("cdn"))
         self.hub.daemon_threads = self.cdn.daemon_threads = True
-        self._threads = [threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-                         for server in (self.hub, self.cdn)]
+        self._threads = [
+            threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True) for server in (self.hub, self.cdn)
+        ]
 
     @property
     def endpoint(self) -> str:
@@ -193,8 +194,15 @@ class HubServer:
             def _dispatch(self) -> None:
                 url = urlsplit(self.path)
                 with hub._lock:
-                    hub.requests.append(Request(server_name, self.command, url.path, self.headers.get("Range"),
-                                                self.headers.get("Authorization")))
+                    hub.requests.append(
+                        Request(
+                            server_name,
+                            self.command,
+                            url.path,
+                            self.headers.get("Range"),
+                            self.headers.get("Authorization"),
+                        )
+                    )
                 if server_name == "cdn":
                     file = hub._file_by_sha256(url.path.rsplit("/", 1)[-1]) if url.path.startswith("/lfs/") else None
                     if file is None:
@@ -220,9 +228,13 @@ class HubServer:
                 entries = sorted(repo.entries.values(), key=lambda f: f.path)
                 if parts[3] == "revision":
                     with_blobs = "blobs=true" in query.lower()
-                    body = {"id": repo.repo_id, "sha": commit, "private": False,
-                            "gated": "manual" if repo.gated_tokens is not None else False,
-                            "siblings": [f.sibling() if with_blobs else {"rfilename": f.path} for f in entries]}
+                    body = {
+                        "id": repo.repo_id,
+                        "sha": commit,
+                        "private": False,
+                        "gated": "manual" if repo.gated_tokens is not None else False,
+                        "siblings": [f.sibling() if with_blobs else {"rfilename": f.path} for f in entries],
+                    }
                 elif parts[3] == "tree":
                     body = [f.tree_entry() for f in entries]
                 else:
@@ -239,11 +251,18 @@ class HubServer:
                 if repo.gated_tokens is not None:
                     token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
                     if not token:
-                        return self._error(401, "GatedRepo", f"Access to model {repo.repo_id} is restricted. You must "
-                                           "have access to it and be authenticated to access it. Please log in.")
+                        return self._error(
+                            401,
+                            "GatedRepo",
+                            f"Access to model {repo.repo_id} is restricted. You must "
+                            "have access to it and be authenticated to access it. Please log in.",
+                        )
                     if token not in repo.gated_tokens:
-                        return self._error(403, "GatedRepo", f"Access to model {repo.repo_id} is restricted and you "
-                                           "are not in the authorized list.")
+                        return self._error(
+                            403,
+                            "GatedRepo",
+                            f"Access to model {repo.repo_id} is restricted and you are not in the authorized list.",
+                        )
                 commit = repo.resolve(parts[3])
                 if commit is None:
                     return self._error(404, "RevisionNotFound", f"Invalid rev id: {parts[3]}")
@@ -251,17 +270,24 @@ class HubServer:
                 if file is None:
                     return self._error(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": commit})
                 if file.is_lfs:
-                    return self._reply(302, b"", {
-                        "Location": f"{hub.cdn_endpoint}{hub._cdn_path(file)}",
-                        "X-Repo-Commit": commit, "ETag": f'"{file.blob_id}"',
-                        "X-Linked-Etag": f'"{file.sha256}"', "X-Linked-Size": str(len(file.content))})
+                    return self._reply(
+                        302,
+                        b"",
+                        {
+                            "Location": f"{hub.cdn_endpoint}{hub._cdn_path(file)}",
+                            "X-Repo-Commit": commit,
+                            "ETag": f'"{file.blob_id}"',
+                            "X-Linked-Etag": f'"{file.sha256}"',
+                            "X-Linked-Size": str(len(file.content)),
+                        },
+                    )
                 self._send_content(file, {"X-Repo-Commit": commit, "ETag": f'"{file.blob_id}"'})
 
             def _send_content(self, file: HubFile, headers: dict | None = None) -> None:
                 content, status, headers = file.content, 200, dict(headers or {})
                 requested = self.headers.get("Range")
                 if requested and requested.startswith("bytes=") and requested.endswith("-"):
-                    start = int(requested[len("bytes="):-1])
+                    start = int(requested[len("bytes=") : -1])
                     headers["Content-Range"] = f"bytes {start}-{len(content) - 1}/{len(content)}"
                     content, status = content[start:], 206
                 if self.command == "HEAD":
@@ -287,11 +313,20 @@ class HubServer:
 
             def _error(self, status: int, code: str, message: str, headers: dict | None = None) -> None:
                 body = json.dumps({"error": message}).encode()
-                self._reply(status, body, {"X-Error-Code": code, "X-Error-Message": message,
-                                           "Content-Type": "application/json", **(headers or {})})
+                self._reply(
+                    status,
+                    body,
+                    {
+                        "X-Error-Code": code,
+                        "X-Error-Message": message,
+                        "Content-Type": "application/json",
+                        **(headers or {}),
+                    },
+                )
 
-            def _reply(self, status: int, body: bytes, headers: dict | None = None,
-                       content_length: int | None = None) -> None:
+            def _reply(
+                self, status: int, body: bytes, headers: dict | None = None, content_length: int | None = None
+            ) -> None:
                 self.send_response(status)
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)

@@ -46,8 +46,11 @@ def generate_key(path: Path, comment: str = "sftprof-test", passphrase: str = ""
     """An ed25519 key pair at `path` and `path`.pub, replacing any key already there."""
     for old in (path, path.with_name(path.name + ".pub")):
         old.unlink(missing_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", comment, "-f", str(path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
@@ -124,8 +127,15 @@ def descendants(pid: int) -> list[int]:
 class SshServer:
     """One sshd listening on 127.0.0.1:`port` until `stop()`; `start()` again reuses the port."""
 
-    def __init__(self, workdir: Path, authorized_keys: Path, users: list[str], *, allow_tcp_forwarding: bool = False,
-                 extra_config: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        workdir: Path,
+        authorized_keys: Path,
+        users: list[str],
+        *,
+        allow_tcp_forwarding: bool = False,
+        extra_config: tuple[str, ...] = (),
+    ):
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.authorized_keys = authorized_keys
@@ -148,25 +158,29 @@ class SshServer:
 
     def _write_config(self) -> Path:
         config = self.workdir / "sshd_config"
-        config.write_text("\n".join([
-            "ListenAddress 127.0.0.1",
-            f"Port {self.port}",
-            f"HostKey {self.host_key}",
-            f"PidFile {self.workdir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.authorized_keys}",
-            f"AllowUsers {' '.join(self.users)}",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password",
-            "UsePAM no",
-            "StrictModes no",
-            f"AllowTcpForwarding {'yes' if self.allow_tcp_forwarding else 'no'}",
-            "Subsystem sftp internal-sftp",
-            "LogLevel DEBUG1",  # the jump-host test reads the direct-tcpip targets from the log
-            *self.extra_config,
-            "",
-        ]))
+        config.write_text(
+            "\n".join(
+                [
+                    "ListenAddress 127.0.0.1",
+                    f"Port {self.port}",
+                    f"HostKey {self.host_key}",
+                    f"PidFile {self.workdir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.authorized_keys}",
+                    f"AllowUsers {' '.join(self.users)}",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PermitRootLogin prohibit-password",
+                    "UsePAM no",
+                    "StrictModes no",
+                    f"AllowTcpForwarding {'yes' if self.allow_tcp_forwarding else 'no'}",
+                    "Subsystem sftp internal-sftp",
+                    "LogLevel DEBUG1",  # the jump-host test reads the direct-tcpip targets from the log
+                    *self.extra_config,
+                    "",
+                ]
+            )
+        )
         return config
 
     def start(self) -> SshServer:
@@ -177,8 +191,9 @@ class SshServer:
             PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
         config = self._write_config()
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=log)
+            self.process = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
         deadline = time.monotonic() + 10
         while True:
             if self.process.poll() is not None:
@@ -239,8 +254,22 @@ def login_user():
     created = subprocess.run(["id", "-u", UNPRIVILEGED_USER], capture_output=True).returncode != 0
     if created:
         # Password "*", not the locked "!": sshd without PAM refuses locked accounts, keys or not.
-        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/", "--shell", "/bin/sh",
-                        "--password", "*", UNPRIVILEGED_USER], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--home-dir",
+                "/",
+                "--shell",
+                "/bin/sh",
+                "--password",
+                "*",
+                UNPRIVILEGED_USER,
+            ],
+            check=True,
+            capture_output=True,
+        )
     try:
         yield UNPRIVILEGED_USER
     finally:

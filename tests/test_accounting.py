@@ -26,7 +26,7 @@ What the captures hold (tests/fixtures/README.md), and so what is asserted:
 from __future__ import annotations
 
 import sqlite3
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +41,23 @@ from sftprof.trace.tables import COLUMNS as TABLE_COLUMNS
 from sftprof.trace.tables import TraceTables
 
 FIXTURES = Path(__file__).parent / "fixtures"
-CAPTURES = ("h200_tiny_llama_bf16", "h200_plant_clean", "h200_plant_cpu_starved", "h200_plant_sync_memcpy",
-            "h200_plant_device_sync", "h200_plant_gemm", "h200_plant_elementwise", "h200_plant_pageable",
-            "h200_sft_clean", "h200_sft_data_stall", "h200_sft_padding_fixed")
+CAPTURES = (
+    "h200_tiny_llama_bf16",
+    "h200_plant_clean",
+    "h200_plant_cpu_starved",
+    "h200_plant_sync_memcpy",
+    "h200_plant_device_sync",
+    "h200_plant_gemm",
+    "h200_plant_elementwise",
+    "h200_plant_pageable",
+    "h200_sft_clean",
+    "h200_sft_data_stall",
+    "h200_sft_padding_fixed",
+)
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
-@lru_cache(maxsize=None)
+@cache
 def accounted(capture: str) -> pd.DataFrame:
     return step_accounting(load_trace(FIXTURES / f"{capture}.sqlite")).set_index("step")
 
@@ -90,22 +100,34 @@ def kernels_of(capture: str) -> list[list[int]]:
 
 
 def copies_of(capture: str) -> list[list[int]]:
-    return merged(query(capture, 'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = 0 UNION ALL '
-                                 'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = 0'))
+    return merged(
+        query(
+            capture,
+            'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = 0 UNION ALL '
+            'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = 0',
+        )
+    )
 
 
 def calls_named(capture: str, like: str) -> list[tuple[int, int]]:
-    return query(capture, f"""SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s
-                              ON s.id = r.nameId WHERE s.value LIKE '{like}'""")
+    return query(
+        capture,
+        f"""SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s
+                              ON s.id = r.nameId WHERE s.value LIKE '{like}'""",
+    )
 
 
 # ---------------------------------------------------------------- the real captures
+
 
 def test_phase_time_is_placed_by_the_launch_on_the_training_threads_ranges():
     """Every kernel's time in the step and phase open on the training thread when its launching call
     started, whichever thread launched it: an SQL join on the export gives the same sums."""
     capture = "h200_tiny_llama_bf16"
-    expected = query(capture, RANGES + """,
+    expected = query(
+        capture,
+        RANGES
+        + """,
         launched AS (SELECT k."end" - k.start AS ns, r.start AS t FROM CUPTI_ACTIVITY_KIND_KERNEL k
                      JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
                       AND ((r.globalTid >> 24) & 16777215) = ((k.globalPid >> 24) & 16777215))
@@ -113,23 +135,34 @@ def test_phase_time_is_placed_by_the_launch_on_the_training_threads_ranges():
         JOIN ranges st ON st.name LIKE 'step %' AND st.start <= l.t AND l.t < st."end"
         LEFT JOIN ranges ph ON ph.name IN ('data', 'forward', 'backward', 'optimizer')
              AND ph.start <= l.t AND l.t < ph."end"
-        GROUP BY 1, 2""")
+        GROUP BY 1, 2""",
+    )
     table = accounted(capture)
-    got = {(f"step {step}", column.removesuffix("_gpu_ns")): value
-           for step, row in table[PHASE_COLUMNS].iterrows() for column, value in row.items() if value}
+    got = {
+        (f"step {step}", column.removesuffix("_gpu_ns")): value
+        for step, row in table[PHASE_COLUMNS].iterrows()
+        for column, value in row.items()
+        if value
+    }
     assert got == {(step, phase): ns for step, phase, ns in expected}
     assert len(table) == 3
 
 
 def test_backward_kernels_of_the_autograd_thread_count_as_backward():
     capture = "h200_tiny_llama_bf16"
-    [(autograd_ns,)] = query(capture, """
+    [(autograd_ns,)] = query(
+        capture,
+        """
         SELECT sum(k."end" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
         JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
         JOIN ThreadNames t ON t.globalTid = r.globalTid JOIN StringIds s ON s.id = t.nameId
-        WHERE s.value = 'pt_autograd_0'""")
-    [(autograd_ranges,)] = query(capture, """SELECT count(*) FROM NVTX_EVENTS n JOIN ThreadNames t
-        ON t.globalTid = n.globalTid JOIN StringIds s ON s.id = t.nameId WHERE s.value = 'pt_autograd_0'""")
+        WHERE s.value = 'pt_autograd_0'""",
+    )
+    [(autograd_ranges,)] = query(
+        capture,
+        """SELECT count(*) FROM NVTX_EVENTS n JOIN ThreadNames t
+        ON t.globalTid = n.globalTid JOIN StringIds s ON s.id = t.nameId WHERE s.value = 'pt_autograd_0'""",
+    )
     assert autograd_ranges == 0 and autograd_ns > 0  # the thread launches kernels and has no range
     table = accounted(capture)
     # the three captured steps hold nearly all autograd kernels (the rest ran outside the steps)
@@ -144,12 +177,15 @@ def test_sums_add_up(capture):
     assert list(table.reset_index().columns) == COLUMNS
     assert (table[PHASE_COLUMNS].sum(axis=1) == table["kernel_ns"]).all()
     assert (table["sm_busy_ns"] + table["copy_only_ns"] + table["idle_ns"] == table["duration"]).all()
-    assert (table["sm_idle_sync_ns"] + table["sm_idle_data_ns"] + table["sm_idle_host_ns"]
-            == table["duration"] - table["sm_busy_ns"]).all()
+    assert (
+        table["sm_idle_sync_ns"] + table["sm_idle_data_ns"] + table["sm_idle_host_ns"]
+        == table["duration"] - table["sm_busy_ns"]
+    ).all()
     numbers = table.select_dtypes("number")
     assert (numbers >= 0).all().all()
-    assert (table["copy_only_ns"] <= table["copy_busy_ns"]).all() and (table["short_gap_idle_ns"] <= table["duration"]
-                                                                       - table["sm_busy_ns"]).all()
+    assert (table["copy_only_ns"] <= table["copy_busy_ns"]).all() and (
+        table["short_gap_idle_ns"] <= table["duration"] - table["sm_busy_ns"]
+    ).all()
     assert table["sm_busy_pct"].between(0, 100).all() and table["idle_pct"].between(0, 100).all()
     assert table["bound_class"].isin(accounting.BOUND_CLASSES).all()
     assert (table["device_id"] == 0).all()
@@ -164,11 +200,17 @@ def test_busy_time_equals_the_union_of_the_exports_rows(capture):
         copy = overlap(copies, start, end)
         copy_only = copy - sum(overlap(kernels, max(s, start), min(e, end)) for s, e in copies if s < end and e > start)
         assert (table.at[step, "sm_busy_ns"], table.at[step, "copy_busy_ns"], table.at[step, "copy_only_ns"]) == (
-            sm, copy, copy_only), capture
+            sm,
+            copy,
+            copy_only,
+        ), capture
         # every kernel launched in the step: the SQL count of launches whose call starts in it
-        [(launched,)] = query(capture, f"""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+        [(launched,)] = query(
+            capture,
+            f"""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
             JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
-            WHERE r.start >= {start} AND r.start < {end}""")
+            WHERE r.start >= {start} AND r.start < {end}""",
+        )
         assert table.at[step, "kernels"] == launched
 
 
@@ -214,20 +256,26 @@ def test_syncs_after_the_gpu_has_drained_cost_nothing():
         assert row["bound_class"] == "launch/host-bound"
 
 
-@pytest.mark.parametrize("capture, dominant, markers", [
-    ("h200_plant_gemm", "compute_kernel_ns", ("nvjet%", "%gemm%", "%cutlass%")),
-    ("h200_plant_elementwise", "memory_kernel_ns", ("%elementwise%", "%multi_tensor%", "%reduce%")),
-])
+@pytest.mark.parametrize(
+    "capture, dominant, markers",
+    [
+        ("h200_plant_gemm", "compute_kernel_ns", ("nvjet%", "%gemm%", "%cutlass%")),
+        ("h200_plant_elementwise", "memory_kernel_ns", ("%elementwise%", "%multi_tensor%", "%reduce%")),
+    ],
+)
 def test_the_kernel_mix_is_the_models_but_the_host_batch_bounds_the_step(capture, dominant, markers):
     table, kernels = accounted(capture), kernels_of(capture)
     data = query(capture, RANGES + " SELECT start, \"end\" FROM ranges WHERE name = 'data'")
     marked = " OR ".join(f"s.value LIKE '{m}'" for m in markers)
     for step, (start, end) in steps_of(capture).items():
-        [(marked_ns, all_ns)] = query(capture, f"""
+        [(marked_ns, all_ns)] = query(
+            capture,
+            f"""
             SELECT sum(CASE WHEN {marked} THEN k."end" - k.start ELSE 0 END), sum(k."end" - k.start)
             FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
             JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
-            WHERE r.start >= {start} AND r.start < {end}""")
+            WHERE r.start >= {start} AND r.start < {end}""",
+        )
         row = table.loc[step]
         assert row["kernel_ns"] == all_ns and marked_ns > 0.6 * all_ns and row[dominant] >= marked_ns
         # the data ranges hold 90% of the step, and the SMs are busy under 10% of it
@@ -238,8 +286,9 @@ def test_the_kernel_mix_is_the_models_but_the_host_batch_bounds_the_step(capture
 
 def test_copies_from_pageable_memory_are_copy_only_time():
     table = accounted("h200_plant_pageable")
-    [(pageable,)] = query("h200_plant_pageable", "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY "
-                                                 "WHERE copyKind = 1 AND srcKind = 0")
+    [(pageable,)] = query(
+        "h200_plant_pageable", "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 1 AND srcKind = 0"
+    )
     assert pageable >= 4
     assert (table["copy_only_ns"] > 0).all() and (table["copy_only_ns"] == table["copy_busy_ns"]).all()
 
@@ -301,8 +350,16 @@ def _frame(table: str, rows: list[dict]) -> pd.DataFrame:
 
 
 def _range(name: str, start: int, end: int, tid: int = MAIN) -> dict:
-    return {"start": start, "end": end, "duration": end - start, "name": name, "style": "PushPop",
-            "global_tid": tid, "pid": tid >> 24, "tid": tid & 0xFFFFFF}
+    return {
+        "start": start,
+        "end": end,
+        "duration": end - start,
+        "name": name,
+        "style": "PushPop",
+        "global_tid": tid,
+        "pid": tid >> 24,
+        "tid": tid & 0xFFFFFF,
+    }
 
 
 class Trace:
@@ -317,41 +374,77 @@ class Trace:
 
     def kernel(self, name: str, start: int, end: int, launch: int | None, tid: int = MAIN, device: int = 0):
         correlation = len(self.kernels) + 1
-        self.kernels.append({"start": start, "end": end, "duration": end - start, "name": name, "short_name": name,
-                             "device_id": device, "stream_id": 7, "pid": 7,
-                             "correlation_id": correlation if launch is not None else None})
+        self.kernels.append(
+            {
+                "start": start,
+                "end": end,
+                "duration": end - start,
+                "name": name,
+                "short_name": name,
+                "device_id": device,
+                "stream_id": 7,
+                "pid": 7,
+                "correlation_id": correlation if launch is not None else None,
+            }
+        )
         if launch is not None:
             self.call("cudaLaunchKernel", launch, launch + 1000, tid, correlation)
 
     def call(self, name: str, start: int, end: int, tid: int = MAIN, correlation: int | None = None):
-        self.calls.append({"start": start, "end": end, "duration": end - start, "name": name, "global_tid": tid,
-                           "pid": tid >> 24, "tid": tid & 0xFFFFFF,
-                           "correlation_id": correlation or 10**6 + len(self.calls)})
+        self.calls.append(
+            {
+                "start": start,
+                "end": end,
+                "duration": end - start,
+                "name": name,
+                "global_tid": tid,
+                "pid": tid >> 24,
+                "tid": tid & 0xFFFFFF,
+                "correlation_id": correlation or 10**6 + len(self.calls),
+            }
+        )
 
     def tables(self) -> TraceTables:
-        events = EventStore.from_frames(kernels=pd.DataFrame(self.kernels) if self.kernels else None,
-                                        cuda_api=pd.DataFrame(self.calls) if self.calls else None)
-        return TraceTables(source_path="built", span_ns=10**9, sources={"cuda", "nvtx"}, events=events,
-                           nvtx=_frame("nvtx", self.ranges), memops=_frame("memops", self.memops))
+        events = EventStore.from_frames(
+            kernels=pd.DataFrame(self.kernels) if self.kernels else None,
+            cuda_api=pd.DataFrame(self.calls) if self.calls else None,
+        )
+        return TraceTables(
+            source_path="built",
+            span_ns=10**9,
+            sources={"cuda", "nvtx"},
+            events=events,
+            nvtx=_frame("nvtx", self.ranges),
+            memops=_frame("memops", self.memops),
+        )
 
     def account(self) -> pd.DataFrame:
         return step_accounting(self.tables()).set_index("step")
 
 
-PHASED = (("data", 0, 10 * MS), ("forward", 10 * MS, 40 * MS), ("backward", 40 * MS, 90 * MS),
-          ("optimizer", 90 * MS, 100 * MS))
+PHASED = (
+    ("data", 0, 10 * MS),
+    ("forward", 10 * MS, 40 * MS),
+    ("backward", 40 * MS, 90 * MS),
+    ("optimizer", 90 * MS, 100 * MS),
+)
 
 
 def test_a_step_of_long_gemms_is_compute_bound_and_phases_follow_launches():
     trace = Trace()
     trace.step(0, 0, 100 * MS, PHASED)
-    trace.kernel("ampere_bf16_gemm", 11 * MS, 40 * MS, launch=10 * MS + 500_000)         # forward, main thread
-    trace.kernel("ampere_bf16_gemm", 40 * MS, 88 * MS, launch=41 * MS, tid=AUTOGRAD)     # backward, by time
-    trace.kernel("vectorized_elementwise_kernel", 90 * MS, 99 * MS, launch=None)         # no launch: by its start
-    trace.kernel("ampere_bf16_gemm", 100 * MS, 101 * MS, launch=100 * MS + 5)            # launched after the step
+    trace.kernel("ampere_bf16_gemm", 11 * MS, 40 * MS, launch=10 * MS + 500_000)  # forward, main thread
+    trace.kernel("ampere_bf16_gemm", 40 * MS, 88 * MS, launch=41 * MS, tid=AUTOGRAD)  # backward, by time
+    trace.kernel("vectorized_elementwise_kernel", 90 * MS, 99 * MS, launch=None)  # no launch: by its start
+    trace.kernel("ampere_bf16_gemm", 100 * MS, 101 * MS, launch=100 * MS + 5)  # launched after the step
     row = trace.account().loc[0]
-    assert (row["data_gpu_ns"], row["forward_gpu_ns"], row["backward_gpu_ns"], row["optimizer_gpu_ns"],
-            row["other_gpu_ns"]) == (0, 29 * MS, 48 * MS, 9 * MS, 0)
+    assert (
+        row["data_gpu_ns"],
+        row["forward_gpu_ns"],
+        row["backward_gpu_ns"],
+        row["optimizer_gpu_ns"],
+        row["other_gpu_ns"],
+    ) == (0, 29 * MS, 48 * MS, 9 * MS, 0)
     assert row["kernel_ns"] == 86 * MS and row["kernels"] == 3
     assert (row["compute_kernel_ns"], row["memory_kernel_ns"]) == (77 * MS, 9 * MS)
     assert row["sm_busy_ns"] == 86 * MS and row["idle_ns"] == 14 * MS
@@ -392,12 +485,21 @@ def test_exposed_nccl_time_makes_a_step_communication_bound():
 
 def test_idle_after_a_sync_that_drained_the_gpu_is_sync_time_unless_the_host_loads_data():
     trace = Trace()
-    trace.step(0, 0, 100 * MS, (("data", 0, 10 * MS), ("forward", 10 * MS, 50 * MS), ("data", 50 * MS, 60 * MS),
-                                ("forward", 60 * MS, 100 * MS)))
+    trace.step(
+        0,
+        0,
+        100 * MS,
+        (
+            ("data", 0, 10 * MS),
+            ("forward", 10 * MS, 50 * MS),
+            ("data", 50 * MS, 60 * MS),
+            ("forward", 60 * MS, 100 * MS),
+        ),
+    )
     trace.kernel("ampere_bf16_gemm", 10 * MS, 30 * MS, launch=10 * MS)
-    trace.call("cudaStreamSynchronize", 11 * MS, 31 * MS)      # the GPU drains at 30 ms, inside the wait
+    trace.call("cudaStreamSynchronize", 11 * MS, 31 * MS)  # the GPU drains at 30 ms, inside the wait
     trace.kernel("ampere_bf16_gemm", 75 * MS, 80 * MS, launch=74 * MS)
-    trace.call("cudaStreamSynchronize", 85 * MS, 95 * MS)      # the SMs already idle: only the wait counts
+    trace.call("cudaStreamSynchronize", 85 * MS, 95 * MS)  # the SMs already idle: only the wait counts
     row = trace.account().loc[0]
     # the gap 30-75 began inside the first wait: all of it but its 10 ms in data (50-60); the second
     # wait 85-95: its 10 ms
@@ -425,8 +527,19 @@ def test_the_busiest_device_is_measured_and_copies_alone_are_copy_only():
     trace.step(0, 0, 100 * MS, PHASED)
     trace.kernel("ampere_bf16_gemm", 10 * MS, 20 * MS, launch=10 * MS, device=0)
     trace.kernel("ampere_bf16_gemm", 10 * MS, 70 * MS, launch=10 * MS, device=1)
-    trace.memops = [{"start": 65 * MS, "end": 80 * MS, "duration": 15 * MS, "operation": "[CUDA memcpy HtoD]",
-                     "bytes": 1, "device_id": 1, "stream_id": 8, "pid": 7, "correlation_id": None}]
+    trace.memops = [
+        {
+            "start": 65 * MS,
+            "end": 80 * MS,
+            "duration": 15 * MS,
+            "operation": "[CUDA memcpy HtoD]",
+            "bytes": 1,
+            "device_id": 1,
+            "stream_id": 8,
+            "pid": 7,
+            "correlation_id": None,
+        }
+    ]
     row = trace.account().loc[0]
     assert row["device_id"] == 1 and row["sm_busy_ns"] == 60 * MS
     assert (row["copy_busy_ns"], row["copy_only_ns"], row["idle_ns"]) == (15 * MS, 10 * MS, 30 * MS)
@@ -434,8 +547,15 @@ def test_the_busiest_device_is_measured_and_copies_alone_are_copy_only():
 
 
 def test_run_bound_weighs_steps_by_time():
-    table = pd.DataFrame({"duration": [100, 10, 10], "bound_class": ["data-bound", "compute-bound", "compute-bound"],
-                          "sm_busy_ns": [10, 10, 10], "copy_busy_ns": [0, 0, 12], "idle_ns": [90, 0, 0]})
+    table = pd.DataFrame(
+        {
+            "duration": [100, 10, 10],
+            "bound_class": ["data-bound", "compute-bound", "compute-bound"],
+            "sm_busy_ns": [10, 10, 10],
+            "copy_busy_ns": [0, 0, 12],
+            "idle_ns": [90, 0, 0],
+        }
+    )
     result = run_bound(table)
     assert result["bound_class"] == "data-bound" and result["steps"] == 3
     assert result["class_pct"] == pytest.approx({"data-bound": 100 * 100 / 120, "compute-bound": 100 * 20 / 120})
@@ -454,6 +574,7 @@ def test_large_slices_give_the_same_numbers(monkeypatch):
     tables = load_trace(FIXTURES / "h200_tiny_llama_bf16.sqlite")
     whole = step_accounting(tables)
     from sftprof.analysis import gpu, nvtx
+
     monkeypatch.setattr(nvtx, "SLICE_KERNELS", 97)
     monkeypatch.setattr(gpu, "BUSY_WINDOW_ROWS", 101)
     sliced = step_accounting(tables)

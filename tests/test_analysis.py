@@ -16,17 +16,18 @@ def test_summary_statistics_follow_nsys_conventions():
     summary = duration_summary(rows, ["name"]).set_index("name")
     a = summary.loc["a"]
     assert (a.total_ns, a.instances, a.min_ns, a.max_ns) == (33, 4, 1, 20)
-    assert a.med_ns == 6.0            # mean of the two middle values
-    assert a.avg_ns == 8.3            # 8.25 rounds half away from zero, as SQLite does
-    assert a.stddev_ns == 8.8         # sample standard deviation (n - 1)
+    assert a.med_ns == 6.0  # mean of the two middle values
+    assert a.avg_ns == 8.3  # 8.25 rounds half away from zero, as SQLite does
+    assert a.stddev_ns == 8.8  # sample standard deviation (n - 1)
     assert summary.loc["b"].stddev_ns == 0.0  # one instance: 0, not NaN
     assert list(summary.index) == ["a", "b"]  # by total time, descending
     assert summary["time_pct"].tolist() == [82.5, 17.5]
 
 
 def test_busy_time_is_the_union_over_streams_not_the_sum():
-    kernels = pd.DataFrame({"device_id": [0, 0, 0, 1], "start": [10, 15, 40, 5], "end": [20, 30, 50, 6],
-                            "name": ["k"] * 4})
+    kernels = pd.DataFrame(
+        {"device_id": [0, 0, 0, 1], "start": [10, 15, 40, 5], "end": [20, 30, 50, 6], "name": ["k"] * 4}
+    )
     memops = pd.DataFrame({"device_id": [0], "start": [29], "end": [35]})
     busy = gpu.gpu_busy(gpu.busy_by_device(EventStore.from_frames(kernels=kernels), memops)).set_index("device_id")
     # device 0: [10,35) merged from three overlapping ops, then [40,50): 35 ns busy in a 40 ns span
@@ -44,26 +45,70 @@ def _nvtx_steps(durations_ms):
     rows, t = [], 0
     for step, ms in enumerate(durations_ms):
         end = t + int(ms * 1e6)
-        rows.append({"start": t, "end": end, "duration": end - t, "name": f"step {step}", "style": "PushPop",
-                     "global_tid": 1, "pid": 1, "tid": 1})
+        rows.append(
+            {
+                "start": t,
+                "end": end,
+                "duration": end - t,
+                "name": f"step {step}",
+                "style": "PushPop",
+                "global_tid": 1,
+                "pid": 1,
+                "tid": 1,
+            }
+        )
         half = t + (end - t) // 2
-        rows.append({"start": t, "end": half, "duration": half - t, "name": "forward", "style": "PushPop",
-                     "global_tid": 1, "pid": 1, "tid": 1})
-        rows.append({"start": half, "end": end, "duration": end - half, "name": "backward", "style": "PushPop",
-                     "global_tid": 1, "pid": 1, "tid": 1})
+        rows.append(
+            {
+                "start": t,
+                "end": half,
+                "duration": half - t,
+                "name": "forward",
+                "style": "PushPop",
+                "global_tid": 1,
+                "pid": 1,
+                "tid": 1,
+            }
+        )
+        rows.append(
+            {
+                "start": half,
+                "end": end,
+                "duration": end - half,
+                "name": "backward",
+                "style": "PushPop",
+                "global_tid": 1,
+                "pid": 1,
+                "tid": 1,
+            }
+        )
         t = end
     return pd.DataFrame(rows)
 
 
 def test_findings_name_slow_steps_and_gpu_facts_with_evidence():
-    kernels = pd.DataFrame({"start": [100, 300], "end": [200, 900], "duration": [100, 600],
-                            "name": ["ampere_bf16_gemm", "elementwise"], "short_name": ["gemm", "ew"],
-                            "mangled_name": [None, None], "device_id": [0, 0], "stream_id": [7, 7],
-                            "pid": [1, 1], "correlation_id": [1, 2], "grid": ["1 1 1"] * 2, "block": ["1 1 1"] * 2})
+    kernels = pd.DataFrame(
+        {
+            "start": [100, 300],
+            "end": [200, 900],
+            "duration": [100, 600],
+            "name": ["ampere_bf16_gemm", "elementwise"],
+            "short_name": ["gemm", "ew"],
+            "mangled_name": [None, None],
+            "device_id": [0, 0],
+            "stream_id": [7, 7],
+            "pid": [1, 1],
+            "correlation_id": [1, 2],
+            "grid": ["1 1 1"] * 2,
+            "block": ["1 1 1"] * 2,
+        }
+    )
     result = analyze(_tables_with(kernels=kernels, nvtx=_nvtx_steps([10, 10, 40, 10])))
     rules = {f.rule: f for f in result.findings}
     assert "no_gpu_activity" not in rules
-    assert rules["top_kernel"].title.startswith("Top kernel takes 85.7%") and "elementwise" in rules["top_kernel"].evidence
+    assert (
+        rules["top_kernel"].title.startswith("Top kernel takes 85.7%") and "elementwise" in rules["top_kernel"].evidence
+    )
     assert "step 2 40.0 ms" in rules["slow_steps"].evidence
     assert rules["gpu_busy"].severity == "info" and "87.5%" in rules["gpu_busy"].title
     assert result.headline["steps_captured"] == 4
@@ -77,9 +122,19 @@ def test_no_false_alarms_on_even_steps_without_gpu():
 
 
 def _threads(osrt_ms: dict[str, tuple[float, str]]) -> pd.DataFrame:
-    return pd.DataFrame([{"thread_name": name, "role": "main" if name == "python" else "autograd", "tid": i,
-                          "osrt_ns": int(ms * 1e6), "top_osrt_call": call, "top_osrt_ns": int(ms * 1e6)}
-                         for i, (name, (ms, call)) in enumerate(osrt_ms.items())])
+    return pd.DataFrame(
+        [
+            {
+                "thread_name": name,
+                "role": "main" if name == "python" else "autograd",
+                "tid": i,
+                "osrt_ns": int(ms * 1e6),
+                "top_osrt_call": call,
+                "top_osrt_ns": int(ms * 1e6),
+            }
+            for i, (name, (ms, call)) in enumerate(osrt_ms.items())
+        ]
+    )
 
 
 def test_thread_blocking_is_a_finding_only_above_the_threshold():
@@ -87,8 +142,9 @@ def test_thread_blocking_is_a_finding_only_above_the_threshold():
 
     span = 1_000_000_000
     assert _thread_findings(_threads({"python": (50, "pthread_cond_wait")}), span) == []
-    [finding] = _thread_findings(_threads({"python": (400, "pthread_cond_wait"), "pt_autograd_0": (300, "sem_wait")}),
-                                 span)
+    [finding] = _thread_findings(
+        _threads({"python": (400, "pthread_cond_wait"), "pt_autograd_0": (300, "sem_wait")}), span
+    )
     assert finding.title.startswith("python (main thread) blocks 40.0%")
     assert "pt_autograd_0 (autograd, tid 1) 300.000 ms = 30.0%" in finding.evidence
     assert "autograd engine" in finding.recommendation
@@ -119,7 +175,7 @@ def test_intervals_merged_in_batches_equal_the_union_at_once():
     for batch in (1, 2, 7, 999, 5_000):
         running = intervals.RunningUnion()
         for lo in range(0, len(starts), batch):
-            running.add(starts[lo:lo + batch], ends[lo:lo + batch])
+            running.add(starts[lo : lo + batch], ends[lo : lo + batch])
         pd.testing.assert_frame_equal(running.result(), at_once)
     assert 1 < len(at_once) < len(starts)  # the case merges some intervals and keeps gaps between others
     covered = np.zeros(100_100, dtype=bool)
@@ -140,8 +196,11 @@ def test_ranges_containing_calls_equal_a_brute_force_check():
     calls["end"] = calls["start"] + rng.integers(0, 8, 2_000) * 5
     pairs = nvtx.enclosing_ranges(ranges, calls)
     column = lambda frame, name: frame[name].to_numpy()[:, None] if frame is calls else frame[name].to_numpy()[None, :]  # noqa: E731
-    inside = ((column(calls, "global_tid") == column(ranges, "global_tid"))
-              & (column(ranges, "start") <= column(calls, "start")) & (column(calls, "end") <= column(ranges, "end")))
+    inside = (
+        (column(calls, "global_tid") == column(ranges, "global_tid"))
+        & (column(ranges, "start") <= column(calls, "start"))
+        & (column(calls, "end") <= column(ranges, "end"))
+    )
     expected = set(zip(*(axis.tolist() for axis in np.nonzero(inside))))  # RangeIndex: positions are labels
     assert set(zip(pairs["call"], pairs["range"])) == expected
     assert len(expected) > 500

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.capture import nsys
 from sftprof.analysis import analyze, intervals, sched
+from sftprof.capture import nsys
 from sftprof.trace import load_trace
 
 PLANTED = Path(__file__).parent / "planted_training_loop.py"
@@ -49,7 +49,7 @@ def test_a_starved_data_path_is_named(planted):
     stall = found["data_stall"]
     assert stall.severity == "warning"
     share = float(stall.title.split("takes ")[1].split("%")[0])
-    assert 40 < share < 80        # 40 ms of sleep (more on a loaded machine) in a ~72 ms step
+    assert 40 < share < 80  # 40 ms of sleep (more on a loaded machine) in a ~72 ms step
     assert "clock_nanosleep" in stall.evidence and "python (main, tid" in stall.evidence
     assert "num_workers" in stall.recommendation
     assert "lock_wait" not in found
@@ -62,7 +62,7 @@ def test_a_thread_blocked_in_a_lock_is_named(planted):
     assert lock.severity == "warning" and lock.title.startswith("python (main, tid")
     assert "sem_wait" in lock.evidence and "in NVTX `optimizer`" in lock.evidence
     waited = float(lock.title.split("locks ")[1].split("%")[0])
-    assert 15 < waited < 60       # ~19 ms of a ~52 ms step
+    assert 15 < waited < 60  # ~19 ms of a ~52 ms step
     assert "data_stall" not in found
 
 
@@ -85,6 +85,7 @@ def test_the_clean_demo_capture_raises_no_problem(demo_sqlite):
 
 # ---------------------------------------------------------------- CPU scheduling (committed capture)
 
+
 @pytest.fixture(scope="module")
 def sched_capture():
     tables = load_trace(SCHED_FIXTURE)
@@ -96,10 +97,10 @@ def test_on_cpu_intervals_are_consistent(sched_capture):
     assert "cpuctxsw" in tables.sources and len(tables.sched) > 100
     runs = sched.on_cpu_intervals(tables.sched, tables.span_ns)
     assert (runs["duration"] > 0).all() and (runs["end"] <= tables.span_ns).all()
-    for _, thread_runs in runs.groupby("global_tid"):        # a thread runs on one core at a time
+    for _, thread_runs in runs.groupby("global_tid"):  # a thread runs on one core at a time
         ordered = thread_runs.sort_values("start")
         assert (ordered["start"].to_numpy()[1:] >= ordered["end"].to_numpy()[:-1]).all()
-    for _, core_runs in runs.groupby("cpu"):                 # a core runs one thread at a time
+    for _, core_runs in runs.groupby("cpu"):  # a core runs one thread at a time
         ordered = core_runs.sort_values("start")
         assert (ordered["start"].to_numpy()[1:] >= ordered["end"].to_numpy()[:-1]).all()
     cores = sched.core_summary(runs, tables.span_ns)
@@ -110,9 +111,12 @@ def test_the_blocked_thread_is_off_cpu_while_it_waits(sched_capture):
     """Two independent nsys sources agree: OSRT says main sat in sem_wait, SCHED says it was not running."""
     tables, result = sched_capture
     main_tid = result.tables["threads"].set_index("role").loc["main", "global_tid"]
-    waits = tables.osrt[(tables.osrt["global_tid"] == main_tid) & (tables.osrt["name"] == "sem_wait")
-                        & (tables.osrt["duration"] > 10_000_000)]
-    assert len(waits) == 5                                    # one per step, ~19 ms each
+    waits = tables.osrt[
+        (tables.osrt["global_tid"] == main_tid)
+        & (tables.osrt["name"] == "sem_wait")
+        & (tables.osrt["duration"] > 10_000_000)
+    ]
+    assert len(waits) == 5  # one per step, ~19 ms each
     runs = sched.on_cpu_intervals(tables.sched, tables.span_ns)
     running = intervals.union(runs[runs["global_tid"] == main_tid])
     on_cpu = intervals.covered_ns(running, waits["start"], waits["end"])
@@ -136,12 +140,20 @@ def test_thread_states_and_core_timeline(sched_capture):
 
 
 def test_sched_pairing_handles_threads_running_at_the_edges():
-    events = pd.DataFrame({"start": [5, 10, 30, 40, 50], "cpu": [1, 0, 0, 1, 0],
-                           "is_sched_in": [False, True, False, True, True], "global_tid": [2, 1, 1, 2, 1],
-                           "pid": 0, "tid": [2, 1, 1, 2, 1]})
+    events = pd.DataFrame(
+        {
+            "start": [5, 10, 30, 40, 50],
+            "cpu": [1, 0, 0, 1, 0],
+            "is_sched_in": [False, True, False, True, True],
+            "global_tid": [2, 1, 1, 2, 1],
+            "pid": 0,
+            "tid": [2, 1, 1, 2, 1],
+        }
+    )
     runs = sched.on_cpu_intervals(events, span_ns=100)
     assert runs[["global_tid", "cpu", "start", "end"]].values.tolist() == [
-        [2, 1, 0, 5],     # running when the capture began
+        [2, 1, 0, 5],  # running when the capture began
         [1, 0, 10, 30],
         [2, 1, 40, 100],  # still running when it ended
-        [1, 0, 50, 100]]
+        [1, 0, 50, 100],
+    ]

@@ -15,8 +15,9 @@ MAIN, AUTOGRAD = (7 << 24) | 7, (7 << 24) | 9  # global_tids of pid 7: main thre
 
 def frame(table: str, rows: list[dict]) -> pd.DataFrame:
     """A normalized table with every documented column (missing values NA)."""
-    return pd.DataFrame([{column: row.get(column) for column in COLUMNS[table]} for row in rows],
-                        columns=COLUMNS[table])
+    return pd.DataFrame(
+        [{column: row.get(column) for column in COLUMNS[table]} for row in rows], columns=COLUMNS[table]
+    )
 
 
 def store(kernels: pd.DataFrame | None = None, cuda_api: pd.DataFrame | None = None) -> EventStore:
@@ -29,58 +30,116 @@ def name_totals(kernel_rows: pd.DataFrame) -> pd.DataFrame:
     return kernels.name_totals(store(kernel_rows))
 
 
-def kernel(name: str, start: int, duration: int, short: str | None = None, correlation: int = 0, device: int = 0,
-           pid: int = 7) -> dict:
-    return {"start": start, "end": start + duration, "duration": duration, "name": name, "short_name": short or name,
-            "device_id": device, "stream_id": 7, "pid": pid, "correlation_id": correlation}
+def kernel(
+    name: str, start: int, duration: int, short: str | None = None, correlation: int = 0, device: int = 0, pid: int = 7
+) -> dict:
+    return {
+        "start": start,
+        "end": start + duration,
+        "duration": duration,
+        "name": name,
+        "short_name": short or name,
+        "device_id": device,
+        "stream_id": 7,
+        "pid": pid,
+        "correlation_id": correlation,
+    }
 
 
 def api(name: str, start: int, duration: int, correlation: int, tid: int = MAIN) -> dict:
-    return {"start": start, "end": start + duration, "duration": duration, "name": name, "global_tid": tid,
-            "pid": tid >> 24, "tid": tid & 0xFFFFFF, "correlation_id": correlation}
+    return {
+        "start": start,
+        "end": start + duration,
+        "duration": duration,
+        "name": name,
+        "global_tid": tid,
+        "pid": tid >> 24,
+        "tid": tid & 0xFFFFFF,
+        "correlation_id": correlation,
+    }
 
 
 def nvtx_range(name: str, start: int, end: int, tid: int = MAIN) -> dict:
-    return {"start": start, "end": end, "duration": end - start, "name": name, "style": "PushPop", "global_tid": tid,
-            "pid": tid >> 24, "tid": tid & 0xFFFFFF}
+    return {
+        "start": start,
+        "end": end,
+        "duration": end - start,
+        "name": name,
+        "style": "PushPop",
+        "global_tid": tid,
+        "pid": tid >> 24,
+        "tid": tid & 0xFFFFFF,
+    }
 
 
-def clock(span_ns: int, busy: list[tuple[int, int]] = (), waits: list[tuple[int, int]] = (),
-          steps: pd.DataFrame | None = None) -> gains.StepClock:
+def clock(
+    span_ns: int, busy: list[tuple[int, int]] = (), waits: list[tuple[int, int]] = (), steps: pd.DataFrame | None = None
+) -> gains.StepClock:
     """What gains are measured against: a capture of `span_ns` (or these steps), GPU busy and CPU waits."""
     spans = lambda pairs: pd.DataFrame(list(pairs), columns=["start", "end"], dtype="int64")  # noqa: E731
-    return gains.StepClock.of(steps if steps is not None else pd.DataFrame(), span_ns,
-                              intervals.union(spans(busy)), spans(waits))
+    return gains.StepClock.of(
+        steps if steps is not None else pd.DataFrame(), span_ns, intervals.union(spans(busy)), spans(waits)
+    )
 
 
 # ---------------------------------------------------------------- kernel families, tensor cores, precision
 
 FAMILY_CASES = [  # (demangled name, short name, family, duration)
     ("nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT", None, "GEMM", 400),
-    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_32x6_nn_align2>(T1::Params)", "Kernel2",
-     "GEMM", 100),
+    (
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_32x6_nn_align2>(T1::Params)",
+        "Kernel2",
+        "GEMM",
+        100,
+    ),
     ("void cublasLt::splitKreduce_kernel<32, 16, int, float>(...)", "splitKreduce_kernel", "GEMM", 50),
-    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>(Flash_fwd_params)", "flash_fwd_kernel",
-     "attention", 150),
+    (
+        "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>(Flash_fwd_params)",
+        "flash_fwd_kernel",
+        "attention",
+        150,
+    ),
     ("void cudnn::fusion::compute_dot_do_o<true>(const void *)", "compute_dot_do_o", "attention", 50),
-    ("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdamMathFunctor>(...)",
-     "multi_tensor_apply_kernel", "optimizer", 60),
+    (
+        "void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdamMathFunctor>(...)",
+        "multi_tensor_apply_kernel",
+        "optimizer",
+        60,
+    ),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm *)", None, "communication", 40),
-    ("void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>(T3)", "reduce_kernel",
-     "reduction/norm", 30),
-    ("void at::native::(anonymous)::CatArrayBatchedCopy<OpaqueType<4>, unsigned int, 3>(...)", "CatArrayBatchedCopy",
-     "copy/cat", 20),
-    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>(int, T2, T3)",
-     "vectorized_elementwise_kernel", "elementwise", 80),
-    ("void at::native::(anonymous)::embedding_backward_feature_kernel<float, float, long>(...)",
-     "embedding_backward_feature_kernel", "other", 20),
+    (
+        "void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>(T3)",
+        "reduce_kernel",
+        "reduction/norm",
+        30,
+    ),
+    (
+        "void at::native::(anonymous)::CatArrayBatchedCopy<OpaqueType<4>, unsigned int, 3>(...)",
+        "CatArrayBatchedCopy",
+        "copy/cat",
+        20,
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>(int, T2, T3)",
+        "vectorized_elementwise_kernel",
+        "elementwise",
+        80,
+    ),
+    (
+        "void at::native::(anonymous)::embedding_backward_feature_kernel<float, float, long>(...)",
+        "embedding_backward_feature_kernel",
+        "other",
+        20,
+    ),
 ]
 
 
 @pytest.fixture
 def mixed_kernels() -> pd.DataFrame:
-    return frame("kernels", [kernel(name, 1000 * i, duration, short)
-                             for i, (name, short, _, duration) in enumerate(FAMILY_CASES)])
+    return frame(
+        "kernels",
+        [kernel(name, 1000 * i, duration, short) for i, (name, short, _, duration) in enumerate(FAMILY_CASES)],
+    )
 
 
 def test_each_kernel_lands_in_its_family_first_match_wins(mixed_kernels):
@@ -97,22 +156,25 @@ def test_family_summary_adds_up_to_all_kernel_time(mixed_kernels):
     # nvjet and the tensorop cutlass GEMM (500 of 550 ns) run on tensor cores; split-K reduction does not
     assert families.loc["GEMM", "tensor_core_pct"] == pytest.approx(100 * 500 / 550)
     mix = kernels.kernel_mix(name_totals(mixed_kernels))
-    assert mix["compute_pct"] == pytest.approx(75.0)          # GEMM 550 + attention 200
-    assert mix["memory_pct"] == pytest.approx(19.0)           # 60 + 30 + 20 + 80
+    assert mix["compute_pct"] == pytest.approx(75.0)  # GEMM 550 + attention 200
+    assert mix["memory_pct"] == pytest.approx(19.0)  # 60 + 30 + 20 + 80
 
 
-@pytest.mark.parametrize("name, tensor_cores", [
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", True),
-    ("nvjet_sm90_tst_32x64_64x16_4x2_h_bz_NTN", True),
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64", True),
-    ("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_128x64_32x6_nt_align2>(T1::Params)", True),
-    ("ampere_fp16_s1688gemm_fp16_128x128_ldg8_f2f_tn", True),
-    ("sm89_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", True),
-    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(T1::Params)", False),
-    ("ampere_sgemm_128x64_tn", False),
-    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", False),
-    ("void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>", False),
-])
+@pytest.mark.parametrize(
+    "name, tensor_cores",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", True),
+        ("nvjet_sm90_tst_32x64_64x16_4x2_h_bz_NTN", True),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64", True),
+        ("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_128x64_32x6_nt_align2>(T1::Params)", True),
+        ("ampere_fp16_s1688gemm_fp16_128x128_ldg8_f2f_tn", True),
+        ("sm89_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", True),
+        ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(T1::Params)", False),
+        ("ampere_sgemm_128x64_tn", False),
+        ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", False),
+        ("void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>", False),
+    ],
+)
 def test_tensor_core_markers(name, tensor_cores):
     assert kernels.on_tensor_cores(frame("kernels", [kernel(name, 0, 1)])).tolist() == [tensor_cores]
 
@@ -122,23 +184,31 @@ def test_fp32_gemm_rule_fires_only_without_any_half_precision_gemm():
     nvjet = kernel("nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT", 1000, 100)
     only_fp32 = kernels.gemm_precision(name_totals(frame("kernels", [sgemm, nvjet]))).set_index("precision")
     assert only_fp32.loc["fp32", "time_pct"] == pytest.approx(90.0)
-    assert only_fp32.loc[kernels.UNKNOWN_PRECISION, "instances"] == 1   # nvjet names carry no precision
+    assert only_fp32.loc[kernels.UNKNOWN_PRECISION, "instances"] == 1  # nvjet names carry no precision
     gpu_bound = clock(2_000, busy=[(0, 900), (1000, 1100)], waits=[(0, 2_000)])
     [finding] = rules.fp32_gemm(only_fp32.reset_index(), gpu_bound)
     assert finding.severity == "warning" and "fp32 90.0% of GEMM time" in finding.evidence
-    assert finding.gain_pct == pytest.approx(100 * 0.5 * 900 / 2_000)   # bf16 takes at most half the time
+    assert finding.gain_pct == pytest.approx(100 * 0.5 * 900 / 2_000)  # bf16 takes at most half the time
     assert rules.fp32_gemm(only_fp32.reset_index(), gpu_bound, run_precision="bfloat16") == []
-    bf16 = kernel("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64>(T1::Params)", 2000, 10,
-                  "Kernel2")
+    bf16 = kernel(
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64>(T1::Params)", 2000, 10, "Kernel2"
+    )
     assert rules.fp32_gemm(kernels.gemm_precision(name_totals(frame("kernels", [sgemm, bf16]))), gpu_bound) == []
 
 
 def test_fusing_elementwise_runs_saves_only_what_the_cpu_waits_for():
     """Three elementwise kernels back to back (300 ns) fused take as long as the longest (100 ns): 200 ns
     of GPU time, which shortens the step only while the CPU waits for the GPU."""
-    streaming = frame("kernels", [kernel("elementwise_kernel", 0, 100), kernel("elementwise_kernel", 100, 100),
-                                  kernel("elementwise_kernel", 200, 100), kernel("nvjet_sm90_x", 300, 100),
-                                  kernel("elementwise_kernel", 400, 100)])   # alone: nothing to fuse with
+    streaming = frame(
+        "kernels",
+        [
+            kernel("elementwise_kernel", 0, 100),
+            kernel("elementwise_kernel", 100, 100),
+            kernel("elementwise_kernel", 200, 100),
+            kernel("nvjet_sm90_x", 300, 100),
+            kernel("elementwise_kernel", 400, 100),
+        ],
+    )  # alone: nothing to fuse with
     families, mix = kernels.family_summary(name_totals(streaming)), kernels.kernel_mix(name_totals(streaming))
     chains = gains.elementwise_chains(store(streaming))
     assert chains[["start", "kernels", "total_ns", "longest_ns"]].values.tolist() == [[0, 3, 300, 100]]
@@ -149,27 +219,50 @@ def test_fusing_elementwise_runs_saves_only_what_the_cpu_waits_for():
     assert "the CPU waited for the GPU only 0.000 ms per step" in running_ahead.evidence
     compute = frame("kernels", [kernel("elementwise_kernel", 0, 300), kernel("nvjet_sm90_x", 300, 700)])
     totals = name_totals(compute)
-    assert rules.memory_bound_mix(kernels.family_summary(totals), kernels.kernel_mix(totals),
-                                  gains.elementwise_chains(store(compute)), clock(1_000)) == []
+    assert (
+        rules.memory_bound_mix(
+            kernels.family_summary(totals),
+            kernels.kernel_mix(totals),
+            gains.elementwise_chains(store(compute)),
+            clock(1_000),
+        )
+        == []
+    )
 
 
 # ---------------------------------------------------------------- memory operations
 
-def memop(kind: str, start: int, duration: int, nbytes: int, src: str | None, dst: str | None,
-          correlation: int = 0) -> dict:
+
+def memop(
+    kind: str, start: int, duration: int, nbytes: int, src: str | None, dst: str | None, correlation: int = 0
+) -> dict:
     operation = "[CUDA memset]" if kind == "memset" else f"[CUDA memcpy {kind}]"
-    return {"start": start, "end": start + duration, "duration": duration, "operation": operation, "bytes": nbytes,
-            "device_id": 0, "stream_id": 7, "pid": 7, "correlation_id": correlation, "copy_kind": kind,
-            "src_kind": src, "dst_kind": dst}
+    return {
+        "start": start,
+        "end": start + duration,
+        "duration": duration,
+        "operation": operation,
+        "bytes": nbytes,
+        "device_id": 0,
+        "stream_id": 7,
+        "pid": 7,
+        "correlation_id": correlation,
+        "copy_kind": kind,
+        "src_kind": src,
+        "dst_kind": dst,
+    }
 
 
 def test_size_summary_follows_gpumemsizesum_statistics():
-    ops = frame("memops", [memop("HtoD", i * 10, 5, b, "Pinned", "Device") for i, b in enumerate([1, 2, 10, 20])]
-                + [memop("memset", 100, 5, 8, None, "Device")])
+    ops = frame(
+        "memops",
+        [memop("HtoD", i * 10, 5, b, "Pinned", "Device") for i, b in enumerate([1, 2, 10, 20])]
+        + [memop("memset", 100, 5, 8, None, "Device")],
+    )
     sizes = memory.size_summary(ops).set_index("operation")
     htod = sizes.loc["[CUDA memcpy HtoD]"]
     assert (htod.total_bytes, htod["count"], htod.min_bytes, htod.max_bytes) == (33, 4, 1, 20)
-    assert htod.med_bytes == 6.0 and htod.avg_bytes == 8.25          # unrounded, as nsys's bytes
+    assert htod.med_bytes == 6.0 and htod.avg_bytes == 8.25  # unrounded, as nsys's bytes
     assert htod.stddev_bytes == pytest.approx(np.std([1, 2, 10, 20], ddof=1))
     assert sizes.loc["[CUDA memset]", "stddev_bytes"] == 0.0
     assert list(sizes.index) == ["[CUDA memcpy HtoD]", "[CUDA memset]"]
@@ -177,29 +270,37 @@ def test_size_summary_follows_gpumemsizesum_statistics():
 
 def test_kind_shares_of_gpu_time_and_pageable_host_memory():
     ks = frame("kernels", [kernel("k", 0, 800)])
-    ops = frame("memops", [memop("HtoD", 1000, 100, 4_000_000, "Pageable", "Device"),
-                           memop("HtoD", 2000, 20, 1000, "Pinned", "Device"),
-                           memop("DtoH", 3000, 30, 8, "Device", "Pinned"),
-                           memop("DtoD", 4000, 40, 2_000_000, "Device", "Device"),
-                           memop("memset", 5000, 10, 64, None, "Device")])
+    ops = frame(
+        "memops",
+        [
+            memop("HtoD", 1000, 100, 4_000_000, "Pageable", "Device"),
+            memop("HtoD", 2000, 20, 1000, "Pinned", "Device"),
+            memop("DtoH", 3000, 30, 8, "Device", "Pinned"),
+            memop("DtoD", 4000, 40, 2_000_000, "Device", "Device"),
+            memop("memset", 5000, 10, 64, None, "Device"),
+        ],
+    )
     kernel_ns = gpu.kernel_totals(store(ks))["total_ns"]
     assert kernel_ns == 800
     shares = memory.kind_share(kernel_ns, ops).set_index("copy_kind")
     assert shares["gpu_time_pct"].to_dict() == pytest.approx({"HtoD": 12.0, "DtoD": 4.0, "DtoH": 3.0, "memset": 1.0})
-    assert shares.loc["DtoD", "gb_per_s"] == pytest.approx(2_000_000 / 40)   # bytes per ns = GB/s
+    assert shares.loc["DtoD", "gb_per_s"] == pytest.approx(2_000_000 / 40)  # bytes per ns = GB/s
     host = memory.host_memory(ops)
     assert host[["copy_kind", "host_memory", "instances"]].values.tolist() == [
-        ["DtoH", "Pinned", 1], ["HtoD", "Pageable", 1], ["HtoD", "Pinned", 1]]
+        ["DtoH", "Pinned", 1],
+        ["HtoD", "Pageable", 1],
+        ["HtoD", "Pinned", 1],
+    ]
     crossing = memory.interconnect_share(kernel_ns, ops)
     assert (crossing["count"], crossing["ns"], crossing["gpu_time_pct"]) == (3, 150, 15.0)
-    copies = ops.assign(exposed_ns=ops["duration"])   # no kernel runs beside any of them
+    copies = ops.assign(exposed_ns=ops["duration"])  # no kernel runs beside any of them
     shares = memory.kind_share(kernel_ns, ops)
     [verdict] = rules.interconnect(shares, host, crossing, 1000, copies, clock(6_000, waits=[(0, 6_000)]))
-    assert verdict.gain_pct == pytest.approx(100 * 150 / 6_000)   # HtoD 100 + 20, DtoH 30: not DtoD, not memset
+    assert verdict.gain_pct == pytest.approx(100 * 150 / 6_000)  # HtoD 100 + 20, DtoH 30: not DtoD, not memset
     assert verdict.severity == "info" and verdict.title.endswith("is not the limit")
     assert "1 of 3 host copies use pageable memory" in verdict.evidence
     [limiting] = rules.interconnect(shares, host, crossing, 1000, copies, clock(1_500, waits=[(0, 1_500)]))
-    assert limiting.severity == "warning" and "can limit the step" in limiting.title   # 100 of 1,500 ns
+    assert limiting.severity == "warning" and "can limit the step" in limiting.title  # 100 of 1,500 ns
     [running_ahead] = rules.interconnect(shares, host, crossing, 1000, copies, clock(1_500))
     assert running_ahead.title.endswith("is not the limit") and running_ahead.gain_pct == 0
 
@@ -211,6 +312,7 @@ def test_copy_kind_comes_from_the_operation_name_when_a_loader_lacks_it():
 
 
 # ---------------------------------------------------------------- utilisation and gaps
+
 
 def test_covered_ns_equals_a_brute_force_count():
     rng = np.random.default_rng(0)
@@ -227,8 +329,16 @@ def test_covered_ns_equals_a_brute_force_count():
 
 
 def test_gaps_timeline_and_steps_on_two_devices():
-    ks = frame("kernels", [kernel("a", 1_000, 1_000), kernel("b", 1_500, 1_000), kernel("c", 5_000_000, 5_000),
-                           kernel("d", 10, 100, device=1), kernel("e", 200, 100, device=1)])
+    ks = frame(
+        "kernels",
+        [
+            kernel("a", 1_000, 1_000),
+            kernel("b", 1_500, 1_000),
+            kernel("c", 5_000_000, 5_000),
+            kernel("d", 10, 100, device=1),
+            kernel("e", 200, 100, device=1),
+        ],
+    )
     ops = frame("memops", [memop("HtoD", 2_600_000, 400_000, 1, "Pinned", "Device")])
     events = store(ks)
     by_device = gpu.busy_by_device(events, ops)
@@ -239,37 +349,67 @@ def test_gaps_timeline_and_steps_on_two_devices():
     dev0 = timeline[timeline["device_id"] == 0]
     chunk = (5_005_000 - 1_000) / 4
     covered = np.array(dev0["busy_pct"]) / 100 * (dev0["end"] - dev0["start"]).to_numpy()
-    assert covered.sum() == pytest.approx(1_500 + 400_000 + 5_000)   # chunks cover the span: busy adds up
+    assert covered.sum() == pytest.approx(1_500 + 400_000 + 5_000)  # chunks cover the span: busy adds up
     assert dev0["kernels"].tolist() == [2, 0, 0, 1] and dev0["tiny_kernels"].tolist() == [2, 0, 0, 1]
     assert dev0["busy_pct"].iloc[2] == pytest.approx(100 * 400_000 / chunk)  # [2.503, 3.754) ms holds the copy
-    steps = pd.DataFrame({"step": [1, 2], "start": [0, 2_500_000], "end": [2_500_000, 5_100_000],
-                          "duration": [2_500_000, 2_600_000]})
+    steps = pd.DataFrame(
+        {"step": [1, 2], "start": [0, 2_500_000], "end": [2_500_000, 5_100_000], "duration": [2_500_000, 2_600_000]}
+    )
     per_step = utilisation.step_utilisation(steps, by_device).set_index(["step", "device_id"])["gpu_busy_ns"]
     assert per_step.to_dict() == {(1, 0): 1_500, (2, 0): 405_000, (1, 1): 200, (2, 1): 0}
 
 
 def test_gap_causes_say_what_the_feeding_thread_did():
     ks = frame("kernels", [kernel("a", 100, 100, correlation=1), kernel("b", 3_000_100, 100, correlation=2)])
-    tables = TraceTables(source_path="t", span_ns=4_000_000,
-                         events=store(ks, frame("cuda_api", [api("cudaLaunchKernel", 3_000_000, 50, 2)])))
-    tables.osrt = frame("osrt", [{"start": 500_000, "end": 1_500_000, "duration": 1_000_000, "name": "read",
-                                  "global_tid": MAIN, "pid": 7, "tid": 7},
-                                 {"start": 0, "end": 4_000_000, "duration": 4_000_000, "name": "poll",
-                                  "global_tid": (7 << 24) | 99, "pid": 7, "tid": 99}])   # not a feeder
+    tables = TraceTables(
+        source_path="t",
+        span_ns=4_000_000,
+        events=store(ks, frame("cuda_api", [api("cudaLaunchKernel", 3_000_000, 50, 2)])),
+    )
+    tables.osrt = frame(
+        "osrt",
+        [
+            {
+                "start": 500_000,
+                "end": 1_500_000,
+                "duration": 1_000_000,
+                "name": "read",
+                "global_tid": MAIN,
+                "pid": 7,
+                "tid": 7,
+            },
+            {
+                "start": 0,
+                "end": 4_000_000,
+                "duration": 4_000_000,
+                "name": "poll",
+                "global_tid": (7 << 24) | 99,
+                "pid": 7,
+                "tid": 99,
+            },
+        ],
+    )  # not a feeder
     tables.nvtx = frame("nvtx", [nvtx_range("step 1", 0, 4_000_000), nvtx_range("data", 100, 2_000_000)])
     gaps = utilisation.idle_gaps(gpu.busy_by_device(tables.events, frame("memops", [])))
     assert gaps[["start", "end"]].values.tolist() == [[200, 3_000_100]]
     causes = utilisation.gap_causes(gaps, tables, {MAIN: "python (main, tid 7)"})
     found = {(r.source, r.name): r.overlap_ns for r in causes.itertuples()}
-    assert found == {("OS runtime", "read"): 1_000_000, ("CUDA API", "cudaLaunchKernel"): 50,
-                     ("NVTX range", "data"): 1_999_800,   # the innermost range; `step 1` contains it
-                     (utilisation.OWN_CODE, "data"): 2_999_900 - 1_000_000 - 50}
+    assert found == {
+        ("OS runtime", "read"): 1_000_000,
+        ("CUDA API", "cudaLaunchKernel"): 50,
+        ("NVTX range", "data"): 1_999_800,  # the innermost range; `step 1` contains it
+        (utilisation.OWN_CODE, "data"): 2_999_900 - 1_000_000 - 50,
+    }
     busy = intervals.union(ks[["start", "end"]])
-    [finding] = rules.idle_gaps(gaps, causes, pd.DataFrame({"device_id": [0], "span_ns": [3_000_100]}),
-                                gains.StepClock.of(pd.DataFrame(), 4_000_000, busy, busy.iloc[0:0]))
+    [finding] = rules.idle_gaps(
+        gaps,
+        causes,
+        pd.DataFrame({"device_id": [0], "span_ns": [3_000_100]}),
+        gains.StepClock.of(pd.DataFrame(), 4_000_000, busy, busy.iloc[0:0]),
+    )
     assert "python (main, tid 7) in its own code in NVTX `data` for 2.000 ms" in finding.evidence
     assert finding.severity == "warning" and finding.recommendation.startswith("The threads that feed the GPU")
-    assert finding.gain_pct == pytest.approx(100 * (3_000_100 - 200) / 4_000_000, abs=1e-3)   # the gap, of the capture
+    assert finding.gain_pct == pytest.approx(100 * (3_000_100 - 200) / 4_000_000, abs=1e-3)  # the gap, of the capture
 
 
 def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
@@ -280,35 +420,56 @@ def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
     timeline = utilisation.utilisation_timeline(tiny_events, tiny_busy)
     launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "instances": [100], "med_ns": [8_000.0]})
     no_steps = pd.DataFrame(columns=["step"])
-    tiny_clock = gains.StepClock.of(no_steps, 99 * 20_000 + 2_000, tiny_busy[0].merged,
-                                    pd.DataFrame(columns=["start", "end"]))
-    [finding] = rules.launch_bound(gpu.kernel_totals(tiny_events), launch, busy, timeline,
-                                   utilisation.idle_gaps(tiny_busy), no_steps, tiny_clock)
+    tiny_clock = gains.StepClock.of(
+        no_steps, 99 * 20_000 + 2_000, tiny_busy[0].merged, pd.DataFrame(columns=["start", "end"])
+    )
+    [finding] = rules.launch_bound(
+        gpu.kernel_totals(tiny_events), launch, busy, timeline, utilisation.idle_gaps(tiny_busy), no_steps, tiny_clock
+    )
     assert "100% of kernels run under 10 µs" in finding.title and "8.0 µs (median cudaLaunchKernel" in finding.evidence
     # the short gaps between kernels; the first kernel starts at 0 and is left out, as nsys's rules do
     assert finding.gain_pct == pytest.approx(100 * 98 * 18_000 / (99 * 20_000 + 2_000), abs=1e-3)
     big = frame("kernels", [kernel("k", i * 20_000, 19_000) for i in range(100)])
     busy_big = busy.assign(busy_ns=1_900_000)
-    assert rules.launch_bound(gpu.kernel_totals(store(big)), launch, busy_big, timeline, busy.iloc[0:0],
-                              no_steps, tiny_clock) == []
+    assert (
+        rules.launch_bound(
+            gpu.kernel_totals(store(big)), launch, busy_big, timeline, busy.iloc[0:0], no_steps, tiny_clock
+        )
+        == []
+    )
 
 
 # ---------------------------------------------------------------- CUDA API: copies, syncs
 
+
 def test_copy_rules_follow_nsys_semantics():
-    calls = [api("cudaMemcpy", 0, 5_000, 1), api("cudaMemcpy", 10_000, 5_000, 2),
-             api("cudaMemcpyAsync", 20_000, 3_000, 3), api("cudaMemcpyAsync", 30_000, 3_000, 4),
-             api("cudaMemset", 40_000, 1_000, 5), api("cudaMemsetAsync", 50_000, 1_000, 6)]
-    ops = frame("memops", [memop("DtoH", 1_000, 100, 4, "Device", "Pageable", correlation=1),
-                           memop("HtoD", 11_000, 100, 1_000, "Pageable", "Device", correlation=2),  # small: skipped
-                           memop("HtoD", 21_000, 100, 16_384, "Pageable", "Device", correlation=3),
-                           memop("HtoD", 31_000, 100, 16_384, "Pinned", "Device", correlation=4),
-                           memop("memset", 41_000, 10, 8, None, "Pinned", correlation=5),
-                           memop("memset", 51_000, 10, 8, None, "Pinned", correlation=6)])
+    calls = [
+        api("cudaMemcpy", 0, 5_000, 1),
+        api("cudaMemcpy", 10_000, 5_000, 2),
+        api("cudaMemcpyAsync", 20_000, 3_000, 3),
+        api("cudaMemcpyAsync", 30_000, 3_000, 4),
+        api("cudaMemset", 40_000, 1_000, 5),
+        api("cudaMemsetAsync", 50_000, 1_000, 6),
+    ]
+    ops = frame(
+        "memops",
+        [
+            memop("DtoH", 1_000, 100, 4, "Device", "Pageable", correlation=1),
+            memop("HtoD", 11_000, 100, 1_000, "Pageable", "Device", correlation=2),  # small: skipped
+            memop("HtoD", 21_000, 100, 16_384, "Pageable", "Device", correlation=3),
+            memop("HtoD", 31_000, 100, 16_384, "Pinned", "Device", correlation=4),
+            memop("memset", 41_000, 10, 8, None, "Pinned", correlation=5),
+            memop("memset", 51_000, 10, 8, None, "Pinned", correlation=6),
+        ],
+    )
     events = store(cuda_api=frame("cuda_api", calls))
     copies = cuda.with_api_calls(ops, events)
-    copies = copies.assign(exposed_ns=copies["duration"] - gains.kernel_time_in(
-        gpu.all_devices_busy(gpu.busy_by_device(events, ops.iloc[:0])), copies["start"], copies["end"]))
+    copies = copies.assign(
+        exposed_ns=copies["duration"]
+        - gains.kernel_time_in(
+            gpu.all_devices_busy(gpu.busy_by_device(events, ops.iloc[:0])), copies["start"], copies["end"]
+        )
+    )
     labels = {MAIN: "python (main, tid 7)"}
     nvtx_ = frame("nvtx", [nvtx_range("data", 0, 100_000)])
     capture = clock(1_000_000, busy=ops[["start", "end"]].itertuples(index=False))
@@ -328,17 +489,27 @@ def test_copy_rules_follow_nsys_semantics():
 
 
 def test_syncs_in_steps_are_counted_per_step():
-    calls = frame("cuda_api", [api("cudaStreamSynchronize", 100, 4_000, 1), api("cudaStreamSynchronize", 6_000, 2_000, 2),
-                               api("cudaDeviceSynchronize", 12_000, 1_000, 3, tid=AUTOGRAD),
-                               api("cudaMemcpy", 14_000, 1_000, 6),               # a copy: sync_memcpy's
-                               api("cudaLaunchKernel", 16_000, 2_000, 4),
-                               api("cudaStreamSynchronize", 30_000, 5_000, 5)])   # after the last step
+    calls = frame(
+        "cuda_api",
+        [
+            api("cudaStreamSynchronize", 100, 4_000, 1),
+            api("cudaStreamSynchronize", 6_000, 2_000, 2),
+            api("cudaDeviceSynchronize", 12_000, 1_000, 3, tid=AUTOGRAD),
+            api("cudaMemcpy", 14_000, 1_000, 6),  # a copy: sync_memcpy's
+            api("cudaLaunchKernel", 16_000, 2_000, 4),
+            api("cudaStreamSynchronize", 30_000, 5_000, 5),
+        ],
+    )  # after the last step
     steps = pd.DataFrame({"step": [1, 2], "start": [0, 10_000], "end": [10_000, 20_000], "duration": [10_000, 10_000]})
     events = store(cuda_api=calls)
     waits = cuda.host_wait_calls(events)
     # The GPU runs until 5,000, then from 5,500 to 7,000; the next work comes at 13,500.
-    gpu_runs = clock(40_000, busy=[(0, 5_000), (5_500, 7_000), (13_500, 20_000)],
-                     waits=waits[["start", "end"]].itertuples(index=False), steps=steps)
+    gpu_runs = clock(
+        40_000,
+        busy=[(0, 5_000), (5_500, 7_000), (13_500, 20_000)],
+        waits=waits[["start", "end"]].itertuples(index=False),
+        steps=steps,
+    )
     [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, frame("nvtx", []), gpu_runs)
     assert "step 1: 2 calls, 0.006 ms; step 2: 1 calls, 0.001 ms" in finding.evidence
     assert "cudaMemcpy" not in finding.evidence
@@ -352,21 +523,39 @@ def test_syncs_in_steps_are_counted_per_step():
 
 # ---------------------------------------------------------------- NVTX projection
 
+
 def test_gpu_time_goes_to_the_innermost_range_on_the_launching_thread():
-    ranges = frame("nvtx", [nvtx_range("step 1", 0, 1_000), nvtx_range("forward", 100, 400),
-                            nvtx_range("attention", 200, 300), nvtx_range("step 2", 2_000, 3_000)])
-    calls = frame("cuda_api", [api("cudaLaunchKernel", 50, 10, 1),       # step 1 only
-                               api("cudaLaunchKernel", 150, 10, 2),      # forward
-                               api("cudaLaunchKernel", 210, 10, 3),      # attention in forward in step 1
-                               api("cudaLaunchKernel", 295, 10, 4),      # ends after attention: forward
-                               api("cudaLaunchKernel", 250, 10, 5, tid=AUTOGRAD),  # no range on that thread
-                               api("cudaLaunchKernel", 1_500, 10, 6)])   # between steps
+    ranges = frame(
+        "nvtx",
+        [
+            nvtx_range("step 1", 0, 1_000),
+            nvtx_range("forward", 100, 400),
+            nvtx_range("attention", 200, 300),
+            nvtx_range("step 2", 2_000, 3_000),
+        ],
+    )
+    calls = frame(
+        "cuda_api",
+        [
+            api("cudaLaunchKernel", 50, 10, 1),  # step 1 only
+            api("cudaLaunchKernel", 150, 10, 2),  # forward
+            api("cudaLaunchKernel", 210, 10, 3),  # attention in forward in step 1
+            api("cudaLaunchKernel", 295, 10, 4),  # ends after attention: forward
+            api("cudaLaunchKernel", 250, 10, 5, tid=AUTOGRAD),  # no range on that thread
+            api("cudaLaunchKernel", 1_500, 10, 6),
+        ],
+    )  # between steps
     ks = frame("kernels", [kernel("k", 5_000 + c, 10 * c, correlation=c) for c in range(1, 8)])  # 7: not traced
     projection = nvtx.gpu_time_by_range(ranges, store(ks, calls), {AUTOGRAD: "pt_autograd_0 (autograd, tid 9)"})
     by_range = projection.set_index("range")
     assert by_range["gpu_ns"].to_dict() == {
-        "step 1": 10, "forward": 20 + 40, "attention": 30, "(no NVTX range, pt_autograd_0 (autograd, tid 9))": 50,
-        "(no NVTX range, tid 7)": 60, nvtx.NOT_TRACED: 70}
+        "step 1": 10,
+        "forward": 20 + 40,
+        "attention": 30,
+        "(no NVTX range, pt_autograd_0 (autograd, tid 9))": 50,
+        "(no NVTX range, tid 7)": 60,
+        nvtx.NOT_TRACED: 70,
+    }
     assert by_range["gpu_ns"].sum() == ks["duration"].sum()
     assert by_range.loc["step 1", "inclusive_gpu_ns"] == 10 + 20 + 30 + 40
     assert by_range.loc["forward", "inclusive_gpu_ns"] == 20 + 30 + 40
@@ -375,16 +564,24 @@ def test_gpu_time_goes_to_the_innermost_range_on_the_launching_thread():
 
 # ---------------------------------------------------------------- compute- or memory-bound
 
+
 def test_verdict_confidence_follows_the_evidence():
     mostly_streaming = {"compute_pct": 20.0, "memory_pct": 75.0, "tensor_core_pct": 18.0}
     names_only = boundness.verdict(mostly_streaming, 90.0, {})
-    assert (names_only["kernels"], names_only["confidence"], names_only["host_bound"]) == ("memory-bound", "medium",
-                                                                                           False)
+    assert (names_only["kernels"], names_only["confidence"], names_only["host_bound"]) == (
+        "memory-bound",
+        "medium",
+        False,
+    )
     assert "--gpu-metrics-device=all" in names_only["basis"]
     mixed = boundness.verdict({**mostly_streaming, "memory_pct": 50.0, "compute_pct": 45.0}, 90.0, {})
     assert (mixed["kernels"], mixed["confidence"]) == ("mixed", "low")
-    agreeing = {"dram read bandwidth [throughput %]": 55.0, "dram write bandwidth [throughput %]": 15.0,
-                "sm issue [throughput %]": 30.0, "tensor active [throughput %]": 5.0}
+    agreeing = {
+        "dram read bandwidth [throughput %]": 55.0,
+        "dram write bandwidth [throughput %]": 15.0,
+        "sm issue [throughput %]": 30.0,
+        "tensor active [throughput %]": 5.0,
+    }
     assert boundness.verdict(mostly_streaming, 90.0, agreeing)["confidence"] == "high"
     tensor_busy = {**agreeing, "dram read bandwidth [throughput %]": 10.0, "tensor active [throughput %]": 70.0}
     measured = boundness.verdict(mostly_streaming, 90.0, tensor_busy)
@@ -398,8 +595,14 @@ def test_verdict_confidence_follows_the_evidence():
 
 def test_metric_means_use_only_samples_taken_while_the_gpu_worked():
     ks = frame("kernels", [kernel("k", 100, 100)])
-    samples = pd.DataFrame({"timestamp": [50, 150, 180, 250], "device_id": [0, 0, 0, 0],
-                            "metric": ["SM Issue [Throughput %]"] * 4, "value": [0, 60, 80, 0]})
+    samples = pd.DataFrame(
+        {
+            "timestamp": [50, 150, 180, 250],
+            "device_id": [0, 0, 0, 0],
+            "metric": ["SM Issue [Throughput %]"] * 4,
+            "value": [0, 60, 80, 0],
+        }
+    )
     means = boundness.metric_means_while_busy(samples, gpu.busy_by_device(store(ks), frame("memops", [])))
     assert means == {"sm issue [throughput %]": 70.0}
 

@@ -42,9 +42,13 @@ def result(h200_tables):
 
 
 def nsys_rows(report: str, path: Path, header: str, fmt: str = "csv") -> list[dict]:
-    out = subprocess.run(["nsys", "stats", "--report", report, "--format", fmt, "--force-export", "false", str(path)],
-                         capture_output=True, text=True, check=True).stdout
-    return list(csv.DictReader(io.StringIO(out[out.index(header):])))
+    out = subprocess.run(
+        ["nsys", "stats", "--report", report, "--format", fmt, "--force-export", "false", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return list(csv.DictReader(io.StringIO(out[out.index(header) :])))
 
 
 def query(path: Path, sql: str) -> list[tuple]:
@@ -54,6 +58,7 @@ def query(path: Path, sql: str) -> list[tuple]:
 
 # ---------------------------------------------------------------- equal to nsys stats
 
+
 def test_size_summary_equals_gpumemsizesum_in_bytes(h200_capture, h200_tables):
     theirs = {row["Operation"]: row for row in nsys_rows("gpumemsizesum", h200_capture, "Total", "csv:mem=B")}
     ours = memory.size_summary(h200_tables.memops).set_index("operation")
@@ -61,19 +66,29 @@ def test_size_summary_equals_gpumemsizesum_in_bytes(h200_capture, h200_tables):
     for operation, row in theirs.items():
         mine = ours.loc[operation]
         assert (int(row["Total (B)"]), int(row["Count"]), int(row["Min (B)"]), int(row["Max (B)"])) == (
-            mine.total_bytes, mine["count"], mine.min_bytes, mine.max_bytes)
-        for column, value in (("Avg (B)", mine.avg_bytes), ("Med (B)", mine.med_bytes),
-                              ("StdDev (B)", mine.stddev_bytes)):
+            mine.total_bytes,
+            mine["count"],
+            mine.min_bytes,
+            mine.max_bytes,
+        )
+        for column, value in (
+            ("Avg (B)", mine.avg_bytes),
+            ("Med (B)", mine.med_bytes),
+            ("StdDev (B)", mine.stddev_bytes),
+        ):
             assert float(row[column]) == pytest.approx(value, rel=1e-12, abs=1e-12), (operation, column)
 
 
 def test_megabytes_print_as_nsys_prints_them(h200_capture, h200_tables):
     """nsys's default unit is MB = 10^6 bytes with three decimals (113,246,208 B -> 113.246)."""
-    theirs = {(row["Operation"], row["Total (MB)"], row["Avg (MB)"], row["Med (MB)"], row["Max (MB)"])
-              for row in nsys_rows("gpumemsizesum", h200_capture, "Total")}
-    ours = {(r.operation, *(f"{v / memory.MEGABYTE:.3f}" for v in (r.total_bytes, r.avg_bytes, r.med_bytes,
-                                                                   r.max_bytes)))
-            for r in memory.size_summary(h200_tables.memops).itertuples()}
+    theirs = {
+        (row["Operation"], row["Total (MB)"], row["Avg (MB)"], row["Med (MB)"], row["Max (MB)"])
+        for row in nsys_rows("gpumemsizesum", h200_capture, "Total")
+    }
+    ours = {
+        (r.operation, *(f"{v / memory.MEGABYTE:.3f}" for v in (r.total_bytes, r.avg_bytes, r.med_bytes, r.max_bytes)))
+        for r in memory.size_summary(h200_tables.memops).itertuples()
+    }
     assert ours == theirs
 
 
@@ -91,45 +106,60 @@ def test_inclusive_gpu_time_per_range_equals_nvtxkernsum(h200_capture, h200_tabl
     assert {name: [int(r.inclusive_kernels), int(r.inclusive_gpu_ns)] for name, r in named.iterrows()} == totals
     unannotated = projection.loc["(no NVTX range, pt_autograd_0 (autograd, tid 566))"]
     assert [unannotated.kernels, unannotated.gpu_ns] == outside
-    assert projection["gpu_ns"].sum() == h200_tables.kernels["duration"].sum()   # innermost: each kernel once
+    assert projection["gpu_ns"].sum() == h200_tables.kernels["duration"].sum()  # innermost: each kernel once
 
 
 # ---------------------------------------------------------------- against the file's own rows
 
+
 def test_memops_carry_copy_and_memory_kinds_as_the_file_has_them(h200_capture, h200_tables):
-    rows = query(h200_capture, """SELECT e.label, s.label, d.label, count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+    rows = query(
+        h200_capture,
+        """SELECT e.label, s.label, d.label, count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
                              JOIN ENUM_CUDA_MEMCPY_OPER e ON e.id = m.copyKind
                              JOIN ENUM_CUDA_MEM_KIND s ON s.id = m.srcKind JOIN ENUM_CUDA_MEM_KIND d ON d.id = m.dstKind
-                             GROUP BY 1, 2, 3""")
+                             GROUP BY 1, 2, 3""",
+    )
     short = {"Host-to-Device": "HtoD", "Device-to-Host": "DtoH", "Device-to-Device": "DtoD"}
     copies = h200_tables.memops[h200_tables.memops["copy_kind"] != "memset"]
     ours = copies.groupby(["copy_kind", "src_kind", "dst_kind"]).size().to_dict()
     assert ours == {(short[kind], src, dst): n for kind, src, dst, n in rows}
-    [(memsets, device_memsets)] = query(h200_capture, "SELECT count(*), sum(memKind = 2) FROM CUPTI_ACTIVITY_KIND_MEMSET")
+    [(memsets, device_memsets)] = query(
+        h200_capture, "SELECT count(*), sum(memKind = 2) FROM CUPTI_ACTIVITY_KIND_MEMSET"
+    )
     sets = h200_tables.memops[h200_tables.memops["copy_kind"] == "memset"]
     assert len(sets) == memsets and (sets["dst_kind"] == "Device").sum() == device_memsets
 
 
 def test_sync_table_holds_every_synchronization_record(h200_capture, h200_tables, result):
-    rows = dict(query(h200_capture, """SELECT t.label, count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION y
-                                  JOIN ENUM_CUPTI_SYNC_TYPE t ON t.id = y.syncType GROUP BY 1"""))
+    rows = dict(
+        query(
+            h200_capture,
+            """SELECT t.label, count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION y
+                                  JOIN ENUM_CUPTI_SYNC_TYPE t ON t.id = y.syncType GROUP BY 1""",
+        )
+    )
     assert h200_tables.sync["sync_type"].value_counts().to_dict() == rows
     activity = result.tables["sync_activity"].set_index("sync_type")
     assert activity["instances"].to_dict() == rows
 
 
 def test_sync_calls_are_the_runtime_rows_of_those_names(h200_capture, result):
-    [(calls, total)] = query(h200_capture, """SELECT count(*), sum(r."end" - r.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+    [(calls, total)] = query(
+        h200_capture,
+        """SELECT count(*), sum(r."end" - r.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
                                          JOIN StringIds s ON s.id = r.nameId
-                                         WHERE s.value LIKE 'cudaStreamSynchronize%'""")
+                                         WHERE s.value LIKE 'cudaStreamSynchronize%'""",
+    )
     sync = result.tables["sync_calls"].set_index("name")
     assert list(sync.index) == ["cudaStreamSynchronize"]
     assert (sync.loc["cudaStreamSynchronize", "calls"], sync.loc["cudaStreamSynchronize", "total_ns"]) == (calls, total)
     main = result.tables["threads"].set_index("role").loc["main"]
-    assert main.gpu_wait_ns == total          # all of them on the main thread (`.item()` in the loop)
+    assert main.gpu_wait_ns == total  # all of them on the main thread (`.item()` in the loop)
 
 
 # ---------------------------------------------------------------- invariants
+
 
 def test_families_cover_every_kernel_once(h200_tables, result):
     families = result.tables["kernel_families"]
@@ -152,7 +182,7 @@ def test_busy_time_gaps_and_timeline_agree(h200_tables, result):
     assert busy.busy_ns == (merged["end"] - merged["start"]).sum() <= busy.span_ns
     gaps = result.tables["gpu_gaps"]
     assert (gaps["duration"] > utilisation.IDLE_GAP_NS).all()
-    assert (intervals.covered_ns(merged, gaps["start"], gaps["end"]) == 0).all()     # gaps hold no GPU work
+    assert (intervals.covered_ns(merged, gaps["start"], gaps["end"]) == 0).all()  # gaps hold no GPU work
     every_hole = intervals.gaps(merged)
     assert len(gaps) == (every_hole["duration"] > utilisation.IDLE_GAP_NS).sum()
     timeline = result.tables["gpu_timeline"]
@@ -181,10 +211,19 @@ def test_thread_osrt_rows_add_up_to_the_thread_summary(h200_tables, result):
 
 # ---------------------------------------------------------------- findings on this capture
 
-FIRES = {"launch_bound": "warning", "gpu_busy": "info", "bound_verdict": "info",
-         "memory_bound_kernel_mix": "info", "foreach_optimizer": "info", "pageable_memcpy": "info",
-         "sync_in_steps": "info", "gpu_idle_gaps": "info", "interconnect": "info", "nvtx_gpu_time": "info",
-         "empty_trace_kind": "info"}
+FIRES = {
+    "launch_bound": "warning",
+    "gpu_busy": "info",
+    "bound_verdict": "info",
+    "memory_bound_kernel_mix": "info",
+    "foreach_optimizer": "info",
+    "pageable_memcpy": "info",
+    "sync_in_steps": "info",
+    "gpu_idle_gaps": "info",
+    "interconnect": "info",
+    "nvtx_gpu_time": "info",
+    "empty_trace_kind": "info",
+}
 SILENT = {"sync_memcpy", "sync_memset", "fp32_gemm", "data_stall", "lock_wait"}
 
 
@@ -193,18 +232,30 @@ def test_rules_fire_exactly_where_the_capture_has_the_evidence(h200_capture, h20
     assert {rule: severity.get(rule) for rule in FIRES} == FIRES
     assert not SILENT & set(severity)
     # The evidence, re-derived from the file itself:
-    apis = dict(query(h200_capture, """SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
-                                  JOIN StringIds s ON s.id = r.nameId GROUP BY 1"""))
-    assert not any(name.startswith(("cudaMemcpy_", "cudaMemset_")) for name in apis)   # no synchronous copy/set
-    [(pageable,)] = query(h200_capture, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+    apis = dict(
+        query(
+            h200_capture,
+            """SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+                                  JOIN StringIds s ON s.id = r.nameId GROUP BY 1""",
+        )
+    )
+    assert not any(name.startswith(("cudaMemcpy_", "cudaMemset_")) for name in apis)  # no synchronous copy/set
+    [(pageable,)] = query(
+        h200_capture,
+        """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
                                       JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = m.correlationId
                                       JOIN StringIds s ON s.id = r.nameId
-                                      WHERE s.value LIKE 'cudaMemcpy%Async%' AND (m.srcKind = 0 OR m.dstKind = 0)""")
-    assert pageable == 18 and result.findings[[f.rule for f in result.findings].index("pageable_memcpy")].title \
-        .startswith("18 asynchronous copies")
-    [(bf16_gemms,)] = query(h200_capture, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                      WHERE s.value LIKE 'cudaMemcpy%Async%' AND (m.srcKind = 0 OR m.dstKind = 0)""",
+    )
+    assert pageable == 18 and result.findings[
+        [f.rule for f in result.findings].index("pageable_memcpy")
+    ].title.startswith("18 asynchronous copies")
+    [(bf16_gemms,)] = query(
+        h200_capture,
+        """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
                                         JOIN StringIds s ON s.id = k.demangledName
-                                        WHERE s.value LIKE '%tensorop_bf16%gemm%'""")
+                                        WHERE s.value LIKE '%tensorop_bf16%gemm%'""",
+    )
     assert bf16_gemms > 0
     steps = result.tables["steps"]
     assert steps["data_ns"].sum() < 0.05 * steps["duration"].sum()
@@ -219,25 +270,30 @@ def test_findings_name_their_numbers(result):
     assert "mostly in NVTX `data` (18 of 18)" in found["pageable_memcpy"].evidence
     assert "step 4: 14 calls" in found["sync_in_steps"].evidence
     assert "own code in NVTX `optimizer/data`" in found["gpu_idle_gaps"].evidence
-    assert found["bound_verdict"].title.startswith("Host-bound") and "--gpu-metrics-device=all" in \
-        found["bound_verdict"].evidence
+    assert (
+        found["bound_verdict"].title.startswith("Host-bound")
+        and "--gpu-metrics-device=all" in found["bound_verdict"].evidence
+    )
     assert "pt_autograd_0" in found["nvtx_gpu_time"].evidence and "emit_nvtx" in found["nvtx_gpu_time"].recommendation
     for finding in result.findings:  # quoted thread labels keep their own parentheses
         text = finding.title + finding.evidence + finding.recommendation
         assert text.count("(") == text.count(")"), finding
-    assert result.findings[0].rule == "launch_bound" and result.findings[0].severity == "warning"   # largest gain first
+    assert result.findings[0].rule == "launch_bound" and result.findings[0].severity == "warning"  # largest gain first
 
 
 def test_headline(result, h200_tables):
     headline = result.headline
     families = headline["kernel_family_pct"]
     assert max(families, key=families.get) == "elementwise" and sum(families.values()) == pytest.approx(100, abs=0.05)
-    by_name = h200_tables.kernels.groupby("name")["duration"].sum()   # all launch shapes of a kernel together
+    by_name = h200_tables.kernels.groupby("name")["duration"].sum()  # all launch shapes of a kernel together
     assert headline["top_kernel"] == by_name.idxmax()
     assert headline["top_kernel_pct"] == round(100 * by_name.max() / by_name.sum(), 1)
     assert headline["verdict"] == "host-bound, kernels memory-bound" and headline["verdict_confidence"] == "medium"
     assert headline["memop_gpu_time_pct"] == pytest.approx(
-        100 * h200_tables.memops["duration"].sum() / (h200_tables.memops["duration"].sum() + h200_tables.kernels["duration"].sum()))
+        100
+        * h200_tables.memops["duration"].sum()
+        / (h200_tables.memops["duration"].sum() + h200_tables.kernels["duration"].sum())
+    )
     assert set(headline["warnings"]) == {"launch_bound"}
     assert 0 < headline["tensor_core_pct"] < families["GEMM"] + families["attention"]
-    assert nvtx.NOT_TRACED not in set(result.tables["nvtx_gpu"]["range"])   # every kernel's launch was traced
+    assert nvtx.NOT_TRACED not in set(result.tables["nvtx_gpu"]["range"])  # every kernel's launch was traced

@@ -17,10 +17,16 @@ from sftprof.trace import load_trace
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU_FIXTURE = FIXTURES / "h200_tiny_llama_bf16.sqlite"
 SCHED_FIXTURE = FIXTURES / "cpu_lock_sched.sqlite"
-QUESTIONS = ["Which kernels dominate?", "What share of GPU time is memory transfer?",
-             "Is the GPU work compute- or memory-bound?", "Where is the GPU idle, and why?",
-             "What do the threads do, and where do they block?", "How busy is each CPU core?",
-             "CUDA API and synchronization", "NVTX ranges"]
+QUESTIONS = [
+    "Which kernels dominate?",
+    "What share of GPU time is memory transfer?",
+    "Is the GPU work compute- or memory-bound?",
+    "Where is the GPU idle, and why?",
+    "What do the threads do, and where do they block?",
+    "How busy is each CPU core?",
+    "CUDA API and synchronization",
+    "NVTX ranges",
+]
 
 
 def plot_titles(html: str) -> list[str]:
@@ -40,12 +46,12 @@ def test_gpu_report_answers_every_question(gpu_analysis):
     titles = " ".join(plot_titles(html))
     for plot in ("Kernel families", "Memory operations by kind", "GPU utilisation over time", "What each thread did"):
         assert plot in titles
-    assert "gpumemsizesum" in html and "113.246" in html          # the DtoD total in MB, as nsys prints it
+    assert "gpumemsizesum" in html and "113.246" in html  # the DtoD total in MB, as nsys prints it
     assert "Host-bound: the GPU is busy 5.3%" in html
-    assert "own code (no traced call)" in html                   # the gap-cause table
+    assert "own code (no traced call)" in html  # the gap-cause table
     assert "(no NVTX range, pt_autograd_0 (autograd, tid 566))" in html
-    assert "--cpuctxsw=process-tree" in html                     # the CPU-core section says how to get it
-    assert not re.search(r"""(src|href)=["']https?:""", html) and "<script" not in html   # nothing to fetch
+    assert "--cpuctxsw=process-tree" in html  # the CPU-core section says how to get it
+    assert not re.search(r"""(src|href)=["']https?:""", html) and "<script" not in html  # nothing to fetch
 
 
 def test_report_renders_the_same_from_saved_csv(gpu_analysis, tmp_path):
@@ -59,19 +65,26 @@ def test_report_renders_the_same_from_saved_csv(gpu_analysis, tmp_path):
 def test_cpu_only_report_says_what_is_absent_and_how_to_get_it():
     analysis = analyze(load_trace(SCHED_FIXTURE))
     html = render_html([RankReport("", analysis)], "cpu")
-    assert html.count("CUDA was not traced: add cuda") >= 4     # kernels, memory, verdict, idle, API sections
+    assert html.count("CUDA was not traced: add cuda") >= 4  # kernels, memory, verdict, idle, API sections
     titles = " ".join(plot_titles(html))
     assert "CPU cores: share of time running the profiled program" in titles and "What each thread did" in titles
-    assert "running on a CPU" in titles                          # scheduling data: the running share is drawn
+    assert "running on a CPU" in titles  # scheduling data: the running share is drawn
     assert "waits for locks" in html
 
 
 def test_report_of_an_older_analysis_without_the_new_tables(gpu_analysis):
-    old = type(gpu_analysis)(source_path="old", span_ns=1, sources=["cuda"],
-                             tables={k: v for k, v in gpu_analysis.tables.items()
-                                     if k in ("kernels", "memops", "cuda_api", "gpu_busy", "osrt", "nvtx", "steps",
-                                              "phases", "threads")},
-                             findings=gpu_analysis.findings, headline={})
+    old = type(gpu_analysis)(
+        source_path="old",
+        span_ns=1,
+        sources=["cuda"],
+        tables={
+            k: v
+            for k, v in gpu_analysis.tables.items()
+            if k in ("kernels", "memops", "cuda_api", "gpu_busy", "osrt", "nvtx", "steps", "phases", "threads")
+        },
+        findings=gpu_analysis.findings,
+        headline={},
+    )
     html = render_html([RankReport("", old)], "old")
     assert "Which kernels dominate?" in html and "Kernel time share" in " ".join(plot_titles(html))
 
@@ -112,16 +125,21 @@ def newer_export(tmp_path) -> Path:
     path = tmp_path / "newer.sqlite"
     conn = sqlite3.connect(path)
     conn.executescript(NEWER_SCHEMA)
-    for i in range(10):   # ten 90 µs GEMMs, 10 µs apart: busy 90%
+    for i in range(10):  # ten 90 µs GEMMs, 10 µs apart: busy 90%
         start = 1_000_000 + i * 100_000
-        conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,0,1,7,?,?,1,1,NULL,8,8,1,128,1,1)",
-                     (start, start + 90_000, i + 1, GLOBAL_PID))
-        conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,0,?,?,2,0,0)",
-                     (start - 20_000, start - 12_000, GLOBAL_TID, i + 1))
-    conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (900000, 905000, 0, 1, 7, 99, ?, 65536, 1, 0, 2)",
-                 (GLOBAL_PID,))
+        conn.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,0,1,7,?,?,1,1,NULL,8,8,1,128,1,1)",
+            (start, start + 90_000, i + 1, GLOBAL_PID),
+        )
+        conn.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,0,?,?,2,0,0)",
+            (start - 20_000, start - 12_000, GLOBAL_TID, i + 1),
+        )
+    conn.execute(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (900000, 905000, 0, 1, 7, 99, ?, 65536, 1, 0, 2)", (GLOBAL_PID,)
+    )
     conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (880000, 906000, 0, ?, 99, 3, 0, 0)", (GLOBAL_TID,))
-    for t in range(1_000_000, 2_000_000, 10_000):   # sampled every 10 µs; values while busy and while idle
+    for t in range(1_000_000, 2_000_000, 10_000):  # sampled every 10 µs; values while busy and while idle
         busy = (t - 1_000_000) % 100_000 < 90_000
         for metric, value in ((1, 35), (2, 80), (3, 10), (4, 5)) if busy else ((1, 0), (2, 0), (3, 0), (4, 0)):
             conn.execute("INSERT INTO GPU_METRICS VALUES (?, ?, 65536, ?, ?)", (t, t, metric, value))
@@ -134,7 +152,11 @@ def test_newer_export_names_and_gpu_metrics(newer_export):
     tables = load_trace(newer_export)
     [copy] = tables.memops.itertuples()
     assert (copy.operation, copy.copy_kind, copy.src_kind, copy.dst_kind) == (
-        "[CUDA memcpy Host-to-Device]", "HtoD", "Pageable", "Device")   # cuda_gpu_mem_time_sum's naming
+        "[CUDA memcpy Host-to-Device]",
+        "HtoD",
+        "Pageable",
+        "Device",
+    )  # cuda_gpu_mem_time_sum's naming
     assert "gpu_metrics" in tables.sources and set(tables.gpu_metrics["device_id"]) == {0}
     assert tables.cuda_api["name"].tolist()[:2] == ["cudaMemcpyAsync", "cudaLaunchKernel"]
     result = analyze(tables)
@@ -142,6 +164,6 @@ def test_newer_export_names_and_gpu_metrics(newer_export):
     assert verdict.title == "The GPU work is compute-bound (confidence high)"
     assert "tensor cores 80%" in verdict.evidence
     evidence = result.tables["bound_evidence"].set_index("evidence")
-    assert evidence.loc["tensor cores active, % of peak", "value"] == 80.0   # only samples while busy count
+    assert evidence.loc["tensor cores active, % of peak", "value"] == 80.0  # only samples while busy count
     assert evidence.loc["GPU busy, % of its active span", "value"] == pytest.approx(100 * 905_000 / 1_090_000)
     assert {f.rule for f in result.findings} >= {"pageable_memcpy", "interconnect"}

@@ -31,7 +31,12 @@ def small_export(tmp_path_factory) -> Path:
 
 def test_sizes_parse():
     assert [generate_export.parse_count(s) for s in ("20k", "1M", "16M", "1.5M", "4227")] == [
-        20_000, 1_000_000, 16_000_000, 1_500_000, 4227]
+        20_000,
+        1_000_000,
+        16_000_000,
+        1_500_000,
+        4227,
+    ]
     assert generate_export.format_count(16_000_000) == "16M"
 
 
@@ -57,8 +62,12 @@ def test_export_keeps_the_seed_schema_and_scales_every_table(small_export):
 
 def test_every_kernel_links_to_its_launch(small_export):
     links = generate_export.check_links(small_export)
-    assert links == {"kernels": SMALL, "unique_kernel_correlation_ids": True, "unique_api_correlation_ids": True,
-                     "kernels_linked": SMALL}
+    assert links == {
+        "kernels": SMALL,
+        "unique_kernel_correlation_ids": True,
+        "unique_api_correlation_ids": True,
+        "kernels_linked": SMALL,
+    }
 
 
 def test_sftprof_loads_it(small_export):
@@ -77,8 +86,21 @@ def test_nsys_stats_counts_every_kernel(small_export):
 
 @needs_nsys
 def test_benchmark_runs_and_prints_its_table(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--sizes", "20k", "--workdir", str(tmp_path),
-                           "--out", str(tmp_path / "results.csv")], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "run.py"),
+            "--sizes",
+            "20k",
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "results.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| size | kernels | runtime | osrt | nvtx | sftprof wall s |" in proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| 20k |"))

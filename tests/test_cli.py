@@ -42,8 +42,9 @@ def test_analyze_without_duckdbs_sqlite_extension_says_what_to_install(h200_capt
     from sftprof.trace import events
 
     real_find_spec = events.importlib.util.find_spec
-    monkeypatch.setattr(events.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "duckdb_ext" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        events.importlib.util, "find_spec", lambda name, *a: None if name == "duckdb_ext" else real_find_spec(name, *a)
+    )
     assert cli.main(["analyze", str(h200_capture), "-o", str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err.strip()
     assert error.startswith("sftprof: error: no DuckDB sqlite extension") and "pip install duckdb-ext-sqlite" in error
@@ -56,7 +57,7 @@ def test_render_prints_the_command_the_workflow_runs():
     argv = shlex.split(result.stdout.replace("\\\n", " "))
     assert argv[1:3] == ["-m", "sftprof.capture.rank"] and "--env=NSYS_NVTX_PROFILER_REGISTER_ONLY=0" in argv
     nsys_at = argv.index("--") + 1
-    assert argv[nsys_at:nsys_at + 2] == ["nsys", "profile"]
+    assert argv[nsys_at : nsys_at + 2] == ["nsys", "profile"]
     assert "--capture-range=nvtx" in argv and "--output=results/demo/steady/capture/profile" in argv
     settings = json.loads(argv[-1])
     assert settings["window"]["start_step"] == 4 and settings["model_dir"] == "resources/demo/model"
@@ -71,8 +72,10 @@ def test_render_sbatch_writes_a_script(tmp_path):
 
 def test_submit_without_slurm_or_with_a_bad_config_is_a_clear_error(tmp_path):
     config = tmp_path / "config.yaml"
-    config.write_text("experiments:\n  demo:\n    slurm: {partition: 'a;b'}\n    profile:\n      windows:\n"
-                      "        w: {duration_s: 1}\n")
+    config.write_text(
+        "experiments:\n  demo:\n    slurm: {partition: 'a;b'}\n    profile:\n      windows:\n"
+        "        w: {duration_s: 1}\n"
+    )
     result = sftprof("submit", "demo", "w", "--config", str(config))
     assert result.returncode == 1
     assert "experiments.demo.slurm.partition" in result.stderr and "Traceback" not in result.stderr

@@ -49,9 +49,15 @@ NAMES = [
     ("ncclAllReduceRingLLKernel_sum_f32(ncclColl)", "nccl_legacy_kernel", "all_reduce"),
     ("ncclReduceScatterRingLLKernel_sum_f16", "nccl_legacy_kernel", "reduce_scatter"),
 ]
-NOT_NCCL = ["void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
-            "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTT", "ampere_sgemm_128x64_tn", "reduce_kernel<512, 1>",
-            "allreduce_two_shot_multimem_intra_node_kernel", "void cutlass::Kernel2<cutlass_80_wmma>", None]
+NOT_NCCL = [
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+    "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTT",
+    "ampere_sgemm_128x64_tn",
+    "reduce_kernel<512, 1>",
+    "allreduce_two_shot_multimem_intra_node_kernel",
+    "void cutlass::Kernel2<cutlass_80_wmma>",
+    None,
+]
 
 
 @pytest.mark.parametrize("name, pattern, kind", NAMES)
@@ -69,8 +75,12 @@ def test_every_pattern_is_tested_and_other_kernels_are_not_collectives():
 
 
 def test_short_name_wins_over_the_full_name():
-    names = pd.DataFrame({"name": ["ncclDevKernel_Generic(args)", "gemm", None],
-                          "short_name": ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", None, "ncclDevKernel_SendRecv"]})
+    names = pd.DataFrame(
+        {
+            "name": ["ncclDevKernel_Generic(args)", "gemm", None],
+            "short_name": ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", None, "ncclDevKernel_SendRecv"],
+        }
+    )
     assert list(collectives.kinds_of(names)) == ["all_reduce", None, "send_recv"]
 
 
@@ -87,8 +97,16 @@ RS = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgs4K const)"
 def test_exposed_time_by_hand():
     """Device 0: compute [1000,1100) and [1150,1300); all-reduces [1080,1200) and [1090,1120) (another
     stream: one union); a reduce-scatter [1250,1400). Steps [1000,1180) and [1180,1500)."""
-    events = _store([(1000, 1100, "gemm", 0), (1150, 1300, "gemm", 0), (1080, 1200, AR, 0), (1090, 1120, AR, 0),
-                     (1250, 1400, RS, 0), (1010, 1020, "ncclDevKernel_Generic", 1)])
+    events = _store(
+        [
+            (1000, 1100, "gemm", 0),
+            (1150, 1300, "gemm", 0),
+            (1080, 1200, AR, 0),
+            (1090, 1120, AR, 0),
+            (1250, 1400, RS, 0),
+            (1010, 1020, "ncclDevKernel_Generic", 1),
+        ]
+    )
     steps = pd.DataFrame({"step": [7, 8], "start": [1000, 1180], "end": [1180, 1500]})
     table = collective_table(events, steps).set_index(["step", "device_id", "kind"])
     capture = table[table.index.get_level_values("step").isna()].droplevel("step")  # the whole capture
@@ -115,8 +133,9 @@ def test_exposed_time_matches_an_independent_count_on_a_timeline():
             rows.append((start, start + int(rng.integers(1, 200)), f"gemm_{rng.integers(3)}", device))
         for _ in range(40):
             start = int(rng.integers(1, horizon - 300))
-            rows.append((start, start + int(rng.integers(1, 300)), [AR, RS, "ncclDevKernel_SendRecv"][rng.integers(3)],
-                         device))
+            rows.append(
+                (start, start + int(rng.integers(1, 300)), [AR, RS, "ncclDevKernel_SendRecv"][rng.integers(3)], device)
+            )
     events = _store(rows)
     steps = pd.DataFrame({"step": [1, 2, 3], "start": [1, 2100, 4000], "end": [2000, 3900, horizon]})
     table = collective_table(events, steps)
@@ -126,14 +145,17 @@ def test_exposed_time_matches_an_independent_count_on_a_timeline():
         on = frame[frame["device_id"] == device]
         compute = np.zeros(horizon + 1, bool)
         for r in on[on["kind"].isna()].itertuples():
-            compute[r.start:r.end] = True
+            compute[r.start : r.end] = True
         for kind in (ALL, "all_reduce", "reduce_scatter", "send_recv"):
             comm = np.zeros(horizon + 1, bool)
             for r in on[on["kind"].notna() if kind == ALL else on["kind"] == kind].itertuples():
-                comm[r.start:r.end] = True
+                comm[r.start : r.end] = True
             for step, start, end in [(None, 0, horizon + 1), *steps.itertuples(index=False)]:
-                row = table[(table["device_id"] == device) & (table["kind"] == kind)
-                            & (table["step"].isna() if step is None else table["step"] == step)]
+                row = table[
+                    (table["device_id"] == device)
+                    & (table["kind"] == kind)
+                    & (table["step"].isna() if step is None else table["step"] == step)
+                ]
                 window = slice(start, end)
                 busy, exposed = int(comm[window].sum()), int((comm[window] & ~compute[window]).sum())
                 got = row[["busy_ns", "exposed_ns"]].iloc[0].tolist() if len(row) else [0, 0]
@@ -150,8 +172,9 @@ def test_many_kernels_take_a_join_not_a_loop():
     """200,000 compute kernels and 2,000 all-reduces: numpy and one range join, not a pass per kernel."""
     rng = np.random.default_rng(1)
     starts = np.sort(rng.integers(1, 10**10, 200_000))
-    compute = pd.DataFrame({"start": starts, "end": starts + rng.integers(1_000, 50_000, len(starts)), "name": "gemm",
-                            "device_id": 0})
+    compute = pd.DataFrame(
+        {"start": starts, "end": starts + rng.integers(1_000, 50_000, len(starts)), "name": "gemm", "device_id": 0}
+    )
     comm_starts = np.sort(rng.integers(1, 10**10, 2_000))
     comm = pd.DataFrame({"start": comm_starts, "end": comm_starts + 100_000, "name": AR, "device_id": 0})
     events = _store(pd.concat([compute, comm]).itertuples(index=False))
@@ -167,8 +190,12 @@ def test_exposed_communication_finding_gain():
     steps = pd.DataFrame({"step": [8, 7], "start": [1180, 1000], "end": [1500, 1180], "duration": [320, 180]})
     events = _store([(1000, 1100, "gemm", 0), (1150, 1300, "gemm", 0), (1080, 1200, AR, 0), (1250, 1400, RS, 0)])
     table = collective_table(events, steps)
-    clock = StepClock.of(steps, 1500, pd.DataFrame({"start": [], "end": []}),
-                         pd.DataFrame({"start": pd.Series(dtype="int64"), "end": pd.Series(dtype="int64")}))
+    clock = StepClock.of(
+        steps,
+        1500,
+        pd.DataFrame({"start": [], "end": []}),
+        pd.DataFrame({"start": pd.Series(dtype="int64"), "end": pd.Series(dtype="int64")}),
+    )
     [finding] = collectives.exposed_communication(table, steps, clock)
     # exposed per step: 50 (step 7) and 100 (step 8); median 75 over the median step (180 + 320) / 2 = 250
     assert finding.gain_pct == pytest.approx(30.0) and finding.severity == "warning"
@@ -187,19 +214,30 @@ def _osrt(rows):
 
 
 def test_step_waits_by_phase():
-    nvtx = _nvtx([("step 5", 0, 100, 1), ("data", 0, 20, 1), ("forward", 20, 50, 1), ("backward", 50, 90, 1),
-                  ("step 6", 100, 200, 1), ("backward", 150, 190, 1), ("step 5", 0, 100, 2)])  # thread 2: fewer steps
-    osrt = _osrt([
-        ("clock_nanosleep", 2, 18, 1),       # a sleep in data: not a synchronization wait
-        ("pthread_cond_wait", 5, 10, 1),     # data: counted under data (the rank's own input pipeline)
-        ("pthread_cond_wait", 25, 35, 1),    # forward
-        ("pthread_cond_wait", 45, 60, 1),    # starts in forward, cut at its end (5)
-        ("recv", 92, 96, 1),                 # step 5, outside every phase: other
-        ("futex", 160, 170, 1),              # step 6 backward
-        ("pthread_cond_wait", 30, 40, 2),    # another thread
-        ("pthread_cond_wait", 300, 310, 1),  # outside every step
-        ("pthread_mutex_lock", 60, 70, 1),   # a lock: lock_waits' business
-    ])
+    nvtx = _nvtx(
+        [
+            ("step 5", 0, 100, 1),
+            ("data", 0, 20, 1),
+            ("forward", 20, 50, 1),
+            ("backward", 50, 90, 1),
+            ("step 6", 100, 200, 1),
+            ("backward", 150, 190, 1),
+            ("step 5", 0, 100, 2),
+        ]
+    )  # thread 2: fewer steps
+    osrt = _osrt(
+        [
+            ("clock_nanosleep", 2, 18, 1),  # a sleep in data: not a synchronization wait
+            ("pthread_cond_wait", 5, 10, 1),  # data: counted under data (the rank's own input pipeline)
+            ("pthread_cond_wait", 25, 35, 1),  # forward
+            ("pthread_cond_wait", 45, 60, 1),  # starts in forward, cut at its end (5)
+            ("recv", 92, 96, 1),  # step 5, outside every phase: other
+            ("futex", 160, 170, 1),  # step 6 backward
+            ("pthread_cond_wait", 30, 40, 2),  # another thread
+            ("pthread_cond_wait", 300, 310, 1),  # outside every step
+            ("pthread_mutex_lock", 60, 70, 1),  # a lock: lock_waits' business
+        ]
+    )
     table = step_waits(nvtx, osrt).set_index(["step", "phase"])
     assert sorted(table.index.get_level_values("phase").unique()) == sorted(collectives.WAIT_PHASES)
     assert table.loc[(5, "data"), ["waits", "wait_ns"]].tolist() == [1, 5]

@@ -35,8 +35,14 @@ def shifted_window(tables: TraceTables, start: int, end: int) -> TraceTables:
         inside[["start", "end"]] -= start
         frames[name] = inside
     events = EventStore.from_frames(kernels=frames.pop("kernels"), cuda_api=frames.pop("cuda_api"))
-    return TraceTables(source_path=f"{tables.source_path}[window]", span_ns=end - start, sources=tables.sources,
-                       threads=tables.threads, events=events, **frames)
+    return TraceTables(
+        source_path=f"{tables.source_path}[window]",
+        span_ns=end - start,
+        sources=tables.sources,
+        threads=tables.threads,
+        events=events,
+        **frames,
+    )
 
 
 def merged_busy_ns(frames: list[pd.DataFrame]) -> int:
@@ -131,16 +137,24 @@ def test_against_a_cpu_capture_gpu_numbers_are_blank_not_zero(full_and_window, t
 
 
 def _analysis(tables: dict, headline: dict, sources=("cuda", "nvtx"), findings=()) -> Analysis:
-    return Analysis(source_path="test", span_ns=10_000_000, sources=list(sources), tables=tables,
-                    findings=list(findings), headline=headline)
+    return Analysis(
+        source_path="test",
+        span_ns=10_000_000,
+        sources=list(sources),
+        tables=tables,
+        findings=list(findings),
+        headline=headline,
+    )
 
 
 def test_tables_missing_columns_or_sources_are_compared_where_both_have_them():
-    kernels = pd.DataFrame({"kernel": ["void a::gemm<1>(int)", "void b::copy<2>(int)"], "total_ns": [3e6, 1e6],
-                            "instances": [3, 1]})
+    kernels = pd.DataFrame(
+        {"kernel": ["void a::gemm<1>(int)", "void b::copy<2>(int)"], "total_ns": [3e6, 1e6], "instances": [3, 1]}
+    )
     older = _analysis({"kernels": kernels.drop(columns="total_ns")}, {"kernels": 4})
-    newer = _analysis({"kernels": kernels}, {"kernels": 4, "new_metric": 7.5},
-                      findings=[Finding("top_kernel", "info", "gemm", "")])
+    newer = _analysis(
+        {"kernels": kernels}, {"kernels": 4, "new_metric": 7.5}, findings=[Finding("top_kernel", "info", "gemm", "")]
+    )
     cpu_only = _analysis({"kernels": kernels}, {}, sources=("nvtx",))
     result = compare({"older": older, "newer": newer, "cpu": cpu_only})
     assert not result.per_step  # no steps table anywhere: capture totals in ms
@@ -168,11 +182,14 @@ def test_workflow_folders_expand_to_ranks_and_get_short_labels(full_and_window, 
     assert unique_labels([runs[0], runs[0]]) == ["rank0", "rank0 (2)"]
 
 
-@pytest.mark.parametrize("inputs, message", [
-    (["{full}"], "give at least two inputs"),
-    (["{full}", "{missing}"], "no such file or folder"),
-    (["{full}", "{empty_dir}"], "no analysis.json in it"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (["{full}"], "give at least two inputs"),
+        (["{full}", "{missing}"], "no such file or folder"),
+        (["{full}", "{empty_dir}"], "no analysis.json in it"),
+    ],
+)
 def test_bad_inputs_are_one_clear_error(full_and_window, tmp_path, capsys, inputs, message):
     root, *_ = full_and_window
     (tmp_path / "empty").mkdir()

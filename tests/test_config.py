@@ -7,8 +7,9 @@ import copy
 import pytest
 import yaml
 
-from conftest import REPO, SMALL_DEMO
 from sftprof.capture import config
+
+from conftest import REPO, SMALL_DEMO
 
 
 def validated(changes: dict | None = None) -> dict:
@@ -31,25 +32,34 @@ def test_repo_config_is_valid_and_defaults_are_filled():
     assert demo["profile"]["windows"]["steady"]["capture_range_end"] == "stop"
 
 
-@pytest.mark.parametrize("changes, key", [
-    ({"experiments.demo.sft.stepz": 3}, "stepz"),
-    ({"experiments.demo.sft.steps": "ten"}, "experiments.demo.sft.steps"),
-    ({"experiments.demo.sft.steps": 0}, "experiments.demo.sft.steps"),
-    ({"experiments.demo.sft.steps": 16.0}, "experiments.demo.sft.steps"),
-    ({"experiments.demo.slurm.nodes": 1.0}, "experiments.demo.slurm.nodes"),
-    ({"experiments.demo.profile.windows.steady": {"duration_s": 0}},
-     "experiments.demo.profile.windows.steady.duration_s"),
-    ({"experiments.demo.profile.windows.steady": {"delay_s": -5}},
-     "experiments.demo.profile.windows.steady.delay_s"),
-    ({"experiments.demo.profile.trace": ["osrt", "cudaa"]}, "experiments.demo.profile.trace"),
-    ({"experiments.demo.profile.windows.steady.end_step": 1}, "experiments.demo.profile.windows.steady.end_step"),
-    ({"experiments.demo.profile.windows.steady.end_step": 6}, "experiments.demo.profile.windows.steady.end_step"),
-    ({"experiments.demo.profile.trace": ["osrt"]}, "experiments.demo.profile.windows.steady.capture_range"),
-    ({"experiments.demo.profile.windows.steady.capture_range": "cudaProfilerApi"},
-     "experiments.demo.profile.windows.steady.capture_range"),
-    ({"experiments.demo.model": {"hidden_size": 30, "num_heads": 4}}, "experiments.demo.model.hidden_size"),
-    ({"run": ["nope"]}, "run"),
-])
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"experiments.demo.sft.stepz": 3}, "stepz"),
+        ({"experiments.demo.sft.steps": "ten"}, "experiments.demo.sft.steps"),
+        ({"experiments.demo.sft.steps": 0}, "experiments.demo.sft.steps"),
+        ({"experiments.demo.sft.steps": 16.0}, "experiments.demo.sft.steps"),
+        ({"experiments.demo.slurm.nodes": 1.0}, "experiments.demo.slurm.nodes"),
+        (
+            {"experiments.demo.profile.windows.steady": {"duration_s": 0}},
+            "experiments.demo.profile.windows.steady.duration_s",
+        ),
+        (
+            {"experiments.demo.profile.windows.steady": {"delay_s": -5}},
+            "experiments.demo.profile.windows.steady.delay_s",
+        ),
+        ({"experiments.demo.profile.trace": ["osrt", "cudaa"]}, "experiments.demo.profile.trace"),
+        ({"experiments.demo.profile.windows.steady.end_step": 1}, "experiments.demo.profile.windows.steady.end_step"),
+        ({"experiments.demo.profile.windows.steady.end_step": 6}, "experiments.demo.profile.windows.steady.end_step"),
+        ({"experiments.demo.profile.trace": ["osrt"]}, "experiments.demo.profile.windows.steady.capture_range"),
+        (
+            {"experiments.demo.profile.windows.steady.capture_range": "cudaProfilerApi"},
+            "experiments.demo.profile.windows.steady.capture_range",
+        ),
+        ({"experiments.demo.model": {"hidden_size": 30, "num_heads": 4}}, "experiments.demo.model.hidden_size"),
+        ({"run": ["nope"]}, "run"),
+    ],
+)
 def test_bad_values_name_their_key(changes, key):
     with pytest.raises(config.ConfigError) as error:
         validated(changes)
@@ -81,7 +91,13 @@ def test_missing_and_malformed_files(tmp_path):
 
 
 def test_time_window_accepts_delay_and_duration():
-    window = validated({"experiments.demo.profile.windows.steady": {"delay_s": 2, "duration_s": 5}})[
-        "experiments"]["demo"]["profile"]["windows"]["steady"]
-    assert window == {"delay_s": 2, "duration_s": 5, "capture_range": "none", "capture_range_end": "stop",
-                      "kill": "none"}
+    window = validated({"experiments.demo.profile.windows.steady": {"delay_s": 2, "duration_s": 5}})["experiments"][
+        "demo"
+    ]["profile"]["windows"]["steady"]
+    assert window == {
+        "delay_s": 2,
+        "duration_s": 5,
+        "capture_range": "none",
+        "capture_range_end": "stop",
+        "kill": "none",
+    }

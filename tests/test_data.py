@@ -23,8 +23,10 @@ def test_prompt_template_shows_context_only_when_present():
 def test_split_is_80_15_5_and_seeded(tmp_path):
     source = tmp_path / "dolly.jsonl"
     records = data.generate_sample(200, 1)
-    records += [{"instruction": "x", "context": "", "response": "   ", "category": "open_qa"},
-                {"instruction": "y", "context": "", "category": "open_qa"}]
+    records += [
+        {"instruction": "x", "context": "", "response": "   ", "category": "open_qa"},
+        {"instruction": "y", "context": "", "category": "open_qa"},
+    ]
     data.write_jsonl(source, records)
     out = {split: tmp_path / f"{split}.jsonl" for split in data.SPLITS}
     stats = data.prepare_sft_splits(source, out, {"training": 0.8, "validation": 0.15, "test": 0.05}, seed=3)

@@ -92,7 +92,9 @@ def test_no_advice_offers_bf16_to_a_bf16_run(diagnosed):
     for case in ("clean", "padding", "foreach_adamw", "pageable", "data_stall", "padding_fixed"):
         for finding in diagnosed(case).findings:
             assert "autocast" not in finding.recommendation and "bf16 weights" not in finding.recommendation, (
-                case, finding.rule)
+                case,
+                finding.rule,
+            )
 
 
 def test_mfu_comes_from_the_h200_peak_and_the_run_facts(diagnosed):

@@ -15,8 +15,13 @@ def test_config_reference_is_generated_from_the_schema():
 
 def test_config_reference_lists_every_key_of_the_schema():
     page = config_docs.page()
-    for key in ("experiments.NAME.sft.padding", "experiments.NAME.profile.windows.NAME.start_step",
-                "experiments.NAME.variants.NAME.motivated_by", "remote.host", "experiments.NAME.slurm.partition"):
+    for key in (
+        "experiments.NAME.sft.padding",
+        "experiments.NAME.profile.windows.NAME.start_step",
+        "experiments.NAME.variants.NAME.motivated_by",
+        "remote.host",
+        "experiments.NAME.slurm.partition",
+    ):
         assert f"| `{key}` |" in page
 
 

@@ -12,8 +12,19 @@ import pandas as pd
 import pytest
 
 from sftprof.analysis import efficiency
-from sftprof.analysis.efficiency import (A100, B200, GH200, H100_PCIE, H100_SXM, H200, mfu, model_flops_per_step,
-                                         padding, peak_for, run_precision)
+from sftprof.analysis.efficiency import (
+    A100,
+    B200,
+    GH200,
+    H100_PCIE,
+    H100_SXM,
+    H200,
+    mfu,
+    model_flops_per_step,
+    padding,
+    peak_for,
+    run_precision,
+)
 from sftprof.trace import load_trace
 from sftprof.trace.metrics import read_metrics
 from sftprof.trace.tables import COLUMNS
@@ -22,10 +33,22 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 # Llama 2 7B as Hugging Face counts it: 6,738,415,616 parameters, of which the input embedding is
 # 32,000 x 4,096 = 131,072,000 (the LM head is a separate, untied matrix and stays in N).
-LLAMA_7B = {"parameters": 6_738_415_616, "weight_dtype": "float32", "precision": "bfloat16",
-            "model": {"num_layers": 32, "hidden_size": 4096, "num_heads": 32, "num_kv_heads": 32,
-                      "vocab_size": 32000, "seq_length": 2048, "embedding_parameters": 131_072_000},
-            "padding": "max_length", "device_name": "NVIDIA H200"}
+LLAMA_7B = {
+    "parameters": 6_738_415_616,
+    "weight_dtype": "float32",
+    "precision": "bfloat16",
+    "model": {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_heads": 32,
+        "num_kv_heads": 32,
+        "vocab_size": 32000,
+        "seq_length": 2048,
+        "embedding_parameters": 131_072_000,
+    },
+    "padding": "max_length",
+    "device_name": "NVIDIA H200",
+}
 # micro-batch 4 x 2048, 2 accumulation steps: 16,384 token slots
 STEP_7B = {"step": 5, "token_slots": 16_384, "real_tokens": 12_288, "padded_lengths": [2048, 2048], "step_time_s": 1.0}
 
@@ -54,12 +77,15 @@ def test_attention_uses_each_micro_batchs_padded_length():
     assert model_flops_per_step(run, {"token_slots": 32, "real_tokens": 20}) is None
 
 
-@pytest.mark.parametrize("run, step", [
-    ({}, STEP_7B),
-    ({**LLAMA_7B, "model": {"num_layers": 32}}, STEP_7B),  # no hidden size
-    (LLAMA_7B, {"step": 1, "tokens": 3000, "step_time_s": 1.0}),  # a nemo or older line: no token slots
-    (LLAMA_7B, {**STEP_7B, "token_slots": pd.NA}),
-])
+@pytest.mark.parametrize(
+    "run, step",
+    [
+        ({}, STEP_7B),
+        ({**LLAMA_7B, "model": {"num_layers": 32}}, STEP_7B),  # no hidden size
+        (LLAMA_7B, {"step": 1, "tokens": 3000, "step_time_s": 1.0}),  # a nemo or older line: no token slots
+        (LLAMA_7B, {**STEP_7B, "token_slots": pd.NA}),
+    ],
+)
 def test_flops_need_the_facts(run, step):
     assert model_flops_per_step(run, step) is None
 
@@ -80,13 +106,16 @@ def test_mfu_against_the_dense_bf16_peak_of_the_gpu():
     assert mfu(steps, fp32, device_name="NVIDIA H100 PCIe").peak_tflops == 51.0
 
 
-@pytest.mark.parametrize("run, device", [
-    (LLAMA_7B, "NVIDIA H800"),  # not in the table
-    ({**LLAMA_7B, "device_name": "NVIDIA H100"}, None),  # SXM or PCIe? not said
-    ({k: v for k, v in LLAMA_7B.items() if k != "precision"}, None),  # precision not recorded
-    ({**LLAMA_7B, "precision": "float8_e4m3fn"}, "NVIDIA A100-SXM4-80GB"),  # the A100 has no FP8
-    ({}, "NVIDIA H200"),
-])
+@pytest.mark.parametrize(
+    "run, device",
+    [
+        (LLAMA_7B, "NVIDIA H800"),  # not in the table
+        ({**LLAMA_7B, "device_name": "NVIDIA H100"}, None),  # SXM or PCIe? not said
+        ({k: v for k, v in LLAMA_7B.items() if k != "precision"}, None),  # precision not recorded
+        ({**LLAMA_7B, "precision": "float8_e4m3fn"}, "NVIDIA A100-SXM4-80GB"),  # the A100 has no FP8
+        ({}, "NVIDIA H200"),
+    ],
+)
 def test_mfu_is_none_when_anything_is_unknown(run, device):
     assert mfu(pd.DataFrame([STEP_7B]), run, device_name=device) is None
 
@@ -99,8 +128,13 @@ def test_precision_of_the_run():
 
 
 def test_padding_per_step_and_overall():
-    steps = pd.DataFrame({"step": [0, 1, 2], "token_slots": pd.array([100, 300, None], dtype="Int64"),
-                          "real_tokens": pd.array([50, 270, None], dtype="Int64")})
+    steps = pd.DataFrame(
+        {
+            "step": [0, 1, 2],
+            "token_slots": pd.array([100, 300, None], dtype="Int64"),
+            "real_tokens": pd.array([50, 270, None], dtype="Int64"),
+        }
+    )
     result = padding(steps)
     assert result.steps["padding_pct"].tolist() == pytest.approx([50.0, 10.0])
     assert result.steps["step"].tolist() == [0, 1]
@@ -119,7 +153,10 @@ def test_mfu_of_the_trainers_real_runs_by_hand():
     lines = [json.loads(line) for line in (FIXTURES / "h200_sft_padding.metrics.jsonl").read_text().splitlines()]
     run = lines[0]["run"]
     assert (run["parameters"], run["model"]["embedding_parameters"], run["device_name"]) == (
-        823_216_128, 532_480, "NVIDIA H200")
+        823_216_128,
+        532_480,
+        "NVIDIA H200",
+    )
     # every step: 2 micro-batches of 4 rows at max_length 2048 = 16,384 slots
     # 6 x (823,216,128 - 532,480) x 16,384 = 80,873,093,332,992; 12 x 16 x 2048 x 4 x 2 x 2048² = 13,194,139,533,312
     flops = 80_873_093_332_992 + 13_194_139_533_312
@@ -129,9 +166,11 @@ def test_mfu_of_the_trainers_real_runs_by_hand():
     for line in lines:
         assert by_step.at[line["step"], "flops"] == flops
         assert by_step.at[line["step"], "hardware_mfu_pct"] == pytest.approx(
-            100 * flops / line["step_time_s"] / 989.5e12)
+            100 * flops / line["step_time_s"] / 989.5e12
+        )
         assert by_step.at[line["step"], "useful_mfu_pct"] == pytest.approx(
-            100 * flops * line["real_tokens"] / 16_384 / line["step_time_s"] / 989.5e12)
+            100 * flops * line["real_tokens"] / 16_384 / line["step_time_s"] / 989.5e12
+        )
     # 90% padding: the tensor cores are as busy as in the clean run, on work that is mostly padding
     clean = read_metrics(FIXTURES / "h200_sft_clean.metrics.jsonl")
     clean_mfu = mfu(clean.steps, clean.run)
@@ -148,40 +187,46 @@ def test_an_old_metrics_file_has_no_padding_or_mfu():
 
 # ---------------------------------------------------------------- the peak table
 
-@pytest.mark.parametrize("name, entry", [
-    ("NVIDIA H200", H200),
-    ("NVIDIA GH200 480GB", GH200),
-    ("NVIDIA GH200 144G HBM3e", GH200),
-    ("NVIDIA H100 80GB HBM3", H100_SXM),
-    ("NVIDIA H100 SXM5 80GB", H100_SXM),
-    ("NVIDIA H100 PCIe", H100_PCIE),
-    ("nvidia h100 pcie", H100_PCIE),
-    ("NVIDIA A100-SXM4-80GB", A100),
-    ("NVIDIA A100 80GB PCIe", A100),
-    ("NVIDIA B200", B200),
-    ("NVIDIA H100", None),          # the board is not named: SXM and PCIe peaks differ by 30%
-    ("NVIDIA H100 NVL", None),      # other clocks, not in the table
-    ("NVIDIA H200 NVL", None),
-    ("NVIDIA GB200", None),
-    ("NVIDIA H800", None),
-    ("NVIDIA H20", None),
-    ("NVIDIA A10", None),
-    ("NVIDIA A100X", None),
-    ("Tesla V100-SXM2-16GB", None),
-    ("AMD EPYC 7763 64-Core Processor", None),  # the trainer's device_name on CPU
-    ("", None),
-    (None, None),
-])
+
+@pytest.mark.parametrize(
+    "name, entry",
+    [
+        ("NVIDIA H200", H200),
+        ("NVIDIA GH200 480GB", GH200),
+        ("NVIDIA GH200 144G HBM3e", GH200),
+        ("NVIDIA H100 80GB HBM3", H100_SXM),
+        ("NVIDIA H100 SXM5 80GB", H100_SXM),
+        ("NVIDIA H100 PCIe", H100_PCIE),
+        ("nvidia h100 pcie", H100_PCIE),
+        ("NVIDIA A100-SXM4-80GB", A100),
+        ("NVIDIA A100 80GB PCIe", A100),
+        ("NVIDIA B200", B200),
+        ("NVIDIA H100", None),  # the board is not named: SXM and PCIe peaks differ by 30%
+        ("NVIDIA H100 NVL", None),  # other clocks, not in the table
+        ("NVIDIA H200 NVL", None),
+        ("NVIDIA GB200", None),
+        ("NVIDIA H800", None),
+        ("NVIDIA H20", None),
+        ("NVIDIA A10", None),
+        ("NVIDIA A100X", None),
+        ("Tesla V100-SXM2-16GB", None),
+        ("AMD EPYC 7763 64-Core Processor", None),  # the trainer's device_name on CPU
+        ("", None),
+        (None, None),
+    ],
+)
 def test_device_names_match_their_entry_or_none(name, entry):
     assert peak_for(name) is entry
 
 
 def test_peaks_are_dense_halves_of_the_printed_sparse_figures():
     """Hopper and Blackwell sheets print tensor-core figures with sparsity (*): the table holds half."""
-    for entry, printed_bf16, sparse_bf16 in ((H100_SXM, "BFLOAT16 Tensor Core 1,979 teraFLOPS*", 1979),
-                                             (H100_PCIE, "BFLOAT16 Tensor Core 1,513 teraFLOPS*", 1513),
-                                             (H200, "BFLOAT16 Tensor Core 1,979 TFLOPS*", 1979),
-                                             (B200, "FP16/BF16 Tensor Core 4.5 PFLOPS*", 4500)):
+    for entry, printed_bf16, sparse_bf16 in (
+        (H100_SXM, "BFLOAT16 Tensor Core 1,979 teraFLOPS*", 1979),
+        (H100_PCIE, "BFLOAT16 Tensor Core 1,513 teraFLOPS*", 1513),
+        (H200, "BFLOAT16 Tensor Core 1,979 TFLOPS*", 1979),
+        (B200, "FP16/BF16 Tensor Core 4.5 PFLOPS*", 4500),
+    ):
         assert printed_bf16 in entry.printed and "with sparsity" in entry.printed
         assert entry.tflops["bf16"] == sparse_bf16 / 2
         assert entry.tflops["fp8"] == 2 * entry.tflops["bf16"] and entry.tflops["fp16"] == entry.tflops["bf16"]
@@ -193,27 +238,44 @@ def test_peaks_are_dense_halves_of_the_printed_sparse_figures():
 
 # ---------------------------------------------------------------- the GPU's identity from the trace
 
+
 def _target_gpus(path: Path) -> list[tuple]:
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-        return conn.execute("SELECT id, name, smCount, totalMemory, clockRate, computeMajor, computeMinor "
-                            "FROM TARGET_INFO_GPU").fetchall()
+        return conn.execute(
+            "SELECT id, name, smCount, totalMemory, clockRate, computeMajor, computeMinor FROM TARGET_INFO_GPU"
+        ).fetchall()
 
 
 @pytest.mark.parametrize("capture", ["h200_tiny_llama_bf16.sqlite", "h200_plant_gemm.sqlite"])
 def test_an_nsys_export_names_its_gpu(capture):
     gpus = load_trace(FIXTURES / capture).gpus
     [(device, name, sms, memory, clock, major, minor)] = _target_gpus(FIXTURES / capture)
-    assert gpus.to_dict("records") == [{
-        "device_id": device, "name": name, "chip_name": "GH100", "sm_count": sms, "memory_bytes": memory,
-        "memory_bandwidth_bytes_per_s": 4_814_304_000_000, "clock_hz": clock, "compute_capability": f"{major}.{minor}"}]
+    assert gpus.to_dict("records") == [
+        {
+            "device_id": device,
+            "name": name,
+            "chip_name": "GH100",
+            "sm_count": sms,
+            "memory_bytes": memory,
+            "memory_bandwidth_bytes_per_s": 4_814_304_000_000,
+            "clock_hz": clock,
+            "compute_capability": f"{major}.{minor}",
+        }
+    ]
     assert name == "NVIDIA H200" and peak_for(name) is H200
 
 
 def test_a_kineto_trace_names_its_gpu_and_a_cpu_capture_none():
     gpus = load_trace(FIXTURES / "h200_plant_clean.pt.trace.json.gz").gpus
     assert gpus[["device_id", "name", "sm_count", "memory_bytes", "compute_capability"]].to_dict("records") == [
-        {"device_id": 0, "name": "NVIDIA H200", "sm_count": 132, "memory_bytes": 150_109_880_320,
-         "compute_capability": "9.0"}]
+        {
+            "device_id": 0,
+            "name": "NVIDIA H200",
+            "sm_count": 132,
+            "memory_bytes": 150_109_880_320,
+            "compute_capability": "9.0",
+        }
+    ]
     assert gpus["clock_hz"].isna().all()  # Kineto does not record it
     for cpu_capture in ("cpu_tiny_llama.pt.trace.json.gz", "cpu_lock_sched.sqlite"):
         gpus = load_trace(FIXTURES / cpu_capture).gpus

@@ -36,9 +36,11 @@ def plant(name: str) -> Path:
 def analyses() -> dict:
     """Each committed capture, analysed once."""
     paths = {name: plant(name) for name in ("clean", "device_sync", "sync_memcpy", "cpu_starved", "elementwise")}
-    paths |= {"tiny_llama": FIXTURES / "h200_tiny_llama_bf16.sqlite",
-              "kineto_clean": FIXTURES / "h200_plant_clean.pt.trace.json.gz",
-              "kineto_cpu": FIXTURES / "cpu_tiny_llama.pt.trace.json.gz"}
+    paths |= {
+        "tiny_llama": FIXTURES / "h200_tiny_llama_bf16.sqlite",
+        "kineto_clean": FIXTURES / "h200_plant_clean.pt.trace.json.gz",
+        "kineto_cpu": FIXTURES / "cpu_tiny_llama.pt.trace.json.gz",
+    }
     return {name: analyze(load_trace(path)) for name, path in paths.items()}
 
 
@@ -47,6 +49,7 @@ def by_rule(analysis) -> dict[str, Finding]:
 
 
 # ---------------------------------------------------------------- the export, read independently
+
 
 def rows(path: Path, sql: str) -> list[tuple]:
     with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as conn:
@@ -69,9 +72,14 @@ def covered(merged, start: int, end: int) -> int:
 
 def gpu_busy(path: Path) -> list[tuple[int, int]]:
     """Every kernel, copy and set (start > 0, as nsys's utilisation rules), merged over streams."""
-    return merge(rows(path, """SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start > 0
+    return merge(
+        rows(
+            path,
+            """SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start > 0
                                UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE start > 0
-                               UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE start > 0"""))
+                               UNION ALL SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE start > 0""",
+        )
+    )
 
 
 def steps(path: Path) -> list[tuple[int, int]]:
@@ -80,15 +88,18 @@ def steps(path: Path) -> list[tuple[int, int]]:
 
 def calls(path: Path, name: str) -> list[tuple[int, int, int]]:
     """Runtime calls of this name: start, end, correlation id."""
-    return rows(path, f"""SELECT r.start, r."end", r.correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME r
-                          JOIN StringIds s ON s.id = r.nameId WHERE s.value LIKE '{name}\\_v%' ESCAPE '\\'""")
+    return rows(
+        path,
+        f"""SELECT r.start, r."end", r.correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+                          JOIN StringIds s ON s.id = r.nameId WHERE s.value LIKE '{name}\\_v%' ESCAPE '\\'""",
+    )
 
 
 def idle_after(busy, start: int, end: int) -> int:
     """The GPU idle after a call: from when the GPU ran dry (or the call began) to the next GPU work."""
     before = [e for s, e in busy if s <= end]
     if before and max(before) > end:
-        return 0   # still running when the call returned
+        return 0  # still running when the call returned
     later = [s for s, _ in busy if s > end]
     return later[0] - max(max(before, default=start), start) if later else 0
 
@@ -101,14 +112,18 @@ def per_step_share(step_spans, amounts: dict[int, float]) -> float:
 
 def cpu_wait_per_step(path: Path, step_spans) -> list[int]:
     """Per step, when the CPU waited for the GPU: synchronizing calls and launches over 200 µs."""
-    waits = rows(path, """SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+    waits = rows(
+        path,
+        """SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
                           WHERE s.value LIKE 'cuda%Synchronize%' OR s.value LIKE 'cudaMemcpy\\_v%' ESCAPE '\\'
-                             OR (s.value LIKE 'cudaLaunchKernel%' AND r."end" - r.start > 200000)""")
+                             OR (s.value LIKE 'cudaLaunchKernel%' AND r."end" - r.start > 200000)""",
+    )
     merged = merge(waits)
     return [covered(merged, s, e) for s, e in step_spans]
 
 
 # ---------------------------------------------------------------- the committed captures
+
 
 def test_the_clean_loop_raises_no_warning(analyses):
     for name in ("clean", "kineto_clean"):
@@ -130,7 +145,7 @@ def test_syncs_that_starve_the_gpu_cost_the_idle_that_follows_at_most_their_wait
     finding = by_rule(analyses["sync_memcpy"])["sync_memcpy"]
     assert finding.gain_pct == pytest.approx(per_step_share(step_spans, lost), abs=1e-3)
     assert finding.gain_pct > WARNING_SHARE_PCT and finding.severity == "warning"
-    assert analyses["sync_memcpy"].findings[0] is finding   # the largest gain comes first
+    assert analyses["sync_memcpy"].findings[0] is finding  # the largest gain comes first
 
 
 def test_a_device_sync_after_the_gpu_ran_dry_costs_only_its_short_wait(analyses):
@@ -165,8 +180,11 @@ def test_elementwise_runs_fused_save_nothing_while_the_cpu_never_waits(analyses)
     ~100 ms and never waits for the GPU: fused kernels would leave the GPU idle longer, not the step
     shorter. The runs, and their fused time, re-derived from the kernel rows."""
     path = plant("elementwise")
-    kernels = rows(path, """SELECT k.streamId, k.start, k."end", s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k
-                            JOIN StringIds s ON s.id = k.shortName ORDER BY k.streamId, k.start, k."end" """)
+    kernels = rows(
+        path,
+        """SELECT k.streamId, k.start, k."end", s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                            JOIN StringIds s ON s.id = k.shortName ORDER BY k.streamId, k.start, k."end" """,
+    )
     runs, current, stream = [], [], None
     for stream_id, start, end, short in kernels:
         if stream_id != stream or "elementwise_kernel" not in short:
@@ -179,8 +197,10 @@ def test_elementwise_runs_fused_save_nothing_while_the_cpu_never_waits(analyses)
     finding = by_rule(analyses["elementwise"])["memory_bound_kernel_mix"]
     total, fused = sum(map(sum, runs)), sum(map(max, runs))
     assert f"{len(runs):,} runs of 2 or more elementwise kernels" in finding.evidence
-    assert (f"({sum(map(len, runs)):,} kernels, {total / MS:,.3f} ms) would take {fused / MS:,.3f} ms fused"
-            in finding.evidence)
+    assert (
+        f"({sum(map(len, runs)):,} kernels, {total / MS:,.3f} ms) would take {fused / MS:,.3f} ms fused"
+        in finding.evidence
+    )
     assert cpu_wait_per_step(path, steps(path)) == [0, 0]
     assert finding.gain_pct == 0 and finding.severity == "info"
     assert "the CPU waited for the GPU only 0.000 ms per step" in finding.evidence
@@ -196,7 +216,8 @@ def test_launch_bound_gain_is_the_short_idle_between_kernels_in_the_steps(analys
     finding = analyses["tiny_llama"].findings[0]
     assert finding.rule == "launch_bound" and finding.severity == "warning"
     assert finding.gain_pct == pytest.approx(
-        100 * statistics.median(per_step) / statistics.median(e - s for s, e in step_spans), abs=1e-3)
+        100 * statistics.median(per_step) / statistics.median(e - s for s, e in step_spans), abs=1e-3
+    )
 
 
 def test_foreach_adamw_gain_is_its_bytes_model_capped_by_the_cpu_wait(analyses):
@@ -204,16 +225,20 @@ def test_foreach_adamw_gain_is_its_bytes_model_capped_by_the_cpu_wait(analyses):
     their time, and the step shortens by at most what the CPU waits for the GPU (its .item() syncs)."""
     path = FIXTURES / "h200_tiny_llama_bf16.sqlite"
     step_spans = steps(path)
-    foreach = rows(path, """SELECT k.start, k."end" - k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k
+    foreach = rows(
+        path,
+        """SELECT k.start, k."end" - k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k
                             JOIN StringIds s ON s.id = k.demangledName
                             WHERE s.value LIKE '%multi_tensor_apply%' AND s.value NOT LIKE '%Fused%'
-                              AND s.value NOT LIKE '%Norm%'""")
+                              AND s.value NOT LIKE '%Norm%'""",
+    )
     saved = [sum(d for t, d in foreach if s <= t < e) * (1 - 28 / 80) for s, e in step_spans]
     waited = cpu_wait_per_step(path, step_spans)
     finding = by_rule(analyses["tiny_llama"])["foreach_optimizer"]
     expected = [min(a, b) for a, b in zip(saved, waited)]
     assert finding.gain_pct == pytest.approx(
-        100 * statistics.median(expected) / statistics.median(e - s for s, e in step_spans), abs=1e-3)
+        100 * statistics.median(expected) / statistics.median(e - s for s, e in step_spans), abs=1e-3
+    )
     assert 0 < statistics.median(saved) and 0 < statistics.median(waited)
     assert "28/80" in finding.gain_basis
 
@@ -243,19 +268,23 @@ def test_an_empty_trace_kind_is_named_once_from_what_nsys_recorded(analyses, tmp
 
 def test_the_headline_top_kernel_is_the_top_name_over_all_launch_shapes(analyses):
     path = plant("device_sync")
-    by_name = rows(path, """SELECT s.value, sum(k."end" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
-                            JOIN StringIds s ON s.id = k.demangledName GROUP BY 1 ORDER BY 2 DESC""")
+    by_name = rows(
+        path,
+        """SELECT s.value, sum(k."end" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                            JOIN StringIds s ON s.id = k.demangledName GROUP BY 1 ORDER BY 2 DESC""",
+    )
     total = sum(ns for _, ns in by_name)
     headline = analyses["device_sync"].headline
     assert headline["top_kernel"] == by_name[0][0]
     assert headline["top_kernel_pct"] == round(100 * by_name[0][1] / total, 1)
     shapes = analyses["device_sync"].tables["kernels"]
-    assert (shapes["kernel"] == by_name[0][0]).sum() > 1   # two launch shapes, each smaller than the name's total
+    assert (shapes["kernel"] == by_name[0][0]).sum() > 1  # two launch shapes, each smaller than the name's total
     for key in ("bound_class", "mfu_pct", "padding_pct", "sm_busy_pct", "copy_busy_pct"):
         assert key in headline
 
 
 # ---------------------------------------------------------------- PyTorch profiler steps
+
 
 def _kineto_copy(tmp_path: Path, rename) -> Path:
     with gzip.open(FIXTURES / "cpu_tiny_llama.pt.trace.json.gz", "rt") as stream:
@@ -272,9 +301,14 @@ def _kineto_copy(tmp_path: Path, rename) -> Path:
 def test_profiler_step_ranges_count_as_steps_and_no_phases_means_no_phase_finding(tmp_path):
     """torch.profiler's `ProfilerStep#N` ranges are the steps of a loop without its own `step N`
     ranges; without phase ranges nothing is said about phases (no "data takes 0.0%")."""
-    path = _kineto_copy(tmp_path, lambda name: re.sub(r"^step (\d+)$", r"ProfilerStep#\1", name)
-                        .replace("data", "load").replace("forward", "fwd").replace("backward", "bwd")
-                        .replace("optimizer", "opt"))
+    path = _kineto_copy(
+        tmp_path,
+        lambda name: re.sub(r"^step (\d+)$", r"ProfilerStep#\1", name)
+        .replace("data", "load")
+        .replace("forward", "fwd")
+        .replace("backward", "bwd")
+        .replace("optimizer", "opt"),
+    )
     result = analyze(load_trace(path))
     assert list(result.tables["steps"]["step"]) == [1, 2, 3] and result.headline["steps_captured"] == 3
     assert {"dominant_phase", "data_stall", "no_steps"}.isdisjoint(f.rule for f in result.findings)
@@ -282,8 +316,23 @@ def test_profiler_step_ranges_count_as_steps_and_no_phases_means_no_phase_findin
 
 def test_own_step_ranges_win_over_profiler_steps():
     def ranges(*spans):
-        return pd.DataFrame([{"start": s, "end": e, "duration": e - s, "name": n, "style": "PushPop", "global_tid": 1,
-                              "pid": 1, "tid": 1} for n, s, e in spans], columns=COLUMNS["nvtx"])
+        return pd.DataFrame(
+            [
+                {
+                    "start": s,
+                    "end": e,
+                    "duration": e - s,
+                    "name": n,
+                    "style": "PushPop",
+                    "global_tid": 1,
+                    "pid": 1,
+                    "tid": 1,
+                }
+                for n, s, e in spans
+            ],
+            columns=COLUMNS["nvtx"],
+        )
+
     both = ranges(("ProfilerStep#7", 0, 100), ("step 3", 5, 95), ("ProfilerStep#8", 100, 200), ("step 4", 105, 195))
     assert list(cpu.step_table(both)["step"]) == [3, 4]
     assert list(cpu.step_table(ranges(("ProfilerStep#7", 0, 100)))["step"]) == [7]
@@ -291,9 +340,19 @@ def test_own_step_ranges_win_over_profiler_steps():
 
 # ---------------------------------------------------------------- tables built here
 
+
 def kernel(name: str, start: int, duration: int, short: str | None = None) -> dict:
-    return {"start": start, "end": start + duration, "duration": duration, "name": name, "short_name": short or name,
-            "device_id": 0, "stream_id": 7, "pid": 1, "correlation_id": 0}
+    return {
+        "start": start,
+        "end": start + duration,
+        "duration": duration,
+        "name": name,
+        "short_name": short or name,
+        "device_id": 0,
+        "stream_id": 7,
+        "pid": 1,
+        "correlation_id": 0,
+    }
 
 
 FOREACH = "void at::native::multi_tensor_apply_kernel<TensorListMetadata<2>, BinaryOpListAlphaFunctor<float>>(T1)"
@@ -310,33 +369,47 @@ def busy_gpu_loop(steps_n: int = 3) -> TraceTables:
     for step in range(steps_n):
         t0 = step * 100 * MS
         t = t0 + 20_000
-        for name, short, duration in ([(GEMM, GEMM, 55 * MS)] + [(EW, "vectorized_elementwise_kernel", 5 * MS)] * 3
-                                      + [(FOREACH, "multi_tensor_apply_kernel", 5 * MS)] * 4
-                                      + [(GEMM, GEMM, 99_900_000 - 90 * MS)]):
+        for name, short, duration in (
+            [(GEMM, GEMM, 55 * MS)]
+            + [(EW, "vectorized_elementwise_kernel", 5 * MS)] * 3
+            + [(FOREACH, "multi_tensor_apply_kernel", 5 * MS)] * 4
+            + [(GEMM, GEMM, 99_900_000 - 90 * MS)]
+        ):
             kernels.append(kernel(name, t, duration, short))
             t += duration
         nvtx.append({"start": t0, "end": t0 + 100 * MS, "name": f"step {step}"})
         api.append({"start": t0 + MS, "end": t, "name": "cudaStreamSynchronize"})
-    nvtx = pd.DataFrame([{**r, "duration": r["end"] - r["start"], "style": "PushPop", "global_tid": 1, "pid": 1,
-                          "tid": 1} for r in nvtx], columns=COLUMNS["nvtx"])
-    api = pd.DataFrame([{**r, "duration": r["end"] - r["start"], "global_tid": 1, "pid": 1, "tid": 1,
-                         "correlation_id": i} for i, r in enumerate(api)], columns=COLUMNS["cuda_api"])
+    nvtx = pd.DataFrame(
+        [
+            {**r, "duration": r["end"] - r["start"], "style": "PushPop", "global_tid": 1, "pid": 1, "tid": 1}
+            for r in nvtx
+        ],
+        columns=COLUMNS["nvtx"],
+    )
+    api = pd.DataFrame(
+        [
+            {**r, "duration": r["end"] - r["start"], "global_tid": 1, "pid": 1, "tid": 1, "correlation_id": i}
+            for i, r in enumerate(api)
+        ],
+        columns=COLUMNS["cuda_api"],
+    )
     events = EventStore.from_frames(kernels=pd.DataFrame(kernels), cuda_api=api)
-    return TraceTables(source_path="busy", span_ns=steps_n * 100 * MS, sources={"cuda", "nvtx"}, nvtx=nvtx,
-                       events=events)
+    return TraceTables(
+        source_path="busy", span_ns=steps_n * 100 * MS, sources={"cuda", "nvtx"}, nvtx=nvtx, events=events
+    )
 
 
 def test_a_sync_on_a_busy_gpu_costs_nearly_nothing_and_fusion_ranks_first():
     result = analyze(busy_gpu_loop())
     found = by_rule(result)
     sync = found["sync_in_steps"]
-    assert sync.gain_pct == pytest.approx(100 * 100_000 / (100 * MS), abs=1e-3)   # the 100 µs after each
+    assert sync.gain_pct == pytest.approx(100 * 100_000 / (100 * MS), abs=1e-3)  # the 100 µs after each
     assert sync.severity == "info" and "the CPU waits for a busy GPU" in sync.evidence
-    assert "the CPU waits 98.920 ms per step" in sync.title   # what the CPU waited: no measure of what it costs
-    assert found["foreach_optimizer"].gain_pct == pytest.approx(100 * 20 * (1 - 28 / 80) / 100)   # 13% of 100 ms
-    assert found["memory_bound_kernel_mix"].gain_pct == pytest.approx(10.0)   # 15 ms fused into 5 ms
+    assert "the CPU waits 98.920 ms per step" in sync.title  # what the CPU waited: no measure of what it costs
+    assert found["foreach_optimizer"].gain_pct == pytest.approx(100 * 20 * (1 - 28 / 80) / 100)  # 13% of 100 ms
+    assert found["memory_bound_kernel_mix"].gain_pct == pytest.approx(10.0)  # 15 ms fused into 5 ms
     assert [f.rule for f in result.findings[:2]] == ["foreach_optimizer", "memory_bound_kernel_mix"]
-    assert "dominant_phase" not in found   # no phase ranges: nothing said about phases
+    assert "dominant_phase" not in found  # no phase ranges: nothing said about phases
 
 
 def test_compute_bound_advice_never_offers_a_precision_the_run_has():
@@ -365,9 +438,14 @@ def test_padding_gain_is_the_padded_share_of_token_proportional_time():
 
 
 def test_ranking_puts_gains_first_then_warnings_then_notes_in_order():
-    findings = [Finding("a", "info", "", "", gain_pct=None), Finding("b", "info", "", "", gain_pct=1.0),
-                Finding("c", "warning", "", "", gain_pct=None), Finding("d", "warning", "", "", gain_pct=30.0),
-                Finding("e", "info", "", "", gain_pct=0.0), Finding("f", "info", "", "", gain_pct=None)]
+    findings = [
+        Finding("a", "info", "", "", gain_pct=None),
+        Finding("b", "info", "", "", gain_pct=1.0),
+        Finding("c", "warning", "", "", gain_pct=None),
+        Finding("d", "warning", "", "", gain_pct=30.0),
+        Finding("e", "info", "", "", gain_pct=0.0),
+        Finding("f", "info", "", "", gain_pct=None),
+    ]
     assert [f.rule for f in ranked(findings)] == ["d", "b", "e", "c", "a", "f"]
 
 
@@ -381,6 +459,7 @@ def test_step_clock_idle_after_a_call():
 
 # ---------------------------------------------------------------- analysis.json, report, compare
 
+
 def test_gains_round_trip_through_analysis_json_and_bad_ones_are_refused(tmp_path):
     result = analyze(busy_gpu_loop())
     results.save(result, tmp_path / "a")
@@ -388,14 +467,21 @@ def test_gains_round_trip_through_analysis_json_and_bad_ones_are_refused(tmp_pat
     assert loaded.findings == result.findings
     summary = json.loads((tmp_path / "a" / results.SUMMARY_FILE).read_text())
     assert [f["gain_pct"] for f in summary["findings"]] == [f.gain_pct for f in result.findings]
-    assert set(summary["findings"][0]) == {"rule", "severity", "title", "evidence", "recommendation", "gain_pct",
-                                           "gain_basis"}
+    assert set(summary["findings"][0]) == {
+        "rule",
+        "severity",
+        "title",
+        "evidence",
+        "recommendation",
+        "gain_pct",
+        "gain_basis",
+    }
     for bad in ("12", 101, float("nan"), True):
         summary["findings"][0]["gain_pct"] = bad
         (tmp_path / "a" / results.SUMMARY_FILE).write_text(json.dumps(summary))
         with pytest.raises(results.ResultsError, match="findings must be"):
             results.load(tmp_path / "a")
-    for finding in summary["findings"]:   # as sftprof wrote it before gains
+    for finding in summary["findings"]:  # as sftprof wrote it before gains
         finding.pop("gain_pct"), finding.pop("gain_basis")
     (tmp_path / "a" / results.SUMMARY_FILE).write_text(json.dumps(summary))
     assert all(f.gain_pct is None for f in results.load(tmp_path / "a").findings)
@@ -404,7 +490,7 @@ def test_gains_round_trip_through_analysis_json_and_bad_ones_are_refused(tmp_pat
 def test_the_report_opens_with_the_ranked_gains():
     result = analyze(busy_gpu_loop())
     html = render_html([RankReport("", result)], "busy")
-    first_table = html[html.index('id="first"'):html.index('id="summary"')]
+    first_table = html[html.index('id="first"') : html.index('id="summary"')]
     assert html.index('id="first"') < min(html.index(f'id="{anchor}"') for anchor in ("summary", "kernels", "steps"))
     shown = re.findall(r'<tr class="(\w+)" data-rule="(\w+)"><td>([^<]+)</td>', first_table)
     assert [rule for _, rule, _ in shown][:2] == ["foreach_optimizer", "memory_bound_kernel_mix"]
@@ -413,14 +499,18 @@ def test_the_report_opens_with_the_ranked_gains():
 
 def test_compare_takes_the_gains_from_each_analysis():
     def saved(gains_by_rule):
-        return Analysis(source_path="x", span_ns=MS, sources=["cuda"],
-                        findings=[Finding(rule, "info", rule, "", gain_pct=gain)
-                                  for rule, gain in gains_by_rule.items()])
+        return Analysis(
+            source_path="x",
+            span_ns=MS,
+            sources=["cuda"],
+            findings=[Finding(rule, "info", rule, "", gain_pct=gain) for rule, gain in gains_by_rule.items()],
+        )
+
     before = saved({"sync_in_steps": 19.6, "foreach_optimizer": 6.8})
     after = saved({"foreach_optimizer": 0.5, "launch_bound": 2.0})
     result = compare({"before": before, "after": after})
     table = result.table[result.table["section"] == GAINS].set_index("item")
-    assert list(table.index) == ["sync_in_steps", "foreach_optimizer", "launch_bound"]   # largest first
+    assert list(table.index) == ["sync_in_steps", "foreach_optimizer", "launch_bound"]  # largest first
     assert table.loc["foreach_optimizer", DELTA + "after"] == pytest.approx(0.5 - 6.8)
     assert pd.isna(table.loc["sync_in_steps", "after"]) and table.loc["launch_bound", "after"] == 2.0
     findings = result.findings.set_index("rule")
@@ -428,6 +518,7 @@ def test_compare_takes_the_gains_from_each_analysis():
 
 
 # ---------------------------------------------------------------- against measured fixes (the trainer's own runs)
+
 
 def sft(case: str) -> Path:
     return FIXTURES / f"h200_sft_{case}.sqlite"
@@ -444,9 +535,12 @@ def test_the_fused_adamw_model_matches_the_fused_kernels_measured_in_the_fixed_r
     the clean run take what the bytes model (28 of 80 B/param) predicts from the foreach kernels."""
     per_step = {}
     for case, kind in (("foreach_adamw", "NOT LIKE '%Fused%'"), ("clean", "LIKE '%Fused%'")):
-        [(ns,)] = rows(sft(case), f"""SELECT sum(k."end" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+        [(ns,)] = rows(
+            sft(case),
+            f"""SELECT sum(k."end" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
                                      JOIN StringIds s ON s.id = k.demangledName
-                                     WHERE s.value LIKE '%multi_tensor_apply%' AND s.value {kind}""")
+                                     WHERE s.value LIKE '%multi_tensor_apply%' AND s.value {kind}""",
+        )
         per_step[case] = ns / len(steps(sft(case)))
     predicted = per_step["foreach_adamw"] * gains.FUSED_ADAMW_BYTES / gains.FOREACH_ADAMW_BYTES
     assert predicted == pytest.approx(per_step["clean"], rel=0.1)

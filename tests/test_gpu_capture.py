@@ -3,18 +3,21 @@ summaries must give exactly what `nsys stats` gives on the same file."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from sftprof.analysis import analyze, gpu
+
 from conftest import as_nsys_rows, nsys_stats
 
 
-@pytest.mark.parametrize("report, summarize, name_columns", [
-    ("gpukernsum", lambda t: gpu.kernel_summary(t.events), ["grid", "block", "kernel"]),
-    ("gpumemtimesum", lambda t: gpu.memop_summary(t.memops), ["operation"]),
-    ("cudaapisum", lambda t: gpu.cuda_api_summary(t.events), ["name"]),
-])
+@pytest.mark.parametrize(
+    "report, summarize, name_columns",
+    [
+        ("gpukernsum", lambda t: gpu.kernel_summary(t.events), ["grid", "block", "kernel"]),
+        ("gpumemtimesum", lambda t: gpu.memop_summary(t.memops), ["operation"]),
+        ("cudaapisum", lambda t: gpu.cuda_api_summary(t.events), ["name"]),
+    ],
+)
 def test_cuda_summaries_equal_nsys_stats(h200_capture, h200_tables, report, summarize, name_columns):
     ours = as_nsys_rows(summarize(h200_tables), name_columns)
     theirs = {tuple(row.values()) for row in nsys_stats(report, h200_capture)}

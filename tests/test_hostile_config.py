@@ -21,9 +21,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import CONTROL_CHARACTERS, assert_refused, run_sftprof, tree_state
 from sftprof import cli
 from sftprof.capture import config, jobs
+
+from conftest import CONTROL_CHARACTERS, assert_refused, run_sftprof, tree_state
 
 WINDOW = {"capture_range": "nvtx", "start_step": 4, "end_step": 7}
 BASE = {"run": ["demo"], "experiments": {"demo": {"profile": {"windows": {"steady": WINDOW}}}}}
@@ -70,8 +71,10 @@ HOSTILE_YAML = {
     "NEL": (under_demo('slurm: {partition: "gh\\N"}'), "control character"),
     "tab in a path": (under_demo('model: {source: path, path: "/m\\tx"}'), "experiments.demo.model.path"),
     "terminal escape": (under_demo('container: {image_dir: "\\e[31mred"}'), "experiments.demo.container.image_dir"),
-    "#SBATCH smuggled in a path": (under_demo('model: {source: path, path: "/m\\n#SBATCH --uid=0"}'),
-                                   "control character"),
+    "#SBATCH smuggled in a path": (
+        under_demo('model: {source: path, path: "/m\\n#SBATCH --uid=0"}'),
+        "control character",
+    ),
     "raw control character": (under_demo("slurm: {partition: gh\x07}"), "not valid YAML"),
     "date": (under_demo("slurm: {partition: 2024-01-01}"), "experiments.demo.slurm.partition: a date"),
     "impossible date": (under_demo("slurm: {partition: 2024-13-45}"), "experiments.demo.slurm.partition"),
@@ -81,8 +84,10 @@ HOSTILE_YAML = {
     "python object": (under_demo("slurm: {partition: !!python/object/apply:os.system [id]}"), "constructor"),
     "syntax error": (under_demo("sft: {steps: [3}"), "not valid YAML: line"),
     "second document": (top_level("---", "run: []"), "not valid YAML"),
-    "option-like path": (under_demo("container: {runtime: apptainer, image_dir: --help}"),
-                         "experiments.demo.container.image_dir"),
+    "option-like path": (
+        under_demo("container: {runtime: apptainer, image_dir: --help}"),
+        "experiments.demo.container.image_dir",
+    ),
     ".sif image for docker": (under_demo("container: {runtime: docker, image: /x.sif}"), "docker runtime"),
     "not UTF-8": (BASE_YAML.encode() + b"    slurm: {partition: \xff}\n", "not UTF-8"),
 }
@@ -112,24 +117,47 @@ def with_value(field: str, value) -> dict:
 
 
 # Values each field's pattern accepts, to which a trailing newline is added.
-PATTERN_FIELDS = {"experiment": "demo", "window": "steady", "slurm.partition": "gh", "slurm.time": "2:00:00",
-                  "slurm.mem": "64G", "slurm.extra": "--exclusive", "container.binds": "/data",
-                  "container.env": "HF_HOME", "container.image": "docker://nvcr.io/nvidia/nemo:25.02.01",
-                  "profile.output_name": "profile", "remote.host": "login1"}
-NEWLINE_CASES = {f"newline after {field}": (yaml.safe_dump(with_value(field, value + "\n")), "control character")
-                 for field, value in {**PATTERN_FIELDS, "run": "demo"}.items()}
+PATTERN_FIELDS = {
+    "experiment": "demo",
+    "window": "steady",
+    "slurm.partition": "gh",
+    "slurm.time": "2:00:00",
+    "slurm.mem": "64G",
+    "slurm.extra": "--exclusive",
+    "container.binds": "/data",
+    "container.env": "HF_HOME",
+    "container.image": "docker://nvcr.io/nvidia/nemo:25.02.01",
+    "profile.output_name": "profile",
+    "remote.host": "login1",
+}
+NEWLINE_CASES = {
+    f"newline after {field}": (yaml.safe_dump(with_value(field, value + "\n")), "control character")
+    for field, value in {**PATTERN_FIELDS, "run": "demo"}.items()
+}
 
 
 def cli_argv(command: str, config_file: Path, workdir: Path) -> list:
     if command == "validate":
         return ["validate", config_file]
-    return ["render", "sbatch", "demo", "steady", "--config", config_file, "--workdir", workdir,
-            "-o", workdir / "job.sbatch"]
+    return [
+        "render",
+        "sbatch",
+        "demo",
+        "steady",
+        "--config",
+        config_file,
+        "--workdir",
+        workdir,
+        "-o",
+        workdir / "job.sbatch",
+    ]
 
 
 # Each case through one of the two commands, in turn: both load the config the same way.
-HAND_CASES = [(command, *case) for command, case in zip(itertools.cycle(["validate", "render"]),
-                                                        [*HOSTILE_YAML.values(), *NEWLINE_CASES.values()])]
+HAND_CASES = [
+    (command, *case)
+    for command, case in zip(itertools.cycle(["validate", "render"]), [*HOSTILE_YAML.values(), *NEWLINE_CASES.values()])
+]
 
 
 @pytest.mark.parametrize("command, content, named", HAND_CASES, ids=[*HOSTILE_YAML, *NEWLINE_CASES])
@@ -181,17 +209,25 @@ def test_working_directory_unfit_for_a_script_is_refused_and_nothing_written(tmp
     config_file = tmp_path / "config.yaml"
     config_file.write_text(BASE_YAML)
     before = tree_state(tmp_path)
-    argv = (["render", "sbatch", "-o", tmp_path / "job.sbatch"] if command == "render" else ["submit"])
-    result = run_sftprof(*argv, "demo", "steady", "--config", config_file, "--workdir", tmp_path / workdir,
-                         cwd=tmp_path)
+    argv = ["render", "sbatch", "-o", tmp_path / "job.sbatch"] if command == "render" else ["submit"]
+    result = run_sftprof(
+        *argv, "demo", "steady", "--config", config_file, "--workdir", tmp_path / workdir, cwd=tmp_path
+    )
     assert_refused(result, contains="cannot carry")
     assert tree_state(tmp_path) == before
 
 
-@pytest.mark.parametrize("section, key, value", [
-    ("container", "binds", ["/d\n#SBATCH --uid=0"]), ("container", "image_dir", "i\rj"),
-    ("slurm", "partition", "gh\nid"), ("slurm", "partition", "g h"), ("slurm", "extra", ["--comment=$(id)"]),
-    ("profile", "output_name", "p\x85q")])
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("container", "binds", ["/d\n#SBATCH --uid=0"]),
+        ("container", "image_dir", "i\rj"),
+        ("slurm", "partition", "gh\nid"),
+        ("slurm", "partition", "g h"),
+        ("slurm", "extra", ["--comment=$(id)"]),
+        ("profile", "output_name", "p\x85q"),
+    ],
+)
 def test_renderer_refuses_what_would_break_a_line_even_past_the_config(section, key, value):
     """The renderer's own guard, for a value that did not come through config.load."""
     demo = config.validate(with_value("container.runtime", "apptainer"))["experiments"]["demo"]
@@ -206,17 +242,73 @@ def test_renderer_refuses_what_would_break_a_line_even_past_the_config(section, 
 
 # Shell syntax, quoting, control characters, option look-alikes and non-ASCII. Each is harmless
 # if a shell ever ran it: PWNED would then stand where the text that names it should be.
-FRAGMENTS = ["\n", "\r", "\t", "\x00", "\x1b[31m", "\x85", "\u2028", "\u202e", " ", "'", '"', "\\",
-             "$(echo PWNED)", "`echo PWNED`", ";echo PWNED", "&&", "|", "&", "#", "*", "?", "[a]", "~", "!",
-             "%", "-", "--x", "=", ":", ",", ".", "/", "${IFS}", "$HOME", "é", "名", "😀", "<x", ">x", "{a,b}"]
+FRAGMENTS = [
+    "\n",
+    "\r",
+    "\t",
+    "\x00",
+    "\x1b[31m",
+    "\x85",
+    "\u2028",
+    "\u202e",
+    " ",
+    "'",
+    '"',
+    "\\",
+    "$(echo PWNED)",
+    "`echo PWNED`",
+    ";echo PWNED",
+    "&&",
+    "|",
+    "&",
+    "#",
+    "*",
+    "?",
+    "[a]",
+    "~",
+    "!",
+    "%",
+    "-",
+    "--x",
+    "=",
+    ":",
+    ",",
+    ".",
+    "/",
+    "${IFS}",
+    "$HOME",
+    "é",
+    "名",
+    "😀",
+    "<x",
+    ">x",
+    "{a,b}",
+]
 # Starts that some field's pattern accepts, so that hostile endings get past the first character.
 LEGAL_STARTS = ["", "gh", "1", "2:00:00", "64G", "/data", "--comment=", "docker://a/b", "HF_HOME"]
-hostile_values = st.tuples(st.sampled_from(LEGAL_STARTS),
-                           st.one_of(st.lists(st.sampled_from(FRAGMENTS), max_size=4).map("".join),
-                                     st.text(max_size=12))).map("".join)
-FIELDS = ["experiment", "window", "run", "slurm.partition", "slurm.account", "slurm.qos", "slurm.constraint",
-          "slurm.reservation", "slurm.time", "slurm.mem", "slurm.extra", "container.binds", "container.env",
-          "container.image", "container.image_dir", "profile.output_name", "model.path"]
+hostile_values = st.tuples(
+    st.sampled_from(LEGAL_STARTS),
+    st.one_of(st.lists(st.sampled_from(FRAGMENTS), max_size=4).map("".join), st.text(max_size=12)),
+).map("".join)
+FIELDS = [
+    "experiment",
+    "window",
+    "run",
+    "slurm.partition",
+    "slurm.account",
+    "slurm.qos",
+    "slurm.constraint",
+    "slurm.reservation",
+    "slurm.time",
+    "slurm.mem",
+    "slurm.extra",
+    "container.binds",
+    "container.env",
+    "container.image",
+    "container.image_dir",
+    "profile.output_name",
+    "model.path",
+]
 RUNTIMES = ["none", "apptainer", "docker"]
 PROPERTY_SETTINGS = settings(max_examples=120, deadline=None, database=None)
 
@@ -235,8 +327,7 @@ def render_in_process(cfg: dict, form: str, workdir: Path) -> subprocess.Complet
     config_file.write_text(yaml.safe_dump(cfg))
     ((experiment_name, experiment),) = cfg["experiments"].items()
     (window_name,) = experiment["profile"]["windows"]
-    argv = ["render", form, "--config", str(config_file), "--workdir", str(workdir), "--",
-            experiment_name, window_name]
+    argv = ["render", form, "--config", str(config_file), "--workdir", str(workdir), "--", experiment_name, window_name]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(argv)
@@ -261,8 +352,10 @@ def test_hostile_values_are_refused_in_one_line_or_render_a_sound_script(tmp_pat
     tried = 0
 
     @PROPERTY_SETTINGS
-    @given(values=st.dictionaries(st.sampled_from(FIELDS), hostile_values, min_size=1, max_size=4),
-           runtime=st.sampled_from(RUNTIMES))
+    @given(
+        values=st.dictionaries(st.sampled_from(FIELDS), hostile_values, min_size=1, max_size=4),
+        runtime=st.sampled_from(RUNTIMES),
+    )
     def one_config(values, runtime):
         nonlocal tried
         tried += 1
@@ -281,17 +374,54 @@ def test_hostile_values_are_refused_in_one_line_or_render_a_sound_script(tmp_pat
 # Harmless fragments a marker ends in: shell syntax, most of it legal in some field (bind paths
 # take all but `:`, `,` and spaces). No control characters (always refused, above) and no `/`
 # (a path would normalise it away).
-MARKER_ENDS = ["_", ".", "-", ",", ":", "+", "=", "@", "%", "[", "]", "&", "|", "*", "!", " ", "'", '"', "\\",
-               "$(echo${IFS}PWNED)", "`echo${IFS}PWNED`", ";echo${IFS}PWNED", "$(echo PWNED)", "#", "~",
-               "$HOME", "é", "<x", ">x", "?"]
+MARKER_ENDS = [
+    "_",
+    ".",
+    "-",
+    ",",
+    ":",
+    "+",
+    "=",
+    "@",
+    "%",
+    "[",
+    "]",
+    "&",
+    "|",
+    "*",
+    "!",
+    " ",
+    "'",
+    '"',
+    "\\",
+    "$(echo${IFS}PWNED)",
+    "`echo${IFS}PWNED`",
+    ";echo${IFS}PWNED",
+    "$(echo PWNED)",
+    "#",
+    "~",
+    "$HOME",
+    "é",
+    "<x",
+    ">x",
+    "?",
+]
 # field: (how a marker becomes its value, the runtimes under which it reaches the script)
 MARKED_FIELDS = {
-    "experiment": ("{}", RUNTIMES), "window": ("{}", RUNTIMES), "slurm.partition": ("{}", RUNTIMES),
-    "slurm.account": ("{}", RUNTIMES), "slurm.qos": ("{}", RUNTIMES), "slurm.constraint": ("{}", RUNTIMES),
-    "slurm.reservation": ("{}", RUNTIMES), "slurm.extra": ("--comment={}", RUNTIMES),
-    "profile.output_name": ("{}", RUNTIMES), "model.path": ("/{}", RUNTIMES),
-    "container.binds": ("/{}", ["apptainer", "docker"]), "container.image_dir": ("{}", ["apptainer"]),
-    "container.image": ("docker://{}", ["docker"]), "container.env": ("{}", ["docker"]),
+    "experiment": ("{}", RUNTIMES),
+    "window": ("{}", RUNTIMES),
+    "slurm.partition": ("{}", RUNTIMES),
+    "slurm.account": ("{}", RUNTIMES),
+    "slurm.qos": ("{}", RUNTIMES),
+    "slurm.constraint": ("{}", RUNTIMES),
+    "slurm.reservation": ("{}", RUNTIMES),
+    "slurm.extra": ("--comment={}", RUNTIMES),
+    "profile.output_name": ("{}", RUNTIMES),
+    "model.path": ("/{}", RUNTIMES),
+    "container.binds": ("/{}", ["apptainer", "docker"]),
+    "container.image_dir": ("{}", ["apptainer"]),
+    "container.image": ("docker://{}", ["docker"]),
+    "container.env": ("{}", ["docker"]),
 }
 
 
@@ -299,11 +429,18 @@ MARKED_FIELDS = {
 def marked_configs(draw) -> tuple[str, dict]:
     """A runtime and 1-3 fields, each holding a marker K<n>K plus hostile characters."""
     runtime = draw(st.sampled_from(RUNTIMES))
-    fields = draw(st.lists(st.sampled_from([field for field, (_, runtimes) in MARKED_FIELDS.items()
-                                            if runtime in runtimes]), min_size=1, max_size=3, unique=True))
+    fields = draw(
+        st.lists(
+            st.sampled_from([field for field, (_, runtimes) in MARKED_FIELDS.items() if runtime in runtimes]),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        )
+    )
     ends = st.lists(st.sampled_from(MARKER_ENDS), max_size=3).map("".join)
-    return runtime, {field: MARKED_FIELDS[field][0].format(f"K{index}K" + draw(ends))
-                     for index, field in enumerate(fields)}
+    return runtime, {
+        field: MARKED_FIELDS[field][0].format(f"K{index}K" + draw(ends)) for index, field in enumerate(fields)
+    }
 
 
 def json_strings(value) -> list[str]:

@@ -61,8 +61,9 @@ def small_disk(tmp_path):
     """A 256 KiB tmpfs: too small for any export."""
     mount_point = tmp_path / "full"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
     try:
@@ -99,8 +100,15 @@ def test_two_workflows_profiling_at_once_on_one_host_both_finish(demo_run, tmp_p
         config = copy.deepcopy(SMALL_DEMO)
         config["experiments"]["demo"]["profile"]["windows"]["steady"]["end_step"] = end_step
         write_config(workdir, config)
-        runs.append((workdir, end_step, subprocess.Popen(snakemake_argv(workdir), cwd=workdir, text=True,
-                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+        runs.append(
+            (
+                workdir,
+                end_step,
+                subprocess.Popen(
+                    snakemake_argv(workdir), cwd=workdir, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                ),
+            )
+        )
     for workdir, end_step, run in runs:
         stdout, stderr = run.communicate(timeout=900)
         assert run.returncode == 0, stderr[-4000:]

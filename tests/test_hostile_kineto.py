@@ -21,15 +21,65 @@ from conftest import SFTPROF, assert_refused, assert_sane_with_dropped_rows, imp
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_plant_clean.pt.trace.json.gz"
 FUZZ_SEED, FUZZ_CASES = 20261201, 100
 CASE_TIMEOUT_S = 30  # one case loads and analyses in about 0.3 s
-TABLE_OF = {"cpu_op": "nvtx", "user_annotation": "nvtx", "cuda_runtime": "cuda_api", "cuda_driver": "cuda_api",
-            "kernel": "kernels", "gpu_memcpy": "memops", "gpu_memset": "memops"}
+TABLE_OF = {
+    "cpu_op": "nvtx",
+    "user_annotation": "nvtx",
+    "cuda_runtime": "cuda_api",
+    "cuda_driver": "cuda_api",
+    "kernel": "kernels",
+    "gpu_memcpy": "memops",
+    "gpu_memset": "memops",
+}
 # JSON numbers that json.dumps cannot write from Python values: written as these strings, then unquoted.
 RAW_NUMBERS = {"1e999": "1e999", "-1e999": "-1e999", "big": "1" + "0" * 400}
-HOSTILE_VALUES = [None, True, False, -1, 0, 2**24, 2**31, 2**63, 2**64, -(2**63), 10**30, 1e308, -1e308, 5e-324,
-                  float("inf"), float("-inf"), float("nan"), *RAW_NUMBERS, "", "abc", "12", "\u202e\x00", [], {},
-                  [1, 2, 3], ["a", 1, 2], {"a": 1}, [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]
-FIELDS = ["ts", "dur", "pid", "tid", "name", "cat", "ph", "args", "args.correlation", "args.device", "args.stream",
-          "args.bytes", "args.grid", "args.block", "args.name", "args.inDevice"]
+HOSTILE_VALUES = [
+    None,
+    True,
+    False,
+    -1,
+    0,
+    2**24,
+    2**31,
+    2**63,
+    2**64,
+    -(2**63),
+    10**30,
+    1e308,
+    -1e308,
+    5e-324,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    *RAW_NUMBERS,
+    "",
+    "abc",
+    "12",
+    "\u202e\x00",
+    [],
+    {},
+    [1, 2, 3],
+    ["a", 1, 2],
+    {"a": 1},
+    [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]],
+]
+FIELDS = [
+    "ts",
+    "dur",
+    "pid",
+    "tid",
+    "name",
+    "cat",
+    "ph",
+    "args",
+    "args.correlation",
+    "args.device",
+    "args.stream",
+    "args.bytes",
+    "args.grid",
+    "args.block",
+    "args.name",
+    "args.inDevice",
+]
 
 
 def small_trace() -> dict:
@@ -38,8 +88,13 @@ def small_trace() -> dict:
         document = json.load(stream)
     events = document["traceEvents"]
     first = min(e["ts"] for e in events if e.get("ph") == "X" and isinstance(e.get("pid"), int))
-    document["traceEvents"] = [e for e in events if e.get("ph") == "M" or e.get("cat") == "gpu_memcpy"
-                               or (isinstance(e.get("ts"), (int, float)) and e["ts"] - first < 10_000)]
+    document["traceEvents"] = [
+        e
+        for e in events
+        if e.get("ph") == "M"
+        or e.get("cat") == "gpu_memcpy"
+        or (isinstance(e.get("ts"), (int, float)) and e["ts"] - first < 10_000)
+    ]
     return document
 
 
@@ -61,15 +116,27 @@ def spoil(document: dict, category: str, field: str, value, every: int, spoiled:
 
 # ---------------------------------------------------------------- hand cases, through the CLI
 
+
 def test_events_of_wrong_types_or_impossible_times_are_left_out_and_named(tmp_path):
     base, cases, expected = small_trace(), {}, {}
     for name, spoils in {
         "ids": [("cpu_op", "pid", 10**30, 3), ("kernel", "pid", 2**70, 4), ("cuda_runtime", "tid", -5, 5)],
-        "times": [("user_annotation", "ts", float("nan"), 4), ("kernel", "dur", float("inf"), 3),
-                  ("cpu_op", "ts", "1e999", 4), ("cuda_runtime", "dur", 1e30, 6), ("gpu_memset", "ts", -1e20, 2),
-                  ("gpu_memcpy", "dur", -5, 2), ("cuda_driver", "ts", "big", 1)],
-        "types": [("kernel", "name", [1, 2], 5), ("cuda_runtime", "name", 123, 7), ("gpu_memcpy", "args", "oops", 3),
-                  ("cpu_op", "ts", "12", 9), ("cuda_driver", "dur", True, 2)],
+        "times": [
+            ("user_annotation", "ts", float("nan"), 4),
+            ("kernel", "dur", float("inf"), 3),
+            ("cpu_op", "ts", "1e999", 4),
+            ("cuda_runtime", "dur", 1e30, 6),
+            ("gpu_memset", "ts", -1e20, 2),
+            ("gpu_memcpy", "dur", -5, 2),
+            ("cuda_driver", "ts", "big", 1),
+        ],
+        "types": [
+            ("kernel", "name", [1, 2], 5),
+            ("cuda_runtime", "name", 123, 7),
+            ("gpu_memcpy", "args", "oops", 3),
+            ("cpu_op", "ts", "12", 9),
+            ("cuda_driver", "dur", True, 2),
+        ],
     }.items():
         document, spoiled = copy.deepcopy(base), {}
         for category, field, value, every in spoils:
@@ -96,10 +163,21 @@ def test_events_of_wrong_types_or_impossible_times_are_left_out_and_named(tmp_pa
         assert summary["headline"]["capture_s"] < 1, summary["headline"]  # no far-off time stretched the capture
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("deep", '{"schemaVersion": 1, "traceEvents": [' + "[" * 200_000 + "]" * 200_000 + "]}", "JSON nested too deeply"),
-    ("huge integer", '{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": ' + "9" * 5000 + "}]}", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        (
+            "deep",
+            '{"schemaVersion": 1, "traceEvents": [' + "[" * 200_000 + "]" * 200_000 + "]}",
+            "JSON nested too deeply",
+        ),
+        (
+            "huge integer",
+            '{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": ' + "9" * 5000 + "}]}",
+            "not valid JSON",
+        ),
+    ],
+)
 def test_json_no_parser_should_take_is_refused(tmp_path, name, text, message):
     path = tmp_path / "t.pt.trace.json"
     path.write_text(text)
@@ -128,7 +206,9 @@ def run_measured(*args, folder: Path) -> tuple[subprocess.CompletedProcess, int]
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
         stdout.seek(0), stderr.seek(0)
-        return subprocess.CompletedProcess(args, process.returncode, stdout.read(), stderr.read()), usage.ru_maxrss * 1024
+        return subprocess.CompletedProcess(
+            args, process.returncode, stdout.read(), stderr.read()
+        ), usage.ru_maxrss * 1024
 
 
 def test_a_directory_named_like_a_trace_is_refused(tmp_path):
@@ -139,9 +219,12 @@ def test_a_directory_named_like_a_trace_is_refused(tmp_path):
 
 # ---------------------------------------------------------------- the fuzzer
 
+
 def break_event(events: list, rng: random.Random) -> str:
     """One random damage to one event: a field set to a hostile value or removed, or the event replaced."""
-    mapped = [i for i, e in enumerate(events) if isinstance(e, dict) and (str(e.get("cat")) in TABLE_OF or e.get("ph") == "M")]
+    mapped = [
+        i for i, e in enumerate(events) if isinstance(e, dict) and (str(e.get("cat")) in TABLE_OF or e.get("ph") == "M")
+    ]
     i = rng.choice(mapped) if rng.random() < 0.9 else rng.randrange(len(events))
     if rng.random() < 0.03:
         events[i] = rng.choice([None, 5, "x", [1], [[[[1]]]]])

@@ -19,11 +19,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import CONTROL_CHARACTERS, SFTPROF, assert_refused, run_sftprof, tree_state
 from sftprof import results
 from sftprof.cli import main
 from sftprof.io import atomic_dir
 from sftprof.text import read_csv, write_csv
+
+from conftest import CONTROL_CHARACTERS, SFTPROF, assert_refused, run_sftprof, tree_state
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CLEAN, GEMM = FIXTURES / "h200_plant_clean.sqlite", FIXTURES / "h200_plant_gemm.sqlite"
@@ -32,8 +33,13 @@ CLEAN, GEMM = FIXTURES / "h200_plant_clean.sqlite", FIXTURES / "h200_plant_gemm.
 PAYLOAD = "$\\frac$ \x1b[2J\x1b]0;pwned\x07 =cmd|' /C calc'!A0 \r\x08\x9b31m"
 RAW_SEQUENCES = ("\x1b[2J", "\x1b]0;", "\x07", "\x08", "\x9b")
 # The names planted in h200_plant_clean, each with a character that starts a spreadsheet formula.
-PLANTED = {"top kernel": "=" + PAYLOAD, "python3": "+" + PAYLOAD, "pthread_cond_wait": "@" + PAYLOAD,
-           "pt_autograd_0": "-" + PAYLOAD, "cub::DeviceRadixSort": PAYLOAD}
+PLANTED = {
+    "top kernel": "=" + PAYLOAD,
+    "python3": "+" + PAYLOAD,
+    "pthread_cond_wait": "@" + PAYLOAD,
+    "pt_autograd_0": "-" + PAYLOAD,
+    "cub::DeviceRadixSort": PAYLOAD,
+}
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -43,8 +49,10 @@ def plant(folder: Path) -> Path:
     path = folder / "hostile.sqlite"
     shutil.copy(CLEAN, path)
     with sqlite3.connect(path) as db:
-        top_kernel = db.execute("SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY demangledName "
-                                "ORDER BY sum(end - start) DESC LIMIT 1").fetchone()[0]
+        top_kernel = db.execute(
+            "SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY demangledName "
+            "ORDER BY sum(end - start) DESC LIMIT 1"
+        ).fetchone()[0]
         for old, new in PLANTED.items():
             where = ("id = ?", top_kernel) if old == "top kernel" else ("value = ?", old)
             assert db.execute(f"UPDATE StringIds SET value = ? WHERE {where[0]}", (new, where[1])).rowcount == 1
@@ -88,8 +96,9 @@ def test_hostile_names_reach_a_terminal_as_visible_escapes(planted, tmp_path):
     """On a terminal rich adds its colours and progress bar, but no sequence from the trace."""
     root, _ = planted
     terminal, child = pty.openpty()
-    run = subprocess.Popen([SFTPROF, "analyze", root / "hostile.sqlite", "-o", tmp_path / "out"],
-                           stdin=child, stdout=child, stderr=child)
+    run = subprocess.Popen(
+        [SFTPROF, "analyze", root / "hostile.sqlite", "-o", tmp_path / "out"], stdin=child, stdout=child, stderr=child
+    )
     os.close(child)
     output = b""
     while True:
@@ -189,8 +198,7 @@ def test_killed_between_tables_and_report_leaves_the_previous_output(good, tmp_p
     out = tmp_path / "out"
     shutil.copytree(good[GEMM], out)
     before, started = tree_state(out), time.time_ns()
-    run = subprocess.Popen([SFTPROF, "analyze", CLEAN, "-o", out], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+    run = subprocess.Popen([SFTPROF, "analyze", CLEAN, "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while not _analysis_written_since(tmp_path, started) and run.poll() is None:
         time.sleep(0.005)
     run.send_signal(signal.SIGKILL)
@@ -230,8 +238,12 @@ def test_two_runs_writing_one_folder_never_mix(good, tmp_path):
     expected = {str(source): _analysis_of(out) for source, out in good.items()}
     out = tmp_path / "out"
     for _ in range(4):
-        runs = [subprocess.Popen([SFTPROF, "analyze", source, "-o", out], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for source in good]
+        runs = [
+            subprocess.Popen(
+                [SFTPROF, "analyze", source, "-o", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for source in good
+        ]
         finished = [_finished(run) for run in runs]
         assert any(result.returncode == 0 for result in finished), [r.stderr[-2000:] for r in finished]
         for result in finished:
@@ -252,17 +264,20 @@ def test_a_folder_with_other_files_is_not_replaced(tmp_path):
     assert tree_state(tmp_path) == before
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "No such file"),
-    ('{"step": 0, "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\nnot json\n', "line 2: not JSON"),
-    ('[1, 2]\n', "line 1: not a JSON object"),
-    ('{"step": "0", "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\n', "step must be an integer"),
-    ('{"step": 0, "step_time_s": 1e999, "tokens_per_s": 1.0, "in_window": true}\n', "step_time_s must be a finite"),
-    ('{"step": 1' + "0" * 40 + ', "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\n', "step must be"),
-    ('{"step": 0, "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": "yes"}\n', "in_window must be true or"),
-    ('{"step": 0, "tokens_per_s": 1.0, "in_window": true}\n', "no step_time_s"),
-    (b'\xff\xfe\n', "cannot read the metrics"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "No such file"),
+        ('{"step": 0, "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\nnot json\n', "line 2: not JSON"),
+        ("[1, 2]\n", "line 1: not a JSON object"),
+        ('{"step": "0", "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\n', "step must be an integer"),
+        ('{"step": 0, "step_time_s": 1e999, "tokens_per_s": 1.0, "in_window": true}\n', "step_time_s must be a finite"),
+        ('{"step": 1' + "0" * 40 + ', "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\n', "step must be"),
+        ('{"step": 0, "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": "yes"}\n', "in_window must be true or"),
+        ('{"step": 0, "tokens_per_s": 1.0, "in_window": true}\n', "no step_time_s"),
+        (b"\xff\xfe\n", "cannot read the metrics"),
+    ],
+)
 def test_bad_metrics_are_refused_before_any_work(capsys, tmp_path, content, message):
     """Refused by line and field before the analysis, so no output folder appears."""
     metrics = tmp_path / "metrics.jsonl"
@@ -277,6 +292,7 @@ def test_bad_metrics_are_refused_before_any_work(capsys, tmp_path, content, mess
 
 def _edit_summary(**changes):
     """An edit of analysis.json: `key` or `parent.key` set to a value."""
+
     def edit(folder: Path) -> None:
         path = folder / "analysis.json"
         summary = json.loads(path.read_text())
@@ -284,33 +300,45 @@ def _edit_summary(**changes):
             parent, _, leaf = key.rpartition(".")
             (summary[parent] if parent else summary)[leaf] = value
         path.write_text(json.dumps(summary))
+
     return edit
 
 
 def _edit_csv(name: str, column: str, value=None):
     """An edit of NAME.csv: `column` set to `value` everywhere, or dropped."""
+
     def edit(folder: Path) -> None:
         frame = read_csv(folder / f"{name}.csv")
         frame = frame.drop(columns=[column]) if value is None else frame.assign(**{column: value})
         write_csv(frame, folder / f"{name}.csv")
+
     return edit
 
 
-@pytest.mark.parametrize("edit, message", [
-    (_edit_summary(span_ns="abc"), "analysis.json: span_ns must be a number"),
-    (lambda f: (f / "analysis.json").write_text((f / "analysis.json").read_text().replace(
-        '"span_ns": ', '"span_ns": 1e999, "x": ')), "analysis.json: span_ns must be a number"),
-    (_edit_summary(**{"headline.kernels": 10 ** 400}), "analysis.json: headline must be"),
-    (_edit_summary(sources="cuda"), "analysis.json: sources must be a list of strings"),
-    (_edit_summary(findings=[{"rule": 1}]), "analysis.json: findings must be a list of findings"),
-    (_edit_summary(tables=["../../../etc/passwd"]), "analysis.json: tables must be a list of table names"),
-    (lambda f: (f / "analysis.json").write_text("{not json"), "analysis.json: cannot read it"),
-    (lambda f: (f / "kernels.csv").unlink(), "kernels.csv: cannot read it"),
-    (_edit_csv("kernels", "total_ns", "x"), "kernels.csv: column total_ns holds values that are not numbers"),
-    (_edit_csv("steps", "duration", "x"), "steps.csv: column duration holds values that are not numbers"),
-    (lambda f: (_edit_csv("steps", "duration")(f), _edit_summary(**{"headline.steps_captured": "3"})(f)),
-     "analysis.json: headline.steps_captured must be a number"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (_edit_summary(span_ns="abc"), "analysis.json: span_ns must be a number"),
+        (
+            lambda f: (f / "analysis.json").write_text(
+                (f / "analysis.json").read_text().replace('"span_ns": ', '"span_ns": 1e999, "x": ')
+            ),
+            "analysis.json: span_ns must be a number",
+        ),
+        (_edit_summary(**{"headline.kernels": 10**400}), "analysis.json: headline must be"),
+        (_edit_summary(sources="cuda"), "analysis.json: sources must be a list of strings"),
+        (_edit_summary(findings=[{"rule": 1}]), "analysis.json: findings must be a list of findings"),
+        (_edit_summary(tables=["../../../etc/passwd"]), "analysis.json: tables must be a list of table names"),
+        (lambda f: (f / "analysis.json").write_text("{not json"), "analysis.json: cannot read it"),
+        (lambda f: (f / "kernels.csv").unlink(), "kernels.csv: cannot read it"),
+        (_edit_csv("kernels", "total_ns", "x"), "kernels.csv: column total_ns holds values that are not numbers"),
+        (_edit_csv("steps", "duration", "x"), "steps.csv: column duration holds values that are not numbers"),
+        (
+            lambda f: (_edit_csv("steps", "duration")(f), _edit_summary(**{"headline.steps_captured": "3"})(f)),
+            "analysis.json: headline.steps_captured must be a number",
+        ),
+    ],
+)
 def test_compare_refuses_a_damaged_analysis_naming_file_and_key(good, capsys, tmp_path, edit, message):
     damaged = tmp_path / "damaged"
     shutil.copytree(good[CLEAN] / "analysis", damaged)

@@ -25,14 +25,24 @@ FIXTURE = Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite"
 FUZZ_SEED, FUZZ_CASES = 20261201, 60
 CASE_TIMEOUT_S = 60  # one case loads and analyses in about a second
 # Tables whose pages the fuzzer corrupts, with weights: the two the page decoder reads come first.
-FUZZED_TABLES = {"CUPTI_ACTIVITY_KIND_KERNEL": 4, "CUPTI_ACTIVITY_KIND_RUNTIME": 3, "NVTX_EVENTS": 1, "OSRT_API": 1,
-                 "CUPTI_ACTIVITY_KIND_MEMCPY": 1, "CUPTI_ACTIVITY_KIND_MEMSET": 1,
-                 "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": 1, "StringIds": 1, "ThreadNames": 1, "sqlite_schema": 1}
+FUZZED_TABLES = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": 4,
+    "CUPTI_ACTIVITY_KIND_RUNTIME": 3,
+    "NVTX_EVENTS": 1,
+    "OSRT_API": 1,
+    "CUPTI_ACTIVITY_KIND_MEMCPY": 1,
+    "CUPTI_ACTIVITY_KIND_MEMSET": 1,
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": 1,
+    "StringIds": 1,
+    "ThreadNames": 1,
+    "sqlite_schema": 1,
+}
 INT64_MAX = 2**63 - 1
 
 
-def export_copy(folder: Path, name: str, *statements: str, not_null_off: tuple[str, ...] = (),
-                source: Path = FIXTURE) -> Path:
+def export_copy(
+    folder: Path, name: str, *statements: str, not_null_off: tuple[str, ...] = (), source: Path = FIXTURE
+) -> Path:
     """`source` with `statements` applied; `not_null_off` tables take NULLs (their schema text edited,
     as a hostile file may have it)."""
     path = folder / name
@@ -60,7 +70,7 @@ def left_out(path: Path) -> dict[str, int]:
         "kernels": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE {bad}",
         "cuda_api": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE {bad}",
         "memops": f"SELECT (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE {bad}) "
-                  f"+ (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE {bad})",
+        f"+ (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE {bad})",
         "sync": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION WHERE {bad}",
         "osrt": f"SELECT count(*) FROM OSRT_API WHERE eventClass = 27 AND {bad}",
         # an NVTX range without an end is open to the capture's end, not damaged
@@ -69,8 +79,11 @@ def left_out(path: Path) -> dict[str, int]:
     }
     with sqlite3.connect(path) as conn:
         present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    return {table: rows for table, sql in queries.items()
-            if set(re.findall(r"FROM (\w+)", sql)) <= present and (rows := count(path, sql))}
+    return {
+        table: rows
+        for table, sql in queries.items()
+        if set(re.findall(r"FROM (\w+)", sql)) <= present and (rows := count(path, sql))
+    }
 
 
 def small_pages_export(path: Path) -> Path:
@@ -85,11 +98,14 @@ def small_pages_export(path: Path) -> Path:
 def btree_pages(path: Path) -> list[tuple[int, str, str]]:
     """(page number, table, "internal" or "leaf") for every b-tree page but page 1 (the file header's)."""
     with sqlite3.connect(path) as conn:
-        return conn.execute("SELECT pageno, name, pagetype FROM dbstat WHERE pagetype IN ('internal', 'leaf') "
-                            "AND pageno > 1 ORDER BY pageno").fetchall()
+        return conn.execute(
+            "SELECT pageno, name, pagetype FROM dbstat WHERE pagetype IN ('internal', 'leaf') "
+            "AND pageno > 1 ORDER BY pageno"
+        ).fetchall()
 
 
 # ---------------------------------------------------------------- hand cases, through the CLI
+
 
 def interior_root(path: Path, table: str) -> tuple[bytearray, int]:
     """The file's bytes and the offset of `table`'s root page, an interior page in a small_pages_export."""
@@ -102,16 +118,16 @@ def interior_root(path: Path, table: str) -> tuple[bytearray, int]:
 
 def own_child(data: bytearray, at: int) -> None:
     """An interior page with no cells whose rightmost child is itself: a walk that trusts it never ends."""
-    data[at + 3:at + 5] = b"\0\0"
-    data[at + 8:at + 12] = (at // 512 + 1).to_bytes(4, "big")
+    data[at + 3 : at + 5] = b"\0\0"
+    data[at + 8 : at + 12] = (at // 512 + 1).to_bytes(4, "big")
 
 
 def cell_pointer_out_of_page(data: bytearray, at: int) -> None:
-    data[at + 12:at + 14] = b"\xff\xff"
+    data[at + 12 : at + 14] = b"\xff\xff"
 
 
 def child_page_zero(data: bytearray, at: int) -> None:
-    data[at + 8:at + 12] = b"\0\0\0\0"
+    data[at + 8 : at + 12] = b"\0\0\0\0"
 
 
 @pytest.mark.parametrize("damage", [own_child, cell_pointer_out_of_page, child_page_zero], ids=lambda f: f.__name__)
@@ -141,7 +157,8 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
     steps = "text LIKE 'step %'"
     cases = {
         "times": export_copy(
-            tmp_path, "times.sqlite",
+            tmp_path,
+            "times.sqlite",
             # end before start
             'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start - 100000000 WHERE rowid % 3 = 0',
             'UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET "end" = start - 1 WHERE rowid % 3 = 0',
@@ -151,7 +168,8 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             f'UPDATE NVTX_EVENTS SET start = "end" + 1000000000 WHERE {steps} AND rowid % 2 = 0',
             # NULL times
             "UPDATE NVTX_EVENTS SET start = NULL WHERE rowid % 7 = 0",
-            "UPDATE OSRT_API SET start = NULL WHERE rowid % 5 = 1", 'UPDATE OSRT_API SET "end" = NULL WHERE rowid % 5 = 2',
+            "UPDATE OSRT_API SET start = NULL WHERE rowid % 5 = 1",
+            'UPDATE OSRT_API SET "end" = NULL WHERE rowid % 5 = 2',
             "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = NULL WHERE rowid % 3 = 1",
             # times near 2^63
             f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = {INT64_MAX - 1000}, "end" = {INT64_MAX} WHERE rowid % 5 = 0',
@@ -160,17 +178,24 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             f"UPDATE OSRT_API SET start = {-INT64_MAX} WHERE rowid % 5 = 3",
             f'UPDATE NVTX_EVENTS SET "end" = {INT64_MAX} WHERE {steps} AND rowid % 2 = 1',
             "UPDATE ANALYSIS_DETAILS SET duration = -5",
-            not_null_off=("NVTX_EVENTS", "OSRT_API", "CUPTI_ACTIVITY_KIND_KERNEL")),
+            not_null_off=("NVTX_EVENTS", "OSRT_API", "CUPTI_ACTIVITY_KIND_KERNEL"),
+        ),
         "strings": export_copy(
-            tmp_path, "strings.sqlite",
+            tmp_path,
+            "strings.sqlite",
             "UPDATE StringIds SET value = x'00ff10' WHERE id % 7 = 0",
             "UPDATE StringIds SET value = CAST(x'41ff42' AS TEXT) WHERE id % 7 = 1",  # not UTF-8
             "UPDATE NVTX_EVENTS SET text = x'00ff10' WHERE text = 'forward'",
-            "UPDATE NVTX_EVENTS SET text = 'step 99999999999999999999' WHERE text = 'step 4'"),
+            "UPDATE NVTX_EVENTS SET text = 'step 99999999999999999999' WHERE text = 'step 4'",
+        ),
         "sched": export_copy(
-            tmp_path, "sched.sqlite", f"UPDATE SCHED_EVENTS SET start = {INT64_MAX} WHERE rowid % 9 = 0",
-            "UPDATE SCHED_EVENTS SET start = NULL WHERE rowid % 9 = 1", not_null_off=("SCHED_EVENTS",),
-            source=FIXTURE.with_name("cpu_lock_sched.sqlite")),
+            tmp_path,
+            "sched.sqlite",
+            f"UPDATE SCHED_EVENTS SET start = {INT64_MAX} WHERE rowid % 9 = 0",
+            "UPDATE SCHED_EVENTS SET start = NULL WHERE rowid % 9 = 1",
+            not_null_off=("SCHED_EVENTS",),
+            source=FIXTURE.with_name("cpu_lock_sched.sqlite"),
+        ),
         **{name: export_copy(tmp_path, f"{name}.sqlite") for name in ("plain", "a?b#c%41")},
     }
     expected = {name: left_out(path) for name, path in cases.items()}
@@ -182,16 +207,21 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
     assert {path.split("/")[0] for path in new} == {"out"}, sorted(new)[:5]  # no stray file beside the exports
     results = {}
     for name in cases:
-        summary, frames = assert_sane_with_dropped_rows(tmp_path / "out" / name.split(".")[0] / "analysis",
-                                                        expected[name])
+        summary, frames = assert_sane_with_dropped_rows(
+            tmp_path / "out" / name.split(".")[0] / "analysis", expected[name]
+        )
         results[name] = summary, frames
     named_steps = count(cases["strings"], f"SELECT count(*) FROM NVTX_EVENTS WHERE {steps}")
     assert len(results["strings"][1]["steps"]) == named_steps - 1 > 0  # the step past int64 is no step
     plain = results["plain"][0]
-    assert results["a?b#c%41"][0]["headline"] == plain["headline"] and results["a?b#c%41"][0]["findings"] == plain["findings"]
+    assert (
+        results["a?b#c%41"][0]["headline"] == plain["headline"]
+        and results["a?b#c%41"][0]["findings"] == plain["findings"]
+    )
 
 
 # ---------------------------------------------------------------- the fuzzer
+
 
 def corrupt(data: bytearray, pages: list[tuple[int, str, str]], rng: random.Random, page_size: int = 512) -> str:
     """One random damage to one b-tree page (a header field, a cell pointer, a child page number, a varint
@@ -199,10 +229,10 @@ def corrupt(data: bytearray, pages: list[tuple[int, str, str]], rng: random.Rand
     weights = [FUZZED_TABLES.get(table, 0) for _, table, _ in pages]
     number, table, kind = rng.choices(pages, weights)[0]
     base, header = (number - 1) * page_size, 12 if kind == "internal" else 8
-    cells = int.from_bytes(data[base + 3:base + 5], "big")
+    cells = int.from_bytes(data[base + 3 : base + 5], "big")
 
     def cell(i: int) -> int:
-        pointer = int.from_bytes(data[base + header + 2 * i:base + header + 2 * i + 2], "big")
+        pointer = int.from_bytes(data[base + header + 2 * i : base + header + 2 * i + 2], "big")
         return base + min(pointer, page_size - 4)
 
     what = rng.choice(["header", "cell pointer", "child page", "varint", "bytes"])
@@ -210,11 +240,11 @@ def corrupt(data: bytearray, pages: list[tuple[int, str, str]], rng: random.Rand
         data[base + rng.randrange(header)] = rng.randrange(256)
     elif what == "cell pointer" and cells:
         at = base + header + 2 * rng.randrange(min(cells, (page_size - header) // 2))
-        data[at:at + 2] = rng.choice([0, 1, header, page_size - 1, 0xFFFF, rng.randrange(65536)]).to_bytes(2, "big")
+        data[at : at + 2] = rng.choice([0, 1, header, page_size - 1, 0xFFFF, rng.randrange(65536)]).to_bytes(2, "big")
     elif what == "child page" and kind == "internal":
         child = rng.choice([0, 1, number, len(data) // page_size + 1, 2**32 - 1, rng.randrange(len(data) // page_size)])
         at = base + 8 if not cells or rng.random() < 0.3 else cell(rng.randrange(min(cells, (page_size - 12) // 2)))
-        data[at:at + 4] = child.to_bytes(4, "big")
+        data[at : at + 4] = child.to_bytes(4, "big")
     elif what == "varint" and cells:
         at = cell(rng.randrange(min(cells, (page_size - header) // 2))) + rng.randrange(4)
         data[at] = rng.choice([0x00, 0x07, 0x0C, 0x7F, 0x80, 0xFF, rng.randrange(256)])
@@ -266,17 +296,26 @@ def fuzz(base: Path, folder: Path, seed: int, cases: int) -> None:
 
 def test_fuzzed_btree_pages_are_refused_or_loaded_sanely(tmp_path, record_property):
     base = small_pages_export(tmp_path / "base.sqlite")
-    result = subprocess.run([sys.executable, __file__, base, tmp_path, str(FUZZ_SEED), str(FUZZ_CASES)],
-                            capture_output=True, text=True, timeout=FUZZ_CASES * CASE_TIMEOUT_S)
+    result = subprocess.run(
+        [sys.executable, __file__, base, tmp_path, str(FUZZ_SEED), str(FUZZ_CASES)],
+        capture_output=True,
+        text=True,
+        timeout=FUZZ_CASES * CASE_TIMEOUT_S,
+    )
     record_property("hostile_inputs", FUZZ_CASES)
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     damage = {line["case"]: line["damage"] for line in lines if "damage" in line}
     outcomes = [line for line in lines if "outcome" in line]
-    assert len(outcomes) == FUZZ_CASES, (f"case {max(damage)} ({damage[max(damage)]}) did not finish:\n"
-                                         f"{result.stderr[-4000:]}")
-    bad = [(o["case"], damage[o["case"]], o.get("message") or o["problems"]) for o in outcomes
-           if o["outcome"] == "crashed" or o.get("problems")
-           or (o["outcome"] == "refused" and ("\n" in o["message"] or f"case{o['case']}.sqlite" not in o["message"]))]
+    assert len(outcomes) == FUZZ_CASES, (
+        f"case {max(damage)} ({damage[max(damage)]}) did not finish:\n{result.stderr[-4000:]}"
+    )
+    bad = [
+        (o["case"], damage[o["case"]], o.get("message") or o["problems"])
+        for o in outcomes
+        if o["outcome"] == "crashed"
+        or o.get("problems")
+        or (o["outcome"] == "refused" and ("\n" in o["message"] or f"case{o['case']}.sqlite" not in o["message"]))
+    ]
     assert not bad, "\n".join(map(str, bad))
     kinds = {o["outcome"] for o in outcomes}
     assert kinds == {"loaded", "refused"}, kinds  # the damage both reaches the loaders and gets past them

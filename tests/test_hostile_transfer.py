@@ -13,14 +13,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import SMALL_DEMO, assert_refused, run_sftprof, tree_state
 from sftprof.capture import transfer
+
+from conftest import SMALL_DEMO, assert_refused, run_sftprof, tree_state
 from sshd import SshServer, generate_key, login_user, missing_tools, public_key, world_readable_dir
 
 CAPTURE = Path("results/demo/steady/capture")
 STAGING = Path("resources/fetched/demo/steady")
-GOOD_RECORD = {"rank": 0, "world_size": 1, "host": "node1", "node": 0, "slurm_job_id": "123",
-               "report": "profile.nsys-rep"}
+GOOD_RECORD = {
+    "rank": 0,
+    "world_size": 1,
+    "host": "node1",
+    "node": 0,
+    "slurm_job_id": "123",
+    "report": "profile.nsys-rep",
+}
 
 
 @dataclass
@@ -97,11 +104,22 @@ def setup(cluster, tmp_path):
     outside.mkdir()
     (outside / "victim.txt").write_text("precious\n")
     (tmp_path / "victim.txt").write_text("precious too\n")
-    config = {**SMALL_DEMO, "results_from": "remote",
-              "remote": {"host": "127.0.0.1", "port": cluster.server.port, "user": cluster.user,
-                         "identity_file": str(cluster.key), "ssh_config": str(cluster.ssh_config),
-                         "known_hosts": str(cluster.known_hosts), "use_agent": False, "timeout_s": 10,
-                         "retries": 0, "workdir": str(cluster_workdir)}}
+    config = {
+        **SMALL_DEMO,
+        "results_from": "remote",
+        "remote": {
+            "host": "127.0.0.1",
+            "port": cluster.server.port,
+            "user": cluster.user,
+            "identity_file": str(cluster.key),
+            "ssh_config": str(cluster.ssh_config),
+            "known_hosts": str(cluster.known_hosts),
+            "use_agent": False,
+            "timeout_s": 10,
+            "retries": 0,
+            "workdir": str(cluster_workdir),
+        },
+    }
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     result = Setup(remote, workdir, outside)
     result.write_record(GOOD_RECORD)
@@ -115,12 +133,12 @@ def assert_held(setup: Setup, tmp_path: Path, message: str = "") -> None:
     """The fetch was refused in one line; the last good capture and everything outside the
     workflow folder are as they were."""
     before_capture = tree_state(setup.workdir / CAPTURE)
-    before_outside = {name: state for name, state in tree_state(tmp_path).items()
-                      if not name.startswith("workstation")}
+    before_outside = {name: state for name, state in tree_state(tmp_path).items() if not name.startswith("workstation")}
     assert_refused(setup.fetch(), contains=message)
     assert tree_state(setup.workdir / CAPTURE) == before_capture
-    assert {name: state for name, state in tree_state(tmp_path).items()
-            if not name.startswith("workstation")} == before_outside
+    assert {
+        name: state for name, state in tree_state(tmp_path).items() if not name.startswith("workstation")
+    } == before_outside
 
 
 # Each case is a record the cluster might serve instead of the good one, with the message's gist.
@@ -213,9 +231,16 @@ def test_a_remote_file_that_changes_during_transfer_never_passes_for_complete(cl
                     remote_file.write(os.urandom(1 << 20))
 
     target = setup.workdir / "changing.bin"
-    remote = transfer.Remote("127.0.0.1", port=cluster.server.port, user=cluster.user, identity_file=cluster.key,
-                             ssh_config=cluster.ssh_config, known_hosts=cluster.known_hosts, use_agent=False,
-                             timeout_s=10)
+    remote = transfer.Remote(
+        "127.0.0.1",
+        port=cluster.server.port,
+        user=cluster.user,
+        identity_file=cluster.key,
+        ssh_config=cluster.ssh_config,
+        known_hosts=cluster.known_hosts,
+        use_agent=False,
+        timeout_s=10,
+    )
     try:
         transfer.fetch(remote, str(source), target, retries=0, progress=mutate)
     except transfer.TransferError as error:

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants as hf_constants
 
-from conftest import SMALL_DEMO, snakemake, write_config
-from hubserver import HubRepo, HubServer
 from sftprof import layout
 from sftprof.capture import config, data, hub
 from sftprof.capture.model import create_tiny_llama
+
+from conftest import SMALL_DEMO, snakemake, write_config
+from hubserver import HubRepo, HubServer
 
 TOKEN = "hf_" + secrets.token_hex(16)  # may read the gated model
 OTHER_TOKEN = "hf_" + secrets.token_hex(16)  # a token without access to it
@@ -50,13 +51,22 @@ MODEL_FILES = {
     "README.md": b"# Llama 2\n",
 }
 # What the default allow_patterns (*.safetensors, *.json, tokenizer.model) select.
-WANTED = ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
-          "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer.model"]
-BAD_ROWS = [["not", "an", "object"],
-            {"instruction": "Name a colour.", "context": "", "category": "open_qa"},
-            {"instruction": "Name a colour.", "context": None, "response": "Red.", "category": "open_qa"},
-            {"instruction": "   ", "context": "", "response": "Red.", "category": "open_qa"},
-            {"instruction": "Name a colour.", "context": "", "response": " \n", "category": "open_qa"}]
+WANTED = [
+    "config.json",
+    "generation_config.json",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer.model",
+]
+BAD_ROWS = [
+    ["not", "an", "object"],
+    {"instruction": "Name a colour.", "context": "", "category": "open_qa"},
+    {"instruction": "Name a colour.", "context": None, "response": "Red.", "category": "open_qa"},
+    {"instruction": "   ", "context": "", "response": "Red.", "category": "open_qa"},
+    {"instruction": "Name a colour.", "context": "", "response": " \n", "category": "open_qa"},
+]
 DOLLY_BYTES = "".join(json.dumps(row) + "\n" for row in data.generate_sample(150, 5) + BAD_ROWS).encode()
 
 
@@ -88,8 +98,10 @@ def isolated_hf(tmp_path, monkeypatch):
 
 @pytest.fixture
 def server():
-    repos = [HubRepo(LLAMA, "model", MODEL_FILES, commit=LLAMA_REVISION, gated_tokens={TOKEN}),
-             HubRepo(DOLLY, "dataset", {DOLLY_FILE: DOLLY_BYTES}, commit=DOLLY_REVISION)]
+    repos = [
+        HubRepo(LLAMA, "model", MODEL_FILES, commit=LLAMA_REVISION, gated_tokens={TOKEN}),
+        HubRepo(DOLLY, "dataset", {DOLLY_FILE: DOLLY_BYTES}, commit=DOLLY_REVISION),
+    ]
     with HubServer(repos) as running:
         yield running
 
@@ -103,8 +115,16 @@ def experiment_section(section: str, settings: dict) -> dict:
 
 def model_settings(endpoint: str, tmp_path: Path, **changes) -> dict:
     """A hub model from `endpoint` into tmp_path/models, with a token file that has access."""
-    return experiment_section("model", {"source": "hub", "endpoint": endpoint, "dir": str(tmp_path / "models"),
-                                        "token_file": write_token(tmp_path / "token", TOKEN), **changes})
+    return experiment_section(
+        "model",
+        {
+            "source": "hub",
+            "endpoint": endpoint,
+            "dir": str(tmp_path / "models"),
+            "token_file": write_token(tmp_path / "token", TOKEN),
+            **changes,
+        },
+    )
 
 
 def data_settings(endpoint: str, **changes) -> dict:
@@ -129,8 +149,9 @@ def test_download_fetches_the_allowed_files_verifies_them_and_writes_the_manifes
     assert folder == tmp_path / "models" / "meta-llama" / "Llama-2-7b-hf"
     assert json.loads((folder / layout.MODEL_MANIFEST).read_text()) == manifest
     assert manifest["repo"] == LLAMA and manifest["revision"] == manifest["commit"] == LLAMA_REVISION
-    assert manifest["files"] == [{"path": p, "size": len(MODEL_FILES[p]), "sha256": sha256(MODEL_FILES[p])}
-                                 for p in WANTED]
+    assert manifest["files"] == [
+        {"path": p, "size": len(MODEL_FILES[p]), "sha256": sha256(MODEL_FILES[p])} for p in WANTED
+    ]
     assert manifest["total_size"] == sum(len(MODEL_FILES[p]) for p in WANTED)
     assert all((folder / p).read_bytes() == MODEL_FILES[p] for p in WANTED)
     assert not (folder / "README.md").exists() and not (folder / "pytorch_model-00001-of-00002.bin").exists()
@@ -141,12 +162,19 @@ def test_download_fetches_the_allowed_files_verifies_them_and_writes_the_manifes
     assert from_cdn and all(r.authorization is None for r in from_cdn)
 
 
-@pytest.mark.parametrize("token_file, hf_token, login_token", [
-    (TOKEN, None, None), (None, TOKEN, None), (None, None, TOKEN),
-    (TOKEN, OTHER_TOKEN, OTHER_TOKEN),  # the token file wins
-], ids=["token_file", "HF_TOKEN", "hf-auth-login", "token_file-first"])
-def test_token_comes_from_the_token_file_then_hf_token_then_the_login(server, tmp_path, monkeypatch,
-                                                                        token_file, hf_token, login_token):
+@pytest.mark.parametrize(
+    "token_file, hf_token, login_token",
+    [
+        (TOKEN, None, None),
+        (None, TOKEN, None),
+        (None, None, TOKEN),
+        (TOKEN, OTHER_TOKEN, OTHER_TOKEN),  # the token file wins
+    ],
+    ids=["token_file", "HF_TOKEN", "hf-auth-login", "token_file-first"],
+)
+def test_token_comes_from_the_token_file_then_hf_token_then_the_login(
+    server, tmp_path, monkeypatch, token_file, hf_token, login_token
+):
     if hf_token:
         monkeypatch.setenv("HF_TOKEN", hf_token)
     if login_token:
@@ -199,7 +227,7 @@ def test_dropped_connection_resumes_where_it_stopped_and_the_file_is_verified(tm
     first, resumed = server.downloads("model.safetensors")
     assert first is None and resumed.startswith("bytes=") and resumed.endswith("-")
     # huggingface_hub writes 10 MiB chunks: it asks for the rest after the last whole chunk.
-    assert 0 < int(resumed[len("bytes="):-1]) <= 15 * MiB
+    assert 0 < int(resumed[len("bytes=") : -1]) <= 15 * MiB
     assert {f["path"]: f["sha256"] for f in manifest["files"]}["model.safetensors"] == sha256(weights)
 
 
@@ -224,7 +252,8 @@ def test_damaged_file_already_on_disk_is_detected_and_fetched_again(server, tmp_
     download(settings)
     assert shard.read_bytes() == MODEL_FILES["model-00002-of-00002.safetensors"]
     assert {path: len(server.downloads(path)) - before[path] for path in WANTED} == {
-        path: int(path == shard.name) for path in WANTED}
+        path: int(path == shard.name) for path in WANTED
+    }
 
 
 def test_file_still_wrong_after_a_second_download_fails_without_a_manifest(server, tmp_path):
@@ -245,13 +274,15 @@ def test_failed_run_keeps_the_finished_files_and_the_next_fetches_only_the_rest(
     before = {path: len(server.downloads(path)) for path in WANTED}
     download(settings)
     assert {path: len(server.downloads(path)) - before[path] for path in WANTED} == {
-        path: int(path == "model-00001-of-00002.safetensors") for path in WANTED}
+        path: int(path == "model-00001-of-00002.safetensors") for path in WANTED
+    }
 
 
 def test_short_disk_space_stops_the_download_before_it_starts(server, tmp_path, monkeypatch):
     free = 1_000_000
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: types.SimpleNamespace(total=10 * free, used=9 * free,
-                                                                                 free=free))
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: types.SimpleNamespace(total=10 * free, used=9 * free, free=free)
+    )
     settings = model_settings(server.endpoint, tmp_path)
     with pytest.raises(hub.HubError) as error:
         download(settings)
@@ -295,12 +326,15 @@ def test_offline_without_a_download_says_where_to_get_one(tmp_path):
 def test_experiment_model_folder_links_to_the_checkpoint_relative_or_absolute_as_configured(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shared = tmp_path / "shared" / "meta-llama" / "Llama-2-7b-hf"
-    for checkpoint_path, link in ((str(shared), "resources/a/model"),
-                                  ("resources/models/meta-llama/Llama-2-7b-hf", "resources/b/model")):
+    for checkpoint_path, link in (
+        (str(shared), "resources/a/model"),
+        ("resources/models/meta-llama/Llama-2-7b-hf", "resources/b/model"),
+    ):
         Path(checkpoint_path).mkdir(parents=True)
         hub.link_checkpoint(checkpoint_path, link)
-        assert os.readlink(link) == (checkpoint_path if os.path.isabs(checkpoint_path)
-                                     else "../models/meta-llama/Llama-2-7b-hf")
+        assert os.readlink(link) == (
+            checkpoint_path if os.path.isabs(checkpoint_path) else "../models/meta-llama/Llama-2-7b-hf"
+        )
         assert Path(link).resolve() == Path(checkpoint_path).resolve()
 
 
@@ -357,8 +391,9 @@ def test_dolly_from_a_mirror_url_or_a_local_copy_gets_no_token(server, tmp_path,
     assert server.requests and all(r.authorization is None for r in server.requests)
     local = tmp_path / "copy.jsonl"
     local.write_bytes(DOLLY_BYTES)
-    fetched = hub.fetch_dolly(data_settings(None, source="path", path=str(local), sha256=recorded),
-                              tmp_path / "from-copy.jsonl")
+    fetched = hub.fetch_dolly(
+        data_settings(None, source="path", path=str(local), sha256=recorded), tmp_path / "from-copy.jsonl"
+    )
     assert fetched["sha256"] == recorded and (tmp_path / "from-copy.jsonl").read_bytes() == DOLLY_BYTES
 
 
@@ -369,8 +404,12 @@ def test_conversion_counts_bad_rows_by_reason_and_reports_lengths(tmp_path):
     stats = data.prepare_sft_splits(source, out, {"training": 0.8, "validation": 0.15, "test": 0.05}, seed=1)
     assert stats["source_sha256"] == sha256(DOLLY_BYTES)
     assert stats["records_read"] == 155 and stats["records_skipped"] == 5
-    assert stats["records_skipped_by_reason"] == {"not_an_object": 1, "missing_field": 2, "empty_instruction": 1,
-                                                  "empty_response": 1}
+    assert stats["records_skipped_by_reason"] == {
+        "not_an_object": 1,
+        "missing_field": 2,
+        "empty_instruction": 1,
+        "empty_response": 1,
+    }
     assert sum(stats["records_per_split"].values()) == 150
     assert "not model tokens" in stats["length_measure"]
     for split, path in out.items():
@@ -401,8 +440,11 @@ def test_config_rules_for_hub_and_path_sources():
     cfg["experiments"]["other"] = copy.deepcopy(cfg["experiments"]["demo"])
     cfg["experiments"]["demo"]["model"] = {"source": "hub", "dir": "/shared/models"}
     cfg["experiments"]["other"]["model"] = {"source": "hub", "dir": "/shared/models/", "revision": "main"}
-    with pytest.raises(config.ConfigError, match=r"experiments\.other\.model: .*/shared/models/meta-llama/"
-                                                   r"Llama-2-7b-hf.*another model\.dir"):
+    with pytest.raises(
+        config.ConfigError,
+        match=r"experiments\.other\.model: .*/shared/models/meta-llama/"
+        r"Llama-2-7b-hf.*another model\.dir",
+    ):
         config.validate(cfg)
 
 
@@ -449,9 +491,10 @@ def hub_run(tmp_path_factory):
     """The whole workflow on dolly and a (tiny) Llama checkpoint from the stand-in Hub, the model
     gated and read with a token file while HF_TOKEN holds a token without access."""
     base = tmp_path_factory.mktemp("hub-workflow")
-    repos = [HubRepo(LLAMA, "model", tiny_llama_files(base / "source-model"), commit=LLAMA_REVISION,
-                     gated_tokens={TOKEN}),
-             HubRepo(DOLLY, "dataset", {DOLLY_FILE: DOLLY_BYTES}, commit=DOLLY_REVISION)]
+    repos = [
+        HubRepo(LLAMA, "model", tiny_llama_files(base / "source-model"), commit=LLAMA_REVISION, gated_tokens={TOKEN}),
+        HubRepo(DOLLY, "dataset", {DOLLY_FILE: DOLLY_BYTES}, commit=DOLLY_REVISION),
+    ]
     with HubServer(repos) as server:
         workdir, model_dir, hf_home = base / "work", base / "shared-models", base / "hf-home"
         workdir.mkdir()
@@ -459,8 +502,15 @@ def hub_run(tmp_path_factory):
         write_config(workdir, cfg)
         with hub_env(hf_home, HF_TOKEN=OTHER_TOKEN):
             result = snakemake(workdir)
-        yield types.SimpleNamespace(server=server, workdir=workdir, model_dir=model_dir, hf_home=hf_home, config=cfg,
-                                    result=result, checkpoint=model_dir / "meta-llama" / "Llama-2-7b-hf")
+        yield types.SimpleNamespace(
+            server=server,
+            workdir=workdir,
+            model_dir=model_dir,
+            hf_home=hf_home,
+            config=cfg,
+            result=result,
+            checkpoint=model_dir / "meta-llama" / "Llama-2-7b-hf",
+        )
 
 
 @pytest.mark.e2e
@@ -469,7 +519,8 @@ def test_workflow_downloads_dolly_and_llama_verifies_them_and_trains_on_them(hub
     manifest = json.loads((checkpoint_dir / layout.MODEL_MANIFEST).read_text())
     files = hub_run.server.repos[("model", LLAMA)].files
     assert {f["path"]: f["sha256"] for f in manifest["files"]} == {
-        path: sha256(content) for path, content in files.items() if path.endswith((".json", ".safetensors"))}
+        path: sha256(content) for path, content in files.items() if path.endswith((".json", ".safetensors"))
+    }
     model_link = workdir / "resources" / "demo" / "model"
     assert model_link.is_symlink() and model_link.resolve() == checkpoint_dir
     assert (workdir / "resources" / "demo" / "dolly.jsonl").read_bytes() == DOLLY_BYTES
@@ -514,8 +565,11 @@ def test_no_token_is_written_to_any_output(hub_run):
     see the next test."""
     used = {r.authorization for r in hub_run.server.requests if "/resolve/" in r.path}
     assert f"Bearer {TOKEN}" in used  # the token was read and sent, so it could have leaked
-    everything_but_results = [hub_run.model_dir, hub_run.hf_home,
-                              *(path for path in hub_run.workdir.iterdir() if path.name != "results")]
+    everything_but_results = [
+        hub_run.model_dir,
+        hub_run.hf_home,
+        *(path for path in hub_run.workdir.iterdir() if path.name != "results"),
+    ]
     for token in (TOKEN, OTHER_TOKEN):
         assert token not in hub_run.result.stdout + hub_run.result.stderr
         assert files_holding(token, *everything_but_results) == []
@@ -523,9 +577,12 @@ def test_no_token_is_written_to_any_output(hub_run):
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, reason="nsys 2022.4 records an environment holding HF_TOKEN even when the "
-                   "variable is removed from nsys's own environment and the profiled program's (seen with a "
-                   "fresh session too): an exported HF_TOKEN lands in the SQLite export. Use token_file.")
+@pytest.mark.xfail(
+    strict=True,
+    reason="nsys 2022.4 records an environment holding HF_TOKEN even when the "
+    "variable is removed from nsys's own environment and the profiled program's (seen with a "
+    "fresh session too): an exported HF_TOKEN lands in the SQLite export. Use token_file.",
+)
 def test_hf_token_in_the_environment_stays_out_of_the_nsys_captures(hub_run):
     assert files_holding(OTHER_TOKEN, hub_run.workdir / "results") == []
 

@@ -15,19 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
 from sftprof.capture import config, container, jobs, nsys, rank
 from sftprof.capture.sft import nemo_backend
 
+from conftest import REPO
+
 CLUSTER_CONFIG = REPO / "tests" / "fixtures" / "cluster-config.yaml"
-SFT_JSON = ('{"model_dir": "resources/nemo-checkpoints/Llama-2-7b-hf", "train_jsonl": '
-            '"resources/llama/sft/training.jsonl", "metrics_path": '
-            '"results/llama/steady/capture/profile.rank{rank}.metrics.jsonl", "sft": {"backend": "nemo", '
-            '"device": "cuda", "steps": 20, "micro_batch_size": 1, "grad_accum_steps": 4, "seq_length": 2048, '
-            '"learning_rate": 0.0001, "nemo": {"tensor_parallel": 2, "peft": "lora", "recipe": "llama2_7b", '
-            '"pipeline_parallel": 1, "precision": "bf16-mixed"}, "precision": "fp32", "weight_decay": 0.01, '
-            '"seed": 0, "num_threads": 0}, "window": {"capture_range": "cudaProfilerApi", "start_step": 10, '
-            '"end_step": 12, "capture_range_end": "stop", "kill": "none"}}')
+SFT_JSON = (
+    '{"model_dir": "resources/nemo-checkpoints/Llama-2-7b-hf", "train_jsonl": '
+    '"resources/llama/sft/training.jsonl", "metrics_path": '
+    '"results/llama/steady/capture/profile.rank{rank}.metrics.jsonl", "sft": {"backend": "nemo", '
+    '"device": "cuda", "steps": 20, "micro_batch_size": 1, "grad_accum_steps": 4, "seq_length": 2048, '
+    '"learning_rate": 0.0001, "nemo": {"tensor_parallel": 2, "peft": "lora", "recipe": "llama2_7b", '
+    '"pipeline_parallel": 1, "precision": "bf16-mixed"}, "precision": "fp32", "weight_decay": 0.01, '
+    '"seed": 0, "num_threads": 0}, "window": {"capture_range": "cudaProfilerApi", "start_step": 10, '
+    '"end_step": 12, "capture_range_end": "stop", "kill": "none"}}'
+)
 LAUNCH = f"""\
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=72 --kill-on-bad-exit=1 \\
   apptainer exec --nv --bind /work/exp --bind {REPO}:/opt/sftprof-src:ro --bind /shared/models \
@@ -73,7 +76,8 @@ def test_salloc_form_holds_the_same_allocation_and_launch(cluster):
     salloc = text.split("cd /work/exp\n")[1]
     assert salloc.startswith(
         "salloc --job-name=sftprof-llama-steady --partition=gh --nodes=2 --ntasks-per-node=1 --cpus-per-task=72 "
-        "--time=2:00:00 --gres=gpu:1 --mem=400G --account=ml-perf --exclusive \\\n")
+        "--time=2:00:00 --gres=gpu:1 --mem=400G --account=ml-perf --exclusive \\\n"
+    )
     # The same launch lines as the batch script, indented under salloc.
     launch = salloc.split("\n", 1)[1]
     assert [line.strip() for line in launch.splitlines()] == [line.strip() for line in LAUNCH.splitlines()]
@@ -96,15 +100,18 @@ def test_container_pull_commands():
     apptainer = {"runtime": "apptainer", "image": "docker://nvcr.io/nvidia/nemo:25.02.01", "image_dir": "img"}
     assert container.image_file(apptainer) == Path("img/nemo_25.02.01.sif")
     assert container.pull_commands(apptainer, "img/x.sif") == [
-        ["apptainer", "pull", "img/x.sif", "docker://nvcr.io/nvidia/nemo:25.02.01"]]
+        ["apptainer", "pull", "img/x.sif", "docker://nvcr.io/nvidia/nemo:25.02.01"]
+    ]
     singularity = {**apptainer, "runtime": "singularity"}
     assert container.pull_commands(singularity, "nemo_25.02.sif") == [
-        ["singularity", "pull", "nemo_25.02.sif", "docker://nvcr.io/nvidia/nemo:25.02.01"]]
+        ["singularity", "pull", "nemo_25.02.sif", "docker://nvcr.io/nvidia/nemo:25.02.01"]
+    ]
     docker = {**apptainer, "runtime": "docker"}
     assert container.image_file(docker) == Path("img/nemo_25.02.01.digest")
     assert container.pull_commands(docker, "d") == [
         ["docker", "pull", "nvcr.io/nvidia/nemo:25.02.01"],
-        ["docker", "image", "inspect", "--format", "{{index .RepoDigests 0}}", "nvcr.io/nvidia/nemo:25.02.01"]]
+        ["docker", "image", "inspect", "--format", "{{index .RepoDigests 0}}", "nvcr.io/nvidia/nemo:25.02.01"],
+    ]
     assert container.image_file({**apptainer, "runtime": "none"}) is None
     built = {**apptainer, "image": "/shared/images/sftprof-nemo.sif"}
     assert container.image_file(built) == Path("/shared/images/sftprof-nemo.sif")
@@ -120,23 +127,34 @@ def test_docker_run_line_passes_variables_by_name_only(cluster):
         f"--volume {REPO}:/opt/sftprof-src:ro --env PYTHONPATH=/opt/sftprof-src --volume /shared/models:/shared/models --volume /scratch/hf:/root/.cache/huggingface "
         "--env SLURM_JOB_ID --env SLURM_JOB_NODELIST --env SLURM_NNODES --env SLURM_NODEID --env SLURM_NTASKS "
         "--env SLURM_PROCID --env SLURM_LOCALID --env MASTER_ADDR --env MASTER_PORT --env NCCL_DEBUG "
-        "nvcr.io/nvidia/nemo:25.02.01")
+        "nvcr.io/nvidia/nemo:25.02.01"
+    )
 
 
 def test_local_plan_has_one_rank_and_a_plain_report_name():
     cfg = config.load(REPO / "config.yaml")
     demo = cfg["experiments"]["demo"]
-    plan = jobs.launch_plan("demo", demo, "steady", demo["profile"]["windows"]["steady"], workdir="/w",
-                            under_slurm=False)
+    plan = jobs.launch_plan(
+        "demo", demo, "steady", demo["profile"]["windows"]["steady"], workdir="/w", under_slurm=False
+    )
     assert plan.srun == [] and plan.container == []
     options, output, app = nsys.split_profile_argv(plan.nsys + plan.app)
     assert output == "results/demo/steady/capture/profile"
     assert app[1:3] == ["-m", "sftprof.capture.sft"] and "--capture-range=nvtx" in options
 
 
-@pytest.mark.parametrize("key, value", [
-    ("partition", "$(rm -rf ~)"), ("partition", "a;b"), ("account", "x y"), ("qos", "`id`"),
-    ("extra", ["--comment=$(id)"]), ("extra", ["-x"]), ("time", "2h")])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("partition", "$(rm -rf ~)"),
+        ("partition", "a;b"),
+        ("account", "x y"),
+        ("qos", "`id`"),
+        ("extra", ["--comment=$(id)"]),
+        ("extra", ["-x"]),
+        ("time", "2h"),
+    ],
+)
 def test_shell_meta_characters_in_slurm_values_are_rejected(key, value):
     cfg = config.load(CLUSTER_CONFIG)
     cfg["experiments"]["llama"]["slurm"][key] = value
@@ -144,8 +162,10 @@ def test_shell_meta_characters_in_slurm_values_are_rejected(key, value):
         config.validate(cfg)
 
 
-@pytest.mark.parametrize("key, value", [("binds", ["/a,/b"]), ("binds", ["relative/path"]),
-                                        ("env", ["HF_TOKEN=secret"]), ("image", "nvcr.io/nemo $(id)")])
+@pytest.mark.parametrize(
+    "key, value",
+    [("binds", ["/a,/b"]), ("binds", ["relative/path"]), ("env", ["HF_TOKEN=secret"]), ("image", "nvcr.io/nemo $(id)")],
+)
 def test_unsafe_container_values_are_rejected(key, value):
     cfg = config.load(CLUSTER_CONFIG)
     cfg["experiments"]["llama"]["container"][key] = value
@@ -182,26 +202,47 @@ def test_executor_resources_ask_for_the_same_allocation(cluster):
     assert jobs.megabytes("400G") == 409600 and jobs.megabytes("") == 0 and jobs.megabytes("512") == 512
     cluster["slurm"]["reservation"] = "hackathon"
     assert jobs.executor_resources(cluster["slurm"]) == {
-        "slurm_partition": "gh", "nodes": 2, "tasks_per_node": 1, "cpus_per_task": 72, "runtime": 120,
-        "mem_mb": 409600, "gres": "gpu:1", "gpu": 0, "slurm_account": "ml-perf", "qos": None, "constraint": None,
-        "slurm_extra": "--reservation=hackathon --exclusive"}
+        "slurm_partition": "gh",
+        "nodes": 2,
+        "tasks_per_node": 1,
+        "cpus_per_task": 72,
+        "runtime": 120,
+        "mem_mb": 409600,
+        "gres": "gpu:1",
+        "gpu": 0,
+        "slurm_account": "ml-perf",
+        "qos": None,
+        "constraint": None,
+        "slurm_extra": "--reservation=hackathon --exclusive",
+    }
     cluster["slurm"]["gpu_request"] = "gpus"
     resources = jobs.executor_resources(cluster["slurm"])
     assert resources["gres"] is None and resources["gpu"] == 2
     assert set(resources) == set(jobs.EXECUTOR_RESOURCES)
 
 
-@pytest.mark.parametrize("nodelist, first", [("gh001", "gh001"), ("gh[003-004,9],login1", "gh003"),
-                                             ("a,b", "a"), ("n[7]", "n7")])
+@pytest.mark.parametrize(
+    "nodelist, first", [("gh001", "gh001"), ("gh[003-004,9],login1", "gh003"), ("a,b", "a"), ("n[7]", "n7")]
+)
 def test_first_host_of_a_slurm_node_list(nodelist, first):
     assert rank.first_host(nodelist) == first
 
 
 def test_distributed_environment_from_slurm_and_outside_it():
-    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gh[01-02]",
-             "SLURM_JOB_ID": "4242"}
-    assert rank.distributed_environment(slurm) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-                                                   "MASTER_ADDR": "gh01", "MASTER_PORT": "24242"}
+    slurm = {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "gh[01-02]",
+        "SLURM_JOB_ID": "4242",
+    }
+    assert rank.distributed_environment(slurm) == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "gh01",
+        "MASTER_PORT": "24242",
+    }
     assert rank.distributed_environment({"MASTER_PORT": "1234"})["MASTER_PORT"] == "1234"
     assert rank.distributed_environment({})["WORLD_SIZE"] == "1"
 
@@ -243,20 +284,39 @@ def test_cluster_only_code_compiles():
     """What runs only inside the NeMo container or as a workflow step must at least compile."""
     import py_compile
 
-    for path in [REPO / "sftprof" / "capture" / "sft" / "nemo_backend.py", *sorted((REPO / "workflow" / "scripts").glob("*.py"))]:
+    for path in [
+        REPO / "sftprof" / "capture" / "sft" / "nemo_backend.py",
+        *sorted((REPO / "workflow" / "scripts").glob("*.py")),
+    ]:
         py_compile.compile(str(path), doraise=True)
 
 
 def test_unlisted_rank_runs_its_program_without_nsys(tmp_path):
     """Rank 1 of 2 with only rank 0 profiled: the program runs plain and the record says so."""
-    program = [sys.executable, "-c", "import os, sys; open(sys.argv[1], 'w').write(os.environ['RANK'])",
-               str(tmp_path / "ran")]
+    program = [
+        sys.executable,
+        "-c",
+        "import os, sys; open(sys.argv[1], 'w').write(os.environ['RANK'])",
+        str(tmp_path / "ran"),
+    ]
     argv = nsys.profile_argv(["--trace=osrt"], str(tmp_path / "never.%q{SLURM_PROCID}"), program)
-    environ = {**os.environ, "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n1",
-               "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
+    environ = {
+        **os.environ,
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_JOB_ID": "77",
+        "SLURM_NODEID": "0",
+    }
     record = rank.run_rank([0], tmp_path / "capture", {}, argv, environ)
-    assert record == {"rank": 1, "world_size": 2, "host": record["host"], "node": 0, "slurm_job_id": "77",
-                      "report": None}
+    assert record == {
+        "rank": 1,
+        "world_size": 2,
+        "host": record["host"],
+        "node": 0,
+        "slurm_job_id": "77",
+        "report": None,
+    }
     assert rank.read_records(tmp_path / "capture") == [record] and rank.profiled_records(tmp_path / "capture") == []
     assert (tmp_path / "ran").read_text() == "1" and not list(tmp_path.glob("never*"))
 

@@ -32,8 +32,13 @@ FIXTURE_PROFILED = range(1, 4)
 GRAD_ACCUM_STEPS = 2
 
 
-def profile_sft_steps(trace_path: Path | None, steps=FIXTURE_STEPS, profiled=FIXTURE_PROFILED,
-                      grad_accum_steps: int = GRAD_ACCUM_STEPS, trace_dir: Path | None = None):
+def profile_sft_steps(
+    trace_path: Path | None,
+    steps=FIXTURE_STEPS,
+    profiled=FIXTURE_PROFILED,
+    grad_accum_steps: int = GRAD_ACCUM_STEPS,
+    trace_dir: Path | None = None,
+):
     """The built-in trainer's loop (sftprof.capture.sft.torch_backend) on a tiny Llama, on CPU, with every step
     and phase a `record_function` range instead of an NVTX range; only `profiled` steps run under
     torch.profiler. Writes with export_chrome_trace(trace_path) or tensorboard_trace_handler(trace_dir).
@@ -48,14 +53,26 @@ def profile_sft_steps(trace_path: Path | None, steps=FIXTURE_STEPS, profiled=FIX
 
     torch.manual_seed(0)
     tokenizer = build_byte_tokenizer()
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        pad_token_id=SPECIAL_TOKENS["<pad>"], bos_token_id=SPECIAL_TOKENS["<s>"], eos_token_id=SPECIAL_TOKENS["</s>"]))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            pad_token_id=SPECIAL_TOKENS["<pad>"],
+            bos_token_id=SPECIAL_TOKENS["<s>"],
+            eos_token_id=SPECIAL_TOKENS["</s>"],
+        )
+    )
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    examples = [encode_example(tokenizer, ex["input"], ex["output"], 64)
-                for ex in map(to_sft_example, generate_sample(16, seed=0))]
+    examples = [
+        encode_example(tokenizer, ex["input"], ex["output"], 64)
+        for ex in map(to_sft_example, generate_sample(16, seed=0))
+    ]
     batches = MicroBatches(examples, batch_size=2, seed=0)
 
     def train_step(step: int) -> None:
@@ -233,15 +250,22 @@ def test_gpu_events_map_onto_the_nsys_tables(gpu_tables):
     memops = t.memops.set_index("operation")
     assert list(memops.index) == ["[CUDA memcpy HtoD]", "[CUDA memset]"]
     assert memops["bytes"].tolist() == [4096, 512] and memops["duration"].tolist() == [3_000, 1_000]
-    assert t.cuda_api["name"].tolist() == ["cudaLaunchKernel", "cudaMemcpyAsync", "cuLaunchKernel",
-                                           "cudaMemsetAsync", "cudaDeviceSynchronize"]
+    assert t.cuda_api["name"].tolist() == [
+        "cudaLaunchKernel",
+        "cudaMemcpyAsync",
+        "cuLaunchKernel",
+        "cudaMemsetAsync",
+        "cudaDeviceSynchronize",
+    ]
     launch = t.cuda_api[t.cuda_api["name"] == "cuLaunchKernel"].iloc[0]
     assert (launch.tid, launch.correlation_id, launch.global_tid) == (4250, 503, (4242 << 24) | 4250)
     # record_function ranges once each, on the host; the GPU-timeline replay of "step 3" is not a range.
     assert sorted(t.nvtx["name"]) == ["aten::fill_", "backward", "forward", "step 3"]
     assert set(t.nvtx["pid"]) == {4242}
     assert t.threads[["tid", "thread_name", "process_name"]].values.tolist() == [
-        [4242, "python", "python"], [4250, "pt_autograd_0", "python"]]
+        [4242, "python", "python"],
+        [4250, "pt_autograd_0", "python"],
+    ]
 
 
 def test_gpu_snippet_analyses(gpu_tables):
@@ -272,17 +296,23 @@ def _gzip_cut_short(path: Path) -> None:
     path.write_bytes(whole[: len(whole) // 2])
 
 
-@pytest.mark.parametrize("name, write, message", [
-    ("empty.json", lambda p: p.write_bytes(b""), "file is empty"),
-    ("cut.pt.trace.json.gz", _gzip_cut_short, "damaged or truncated gzip"),
-    ("notgzip.json.gz", lambda p: p.write_bytes(b"plain text, not gzip"), "damaged or truncated gzip"),
-    ("cut.json", lambda p: p.write_text(GPU_SNIPPET[: len(GPU_SNIPPET) // 2]), "not valid JSON, or cut short"),
-    ("binary.json", lambda p: p.write_bytes(bytes(range(256)) * 4), "not a text"),
-    ("config.json", lambda p: p.write_text('{"model": "llama"}'), "not a Chrome trace"),
-    ("other.json", lambda p: p.write_text('{"traceEvents": [{"ph": "X", "cat": "gc", "ts": 1, "dur": 2}]}'),
-     "not one written by the PyTorch profiler"),
-    ("trace.txt", lambda p: p.write_text(GPU_SNIPPET), "unsupported trace type '.txt'"),
-])
+@pytest.mark.parametrize(
+    "name, write, message",
+    [
+        ("empty.json", lambda p: p.write_bytes(b""), "file is empty"),
+        ("cut.pt.trace.json.gz", _gzip_cut_short, "damaged or truncated gzip"),
+        ("notgzip.json.gz", lambda p: p.write_bytes(b"plain text, not gzip"), "damaged or truncated gzip"),
+        ("cut.json", lambda p: p.write_text(GPU_SNIPPET[: len(GPU_SNIPPET) // 2]), "not valid JSON, or cut short"),
+        ("binary.json", lambda p: p.write_bytes(bytes(range(256)) * 4), "not a text"),
+        ("config.json", lambda p: p.write_text('{"model": "llama"}'), "not a Chrome trace"),
+        (
+            "other.json",
+            lambda p: p.write_text('{"traceEvents": [{"ph": "X", "cat": "gc", "ts": 1, "dur": 2}]}'),
+            "not one written by the PyTorch profiler",
+        ),
+        ("trace.txt", lambda p: p.write_text(GPU_SNIPPET), "unsupported trace type '.txt'"),
+    ],
+)
 def test_bad_inputs_are_one_clear_cli_error(tmp_path, capsys, name, write, message):
     path = tmp_path / name
     write(path)

@@ -10,19 +10,36 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sftprof.report import RankReport, html
 from sftprof.capture.sft.torch_backend import StepRecord
+from sftprof.report import RankReport, html
 from sftprof.trace import metrics
 from sftprof.trace.metrics import STEP_COLUMNS, MetricsError, read_metrics
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OLD_FILE = FIXTURES / "h200_tiny_llama_bf16.metrics.jsonl"  # written before the token and run facts existed
-RUN = {"parameters": 6_738_415_616, "weight_dtype": "float32", "precision": "bfloat16",
-       "model": {"architecture": "LlamaForCausalLM", "num_layers": 32, "hidden_size": 4096, "intermediate_size": 11008,
-                 "num_heads": 32, "num_kv_heads": 32, "vocab_size": 32000, "seq_length": 2048,
-                 "embedding_parameters": 131_072_000},
-       "padding": "longest", "pad_to_multiple_of": 64, "pin_memory": True, "fused_optimizer": True, "loss_every": 4,
-       "compile": False, "device_name": "NVIDIA H200"}
+RUN = {
+    "parameters": 6_738_415_616,
+    "weight_dtype": "float32",
+    "precision": "bfloat16",
+    "model": {
+        "architecture": "LlamaForCausalLM",
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_heads": 32,
+        "num_kv_heads": 32,
+        "vocab_size": 32000,
+        "seq_length": 2048,
+        "embedding_parameters": 131_072_000,
+    },
+    "padding": "longest",
+    "pad_to_multiple_of": 64,
+    "pin_memory": True,
+    "fused_optimizer": True,
+    "loss_every": 4,
+    "compile": False,
+    "device_name": "NVIDIA H200",
+}
 
 
 def trainer_lines() -> list[dict]:
@@ -84,12 +101,14 @@ def test_a_real_run_of_the_trainer_loads_with_its_facts():
 
 
 def test_a_diverged_or_unread_loss_is_na_and_the_others_are_numbers(tmp_path):
-    path = write_lines(tmp_path / "m.jsonl", ['{"step": 0, "loss": NaN, "step_time_s": 1, "tokens_per_s": 2, '
-                                              '"in_window": false}',
-                                              '{"step": 1, "loss": null, "step_time_s": 1, "tokens_per_s": 2, '
-                                              '"in_window": false}',
-                                              '{"step": 2, "loss": 1.5, "step_time_s": 1, "tokens_per_s": 2, '
-                                              '"in_window": false}'])
+    path = write_lines(
+        tmp_path / "m.jsonl",
+        [
+            '{"step": 0, "loss": NaN, "step_time_s": 1, "tokens_per_s": 2, "in_window": false}',
+            '{"step": 1, "loss": null, "step_time_s": 1, "tokens_per_s": 2, "in_window": false}',
+            '{"step": 2, "loss": 1.5, "step_time_s": 1, "tokens_per_s": 2, "in_window": false}',
+        ],
+    )
     loss = read_metrics(path).steps["loss"]
     assert loss.dtype == "Float64" and loss.isna().tolist() == [True, True, False] and loss.iloc[2] == 1.5
 
@@ -102,20 +121,25 @@ def test_no_path_is_no_metrics():
 GOOD = {"step": 0, "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": True}
 
 
-@pytest.mark.parametrize("line, message", [
-    ({**GOOD, "token_slots": "4"}, "line 1: token_slots must be a non-negative integer"),
-    ({**GOOD, "real_tokens": -1}, "real_tokens must be a non-negative integer"),
-    ({**GOOD, "label_tokens": 2 ** 63}, "label_tokens must be"),
-    ({**GOOD, "padded_lengths": [128, 0]}, "padded_lengths must be a list of positive integers"),
-    ({**GOOD, "padded_lengths": "128"}, "padded_lengths must be a list"),
-    ({**GOOD, "run": [1]}, "line 1: run must be an object"),
-    ({**GOOD, "run": {**RUN, "parameters": 1.5}}, "run.parameters must be a non-negative integer"),
-    ({**GOOD, "run": {**RUN, "precision": 16}}, "run.precision must be a string or null"),
-    ({**GOOD, "run": {**RUN, "model": {**RUN["model"], "hidden_size": "4096"}}},
-     "run.model.hidden_size must be a non-negative integer"),
-    ({**GOOD, "step": True}, "step must be an integer"),
-    ({**GOOD, "tokens_per_s": float("inf")}, "tokens_per_s must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ({**GOOD, "token_slots": "4"}, "line 1: token_slots must be a non-negative integer"),
+        ({**GOOD, "real_tokens": -1}, "real_tokens must be a non-negative integer"),
+        ({**GOOD, "label_tokens": 2**63}, "label_tokens must be"),
+        ({**GOOD, "padded_lengths": [128, 0]}, "padded_lengths must be a list of positive integers"),
+        ({**GOOD, "padded_lengths": "128"}, "padded_lengths must be a list"),
+        ({**GOOD, "run": [1]}, "line 1: run must be an object"),
+        ({**GOOD, "run": {**RUN, "parameters": 1.5}}, "run.parameters must be a non-negative integer"),
+        ({**GOOD, "run": {**RUN, "precision": 16}}, "run.precision must be a string or null"),
+        (
+            {**GOOD, "run": {**RUN, "model": {**RUN["model"], "hidden_size": "4096"}}},
+            "run.model.hidden_size must be a non-negative integer",
+        ),
+        ({**GOOD, "step": True}, "step must be an integer"),
+        ({**GOOD, "tokens_per_s": float("inf")}, "tokens_per_s must be a finite number"),
+    ],
+)
 def test_new_fields_are_checked_by_line_and_field(tmp_path, line, message):
     path = write_lines(tmp_path / "m.jsonl", [GOOD, line] if "line 1" not in message else [line])
     with pytest.raises(MetricsError, match=message.replace("(", r"\(")) as refused:
@@ -139,6 +163,7 @@ def test_there_is_one_reader():
     assert html.read_metrics is metrics.read_metrics
     assert not hasattr(html, "METRICS_FIELDS")
     import sftprof.cli
+
     source = Path(sftprof.cli.__file__).read_text()
     assert "from sftprof.trace.metrics import read_metrics" in source
 
@@ -149,8 +174,9 @@ def test_the_report_shows_the_new_columns_and_the_old_file_as_before(tmp_path):
     analysis = Analysis(source_path="x", span_ns=1, sources=[])
     old = html._rank_context(RankReport("", analysis, OLD_FILE), "")
     assert "token_slots" not in old["sections"]["metrics"] and "tokens_per_s" in old["sections"]["metrics"]
-    assert old["window_tokens_per_s"] == pytest.approx(pd.Series(
-        [json.loads(line)["tokens_per_s"] for line in OLD_FILE.read_text().splitlines()][4:7]).median())
+    assert old["window_tokens_per_s"] == pytest.approx(
+        pd.Series([json.loads(line)["tokens_per_s"] for line in OLD_FILE.read_text().splitlines()][4:7]).median()
+    )
     new = html._rank_context(RankReport("", analysis, write_lines(tmp_path / "m.jsonl", trainer_lines())), "")
     assert "token_slots" in new["sections"]["metrics"] and "[128, 64]" in new["sections"]["metrics"]
     assert new["window_tokens_per_s"] == pytest.approx(1001 / 0.5)

@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from conftest import REPO
 from sftprof.pipeline import analyze_trace
+
+from conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b"
 

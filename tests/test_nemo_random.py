@@ -8,9 +8,10 @@ import json
 import pytest
 import yaml
 
-from conftest import REPO, SMALL_DEMO
 from sftprof.capture import config, jobs, model
 from sftprof.capture.sft import nemo_backend
+
+from conftest import REPO, SMALL_DEMO
 
 
 def random_experiment(architecture="llama2-7b", **sft):
@@ -44,17 +45,31 @@ def test_random_source_validates_against_the_table():
 def test_llama2_7b_is_the_published_architecture(tmp_path):
     summary = model.create_random_model({"architecture": "llama2-7b", "seed": 3}, tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["intermediate_size"],
-            cfg["vocab_size"]) == (4096, 32, 32, 11008, 32000)
+    assert (
+        cfg["hidden_size"],
+        cfg["num_hidden_layers"],
+        cfg["num_attention_heads"],
+        cfg["intermediate_size"],
+        cfg["vocab_size"],
+    ) == (4096, 32, 32, 11008, 32000)
     assert summary["parameters"] == 6_738_415_616  # Llama-2-7b-hf's count
     assert summary["nemo_config"] == "Llama2Config7B" and model.is_random(tmp_path / "m")
     assert not list((tmp_path / "m").glob("*.safetensors")) and not (tmp_path / "m.partial").exists()
 
 
 def test_torch_backend_initialises_a_random_folder_seeded_in_float32(tmp_path, monkeypatch):
-    small = {"hf": {**model.ARCHITECTURES["llama2-7b"]["hf"], "hidden_size": 32, "intermediate_size": 64,
-                    "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 300},
-             "nemo": "Llama2Config7B"}
+    small = {
+        "hf": {
+            **model.ARCHITECTURES["llama2-7b"]["hf"],
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "vocab_size": 300,
+        },
+        "nemo": "Llama2Config7B",
+    }
     monkeypatch.setitem(model.ARCHITECTURES, "tiny-test", small)
     model.create_random_model({"architecture": "tiny-test", "seed": 0}, tmp_path / "m")
     first, second = (model.load_model(tmp_path / "m", "cpu", seed=5) for _ in range(2))
@@ -73,9 +88,21 @@ def test_nemo_random_model_skips_the_checkpoint_import():
 
 
 def test_nemo_plan_window_end_is_exclusive():
-    sft = {"micro_batch_size": 1, "grad_accum_steps": 2, "seq_length": 1024, "steps": 5, "learning_rate": 1e-4,
-           "nemo": {"tensor_parallel": 1, "pipeline_parallel": 1, "precision": "bf16-mixed", "peft": "lora",
-                    "recipe": "llama2_7b"}}
-    settings = nemo_backend.plan(sft, {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3},
-                                 {"WORLD_SIZE": "1"})
+    sft = {
+        "micro_batch_size": 1,
+        "grad_accum_steps": 2,
+        "seq_length": 1024,
+        "steps": 5,
+        "learning_rate": 1e-4,
+        "nemo": {
+            "tensor_parallel": 1,
+            "pipeline_parallel": 1,
+            "precision": "bf16-mixed",
+            "peft": "lora",
+            "recipe": "llama2_7b",
+        },
+    }
+    settings = nemo_backend.plan(
+        sft, {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3}, {"WORLD_SIZE": "1"}
+    )
     assert settings["nsys_steps"] == (2, 4) and settings["global_batch_size"] == 2

@@ -22,8 +22,13 @@ pytestmark = pytest.mark.skipif(not PYTHON.exists(), reason="no .nemo-venv (NeMo
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     work = tmp_path_factory.mktemp("nemo")
-    done = subprocess.run([str(PYTHON), str(REPO / "tests" / "gpu_programs" / "nemo_recipe_build.py"), str(work)],
-                          capture_output=True, text=True, timeout=600, cwd=work)
+    done = subprocess.run(
+        [str(PYTHON), str(REPO / "tests" / "gpu_programs" / "nemo_recipe_build.py"), str(work)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=work,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("NEMO_RECIPE ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     return json.loads(lines[-1].removeprefix("NEMO_RECIPE "))["runs"]
@@ -38,8 +43,12 @@ def test_recipe_builds_with_sftprof_settings(built, peft):
     assert run["nsys_callback"] == [{"start": 1, "end": 3, "ranks": [0]}]  # window 1..2 inclusive
     assert run["model"] == "LlamaModel" and run["config"] == "Llama2Config7B"
     fields = run["config_fields"]
-    assert (fields["num_layers"], fields["hidden_size"], fields["ffn_hidden_size"], fields["vocab_size"]) == \
-        (32, 4096, 11008, 32000)
+    assert (fields["num_layers"], fields["hidden_size"], fields["ffn_hidden_size"], fields["vocab_size"]) == (
+        32,
+        4096,
+        11008,
+        32000,
+    )
     assert fields["seq_length"] == 128 and run["batch_tokens_shape"] == [2, 128]  # padded to seq_length
     assert run["data"] == "FineTuningDataModule" and run["global_batch_size"] == 2
     assert run["peft"] == ("LoRA" if peft == "lora" else None)

@@ -13,34 +13,61 @@ import pytest
 
 from sftprof.capture import nsys
 
-PROFILE = {"trace": ["cuda", "cudnn", "cublas", "osrt", "nvtx"], "sample": "none", "cpuctxsw": "none",
-           "event_sample": "system-wide", "show_output": True, "force_overwrite": False}
-CPU_PROFILE = {"trace": ["osrt"], "sample": "none", "cpuctxsw": "none", "event_sample": "none",
-               "show_output": True, "force_overwrite": False}
+PROFILE = {
+    "trace": ["cuda", "cudnn", "cublas", "osrt", "nvtx"],
+    "sample": "none",
+    "cpuctxsw": "none",
+    "event_sample": "system-wide",
+    "show_output": True,
+    "force_overwrite": False,
+}
+CPU_PROFILE = {
+    "trace": ["osrt"],
+    "sample": "none",
+    "cpuctxsw": "none",
+    "event_sample": "none",
+    "show_output": True,
+    "force_overwrite": False,
+}
 SHORT_PROGRAM = [sys.executable, "-c", "import time; print('profiled'); time.sleep(0.2)"]
 
 
 def test_time_window_renders_long_options_with_delay_and_duration_the_right_way_round():
-    window = {"capture_range": "none", "capture_range_end": "stop", "delay_s": 30, "duration_s": 60,
-              "kill": "none"}
+    window = {"capture_range": "none", "capture_range_end": "stop", "delay_s": 30, "duration_s": 60, "kill": "none"}
     assert nsys.profile_options(PROFILE, window) == [
-        "--trace=cuda,cudnn,cublas,osrt,nvtx", "--sample=none", "--cpuctxsw=none", "--show-output=true",
-        "--event-sample=system-wide", "--delay=30", "--duration=60", "--kill=none"]
+        "--trace=cuda,cudnn,cublas,osrt,nvtx",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "--show-output=true",
+        "--event-sample=system-wide",
+        "--delay=30",
+        "--duration=60",
+        "--kill=none",
+    ]
     assert nsys.profile_environment(window) == {}
 
 
 def test_cuda_profiler_api_window():
-    window = {"capture_range": "cudaProfilerApi", "capture_range_end": "stop-shutdown", "start_step": 5,
-              "end_step": 10, "kill": "none"}
+    window = {
+        "capture_range": "cudaProfilerApi",
+        "capture_range_end": "stop-shutdown",
+        "start_step": 5,
+        "end_step": 10,
+        "kill": "none",
+    }
     options = nsys.profile_options({**PROFILE, "event_sample": "none", "show_output": False}, window)
-    assert options == ["--trace=cuda,cudnn,cublas,osrt,nvtx", "--sample=none", "--cpuctxsw=none",
-                       "--show-output=false", "--capture-range=cudaProfilerApi",
-                       "--capture-range-end=stop-shutdown"]
+    assert options == [
+        "--trace=cuda,cudnn,cublas,osrt,nvtx",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "--show-output=false",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop-shutdown",
+    ]
 
 
 def test_nvtx_window_names_the_trainers_range_and_allows_unregistered_strings():
-    window = {"capture_range": "nvtx", "capture_range_end": "stop", "start_step": 1, "end_step": 2,
-              "kill": "none"}
+    window = {"capture_range": "nvtx", "capture_range_end": "stop", "start_step": 1, "end_step": 2, "kill": "none"}
     options = nsys.profile_options(CPU_PROFILE, window)
     assert options[-3:] == ["--capture-range=nvtx", "--capture-range-end=stop", "--nvtx-capture=sftprof_capture"]
     assert nsys.profile_environment(window) == {"NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
@@ -55,8 +82,9 @@ def test_missing_nsys_says_how_to_install(monkeypatch, tmp_path):
 def test_real_profile_writes_report_and_leaves_no_agents(tmp_path):
     before = nsys.running_agent_pids()
     log = io.StringIO()
-    report = nsys.run_profile(["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM,
-                              tmp_path / "plain", log)
+    report = nsys.run_profile(
+        ["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM, tmp_path / "plain", log
+    )
     assert report == tmp_path / "plain.nsys-rep" and report.stat().st_size > 0
     assert not (tmp_path / "plain.qdstrm").exists()
     assert "profiled" in log.getvalue()
@@ -79,8 +107,9 @@ def nsys_without_importer(tmp_path, monkeypatch) -> Path:
 
 def test_bare_qdstrm_is_imported(nsys_without_importer, tmp_path):
     log = io.StringIO()
-    report = nsys.run_profile(["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM,
-                              tmp_path / "salvaged", log)
+    report = nsys.run_profile(
+        ["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM, tmp_path / "salvaged", log
+    )
     assert "importer binary and its dependencies were not found" in log.getvalue()
     assert "running" in log.getvalue() and "QdstrmImporter" in log.getvalue()
     assert report.exists() and not (tmp_path / "salvaged.qdstrm").exists()
@@ -97,8 +126,9 @@ def test_output_diverted_to_tmp_is_an_error_not_the_stale_report(tmp_path):
     stale = tmp_path / "taken.nsys-rep"
     stale.write_bytes(b"an old report")
     with pytest.raises(nsys.NsysError, match=r"/tmp/nsys-report-\w+\.nsys-rep instead of .*taken\.nsys-rep") as e:
-        nsys.run_profile(["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM,
-                         tmp_path / "taken", io.StringIO())
+        nsys.run_profile(
+            ["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM, tmp_path / "taken", io.StringIO()
+        )
     assert stale.read_bytes() == b"an old report"
     assert _diverted_path(e.value).exists()  # the capture is not lost: the message says where it is
     _diverted_path(e.value).unlink()
@@ -109,16 +139,23 @@ def test_diverted_raw_capture_is_not_confused_with_an_old_qdstrm(nsys_without_im
     stale = tmp_path / "taken.qdstrm"
     stale.write_bytes(b"an old capture that must not be imported")
     with pytest.raises(nsys.NsysError, match=r"/tmp/nsys-report-\w+\.qdstrm instead of .*taken\.nsys-rep") as e:
-        nsys.run_profile(["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM,
-                         tmp_path / "taken", io.StringIO())
+        nsys.run_profile(
+            ["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM, tmp_path / "taken", io.StringIO()
+        )
     assert stale.read_bytes().startswith(b"an old capture")
     assert not (tmp_path / "taken.nsys-rep").exists()
     _diverted_path(e.value).unlink()
 
 
 def test_capture_range_that_never_opens_is_named(tmp_path):
-    options = ["--trace=osrt,nvtx", "--sample=none", "--cpuctxsw=none", "--capture-range=nvtx",
-               "--nvtx-capture=sftprof_capture", "--capture-range-end=stop"]
+    options = [
+        "--trace=osrt,nvtx",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "--capture-range=nvtx",
+        "--nvtx-capture=sftprof_capture",
+        "--capture-range-end=stop",
+    ]
     with pytest.raises(nsys.NsysError, match="capture range never opened"):
         nsys.run_profile(options, SHORT_PROGRAM, tmp_path / "never", io.StringIO(), nsys.NVTX_CAPTURE_ENV)
 
@@ -126,8 +163,9 @@ def test_capture_range_that_never_opens_is_named(tmp_path):
 def test_failing_program_is_reported_with_its_output(tmp_path):
     program = [sys.executable, "-c", "import sys; print('boom happened'); sys.exit(3)"]
     with pytest.raises(nsys.NsysError, match="(?s)exited with 3.*kept at .*fail.nsys-rep.*boom happened"):
-        nsys.run_profile(["--trace=osrt", "--sample=none", "--cpuctxsw=none"], program, tmp_path / "fail",
-                         io.StringIO())
+        nsys.run_profile(
+            ["--trace=osrt", "--sample=none", "--cpuctxsw=none"], program, tmp_path / "fail", io.StringIO()
+        )
 
 
 def test_export_of_a_damaged_report_fails_cleanly(tmp_path):
@@ -153,14 +191,20 @@ def test_time_window_with_real_nsys_lets_the_program_finish(tmp_path):
 
 # Real output, progress bars shortened. 2025.3.1: `nsys profile` of tests/gpu_programs/plants.py gemm
 # on the H200 (tests/fixtures/nsys2025/README.md); 2022.4.2.1: `nsys profile` of a one-line program here.
-PROFILE_2025 = ("gemm step 4: 187.5 ms on the host\nCapture range started in the application.\n"
-                "Capture range ended in the application.\nGenerating '/tmp/nsys-report-11f2.qdstrm'\n"
-                "\r[1/1] [0%                          ] h200_plant_gemm.nsys-repProcessing events...\n"
-                "\r[1/1] [0%                          ] h200_plant_gemm.nsys-rep"
-                "\r[1/1] [========================100%] h200_plant_gemm.nsys-rep\n"
-                "gemm step 5: 200.8 ms on the host\nGenerated:\n\t/tmp/nsys2025/caps/h200_plant_gemm.nsys-rep\n")
-PROFILE_2022 = ("hi\nGenerating '/tmp/nsys-report-af76.qdstrm'\n\r[1/1] [0%                          ] plain.nsys-rep"
-                "\r[1/1] [========================100%] plain.nsys-rep\nGenerated:\n    /tmp/p22/plain.nsys-rep\n")
+PROFILE_2025 = (
+    "gemm step 4: 187.5 ms on the host\nCapture range started in the application.\n"
+    "Capture range ended in the application.\nGenerating '/tmp/nsys-report-11f2.qdstrm'\n"
+    "\r[1/1] [0%                          ] h200_plant_gemm.nsys-repProcessing events...\n"
+    "\r[1/1] [0%                          ] h200_plant_gemm.nsys-rep"
+    "\r[1/1] [========================100%] h200_plant_gemm.nsys-rep\n"
+    "gemm step 5: 200.8 ms on the host\nGenerated:\n\t/tmp/nsys2025/caps/h200_plant_gemm.nsys-rep\n"
+)
+PROFILE_2022 = (
+    "hi\nGenerating '/tmp/nsys-report-af76.qdstrm'\n\r[1/1] [0%                          ] plain.nsys-rep"
+    "\r[1/1] [========================100%] plain.nsys-rep\nGenerated:\n    /tmp/p22/plain.nsys-rep\n"
+)
+
+
 # `nsys export --type=sqlite`: 2025.3.1 draws "Processing N events", 2022.4 "Exporting N events"; both say
 # nothing else when they succeed. 2022.4 on a 2025.3 report: the refusal, exit 1.
 def _export_bar(label: str) -> str:
@@ -183,8 +227,11 @@ def test_profile_output_of_both_releases_names_the_report_and_the_raw_capture():
     assert nsys.raw_capture_paths(PROFILE_2025) == ["/tmp/nsys-report-11f2.qdstrm"]
     assert nsys.raw_capture_paths(PROFILE_2022) == ["/tmp/nsys-report-af76.qdstrm"]
     assert nsys.nsys_messages(PROFILE_2025)[-4:] == [
-        "Generating '/tmp/nsys-report-11f2.qdstrm'", "gemm step 5: 200.8 ms on the host", "Generated:",
-        "/tmp/nsys2025/caps/h200_plant_gemm.nsys-rep"]
+        "Generating '/tmp/nsys-report-11f2.qdstrm'",
+        "gemm step 5: 200.8 ms on the host",
+        "Generated:",
+        "/tmp/nsys2025/caps/h200_plant_gemm.nsys-rep",
+    ]
 
 
 def test_export_progress_bars_of_both_releases_are_not_messages():
@@ -222,8 +269,10 @@ def _fake_nsys(folder: Path, version: str, export_stdout: str, export_stderr: st
     (folder / "out").write_text(export_stdout)
     (folder / "err").write_text(export_stderr)
     script = folder / "nsys"
-    script.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then\n  echo "NVIDIA Nsight Systems version {version}"; exit 0\n'
-                      f'fi\ncat "{folder}/out"; cat "{folder}/err" >&2; exit {code}\n')
+    script.write_text(
+        f'#!/bin/sh\nif [ "$1" = --version ]; then\n  echo "NVIDIA Nsight Systems version {version}"; exit 0\n'
+        f'fi\ncat "{folder}/out"; cat "{folder}/err" >&2; exit {code}\n'
+    )
     script.chmod(0o755)
     return script
 
@@ -252,18 +301,36 @@ def test_a_failed_export_quotes_what_nsys_said_without_its_progress_bar(tmp_path
 def test_export_runs_the_nsys_that_captured_inside_its_container():
     prefix = ["apptainer", "exec", "--nv", "nemo.sif"]
     assert nsys.export_argv("c/rank0.nsys-rep", "s/.rank0.sqlite.partial.sqlite", prefix=prefix) == [
-        *prefix, "nsys", "export", "--type=sqlite", "--force-overwrite=true",
-        "--output=s/.rank0.sqlite.partial.sqlite", "c/rank0.nsys-rep"]
+        *prefix,
+        "nsys",
+        "export",
+        "--type=sqlite",
+        "--force-overwrite=true",
+        "--output=s/.rank0.sqlite.partial.sqlite",
+        "c/rank0.nsys-rep",
+    ]
 
 
 def test_stats_report_names_of_both_releases():
     assert {t: nsys.stats_report(t, 2022) for t in nsys.STATS_REPORTS} == {
-        "kernels": "gpukernsum", "kernels_by_name": None, "memops": "gpumemtimesum", "memops_by_size": "gpumemsizesum",
-        "cuda_api": "cudaapisum", "osrt": "osrtsum", "nvtx": "nvtxsum"}
+        "kernels": "gpukernsum",
+        "kernels_by_name": None,
+        "memops": "gpumemtimesum",
+        "memops_by_size": "gpumemsizesum",
+        "cuda_api": "cudaapisum",
+        "osrt": "osrtsum",
+        "nvtx": "nvtxsum",
+    }
     # the names 2025.3.1 ran: tests/fixtures/nsys2025/NAME.REPORT.csv
     assert {t: nsys.stats_report(t, 2025) for t in nsys.STATS_REPORTS} == {
-        "kernels": None, "kernels_by_name": "cuda_gpu_kern_sum", "memops": "cuda_gpu_mem_time_sum",
-        "memops_by_size": "cuda_gpu_mem_size_sum", "cuda_api": "cuda_api_sum", "osrt": "osrt_sum", "nvtx": "nvtx_sum"}
+        "kernels": None,
+        "kernels_by_name": "cuda_gpu_kern_sum",
+        "memops": "cuda_gpu_mem_time_sum",
+        "memops_by_size": "cuda_gpu_mem_size_sum",
+        "cuda_api": "cuda_api_sum",
+        "osrt": "osrt_sum",
+        "nvtx": "nvtx_sum",
+    }
     fixtures = Path(__file__).parent / "fixtures" / "nsys2025"
     assert all((fixtures / f"h200_sft_clean.{name}.csv").exists() for _, name in nsys.STATS_REPORTS.values() if name)
 

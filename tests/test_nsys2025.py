@@ -37,11 +37,31 @@ FIXTURES = Path(__file__).parent / "fixtures" / "nsys2025"
 CAPTURES = sorted(path.stem for path in FIXTURES.glob("*.sqlite"))
 RELEASE = 2025
 # sftprof table -> the columns that name its rows, in the order 2025's CSV prints them.
-SUMMARIES = {"kernels_by_name": ["kernel"], "memops": ["operation"], "cuda_api": ["name"], "osrt": ["name"],
-             "nvtx": ["style", "name"]}
+SUMMARIES = {
+    "kernels_by_name": ["kernel"],
+    "memops": ["operation"],
+    "cuda_api": ["name"],
+    "osrt": ["name"],
+    "nvtx": ["style", "name"],
+}
 # The columns of CUPTI_ACTIVITY_KIND_KERNEL and _RUNTIME that EventStore.from_nsys_sqlite copies.
-KERNEL_COLUMNS = ["start", "end", "demangledName", "shortName", "mangledName", "deviceId", "streamId", "globalPid",
-                  "correlationId", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
+KERNEL_COLUMNS = [
+    "start",
+    "end",
+    "demangledName",
+    "shortName",
+    "mangledName",
+    "deviceId",
+    "streamId",
+    "globalPid",
+    "correlationId",
+    "gridX",
+    "gridY",
+    "gridZ",
+    "blockX",
+    "blockY",
+    "blockZ",
+]
 RUNTIME_COLUMNS = ["start", "end", "nameId", "globalTid", "correlationId"]
 
 
@@ -72,9 +92,15 @@ def analysis(name: str):
 
 def default_domain_names(name: str) -> set[str]:
     """Names of the export's NVTX ranges in the default domain (domainId 0 or none)."""
-    return {text for (text,) in query(name, """
+    return {
+        text
+        for (text,) in query(
+            name,
+            """
         SELECT coalesce(s.value, e.text) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId
-        WHERE e.eventType IN (59, 60, 70, 71) AND coalesce(e.domainId, 0) = 0""")}
+        WHERE e.eventType IN (59, 60, 70, 71) AND coalesce(e.domainId, 0) = 0""",
+        )
+    }
 
 
 def printed_by_2025(name: str, capture: str) -> str:
@@ -87,6 +113,7 @@ def instance_sum(name: str, report: str, column: str) -> int:
 
 
 # ---------------------------------------------------------------- equal to 2025.3.1's nsys stats
+
 
 @pytest.mark.parametrize("table", list(SUMMARIES))
 @pytest.mark.parametrize("name", CAPTURES)
@@ -101,18 +128,29 @@ def test_summary_equals_nsys_2025_stats_row_for_row(name, table):
     theirs = [tuple(row.values()) for row in stats_csv(name, report)]
     ours = as_nsys_rows(summary, SUMMARIES[table])
     assert ours == set(theirs) and len(ours) == len(theirs) > 0
-    assert list(summary[SUMMARIES[table][-1]]) == [row[-1] for row in theirs]   # and in the same order
+    assert list(summary[SUMMARIES[table][-1]]) == [row[-1] for row in theirs]  # and in the same order
 
 
 @pytest.mark.parametrize("name", CAPTURES)
 def test_memory_sizes_equal_cuda_gpu_mem_size_sum(name):
     """Bytes per memory operation, every column as 2025 prints it (MB of 10^6 bytes, three decimals)."""
+
     def megabytes(value):
         return f"{value / 1e6:.3f}"
 
-    ours = [(megabytes(r.total_bytes), str(r.count), megabytes(r.avg_bytes), megabytes(r.med_bytes),
-             megabytes(r.min_bytes), megabytes(r.max_bytes), megabytes(r.stddev_bytes), r.operation)
-            for r in analysis(name).tables["memops_by_size"].itertuples()]
+    ours = [
+        (
+            megabytes(r.total_bytes),
+            str(r.count),
+            megabytes(r.avg_bytes),
+            megabytes(r.med_bytes),
+            megabytes(r.min_bytes),
+            megabytes(r.max_bytes),
+            megabytes(r.stddev_bytes),
+            r.operation,
+        )
+        for r in analysis(name).tables["memops_by_size"].itertuples()
+    ]
     assert ours == [tuple(row.values()) for row in stats_csv(name, nsys.stats_report("memops_by_size", RELEASE))]
 
 
@@ -121,8 +159,7 @@ def _gpu_ops_by_range(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     assigns them (cuda.with_api_calls, nvtx.enclosing_ranges): (operations, (call, range) pairs)."""
     t = tables(name)
     columns = ["start", "end", "pid", "correlation_id"]
-    ops = pd.concat([t.kernels[columns].assign(kernel=True), t.memops[columns].assign(kernel=False)],
-                    ignore_index=True)
+    ops = pd.concat([t.kernels[columns].assign(kernel=True), t.memops[columns].assign(kernel=False)], ignore_index=True)
     calls = cuda.with_api_calls(ops, t.events)
     calls = calls.assign(op_start=calls["start"], op_end=calls["end"], start=calls["api_start"], end=calls["api_end"])
     return calls, nvtx.enclosing_ranges(t.nvtx, calls)
@@ -150,8 +187,13 @@ def test_range_projection_from_sftprofs_launch_assignment_equals_nvtx_gpu_proj_s
     nvtx_gpu_proj_sum but the two about nesting (Avg Range Lvl, Avg Num Child). sftprof saves no
     projection table: this checks, per range instance, the assignment its nvtx_gpu table is built on."""
     calls, pairs = _gpu_ops_by_range(name)
-    ops = pd.DataFrame({"range": pairs["range"].to_numpy(), "start": calls.loc[pairs["call"], "op_start"].to_numpy(),
-                        "end": calls.loc[pairs["call"], "op_end"].to_numpy()})
+    ops = pd.DataFrame(
+        {
+            "range": pairs["range"].to_numpy(),
+            "start": calls.loc[pairs["call"], "op_start"].to_numpy(),
+            "end": calls.loc[pairs["call"], "op_end"].to_numpy(),
+        }
+    )
     instances = ops.groupby("range").agg(first=("start", "min"), last=("end", "max"), ops=("start", "size"))
     instances = instances.assign(proj=instances["last"] - instances["first"]).join(tables(name).nvtx)
 
@@ -161,9 +203,21 @@ def test_range_projection_from_sftprofs_launch_assignment_equals_nvtx_gpu_proj_s
     ours = set()
     for (range_name, style), group in instances.groupby(["name", "style"]):
         proj = group["proj"]
-        ours.add((printed_by_2025(range_name, name), style, str(proj.sum()), str(group["duration"].sum()),
-                  str(len(group)), rounded(proj.mean()), rounded(proj.median()), str(proj.min()), str(proj.max()),
-                  rounded(proj.std() if len(proj) > 1 else 0.0), str(group["ops"].sum())))
+        ours.add(
+            (
+                printed_by_2025(range_name, name),
+                style,
+                str(proj.sum()),
+                str(group["duration"].sum()),
+                str(len(group)),
+                rounded(proj.mean()),
+                rounded(proj.median()),
+                str(proj.min()),
+                str(proj.max()),
+                rounded(proj.std() if len(proj) > 1 else 0.0),
+                str(group["ops"].sum()),
+            )
+        )
     theirs = {tuple(row.values())[:11] for row in stats_csv(name, "nvtx_gpu_proj_sum")}
     assert ours == theirs and theirs
 
@@ -183,6 +237,7 @@ def test_nvtx_naming_rule_holds_in_the_exports():
 
 # ---------------------------------------------------------------- the 2025 schema, through both readers
 
+
 @pytest.mark.parametrize("name", CAPTURES)
 def test_export_has_the_2025_schema_differences(name):
     """What the fixtures README lists, present in every file, so that the tests below exercise it."""
@@ -194,7 +249,8 @@ def test_export_has_the_2025_schema_differences(name):
     sync = {c for (c,) in query(name, "SELECT name FROM pragma_table_info('CUPTI_ACTIVITY_KIND_SYNCHRONIZATION')")}
     assert {"greenContextId", "deprecatedSyncType", "eventSyncId", "syncType"} <= sync
     assert dict(query(name, "SELECT name, value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PRODUCT_VERSION'")) == {
-        "EXPORT_PRODUCT_VERSION": "2025.3.2.0"}
+        "EXPORT_PRODUCT_VERSION": "2025.3.2.0"
+    }
 
 
 @pytest.mark.parametrize("name", CAPTURES)
@@ -202,8 +258,9 @@ def test_page_decoder_reads_the_2025_tables(name):
     """sqlite_pages decodes KERNEL past greenContextId and RUNTIME (no fallback): as many rows as the
     CSVs count kernels and CUDA API calls."""
     for table, columns, report, column in (
-            ("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLUMNS, "cuda_gpu_kern_sum", "Instances"),
-            ("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLUMNS, "cuda_api_sum", "Num Calls")):
+        ("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLUMNS, "cuda_gpu_kern_sum", "Instances"),
+        ("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLUMNS, "cuda_api_sum", "Num Calls"),
+    ):
         chunks = list(sqlite_pages.int_columns(sqlite_path(name), table, columns))
         assert sum(len(chunk) for chunk in chunks) == instance_sum(name, report, column)
         assert all((chunk["end"] >= chunk["start"]).all() for chunk in chunks)
@@ -238,12 +295,22 @@ def test_sync_and_memory_kinds_read_through_the_2025_enums(name):
     """SYNCHRONIZATION's syncType (not the new deprecatedSyncType) labelled from ENUM_CUPTI_SYNC_TYPE;
     memory operations' kinds from ENUM_CUDA_MEM_KIND; metadata from META_DATA_EXPORT (release 2025:
     the long memcpy names, checked against the CSV above)."""
-    rows = dict(query(name, """SELECT t.label, count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION y
-                               JOIN ENUM_CUPTI_SYNC_TYPE t ON t.id = y.syncType GROUP BY 1"""))
+    rows = dict(
+        query(
+            name,
+            """SELECT t.label, count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION y
+                               JOIN ENUM_CUPTI_SYNC_TYPE t ON t.id = y.syncType GROUP BY 1""",
+        )
+    )
     assert tables(name).sync["sync_type"].value_counts().to_dict() == rows and rows
-    copies = dict(query(name, """SELECT s.label || '>' || d.label, count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
+    copies = dict(
+        query(
+            name,
+            """SELECT s.label || '>' || d.label, count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY m
                                  JOIN ENUM_CUDA_MEM_KIND s ON s.id = m.srcKind
-                                 JOIN ENUM_CUDA_MEM_KIND d ON d.id = m.dstKind GROUP BY 1"""))
+                                 JOIN ENUM_CUDA_MEM_KIND d ON d.id = m.dstKind GROUP BY 1""",
+        )
+    )
     memops = tables(name).memops
     ours = memops[memops["copy_kind"] != "memset"].groupby(["src_kind", "dst_kind"], observed=True).size()
     assert {f"{s}>{d}": n for (s, d), n in ours.items()} == copies
@@ -252,11 +319,13 @@ def test_sync_and_memory_kinds_read_through_the_2025_enums(name):
 
 # ---------------------------------------------------------------- findings and the CLI
 
+
 def test_cudnn_that_nsys_could_not_trace_is_the_empty_trace_kind_finding():
     """2025.3.1 could not load its cuDNN 9.19 injection; the export keeps "No cuDNN events collected.
     Does the process use cuDNN?" among its strings, and the analysis names it once."""
     assert tables("h200_plant_gemm").empty_trace_kinds == {
-        "cuDNN": 'nsys says "No cuDNN events collected. Does the process use cuDNN?"'}
+        "cuDNN": 'nsys says "No cuDNN events collected. Does the process use cuDNN?"'
+    }
     [finding] = [f for f in analysis("h200_plant_gemm").findings if f.rule == "empty_trace_kind"]
     assert finding.severity == "info" and finding.title.endswith("cuDNN")
     assert "No cuDNN events collected" in finding.evidence

@@ -20,18 +20,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import assert_refused, run_sftprof
 
 from sftprof import pipeline, results
 from sftprof.analysis import ranks
 from sftprof.analysis.ranks import RankInput, RanksError, analyze_ranks
 from sftprof.capture import rank as rank_records
 
+from conftest import assert_refused, run_sftprof
+
 FIXTURES = Path(__file__).parent / "fixtures" / "ranks"
 MS = 1_000_000
 
 
 # ---------------------------------------------------------------- real 2-rank CPU captures
+
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
@@ -65,8 +67,9 @@ def test_the_gain_is_computed_as_documented(slow):
     own = steps.pivot(index="step", columns="rank", values="own_ns")
     duration = steps.pivot(index="step", columns="rank", values="duration_ns")
     # own = step time less waiting, waiting = sync waits beyond the least any rank had, per step and phase
-    assert (own <= duration).all().all() and np.allclose(own + steps.pivot(index="step", columns="rank",
-                                                                            values="waiting_ns"), duration)
+    assert (own <= duration).all().all() and np.allclose(
+        own + steps.pivot(index="step", columns="rank", values="waiting_ns"), duration
+    )
     expected = 100 * np.median((own[1] - own[0]).clip(lower=0)) / np.median(duration.max(axis=1))
     [finding] = [f for f in result.findings if f.rule == "straggler"]
     assert finding.gain_pct == pytest.approx(expected, abs=1e-3)
@@ -122,8 +125,9 @@ FOUR = ("four_clean", "four_slow_data_rank2", "four_busy_rank3")
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
     """The three 4-rank captures (one srun step of 4 tasks each on the loopback Slurm), compared."""
-    return {case: pipeline.cross_rank_dirs([FIXTURES / case], tmp_path_factory.mktemp(case) / "out", case)
-            for case in FOUR}
+    return {
+        case: pipeline.cross_rank_dirs([FIXTURES / case], tmp_path_factory.mktemp(case) / "out", case) for case in FOUR
+    }
 
 
 def _stragglers(result):
@@ -186,10 +190,12 @@ def test_workflow_step_reads_saved_analyses_and_links_each_rank(tmp_path):
     capture = FIXTURES / "slow_rank1"
     analysis = tmp_path / "analysis"
     for record in rank_records.profiled_records(capture):
-        results.save(pipeline.analyze_trace(capture / f"rank{record['rank']}.sqlite"),
-                     analysis / f"rank{record['rank']}")
-    result = pipeline.cross_rank_capture(capture, capture, analysis, "profile", tmp_path / "ranks",
-                                         tmp_path / "ranks.html", "window")
+        results.save(
+            pipeline.analyze_trace(capture / f"rank{record['rank']}.sqlite"), analysis / f"rank{record['rank']}"
+        )
+    result = pipeline.cross_rank_capture(
+        capture, capture, analysis, "profile", tmp_path / "ranks", tmp_path / "ranks.html", "window"
+    )
     html = (tmp_path / "ranks.html").read_text()
     assert 'href="report.html#r0-rank"' in html and 'href="report.html#r1-rank"' in html
     assert "holds the other ranks back" in html
@@ -199,6 +205,7 @@ def test_workflow_step_reads_saved_analyses_and_links_each_rank(tmp_path):
 
 
 # ---------------------------------------------------------------- the CLI
+
 
 def test_cli_ranks_over_two_node_folders(tmp_path):
     """`sftprof ranks DIR DIR`: each rank's files fetched into a folder of its own, as per node."""
@@ -212,8 +219,13 @@ def test_cli_ranks_over_two_node_folders(tmp_path):
     result = run_sftprof("ranks", *dirs, "-o", tmp_path / "out")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Rank 1 (node 0, host" in result.stdout and "[gain" in result.stdout
-    for path in ("ranks.html", "report.html", "ranks/ranks.json", "ranks/step_skew.csv",
-                 "analysis/rank1/analysis.json"):
+    for path in (
+        "ranks.html",
+        "report.html",
+        "ranks/ranks.json",
+        "ranks/step_skew.csv",
+        "analysis/rank1/analysis.json",
+    ):
         assert (tmp_path / "out" / path).exists(), path
     assert "Rank 1 (node 0" in (tmp_path / "out" / "ranks.html").read_text()
 
@@ -228,13 +240,15 @@ def test_cli_refuses_ranks_without_common_steps(tmp_path):
     folder = tmp_path / "capture"
     shutil.copytree(FIXTURES / "clean", folder)
     with sqlite3.connect(folder / "rank1.sqlite") as con:  # rank 1's steps renumbered: 103..110
-        con.execute("UPDATE NVTX_EVENTS SET text = 'step ' || (CAST(substr(text, 6) AS INTEGER) + 100) "
-                    "WHERE text LIKE 'step %'")
+        con.execute(
+            "UPDATE NVTX_EVENTS SET text = 'step ' || (CAST(substr(text, 6) AS INTEGER) + 100) WHERE text LIKE 'step %'"
+        )
     message = assert_refused(run_sftprof("ranks", folder, "-o", tmp_path / "out"), contains="share no step number")
     assert "rank 0: steps 3-10" in message and "rank 1: steps 103-110" in message
 
 
 # ---------------------------------------------------------------- the model, on synthetic tables
+
 
 def _rank(number, node, own, waiting, data=None, kernel_ns=None, comm=None, run=None) -> RankInput:
     """A rank whose steps 1..n take own + waiting; its waiting is in backward sync waits (or, with `comm`,
@@ -242,19 +256,41 @@ def _rank(number, node, own, waiting, data=None, kernel_ns=None, comm=None, run=
     n = len(own)
     data = data if data is not None else [5 * MS] * n
     duration = [o + w for o, w in zip(own, waiting, strict=True)]
-    steps = pd.DataFrame({"step": range(1, n + 1), "start": [i * 10**9 for i in range(n)],
-                          "end": [i * 10**9 + d for i, d in enumerate(duration)], "duration": duration,
-                          "data_ns": data, "forward_ns": [10 * MS] * n,
-                          "backward_ns": [d - dt - 10 * MS for d, dt in zip(duration, data, strict=True)],
-                          "optimizer_ns": [0] * n, "other_ns": [0] * n})
-    wait_rows = [{"step": s, "phase": p, "waits": 1, "wait_ns": (w if comm is None and p == "backward" else 0)}
-                 for s, w in zip(range(1, n + 1), waiting, strict=True) for p in ranks.OWN_PHASES]
+    steps = pd.DataFrame(
+        {
+            "step": range(1, n + 1),
+            "start": [i * 10**9 for i in range(n)],
+            "end": [i * 10**9 + d for i, d in enumerate(duration)],
+            "duration": duration,
+            "data_ns": data,
+            "forward_ns": [10 * MS] * n,
+            "backward_ns": [d - dt - 10 * MS for d, dt in zip(duration, data, strict=True)],
+            "optimizer_ns": [0] * n,
+            "other_ns": [0] * n,
+        }
+    )
+    wait_rows = [
+        {"step": s, "phase": p, "waits": 1, "wait_ns": (w if comm is None and p == "backward" else 0)}
+        for s, w in zip(range(1, n + 1), waiting, strict=True)
+        for p in ranks.OWN_PHASES
+    ]
     tables = {"steps": steps, "step_waits": pd.DataFrame(wait_rows)}
     if comm is not None:
         tables["collectives"] = pd.DataFrame(
-            [{"step": s, "device_id": 0, "kind": kind, "kernels": 1, "time_ns": busy, "busy_ns": busy,
-              "exposed_ns": exposed} for s, (busy, exposed) in zip(range(1, n + 1), comm, strict=True)
-             for kind in ("all", "all_reduce")])
+            [
+                {
+                    "step": s,
+                    "device_id": 0,
+                    "kind": kind,
+                    "kernels": 1,
+                    "time_ns": busy,
+                    "busy_ns": busy,
+                    "exposed_ns": exposed,
+                }
+                for s, (busy, exposed) in zip(range(1, n + 1), comm, strict=True)
+                for kind in ("all", "all_reduce")
+            ]
+        )
     if kernel_ns is not None:
         tables["step_accounting"] = pd.DataFrame({"step": range(1, n + 1), "kernel_ns": kernel_ns})
     return RankInput(rank=number, node=node, host=f"h{node}", world_size=3, tables=tables, run=run or {})
@@ -264,8 +300,16 @@ def test_gain_model_on_three_ranks():
     own = {0: [100, 100, 100, 100], 1: [100, 102, 98, 100], 2: [150, 160, 140, 150]}
     own = {r: [v * MS for v in values] for r, values in own.items()}
     job = [max(own[r][i] for r in own) for i in range(4)]
-    inputs = [_rank(r, node=r // 2, own=own[r], waiting=[j - o for j, o in zip(job, own[r], strict=True)],
-                    data=[(5 + (o - own[0][i]) // MS) * MS for i, o in enumerate(own[r])]) for r in own]
+    inputs = [
+        _rank(
+            r,
+            node=r // 2,
+            own=own[r],
+            waiting=[j - o for j, o in zip(job, own[r], strict=True)],
+            data=[(5 + (o - own[0][i]) // MS) * MS for i, o in enumerate(own[r])],
+        )
+        for r in own
+    ]
     result = analyze_ranks(inputs)
     [finding] = result.findings
     # median over steps of own(2) - max(own(0), own(1)): (50, 58, 42, 50) -> 50 ms; median job step 150 ms
@@ -284,8 +328,9 @@ def test_cause_is_the_gpu_when_its_kernels_take_the_extra_time():
     [finding] = analyze_ranks(inputs).findings
     assert "(a slow GPU, thermal throttling or a lower clock)" in finding.title
     assert "nvidia-smi" in finding.recommendation
-    inputs = [_rank(r, node=r, own=own[r], waiting=[140 * MS - o for o in own[r]], kernel_ns=[80 * MS] * 3)
-              for r in own]
+    inputs = [
+        _rank(r, node=r, own=own[r], waiting=[140 * MS - o for o in own[r]], kernel_ns=[80 * MS] * 3) for r in own
+    ]
     [finding] = analyze_ranks(inputs).findings
     assert "(CPU contention or a slower CPU)" in finding.title
 
@@ -308,8 +353,17 @@ def test_nccl_waiting_exposed_time_and_bus_bandwidth():
     run = {"parameters": 1_000_000, "weight_dtype": "float32"}
     own = {0: [60 * MS] * 4, 1: [100 * MS] * 4, 2: [60 * MS] * 4}
     comm = {0: [(48 * MS, 43 * MS)] * 4, 1: [(8 * MS, 3 * MS)] * 4, 2: [(48 * MS, 45 * MS)] * 4}
-    inputs = [_rank(r, node=0, own=[o + c[0] - 8 * MS for o, c in zip(own[r], comm[r], strict=True)],
-                    waiting=[0] * 4, comm=comm[r], run=run) for r in own]
+    inputs = [
+        _rank(
+            r,
+            node=0,
+            own=[o + c[0] - 8 * MS for o, c in zip(own[r], comm[r], strict=True)],
+            waiting=[0] * 4,
+            comm=comm[r],
+            run=run,
+        )
+        for r in own
+    ]
     # step time: own + its NCCL time; the 40 ms beyond rank 1's 8 ms is waiting
     result = analyze_ranks(inputs)
     findings = {f.rule: f for f in result.findings}

@@ -32,8 +32,16 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian
 FIXTURES = Path(__file__).parent / "fixtures"
 NSYS_FIXTURE = FIXTURES / "h200_tiny_llama_bf16.sqlite"
 METRICS = FIXTURES / "h200_tiny_llama_bf16.metrics.jsonl"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--remote-debugging-pipe"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-pipe",
+]
 WINDOW = {"width": 1280, "height": 4000}
 TIMEOUT_S = 30
 LOCAL_SCHEMES = ("file:", "data:", "about:")
@@ -60,9 +68,14 @@ class DevToolsPipe:
             os.dup2(inbound, 3)
             os.dup2(outbound, 4)
 
-        self.process = subprocess.Popen([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}"],
-                                        preexec_fn=wire_pipes, close_fds=False, start_new_session=True,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}"],
+            preexec_fn=wire_pipes,
+            close_fds=False,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_browser_read)
         os.close(from_browser_write)
         self._buffer, self._messages, self._next_id = b"", [], 0
@@ -159,14 +172,12 @@ def visit(browser: DevToolsPipe, page: Path) -> PageVisit:
     try:
         for domain in ("Runtime", "Log", "Network", "Page"):
             browser.call(f"{domain}.enable", session=session)
-        browser.call("Emulation.setDeviceMetricsOverride", {**WINDOW, "deviceScaleFactor": 1, "mobile": False},
-                     session)
+        browser.call("Emulation.setDeviceMetricsOverride", {**WINDOW, "deviceScaleFactor": 1, "mobile": False}, session)
         browser.call("Page.navigate", {"url": page.resolve().as_uri()}, session)
         browser.wait_for("Page.loadEventFired", session)
         probe = browser.call("Runtime.evaluate", {"expression": PLOT_PROBE, "returnByValue": True}, session)
         shot = browser.call("Page.captureScreenshot", {"format": "png"}, session)
-        return PageVisit(browser.events(session), json.loads(probe["result"]["value"]),
-                         base64.b64decode(shot["data"]))
+        return PageVisit(browser.events(session), json.loads(probe["result"]["value"]), base64.b64decode(shot["data"]))
     finally:
         browser.call("Target.closeTarget", {"targetId": target})
 
@@ -206,8 +217,10 @@ def test_report_loads_clean_and_draws_every_plot(browser, report, artifacts):
 
 def test_comparison_page_loads_clean(browser, report, tmp_path, artifacts):
     analysis = report.parent / "analysis"
-    assert sftprof_main(["compare", str(analysis), str(FIXTURES / "cpu_tiny_llama.pt.trace.json.gz"),
-                         "-o", str(tmp_path)]) == 0
+    assert (
+        sftprof_main(["compare", str(analysis), str(FIXTURES / "cpu_tiny_llama.pt.trace.json.gz"), "-o", str(tmp_path)])
+        == 0
+    )
     result = visit(browser, tmp_path / "compare.html")
     (artifacts / "compare.png").write_bytes(result.screenshot)
     assert result.problems() == []
@@ -216,9 +229,11 @@ def test_comparison_page_loads_clean(browser, report, tmp_path, artifacts):
 def test_the_checks_catch_a_broken_page(browser, tmp_path):
     """Negative control: each kind of problem the checks look for is reported."""
     page = tmp_path / "broken.html"
-    page.write_text('<html><body><div class="plot"><svg width="200" height="100"><g></g></svg></div>'
-                    '<script>console.error("plot data missing"); undefined_function();</script>'
-                    '<img src="http://example.invalid/logo.png"></body></html>')
+    page.write_text(
+        '<html><body><div class="plot"><svg width="200" height="100"><g></g></svg></div>'
+        '<script>console.error("plot data missing"); undefined_function();</script>'
+        '<img src="http://example.invalid/logo.png"></body></html>'
+    )
     result = visit(browser, page)
     problems = "\n".join(result.problems())
     assert "console.error: ['plot data missing']" in problems

@@ -21,39 +21,67 @@ from sftprof.trace.tables import COLUMNS, TraceTables
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MAIN, AUTOGRAD, OTHER_PROCESS = (7 << 24) | 7, (7 << 24) | 9, (8 << 24) | 8
-NAMES = ["vectorized_elementwise_kernel", "ampere_bf16_gemm", "unrolled_elementwise_kernel", "reduce_kernel",
-         "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"]
+NAMES = [
+    "vectorized_elementwise_kernel",
+    "ampere_bf16_gemm",
+    "unrolled_elementwise_kernel",
+    "reduce_kernel",
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+]
 
 
 def _frame(table: str, rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{c: row.get(c) for c in COLUMNS[table]} for row in rows], columns=COLUMNS[table])
 
 
-def random_trace(seed: int = 5, n: int = 6_000, devices=(0, 1), streams=(7, 8, 13), memops: int = 300,
-                 steps: int = 12) -> TraceTables:
+def random_trace(
+    seed: int = 5, n: int = 6_000, devices=(0, 1), streams=(7, 8, 13), memops: int = 300, steps: int = 12
+) -> TraceTables:
     """Kernels on several devices and streams (overlapping, some NCCL, some ties), launched from two
     threads of one process and one of another, some without a traced launch; memory operations;
     step and phase ranges on the main thread."""
     rng = np.random.default_rng(seed)
     span = 1_000_000
     starts = rng.integers(1, span, n)
-    kernels = pd.DataFrame({"start": starts, "end": starts + rng.integers(0, 400, n),
-                            "name": rng.choice(NAMES, n, p=[.35, .25, .2, .1, .1]),
-                            "device_id": rng.choice(devices, n), "stream_id": rng.choice(streams, n),
-                            "pid": 7, "correlation_id": np.arange(1, n + 1) * 3})
+    kernels = pd.DataFrame(
+        {
+            "start": starts,
+            "end": starts + rng.integers(0, 400, n),
+            "name": rng.choice(NAMES, n, p=[0.35, 0.25, 0.2, 0.1, 0.1]),
+            "device_id": rng.choice(devices, n),
+            "stream_id": rng.choice(streams, n),
+            "pid": 7,
+            "correlation_id": np.arange(1, n + 1) * 3,
+        }
+    )
     kernels["short_name"] = kernels["name"]
-    kernels.loc[rng.random(n) < 0.05, "correlation_id"] = None        # launch not traced
+    kernels.loc[rng.random(n) < 0.05, "correlation_id"] = None  # launch not traced
     kernels["duration"] = kernels["end"] - kernels["start"]
-    tids = rng.choice([MAIN, AUTOGRAD, OTHER_PROCESS], n, p=[.6, .3, .1])
+    tids = rng.choice([MAIN, AUTOGRAD, OTHER_PROCESS], n, p=[0.6, 0.3, 0.1])
     launch = np.maximum(kernels["start"].to_numpy() - rng.integers(0, 2_000, n), 0)
     launched = kernels["correlation_id"].notna().to_numpy()
-    calls = pd.DataFrame({"start": launch[launched], "end": launch[launched] + 500, "name": "cudaLaunchKernel",
-                          "global_tid": tids[launched], "correlation_id": kernels["correlation_id"][launched]})
+    calls = pd.DataFrame(
+        {
+            "start": launch[launched],
+            "end": launch[launched] + 500,
+            "name": "cudaLaunchKernel",
+            "global_tid": tids[launched],
+            "correlation_id": kernels["correlation_id"][launched],
+        }
+    )
     calls["pid"], calls["tid"] = tids[launched] >> 24, tids[launched] & 0xFFFFFF
     calls["duration"] = calls["end"] - calls["start"]
     kernels.loc[tids == OTHER_PROCESS, "pid"] = 8
-    syncs = pd.DataFrame({"start": rng.integers(0, span, 40), "name": "cudaStreamSynchronize", "global_tid": MAIN,
-                          "pid": 7, "tid": 7, "correlation_id": 10**7 + np.arange(40)})
+    syncs = pd.DataFrame(
+        {
+            "start": rng.integers(0, span, 40),
+            "name": "cudaStreamSynchronize",
+            "global_tid": MAIN,
+            "pid": 7,
+            "tid": 7,
+            "correlation_id": 10**7 + np.arange(40),
+        }
+    )
     syncs["end"] = syncs["start"] + rng.integers(0, 20_000, 40)
     syncs["duration"] = syncs["end"] - syncs["start"]
     ranges = []
@@ -61,17 +89,38 @@ def random_trace(seed: int = 5, n: int = 6_000, devices=(0, 1), streams=(7, 8, 1
     for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         ranges.append({"name": f"step {i}", "start": lo, "end": hi})
         cut = np.linspace(lo, hi, 5).astype("int64")
-        ranges += [{"name": phase, "start": a, "end": b}
-                   for phase, a, b in zip(cpu.PHASES, cut[:-1], cut[1:], strict=True)]
-    nvtx_rows = [{**r, "duration": r["end"] - r["start"], "style": "PushPop", "global_tid": MAIN, "pid": 7, "tid": 7}
-                 for r in ranges]
+        ranges += [
+            {"name": phase, "start": a, "end": b} for phase, a, b in zip(cpu.PHASES, cut[:-1], cut[1:], strict=True)
+        ]
+    nvtx_rows = [
+        {**r, "duration": r["end"] - r["start"], "style": "PushPop", "global_tid": MAIN, "pid": 7, "tid": 7}
+        for r in ranges
+    ]
     op_starts = rng.integers(1, span, memops)
-    ops = [{"start": s, "end": s + int(d), "duration": int(d), "operation": "[CUDA memcpy HtoD]", "bytes": 64,
-            "device_id": int(dev), "stream_id": 9, "pid": 7, "correlation_id": None, "copy_kind": "HtoD"}
-           for s, d, dev in zip(op_starts, rng.integers(0, 3_000, memops), rng.choice(devices, memops), strict=True)]
+    ops = [
+        {
+            "start": s,
+            "end": s + int(d),
+            "duration": int(d),
+            "operation": "[CUDA memcpy HtoD]",
+            "bytes": 64,
+            "device_id": int(dev),
+            "stream_id": 9,
+            "pid": 7,
+            "correlation_id": None,
+            "copy_kind": "HtoD",
+        }
+        for s, d, dev in zip(op_starts, rng.integers(0, 3_000, memops), rng.choice(devices, memops), strict=True)
+    ]
     events = EventStore.from_frames(kernels=kernels, cuda_api=pd.concat([calls, syncs], ignore_index=True))
-    return TraceTables(source_path="random", span_ns=span, sources={"cuda", "nvtx"}, events=events,
-                       nvtx=_frame("nvtx", nvtx_rows), memops=_frame("memops", ops))
+    return TraceTables(
+        source_path="random",
+        span_ns=span,
+        sources={"cuda", "nvtx"},
+        events=events,
+        nvtx=_frame("nvtx", nvtx_rows),
+        memops=_frame("memops", ops),
+    )
 
 
 @pytest.fixture(params=[None, 97], ids=["whole", "tiny windows"])
@@ -86,6 +135,7 @@ def windows(request, monkeypatch):
 
 # ---------------------------------------------------------------- unions
 
+
 def test_running_union_in_place_equals_the_union_at_once():
     rng = np.random.default_rng(11)
     for overlap in (5, 60, 5_000):  # mostly apart, some merged, nearly all merged
@@ -96,7 +146,7 @@ def test_running_union_in_place_equals_the_union_at_once():
             for batch in (1, 7, 999, 4_000):
                 running = intervals.RunningUnion(capacity)
                 for lo in range(0, len(starts), batch):
-                    running.add(starts[lo:lo + batch], ends[lo:lo + batch])
+                    running.add(starts[lo : lo + batch], ends[lo : lo + batch])
                 pd.testing.assert_frame_equal(running.result(), at_once)
 
 
@@ -122,17 +172,22 @@ def test_one_busy_pass_gives_the_three_unions_and_the_timeline_counts(windows):
     unions = gpu.busy_unions(events, memops)
     for device in (0, 1):
         mine, ops = kernels[kernels["device_id"] == device], memops[memops["device_id"] == device]
-        expected = {"operations": pd.concat([mine[["start", "end"]], ops[["start", "end"]]]),
-                    "kernels": mine[["start", "end"]], "not_communication": mine.loc[~comm, ["start", "end"]]}
+        expected = {
+            "operations": pd.concat([mine[["start", "end"]], ops[["start", "end"]]]),
+            "kernels": mine[["start", "end"]],
+            "not_communication": mine.loc[~comm, ["start", "end"]],
+        }
         for name, rows in expected.items():
             union = getattr(unions, name)[device].merged
             pd.testing.assert_frame_equal(union, intervals.union(rows.astype("int64")))
-    assert unions.operations[0].last == max(kernels.loc[kernels["device_id"] == 0, "end"].max(),
-                                            memops.loc[memops["device_id"] == 0, "end"].max())
+    assert unions.operations[0].last == max(
+        kernels.loc[kernels["device_id"] == 0, "end"].max(), memops.loc[memops["device_id"] == 0, "end"].max()
+    )
     # the counts the pass kept are the timeline's query
     counted = utilisation.utilisation_timeline(events, unions.operations)
-    queried = utilisation.utilisation_timeline(events, {d: gpu.DeviceBusy(b.merged, b.first, b.last)
-                                                        for d, b in unions.operations.items()})
+    queried = utilisation.utilisation_timeline(
+        events, {d: gpu.DeviceBusy(b.merged, b.first, b.last) for d, b in unions.operations.items()}
+    )
     pd.testing.assert_frame_equal(counted, queried)
     assert counted["kernels"].sum() == len(kernels)
 
@@ -149,34 +204,66 @@ def test_without_collectives_there_is_no_third_union_and_without_copies_two_are_
 
 # ---------------------------------------------------------------- the launch join, shared
 
+
 def test_launch_slices_match_kernels_to_their_calls_as_a_join_does(windows):
     tables = random_trace()
     events = tables.events
     kernels, calls = tables.kernels, tables.cuda_api
-    joined = kernels.merge(calls[["pid", "correlation_id", "global_tid", "start", "end"]], how="left",
-                           on=["pid", "correlation_id"], suffixes=("", "_call"))
-    expected = pd.DataFrame({"launch_tid": joined["global_tid"].fillna(-1).astype("int64"),
-                             "launch_start": joined["start_call"].fillna(joined["start"]).astype("int64"),
-                             "start": joined["start"], "duration": joined["duration"]})
+    joined = kernels.merge(
+        calls[["pid", "correlation_id", "global_tid", "start", "end"]],
+        how="left",
+        on=["pid", "correlation_id"],
+        suffixes=("", "_call"),
+    )
+    expected = pd.DataFrame(
+        {
+            "launch_tid": joined["global_tid"].fillna(-1).astype("int64"),
+            "launch_start": joined["start_call"].fillna(joined["start"]).astype("int64"),
+            "start": joined["start"],
+            "duration": joined["duration"],
+        }
+    )
     found = pd.concat([pd.DataFrame({c: s[c] for c in expected.columns}) for s in nvtx.launch_slices(events)])
     key = list(expected.columns)
-    pd.testing.assert_frame_equal(found.sort_values(key, ignore_index=True),
-                                  expected.sort_values(key, ignore_index=True), check_dtype=False)
+    pd.testing.assert_frame_equal(
+        found.sort_values(key, ignore_index=True), expected.sort_values(key, ignore_index=True), check_dtype=False
+    )
 
 
 def test_a_call_that_repeats_a_key_is_joined_duplicates_and_all():
     """A damaged export whose calls repeat a (pid, correlation id): each kernel meets both, as SQL's join does."""
-    kernels = pd.DataFrame({"start": [10, 20], "end": [15, 25], "name": "k", "short_name": "k", "device_id": 0,
-                            "stream_id": 7, "pid": 7, "correlation_id": [1, 2]})
-    calls = pd.DataFrame({"start": [1, 2, 3], "end": [4, 5, 6], "name": "cudaLaunchKernel", "global_tid": MAIN,
-                          "correlation_id": [1, 1, 2]})
+    kernels = pd.DataFrame(
+        {
+            "start": [10, 20],
+            "end": [15, 25],
+            "name": "k",
+            "short_name": "k",
+            "device_id": 0,
+            "stream_id": 7,
+            "pid": 7,
+            "correlation_id": [1, 2],
+        }
+    )
+    calls = pd.DataFrame(
+        {
+            "start": [1, 2, 3],
+            "end": [4, 5, 6],
+            "name": "cudaLaunchKernel",
+            "global_tid": MAIN,
+            "correlation_id": [1, 1, 2],
+        }
+    )
     [found] = list(nvtx.launch_slices(EventStore.from_frames(kernels=kernels, cuda_api=calls)))
-    assert sorted(zip(found["start"].tolist(), found["launch_start"].tolist(), strict=True)) == [(10, 1), (10, 2),
-                                                                                                 (20, 3)]
+    assert sorted(zip(found["start"].tolist(), found["launch_start"].tolist(), strict=True)) == [
+        (10, 1),
+        (10, 2),
+        (20, 3),
+    ]
 
 
-@pytest.mark.parametrize("capture", ["h200_tiny_llama_bf16.sqlite", "h200_sft_clean.sqlite",
-                                     "h200_plant_device_sync.sqlite"])
+@pytest.mark.parametrize(
+    "capture", ["h200_tiny_llama_bf16.sqlite", "h200_sft_clean.sqlite", "h200_plant_device_sync.sqlite"]
+)
 def test_accounting_fed_by_the_projection_and_the_busy_pass_equals_its_own(capture):
     tables = load_trace(FIXTURES / capture).with_all_columns()
     _shared_equals_own(tables)
@@ -193,7 +280,9 @@ def test_accounting_shared_equals_own_on_several_devices_with_collectives(window
         others = intervals.union(mine.loc[~mine["name"].str.contains("nccl"), ["start", "end"]])
         sm = intervals.covered_ns(busy, rows["start"], rows["end"])
         assert rows["sm_busy_ns"].tolist() == sm.tolist()
-        assert rows["comm_exposed_ns"].tolist() == (sm - intervals.covered_ns(others, rows["start"], rows["end"])).tolist()
+        assert (
+            rows["comm_exposed_ns"].tolist() == (sm - intervals.covered_ns(others, rows["start"], rows["end"])).tolist()
+        )
     assert own["comm_exposed_ns"].sum() > 0
 
 
@@ -217,12 +306,14 @@ def test_launch_sums_not_fed_are_filled_by_the_accounting_itself():
     tables = random_trace(devices=(0,))
     waits = cuda.host_wait_calls(tables.events)
     unfed = accounting.LaunchSums(tables)
-    pd.testing.assert_frame_equal(accounting.step_accounting(tables, waits, unfed),
-                                  accounting.step_accounting(tables, waits))
+    pd.testing.assert_frame_equal(
+        accounting.step_accounting(tables, waits, unfed), accounting.step_accounting(tables, waits)
+    )
     assert unfed.finished
 
 
 # ---------------------------------------------------------------- elementwise chains
+
 
 def _chains_at_once(kernels: pd.DataFrame) -> pd.DataFrame:
     """The runs of elementwise kernels, from every kernel sorted by device, stream, start and end."""
@@ -231,9 +322,17 @@ def _chains_at_once(kernels: pd.DataFrame) -> pd.DataFrame:
     stream = (ordered["device_id"].to_numpy("int64") << 32) + ordered["stream_id"].to_numpy("int64")
     new_stream = np.r_[True, stream[1:] != stream[:-1]]
     run = np.cumsum(~chained | new_stream)
-    runs = ordered[chained].assign(run=run[chained]).groupby("run").agg(
-        start=("start", "first"), kernels=("start", "size"), total_ns=("duration", "sum"),
-        longest_ns=("duration", "max"))
+    runs = (
+        ordered[chained]
+        .assign(run=run[chained])
+        .groupby("run")
+        .agg(
+            start=("start", "first"),
+            kernels=("start", "size"),
+            total_ns=("duration", "sum"),
+            longest_ns=("duration", "max"),
+        )
+    )
     return runs[runs["kernels"] > 1].sort_values("start", kind="stable").reset_index(drop=True)
 
 
@@ -244,12 +343,14 @@ def test_chains_cut_window_by_window_equal_the_chains_of_every_kernel_at_once(wi
     found = gains.elementwise_chains(EventStore.from_frames(kernels=kernels))
     expected = _chains_at_once(kernels)
     assert len(found) > 100
-    pd.testing.assert_frame_equal(found[["kernels", "total_ns", "longest_ns"]],
-                                  expected[["kernels", "total_ns", "longest_ns"]], check_dtype=False)
+    pd.testing.assert_frame_equal(
+        found[["kernels", "total_ns", "longest_ns"]], expected[["kernels", "total_ns", "longest_ns"]], check_dtype=False
+    )
     assert found["start"].tolist() == expected["start"].tolist()
 
 
 # ---------------------------------------------------------------- the loader and the copies' calls
+
 
 def test_labels_read_as_codes_are_the_exports_labels():
     """Memory operations', sync activity's and OS calls' text columns are read as codes and labels; the
@@ -259,8 +360,11 @@ def test_labels_read_as_codes_are_the_exports_labels():
     path = FIXTURES / "h200_sft_clean.sqlite"
     tables = load_trace(path)
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-        osrt = pd.read_sql_query("""SELECT o.start, s.value AS name FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId
-                                    WHERE o.eventClass = 27 ORDER BY o.start""", conn)
+        osrt = pd.read_sql_query(
+            """SELECT o.start, s.value AS name FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId
+                                    WHERE o.eventClass = 27 ORDER BY o.start""",
+            conn,
+        )
         sets = pd.read_sql_query("SELECT count(*) AS n FROM CUPTI_ACTIVITY_KIND_MEMSET", conn)["n"].iat[0]
     assert tables.osrt["name"].tolist() == osrt["name"].tolist()
     memops = tables.memops
@@ -268,8 +372,7 @@ def test_labels_read_as_codes_are_the_exports_labels():
     assert memops["src_kind"][memops["copy_kind"] == "memset"].isna().all()
     assert set(memops["dst_kind"].dropna()) <= {"Device", "Pinned", "Pageable"}
     assert isinstance(memops["operation"].dtype, pd.CategoricalDtype)
-    assert set(tables.sync["sync_type"]) <= {"Event sync", "Stream wait sync", "Stream sync", "Context sync",
-                                             "Unknown"}
+    assert set(tables.sync["sync_type"]) <= {"Event sync", "Stream wait sync", "Stream sync", "Context sync", "Unknown"}
 
 
 def test_copies_with_their_calls_keep_the_operations_order_and_names():
@@ -281,3 +384,34 @@ def test_copies_with_their_calls_keep_the_operations_order_and_names():
     assert copies["start"].tolist() == expected["start"].tolist()
     assert copies["api"].tolist() == [cuda.base_name(n) for n in expected["name"]]
     assert copies["api_start"].tolist() == expected["start_call"].tolist()
+
+
+def test_kernel_classes_by_name_or_by_name_pair():
+    classes = pd.DataFrame(
+        {
+            "name_id": [3, 5, -1],
+            "short_name_id": [9, 9, -1],
+            "cls": [accounting.COMPUTE, accounting.COMMUNICATION, accounting.MEMORY],
+        }
+    )
+    ids, shorts = np.array([5, 3, -1, 4, 99]), np.array([9, 9, -1, 9, 9])
+    expected = [accounting.COMMUNICATION, accounting.COMPUTE, accounting.MEMORY, accounting.OTHER, accounting.OTHER]
+    assert accounting._class_of(classes, ids, shorts).tolist() == expected
+    # one name under two short names: each pair has its own class
+    pairs = pd.concat([classes, pd.DataFrame({"name_id": [3], "short_name_id": [8], "cls": [accounting.MEMORY]})])
+    assert accounting._class_of(pairs, np.array([3, 3, 7]), np.array([9, 8, 9])).tolist() == [
+        accounting.COMPUTE,
+        accounting.MEMORY,
+        accounting.OTHER,
+    ]
+
+
+def test_covered_ns_of_a_large_frame_follows_its_columns():
+    """The cumulative lengths kept for the last large frame are not reused once its columns change."""
+    starts = np.arange(0, 4_000_000, 20, dtype="int64")
+    merged = pd.DataFrame({"start": starts, "end": starts + 10})
+    windows = (np.array([0, 1_000]), np.array([1_000, 4_000_000]))
+    assert intervals.covered_ns(merged, *windows).tolist() == [500, 1_999_500]
+    assert intervals.covered_ns(merged, *windows).tolist() == [500, 1_999_500]
+    merged["end"] = starts + 20
+    assert intervals.covered_ns(merged, *windows).tolist() == [1_000, 3_999_000]

@@ -27,9 +27,9 @@ def test_only_response_tokens_carry_labels(tokenizer):
     labels, ids, mask = example["labels"], example["input_ids"], example["attention_mask"]
     assert len(labels) == len(ids) == len(mask) == 64
     assert labels[:n_prompt] == [IGNORE_INDEX] * n_prompt
-    assert labels[n_prompt:n_prompt + n_response] == ids[n_prompt:n_prompt + n_response]
+    assert labels[n_prompt : n_prompt + n_response] == ids[n_prompt : n_prompt + n_response]
     assert ids[n_prompt + n_response - 1] == tokenizer.eos_token_id
-    assert labels[n_prompt + n_response:] == [IGNORE_INDEX] * (64 - n_prompt - n_response)
+    assert labels[n_prompt + n_response :] == [IGNORE_INDEX] * (64 - n_prompt - n_response)
     assert mask == [1] * (n_prompt + n_response) + [0] * (64 - n_prompt - n_response)
 
 
@@ -64,6 +64,14 @@ def test_nvtx_capture_window_opens_before_start_and_closes_after_end():
         window.before_step(step)
         annotator.events.append(("step", step))
         window.after_step(step)
-    assert annotator.events == [("step", 0), ("step", 1), ("push", CAPTURE_RANGE_NAME), ("step", 2), ("step", 3),
-                                ("pop",), ("step", 4), ("step", 5)]
+    assert annotator.events == [
+        ("step", 0),
+        ("step", 1),
+        ("push", CAPTURE_RANGE_NAME),
+        ("step", 2),
+        ("step", 3),
+        ("pop",),
+        ("step", 4),
+        ("step", 5),
+    ]
     assert [window.contains(s) for s in range(6)] == [False, False, True, True, False, False]

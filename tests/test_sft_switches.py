@@ -14,13 +14,22 @@ import time
 import pytest
 import torch
 
-from conftest import SMALL_DEMO
 from sftprof.capture import config, sft
 from sftprof.capture.data import generate_sample, to_sft_example, write_jsonl
 from sftprof.capture.model import build_byte_tokenizer, create_tiny_llama
+from sftprof.capture.sft.torch_backend import (
+    SWITCHES,
+    SeqLengthError,
+    StepClock,
+    collate,
+    encode_example,
+    encode_examples,
+    padded_length,
+    train,
+)
 from sftprof.report.html import read_metrics
-from sftprof.capture.sft.torch_backend import (SWITCHES, SeqLengthError, StepClock, collate, encode_example,
-                                       encode_examples, padded_length, train)
+
+from conftest import SMALL_DEMO
 
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 NO_WINDOW = {"capture_range": "none"}
@@ -64,13 +73,27 @@ def run_sft(tmp_path, experiment, model_dir, train_jsonl):
 
 def test_switches_default_to_the_loop_as_it_was(experiment):
     assert {key: experiment["sft"][key] for key in SWITCHES} == {
-        "padding": "max_length", "pad_to_multiple_of": 1, "pin_memory": False, "fused_optimizer": False,
-        "loss_every": 1, "compile": False}
+        "padding": "max_length",
+        "pad_to_multiple_of": 1,
+        "pin_memory": False,
+        "fused_optimizer": False,
+        "loss_every": 1,
+        "compile": False,
+    }
 
 
-@pytest.mark.parametrize("key, value", [("padding", "shortest"), ("pad_to_multiple_of", 0), ("pin_memory", "yes"),
-                                        ("fused_optimizer", 1), ("loss_every", 0), ("loss_every", 2.0),
-                                        ("compile", None)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("padding", "shortest"),
+        ("pad_to_multiple_of", 0),
+        ("pin_memory", "yes"),
+        ("fused_optimizer", 1),
+        ("loss_every", 0),
+        ("loss_every", 2.0),
+        ("compile", None),
+    ],
+)
 def test_bad_switch_values_name_their_key(key, value):
     cfg = copy.deepcopy(SMALL_DEMO)
     cfg["experiments"]["demo"]["sft"][key] = value
@@ -98,15 +121,27 @@ def test_metrics_hold_step_facts_and_the_run_facts_once(run_sft, experiment):
     assert set(lines[0]["run"]) == RUN_KEYS and not any("run" in line for line in lines[1:])
     run = lines[0]["run"]
     model = experiment["model"]
-    assert run["model"] == {"architecture": "LlamaForCausalLM", "num_layers": model["num_layers"],
-                            "hidden_size": model["hidden_size"], "intermediate_size": model["intermediate_size"],
-                            "num_heads": model["num_heads"], "num_kv_heads": model["num_kv_heads"],
-                            "vocab_size": len(build_byte_tokenizer()), "seq_length": 512,
-                            "embedding_parameters": len(build_byte_tokenizer()) * model["hidden_size"]}
+    assert run["model"] == {
+        "architecture": "LlamaForCausalLM",
+        "num_layers": model["num_layers"],
+        "hidden_size": model["hidden_size"],
+        "intermediate_size": model["intermediate_size"],
+        "num_heads": model["num_heads"],
+        "num_kv_heads": model["num_kv_heads"],
+        "vocab_size": len(build_byte_tokenizer()),
+        "seq_length": 512,
+        "embedding_parameters": len(build_byte_tokenizer()) * model["hidden_size"],
+    }
     assert run["parameters"] > run["model"]["embedding_parameters"] > 0
     assert run["weight_dtype"] == "float32" and run["precision"] is None and run["device_name"]
-    assert (run["padding"], run["pad_to_multiple_of"], run["pin_memory"], run["fused_optimizer"], run["loss_every"],
-            run["compile"]) == ("max_length", 1, False, False, 1, False)
+    assert (
+        run["padding"],
+        run["pad_to_multiple_of"],
+        run["pin_memory"],
+        run["fused_optimizer"],
+        run["loss_every"],
+        run["compile"],
+    ) == ("max_length", 1, False, False, 1, False)
 
 
 def test_longest_padding_computes_fewer_positions_for_the_same_loss(run_sft):
@@ -180,8 +215,11 @@ def test_examples_without_label_tokens_are_dropped_and_counted(caplog):
 
 
 def test_a_seq_length_that_cuts_every_response_is_an_error(run_sft):
-    with pytest.raises(SeqLengthError, match=r"sft.seq_length=16 cuts off every response token of all 24 "
-                                             r"training examples; raise seq_length or drop long prompts"):
+    with pytest.raises(
+        SeqLengthError,
+        match=r"sft.seq_length=16 cuts off every response token of all 24 "
+        r"training examples; raise seq_length or drop long prompts",
+    ):
         run_sft(seq_length=16)
 
 
@@ -207,8 +245,16 @@ def test_step_clock_times_gpu_work_without_a_sync_per_step():
 
 @on_cuda
 def test_cuda_run_with_every_switch(run_sft):
-    lines = run_sft(device="cuda", steps=6, padding="longest", pad_to_multiple_of=64, pin_memory=True,
-                    fused_optimizer=True, loss_every=3, precision="bf16")
+    lines = run_sft(
+        device="cuda",
+        steps=6,
+        padding="longest",
+        pad_to_multiple_of=64,
+        pin_memory=True,
+        fused_optimizer=True,
+        loss_every=3,
+        precision="bf16",
+    )
     run = lines[0]["run"]
     assert (run["pin_memory"], run["fused_optimizer"], run["precision"]) == (True, True, "bfloat16")
     assert run["device_name"] == torch.cuda.get_device_name()

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from conftest import REPO, SMALL_DEMO, snakemake, write_config
 
@@ -28,8 +27,9 @@ def slurm_cluster():
     if os.geteuid() != 0:
         pytest.skip("starting Slurm daemons needs root (scripts/slurm-up.sh)")
     # On a fresh machine Slurm is not installed yet: slurm-up.sh installs it.
-    running = bool(shutil.which("sinfo")) and subprocess.run(["sinfo", "-h", "-p", "gh"],
-                                                              capture_output=True).returncode == 0
+    running = (
+        bool(shutil.which("sinfo")) and subprocess.run(["sinfo", "-h", "-p", "gh"], capture_output=True).returncode == 0
+    )
     subprocess.run([str(REPO / "scripts" / "slurm-up.sh")], check=True)
     yield
     if not running:
@@ -87,12 +87,25 @@ def test_salloc_form_runs_non_interactively(prepared, tmp_path):
 def test_values_from_config_are_never_executed(prepared, tmp_path):
     """A model path full of shell syntax reaches the trainer as one literal argument."""
     config = slurm_config()
-    config["experiments"]["demo"]["model"] = {"source": "path",
-                                              "path": f"{tmp_path}/m $(touch PWNED1);touch PWNED2 `touch PWNED3`"}
+    config["experiments"]["demo"]["model"] = {
+        "source": "path",
+        "path": f"{tmp_path}/m $(touch PWNED1);touch PWNED2 `touch PWNED3`",
+    }
     write_config(tmp_path, config)
     script = tmp_path / "salloc.sh"
-    rendered = sftprof("render", "salloc", "demo", "steady", "--config", str(tmp_path / "config.yaml"),
-                       "--workdir", str(prepared), "-o", str(script), cwd=tmp_path)
+    rendered = sftprof(
+        "render",
+        "salloc",
+        "demo",
+        "steady",
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--workdir",
+        str(prepared),
+        "-o",
+        str(script),
+        cwd=tmp_path,
+    )
     assert rendered.returncode == 0, rendered.stderr
     result = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode != 0  # no model there: the trainer fails, loudly
@@ -105,8 +118,9 @@ def test_unknown_partition_is_a_clear_error(prepared, tmp_path):
     config = slurm_config()
     config["experiments"]["demo"]["slurm"]["partition"] = "nope"
     write_config(tmp_path, config)
-    result = sftprof("submit", "demo", "steady", "--config", str(tmp_path / "config.yaml"), "--workdir",
-                     str(prepared), cwd=tmp_path)
+    result = sftprof(
+        "submit", "demo", "steady", "--config", str(tmp_path / "config.yaml"), "--workdir", str(prepared), cwd=tmp_path
+    )
     assert result.returncode == 1
     assert "sbatch rejected" in result.stderr and "invalid partition" in result.stderr.lower()
     assert "Traceback" not in result.stderr
@@ -121,10 +135,23 @@ def test_snakemake_profile_slurm_runs_two_ranks_through_the_executor(slurm_clust
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     subprocess.run([str(REPO / "scripts" / "install-slurm-profile.sh")], env=env, check=True)
     # This Slurm keeps no accounting, so job states come from squeue; check them early.
-    result = subprocess.run([str(Path(sys.executable).with_name("snakemake")), "--profile", "slurm",
-                             "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
-                             "--slurm-keep-successful-logs"],
-                            cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("snakemake")),
+            "--profile",
+            "slurm",
+            "--slurm-status-command",
+            "squeue",
+            "--slurm-init-seconds-before-status-checks",
+            "1",
+            "--slurm-keep-successful-logs",
+        ],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
     assert "Job " in result.stderr and "has been submitted with SLURM jobid" in result.stderr
 
@@ -134,7 +161,8 @@ def test_snakemake_profile_slurm_runs_two_ranks_through_the_executor(slurm_clust
     assert len(job_ids) == 1 and None not in job_ids  # both ranks: tasks of one Slurm job
     job_id = job_ids.pop()
     assert [record["report"] for record in records] == [
-        f"profile.{job_id}.0.{r}.{records[r]['host']}.nsys-rep" for r in (0, 1)]
+        f"profile.{job_id}.0.{r}.{records[r]['host']}.nsys-rep" for r in (0, 1)
+    ]
     assert all(record["world_size"] == 2 for record in records)
     profile_log = (workdir / "logs" / "demo" / "steady" / "profile.log").read_text()
     assert f"slurm job {job_id}, 2 rank(s)" in profile_log
@@ -157,7 +185,16 @@ def test_a_failed_job_is_reported_with_its_id(prepared, tmp_path):
     config = slurm_config()
     config["experiments"]["demo"]["model"] = {"source": "path", "path": str(tmp_path / "no-such-model")}
     write_config(tmp_path, config)
-    result = sftprof("submit", "demo", "steady", "--wait", "--config", str(tmp_path / "config.yaml"),
-                     "--workdir", str(prepared), cwd=tmp_path)
+    result = sftprof(
+        "submit",
+        "demo",
+        "steady",
+        "--wait",
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--workdir",
+        str(prepared),
+        cwd=tmp_path,
+    )
     assert result.returncode == 1
     assert "sftprof: error: Slurm job" in result.stderr and "failed" in result.stderr

@@ -15,12 +15,50 @@ from sftprof.trace.load import load_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NSYS_EXPORTS = sorted(p for p in FIXTURES.glob("h200_*.sqlite"))
-KERNEL_COLUMNS = ["start", "end", "demangledName", "shortName", "mangledName", "deviceId", "streamId",
-                  "globalPid", "correlationId", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
+KERNEL_COLUMNS = [
+    "start",
+    "end",
+    "demangledName",
+    "shortName",
+    "mangledName",
+    "deviceId",
+    "streamId",
+    "globalPid",
+    "correlationId",
+    "gridX",
+    "gridY",
+    "gridZ",
+    "blockX",
+    "blockY",
+    "blockZ",
+]
 # Every integer width SQLite stores (1, 2, 3, 4, 6, 8 bytes), both signs, each side of each boundary,
 # the constants 0 and 1 (serial types 8 and 9), and NULL.
-EDGES = [0, 1, -1, 2, 127, -128, 128, -129, 32767, -32768, 32768, 2**23 - 1, -2**23, 2**23, 2**31 - 1,
-         -2**31, 2**31, 2**47 - 1, -2**47, 2**47, 2**63 - 1, -2**63, None]
+EDGES = [
+    0,
+    1,
+    -1,
+    2,
+    127,
+    -128,
+    128,
+    -129,
+    32767,
+    -32768,
+    32768,
+    2**23 - 1,
+    -(2**23),
+    2**23,
+    2**31 - 1,
+    -(2**31),
+    2**31,
+    2**47 - 1,
+    -(2**47),
+    2**47,
+    2**63 - 1,
+    -(2**63),
+    None,
+]
 
 
 def decoded(path, table, columns, chunk_bytes=sqlite_pages.CHUNK_BYTES) -> pd.DataFrame:
@@ -47,8 +85,10 @@ def make_table(path: Path, rows: list[tuple], page_size: int = 4096, columns: in
 @pytest.mark.parametrize("export", NSYS_EXPORTS, ids=lambda p: p.stem)
 def test_nsys_exports_decode_as_sqlite_reads_them(export):
     # 4-page chunks: many chunks, so reused buffers and chunk edges are exercised
-    for table, columns in (("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLUMNS),
-                           ("CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end", "nameId", "globalTid", "correlationId"])):
+    for table, columns in (
+        ("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLUMNS),
+        ("CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end", "nameId", "globalTid", "correlationId"]),
+    ):
         expected = sqlite_rows(export, table, columns)
         assert len(expected) > 100
         pd.testing.assert_frame_equal(decoded(export, table, columns, chunk_bytes=4 * 4096), expected)
@@ -57,20 +97,27 @@ def test_nsys_exports_decode_as_sqlite_reads_them(export):
 @pytest.mark.parametrize("page_size", [512, 4096, 65536])
 def test_every_integer_width_null_and_deep_btrees(tmp_path, page_size):
     rng = random.Random(page_size)
-    rows = [tuple(rng.choice(EDGES) if rng.random() < 0.7 else rng.randint(-2**63, 2**63 - 1) for _ in range(6))
-            for _ in range(30_000)]
+    rows = [
+        tuple(rng.choice(EDGES) if rng.random() < 0.7 else rng.randint(-(2**63), 2**63 - 1) for _ in range(6))
+        for _ in range(30_000)
+    ]
     path = tmp_path / "t.sqlite"
     # deleted rows leave free blocks in their pages; 512-byte pages make a b-tree three levels deep
     make_table(path, rows, page_size, extra_sql="DELETE FROM t WHERE rowid % 7 = 3;")
     columns = ["c5", "c0", "c3"]  # out of order, and not every column
-    pd.testing.assert_frame_equal(decoded(path, "t", columns, chunk_bytes=3 * page_size),
-                                  sqlite_rows(path, "t", columns))
+    pd.testing.assert_frame_equal(
+        decoded(path, "t", columns, chunk_bytes=3 * page_size), sqlite_rows(path, "t", columns)
+    )
 
 
 def test_rows_written_before_a_column_was_added_read_as_null(tmp_path):
     path = tmp_path / "t.sqlite"
-    make_table(path, [(1, 2), (3, 4)], columns=2,
-               extra_sql="ALTER TABLE t ADD COLUMN c2 INTEGER; INSERT INTO t VALUES (5, 6, 7);")
+    make_table(
+        path,
+        [(1, 2), (3, 4)],
+        columns=2,
+        extra_sql="ALTER TABLE t ADD COLUMN c2 INTEGER; INSERT INTO t VALUES (5, 6, 7);",
+    )
     frame = decoded(path, "t", ["c0", "c2"])
     assert frame["c0"].tolist() == [1, 3, 5]
     assert frame["c2"].isna().tolist() == [True, True, False] and frame["c2"].iloc[2] == 7
@@ -96,13 +143,27 @@ def damage_root(path: Path, case: str) -> None:
     data, at = bytearray(path.read_bytes()), (root - 1) * 4096
     assert data[at] == sqlite_pages.TABLE_INTERIOR
     offset, value = DAMAGED_ROOTS[case] or (3, b"\0\0\0\0\0" + root.to_bytes(4, "big"))
-    data[at + offset:at + offset + len(value)] = value
+    data[at + offset : at + offset + len(value)] = value
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("case", ["text value", "text before the columns read", "real value", "overflowing record",
-                                  "damaged cell pointer", *DAMAGED_ROOTS, "WAL file", "hot journal", "WITHOUT ROWID",
-                                  "rowid alias", "default value", "no such table"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "text value",
+        "text before the columns read",
+        "real value",
+        "overflowing record",
+        "damaged cell pointer",
+        *DAMAGED_ROOTS,
+        "WAL file",
+        "hot journal",
+        "WITHOUT ROWID",
+        "rowid alias",
+        "default value",
+        "no such table",
+    ],
+)
 def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
     path = tmp_path / "t.sqlite"
     rows = [(i, i * 3, -i) for i in range(2000)]
@@ -119,7 +180,7 @@ def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
         make_table(path, rows, columns=3)
         data = bytearray(path.read_bytes())
         leaf = next(start for start in range(4096, len(data), 4096) if data[start] == sqlite_pages.TABLE_LEAF)
-        data[leaf + 8:leaf + 10] = b"\xff\xf0"  # the first cell "starts" 16 bytes before the page ends
+        data[leaf + 8 : leaf + 10] = b"\xff\xf0"  # the first cell "starts" 16 bytes before the page ends
         path.write_bytes(bytes(data))
     elif case in DAMAGED_ROOTS:
         make_table(path, rows, columns=3)
@@ -156,7 +217,7 @@ def test_a_leaf_claiming_more_cells_than_fit_is_unsupported_before_arrays_are_si
     make_table(path, [(i, i * 3, -i) for i in range(2000)], columns=3)
     data = bytearray(path.read_bytes())
     leaf = next(start for start in range(4096, len(data), 4096) if data[start] == sqlite_pages.TABLE_LEAF)
-    data[leaf + 3:leaf + 5] = b"\xff\xff"  # 65535 cells: a chunk of such pages would ask for gigabytes
+    data[leaf + 3 : leaf + 5] = b"\xff\xff"  # 65535 cells: a chunk of such pages would ask for gigabytes
     path.write_bytes(bytes(data))
     with pytest.raises(sqlite_pages.Unsupported, match="more cells than fit"):
         decoded(path, "t", ["c1"])

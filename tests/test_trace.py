@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import sqlite3
-import subprocess
 
 import pytest
 
@@ -60,10 +57,13 @@ def test_report_without_cuda_has_empty_gpu_tables_with_columns(demo_sqlite):
     assert "cuda" not in tables.sources and tables.kernels.empty and "duration" in tables.kernels.columns
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "empty"),
-    (b"this is not a database at all, just text" * 100, "not an SQLite database"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "empty"),
+        (b"this is not a database at all, just text" * 100, "not an SQLite database"),
+    ],
+)
 def test_bad_files_give_clear_errors(tmp_path, content, message):
     path = tmp_path / "bad.sqlite"
     path.write_bytes(content)

@@ -16,11 +16,11 @@ import pytest
 
 from sftprof.capture import transfer
 from sftprof.capture.transfer import Remote, TransferError
+
 from sshd import SshServer, generate_key, login_user, missing_tools, public_key, world_readable_dir
 
 MiB = 2**20
-SIZES = {"empty.bin": 0, "small.log": 1234, "medium.bin": 3 * MiB, "large.nsys-rep": 200 * MiB,
-         "fault.bin": 48 * MiB}
+SIZES = {"empty.bin": 0, "small.log": 1234, "medium.bin": 3 * MiB, "large.nsys-rep": 200 * MiB, "fault.bin": 48 * MiB}
 
 
 def write_random(path: Path, size: int) -> None:
@@ -37,8 +37,9 @@ def sha256(path: Path) -> str:
 def fingerprint(server: SshServer) -> str:
     """The server's host key fingerprint as OpenSSH prints it (SHA256:base64)."""
     public = server.host_key.with_name(server.host_key.name + ".pub")
-    return subprocess.run(["ssh-keygen", "-lf", str(public)], check=True, capture_output=True,
-                          text=True).stdout.split()[1]
+    return subprocess.run(
+        ["ssh-keygen", "-lf", str(public)], check=True, capture_output=True, text=True
+    ).stdout.split()[1]
 
 
 class SshWorld:
@@ -66,9 +67,16 @@ class SshWorld:
         self.jump = self.server("jump", allow_tcp_forwarding=True)
 
     def remote(self, server: SshServer | None = None, **overrides) -> Remote:
-        settings = dict(host="127.0.0.1", port=(server or self.target).port, user=self.user,
-                        identity_file=self.key, ssh_config=self.empty_ssh_config, known_hosts=self.known_hosts,
-                        use_agent=False, timeout_s=10)
+        settings = dict(
+            host="127.0.0.1",
+            port=(server or self.target).port,
+            user=self.user,
+            identity_file=self.key,
+            ssh_config=self.empty_ssh_config,
+            known_hosts=self.known_hosts,
+            use_agent=False,
+            timeout_s=10,
+        )
         return Remote(**{**settings, **overrides})
 
     def server(self, name: str, **options) -> SshServer:
@@ -153,8 +161,14 @@ def drop_connection_after(server: SshServer, after_bytes: int):
 def test_a_connection_killed_mid_transfer_reconnects_and_resumes(world, tmp_path, caplog):
     source, local = world.files / "fault.bin", tmp_path / "fault.bin"
     size = SIZES["fault.bin"]
-    result = transfer.fetch(world.remote(), str(source), local, retries=2, backoff_s=0.1,
-                            progress=drop_connection_after(world.target, 16 * MiB))
+    result = transfer.fetch(
+        world.remote(),
+        str(source),
+        local,
+        retries=2,
+        backoff_s=0.1,
+        progress=drop_connection_after(world.target, 16 * MiB),
+    )
     assert result.attempts == 2 and 16 * MiB <= result.resumed_from < size
     assert result.bytes_transferred == size  # nothing received twice: the resume kept every byte written
     assert sha256(local) == sha256(source) == result.sha256
@@ -166,8 +180,9 @@ def test_a_failed_fetch_leaves_only_a_partial_and_the_next_run_resumes_it(world,
     source, local = world.files / "fault.bin", tmp_path / "fault.bin"
     size = SIZES["fault.bin"]
     with pytest.raises(TransferError, match=r"gave up after 1 attempt; the connection to 127\.0\.0\.1 kept failing"):
-        transfer.fetch(world.remote(), str(source), local, retries=0,
-                       progress=drop_connection_after(world.target, 20 * MiB))
+        transfer.fetch(
+            world.remote(), str(source), local, retries=0, progress=drop_connection_after(world.target, 20 * MiB)
+        )
     partial = tmp_path / ".fault.bin.part"
     assert not local.exists() and 20 * MiB <= partial.stat().st_size < size
 
@@ -200,8 +215,11 @@ def test_a_changed_host_key_is_refused_naming_both_fingerprints_and_nothing_is_w
     destination = tmp_path / "out" / "small.log"
     for trust_new_host in (False, True):  # opting in to new hosts never accepts a changed one
         with pytest.raises(TransferError) as refused:
-            transfer.fetch(world.remote(server, known_hosts=known_hosts, trust_new_host=trust_new_host),
-                           str(world.files / "small.log"), destination)
+            transfer.fetch(
+                world.remote(server, known_hosts=known_hosts, trust_new_host=trust_new_host),
+                str(world.files / "small.log"),
+                destination,
+            )
         message = str(refused.value)
         assert f"HOST KEY CHANGED for 127.0.0.1 ([127.0.0.1]:{server.port})" in message
         assert old in message and new in message and "ssh-keygen -R" in message
@@ -224,12 +242,17 @@ def test_an_unknown_host_is_trusted_with_opt_in_its_fingerprint_printed_and_reme
     source = world.files / "small.log"
     transfer.fetch(world.remote(known_hosts=known_hosts, trust_new_host=True), str(source), tmp_path / "a")
     expected = fingerprint(world.target)
-    assert f"trusting new host 127.0.0.1 ([127.0.0.1]:{world.target.port}), ssh-ed25519 key {expected}" in \
-        capsys.readouterr().err
+    assert (
+        f"trusting new host 127.0.0.1 ([127.0.0.1]:{world.target.port}), ssh-ed25519 key {expected}"
+        in capsys.readouterr().err
+    )
     assert known_hosts.read_text() == world.target.known_hosts_line
     # OpenSSH finds the entry, and the next connection needs no opt-in.
-    subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{world.target.port}", "-f", str(known_hosts)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-F", f"[127.0.0.1]:{world.target.port}", "-f", str(known_hosts)],
+        check=True,
+        capture_output=True,
+    )
     assert transfer.fetch(world.remote(known_hosts=known_hosts), str(source), tmp_path / "b").sha256 == sha256(source)
     assert "trusting" not in capsys.readouterr().err
 
@@ -237,8 +260,10 @@ def test_an_unknown_host_is_trusted_with_opt_in_its_fingerprint_printed_and_reme
 def test_known_hosts_with_markers_and_hashed_names_is_read_and_a_revoked_key_refused(world, tmp_path):
     known_hosts = tmp_path / "known_hosts"
     certificate_authority = generate_key(tmp_path / "ca")
-    known_hosts.write_text(f"# site keys\n@cert-authority *.cluster.example {public_key(certificate_authority)}\n"
-                           + world.target.known_hosts_line)
+    known_hosts.write_text(
+        f"# site keys\n@cert-authority *.cluster.example {public_key(certificate_authority)}\n"
+        + world.target.known_hosts_line
+    )
     # Hashed names, as Debian's ssh writes them (HashKnownHosts yes).
     subprocess.run(["ssh-keygen", "-H", "-f", str(known_hosts)], check=True, capture_output=True)
     assert "127.0.0.1" not in known_hosts.read_text()
@@ -252,8 +277,9 @@ def test_known_hosts_with_markers_and_hashed_names_is_read_and_a_revoked_key_ref
     only_revoked.write_text(revoked_line)
     for known_hosts_file, trust_new_host in [(known_hosts, False), (known_hosts, True), (only_revoked, True)]:
         with pytest.raises(TransferError, match=r"127\.0\.0\.1 .*is marked @revoked in known_hosts; refusing"):
-            transfer.fetch(world.remote(known_hosts=known_hosts_file, trust_new_host=trust_new_host), str(source),
-                           tmp_path / "b")
+            transfer.fetch(
+                world.remote(known_hosts=known_hosts_file, trust_new_host=trust_new_host), str(source), tmp_path / "b"
+            )
     assert only_revoked.read_text() == revoked_line and not (tmp_path / "b").exists()
 
 
@@ -275,8 +301,7 @@ def test_an_unreadable_remote_file_is_permission_denied_and_not_retried(world, t
 
 def test_a_wrong_user_fails_authentication_clearly_and_is_not_retried(world, tmp_path, caplog):
     with pytest.raises(TransferError, match=f"authentication failed for no-such-user@127.0.0.1 .*{world.key}"):
-        transfer.fetch(world.remote(user="no-such-user"), str(world.files / "small.log"), tmp_path / "x",
-                       backoff_s=30)
+        transfer.fetch(world.remote(user="no-such-user"), str(world.files / "small.log"), tmp_path / "x", backoff_s=30)
     assert no_reconnects(caplog)
 
 
@@ -302,12 +327,22 @@ def test_a_passphrase_key_is_used_through_ssh_agent_and_never_prompted_for(world
         askpass.chmod(0o700)
         while not agent_socket.exists():
             time.sleep(0.02)
-        subprocess.run(["ssh-add", str(key)], check=True, capture_output=True, stdin=subprocess.DEVNULL,
-                       env={**os.environ, "SSH_AUTH_SOCK": str(agent_socket), "SSH_ASKPASS": str(askpass),
-                            "SSH_ASKPASS_REQUIRE": "force"})
+        subprocess.run(
+            ["ssh-add", str(key)],
+            check=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            env={
+                **os.environ,
+                "SSH_AUTH_SOCK": str(agent_socket),
+                "SSH_ASKPASS": str(askpass),
+                "SSH_ASKPASS_REQUIRE": "force",
+            },
+        )
         monkeypatch.setenv("SSH_AUTH_SOCK", str(agent_socket))
-        result = transfer.fetch(world.remote(identity_file=key, use_agent=True), str(world.files / "small.log"),
-                                tmp_path / "small.log")
+        result = transfer.fetch(
+            world.remote(identity_file=key, use_agent=True), str(world.files / "small.log"), tmp_path / "small.log"
+        )
         assert result.sha256 == sha256(world.files / "small.log")
     finally:
         agent.terminate()
@@ -353,8 +388,12 @@ def test_proxyjump_from_an_ssh_config_alias(world, tmp_path, jumps, hops_through
 def test_the_jump_host_key_is_verified_too(world, tmp_path):
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(world.target.known_hosts_line)  # the target only
-    remote = Remote(host="cluster", ssh_config=ssh_config(world, tmp_path / "ssh_config", "jumpalias"),
-                    known_hosts=known_hosts, use_agent=False)
+    remote = Remote(
+        host="cluster",
+        ssh_config=ssh_config(world, tmp_path / "ssh_config", "jumpalias"),
+        known_hosts=known_hosts,
+        use_agent=False,
+    )
     with pytest.raises(TransferError, match=f"unknown host jumpalias \\(\\[127.0.0.1\\]:{world.jump.port}\\)"):
         transfer.fetch(remote, str(world.files / "small.log"), tmp_path / "x")
     assert known_hosts.read_text() == world.target.known_hosts_line and not (tmp_path / "x").exists()
@@ -373,8 +412,9 @@ Host viafwd
   User {world.user}
   ProxyJump nofwd
 """)
-    remote = Remote(host="viafwd", identity_file=world.key, ssh_config=config, known_hosts=world.known_hosts,
-                    use_agent=False)
+    remote = Remote(
+        host="viafwd", identity_file=world.key, ssh_config=config, known_hosts=world.known_hosts, use_agent=False
+    )
     with pytest.raises(TransferError, match="jump host nofwd refuses to forward connections to viafwd"):
         transfer.fetch(remote, str(world.files / "small.log"), tmp_path / "x", backoff_s=30)
 
@@ -384,8 +424,7 @@ def test_a_server_down_for_good_is_retried_with_backoff_then_a_clear_error(world
     server.stop()
     started = time.monotonic()
     with pytest.raises(TransferError, match="gave up after 3 attempts; the connection to 127.0.0.1 kept failing"):
-        transfer.fetch(world.remote(server), str(world.files / "small.log"), tmp_path / "x", retries=2,
-                       backoff_s=0.2)
+        transfer.fetch(world.remote(server), str(world.files / "small.log"), tmp_path / "x", retries=2, backoff_s=0.2)
     assert time.monotonic() - started >= 0.2 + 0.4  # backoff doubled between the two retries
     assert len([r for r in caplog.records if "reconnecting in" in r.getMessage()]) == 2
     assert not (tmp_path / "x").exists()
@@ -406,8 +445,9 @@ def test_a_hanging_remote_command_falls_back_to_hashing_over_sftp(world, tmp_pat
     if not os.access(sftp_server, os.X_OK):
         pytest.skip(f"{sftp_server} not found")
     hang = world.base / "hang-commands"
-    hang.write_text(f'#!/bin/sh\ncase "$SSH_ORIGINAL_COMMAND" in\n  sha256sum*) sleep 5 ;;\n'
-                    f'  *) exec {sftp_server} ;;\nesac\n')
+    hang.write_text(
+        f'#!/bin/sh\ncase "$SSH_ORIGINAL_COMMAND" in\n  sha256sum*) sleep 5 ;;\n  *) exec {sftp_server} ;;\nesac\n'
+    )
     hang.chmod(0o755)
     server = world.server("hanging-commands", extra_config=(f"ForceCommand {hang}",))
     source = world.files / "medium.bin"
@@ -428,7 +468,9 @@ def test_listing_and_fetching_every_rank_report_of_a_remote_directory(world, tmp
     expected = ["profile.rank0.nsys-rep", "profile.rank1.nsys-rep", "profile.rank2.nsys-rep"]
     assert transfer.list_remote(world.remote(), str(run), "*.nsys-rep") == [str(run / n) for n in expected]
     assert transfer.list_remote(world.remote(), str(run), "*.log", "*rank0*") == [
-        str(run / "profile.rank0.nsys-rep"), str(run / "train.log")]
+        str(run / "profile.rank0.nsys-rep"),
+        str(run / "train.log"),
+    ]
 
     results = transfer.fetch_matching(world.remote(), str(run), tmp_path / "reports", "*.nsys-rep", "*.log")
     assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == sorted([*expected, "train.log"])
@@ -441,8 +483,9 @@ def test_listing_and_fetching_every_rank_report_of_a_remote_directory(world, tmp
 
 def test_ssh_config_mistakes_are_clear_errors_before_any_connection(tmp_path):
     config = tmp_path / "ssh_config"
-    config.write_text("Host a\n  ProxyJump b\nHost b\n  ProxyJump a\n"
-                      "Host proxied\n  ProxyCommand ssh -W %h:%p gateway\n")
+    config.write_text(
+        "Host a\n  ProxyJump b\nHost b\n  ProxyJump a\nHost proxied\n  ProxyCommand ssh -W %h:%p gateway\n"
+    )
     with pytest.raises(TransferError, match="longer than 8 hops; is there a loop"):
         transfer.fetch(Remote("a", ssh_config=config), "/x", tmp_path / "x", backoff_s=30)
     with pytest.raises(TransferError, match="proxied: the ssh config sets ProxyCommand.*use ProxyJump"):
@@ -469,11 +512,21 @@ def workstation_config(world, demo_run, analysis_on: str) -> dict:
     from conftest import SMALL_DEMO
 
     remote = world.remote()
-    return {**SMALL_DEMO, "results_from": "remote",
-            "remote": {"host": remote.host, "port": remote.port, "user": remote.user,
-                       "identity_file": str(remote.identity_file), "ssh_config": str(remote.ssh_config),
-                       "known_hosts": str(remote.known_hosts), "use_agent": False,
-                       "workdir": str(cluster_workdir(world, demo_run)), "analysis_on": analysis_on}}
+    return {
+        **SMALL_DEMO,
+        "results_from": "remote",
+        "remote": {
+            "host": remote.host,
+            "port": remote.port,
+            "user": remote.user,
+            "identity_file": str(remote.identity_file),
+            "ssh_config": str(remote.ssh_config),
+            "known_hosts": str(remote.known_hosts),
+            "use_agent": False,
+            "workdir": str(cluster_workdir(world, demo_run)),
+            "analysis_on": analysis_on,
+        },
+    }
 
 
 @pytest.mark.e2e

@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, SMALL_DEMO, planned_jobs, run_sftprof, snakemake, write_config
 from sftprof import results
 from sftprof.analysis import Analysis
 from sftprof.analysis.findings import Finding
@@ -21,9 +20,13 @@ from sftprof.report import suggest
 from sftprof.text import read_csv
 from sftprof.trace.metrics import read_metrics
 
+from conftest import REPO, SMALL_DEMO, planned_jobs, run_sftprof, snakemake, write_config
+
 FIXTURES = REPO / "tests" / "fixtures"
-VARIANTS = {"pad-longest": {"motivated_by": "padding", "sft": {"padding": "longest"}},
-            "loss-every-3": {"motivated_by": "sync_in_steps", "sft": {"loss_every": 3}}}
+VARIANTS = {
+    "pad-longest": {"motivated_by": "padding", "sft": {"padding": "longest"}},
+    "loss-every-3": {"motivated_by": "sync_in_steps", "sft": {"loss_every": 3}},
+}
 
 
 def _demo_with_variants() -> dict:
@@ -33,6 +36,7 @@ def _demo_with_variants() -> dict:
 
 
 # ---------------------------------------------------------------- config
+
 
 def test_variants_become_experiments_with_the_overrides_merged():
     checked = config.validate(_demo_with_variants())
@@ -44,14 +48,17 @@ def test_variants_become_experiments_with_the_overrides_merged():
     assert config.validate(copy.deepcopy(checked))["experiments"]["demo/pad-longest"] == variant  # repeatable
 
 
-@pytest.mark.parametrize("variants, message", [
-    ({"steady": {"sft": {}}}, "experiments.demo.variants.steady: a variant may not be named like a window"),
-    ({"comparison": {}}, "experiments.demo.variants.comparison: a variant may not be named"),
-    ({"x": {"sft": {"padding": "shortest"}}}, "experiments.demo.variants.x.sft.padding"),
-    ({"x": {"sft": {"nonsense": 1}}}, "experiments.demo.variants.x.sft"),
-    ({"x": {"runtime": {}}}, "experiments.demo.variants.x"),
-    ({"../x": {}}, "experiments.demo.variants"),
-])
+@pytest.mark.parametrize(
+    "variants, message",
+    [
+        ({"steady": {"sft": {}}}, "experiments.demo.variants.steady: a variant may not be named like a window"),
+        ({"comparison": {}}, "experiments.demo.variants.comparison: a variant may not be named"),
+        ({"x": {"sft": {"padding": "shortest"}}}, "experiments.demo.variants.x.sft.padding"),
+        ({"x": {"sft": {"nonsense": 1}}}, "experiments.demo.variants.x.sft"),
+        ({"x": {"runtime": {}}}, "experiments.demo.variants.x"),
+        ({"../x": {}}, "experiments.demo.variants"),
+    ],
+)
 def test_bad_variants_are_refused_naming_the_key(variants, message):
     demo = copy.deepcopy(SMALL_DEMO)
     demo["experiments"]["demo"]["variants"] = variants
@@ -61,11 +68,18 @@ def test_bad_variants_are_refused_naming_the_key(variants, message):
 
 # ---------------------------------------------------------------- suggest
 
+
 @pytest.fixture(scope="module")
 def padding_analysis(tmp_path_factory):
     out = tmp_path_factory.mktemp("padding")
-    result = run_sftprof("analyze", str(FIXTURES / "h200_sft_padding.sqlite"), "--metrics",
-                         str(FIXTURES / "h200_sft_padding.metrics.jsonl"), "-o", str(out))
+    result = run_sftprof(
+        "analyze",
+        str(FIXTURES / "h200_sft_padding.sqlite"),
+        "--metrics",
+        str(FIXTURES / "h200_sft_padding.metrics.jsonl"),
+        "-o",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -90,11 +104,26 @@ def test_suggest_refuses_a_folder_without_an_analysis(tmp_path):
 
 # ---------------------------------------------------------------- the verdict
 
+
 def _metrics(tmp_path, name, step_s, loss, steps=30, window=(10, 11), tokens=1000):
     path = tmp_path / f"{name}.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "rank": 0, "loss": loss(s), "step_time_s": step_s(s),
-                                        "tokens": tokens, "tokens_per_s": tokens / step_s(s),
-                                        "in_window": window[0] <= s <= window[1]}) + "\n" for s in range(steps)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": s,
+                    "rank": 0,
+                    "loss": loss(s),
+                    "step_time_s": step_s(s),
+                    "tokens": tokens,
+                    "tokens_per_s": tokens / step_s(s),
+                    "in_window": window[0] <= s <= window[1],
+                }
+            )
+            + "\n"
+            for s in range(steps)
+        )
+    )
     return read_metrics(path)
 
 
@@ -104,13 +133,23 @@ def _finding(rule, gain):
 
 def test_verdict_measures_the_median_step_outside_the_window(tmp_path):
     noise = [0.0, 0.002, -0.002, 0.001, -0.001]
-    base = Run([_finding("padding", 60.0)],
-               _metrics(tmp_path, "base", lambda s: 5.0 if s < WARMUP_STEPS or 10 <= s <= 11 else 0.100 + noise[s % 5],
-                        lambda s: 3.0 - 0.01 * s + noise[s % 5]))
-    fixed = Run([_finding("padding", 2.0)],
-                _metrics(tmp_path, "fixed", lambda s: 0.040 + noise[s % 5], lambda s: 3.0 - 0.01 * s + noise[(s + 2) % 5]))
-    wrong = Run([_finding("padding", 55.0)],
-                _metrics(tmp_path, "wrong", lambda s: 0.100 + noise[s % 5], lambda s: 2.0 - 0.01 * s))
+    base = Run(
+        [_finding("padding", 60.0)],
+        _metrics(
+            tmp_path,
+            "base",
+            lambda s: 5.0 if s < WARMUP_STEPS or 10 <= s <= 11 else 0.100 + noise[s % 5],
+            lambda s: 3.0 - 0.01 * s + noise[s % 5],
+        ),
+    )
+    fixed = Run(
+        [_finding("padding", 2.0)],
+        _metrics(tmp_path, "fixed", lambda s: 0.040 + noise[s % 5], lambda s: 3.0 - 0.01 * s + noise[(s + 2) % 5]),
+    )
+    wrong = Run(
+        [_finding("padding", 55.0)],
+        _metrics(tmp_path, "wrong", lambda s: 0.100 + noise[s % 5], lambda s: 2.0 - 0.01 * s),
+    )
     table = verdict(base, {"fixed": ("padding", fixed), "wrong": ("padding", wrong)}).set_index("variant")
     assert table.at["fixed", "measured_gain_pct"] == pytest.approx(60.0)
     assert table.at["fixed", "predicted_gain_pct"] == 60.0
@@ -130,6 +169,7 @@ def test_verdict_says_when_too_few_steps_were_measured(tmp_path):
 
 
 # ---------------------------------------------------------------- the demo with two variants, for real
+
 
 @pytest.fixture(scope="module")
 def variants_run(tmp_path_factory):
@@ -199,11 +239,21 @@ def _h200_run(tmp_path, name: str) -> Run:
 def test_h200_loop_measured_gains_stay_under_their_bounds_where_the_fix_removes_the_cause(tmp_path):
     """docs/USAGE.md's table: padding to a multiple of 64 paid 55% of a bound near 80%; the exact longest
     length did not pay (cuDNN plans anew for every length) though its finding went; no fix moved the loss."""
-    first = verdict(_h200_run(tmp_path, "baseline"), {
-        name: (rule, _h200_run(tmp_path, name)) for name, rule in
-        (("pad-longest", "padding"), ("compiled", "memory_bound_kernel_mix"), ("loss-every-50", "sync_in_steps"))})
-    second = verdict(_h200_run(tmp_path, "session2-baseline"),
-                     {"pad-longest-64": ("padding", _h200_run(tmp_path, "session2-pad-longest-64"))})
+    first = verdict(
+        _h200_run(tmp_path, "baseline"),
+        {
+            name: (rule, _h200_run(tmp_path, name))
+            for name, rule in (
+                ("pad-longest", "padding"),
+                ("compiled", "memory_bound_kernel_mix"),
+                ("loss-every-50", "sync_in_steps"),
+            )
+        },
+    )
+    second = verdict(
+        _h200_run(tmp_path, "session2-baseline"),
+        {"pad-longest-64": ("padding", _h200_run(tmp_path, "session2-pad-longest-64"))},
+    )
     table = pd.concat([first, second]).set_index("variant")
     assert (table["steps_measured"] >= MIN_STEPS).all() and table["finding_gone"].all()
     assert not table["loss_changed"].fillna(False).any()

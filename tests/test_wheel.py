@@ -18,8 +18,22 @@ CLEAN_ENV = {key: value for key, value in os.environ.items() if key != "PYTHONPA
 def installed(tmp_path_factory):
     """The `sftprof` command of a venv that holds only the wheel and its dependencies."""
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(root / "dist"), str(REPO)], check=True, env=CLEAN_ENV)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(root / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        env=CLEAN_ENV,
+    )
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, env=CLEAN_ENV)
     wheel = next((root / "dist").glob("sftprof-*.whl"))
     subprocess.run([str(root / "venv" / "bin" / "pip"), "install", "-q", str(wheel)], check=True, env=CLEAN_ENV)

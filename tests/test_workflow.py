@@ -7,12 +7,12 @@ import json
 import shutil
 
 import pytest
-
 import yaml
 
 from conftest import REPO, SMALL_DEMO, planned_jobs, snakemake, write_config
 
 pytestmark = pytest.mark.e2e
+
 
 def test_demo_produces_report_from_real_capture(demo_run):
     window = demo_run / "results" / "demo" / "steady"
@@ -25,7 +25,9 @@ def test_demo_produces_report_from_real_capture(demo_run):
     assert [line.split(",")[0] for line in steps[1:]] == ["2", "3", "4"]
     record = json.loads((window / "capture" / "rank0.json").read_text())
     assert record["report"] == "profile.nsys-rep" and record["world_size"] == 1
-    metrics = [json.loads(line) for line in (window / "capture" / "profile.rank0.metrics.jsonl").read_text().splitlines()]
+    metrics = [
+        json.loads(line) for line in (window / "capture" / "profile.rank0.metrics.jsonl").read_text().splitlines()
+    ]
     assert [m["step"] for m in metrics] == list(range(6))
     assert [m["in_window"] for m in metrics] == [False, False, True, True, True, False]
     assert all(m["tokens_per_s"] > 0 for m in metrics)
@@ -45,8 +47,7 @@ def test_changed_window_reruns_profile_and_downstream_only(demo_run, tmp_path):
 
     # (`--list-changes params` is not used: Snakemake 9.27 lists unchanged outputs there too.)
     dry_run = snakemake(workdir, "-n")
-    assert planned_jobs(dry_run) == {"profile_sft": 1, "export_sqlite": 1, "analyze": 1, "render_report": 1,
-                                     "all": 1}
+    assert planned_jobs(dry_run) == {"profile_sft": 1, "export_sqlite": 1, "analyze": 1, "render_report": 1, "all": 1}
     assert "params changed" in dry_run.stdout.lower() or "params have changed" in dry_run.stdout.lower()
 
 
@@ -104,8 +105,7 @@ def cluster_config(model_path) -> dict:
     experiment = config["experiments"]["llama"]
     experiment["model"]["path"] = str(model_path)
     experiment["container"]["image_dir"] = "images"
-    experiment["profile"]["windows"]["early"] = {"capture_range": "cudaProfilerApi", "start_step": 2,
-                                                 "end_step": 3}
+    experiment["profile"]["windows"]["early"] = {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3}
     return config
 
 

@@ -38,8 +38,9 @@ def _value(values: dict, name: str):
     return value
 
 
-def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: None,
-            metrics: RunMetrics | None = None) -> Analysis:
+def analyze(
+    tables: TraceTables, progress: Callable[[str], None] = lambda step: None, metrics: RunMetrics | None = None
+) -> Analysis:
     """Every analysis of one capture; `progress(step)` is called as each stage of them starts.
     `metrics`: the trainer's metrics of the same run, where there are any: its precision (kernel names
     often do not tell it, and advice must not offer a run what it already has), token counts
@@ -70,7 +71,13 @@ def analyze(tables: TraceTables, progress: Callable[[str], None] = lambda step: 
 def _headline(v: dict, findings: list[Finding]) -> dict:
     """The numbers a reader wants first, and what analysis.json promises scripts (docs/DIAGNOSIS.md)."""
     tables, steps, totals, top, verdict = v["tables"], v["steps"], v["kernel_totals"], v["top_kernel"], v["verdict"]
-    kind_share, mix, bound, padded, utilization = v["memop_kinds"], v["kernel_mix"], v["bound"], v["padded"], v["utilization"]
+    kind_share, mix, bound, padded, utilization = (
+        v["memop_kinds"],
+        v["kernel_mix"],
+        v["bound"],
+        v["padded"],
+        v["utilization"],
+    )
     return {
         "capture_s": tables.span_ns / 1e9,
         "steps_captured": len(steps),
@@ -86,7 +93,9 @@ def _headline(v: dict, findings: list[Finding]) -> dict:
         "memop_gpu_time_pct": float(kind_share["gpu_time_pct"].sum()) if len(kind_share) else None,
         "gpu_busy_pct": v["busy_pct"],
         "gpu_idle_gaps": len(v["gpu_gaps"]),
-        "verdict": (("host-bound, kernels " if verdict["host_bound"] else "") + verdict["kernels"]) if verdict else None,
+        "verdict": (("host-bound, kernels " if verdict["host_bound"] else "") + verdict["kernels"])
+        if verdict
+        else None,
         "verdict_confidence": verdict["confidence"] if verdict else None,
         "bound_class": bound["bound_class"],
         "mfu_pct": utilization.hardware_mfu_pct if utilization else None,

@@ -43,11 +43,18 @@ FP32_GEMM_MIN_PCT = 50.0
 FULL_PRECISIONS = ("fp32", "tf32")
 # The run's precision as a trainer reports it ("bfloat16", "torch.float16", "fp8"...), by label;
 # first match wins ("bfloat16" also contains "float16").
-RUN_PRECISIONS = (("fp8", r"fp8|float8|e4m3|e5m2"), ("bf16", r"bf16|bfloat16"), ("fp16", r"fp16|float16|half"),
-                  ("tf32", r"tf32"), ("fp32", r"fp32|float32"))
+RUN_PRECISIONS = (
+    ("fp8", r"fp8|float8|e4m3|e5m2"),
+    ("bf16", r"bf16|bfloat16"),
+    ("fp16", r"fp16|float16|half"),
+    ("tf32", r"tf32"),
+    ("fp32", r"fp32|float32"),
+)
 # What raises a compute-bound step's speed once the GEMMs run in half precision.
-HALF_PRECISION_LEVERS = ("larger GEMMs (more tokens per micro-batch, a larger hidden size) in tensor-core-friendly "
-                         "shapes (multiples of 64), and fusing the work between them")
+HALF_PRECISION_LEVERS = (
+    "larger GEMMs (more tokens per micro-batch, a larger hidden size) in tensor-core-friendly "
+    "shapes (multiples of 64), and fusing the work between them"
+)
 FP8_LEVER = "FP8 GEMMs with Transformer Engine (Hopper, Blackwell)"
 
 
@@ -80,8 +87,10 @@ def _metrics_verdict(means: dict) -> tuple[str, str] | None:
     if not dram and issue is None and tensor is None:
         return None
     dram_pct, compute_pct = sum(dram), max(issue or 0.0, tensor or 0.0)
-    text = (f"while the GPU worked, DRAM bandwidth averaged {dram_pct:.0f}% of peak, SM issue "
-            f"{issue if issue is not None else float('nan'):.0f}%, tensor cores {tensor if tensor is not None else float('nan'):.0f}%")
+    text = (
+        f"while the GPU worked, DRAM bandwidth averaged {dram_pct:.0f}% of peak, SM issue "
+        f"{issue if issue is not None else float('nan'):.0f}%, tensor cores {tensor if tensor is not None else float('nan'):.0f}%"
+    )
     if dram_pct >= METRIC_LIMIT_PCT and dram_pct >= compute_pct:
         return "memory-bound", text
     if compute_pct >= METRIC_LIMIT_PCT:
@@ -102,41 +111,61 @@ def verdict(mix: dict, busy_pct: float | None, metric_means: dict) -> dict:
     whether the host limits the step overall (`host_bound`), and the sentences behind it."""
     by_mix = _mix_verdict(mix)
     by_metrics = _metrics_verdict(metric_means)
-    mix_text = (f"{mix['memory_pct']:.1f}% of kernel time in streaming kernels ({', '.join(MEMORY_BOUND_FAMILIES)}), "
-                f"{mix['compute_pct']:.1f}% in {'/'.join(COMPUTE_BOUND_FAMILIES)}; {mix['tensor_core_pct']:.1f}% on "
-                "tensor cores")
+    mix_text = (
+        f"{mix['memory_pct']:.1f}% of kernel time in streaming kernels ({', '.join(MEMORY_BOUND_FAMILIES)}), "
+        f"{mix['compute_pct']:.1f}% in {'/'.join(COMPUTE_BOUND_FAMILIES)}; {mix['tensor_core_pct']:.1f}% on "
+        "tensor cores"
+    )
     if by_metrics:
         kernels, metrics_text = by_metrics
         confidence = "high" if kernels == by_mix else "medium"
-        basis = (f"GPU metrics: {metrics_text}; kernel names: {mix_text}"
-                 + ("" if kernels == by_mix else f" (names alone would say {by_mix}; the metrics measure it)"))
+        basis = f"GPU metrics: {metrics_text}; kernel names: {mix_text}" + (
+            "" if kernels == by_mix else f" (names alone would say {by_mix}; the metrics measure it)"
+        )
     else:
         kernels = by_mix
         dominant = max(mix["compute_pct"], mix["memory_pct"])
         confidence = "medium" if kernels != "mixed" and dominant >= CONFIDENT_SHARE_PCT else "low"
-        basis = (f"kernel names only: {mix_text}. GPU metrics were not collected: {GPU_METRICS_SWITCH} "
-                 "records SM, tensor-core and DRAM throughput and would settle it")
-    return {"kernels": kernels, "confidence": confidence, "basis": basis,
-            "host_bound": busy_pct is not None and busy_pct < LOW_UTILISATION_PCT, "busy_pct": busy_pct}
+        basis = (
+            f"kernel names only: {mix_text}. GPU metrics were not collected: {GPU_METRICS_SWITCH} "
+            "records SM, tensor-core and DRAM throughput and would settle it"
+        )
+    return {
+        "kernels": kernels,
+        "confidence": confidence,
+        "basis": basis,
+        "host_bound": busy_pct is not None and busy_pct < LOW_UTILISATION_PCT,
+        "busy_pct": busy_pct,
+    }
 
 
 def evidence_table(mix: dict, busy_pct: float | None, metric_means: dict) -> pd.DataFrame:
     """The numbers the verdict rests on, each with where it comes from."""
-    rows = [("GPU busy, % of its active span", busy_pct, "trace (union of GPU work)"),
-            ("GEMM + attention, % of kernel time", mix["compute_pct"], "kernel names"),
-            ("streaming kernels, % of kernel time", mix["memory_pct"], "kernel names"),
-            ("tensor-core kernels, % of kernel time", mix["tensor_core_pct"], "kernel names")]
-    for label, prefix in (("DRAM read bandwidth, % of peak", DRAM_METRICS[0]),
-                          ("DRAM write bandwidth, % of peak", DRAM_METRICS[1]),
-                          ("SM issue, % of peak", SM_ISSUE_METRIC), ("tensor cores active, % of peak", TENSOR_METRIC)):
+    rows = [
+        ("GPU busy, % of its active span", busy_pct, "trace (union of GPU work)"),
+        ("GEMM + attention, % of kernel time", mix["compute_pct"], "kernel names"),
+        ("streaming kernels, % of kernel time", mix["memory_pct"], "kernel names"),
+        ("tensor-core kernels, % of kernel time", mix["tensor_core_pct"], "kernel names"),
+    ]
+    for label, prefix in (
+        ("DRAM read bandwidth, % of peak", DRAM_METRICS[0]),
+        ("DRAM write bandwidth, % of peak", DRAM_METRICS[1]),
+        ("SM issue, % of peak", SM_ISSUE_METRIC),
+        ("tensor cores active, % of peak", TENSOR_METRIC),
+    ):
         value = _metric(metric_means, prefix)
-        rows.append((label, value, "GPU metrics while busy" if value is not None else
-                     f"GPU metrics: not collected ({GPU_METRICS_SWITCH})"))
+        rows.append(
+            (
+                label,
+                value,
+                "GPU metrics while busy" if value is not None else f"GPU metrics: not collected ({GPU_METRICS_SWITCH})",
+            )
+        )
     return pd.DataFrame(rows, columns=["evidence", "value", "basis"])
 
 
 def run_precision_label(run_precision: str | None) -> str | None:
-    """"bf16", "fp16", "fp8", "tf32" or "fp32" for what a run reports, None when it reports nothing known."""
+    """ "bf16", "fp16", "fp8", "tf32" or "fp32" for what a run reports, None when it reports nothing known."""
     text = str(run_precision or "").lower()
     return next((label for label, pattern in RUN_PRECISIONS if re.search(pattern, text)), None)
 
@@ -170,11 +199,15 @@ def _compute_bound_advice(gemm_precision: pd.DataFrame, run_precision: str | Non
         levers = HALF_PRECISION_LEVERS if label == "fp8" else f"{FP8_LEVER}, {HALF_PRECISION_LEVERS}"
         return f"The GEMMs already run in {label} ({source}): the levers left are {levers}."
     if label in FULL_PRECISIONS:
-        return (f"The GEMMs run in {label} ({source}): bf16 (torch.autocast or bf16 weights) at least doubles their "
-                f"rate on tensor cores; then {FP8_LEVER}, {HALF_PRECISION_LEVERS}.")
-    return ("Kernel names do not tell the GEMM precision (cuBLASLt's nvjet kernels carry none) and the run reported "
-            f"none: a run in fp32 gains most from bf16 first; one already in bf16 from {FP8_LEVER}, "
-            f"{HALF_PRECISION_LEVERS}.")
+        return (
+            f"The GEMMs run in {label} ({source}): bf16 (torch.autocast or bf16 weights) at least doubles their "
+            f"rate on tensor cores; then {FP8_LEVER}, {HALF_PRECISION_LEVERS}."
+        )
+    return (
+        "Kernel names do not tell the GEMM precision (cuBLASLt's nvjet kernels carry none) and the run reported "
+        f"none: a run in fp32 gains most from bf16 first; one already in bf16 from {FP8_LEVER}, "
+        f"{HALF_PRECISION_LEVERS}."
+    )
 
 
 def verdict_finding(result: dict, gemm_precision: pd.DataFrame, run_precision: str | None = None) -> Finding:
@@ -183,18 +216,26 @@ def verdict_finding(result: dict, gemm_precision: pd.DataFrame, run_precision: s
     kernels, confidence = result["kernels"], result["confidence"]
     if result["host_bound"]:
         return Finding(
-            "bound_verdict", "info",
+            "bound_verdict",
+            "info",
             f"Host-bound: the GPU is busy {result['busy_pct']:.1f}% of its active span; its kernels are {kernels}",
             f"Host-bound, confidence high: GPU busy time is measured from the trace, and below "
             f"{LOW_UTILISATION_PCT:.0f}% neither compute nor memory bandwidth limits the step. The kernels that "
             f"do run are {kernels}, confidence {confidence}: {result['basis']}.",
             "Feed the GPU first (see the launch-bound, idle-gap and synchronization findings); the kernel mix "
-            "matters once the GPU is busy.")
-    advice = {"memory-bound": "Raise arithmetic intensity: fuse elementwise chains (torch.compile, fused "
-                              "norm/rotary/activation kernels), fused optimizers, larger hidden size or batch per "
-                              "kernel.",
-              "compute-bound": _compute_bound_advice(gemm_precision, run_precision),
-              "mixed": "No kernel class dominates: optimise the largest families in the kernel-family table."}
-    return Finding("bound_verdict", "info", f"The GPU work is {kernels} (confidence {confidence})",
-                   f"GPU busy {result['busy_pct']:.1f}% of its active span. {result['basis']}.",
-                   advice.get(kernels, "Compare SM issue with DRAM throughput kernel by kernel in Nsight Compute."))
+            "matters once the GPU is busy.",
+        )
+    advice = {
+        "memory-bound": "Raise arithmetic intensity: fuse elementwise chains (torch.compile, fused "
+        "norm/rotary/activation kernels), fused optimizers, larger hidden size or batch per "
+        "kernel.",
+        "compute-bound": _compute_bound_advice(gemm_precision, run_precision),
+        "mixed": "No kernel class dominates: optimise the largest families in the kernel-family table.",
+    }
+    return Finding(
+        "bound_verdict",
+        "info",
+        f"The GPU work is {kernels} (confidence {confidence})",
+        f"GPU busy {result['busy_pct']:.1f}% of its active span. {result['basis']}.",
+        advice.get(kernels, "Compare SM issue with DRAM throughput kernel by kernel in Nsight Compute."),
+    )

@@ -37,9 +37,16 @@ from sftprof.trace.events import EventStore
 # operation; `other`: an NCCL kernel no pattern names. ALL: every collective kernel together.
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "send_recv", "generic", "other")
 ALL = "all"
-_KIND_OF_NAME = {"allreduce": "all_reduce", "reducescatter": "reduce_scatter", "allgather": "all_gather",
-                 "allgatherv": "all_gather", "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv",
-                 "generic": "generic"}
+_KIND_OF_NAME = {
+    "allreduce": "all_reduce",
+    "reducescatter": "reduce_scatter",
+    "allgather": "all_gather",
+    "allgatherv": "all_gather",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "sendrecv": "send_recv",
+    "generic": "generic",
+}
 _COLLECTIVE = r"(?P<coll>AllReduce|ReduceScatter|AllGatherV|AllGather|Broadcast|Reduce|SendRecv{extra})(?![A-Za-z])"
 # NCCL's device-kernel names, newest first (case-insensitive: some traces lower-case them, HTA issue 247).
 NCCL_PATTERNS: dict[str, re.Pattern] = {
@@ -51,17 +58,37 @@ NCCL_PATTERNS: dict[str, re.Pattern] = {
     # NCCL 2.8 to 2.18: ncclKernel_AllReduce_RING_LL_Sum_float, ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t
     "nccl_kernel": re.compile(r"\bncclKernel_" + _COLLECTIVE.format(extra=""), re.IGNORECASE),
     # NCCL 2.7 and earlier: ncclAllReduceRingLLKernel_sum_f32
-    "nccl_legacy_kernel": re.compile(r"\bnccl" + _COLLECTIVE.format(extra="").replace("(?![A-Za-z])", "")
-                                     + r"(?:Ring|Tree|CollNet)\w*Kernel", re.IGNORECASE),
+    "nccl_legacy_kernel": re.compile(
+        r"\bnccl" + _COLLECTIVE.format(extra="").replace("(?![A-Za-z])", "") + r"(?:Ring|Tree|CollNet)\w*Kernel",
+        re.IGNORECASE,
+    ),
 }
 # The OS-runtime calls a thread blocks in while it waits for another thread or process to finish
 # collective work: condition variables and semaphores (c10d and gloo work objects, MPI progress
 # threads), futexes and barriers, and waits on sockets. Sleeps, file I/O and mutexes are not counted
 # (a mutex is lock contention: the lock_waits rule's).
-SYNC_WAIT_CALLS = frozenset({
-    "pthread_cond_wait", "pthread_cond_timedwait", "pthread_cond_clockwait", "sem_wait", "sem_timedwait",
-    "sem_clockwait", "pthread_barrier_wait", "futex", "poll", "ppoll", "epoll_wait", "epoll_pwait", "select",
-    "pselect", "pselect6", "recv", "recvfrom", "recvmsg"})
+SYNC_WAIT_CALLS = frozenset(
+    {
+        "pthread_cond_wait",
+        "pthread_cond_timedwait",
+        "pthread_cond_clockwait",
+        "sem_wait",
+        "sem_timedwait",
+        "sem_clockwait",
+        "pthread_barrier_wait",
+        "futex",
+        "poll",
+        "ppoll",
+        "epoll_wait",
+        "epoll_pwait",
+        "select",
+        "pselect",
+        "pselect6",
+        "recv",
+        "recvfrom",
+        "recvmsg",
+    }
+)
 OTHER_PHASE = "other"
 WAIT_PHASES = (*cpu.PHASES, OTHER_PHASE)
 COLLECTIVE_COLUMNS = ["step", "device_id", "kind", "kernels", "time_ns", "busy_ns", "exposed_ns"]
@@ -99,9 +126,11 @@ def collective_kernels(events: EventStore) -> pd.DataFrame:
     names = names.assign(kind=kinds_of(names)).dropna(subset=["kind"])
     if names.empty:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
-    kernels = events.query(f"""SELECT device_id::BIGINT AS device_id, start, "end", {NAME_PAIR_SQL} AS pair
+    kernels = events.query(
+        f"""SELECT device_id::BIGINT AS device_id, start, "end", {NAME_PAIR_SQL} AS pair
                                FROM kernels WHERE start > 0 AND {NAME_PAIR_SQL} IN (SELECT pair FROM comm)""",
-                           comm=names[["pair"]])
+        comm=names[["pair"]],
+    )
     kernels["kind"] = kernels["pair"].map(dict(zip(names["pair"], names["kind"], strict=True)))
     kernels = kernels.drop(columns="pair").sort_values(["device_id", "start"], kind="stable").reset_index(drop=True)
     return kernels.astype(columns)
@@ -117,11 +146,15 @@ def compute_beside(events: EventStore, device: int, spans: pd.DataFrame) -> pd.D
         FROM (SELECT DISTINCT {NAME_PAIR_SQL} AS pair, name_id, short_name_id FROM kernels) t
         LEFT JOIN kernel_names n ON n.id = t.name_id LEFT JOIN kernel_names s ON s.id = t.short_name_id""")
     comm = names.loc[kinds_of(names).notna(), ["pair"]] if len(names) else pd.DataFrame({"pair": []})
-    rows = events.query(f"""
+    rows = events.query(
+        f"""
         SELECT k.start, k."end" FROM (SELECT start, "end" FROM kernels
                                       WHERE device_id = {int(device)} AND start > 0
                                         AND {NAME_PAIR_SQL} NOT IN (SELECT pair FROM comm)) k, spans s
-        WHERE k.start < s."end" AND k."end" > s.start""", comm=comm.astype("int64"), spans=spans)
+        WHERE k.start < s."end" AND k."end" > s.start""",
+        comm=comm.astype("int64"),
+        spans=spans,
+    )
     return intervals.union(rows.drop_duplicates())
 
 
@@ -173,9 +206,17 @@ def collective_table(events: EventStore, steps: pd.DataFrame) -> pd.DataFrame:
                 continue
             merged = everything if kind == ALL else intervals.union(group[["start", "end"]])
             busy, exposed = exposed_in(merged, compute, [span[0]], [span[1]])
-            rows.append({"step": pd.NA, "device_id": int(device), "kind": kind, "kernels": len(group),
-                         "time_ns": int((group["end"] - group["start"]).sum()), "busy_ns": int(busy[0]),
-                         "exposed_ns": int(exposed[0])})
+            rows.append(
+                {
+                    "step": pd.NA,
+                    "device_id": int(device),
+                    "kind": kind,
+                    "kernels": len(group),
+                    "time_ns": int((group["end"] - group["start"]).sum()),
+                    "busy_ns": int(busy[0]),
+                    "exposed_ns": int(exposed[0]),
+                }
+            )
             if not len(step_start):
                 continue
             busy, exposed = exposed_in(merged, compute, step_start, step_end)
@@ -185,15 +226,26 @@ def collective_table(events: EventStore, steps: pd.DataFrame) -> pd.DataFrame:
             count = np.bincount(at[inside], minlength=len(step_start))
             time = np.bincount(at[inside], weights=durations[inside], minlength=len(step_start)).astype("int64")
             for i in np.flatnonzero((count > 0) | (busy > 0)):
-                rows.append({"step": int(step_number[i]), "device_id": int(device), "kind": kind,
-                             "kernels": int(count[i]), "time_ns": int(time[i]), "busy_ns": int(busy[i]),
-                             "exposed_ns": int(exposed[i])})
+                rows.append(
+                    {
+                        "step": int(step_number[i]),
+                        "device_id": int(device),
+                        "kind": kind,
+                        "kernels": int(count[i]),
+                        "time_ns": int(time[i]),
+                        "busy_ns": int(busy[i]),
+                        "exposed_ns": int(exposed[i]),
+                    }
+                )
     table = pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS)
     table["step"] = table["step"].astype("Int64")
     order = {kind: i for i, kind in enumerate((ALL, *KINDS))}
-    return (table.assign(_k=table["kind"].map(order), _capture=table["step"].notna())
-            .sort_values(["_capture", "step", "device_id", "_k"]).drop(columns=["_k", "_capture"])
-            .reset_index(drop=True))
+    return (
+        table.assign(_k=table["kind"].map(order), _capture=table["step"].notna())
+        .sort_values(["_capture", "step", "device_id", "_k"])
+        .drop(columns=["_k", "_capture"])
+        .reset_index(drop=True)
+    )
 
 
 def exposed_per_step(collectives: pd.DataFrame) -> pd.Series:
@@ -215,34 +267,54 @@ def exposed_communication(collectives: pd.DataFrame, steps: pd.DataFrame, clock)
     exposed = np.array([per_step.get(int(n), 0) for n in numbers], dtype=float)
     totals = collectives[collectives["step"].isna()]
     whole = totals[totals["kind"] == ALL]
-    kinds = (totals[totals["kind"] != ALL].groupby("kind")[["time_ns", "exposed_ns"]].sum()
-             .sort_values("exposed_ns", ascending=False))
+    kinds = (
+        totals[totals["kind"] != ALL]
+        .groupby("kind")[["time_ns", "exposed_ns"]]
+        .sum()
+        .sort_values("exposed_ns", ascending=False)
+    )
     gain = clock.share(exposed)
-    by_kind = "; ".join(f"{kind}: {ms(r.time_ns)} in kernels, {ms(r.exposed_ns)} exposed"
-                        for kind, r in kinds.iterrows())
-    return [Finding(
-        rule="exposed_communication", severity=severity_of(gain),
-        title=f"Collectives run with no compute beside them for {gain:.1f}% of the median step",
-        evidence=(f"NCCL kernels ran {ms(int(whole['busy_ns'].sum()))} in the capture, "
-                  f"{ms(int(whole['exposed_ns'].sum()))} of it with no other kernel on their GPU; by kind: {by_kind}."),
-        recommendation=("Overlap communication with compute: for DDP keep gradient bucketing on (bucket_cap_mb; "
-                        "no no_sync plus one final all-reduce), for FSDP prefetch the next all-gather "
-                        "(forward_prefetch, backward_prefetch); if the exposed time is the transfer itself, "
-                        "check the link with nccl-tests (bus bandwidth against the fabric's) and the run's "
-                        "cross-rank report for a straggler that the others wait for."),
-        gain_pct=gain,
-        gain_basis=f"exposed collective time, {clock.scope(exposed)}")]
+    by_kind = "; ".join(
+        f"{kind}: {ms(r.time_ns)} in kernels, {ms(r.exposed_ns)} exposed" for kind, r in kinds.iterrows()
+    )
+    return [
+        Finding(
+            rule="exposed_communication",
+            severity=severity_of(gain),
+            title=f"Collectives run with no compute beside them for {gain:.1f}% of the median step",
+            evidence=(
+                f"NCCL kernels ran {ms(int(whole['busy_ns'].sum()))} in the capture, "
+                f"{ms(int(whole['exposed_ns'].sum()))} of it with no other kernel on their GPU; by kind: {by_kind}."
+            ),
+            recommendation=(
+                "Overlap communication with compute: for DDP keep gradient bucketing on (bucket_cap_mb; "
+                "no no_sync plus one final all-reduce), for FSDP prefetch the next all-gather "
+                "(forward_prefetch, backward_prefetch); if the exposed time is the transfer itself, "
+                "check the link with nccl-tests (bus bandwidth against the fabric's) and the run's "
+                "cross-rank report for a straggler that the others wait for."
+            ),
+            gain_pct=gain,
+            gain_basis=f"exposed collective time, {clock.scope(exposed)}",
+        )
+    ]
 
 
 # ---------------------------------------------------------------- synchronization waits
+
 
 def _step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
     """The step ranges (cpu.STEP_RANGE) with their thread: step, start, end, global_tid."""
     match = nvtx["name"].astype(str).str.extract(cpu.STEP_RANGE)
     number = match[0] if match[0].notna().any() else match[1]
     steps = nvtx[number.notna()]
-    return pd.DataFrame({"step": number.dropna().astype("int64"), "start": steps["start"].astype("int64"),
-                         "end": steps["end"].astype("int64"), "global_tid": steps["global_tid"]})
+    return pd.DataFrame(
+        {
+            "step": number.dropna().astype("int64"),
+            "start": steps["start"].astype("int64"),
+            "end": steps["end"].astype("int64"),
+            "global_tid": steps["global_tid"],
+        }
+    )
 
 
 def step_waits(nvtx: pd.DataFrame, osrt: pd.DataFrame) -> pd.DataFrame:
@@ -285,7 +357,12 @@ def step_waits(nvtx: pd.DataFrame, osrt: pd.DataFrame) -> pd.DataFrame:
             phase_name[in_phase] = thread_phases["name"].to_numpy()[p[in_phase]]
             limit = np.where(in_phase, np.minimum(limit, p_end[np.maximum(p, 0)]), limit)
         length = np.clip(np.minimum(call_end, limit) - call_start, 0, None)
-        sums = pd.DataFrame({"step": thread_steps["step"].to_numpy("int64")[at], "phase": phase_name,
-                             "waits": 1, "wait_ns": length}).groupby(["step", "phase"]).sum()
+        sums = (
+            pd.DataFrame(
+                {"step": thread_steps["step"].to_numpy("int64")[at], "phase": phase_name, "waits": 1, "wait_ns": length}
+            )
+            .groupby(["step", "phase"])
+            .sum()
+        )
         waits = waits.add(sums.reindex(grid, fill_value=0), fill_value=0)
     return waits.astype("int64").reset_index()[WAIT_COLUMNS]

@@ -98,8 +98,9 @@ def application_threads(tables, api_threads: pd.DataFrame) -> pd.DataFrame:
     without nsys's own threads. `api_threads`: cuda.calls_by_thread."""
     pids = application_pids(tables, api_threads)
     named = tables.threads[tables.threads["pid"].isin(pids)][["global_tid", "pid", "tid", "thread_name"]]
-    seen = pd.concat([frame[["global_tid", "pid", "tid"]]
-                      for frame in (tables.osrt, api_threads, tables.nvtx, tables.sched)])
+    seen = pd.concat(
+        [frame[["global_tid", "pid", "tid"]] for frame in (tables.osrt, api_threads, tables.nvtx, tables.sched)]
+    )
     seen = seen[seen["pid"].isin(pids)]
     unnamed = seen[~seen["global_tid"].isin(named["global_tid"])].drop_duplicates("global_tid")
     threads = pd.concat([named, unnamed.assign(thread_name=UNNAMED_THREAD)], ignore_index=True)
@@ -122,26 +123,50 @@ def thread_summary(tables, waits: pd.DataFrame, api_threads: pd.DataFrame) -> pd
         per_call = calls.groupby("name")["in_capture"].sum().sort_values(ascending=False)
         api = api_by_tid.loc[thread.global_tid] if thread.global_tid in api_by_tid.index else {"count": 0, "sum": 0}
         waited = int(gpu_wait.get(thread.global_tid, 0))
-        rows.append({
-            "global_tid": thread.global_tid, "pid": thread.pid, "tid": thread.tid,
-            "thread_name": thread.thread_name, "role": thread_role(thread.pid, thread.tid, thread.thread_name),
-            "osrt_calls": len(calls), "osrt_ns": int(calls["in_capture"].sum()),
-            "top_osrt_call": per_call.index[0] if len(per_call) else "",
-            "top_osrt_ns": int(per_call.iloc[0]) if len(per_call) else 0,
-            "cuda_api_calls": int(api["count"]), "cuda_api_ns": int(api["sum"]),
-            "gpu_wait_ns": waited, "gpu_wait_pct": 100.0 * waited / tables.span_ns if tables.span_ns else 0.0,
-            "nvtx_ranges": int(nvtx_by_tid.get(thread.global_tid, 0)),
-        })
-    columns = ["global_tid", "pid", "tid", "thread_name", "role", "osrt_calls", "osrt_ns", "top_osrt_call",
-               "top_osrt_ns", "cuda_api_calls", "cuda_api_ns", "gpu_wait_ns", "gpu_wait_pct", "nvtx_ranges"]
+        rows.append(
+            {
+                "global_tid": thread.global_tid,
+                "pid": thread.pid,
+                "tid": thread.tid,
+                "thread_name": thread.thread_name,
+                "role": thread_role(thread.pid, thread.tid, thread.thread_name),
+                "osrt_calls": len(calls),
+                "osrt_ns": int(calls["in_capture"].sum()),
+                "top_osrt_call": per_call.index[0] if len(per_call) else "",
+                "top_osrt_ns": int(per_call.iloc[0]) if len(per_call) else 0,
+                "cuda_api_calls": int(api["count"]),
+                "cuda_api_ns": int(api["sum"]),
+                "gpu_wait_ns": waited,
+                "gpu_wait_pct": 100.0 * waited / tables.span_ns if tables.span_ns else 0.0,
+                "nvtx_ranges": int(nvtx_by_tid.get(thread.global_tid, 0)),
+            }
+        )
+    columns = [
+        "global_tid",
+        "pid",
+        "tid",
+        "thread_name",
+        "role",
+        "osrt_calls",
+        "osrt_ns",
+        "top_osrt_call",
+        "top_osrt_ns",
+        "cuda_api_calls",
+        "cuda_api_ns",
+        "gpu_wait_ns",
+        "gpu_wait_pct",
+        "nvtx_ranges",
+    ]
     frame = pd.DataFrame(rows, columns=columns)
     return frame.sort_values(["osrt_ns", "nvtx_ranges"], ascending=False).reset_index(drop=True)
 
 
 def thread_labels(threads: pd.DataFrame) -> dict:
     """global_tid -> "python3 (main, tid 496)": how findings and tables name a thread."""
-    return {row.global_tid: f"{row.thread_name} ({row.role + ', ' if row.role else ''}tid {row.tid})"
-            for row in threads.itertuples()}
+    return {
+        row.global_tid: f"{row.thread_name} ({row.role + ', ' if row.role else ''}tid {row.tid})"
+        for row in threads.itertuples()
+    }
 
 
 def thread_osrt(tables, threads: pd.DataFrame) -> pd.DataFrame:
@@ -154,14 +179,19 @@ def thread_osrt(tables, threads: pd.DataFrame) -> pd.DataFrame:
     frame = osrt.groupby(["global_tid", "name"])["in_capture"].agg(calls="count", total_ns="sum").reset_index()
     info = threads.set_index("global_tid")
     labels = thread_labels(threads)
-    frame = frame.assign(thread=frame["global_tid"].map(labels), role=frame["global_tid"].map(info["role"]),
-                         tid=frame["global_tid"].map(info["tid"]), call=frame["name"],
-                         capture_pct=100.0 * frame["total_ns"] / tables.span_ns if tables.span_ns else float("nan"))
+    frame = frame.assign(
+        thread=frame["global_tid"].map(labels),
+        role=frame["global_tid"].map(info["role"]),
+        tid=frame["global_tid"].map(info["tid"]),
+        call=frame["name"],
+        capture_pct=100.0 * frame["total_ns"] / tables.span_ns if tables.span_ns else float("nan"),
+    )
     return frame[columns].sort_values(["total_ns", "thread"], ascending=[False, True]).reset_index(drop=True)
 
 
-def thread_states(threads: pd.DataFrame, runs: pd.DataFrame, span_ns: int, sched_traced: bool,
-                  cuda_traced: bool) -> pd.DataFrame:
+def thread_states(
+    threads: pd.DataFrame, runs: pd.DataFrame, span_ns: int, sched_traced: bool, cuda_traced: bool
+) -> pd.DataFrame:
     """Per application thread, shares of the capture: running on a core (needs CPU scheduling data),
     inside OS-runtime calls, and waiting for the GPU in CUDA calls (needs CUDA tracing); NaN where
     not traced. They can overlap (a thread spinning in cudaStreamSynchronize is running), so they
@@ -171,10 +201,16 @@ def thread_states(threads: pd.DataFrame, runs: pd.DataFrame, span_ns: int, sched
         return pd.DataFrame(columns=columns)
     running = runs.groupby("global_tid")["duration"].sum() if sched_traced else pd.Series(dtype="float64")
     labels = thread_labels(threads)
-    frame = pd.DataFrame({
-        "thread": threads["global_tid"].map(labels), "role": threads["role"],
-        "running_pct": (100.0 * threads["global_tid"].map(running).fillna(0) / span_ns) if sched_traced else float("nan"),
-        "os_calls_pct": 100.0 * threads["osrt_ns"] / span_ns,
-        "gpu_wait_pct": threads["gpu_wait_pct"] if cuda_traced else float("nan")})
+    frame = pd.DataFrame(
+        {
+            "thread": threads["global_tid"].map(labels),
+            "role": threads["role"],
+            "running_pct": (100.0 * threads["global_tid"].map(running).fillna(0) / span_ns)
+            if sched_traced
+            else float("nan"),
+            "os_calls_pct": 100.0 * threads["osrt_ns"] / span_ns,
+            "gpu_wait_pct": threads["gpu_wait_pct"] if cuda_traced else float("nan"),
+        }
+    )
     active = (frame[["running_pct", "os_calls_pct", "gpu_wait_pct"]].fillna(0) > 0).any(axis=1) | (frame["role"] != "")
     return frame[active][columns].reset_index(drop=True)

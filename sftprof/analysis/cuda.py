@@ -16,11 +16,25 @@ from sftprof.trace.events import EventStore
 
 API_VERSION_SUFFIX = re.compile(r"_v\d+$")
 # Calls that put a kernel on a stream (runtime and driver API).
-LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaGraphLaunch",
-                "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch"}
+LAUNCH_CALLS = {
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cudaLaunchCooperativeKernel",
+    "cudaGraphLaunch",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cuLaunchCooperativeKernel",
+    "cuGraphLaunch",
+}
 # Calls in which the host thread blocks until GPU work has finished.
-HOST_SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
-                   "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
+HOST_SYNC_CALLS = {
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+}
 # Calls that order streams on the GPU without blocking the host.
 STREAM_WAIT_CALLS = {"cudaStreamWaitEvent", "cuStreamWaitEvent"}
 # cudaMemcpy*/cudaMemset* without `Async`: synchronous with respect to the host (a memset only for
@@ -59,11 +73,14 @@ def calls_during(events: EventStore, windows: pd.DataFrame, threads) -> pd.DataF
     """The calls of `threads` (global_tids) that overlap any [start, end) of `windows`."""
     if windows.empty or not len(threads):
         return events.query(f"SELECT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id LIMIT 0")
-    return events.query(f"""
+    return events.query(
+        f"""
         SELECT DISTINCT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id
         JOIN windows w ON a.start < w."end" AND a."end" > w.start
         WHERE a.global_tid IN ({", ".join(str(int(t)) for t in threads)})
-        ORDER BY a.start""", windows=windows[["start", "end"]].astype("int64"))
+        ORDER BY a.start""",
+        windows=windows[["start", "end"]].astype("int64"),
+    )
 
 
 def calls_by_thread(events: EventStore) -> pd.DataFrame:
@@ -112,19 +129,35 @@ def with_api_calls(ops: pd.DataFrame, events: EventStore) -> pd.DataFrame:
     The join brings back numbers only (the call's name as an id): each row then refers to one of a
     few name strings, and the operations are taken once, in their order (1.5M memsets at 10M kernels)."""
     keyed = ops.dropna(subset=["pid", "correlation_id"]).astype({"pid": "int64", "correlation_id": "int64"})
-    keys = pd.DataFrame({"row": np.arange(len(keyed)), "pid": keyed["pid"].to_numpy(),
-                         "correlation_id": keyed["correlation_id"].to_numpy()})
-    joined = events.arrays("""
+    keys = pd.DataFrame(
+        {
+            "row": np.arange(len(keyed)),
+            "pid": keyed["pid"].to_numpy(),
+            "correlation_id": keyed["correlation_id"].to_numpy(),
+        }
+    )
+    joined = events.arrays(
+        """
         SELECT o.row, a.start AS api_start, a."end" AS api_end, a.duration AS api_duration, a.global_tid, a.name_id
         FROM ops o JOIN cuda_api a ON a.pid = o.pid AND a.correlation_id = o.correlation_id
-        JOIN api_names n ON n.id = a.name_id""", ops=keys)
+        JOIN api_names n ON n.id = a.name_id""",
+        ops=keys,
+    )
     order = np.argsort(joined["row"], kind="stable")
     joined = {column: values[order] for column, values in joined.items()}
     ids = np.unique(joined["name_id"])
     names = events.query(f"SELECT id, name FROM api_names WHERE id IN ({', '.join(map(str, ids.tolist() or [-1]))})")
     base = dict(zip(names["id"].tolist(), names["name"].map(lambda name: base_name(str(name))), strict=True))
-    api = (np.array([base[i] for i in ids.tolist()], dtype=object)[np.searchsorted(ids, joined["name_id"])]
-           if len(ids) else np.zeros(0))  # no calls: the dtype pandas gave the empty column before
+    api = (
+        np.array([base[i] for i in ids.tolist()], dtype=object)[np.searchsorted(ids, joined["name_id"])]
+        if len(ids)
+        else np.zeros(0)
+    )  # no calls: the dtype pandas gave the empty column before
     matched = keyed.iloc[joined["row"]].reset_index(drop=True)
-    return matched.assign(api_start=joined["api_start"], api_end=joined["api_end"], api_duration=joined["api_duration"],
-                          global_tid=joined["global_tid"], api=api)
+    return matched.assign(
+        api_start=joined["api_start"],
+        api_end=joined["api_end"],
+        api_duration=joined["api_duration"],
+        global_tid=joined["global_tid"],
+        api=api,
+    )

@@ -31,33 +31,51 @@ class Peak:
     printed: str  # the figures as the source prints them
 
 
-A100 = Peak("A100 SXM4 80GB", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
-            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-            "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-            "A100 80GB SXM: FP32 19.5 TFLOPS; TF32 Tensor Core 156 TFLOPS | 312 TFLOPS*; BFLOAT16 Tensor Core "
-            "312 TFLOPS | 624 TFLOPS*; FP16 Tensor Core 312 TFLOPS | 624 TFLOPS* (*with sparsity; the dense "
-            "figure is printed first). The datasheet prints the same figures for the 80GB PCIe board; no FP8.")
-H100_SXM = Peak("H100 SXM", {"bf16": 989.5, "fp16": 989.5, "fp8": 1979.0, "tf32": 494.5, "fp32": 67.0},
-                "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
-                "H100 SXM: FP32 67 teraFLOPS; TF32 Tensor Core 989 teraFLOPS*; BFLOAT16 Tensor Core 1,979 "
-                "teraFLOPS*; FP16 Tensor Core 1,979 teraFLOPS*; FP8 Tensor Core 3,958 teraFLOPS* (*with sparsity)")
-H100_PCIE = Peak("H100 PCIe", {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.0},
-                 "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
-                 "H100 PCIe: FP32 51 teraFLOPS; TF32 Tensor Core 756 teraFLOPS*; BFLOAT16 Tensor Core 1,513 "
-                 "teraFLOPS*; FP16 Tensor Core 1,513 teraFLOPS*; FP8 Tensor Core 3,026 teraFLOPS* (*with sparsity)")
-H200 = Peak("H200 SXM", {"bf16": 989.5, "fp16": 989.5, "fp8": 1979.0, "tf32": 494.5, "fp32": 67.0},
-            "https://www.nvidia.com/en-us/data-center/h200/",
-            "H200 SXM: FP32 67 TFLOPS; TF32 Tensor Core 989 TFLOPS*; BFLOAT16 Tensor Core 1,979 TFLOPS*; "
-            "FP16 Tensor Core 1,979 TFLOPS*; FP8 Tensor Core 3,958 TFLOPS* (*with sparsity)")
-GH200 = Peak("GH200", {"bf16": 990.0, "fp16": 990.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
-             "https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
-             "GH200 (Hopper GPU): FP32 67 TFLOPS; TF32 Tensor Core 494 TFLOPS | 989 TFLOPS*; BFLOAT16 Tensor Core "
-             "990 TFLOPS | 1,979 TFLOPS*; FP16 Tensor Core 990 TFLOPS | 1,979 TFLOPS*; FP8 Tensor Core 1,979 TFLOPS "
-             "| 3,958 TFLOPS* (*with sparsity; the dense figure is printed first)")
-B200 = Peak("B200 (HGX)", {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0, "fp32": 75.0},
-            "https://www.nvidia.com/en-us/data-center/gb200-nvl72/",
-            "HGX B200, individual Blackwell GPU: FP32 75 TFLOPS; TF32 Tensor Core 2.2 PFLOPS*; FP16/BF16 Tensor "
-            "Core 4.5 PFLOPS*; FP8/FP6 Tensor Core 9 PFLOPS* (*with sparsity)")
+A100 = Peak(
+    "A100 SXM4 80GB",
+    {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+    "A100 80GB SXM: FP32 19.5 TFLOPS; TF32 Tensor Core 156 TFLOPS | 312 TFLOPS*; BFLOAT16 Tensor Core "
+    "312 TFLOPS | 624 TFLOPS*; FP16 Tensor Core 312 TFLOPS | 624 TFLOPS* (*with sparsity; the dense "
+    "figure is printed first). The datasheet prints the same figures for the 80GB PCIe board; no FP8.",
+)
+H100_SXM = Peak(
+    "H100 SXM",
+    {"bf16": 989.5, "fp16": 989.5, "fp8": 1979.0, "tf32": 494.5, "fp32": 67.0},
+    "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+    "H100 SXM: FP32 67 teraFLOPS; TF32 Tensor Core 989 teraFLOPS*; BFLOAT16 Tensor Core 1,979 "
+    "teraFLOPS*; FP16 Tensor Core 1,979 teraFLOPS*; FP8 Tensor Core 3,958 teraFLOPS* (*with sparsity)",
+)
+H100_PCIE = Peak(
+    "H100 PCIe",
+    {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.0},
+    "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+    "H100 PCIe: FP32 51 teraFLOPS; TF32 Tensor Core 756 teraFLOPS*; BFLOAT16 Tensor Core 1,513 "
+    "teraFLOPS*; FP16 Tensor Core 1,513 teraFLOPS*; FP8 Tensor Core 3,026 teraFLOPS* (*with sparsity)",
+)
+H200 = Peak(
+    "H200 SXM",
+    {"bf16": 989.5, "fp16": 989.5, "fp8": 1979.0, "tf32": 494.5, "fp32": 67.0},
+    "https://www.nvidia.com/en-us/data-center/h200/",
+    "H200 SXM: FP32 67 TFLOPS; TF32 Tensor Core 989 TFLOPS*; BFLOAT16 Tensor Core 1,979 TFLOPS*; "
+    "FP16 Tensor Core 1,979 TFLOPS*; FP8 Tensor Core 3,958 TFLOPS* (*with sparsity)",
+)
+GH200 = Peak(
+    "GH200",
+    {"bf16": 990.0, "fp16": 990.0, "fp8": 1979.0, "tf32": 494.0, "fp32": 67.0},
+    "https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
+    "GH200 (Hopper GPU): FP32 67 TFLOPS; TF32 Tensor Core 494 TFLOPS | 989 TFLOPS*; BFLOAT16 Tensor Core "
+    "990 TFLOPS | 1,979 TFLOPS*; FP16 Tensor Core 990 TFLOPS | 1,979 TFLOPS*; FP8 Tensor Core 1,979 TFLOPS "
+    "| 3,958 TFLOPS* (*with sparsity; the dense figure is printed first)",
+)
+B200 = Peak(
+    "B200 (HGX)",
+    {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0, "fp32": 75.0},
+    "https://www.nvidia.com/en-us/data-center/gb200-nvl72/",
+    "HGX B200, individual Blackwell GPU: FP32 75 TFLOPS; TF32 Tensor Core 2.2 PFLOPS*; FP16/BF16 Tensor "
+    "Core 4.5 PFLOPS*; FP8/FP6 Tensor Core 9 PFLOPS* (*with sparsity)",
+)
 PEAKS = (A100, H100_SXM, H100_PCIE, H200, GH200, B200)
 
 # A device name (CUDA's, as nsys, Kineto and torch.cuda.get_device_name give it) -> its entry. Rules
@@ -100,9 +118,20 @@ def peak_for(device_name: str | None) -> Peak | None:
 # without autocast, when the weights' dtype is what the matmuls run in) -> PEAKS' precision keys.
 # Plain float32 is "fp32", not "tf32": PyTorch runs float32 matmuls without TF32 unless asked
 # (torch.backends.cuda.matmul.allow_tf32 is off by default), and the trainer does not ask.
-PRECISIONS = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
-              "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "fp8": "fp8", "tf32": "tf32",
-              "float32": "fp32", "fp32": "fp32", "float": "fp32"}
+PRECISIONS = {
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "fp8": "fp8",
+    "tf32": "tf32",
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float": "fp32",
+}
 
 
 def run_precision(run: dict) -> str | None:
@@ -199,17 +228,30 @@ def mfu(steps: pd.DataFrame, run: dict, device_name: str | None = None) -> Mfu |
             continue
         achieved = flops["flops"] / seconds / 1e12
         useful = flops["useful_flops"] / seconds / 1e12 if flops["useful_flops"] is not None else None
-        rows.append({"step": row["step"], "step_time_s": seconds, "flops": flops["flops"],
-                     "useful_flops": flops["useful_flops"], "achieved_tflops": achieved,
-                     "hardware_mfu_pct": 100.0 * achieved / peak.tflops[precision],
-                     "useful_mfu_pct": 100.0 * useful / peak.tflops[precision] if useful is not None else None})
+        rows.append(
+            {
+                "step": row["step"],
+                "step_time_s": seconds,
+                "flops": flops["flops"],
+                "useful_flops": flops["useful_flops"],
+                "achieved_tflops": achieved,
+                "hardware_mfu_pct": 100.0 * achieved / peak.tflops[precision],
+                "useful_mfu_pct": 100.0 * useful / peak.tflops[precision] if useful is not None else None,
+            }
+        )
     if not rows:
         return None
     frame = pd.DataFrame(rows).astype({"useful_flops": "float64", "useful_mfu_pct": "float64"})
     useful = frame["useful_mfu_pct"].dropna()
-    return Mfu(gpu=peak.gpu, precision=precision, peak_tflops=peak.tflops[precision], source=peak.source,
-               steps=frame, hardware_mfu_pct=float(frame["hardware_mfu_pct"].median()),
-               useful_mfu_pct=float(useful.median()) if len(useful) else None)
+    return Mfu(
+        gpu=peak.gpu,
+        precision=precision,
+        peak_tflops=peak.tflops[precision],
+        source=peak.source,
+        steps=frame,
+        hardware_mfu_pct=float(frame["hardware_mfu_pct"].median()),
+        useful_mfu_pct=float(useful.median()) if len(useful) else None,
+    )
 
 
 @dataclass
@@ -231,8 +273,14 @@ def padding(steps: pd.DataFrame) -> Padding:
     known = steps[steps["token_slots"].notna() & steps["real_tokens"].notna()]
     known = known[known["token_slots"].astype("int64") > 0]
     slots, real = known["token_slots"].astype("int64"), known["real_tokens"].astype("int64")
-    frame = pd.DataFrame({"step": known["step"].to_numpy(), "token_slots": slots.to_numpy(),
-                          "real_tokens": real.to_numpy(), "padding_pct": (100.0 * (1 - real / slots)).to_numpy()},
-                         columns=columns)
+    frame = pd.DataFrame(
+        {
+            "step": known["step"].to_numpy(),
+            "token_slots": slots.to_numpy(),
+            "real_tokens": real.to_numpy(),
+            "padding_pct": (100.0 * (1 - real / slots)).to_numpy(),
+        },
+        columns=columns,
+    )
     overall = 100.0 * (1 - real.sum() / slots.sum()) if len(known) else None
     return Padding(frame.reset_index(drop=True), float(overall) if overall is not None else None)

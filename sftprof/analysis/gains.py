@@ -134,14 +134,15 @@ class StepClock:
         ends = self.gpu_busy["start"].to_numpy(dtype="int64")[1:]
         idle = np.zeros(self.steps, dtype="int64")
         for i in range(0, len(starts), intervals.CHUNK_ROWS):  # a chunk at a time: no temporary of 80 MB
-            chunk_starts, chunk_ends = starts[i:i + intervals.CHUNK_ROWS], ends[i:i + intervals.CHUNK_ROWS]
+            chunk_starts, chunk_ends = starts[i : i + intervals.CHUNK_ROWS], ends[i : i + intervals.CHUNK_ROWS]
             lengths = chunk_ends - chunk_starts
             keep = lengths > longer_than
             if at_most is not None:
                 keep &= lengths <= at_most
             # the stretches left out made empty, not removed: no copy of the ones kept
-            stretches = pd.DataFrame({"start": chunk_starts, "end": np.where(keep, chunk_ends, chunk_starts)},
-                                     copy=False)
+            stretches = pd.DataFrame(
+                {"start": chunk_starts, "end": np.where(keep, chunk_ends, chunk_starts)}, copy=False
+            )
             idle += intervals.covered_ns(stretches, self.starts, self.ends)
         return idle.astype(float)
 
@@ -222,9 +223,21 @@ class _Runs:
         last = np.r_[first[1:] - 1, len(at) - 1] if len(at) else at
         first_at, last_at = at[first], at[last]
         durations = duration[at]
-        found = np.stack([start[first_at], np.diff(np.r_[first, len(at)]), np.add.reduceat(durations, first),
-                          np.maximum.reduceat(durations, first), np.full(len(first), device), stream[first_at],
-                          end[first_at]]) if len(at) else np.zeros((7, 0), dtype="int64")
+        found = (
+            np.stack(
+                [
+                    start[first_at],
+                    np.diff(np.r_[first, len(at)]),
+                    np.add.reduceat(durations, first),
+                    np.maximum.reduceat(durations, first),
+                    np.full(len(first), device),
+                    stream[first_at],
+                    end[first_at],
+                ]
+            )
+            if len(at)
+            else np.zeros((7, 0), dtype="int64")
+        )
         keep = np.ones(found.shape[1], dtype=bool)
         # a stream's first run may continue the one open at the last window's end; its last may go on
         stream_first = np.flatnonzero(new_stream)

@@ -37,8 +37,12 @@ def kernel_totals(events: EventStore) -> dict:
         SELECT count(*) AS count, coalesce(sum(duration), 0)::BIGINT AS total_ns, median(duration) AS median_ns,
                count(*) FILTER (WHERE duration < {TINY_KERNEL_NS}) AS tiny
         FROM kernels""").iloc[0]
-    return {"count": int(row["count"]), "total_ns": int(row["total_ns"]), "tiny": int(row["tiny"]),
-            "median_ns": float(row["median_ns"]) if row["count"] else None}
+    return {
+        "count": int(row["count"]),
+        "total_ns": int(row["total_ns"]),
+        "tiny": int(row["tiny"]),
+        "median_ns": float(row["median_ns"]) if row["count"] else None,
+    }
 
 
 def memop_summary(memops: pd.DataFrame) -> pd.DataFrame:
@@ -48,10 +52,13 @@ def memop_summary(memops: pd.DataFrame) -> pd.DataFrame:
 
 def cuda_api_summary(events: EventStore) -> pd.DataFrame:
     """CUDA API time by call, as `nsys stats -r cudaapisum`."""
-    return finish_summary(events.query(f"""
+    return finish_summary(
+        events.query(f"""
         SELECT n.name, s.* EXCLUDE (name_id)
         FROM (SELECT name_id, {SQL_AGGREGATES} FROM cuda_api GROUP BY name_id) s
-        JOIN api_names n ON n.id = s.name_id"""), ["name"])
+        JOIN api_names n ON n.id = s.name_id"""),
+        ["name"],
+    )
 
 
 @dataclass
@@ -96,8 +103,10 @@ def _communication_pairs(events: EventStore) -> list[int]:
     if pairs.empty:
         return []
     pairs = pairs[is_communication(pairs["name"], pairs["short_name"])]
-    return [((int(name) + 1) << 32) + int(short) + 1 for name, short in zip(pairs["name_id"], pairs["short_name_id"],
-                                                                             strict=True)]
+    return [
+        ((int(name) + 1) << 32) + int(short) + 1
+        for name, short in zip(pairs["name_id"], pairs["short_name_id"], strict=True)
+    ]
 
 
 def device_windows(events: EventStore, source: str, **frames: pd.DataFrame):
@@ -106,10 +115,13 @@ def device_windows(events: EventStore, source: str, **frames: pd.DataFrame):
     windows, at most BUSY_MAX_WINDOWS): yields (device, count, first start, last end, [(lo, hi), ...]),
     devices in order."""
     quantiles = ", ".join(str(q / BUSY_MAX_WINDOWS) for q in range(1, BUSY_MAX_WINDOWS))
-    devices = events.query(f"""
+    devices = events.query(
+        f"""
         SELECT device_id, count(*) AS n, min(start) AS first, max(start) AS last, max("end") AS last_end,
                approx_quantile(start, [{quantiles}]) AS cuts
-        FROM {source} GROUP BY device_id ORDER BY device_id""", **frames)
+        FROM {source} GROUP BY device_id ORDER BY device_id""",
+        **frames,
+    )
     for device, n, first, last, last_end, cuts in devices.itertuples(index=False):
         windows = min(-(-int(n) // BUSY_WINDOW_ROWS), BUSY_MAX_WINDOWS)
         inner = [cuts[k * BUSY_MAX_WINDOWS // windows - 1] for k in range(1, windows)]
@@ -144,21 +156,33 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
     split = kernels and len(ops) > 0  # the kernels' union is not the operations' one
     # kernels that start at or before 0 are counted in the timeline (utilisation_timeline), not merged here
     early = events.query("SELECT count(*) AS n FROM kernels WHERE start <= 0")["n"].iat[0]
-    kernel_counts = dict(events.query("""SELECT device_id::BIGINT AS device_id, count(*) AS n FROM kernels
-                                         WHERE start > 0 GROUP BY ALL""").itertuples(index=False)) if split else {}
+    kernel_counts = (
+        dict(
+            events.query("""SELECT device_id::BIGINT AS device_id, count(*) AS n FROM kernels
+                                         WHERE start > 0 GROUP BY ALL""").itertuples(index=False)
+        )
+        if split
+        else {}
+    )
     unions = BusyUnions({}, {}, {} if communication else None)
     for device, n, first, last, windows in device_windows(events, operations, ops=ops):
         chunk_starts, _ = intervals.chunk_edges(first, last, TIMELINE_CHUNKS)
         counted = np.zeros((2, TIMELINE_CHUNKS), dtype="int64")  # kernels, tiny kernels
         # the merged intervals written in place: their count is at most the operations'
         kernel_count = kernel_counts.get(device, n)
-        merged = [intervals.RunningUnion(n), intervals.RunningUnion(kernel_count if split else None),
-                  intervals.RunningUnion(kernel_count if communication else None)]
+        merged = [
+            intervals.RunningUnion(n),
+            intervals.RunningUnion(kernel_count if split else None),
+            intervals.RunningUnion(kernel_count if communication else None),
+        ]
         first_kernel = None
         for lo, hi in windows:
-            window = fetch_by_start(events, f"""SELECT start, "end", kernel, comm FROM {operations}
+            window = fetch_by_start(
+                events,
+                f"""SELECT start, "end", kernel, comm FROM {operations}
                                                 WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi}""",
-                                    ops=ops)
+                ops=ops,
+            )
             starts, ends = window["start"], window["end"]
             merged[0].add(starts, ends)
             comm = window["comm"]
@@ -180,8 +204,9 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
                 merged[2].add(starts[own], ends[own])
         every = merged[0].result()
         end = int(every["end"].iat[-1])
-        unions.operations[int(device)] = DeviceBusy(every, first, end,
-                                                    None if early or end != last else (counted[0], counted[1]))
+        unions.operations[int(device)] = DeviceBusy(
+            every, first, end, None if early or end != last else (counted[0], counted[1])
+        )
         if first_kernel is None:
             continue
         alone = merged[1].result() if split else every
@@ -189,8 +214,9 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
         if communication:
             own = merged[2].result()
             ends = own["end"].to_numpy()
-            unions.not_communication[int(device)] = DeviceBusy(own, int(own["start"].iat[0]) if len(own) else first,
-                                                               int(ends[-1]) if len(own) else first)
+            unions.not_communication[int(device)] = DeviceBusy(
+                own, int(own["start"].iat[0]) if len(own) else first, int(ends[-1]) if len(own) else first
+            )
     return unions
 
 
@@ -212,6 +238,12 @@ def gpu_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
     for device, b in busy.items():
         span = b.last - b.first
         busy_ns = intervals.total_length(b.merged)
-        rows.append({"device_id": device, "span_ns": span, "busy_ns": busy_ns,
-                     "busy_pct": 100.0 * busy_ns / span if span else 0.0})
+        rows.append(
+            {
+                "device_id": device,
+                "span_ns": span,
+                "busy_ns": busy_ns,
+                "busy_pct": 100.0 * busy_ns / span if span else 0.0,
+            }
+        )
     return pd.DataFrame(rows, columns=["device_id", "span_ns", "busy_ns", "busy_pct"])

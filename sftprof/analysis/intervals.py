@@ -54,13 +54,13 @@ class RunningUnion:
         final = len(merged_starts) - 1  # all but the last merged interval: the next batch cannot extend them
         if not isinstance(self._starts, list) and self._size + final >= len(self._starts):
             # more arrived than announced (room is kept for the open interval): pieces from here on
-            self._starts, self._ends = [self._starts[:self._size]], [self._ends[:self._size]]
+            self._starts, self._ends = [self._starts[: self._size]], [self._ends[: self._size]]
         if isinstance(self._starts, list):
             self._starts.append(merged_starts[:-1])
             self._ends.append(merged_ends[:-1])
         else:
-            self._starts[self._size:self._size + final] = merged_starts[:-1]
-            self._ends[self._size:self._size + final] = merged_ends[:-1]
+            self._starts[self._size : self._size + final] = merged_starts[:-1]
+            self._ends[self._size : self._size + final] = merged_ends[:-1]
             self._size += final
         self._open = (merged_starts[-1], merged_ends[-1])
 
@@ -73,9 +73,9 @@ class RunningUnion:
             starts, ends = self._starts, self._ends
             starts[size], ends[size] = self._open
             if size + 1 < len(starts) // 2:  # mostly overlapping: do not keep the unused room
-                starts, ends = starts[:size + 1].copy(), ends[:size + 1].copy()
+                starts, ends = starts[: size + 1].copy(), ends[: size + 1].copy()
             self._starts, self._ends = [starts[:size]], [ends[:size]]
-            return pd.DataFrame({"start": starts[:size + 1], "end": ends[:size + 1]}, copy=False)
+            return pd.DataFrame({"start": starts[: size + 1], "end": ends[: size + 1]}, copy=False)
         # One column at a time, its pieces let go once joined: at 10M kernels each column is 80 MB.
         starts = np.concatenate([*self._starts, [self._open[0]]]).astype("int64", copy=False)
         self._starts = [starts[:-1]]
@@ -92,13 +92,18 @@ def _cumulative_lengths(merged: pd.DataFrame, interval_start: np.ndarray, interv
     """through[k]: the length of intervals 0..k, one array the size of `merged`, built in place;
     kept for the last frame asked about (analyses ask again about the same busy time, ten million
     intervals at 10M kernels), while its columns are the same arrays. Small frames are not kept."""
-    key = (interval_start.__array_interface__["data"][0], interval_end.__array_interface__["data"][0],
-           len(interval_start))
+    key = (
+        interval_start.__array_interface__["data"][0],
+        interval_end.__array_interface__["data"][0],
+        len(interval_start),
+    )
     if _last_lengths and _last_lengths[0][0]() is merged and _last_lengths[0][1] == key:
         return _last_lengths[0][2]
     through = np.empty(len(interval_start), dtype="int64")
     for i in range(0, len(through), CHUNK_ROWS):
-        np.subtract(interval_end[i:i + CHUNK_ROWS], interval_start[i:i + CHUNK_ROWS], out=through[i:i + CHUNK_ROWS])
+        np.subtract(
+            interval_end[i : i + CHUNK_ROWS], interval_start[i : i + CHUNK_ROWS], out=through[i : i + CHUNK_ROWS]
+        )
     np.cumsum(through, out=through)
     if len(through) < KEEP_LENGTHS_FROM:  # they cost little, and a test may change a small frame in place
         return through
@@ -138,15 +143,22 @@ CHUNK_ROWS = 1 << 20
 def total_length(merged: pd.DataFrame) -> int:
     """The summed length of the intervals of `merged` (as int64, a chunk at a time)."""
     starts, ends = merged["start"].to_numpy(dtype="int64"), merged["end"].to_numpy(dtype="int64")
-    return sum(int((ends[i:i + CHUNK_ROWS] - starts[i:i + CHUNK_ROWS]).sum()) for i in range(0, len(starts), CHUNK_ROWS))
+    return sum(
+        int((ends[i : i + CHUNK_ROWS] - starts[i : i + CHUNK_ROWS]).sum()) for i in range(0, len(starts), CHUNK_ROWS)
+    )
 
 
 def gaps(merged: pd.DataFrame, min_ns: int = 0) -> pd.DataFrame:
     """The holes between disjoint sorted intervals longer than `min_ns`, longest first."""
     starts = merged["end"].to_numpy(dtype="int64")[:-1]
     ends = merged["start"].to_numpy(dtype="int64")[1:]
-    longer = np.concatenate([np.flatnonzero(ends[i:i + CHUNK_ROWS] - starts[i:i + CHUNK_ROWS] > min_ns) + i
-                             for i in range(0, len(starts), CHUNK_ROWS)] + [np.zeros(0, dtype="int64")])
+    longer = np.concatenate(
+        [
+            np.flatnonzero(ends[i : i + CHUNK_ROWS] - starts[i : i + CHUNK_ROWS] > min_ns) + i
+            for i in range(0, len(starts), CHUNK_ROWS)
+        ]
+        + [np.zeros(0, dtype="int64")]
+    )
     holes = pd.DataFrame({"start": starts[longer], "end": ends[longer], "duration": ends[longer] - starts[longer]})
     return holes.sort_values(["duration", "start"], ascending=[False, True]).reset_index(drop=True)
 

@@ -38,7 +38,9 @@ MEMORY_BOUND_FAMILIES = ("elementwise", "reduction/norm", "copy/cat", "optimizer
 # half-precision GEMMs. SIMT kernels and SGEMMs run on the CUDA cores even when a marker matches.
 TENSOR_CORE_MARKERS = re.compile(
     r"xmma|hmma|wgmma|imma|(?<![a-z])mma|nvjet|tensorop|16816|1688|884gemm|e4m3|e5m2"
-    r"|(?:bf16|f16|fp16).*gemm|gemm.*(?:bf16|f16|fp16)", re.IGNORECASE)
+    r"|(?:bf16|f16|fp16).*gemm|gemm.*(?:bf16|f16|fp16)",
+    re.IGNORECASE,
+)
 NOT_TENSOR_CORE_MARKERS = re.compile(r"simt|sgemm", re.IGNORECASE)
 
 # GEMM input precision by name; first match wins. cuBLASLt's `nvjet` names carry no precision.
@@ -95,8 +97,10 @@ def kernel_families(kernels: pd.DataFrame) -> pd.Series:
 
 
 def on_tensor_cores(kernels: pd.DataFrame) -> pd.Series:
-    return _by_distinct_name(kernels["name"].fillna(kernels["short_name"]), lambda name: bool(
-        TENSOR_CORE_MARKERS.search(name)) and not NOT_TENSOR_CORE_MARKERS.search(name)).astype(bool)
+    return _by_distinct_name(
+        kernels["name"].fillna(kernels["short_name"]),
+        lambda name: bool(TENSOR_CORE_MARKERS.search(name)) and not NOT_TENSOR_CORE_MARKERS.search(name),
+    ).astype(bool)
 
 
 def family_summary(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -105,20 +109,33 @@ def family_summary(kernels: pd.DataFrame) -> pd.DataFrame:
     columns = ["family", "time_pct", "total_ns", "instances", "tensor_core_pct", "bound", "top_kernel"]
     if kernels.empty:
         return pd.DataFrame(columns=columns)
-    rows = kernels.assign(family=kernel_families(kernels), tensor_core=on_tensor_cores(kernels),
-                          kernel=kernels["short_name"].fillna(kernels["name"]))
+    rows = kernels.assign(
+        family=kernel_families(kernels),
+        tensor_core=on_tensor_cores(kernels),
+        kernel=kernels["short_name"].fillna(kernels["name"]),
+    )
     total = rows["duration"].sum()
     out = []
     for family, members in rows.groupby("family"):
         by_kernel = members.groupby("kernel")["duration"].sum().sort_values(ascending=False)
         family_ns = int(members["duration"].sum())
-        out.append({"family": family, "time_pct": 100.0 * family_ns / total if total else 0.0,
-                    "total_ns": family_ns, "instances": int(members["instances"].sum()),
-                    "tensor_core_pct": 100.0 * members.loc[members["tensor_core"], "duration"].sum() / family_ns
-                    if family_ns else 0.0,
-                    "bound": "compute" if family in COMPUTE_BOUND_FAMILIES else
-                             "memory" if family in MEMORY_BOUND_FAMILIES else "",
-                    "top_kernel": by_kernel.index[0]})
+        out.append(
+            {
+                "family": family,
+                "time_pct": 100.0 * family_ns / total if total else 0.0,
+                "total_ns": family_ns,
+                "instances": int(members["instances"].sum()),
+                "tensor_core_pct": 100.0 * members.loc[members["tensor_core"], "duration"].sum() / family_ns
+                if family_ns
+                else 0.0,
+                "bound": "compute"
+                if family in COMPUTE_BOUND_FAMILIES
+                else "memory"
+                if family in MEMORY_BOUND_FAMILIES
+                else "",
+                "top_kernel": by_kernel.index[0],
+            }
+        )
     frame = pd.DataFrame(out, columns=columns)
     return frame.sort_values(["total_ns", "family"], ascending=[False, True]).reset_index(drop=True)
 
@@ -129,14 +146,22 @@ def gemm_precision(kernels: pd.DataFrame) -> pd.DataFrame:
     gemms = kernels[kernel_families(kernels) == "GEMM"]
     if gemms.empty:
         return pd.DataFrame(columns=columns)
-    gemms = gemms.assign(precision=_first_match(gemms["name"].fillna(gemms["short_name"]), GEMM_PRECISIONS)
-                         .fillna(UNKNOWN_PRECISION), kernel=gemms["name"].fillna(gemms["short_name"]))
+    gemms = gemms.assign(
+        precision=_first_match(gemms["name"].fillna(gemms["short_name"]), GEMM_PRECISIONS).fillna(UNKNOWN_PRECISION),
+        kernel=gemms["name"].fillna(gemms["short_name"]),
+    )
     total = gemms["duration"].sum()
     rows = []
     for precision, members in gemms.groupby("precision"):
-        rows.append({"precision": precision, "time_pct": 100.0 * members["duration"].sum() / total,
-                     "total_ns": int(members["duration"].sum()), "instances": int(members["instances"].sum()),
-                     "top_kernel": members.groupby("kernel")["duration"].sum().idxmax()})
+        rows.append(
+            {
+                "precision": precision,
+                "time_pct": 100.0 * members["duration"].sum() / total,
+                "total_ns": int(members["duration"].sum()),
+                "instances": int(members["instances"].sum()),
+                "top_kernel": members.groupby("kernel")["duration"].sum().idxmax(),
+            }
+        )
     return pd.DataFrame(rows, columns=columns).sort_values("total_ns", ascending=False).reset_index(drop=True)
 
 
@@ -147,6 +172,8 @@ def kernel_mix(kernels: pd.DataFrame) -> dict:
         return {"compute_pct": 0.0, "memory_pct": 0.0, "tensor_core_pct": 0.0}
     families = kernel_families(kernels)
     share = lambda mask: float(100.0 * kernels.loc[mask, "duration"].sum() / total)  # noqa: E731
-    return {"compute_pct": share(families.isin(COMPUTE_BOUND_FAMILIES)),
-            "memory_pct": share(families.isin(MEMORY_BOUND_FAMILIES)),
-            "tensor_core_pct": share(on_tensor_cores(kernels))}
+    return {
+        "compute_pct": share(families.isin(COMPUTE_BOUND_FAMILIES)),
+        "memory_pct": share(families.isin(MEMORY_BOUND_FAMILIES)),
+        "tensor_core_pct": share(on_tensor_cores(kernels)),
+    }

@@ -27,9 +27,12 @@ def copy_kinds(memops: pd.DataFrame) -> pd.Series:
     if given is not None and not given.isna().any():  # nsys's loader gives them all: no name is read
         return given
     operations = memops["operation"].astype(str)
-    from_name = operations.map({op: MEMSET_KIND if "memset" in op else
-                                (m.group(1) if (m := _KIND_IN_OPERATION.search(op)) else "Unknown")
-                                for op in operations.unique()})
+    from_name = operations.map(
+        {
+            op: MEMSET_KIND if "memset" in op else (m.group(1) if (m := _KIND_IN_OPERATION.search(op)) else "Unknown")
+            for op in operations.unique()
+        }
+    )
     return given.fillna(from_name) if given is not None else from_name
 
 
@@ -50,13 +53,19 @@ def host_memory_kinds(memops: pd.DataFrame) -> pd.Series:
 def size_summary(memops: pd.DataFrame) -> pd.DataFrame:
     """Bytes per operation, as `nsys stats -r gpumemsizesum` computes them (in bytes, unrounded;
     nsys prints them in MB: see MEGABYTE)."""
-    columns = ["total_bytes", "count", "avg_bytes", "med_bytes", "min_bytes", "max_bytes", "stddev_bytes",
-               "operation"]
+    columns = ["total_bytes", "count", "avg_bytes", "med_bytes", "min_bytes", "max_bytes", "stddev_bytes", "operation"]
     if memops.empty:
         return pd.DataFrame(columns=columns)
     sizes = memops.assign(bytes=memops["bytes"].astype("int64")).groupby("operation", sort=False)["bytes"]
-    summary = sizes.agg(total_bytes="sum", count="count", avg_bytes="mean", med_bytes="median", min_bytes="min",
-                        max_bytes="max", stddev_bytes="std").reset_index()
+    summary = sizes.agg(
+        total_bytes="sum",
+        count="count",
+        avg_bytes="mean",
+        med_bytes="median",
+        min_bytes="min",
+        max_bytes="max",
+        stddev_bytes="std",
+    ).reset_index()
     summary["stddev_bytes"] = summary["stddev_bytes"].fillna(0.0)
     summary = summary.sort_values(["total_bytes", "operation"], ascending=[False, True], kind="stable")
     return summary[columns].reset_index(drop=True)
@@ -86,8 +95,11 @@ def host_memory(memops: pd.DataFrame) -> pd.DataFrame:
     copies = copies[from_host | to_host]
     if copies.empty:
         return pd.DataFrame(columns=columns)
-    frame = copies.groupby(["copy_kind", "host_memory"]).agg(
-        instances=("duration", "count"), bytes=("bytes", "sum"), total_ns=("duration", "sum")).reset_index()
+    frame = (
+        copies.groupby(["copy_kind", "host_memory"])
+        .agg(instances=("duration", "count"), bytes=("bytes", "sum"), total_ns=("duration", "sum"))
+        .reset_index()
+    )
     return frame[columns].sort_values(["copy_kind", "host_memory"]).reset_index(drop=True)
 
 
@@ -96,5 +108,9 @@ def interconnect_share(kernel_ns: int, memops: pd.DataFrame) -> dict:
     gpu_ns = int(kernel_ns + memops["duration"].sum())
     crossing = memops[copy_kinds(memops).isin(INTERCONNECT_KINDS)]
     ns = int(crossing["duration"].sum())
-    return {"ns": ns, "bytes": int(crossing["bytes"].sum()), "count": len(crossing),
-            "gpu_time_pct": 100.0 * ns / gpu_ns if gpu_ns else 0.0}
+    return {
+        "ns": ns,
+        "bytes": int(crossing["bytes"].sum()),
+        "count": len(crossing),
+        "gpu_time_pct": 100.0 * ns / gpu_ns if gpu_ns else 0.0,
+    }

@@ -53,20 +53,34 @@ OWN_PHASES = (*PHASES, collectives.OTHER_PHASE)  # the step's phases, `other`: o
 WAITING_PHASES = tuple(p for p in OWN_PHASES if p != "data")  # waits counted as waiting for other ranks
 REQUIRED_TABLES = ("steps", "step_waits")
 # NCCL's bus-bandwidth factors (nccl-tests doc/PERFORMANCE.md): busbw = algbw x factor(n ranks).
-BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-               "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
-               "send_recv": lambda n: 1.0}
+BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
 BYTES_PER_GRADIENT = {"float32": 4, "bfloat16": 2, "float16": 2}
 CAUSES = {
-    "data": ("data/IO", "Look at this rank's input pipeline and its node's storage: more DataLoader workers and "
-             "prefetch, pinned batches, the dataset on node-local disk or in the page cache, tokenization done "
-             "ahead of training; compare the node's read throughput with the others'."),
-    "gpu": ("a slow GPU, thermal throttling or a lower clock", "Check the node's GPUs: `nvidia-smi -q -d "
-            "CLOCK,PERFORMANCE,TEMPERATURE` (clocks and throttle reasons), DCGM diagnostics, ECC errors and the "
-            "PCIe link; keep the node out of the job if it stays slow."),
-    "cpu": ("CPU contention or a slower CPU", "Look at what else runs on the node's cores (capture with "
-            "--cpuctxsw=process-tree), the task's CPU binding (srun --cpu-bind, cpus_per_task), threads per rank "
-            "(OMP_NUM_THREADS, torch.set_num_threads) and CPU frequency scaling."),
+    "data": (
+        "data/IO",
+        "Look at this rank's input pipeline and its node's storage: more DataLoader workers and "
+        "prefetch, pinned batches, the dataset on node-local disk or in the page cache, tokenization done "
+        "ahead of training; compare the node's read throughput with the others'.",
+    ),
+    "gpu": (
+        "a slow GPU, thermal throttling or a lower clock",
+        "Check the node's GPUs: `nvidia-smi -q -d "
+        "CLOCK,PERFORMANCE,TEMPERATURE` (clocks and throttle reasons), DCGM diagnostics, ECC errors and the "
+        "PCIe link; keep the node out of the job if it stays slow.",
+    ),
+    "cpu": (
+        "CPU contention or a slower CPU",
+        "Look at what else runs on the node's cores (capture with "
+        "--cpuctxsw=process-tree), the task's CPU binding (srun --cpu-bind, cpus_per_task), threads per rank "
+        "(OMP_NUM_THREADS, torch.set_num_threads) and CPU frequency scaling.",
+    ),
 }
 
 
@@ -155,19 +169,24 @@ def _check(inputs: list[RankInput]) -> list[int]:
         seen[rank.rank] = seen.get(rank.rank, 0) + 1
         missing = [name for name in REQUIRED_TABLES if name not in rank.tables]
         if missing:
-            raise RanksError(f"{rank.label}: its analysis has no {', '.join(missing)} table (made by an older "
-                             "sftprof?); analyse its capture again")
+            raise RanksError(
+                f"{rank.label}: its analysis has no {', '.join(missing)} table (made by an older "
+                "sftprof?); analyse its capture again"
+            )
     twice = sorted(r for r, count in seen.items() if count > 1)
     if twice:
         raise RanksError(f"rank(s) {twice} appear more than once; give each rank's capture once")
     per_rank = {rank.rank: set(_steps(rank).index) for rank in inputs}
     common = set.intersection(*per_rank.values())
     if not common:
+
         def span(steps):
             return f"steps {min(steps)}-{max(steps)}" if steps else "no step ranges"
+
         ranges = "; ".join(f"rank {r}: {span(s)}" for r, s in sorted(per_rank.items()))
-        raise RanksError(f"the ranks share no step number ({ranges}): were they captured in the same window "
-                         "of the same job?")
+        raise RanksError(
+            f"the ranks share no step number ({ranges}): were they captured in the same window of the same job?"
+        )
     return sorted(common)
 
 
@@ -205,15 +224,19 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
     # waiting for other ranks: OS waits beyond the least any rank waited (per step and phase) ...
     waits = {r: _waits(by_rank[r]).reindex(index=common, columns=list(OWN_PHASES), fill_value=0) for r in ids}
     wait_ns = {p: pd.DataFrame({r: waits[r][p] for r in ids}).astype(float) for p in OWN_PHASES}
-    waiting = {p: wait_ns[p].sub(wait_ns[p].min(axis=1), axis=0) if p in WAITING_PHASES else wait_ns[p] * 0
-               for p in OWN_PHASES}
+    waiting = {
+        p: wait_ns[p].sub(wait_ns[p].min(axis=1), axis=0) if p in WAITING_PHASES else wait_ns[p] * 0 for p in OWN_PHASES
+    }
     # ... and NCCL busy time beyond the least any rank spent (per step)
     comm = {r: _comm(by_rank[r]) for r in ids}
     has_nccl = any(not c.empty for c in comm.values())
 
     def comm_frame(kind: str, column: str) -> pd.DataFrame:
-        return pd.DataFrame({r: comm[r][comm[r]["kind"] == kind].set_index("step")[column].reindex(common)
-                             for r in ids}).fillna(0).astype(float)
+        return (
+            pd.DataFrame({r: comm[r][comm[r]["kind"] == kind].set_index("step")[column].reindex(common) for r in ids})
+            .fillna(0)
+            .astype(float)
+        )
 
     comm_busy = comm_frame(collectives.ALL, "busy_ns")
     comm_exposed = comm_frame(collectives.ALL, "exposed_ns")
@@ -227,11 +250,11 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
     kernel = pd.DataFrame({r: _kernel_ns(by_rank[r]).reindex(common) for r in ids})
 
     tables = {
-        "rank_steps": _rank_steps(inputs, common, duration, phase_ns, wait_ns, total_waiting, comm_busy,
-                                  comm_exposed, own, excess),
+        "rank_steps": _rank_steps(
+            inputs, common, duration, phase_ns, wait_ns, total_waiting, comm_busy, comm_exposed, own, excess
+        ),
         "step_skew": _step_skew(inputs, common, duration, own),
-        "rank_phases": _rank_phases(inputs, phase_ns, wait_ns, waiting, own_phase, comm_busy, comm_waiting,
-                                    has_nccl),
+        "rank_phases": _rank_phases(inputs, phase_ns, wait_ns, waiting, own_phase, comm_busy, comm_waiting, has_nccl),
         "rank_collectives": _rank_collectives(inputs, common, comm, has_nccl),
     }
     # per rank: the share of the steps where its own time exceeds the others' median by the threshold
@@ -244,8 +267,11 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
     gains = {f.title: f.gain_pct for f in findings if f.rule == "straggler"}
     top = max(slow, key=lambda r: float(excess[r].median()), default=None)
     headline = {
-        "ranks": len(inputs), "nodes": len({r.node for r in inputs}), "hosts": len({r.host for r in inputs}),
-        "common_steps": len(common), "median_step_ms": step_ns / 1e6,
+        "ranks": len(inputs),
+        "nodes": len({r.node for r in inputs}),
+        "hosts": len({r.host for r in inputs}),
+        "common_steps": len(common),
+        "median_step_ms": step_ns / 1e6,
         "median_skew_ms": float((duration.max(axis=1) - duration.median(axis=1)).median()) / 1e6,
         "median_own_skew_ms": float((own.max(axis=1) - own.median(axis=1)).median()) / 1e6,
         "straggler_rank": top,
@@ -260,14 +286,16 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
 
 # ---------------------------------------------------------------- tables
 
+
 def _rank_steps(inputs, common, duration, phase_ns, wait_ns, waiting, comm_busy, comm_exposed, own, excess):
     """One row per common step and rank: step time, phase times, waits, own time and excess."""
     origins = [r.origin_ns for r in inputs]
     aligned = len({r.host for r in inputs}) == 1 and all(o is not None for o in origins)
     rows = []
     for r in inputs:
-        frame = pd.DataFrame({"step": common, "rank": r.rank, "node": r.node, "host": r.host,
-                              "duration_ns": duration[r.rank].to_numpy()})
+        frame = pd.DataFrame(
+            {"step": common, "rank": r.rank, "node": r.node, "host": r.host, "duration_ns": duration[r.rank].to_numpy()}
+        )
         for p in OWN_PHASES:
             frame[f"{p}_ns"] = phase_ns[p][r.rank].to_numpy()
         frame["sync_wait_ns"] = sum(wait_ns[p][r.rank] for p in WAITING_PHASES).to_numpy()
@@ -322,18 +350,33 @@ def _rank_phases(inputs, phase_ns, wait_ns, waiting, own_phase, comm_busy, comm_
     comm_excess = comm_busy - _median_of_others(comm_busy)
     for r in inputs:
         for p in OWN_PHASES:
-            rows.append({"rank": r.rank, "node": r.node, "host": r.host, "phase": p,
-                         "time_ns": float(phase_ns[p][r.rank].median()),
-                         "sync_wait_ns": float(wait_ns[p][r.rank].median()),
-                         "waiting_ns": float(waiting[p][r.rank].median()),
-                         "own_ns": float(own_phase[p][r.rank].median()),
-                         "excess_ns": float(excess[p][r.rank].median())})
+            rows.append(
+                {
+                    "rank": r.rank,
+                    "node": r.node,
+                    "host": r.host,
+                    "phase": p,
+                    "time_ns": float(phase_ns[p][r.rank].median()),
+                    "sync_wait_ns": float(wait_ns[p][r.rank].median()),
+                    "waiting_ns": float(waiting[p][r.rank].median()),
+                    "own_ns": float(own_phase[p][r.rank].median()),
+                    "excess_ns": float(excess[p][r.rank].median()),
+                }
+            )
         if has_nccl:
-            rows.append({"rank": r.rank, "node": r.node, "host": r.host, "phase": "collectives (NCCL)",
-                         "time_ns": float(comm_busy[r.rank].median()), "sync_wait_ns": float("nan"),
-                         "waiting_ns": float(comm_waiting[r.rank].median()),
-                         "own_ns": float((comm_busy[r.rank] - comm_waiting[r.rank]).median()),
-                         "excess_ns": float(comm_excess[r.rank].median())})
+            rows.append(
+                {
+                    "rank": r.rank,
+                    "node": r.node,
+                    "host": r.host,
+                    "phase": "collectives (NCCL)",
+                    "time_ns": float(comm_busy[r.rank].median()),
+                    "sync_wait_ns": float("nan"),
+                    "waiting_ns": float(comm_waiting[r.rank].median()),
+                    "own_ns": float((comm_busy[r.rank] - comm_waiting[r.rank]).median()),
+                    "excess_ns": float(comm_excess[r.rank].median()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -357,8 +400,20 @@ def _rank_collectives(inputs, common, comm, has_nccl) -> pd.DataFrame:
     """Per common step and collective kind: busy time on the fastest, median and slowest rank, exposed
     time, and where the message size is known (all-reduce of a DDP run: its gradients) the bandwidth
     from the fastest rank's time (the rank that arrived last waited for the transfer only)."""
-    columns = ["step", "kind", "ranks", "busy_min_ns", "busy_median_ns", "busy_max_ns", "exposed_min_ns",
-               "exposed_max_ns", "bytes", "algbw_gbps", "busbw_gbps", "bytes_basis"]
+    columns = [
+        "step",
+        "kind",
+        "ranks",
+        "busy_min_ns",
+        "busy_median_ns",
+        "busy_max_ns",
+        "exposed_min_ns",
+        "exposed_max_ns",
+        "bytes",
+        "algbw_gbps",
+        "busbw_gbps",
+        "bytes_basis",
+    ]
     if not has_nccl:
         return pd.DataFrame(columns=columns)
     ids = [r.rank for r in inputs]
@@ -367,28 +422,44 @@ def _rank_collectives(inputs, common, comm, has_nccl) -> pd.DataFrame:
     message = sizes.pop() if len(sizes) == 1 else None
     rows = []
     for kind in (collectives.ALL, *collectives.KINDS):
-        busy = pd.DataFrame({r: comm[r][comm[r]["kind"] == kind].set_index("step")["busy_ns"].reindex(common)
-                             for r in ids})
-        exposed = pd.DataFrame({r: comm[r][comm[r]["kind"] == kind].set_index("step")["exposed_ns"].reindex(common)
-                                for r in ids})
+        busy = pd.DataFrame(
+            {r: comm[r][comm[r]["kind"] == kind].set_index("step")["busy_ns"].reindex(common) for r in ids}
+        )
+        exposed = pd.DataFrame(
+            {r: comm[r][comm[r]["kind"] == kind].set_index("step")["exposed_ns"].reindex(common) for r in ids}
+        )
         if busy.isna().all().all():
             continue
         busy, exposed = busy.fillna(0), exposed.fillna(0)
         for step in common:
-            row = {"step": step, "kind": kind, "ranks": int((busy.loc[step] > 0).sum()),
-                   "busy_min_ns": float(busy.loc[step].min()), "busy_median_ns": float(busy.loc[step].median()),
-                   "busy_max_ns": float(busy.loc[step].max()), "exposed_min_ns": float(exposed.loc[step].min()),
-                   "exposed_max_ns": float(exposed.loc[step].max()), "bytes": float("nan"),
-                   "algbw_gbps": float("nan"), "busbw_gbps": float("nan"), "bytes_basis": ""}
+            row = {
+                "step": step,
+                "kind": kind,
+                "ranks": int((busy.loc[step] > 0).sum()),
+                "busy_min_ns": float(busy.loc[step].min()),
+                "busy_median_ns": float(busy.loc[step].median()),
+                "busy_max_ns": float(busy.loc[step].max()),
+                "exposed_min_ns": float(exposed.loc[step].min()),
+                "exposed_max_ns": float(exposed.loc[step].max()),
+                "bytes": float("nan"),
+                "algbw_gbps": float("nan"),
+                "busbw_gbps": float("nan"),
+                "bytes_basis": "",
+            }
             if kind == "all_reduce" and message and row["busy_min_ns"] > 0 and world > 1:
                 algbw, busbw = bus_bandwidth_gbps(kind, message, row["busy_min_ns"] / 1e9, world)
-                row.update(bytes=float(message), algbw_gbps=algbw, busbw_gbps=busbw,
-                           bytes_basis="DDP gradients: run.parameters x bytes of run.weight_dtype")
+                row.update(
+                    bytes=float(message),
+                    algbw_gbps=algbw,
+                    busbw_gbps=busbw,
+                    bytes_basis="DDP gradients: run.parameters x bytes of run.weight_dtype",
+                )
             rows.append(row)
     return pd.DataFrame(rows, columns=columns)
 
 
 # ---------------------------------------------------------------- findings
+
 
 def _slowest_phase(rank: int, own_phase: dict) -> tuple[str, float]:
     """The phase where a rank's own time exceeds the median of the others' most, and by how much."""
@@ -419,34 +490,53 @@ def _stragglers(inputs, slow, own, own_phase, excess, kernel, step_ns) -> list[F
         cause, advice = CAUSES[_cause(r, phase, phase_excess, kernel)]
         waiters = [q for q in own.columns if q != r]
         waited = {q: float((own[r] - own[q]).clip(lower=0).median()) for q in waiters}
-        findings.append(Finding(
-            rule="straggler", severity=severity_of(gain),
-            title=(f"Rank {r} (node {rank.node}, host {rank.host}) holds the other ranks back: its {phase} phase "
-                   f"takes {ms(phase_excess, 1)} more per step than theirs ({cause})"),
-            evidence=(f"Over {len(own)} common steps, rank {r}'s own time (step time less waiting for other ranks) "
-                      f"is {ms(float(own[r].median()), 1)} per step against a median of "
-                      f"{ms(float(own.drop(columns=r).median(axis=1).median()), 1)} for the others; the extra "
-                      f"{ms(float(excess[r].median()), 1)} is mostly in its {phase} phase "
-                      f"(+{ms(phase_excess, 1)}). The other ranks wait for it in their collectives: "
-                      + ", ".join(f"rank {q} {ms(v, 1)}" for q, v in waited.items()) + " per step (median)."),
-            recommendation=f"Rank {r} on node {rank.node} ({rank.host}), cause {cause}: {advice}",
-            gain_pct=gain,
-            gain_basis=(f"median over {len(own)} steps of rank {r}'s own time beyond the next-slowest rank's "
-                        f"({ms(float(saving.median()))}) / {ms(step_ns)} median job step")))
+        findings.append(
+            Finding(
+                rule="straggler",
+                severity=severity_of(gain),
+                title=(
+                    f"Rank {r} (node {rank.node}, host {rank.host}) holds the other ranks back: its {phase} phase "
+                    f"takes {ms(phase_excess, 1)} more per step than theirs ({cause})"
+                ),
+                evidence=(
+                    f"Over {len(own)} common steps, rank {r}'s own time (step time less waiting for other ranks) "
+                    f"is {ms(float(own[r].median()), 1)} per step against a median of "
+                    f"{ms(float(own.drop(columns=r).median(axis=1).median()), 1)} for the others; the extra "
+                    f"{ms(float(excess[r].median()), 1)} is mostly in its {phase} phase "
+                    f"(+{ms(phase_excess, 1)}). The other ranks wait for it in their collectives: "
+                    + ", ".join(f"rank {q} {ms(v, 1)}" for q, v in waited.items())
+                    + " per step (median)."
+                ),
+                recommendation=f"Rank {r} on node {rank.node} ({rank.host}), cause {cause}: {advice}",
+                gain_pct=gain,
+                gain_basis=(
+                    f"median over {len(own)} steps of rank {r}'s own time beyond the next-slowest rank's "
+                    f"({ms(float(saving.median()))}) / {ms(step_ns)} median job step"
+                ),
+            )
+        )
     if len(slow) > 1:
         rest = [q for q in own.columns if q not in slow]
         saving = (own[slow].max(axis=1) - (own[rest].max(axis=1) if rest else own[slow].min(axis=1))).clip(lower=0)
         gain = _share(saving, step_ns)
-        findings.append(Finding(
-            rule="stragglers", severity=severity_of(gain),
-            title=f"Ranks {', '.join(map(str, slow))} are all slower than the rest of the job",
-            evidence=(f"Each has an own time at least {STRAGGLER_MIN_PCT:.0f}% of the median step above the median of "
-                      f"the other ranks in {100 * STRAGGLER_STEPS_SHARE:.0f}% of the steps or more; fixing one alone "
-                      "gains only down to the next slow one."),
-            recommendation="Look for what these ranks share (a node, a switch, a storage path) first.",
-            gain_pct=gain,
-            gain_basis=(f"median over {len(own)} steps of the slowest of them beyond the slowest other rank "
-                        f"({ms(float(saving.median()))}) / {ms(step_ns)} median job step")))
+        findings.append(
+            Finding(
+                rule="stragglers",
+                severity=severity_of(gain),
+                title=f"Ranks {', '.join(map(str, slow))} are all slower than the rest of the job",
+                evidence=(
+                    f"Each has an own time at least {STRAGGLER_MIN_PCT:.0f}% of the median step above the median of "
+                    f"the other ranks in {100 * STRAGGLER_STEPS_SHARE:.0f}% of the steps or more; fixing one alone "
+                    "gains only down to the next slow one."
+                ),
+                recommendation="Look for what these ranks share (a node, a switch, a storage path) first.",
+                gain_pct=gain,
+                gain_basis=(
+                    f"median over {len(own)} steps of the slowest of them beyond the slowest other rank "
+                    f"({ms(float(saving.median()))}) / {ms(step_ns)} median job step"
+                ),
+            )
+        )
     return findings
 
 
@@ -456,13 +546,19 @@ def _unmeasured(inputs, comm) -> list[Finding]:
     blind = [r.rank for r in inputs if r.sources is not None and "osrt" not in r.sources and comm[r.rank].empty]
     if not blind:
         return []
-    return [Finding(
-        rule="waiting_not_measured", severity="info",
-        title=f"Waiting for other ranks cannot be measured on rank(s) {', '.join(map(str, blind))}",
-        evidence=("Their captures traced no OS-runtime calls (osrt) and hold no NCCL kernels, so their waits in "
-                  "collectives count as their own time: a straggler among them cannot be told from the ranks "
-                  "that wait for it."),
-        recommendation="Capture with --trace including osrt (and cuda on GPUs): profile.trace in the config.")]
+    return [
+        Finding(
+            rule="waiting_not_measured",
+            severity="info",
+            title=f"Waiting for other ranks cannot be measured on rank(s) {', '.join(map(str, blind))}",
+            evidence=(
+                "Their captures traced no OS-runtime calls (osrt) and hold no NCCL kernels, so their waits in "
+                "collectives count as their own time: a straggler among them cannot be told from the ranks "
+                "that wait for it."
+            ),
+            recommendation="Capture with --trace including osrt (and cuda on GPUs): profile.trace in the config.",
+        )
+    ]
 
 
 def _exposed(inputs, comm_exposed, rank_collectives, step_ns, has_nccl) -> list[Finding]:
@@ -473,21 +569,34 @@ def _exposed(inputs, comm_exposed, rank_collectives, step_ns, has_nccl) -> list[
     shared = comm_exposed.min(axis=1)
     gain = _share(shared, step_ns)
     bandwidth = rank_collectives.dropna(subset=["busbw_gbps"])
-    bus = (f" All-reduce bus bandwidth {bandwidth['busbw_gbps'].median():.1f} GB/s (median over steps, from the "
-           "gradient size and the fastest rank's all-reduce time)." if len(bandwidth) else "")
+    bus = (
+        f" All-reduce bus bandwidth {bandwidth['busbw_gbps'].median():.1f} GB/s (median over steps, from the "
+        "gradient size and the fastest rank's all-reduce time)."
+        if len(bandwidth)
+        else ""
+    )
     per_kind = rank_collectives[rank_collectives["kind"] != collectives.ALL].groupby("kind")["busy_median_ns"].median()
     kinds = "; ".join(f"{kind} {ms(v, 2)}" for kind, v in per_kind.sort_values(ascending=False).items())
-    return [Finding(
-        rule="exposed_communication", severity=severity_of(gain),
-        title=f"Collectives run with no compute beside them for {gain:.1f}% of the median job step on every rank",
-        evidence=(f"Per step (median), NCCL kernels run {kinds or 'no time'} on the median rank; exposed with no "
-                  f"compute kernel beside them: {ms(float(shared.median()), 2)} on the least exposed rank, "
-                  f"{ms(float(comm_exposed.max(axis=1).median()), 2)} on the most (the difference is waiting "
-                  f"for a straggler).{bus}"),
-        recommendation=("Overlap communication with compute (DDP gradient bucketing, bucket_cap_mb; FSDP "
-                        "forward/backward prefetch); if the transfer itself is slow, measure the fabric with "
-                        "nccl-tests (bus bandwidth against the link's) and check NCCL_DEBUG=INFO for the transport "
-                        "and algorithm NCCL chose."),
-        gain_pct=gain,
-        gain_basis=(f"median over steps of the least exposed rank's exposed collective time / {ms(step_ns)} "
-                    "median job step"))]
+    return [
+        Finding(
+            rule="exposed_communication",
+            severity=severity_of(gain),
+            title=f"Collectives run with no compute beside them for {gain:.1f}% of the median job step on every rank",
+            evidence=(
+                f"Per step (median), NCCL kernels run {kinds or 'no time'} on the median rank; exposed with no "
+                f"compute kernel beside them: {ms(float(shared.median()), 2)} on the least exposed rank, "
+                f"{ms(float(comm_exposed.max(axis=1).median()), 2)} on the most (the difference is waiting "
+                f"for a straggler).{bus}"
+            ),
+            recommendation=(
+                "Overlap communication with compute (DDP gradient bucketing, bucket_cap_mb; FSDP "
+                "forward/backward prefetch); if the transfer itself is slow, measure the fabric with "
+                "nccl-tests (bus bandwidth against the link's) and check NCCL_DEBUG=INFO for the transport "
+                "and algorithm NCCL chose."
+            ),
+            gain_pct=gain,
+            gain_basis=(
+                f"median over steps of the least exposed rank's exposed collective time / {ms(step_ns)} median job step"
+            ),
+        )
+    ]

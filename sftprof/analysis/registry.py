@@ -18,8 +18,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from sftprof.analysis import (accounting, boundness, collectives, cpu, cuda, efficiency, gains, gpu, kernels, memory,
-                              nvtx, overview, rules, sched, utilisation)
+from sftprof.analysis import (
+    accounting,
+    boundness,
+    collectives,
+    cpu,
+    cuda,
+    efficiency,
+    gains,
+    gpu,
+    kernels,
+    memory,
+    nvtx,
+    overview,
+    rules,
+    sched,
+    utilisation,
+)
 
 BASE_VALUES = ("tables", "events", "metrics")
 # Traces from nsys (other formats, e.g. Kineto, cannot record CPU scheduling at all).
@@ -31,15 +46,15 @@ class Section:
     name: str
     compute: Callable
     inputs: tuple[str, ...]
-    stage: str              # the progress step it belongs to (STAGES)
-    title: str = ""         # for a saved table: what a row is, as the docs and report say it
+    stage: str  # the progress step it belongs to (STAGES)
+    title: str = ""  # for a saved table: what a row is, as the docs and report say it
     saved: bool = False
-    beside: bool = False    # heavy and needs little: computed on the second thread, in listed order
+    beside: bool = False  # heavy and needs little: computed on the second thread, in listed order
 
 
 @dataclass(frozen=True)
 class Rule:
-    name: str               # the rule ids of the findings it can return (Finding.rule)
+    name: str  # the rule ids of the findings it can return (Finding.rule)
     check: Callable
     inputs: tuple[str, ...]
 
@@ -75,8 +90,9 @@ def _device_name(tables) -> str | None:
 
 def _token_ns(step_costs: pd.DataFrame) -> float | None:
     """Work that grows with the tokens: every kernel of the step but the optimizer's (per parameter)."""
-    return (float((step_costs["kernel_ns"] - step_costs[f"{cpu.PHASES[-1]}_gpu_ns"]).median())
-            if len(step_costs) else None)
+    return (
+        float((step_costs["kernel_ns"] - step_costs[f"{cpu.PHASES[-1]}_gpu_ns"]).median()) if len(step_costs) else None
+    )
 
 
 K, B, T, N, F = "kernels", "GPU busy time", "CUDA API calls and threads", "NVTX ranges", "findings"
@@ -84,135 +100,298 @@ STAGES = (K, B, T, N, F)
 
 SECTIONS: tuple[Section, ...] = (
     # First beside the kernel summaries, not beside the busy-time union: both hold many rows.
-    _saved("cuda_api", gpu.cuda_api_summary, ("events",), K, "CUDA API time by call, as nsys stats cuda_api_sum",
-           beside=True),
+    _saved(
+        "cuda_api",
+        gpu.cuda_api_summary,
+        ("events",),
+        K,
+        "CUDA API time by call, as nsys stats cuda_api_sum",
+        beside=True,
+    ),
     Section("waits", cuda.host_wait_calls, ("events",), K),
     Section("api_threads", cuda.calls_by_thread, ("events",), K),
-    _saved("threads", cpu.thread_summary, ("tables", "waits", "api_threads"), K,
-           "each application thread: role, OS-runtime, CUDA API and NVTX time"),
+    _saved(
+        "threads",
+        cpu.thread_summary,
+        ("tables", "waits", "api_threads"),
+        K,
+        "each application thread: role, OS-runtime, CUDA API and NVTX time",
+    ),
     Section("labels", cpu.thread_labels, ("threads",), K),
-    _saved("nvtx_gpu", lambda t, events, labels: nvtx.gpu_time_by_range(t.nvtx, events, labels),
-           ("tables", "events", "labels"), K, "GPU time projected onto NVTX ranges, as nsys stats nvtx_gpu_proj_sum",
-           beside=True),
+    _saved(
+        "nvtx_gpu",
+        lambda t, events, labels: nvtx.gpu_time_by_range(t.nvtx, events, labels),
+        ("tables", "events", "labels"),
+        K,
+        "GPU time projected onto NVTX ranges, as nsys stats nvtx_gpu_proj_sum",
+        beside=True,
+    ),
     Section("memop_rows", lambda t: t.memops.assign(copy_kind=memory.copy_kinds(t.memops)), ("tables",), K),
     Section("copy_calls", cuda.with_api_calls, ("memop_rows", "events"), K, beside=True),
-    _saved("sync_calls", lambda events, t: cuda.sync_calls(events, t.span_ns), ("events", "tables"), K,
-           "synchronizing CUDA calls: count, time and where they were made", beside=True),
+    _saved(
+        "sync_calls",
+        lambda events, t: cuda.sync_calls(events, t.span_ns),
+        ("events", "tables"),
+        K,
+        "synchronizing CUDA calls: count, time and where they were made",
+        beside=True,
+    ),
     Section("chains", gains.elementwise_chains, ("events",), K, beside=True),
-    _saved("kernels", gpu.kernel_summary, ("events",), K,
-           "kernel time by kernel and launch shape, as nsys 2022.4 stats gpukernsum"),
-    _saved("kernels_by_name", kernels.name_summary, ("events",), K,
-           "kernel time by kernel, all launch shapes together, as nsys 2023+ stats cuda_gpu_kern_sum"),
+    _saved(
+        "kernels",
+        gpu.kernel_summary,
+        ("events",),
+        K,
+        "kernel time by kernel and launch shape, as nsys 2022.4 stats gpukernsum",
+    ),
+    _saved(
+        "kernels_by_name",
+        kernels.name_summary,
+        ("events",),
+        K,
+        "kernel time by kernel, all launch shapes together, as nsys 2023+ stats cuda_gpu_kern_sum",
+    ),
     Section("kernel_totals", gpu.kernel_totals, ("events",), K),
     Section("kernel_names", kernels.name_totals, ("events",), K),
     Section("top_kernel", overview.top_kernel_by_name, ("kernel_names",), K),
-    _saved("kernel_families", kernels.family_summary, ("kernel_names",), K, "kernel time by family (GEMM, attention, ...)"),
+    _saved(
+        "kernel_families", kernels.family_summary, ("kernel_names",), K, "kernel time by family (GEMM, attention, ...)"
+    ),
     _saved("gemm_precision", kernels.gemm_precision, ("kernel_names",), K, "GEMM time by the precision its name shows"),
     Section("kernel_mix", kernels.kernel_mix, ("kernel_names",), K),
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
-
     Section("busy_by_device", gpu.busy_by_device, ("events", "memop_rows"), B),
     _saved("gpu_busy", gpu.gpu_busy, ("busy_by_device",), B, "each GPU's busy time: union of kernels and copies"),
     Section("busy_pct", overview.gpu_busy_pct, ("gpu_busy",), B),
     _saved("gpu_gaps", utilisation.idle_gaps, ("busy_by_device",), B, "GPU idle gaps, longest first"),
-    _saved("gpu_timeline", utilisation.utilisation_timeline, ("events", "busy_by_device"), B,
-           "GPU utilisation over time, in bins"),
-    Section("metric_means", lambda t, busy: boundness.metric_means_while_busy(t.gpu_metrics, busy),
-            ("tables", "busy_by_device"), B),
-    Section("verdict", lambda mix, pct, means, totals: boundness.verdict(mix, pct, means) if totals["count"] else None,
-            ("kernel_mix", "busy_pct", "metric_means", "kernel_totals"), B),
-
+    _saved(
+        "gpu_timeline",
+        utilisation.utilisation_timeline,
+        ("events", "busy_by_device"),
+        B,
+        "GPU utilisation over time, in bins",
+    ),
+    Section(
+        "metric_means",
+        lambda t, busy: boundness.metric_means_while_busy(t.gpu_metrics, busy),
+        ("tables", "busy_by_device"),
+        B,
+    ),
+    Section(
+        "verdict",
+        lambda mix, pct, means, totals: boundness.verdict(mix, pct, means) if totals["count"] else None,
+        ("kernel_mix", "busy_pct", "metric_means", "kernel_totals"),
+        B,
+    ),
     _saved("steps", lambda t: cpu.step_table(t.nvtx), ("tables",), T, "each captured step and its phases' CPU time"),
-    Section("clock", lambda steps, t, busy, events, waits: gains.StepClock.of(
-        steps, t.span_ns, gpu.all_devices_busy(busy), gains.cpu_waits(events, waits)),
-        ("steps", "tables", "busy_by_device", "events", "waits"), T),
+    Section(
+        "clock",
+        lambda steps, t, busy, events, waits: gains.StepClock.of(
+            steps, t.span_ns, gpu.all_devices_busy(busy), gains.cpu_waits(events, waits)
+        ),
+        ("steps", "tables", "busy_by_device", "events", "waits"),
+        T,
+    ),
     Section("feeders", _feeders, ("labels", "api_threads"), T),
-    _saved("gap_causes", utilisation.gap_causes, ("gpu_gaps", "tables", "feeders"), T,
-           "what the threads that feed the GPU did during the longest idle gaps"),
-    _saved("memop_kinds", lambda totals, rows: memory.kind_share(totals["total_ns"], rows), ("kernel_totals", "memop_rows"),
-           T, "memory-operation time by direction and host memory kind, as a share of GPU time"),
+    _saved(
+        "gap_causes",
+        utilisation.gap_causes,
+        ("gpu_gaps", "tables", "feeders"),
+        T,
+        "what the threads that feed the GPU did during the longest idle gaps",
+    ),
+    _saved(
+        "memop_kinds",
+        lambda totals, rows: memory.kind_share(totals["total_ns"], rows),
+        ("kernel_totals", "memop_rows"),
+        T,
+        "memory-operation time by direction and host memory kind, as a share of GPU time",
+    ),
     _saved("host_memory", memory.host_memory, ("memop_rows",), T, "copies by host memory kind (pinned, pageable)"),
     Section("cpu_runs", lambda t: sched.on_cpu_intervals(t.sched, t.span_ns), ("tables",), T),
-    _saved("cpu_cores", lambda runs, t: sched.core_summary(runs, t.span_ns), ("cpu_runs", "tables"), T,
-           "each CPU core's busy share (needs CPU scheduling traced)"),
+    _saved(
+        "cpu_cores",
+        lambda runs, t: sched.core_summary(runs, t.span_ns),
+        ("cpu_runs", "tables"),
+        T,
+        "each CPU core's busy share (needs CPU scheduling traced)",
+    ),
     Section("sched_traced", lambda t: "cpuctxsw" in t.sources or not t.sched.empty, ("tables",), T),
     Section("copies", _exposed_copies, ("copy_calls", "events"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
-
-    _saved("step_accounting", accounting.step_accounting, ("tables", "waits"), N,
-           "per step: GPU time by phase, SM-busy apart from copy-busy, idle, and the step's class"),
-    _saved("collectives", collectives.collective_table, ("events", "steps"), N,
-           "NCCL collective kernels per step, device and kind (all-reduce, reduce-scatter, ...): time, and time "
-           "exposed with no compute kernel beside them (rows without a step: the whole capture)"),
-    _saved("step_waits", lambda t: collectives.step_waits(t.nvtx, t.osrt), ("tables",), N,
-           "per step and phase: the training thread's time blocked in synchronization calls (gloo, MPI, c10d waits)"),
-
+    _saved(
+        "step_accounting",
+        accounting.step_accounting,
+        ("tables", "waits"),
+        N,
+        "per step: GPU time by phase, SM-busy apart from copy-busy, idle, and the step's class",
+    ),
+    _saved(
+        "collectives",
+        collectives.collective_table,
+        ("events", "steps"),
+        N,
+        "NCCL collective kernels per step, device and kind (all-reduce, reduce-scatter, ...): time, and time "
+        "exposed with no compute kernel beside them (rows without a step: the whole capture)",
+    ),
+    _saved(
+        "step_waits",
+        lambda t: collectives.step_waits(t.nvtx, t.osrt),
+        ("tables",),
+        N,
+        "per step and phase: the training thread's time blocked in synchronization calls (gloo, MPI, c10d waits)",
+    ),
     Section("bound", accounting.run_bound, ("step_accounting",), F),
     Section("measured_steps", _measured_steps, ("metrics",), F),
     Section("padded", efficiency.padding, ("measured_steps",), F),
     Section("device_name", _device_name, ("tables",), F),
-    Section("utilization", lambda steps, m, device: efficiency.mfu(steps, m.run, device),
-            ("measured_steps", "metrics", "device_name"), F),
+    Section(
+        "utilization",
+        lambda steps, m, device: efficiency.mfu(steps, m.run, device),
+        ("measured_steps", "metrics", "device_name"),
+        F,
+    ),
     Section("token_ns", _token_ns, ("step_accounting",), F),
     Section("precision", lambda m: efficiency.run_precision(m.run), ("metrics",), F),
-    _saved("memops", gpu.memop_summary, ("memop_rows",), F, "memory-operation time by kind, as nsys stats cuda_gpu_mem_time_sum"),
+    _saved(
+        "memops",
+        gpu.memop_summary,
+        ("memop_rows",),
+        F,
+        "memory-operation time by kind, as nsys stats cuda_gpu_mem_time_sum",
+    ),
     _saved("memops_by_size", memory.size_summary, ("memop_rows",), F, "memory-operation bytes by kind"),
-    _saved("sync_activity", lambda t: cuda.sync_activity(t.sync), ("tables",), F, "CUDA synchronization events by kind"),
+    _saved(
+        "sync_activity", lambda t: cuda.sync_activity(t.sync), ("tables",), F, "CUDA synchronization events by kind"
+    ),
     _saved("step_gpu", utilisation.step_utilisation, ("steps", "busy_by_device"), F, "GPU busy share in each step"),
-    _saved("bound_evidence", lambda mix, pct, means, verdict:
-           boundness.evidence_table(mix, pct, means) if verdict else pd.DataFrame(),
-           ("kernel_mix", "busy_pct", "metric_means", "verdict"), F, "the evidence behind the compute/memory verdict"),
-    _saved("osrt", lambda t: cpu.osrt_summary(t.osrt), ("tables",), F, "OS-runtime calls by name, as nsys stats osrt_sum"),
+    _saved(
+        "bound_evidence",
+        lambda mix, pct, means, verdict: boundness.evidence_table(mix, pct, means) if verdict else pd.DataFrame(),
+        ("kernel_mix", "busy_pct", "metric_means", "verdict"),
+        F,
+        "the evidence behind the compute/memory verdict",
+    ),
+    _saved(
+        "osrt", lambda t: cpu.osrt_summary(t.osrt), ("tables",), F, "OS-runtime calls by name, as nsys stats osrt_sum"
+    ),
     _saved("nvtx", lambda t: cpu.nvtx_summary(t.nvtx), ("tables",), F, "NVTX ranges by name, as nsys stats nvtx_sum"),
     _saved("phases", lambda t: cpu.phase_ranges(t.nvtx), ("tables",), F, "every phase range (data, forward, ...)"),
     _saved("thread_osrt", cpu.thread_osrt, ("tables", "threads"), F, "OS-runtime time by thread and call"),
-    _saved("thread_states", lambda threads, runs, t, api: cpu.thread_states(
-        threads, runs, t.span_ns, "cpuctxsw" in t.sources or not t.sched.empty, "cuda" in t.sources or not api.empty),
-        ("threads", "cpu_runs", "tables", "cuda_api"), F, "what each training thread did: running, blocked, waiting"),
-    _saved("cpu_timeline", lambda runs, t: sched.core_timeline(runs, t.span_ns), ("cpu_runs", "tables"), F,
-           "each core's busy share over time, in bins"),
+    _saved(
+        "thread_states",
+        lambda threads, runs, t, api: cpu.thread_states(
+            threads, runs, t.span_ns, "cpuctxsw" in t.sources or not t.sched.empty, "cuda" in t.sources or not api.empty
+        ),
+        ("threads", "cpu_runs", "tables", "cuda_api"),
+        F,
+        "what each training thread did: running, blocked, waiting",
+    ),
+    _saved(
+        "cpu_timeline",
+        lambda runs, t: sched.core_timeline(runs, t.span_ns),
+        ("cpu_runs", "tables"),
+        F,
+        "each core's busy share over time, in bins",
+    ),
     _saved("padding", lambda padded: padded.steps, ("padded",), F, "per trainer step: token slots and real tokens"),
-    _saved("mfu", lambda u: u.steps if u else pd.DataFrame(), ("utilization",), F,
-           "per trainer step: model FLOPs and MFU against the GPU's peak"),
+    _saved(
+        "mfu",
+        lambda u: u.steps if u else pd.DataFrame(),
+        ("utilization",),
+        F,
+        "per trainer step: model FLOPs and MFU against the GPU's peak",
+    ),
 )
 
 RULES: tuple[Rule, ...] = (
     Rule("dropped_rows", lambda t: rules.dropped_rows(t.dropped_rows), ("tables",)),
     Rule("empty_trace_kind", lambda t: rules.empty_trace_kinds(t.empty_trace_kinds), ("tables",)),
-    Rule("sync_memcpy", lambda copies, clock, labels, t: rules.sync_memcpy(copies, clock, labels, t.nvtx),
-         ("copies", "clock", "labels", "tables")),
-    Rule("sync_memset", lambda copies, clock, labels: rules.sync_memset(
-        copies[copies["copy_kind"] == memory.MEMSET_KIND], clock, labels), ("copies", "clock", "labels")),
-    Rule("sync_in_steps", lambda waits, steps, labels, t, clock: rules.syncs_in_steps(
-        waits, steps, labels, t.nvtx, clock), ("waits", "steps", "labels", "tables", "clock")),
-    Rule("pageable_memcpy", lambda copies, clock, labels, t: rules.pageable_memcpy(copies, clock, labels, t.nvtx),
-         ("copies", "clock", "labels", "tables")),
-    Rule("data_stall", lambda steps, t, clock, labels: rules.data_stall(steps, t.nvtx, t.osrt, clock, labels),
-         ("steps", "tables", "clock", "labels")),
-    Rule("lock_wait", lambda steps, t, threads, labels, clock: rules.lock_waits(
-        steps, t.nvtx, t.osrt, threads, labels, clock), ("steps", "tables", "threads", "labels", "clock")),
+    Rule(
+        "sync_memcpy",
+        lambda copies, clock, labels, t: rules.sync_memcpy(copies, clock, labels, t.nvtx),
+        ("copies", "clock", "labels", "tables"),
+    ),
+    Rule(
+        "sync_memset",
+        lambda copies, clock, labels: rules.sync_memset(
+            copies[copies["copy_kind"] == memory.MEMSET_KIND], clock, labels
+        ),
+        ("copies", "clock", "labels"),
+    ),
+    Rule(
+        "sync_in_steps",
+        lambda waits, steps, labels, t, clock: rules.syncs_in_steps(waits, steps, labels, t.nvtx, clock),
+        ("waits", "steps", "labels", "tables", "clock"),
+    ),
+    Rule(
+        "pageable_memcpy",
+        lambda copies, clock, labels, t: rules.pageable_memcpy(copies, clock, labels, t.nvtx),
+        ("copies", "clock", "labels", "tables"),
+    ),
+    Rule(
+        "data_stall",
+        lambda steps, t, clock, labels: rules.data_stall(steps, t.nvtx, t.osrt, clock, labels),
+        ("steps", "tables", "clock", "labels"),
+    ),
+    Rule(
+        "lock_wait",
+        lambda steps, t, threads, labels, clock: rules.lock_waits(steps, t.nvtx, t.osrt, threads, labels, clock),
+        ("steps", "tables", "threads", "labels", "clock"),
+    ),
     Rule("gpu_idle_gaps", rules.idle_gaps, ("gpu_gaps", "gap_causes", "gpu_busy", "clock")),
-    Rule("launch_bound", rules.launch_bound,
-         ("kernel_totals", "launch_overhead", "gpu_busy", "gpu_timeline", "gpu_gaps", "steps", "clock")),
+    Rule(
+        "launch_bound",
+        rules.launch_bound,
+        ("kernel_totals", "launch_overhead", "gpu_busy", "gpu_timeline", "gpu_gaps", "steps", "clock"),
+    ),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),
     Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
-    Rule("padding", lambda padded, token_ns, clock: rules.padding(
-        padded.padding_pct / 100 if padded.padding_pct is not None else None, token_ns,
-        clock.step_ns if clock.has_steps else None), ("padded", "token_ns", "clock")),
+    Rule(
+        "padding",
+        lambda padded, token_ns, clock: rules.padding(
+            padded.padding_pct / 100 if padded.padding_pct is not None else None,
+            token_ns,
+            clock.step_ns if clock.has_steps else None,
+        ),
+        ("padded", "token_ns", "clock"),
+    ),
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision")),
-    Rule("interconnect", lambda kinds, host, totals, rows, copies, clock: rules.interconnect(
-        kinds, host, memory.interconnect_share(totals["total_ns"], rows),
-        int(totals["total_ns"] + rows["duration"].sum()), copies, clock),
-        ("memop_kinds", "host_memory", "kernel_totals", "memop_rows", "copies", "clock")),
-    Rule("top_kernel, memory_transfer_share, gpu_busy, no_gpu_activity", lambda t, k, top, totals, busy: overview.gpu_findings(t, k, top, totals["total_ns"], busy),
-         ("tables", "kernels", "top_kernel", "kernel_totals", "gpu_busy")),
-    Rule("bound_verdict", lambda verdict, precision_table, precision: (
-        [boundness.verdict_finding(verdict, precision_table, precision)] if verdict else []),
-        ("verdict", "gemm_precision", "precision")),
+    Rule(
+        "interconnect",
+        lambda kinds, host, totals, rows, copies, clock: rules.interconnect(
+            kinds,
+            host,
+            memory.interconnect_share(totals["total_ns"], rows),
+            int(totals["total_ns"] + rows["duration"].sum()),
+            copies,
+            clock,
+        ),
+        ("memop_kinds", "host_memory", "kernel_totals", "memop_rows", "copies", "clock"),
+    ),
+    Rule(
+        "top_kernel, memory_transfer_share, gpu_busy, no_gpu_activity",
+        lambda t, k, top, totals, busy: overview.gpu_findings(t, k, top, totals["total_ns"], busy),
+        ("tables", "kernels", "top_kernel", "kernel_totals", "gpu_busy"),
+    ),
+    Rule(
+        "bound_verdict",
+        lambda verdict, precision_table, precision: (
+            [boundness.verdict_finding(verdict, precision_table, precision)] if verdict else []
+        ),
+        ("verdict", "gemm_precision", "precision"),
+    ),
     Rule("dominant_phase, slow_steps, no_steps", overview.step_findings, ("steps",)),
-    Rule("training_thread_blocking", lambda threads, t: overview.thread_findings(threads, t.span_ns), ("threads", "tables")),
-    Rule("cpu_cores, no_cpu_scheduling", lambda cores, traced, t: rules.cpu_scheduling(
-        cores, traced, Path(t.source_path).suffix in NSYS_SUFFIXES), ("cpu_cores", "sched_traced", "tables")),
+    Rule(
+        "training_thread_blocking",
+        lambda threads, t: overview.thread_findings(threads, t.span_ns),
+        ("threads", "tables"),
+    ),
+    Rule(
+        "cpu_cores, no_cpu_scheduling",
+        lambda cores, traced, t: rules.cpu_scheduling(cores, traced, Path(t.source_path).suffix in NSYS_SUFFIXES),
+        ("cpu_cores", "sched_traced", "tables"),
+    ),
     Rule("nvtx_gpu_time", rules.nvtx_projection, ("nvtx_gpu",)),
     Rule("exposed_communication", collectives.exposed_communication, ("collectives", "steps", "clock")),
 )
@@ -241,8 +420,22 @@ def _doc(function: Callable) -> str:
     target = function
     if function.__name__ == "<lambda>":
         called = [name for name in function.__code__.co_names if not name.startswith("_")]
-        for module in (rules, overview, boundness, cpu, cuda, efficiency, gains, gpu, kernels, memory, nvtx, sched,
-                       utilisation, accounting):
+        for module in (
+            rules,
+            overview,
+            boundness,
+            cpu,
+            cuda,
+            efficiency,
+            gains,
+            gpu,
+            kernels,
+            memory,
+            nvtx,
+            sched,
+            utilisation,
+            accounting,
+        ):
             for name in reversed(called):
                 if callable(getattr(module, name, None)) and getattr(module, name).__module__ == module.__name__:
                     target = getattr(module, name)
@@ -255,18 +448,31 @@ def _doc(function: Callable) -> str:
 
 def docs_page() -> str:
     """docs/ANALYSES.md: every saved table and every rule, in the order analyze() runs them."""
-    lines = ["# Analyses and rules", "",
-             "What you can do with this page: find which table in `analysis/` answers a question, which rule raised a",
-             "finding, and what each is computed from. It is generated from `sftprof/analysis/registry.py`",
-             "(`python -m sftprof.analysis > docs/ANALYSES.md`); a test keeps it in sync.", "",
-             "Every value is a pure function of the values named in *from*: the loader's `tables` and `events`, the",
-             "trainer's `metrics`, or earlier values. Intermediate values are listed in `registry.py`.", "",
-             "## Tables (analysis/NAME.csv)", "", "| table | what it holds | from |", "|---|---|---|"]
+    lines = [
+        "# Analyses and rules",
+        "",
+        "What you can do with this page: find which table in `analysis/` answers a question, which rule raised a",
+        "finding, and what each is computed from. It is generated from `sftprof/analysis/registry.py`",
+        "(`python -m sftprof.analysis > docs/ANALYSES.md`); a test keeps it in sync.",
+        "",
+        "Every value is a pure function of the values named in *from*: the loader's `tables` and `events`, the",
+        "trainer's `metrics`, or earlier values. Intermediate values are listed in `registry.py`.",
+        "",
+        "## Tables (analysis/NAME.csv)",
+        "",
+        "| table | what it holds | from |",
+        "|---|---|---|",
+    ]
     lines += [f"| `{s.name}` | {s.title} | {', '.join(s.inputs)} |" for s in SECTIONS if s.saved]
-    lines += ["", "## Rules", "",
-              "Findings are ranked by `gain_pct`, the share of the median step that fixing them could save at most",
-              "(docs/DIAGNOSIS.md says how each gain is computed).", "", "| rule | what it looks for | from |",
-              "|---|---|---|"]
+    lines += [
+        "",
+        "## Rules",
+        "",
+        "Findings are ranked by `gain_pct`, the share of the median step that fixing them could save at most",
+        "(docs/DIAGNOSIS.md says how each gain is computed).",
+        "",
+        "| rule | what it looks for | from |",
+        "|---|---|---|",
+    ]
     lines += [f"| `{r.name}` | {_doc(r.check)} | {', '.join(r.inputs)} |" for r in RULES]
     return "\n".join(lines) + "\n"
-

@@ -39,9 +39,18 @@ HOST_BLOCKING_MEMSET_KINDS = ("Pinned", "Managed")
 DATA_STALL_PCT = 10.0
 # OS calls in which a thread waits for a lock held by another thread. CPython's threading.Lock
 # and queue.Queue block in sem_wait/sem_clockwait/sem_timedwait; C++ code in pthread_mutex_lock.
-LOCK_WAIT_CALLS = {"pthread_mutex_lock", "pthread_mutex_timedlock", "pthread_rwlock_rdlock", "pthread_rwlock_wrlock",
-                   "pthread_rwlock_timedrdlock", "pthread_rwlock_timedwrlock", "pthread_spin_lock", "sem_wait",
-                   "sem_timedwait", "sem_clockwait"}
+LOCK_WAIT_CALLS = {
+    "pthread_mutex_lock",
+    "pthread_mutex_timedlock",
+    "pthread_rwlock_rdlock",
+    "pthread_rwlock_wrlock",
+    "pthread_rwlock_timedrdlock",
+    "pthread_rwlock_timedwrlock",
+    "pthread_spin_lock",
+    "sem_wait",
+    "sem_timedwait",
+    "sem_clockwait",
+}
 # Lock waits of the most blocked training thread below this share of step time are not worth a finding.
 LOCK_WAIT_MIN_PCT = 5.0
 DATA_PHASE = PHASES[0]
@@ -56,8 +65,16 @@ def _median_ms(per_step) -> str:
     return _ms(float(np.median(per_step)))
 
 
-def _gained(rule: str, title: str, evidence: str, recommendation: str, clock: StepClock, per_step,
-            model: str, info_reason: str = "") -> Finding:
+def _gained(
+    rule: str,
+    title: str,
+    evidence: str,
+    recommendation: str,
+    clock: StepClock,
+    per_step,
+    model: str,
+    info_reason: str = "",
+) -> Finding:
     """A finding whose severity and gain come from `per_step` (ns per step that fixing it saves at
     most); `info_reason` says, in the evidence, why a small gain is small."""
     gain = clock.share(per_step)
@@ -71,8 +88,10 @@ def _gpu_side_reason(clock: StepClock, saved_per_step) -> str:
     """Why a GPU-side saving is small: little GPU time to save, or a CPU that hardly waits for the GPU."""
     waited = clock.waited()
     if np.median(waited) < np.median(saved_per_step):
-        return (f"the CPU waited for the GPU only {_median_ms(waited)} per step, so kernels that finish sooner leave "
-                "the GPU idle longer rather than the step shorter")
+        return (
+            f"the CPU waited for the GPU only {_median_ms(waited)} per step, so kernels that finish sooner leave "
+            "the GPU idle longer rather than the step shorter"
+        )
     return f"it saves {_median_ms(saved_per_step)} of GPU time per step"
 
 
@@ -102,20 +121,27 @@ def _threads(calls: pd.DataFrame, labels: dict) -> str:
 
 # ---------------------------------------------------------------- the trace itself
 
+
 def dropped_rows(dropped: dict[str, int]) -> list[Finding]:
     """Rows the loader left out (TraceTables.dropped_rows), named once: every number computed without them."""
     if not dropped:
         return []
     parts = ", ".join(f"{table} {rows:,}" for table, rows in sorted(dropped.items()))
-    return [Finding(
-        "dropped_rows", "warning", f"{sum(dropped.values()):,} trace rows left out as damaged",
-        f"Left out, by table: {parts}. A start or end time is missing, the end comes before the start, a time "
-        f"lies beyond ±{MAX_TIME_NS / 86_400e9:.0f} days, or a field has the wrong type. Every number in this "
-        "report is computed without them.",
-        "The trace file was damaged or edited: export or record it again.")]
+    return [
+        Finding(
+            "dropped_rows",
+            "warning",
+            f"{sum(dropped.values()):,} trace rows left out as damaged",
+            f"Left out, by table: {parts}. A start or end time is missing, the end comes before the start, a time "
+            f"lies beyond ±{MAX_TIME_NS / 86_400e9:.0f} days, or a field has the wrong type. Every number in this "
+            "report is computed without them.",
+            "The trace file was damaged or edited: export or record it again.",
+        )
+    ]
 
 
 # ---------------------------------------------------------------- synchronization: what a wait costs the GPU
+
 
 def _sync_costs(calls: pd.DataFrame, clock: StepClock, own_gpu_ns=0) -> tuple[np.ndarray, ...]:
     """Per step: what the CPU waited in these calls (start, end), the GPU idle that follows them until
@@ -124,26 +150,36 @@ def _sync_costs(calls: pd.DataFrame, clock: StepClock, own_gpu_ns=0) -> tuple[np
     latter, at most the CPU's wait in it (the CPU gets back no more than it waited)."""
     waited = (calls["end"] - calls["start"]).to_numpy(dtype=float)
     idle = clock.idle_after(calls["start"], calls["end"]) + np.asarray(own_gpu_ns, dtype=float)
-    return (clock.by_step(calls["start"], waited), clock.by_step(calls["start"], idle),
-            clock.by_step(calls["start"], np.minimum(waited, idle)))
+    return (
+        clock.by_step(calls["start"], waited),
+        clock.by_step(calls["start"], idle),
+        clock.by_step(calls["start"], np.minimum(waited, idle)),
+    )
 
 
 SYNC_MODEL = "GPU idle that follows each call until new work arrives, at most the CPU's wait in it"
-COPY_SYNC_MODEL = ("each operation's time not overlapped by kernels plus the GPU idle that follows its call, at most "
-                   "the CPU's wait in the call")
+COPY_SYNC_MODEL = (
+    "each operation's time not overlapped by kernels plus the GPU idle that follows its call, at most "
+    "the CPU's wait in the call"
+)
 
 
 def _sync_reason(waited, lost) -> str:
     """Why waits cost the GPU little: it got new work soon after them (less lost than waited), or they
     were short (the wait is what bounds the loss)."""
     if np.median(lost) < np.median(waited):
-        return (f"the CPU waits for a busy GPU: new work reaches the GPU soon after each call returns, so removing "
-                f"them saves at most {_median_ms(lost)} per step")
-    return (f"the calls wait only {_median_ms(waited)} per step: the GPU had run out of work when they began, so it "
-            "is the CPU, not these calls, that keeps it idle")
+        return (
+            f"the CPU waits for a busy GPU: new work reaches the GPU soon after each call returns, so removing "
+            f"them saves at most {_median_ms(lost)} per step"
+        )
+    return (
+        f"the calls wait only {_median_ms(waited)} per step: the GPU had run out of work when they began, so it "
+        "is the CPU, not these calls, that keeps it idle"
+    )
 
 
 # ---------------------------------------------------------------- memory copies and sets
+
 
 def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
     """Host<->device copies through the synchronous cudaMemcpy API (copies joined to their API call,
@@ -155,23 +191,31 @@ def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.D
     blocked = int(sync["api_duration"].sum())
     waited, _, lost = _sync_costs(_api_spans(sync), clock, sync["exposed_ns"])
     kinds = ", ".join(f"{n} {kind}" for kind, n in sync["copy_kind"].value_counts().items())
-    return [_gained(
-        "sync_memcpy", f"{len(sync)} synchronous cudaMemcpy calls block the CPU for {_ms(blocked)}",
-        f"{kinds} copies ({sync['bytes'].sum() / MEGABYTE:,.3f} MB, {_ms(sync['duration'].sum())} on the GPU, "
-        f"{_ms(sync['exposed_ns'].sum())} of it with no kernel running) were issued with "
-        f"{', '.join(sorted(set(sync['api'])))}, not an Async call: {_threads(sync, labels)} waited {_ms(blocked)} "
-        f"in them, {_where(nvtx, _api_spans(sync))}. HtoD copies of at most {SMALL_SYNC_HTOD_BYTES:,} bytes are left "
-        "out, as in nsys's cuda_memcpy_sync rule: they return early.",
-        "Copy with cudaMemcpyAsync from pinned memory and synchronize only where the data is needed (PyTorch: "
-        "DataLoader(pin_memory=True), tensor.to('cuda', non_blocking=True); read results with one .item() or "
-        ".cpu() per logging interval, not per step).",
-        clock, lost, COPY_SYNC_MODEL, _sync_reason(waited, lost))]
+    return [
+        _gained(
+            "sync_memcpy",
+            f"{len(sync)} synchronous cudaMemcpy calls block the CPU for {_ms(blocked)}",
+            f"{kinds} copies ({sync['bytes'].sum() / MEGABYTE:,.3f} MB, {_ms(sync['duration'].sum())} on the GPU, "
+            f"{_ms(sync['exposed_ns'].sum())} of it with no kernel running) were issued with "
+            f"{', '.join(sorted(set(sync['api'])))}, not an Async call: {_threads(sync, labels)} waited {_ms(blocked)} "
+            f"in them, {_where(nvtx, _api_spans(sync))}. HtoD copies of at most {SMALL_SYNC_HTOD_BYTES:,} bytes are left "
+            "out, as in nsys's cuda_memcpy_sync rule: they return early.",
+            "Copy with cudaMemcpyAsync from pinned memory and synchronize only where the data is needed (PyTorch: "
+            "DataLoader(pin_memory=True), tensor.to('cuda', non_blocking=True); read results with one .item() or "
+            ".cpu() per logging interval, not per step).",
+            clock,
+            lost,
+            COPY_SYNC_MODEL,
+            _sync_reason(waited, lost),
+        )
+    ]
 
 
 def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
     """cudaMemcpyAsync from or to pageable host memory: staged through a pinned buffer, so not asynchronous."""
-    pageable = copies[_api_named(copies, ASYNC_MEMCPY_CALL)
-                      & ((copies["src_kind"] == PAGEABLE) | (copies["dst_kind"] == PAGEABLE))]
+    pageable = copies[
+        _api_named(copies, ASYNC_MEMCPY_CALL) & ((copies["src_kind"] == PAGEABLE) | (copies["dst_kind"] == PAGEABLE))
+    ]
     if pageable.empty:
         return []
     api_ns = int(pageable["api_duration"].sum())
@@ -179,19 +223,23 @@ def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: 
     staging = clock.idle_in(calls["start"], calls["end"])
     lost = clock.by_step(calls["start"], pageable["exposed_ns"].to_numpy(dtype=float) + staging)
     sizes = ", ".join(f"{n} {kind}" for kind, n in pageable["copy_kind"].value_counts().items())
-    return [_gained(
-        "pageable_memcpy",
-        f"{len(pageable)} asynchronous copies use pageable host memory, so they are not asynchronous",
-        f"{sizes} copies ({pageable['bytes'].sum() / MEGABYTE:,.3f} MB, median {pageable['bytes'].median():,.0f} B) "
-        f"read or write pageable memory: the driver stages them through a pinned buffer while the CPU waits. "
-        f"Their API calls took {_ms(api_ns)} on {_threads(pageable, labels)}, {_where(nvtx, calls)}; the copies ran "
-        f"{_ms(pageable['exposed_ns'].sum())} with no kernel beside them, and the GPU idled {_ms(staging.sum())} "
-        "while the CPU staged them.",
-        "Pin the host buffers: DataLoader(pin_memory=True) or tensor.pin_memory(), then .to('cuda', "
-        "non_blocking=True), so the copy overlaps GPU work instead of holding the CPU.",
-        clock, lost,
-        "copy time not overlapped by kernels plus the GPU idle while the CPU staged each copy (its API call)",
-        f"the copies and the idle while staging them come to {_median_ms(lost)} per step")]
+    return [
+        _gained(
+            "pageable_memcpy",
+            f"{len(pageable)} asynchronous copies use pageable host memory, so they are not asynchronous",
+            f"{sizes} copies ({pageable['bytes'].sum() / MEGABYTE:,.3f} MB, median {pageable['bytes'].median():,.0f} B) "
+            f"read or write pageable memory: the driver stages them through a pinned buffer while the CPU waits. "
+            f"Their API calls took {_ms(api_ns)} on {_threads(pageable, labels)}, {_where(nvtx, calls)}; the copies ran "
+            f"{_ms(pageable['exposed_ns'].sum())} with no kernel beside them, and the GPU idled {_ms(staging.sum())} "
+            "while the CPU staged them.",
+            "Pin the host buffers: DataLoader(pin_memory=True) or tensor.pin_memory(), then .to('cuda', "
+            "non_blocking=True), so the copy overlaps GPU work instead of holding the CPU.",
+            clock,
+            lost,
+            "copy time not overlapped by kernels plus the GPU idle while the CPU staged each copy (its API call)",
+            f"the copies and the idle while staging them come to {_median_ms(lost)} per step",
+        )
+    ]
 
 
 def sync_memset(sets: pd.DataFrame, clock: StepClock, labels: dict) -> list[Finding]:
@@ -201,17 +249,29 @@ def sync_memset(sets: pd.DataFrame, clock: StepClock, labels: dict) -> list[Find
         return []
     blocked = int(blocking["api_duration"].sum())
     waited, _, lost = _sync_costs(_api_spans(blocking), clock, blocking["exposed_ns"])
-    return [_gained(
-        "sync_memset",
-        f"{len(blocking)} synchronous cudaMemset calls on host-visible memory block the CPU for {_ms(blocked)}",
-        f"{', '.join(sorted(set(blocking['api'])))} on {', '.join(sorted(set(blocking['dst_kind'])))} memory "
-        f"({blocking['bytes'].sum() / MEGABYTE:,.3f} MB) by {_threads(blocking, labels)}.",
-        "Use cudaMemsetAsync on a stream, or clear device memory instead of pinned/managed memory.",
-        clock, lost, COPY_SYNC_MODEL, _sync_reason(waited, lost))]
+    return [
+        _gained(
+            "sync_memset",
+            f"{len(blocking)} synchronous cudaMemset calls on host-visible memory block the CPU for {_ms(blocked)}",
+            f"{', '.join(sorted(set(blocking['api'])))} on {', '.join(sorted(set(blocking['dst_kind'])))} memory "
+            f"({blocking['bytes'].sum() / MEGABYTE:,.3f} MB) by {_threads(blocking, labels)}.",
+            "Use cudaMemsetAsync on a stream, or clear device memory instead of pinned/managed memory.",
+            clock,
+            lost,
+            COPY_SYNC_MODEL,
+            _sync_reason(waited, lost),
+        )
+    ]
 
 
-def interconnect(kind_share: pd.DataFrame, host_memory: pd.DataFrame, crossing: dict, gpu_ns: int,
-                 copies: pd.DataFrame, clock: StepClock) -> list[Finding]:
+def interconnect(
+    kind_share: pd.DataFrame,
+    host_memory: pd.DataFrame,
+    crossing: dict,
+    gpu_ns: int,
+    copies: pd.DataFrame,
+    clock: StepClock,
+) -> list[Finding]:
     """The interconnect verdict: what would hiding host<->device and peer copies under kernels save
     (`copies` with `exposed_ns`), and so do they limit the step?"""
     if kind_share.empty:
@@ -220,26 +280,37 @@ def interconnect(kind_share: pd.DataFrame, host_memory: pd.DataFrame, crossing: 
     exposed = clock.by_step(crossing_copies["start"], crossing_copies["exposed_ns"])
     lost = clock.gpu_side(exposed)
     limits = severity_of(clock.share(lost)) == "warning"
-    parts = "; ".join(f"{r.copy_kind} {r.gpu_time_pct:.2f}% ({r.instances} ops, {r.bytes / MEGABYTE:,.3f} MB"
-                      + (f", {r.gb_per_s:,.1f} GB/s" if r.bytes >= MEGABYTE else "") + ")"
-                      for r in kind_share.itertuples())
+    parts = "; ".join(
+        f"{r.copy_kind} {r.gpu_time_pct:.2f}% ({r.instances} ops, {r.bytes / MEGABYTE:,.3f} MB"
+        + (f", {r.gb_per_s:,.1f} GB/s" if r.bytes >= MEGABYTE else "")
+        + ")"
+        for r in kind_share.itertuples()
+    )
     host_copies = host_memory["instances"].sum()
     pageable = host_memory.loc[host_memory["host_memory"] == PAGEABLE, "instances"].sum()
-    return [_gained(
-        "interconnect",
-        f"Host-device and peer copies are {crossing['gpu_time_pct']:.2f}% of GPU time: the interconnect "
-        + ("can limit the step" if limits else "is not the limit"),
-        f"Shares of the {_ms(gpu_ns)} of GPU time (kernels + memory operations): {parts}. Crossing PCIe/NVLink: "
-        f"{crossing['count']} copies, {crossing['bytes'] / MEGABYTE:,.3f} MB, {_ms(crossing['ns'])}, "
-        f"{_ms(crossing_copies['exposed_ns'].sum())} of it with no kernel running; {pageable} of {host_copies} host "
-        "copies use pageable memory.",
-        "Overlap transfers with compute (pinned memory, non_blocking copies on a side stream, prefetch the next "
-        "batch) or move less (keep tensors on the GPU, offload less)." if limits else "",
-        clock, lost, "host-device and peer copies' time not overlapped by kernels, at most the CPU's wait for the GPU",
-        _gpu_side_reason(clock, exposed))]
+    return [
+        _gained(
+            "interconnect",
+            f"Host-device and peer copies are {crossing['gpu_time_pct']:.2f}% of GPU time: the interconnect "
+            + ("can limit the step" if limits else "is not the limit"),
+            f"Shares of the {_ms(gpu_ns)} of GPU time (kernels + memory operations): {parts}. Crossing PCIe/NVLink: "
+            f"{crossing['count']} copies, {crossing['bytes'] / MEGABYTE:,.3f} MB, {_ms(crossing['ns'])}, "
+            f"{_ms(crossing_copies['exposed_ns'].sum())} of it with no kernel running; {pageable} of {host_copies} host "
+            "copies use pageable memory.",
+            "Overlap transfers with compute (pinned memory, non_blocking copies on a side stream, prefetch the next "
+            "batch) or move less (keep tensors on the GPU, offload less)."
+            if limits
+            else "",
+            clock,
+            lost,
+            "host-device and peer copies' time not overlapped by kernels, at most the CPU's wait for the GPU",
+            _gpu_side_reason(clock, exposed),
+        )
+    ]
 
 
 # ---------------------------------------------------------------- synchronization in the loop
+
 
 def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     """The step number each time falls in, or -1 outside every step (steps are disjoint)."""
@@ -249,8 +320,9 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return np.where(inside, steps["step"].to_numpy()[np.maximum(index, 0)], -1)
 
 
-def syncs_in_steps(waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx: pd.DataFrame,
-                   clock: StepClock) -> list[Finding]:
+def syncs_in_steps(
+    waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx: pd.DataFrame, clock: StepClock
+) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step. Synchronous copies and sets have
     their own rules."""
@@ -265,58 +337,88 @@ def syncs_in_steps(waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx:
     per_step = waits.groupby("step")["duration"].agg(["count", "sum"])
     waited, idle, lost = _sync_costs(waits, clock)
     calls = ", ".join(f"{name} x{n}" for name, n in waits["name"].value_counts().items())
-    listed = "; ".join(f"step {step}: {int(r['count'])} calls, {_ms(r['sum'])}"
-                       for step, r in per_step.head(STEPS_LISTED).iterrows())
+    listed = "; ".join(
+        f"step {step}: {int(r['count'])} calls, {_ms(r['sum'])}" for step, r in per_step.head(STEPS_LISTED).iterrows()
+    )
     if len(per_step) > STEPS_LISTED:
         listed += f"; and {len(per_step) - STEPS_LISTED:,} more steps"
-    return [_gained(
-        "sync_in_steps",
-        f"{len(waits) / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
-        "step in them",
-        f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(waits, labels)}, {_where(nvtx, waits)}. "
-        f"After them the GPU idles {_median_ms(idle)} per step until new work arrives.",
-        "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
-        ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
-        "torch.cuda.synchronize() in the loop, and use non_blocking copies.",
-        clock, lost, SYNC_MODEL, _sync_reason(waited, lost))]
+    return [
+        _gained(
+            "sync_in_steps",
+            f"{len(waits) / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
+            "step in them",
+            f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(waits, labels)}, {_where(nvtx, waits)}. "
+            f"After them the GPU idles {_median_ms(idle)} per step until new work arrives.",
+            "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
+            ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
+            "torch.cuda.synchronize() in the loop, and use non_blocking copies.",
+            clock,
+            lost,
+            SYNC_MODEL,
+            _sync_reason(waited, lost),
+        )
+    ]
 
 
 # ---------------------------------------------------------------- GPU utilisation
+
 
 def idle_gaps(gaps: pd.DataFrame, causes: pd.DataFrame, busy: pd.DataFrame, clock: StepClock) -> list[Finding]:
     """GPU gaps longer than IDLE_GAP_NS, with what the CPU threads did during the longest."""
     if gaps.empty:
         return []
     spans = busy.set_index("device_id")["span_ns"]
-    devices = [f"GPU {device}: {len(device_gaps)} gaps, {_ms(device_gaps['duration'].sum())} "
-               f"({_pct(device_gaps['duration'].sum(), spans.get(device, 0)):.1f}% of its active span)"
-               for device, device_gaps in gaps.groupby("device_id")]
+    devices = [
+        f"GPU {device}: {len(device_gaps)} gaps, {_ms(device_gaps['duration'].sum())} "
+        f"({_pct(device_gaps['duration'].sum(), spans.get(device, 0)):.1f}% of its active span)"
+        for device, device_gaps in gaps.groupby("device_id")
+    ]
     longest = gaps.iloc[0]
     first = causes[causes["gap"] == 1]
     explained = []
     for row in first.head(6).itertuples():
-        what = (f"in its own code in NVTX `{row.name}`" if row.source == OWN_CODE else
-                f"in NVTX `{row.name}`" if row.source == "NVTX range" else f"in {row.name} ({row.source})")
+        what = (
+            f"in its own code in NVTX `{row.name}`"
+            if row.source == OWN_CODE
+            else f"in NVTX `{row.name}`"
+            if row.source == "NVTX range"
+            else f"in {row.name} ({row.source})"
+        )
         explained.append(f"{row.thread} {what} for {_ms(row.overlap_ns)}")
     own_code = first[first["source"] == OWN_CODE]
     # Own code for at least half the longest gap: the CPU was busy, not blocked.
-    advice = ("The threads that feed the GPU were running their own code (Python) rather than waiting in a call: "
-              "move that work off the critical path (prefetch the next batch during the step, a fused optimizer, "
-              "fewer Python-side ops between launches) or capture the step in a CUDA graph."
-              if not own_code.empty and own_code["overlap_ns"].max() >= 0.5 * longest["duration"] else
-              "Remove the blocking calls listed from the training loop, or overlap them with GPU work.")
+    advice = (
+        "The threads that feed the GPU were running their own code (Python) rather than waiting in a call: "
+        "move that work off the critical path (prefetch the next batch during the step, a fused optimizer, "
+        "fewer Python-side ops between launches) or capture the step in a CUDA graph."
+        if not own_code.empty and own_code["overlap_ns"].max() >= 0.5 * longest["duration"]
+        else "Remove the blocking calls listed from the training loop, or overlap them with GPU work."
+    )
     lost = clock.idle_in_steps(IDLE_GAP_NS)
-    return [_gained(
-        "gpu_idle_gaps",
-        f"{len(gaps)} GPU idle gaps over {IDLE_GAP_NS / 1e6:g} ms, {_ms(gaps['duration'].sum())} in all",
-        "; ".join(devices) + f". Longest {_ms(longest['duration'])} at "
-        f"{longest['start'] / 1e6:,.3f} ms: " + ("; ".join(explained) or "no traced CPU activity") + ".",
-        advice, clock, lost, f"GPU idle (no device busy) in gaps over {IDLE_GAP_NS / 1e6:g} ms inside the steps",
-        f"they come to {_median_ms(lost)} per step")]
+    return [
+        _gained(
+            "gpu_idle_gaps",
+            f"{len(gaps)} GPU idle gaps over {IDLE_GAP_NS / 1e6:g} ms, {_ms(gaps['duration'].sum())} in all",
+            "; ".join(devices) + f". Longest {_ms(longest['duration'])} at "
+            f"{longest['start'] / 1e6:,.3f} ms: " + ("; ".join(explained) or "no traced CPU activity") + ".",
+            advice,
+            clock,
+            lost,
+            f"GPU idle (no device busy) in gaps over {IDLE_GAP_NS / 1e6:g} ms inside the steps",
+            f"they come to {_median_ms(lost)} per step",
+        )
+    ]
 
 
-def launch_bound(kernels: dict, launch: pd.DataFrame, busy: pd.DataFrame, timeline: pd.DataFrame,
-                 gaps: pd.DataFrame, steps: pd.DataFrame, clock: StepClock) -> list[Finding]:
+def launch_bound(
+    kernels: dict,
+    launch: pd.DataFrame,
+    busy: pd.DataFrame,
+    timeline: pd.DataFrame,
+    gaps: pd.DataFrame,
+    steps: pd.DataFrame,
+    clock: StepClock,
+) -> list[Finding]:
     """Many tiny kernels while the GPU is mostly idle: the CPU cannot launch work fast enough.
     `kernels`: gpu.kernel_totals."""
     if not kernels["count"] or busy.empty:
@@ -331,32 +433,44 @@ def launch_bound(kernels: dict, launch: pd.DataFrame, busy: pd.DataFrame, timeli
     launch_cost = ""
     if not launch.empty:
         usual = launch.sort_values("instances").iloc[-1]
-        launch_cost = (f"; a launch costs the CPU {usual['med_ns'] / 1e3:.1f} µs (median {usual['name']}, "
-                       f"{usual['instances']:,} calls)"
-                       + (", so the GPU finishes a typical kernel before the CPU has issued the next"
-                          if usual["med_ns"] > median_ns else ""))
+        launch_cost = (
+            f"; a launch costs the CPU {usual['med_ns'] / 1e3:.1f} µs (median {usual['name']}, "
+            f"{usual['instances']:,} calls)"
+            + (
+                ", so the GPU finishes a typical kernel before the CPU has issued the next"
+                if usual["med_ns"] > median_ns
+                else ""
+            )
+        )
     per_step = f" {kernels['count'] / len(steps):,.0f} kernels per step." if len(steps) else ""
     lost = clock.idle_in_steps(at_most=IDLE_GAP_NS)
-    return [_gained(
-        "launch_bound",
-        f"Launch-bound: {tiny_pct:.0f}% of kernels run under {TINY_KERNEL_NS / 1e3:g} µs and the GPU is busy "
-        f"{busy_pct:.1f}% of its span",
-        f"{kernels['count']:,} kernels, median {median_ns / 1e3:.1f} µs{launch_cost}. {low_chunks} of {len(timeline)} "
-        f"time chunks are under {LOW_UTILISATION_PCT:.0f}% busy, and only {in_gaps:.0f}% of the idle time is in gaps "
-        f"over {IDLE_GAP_NS / 1e6:g} ms: the rest is short waits between kernels.{per_step}",
-        "Cut the CPU cost per unit of GPU work: capture the step in CUDA graphs (torch.compile(mode="
-        "'reduce-overhead'), torch.cuda.graphs), fuse small ops (torch.compile), use a fused optimizer "
-        "(AdamW(fused=True)), and give each kernel more work (larger micro-batch or sequence length, fewer "
-        "accumulation steps).",
-        clock, lost, f"GPU idle in the gaps of at most {IDLE_GAP_NS / 1e6:g} ms between kernels inside the steps",
-        f"the short gaps come to {_median_ms(lost)} per step")]
+    return [
+        _gained(
+            "launch_bound",
+            f"Launch-bound: {tiny_pct:.0f}% of kernels run under {TINY_KERNEL_NS / 1e3:g} µs and the GPU is busy "
+            f"{busy_pct:.1f}% of its span",
+            f"{kernels['count']:,} kernels, median {median_ns / 1e3:.1f} µs{launch_cost}. {low_chunks} of {len(timeline)} "
+            f"time chunks are under {LOW_UTILISATION_PCT:.0f}% busy, and only {in_gaps:.0f}% of the idle time is in gaps "
+            f"over {IDLE_GAP_NS / 1e6:g} ms: the rest is short waits between kernels.{per_step}",
+            "Cut the CPU cost per unit of GPU work: capture the step in CUDA graphs (torch.compile(mode="
+            "'reduce-overhead'), torch.cuda.graphs), fuse small ops (torch.compile), use a fused optimizer "
+            "(AdamW(fused=True)), and give each kernel more work (larger micro-batch or sequence length, fewer "
+            "accumulation steps).",
+            clock,
+            lost,
+            f"GPU idle in the gaps of at most {IDLE_GAP_NS / 1e6:g} ms between kernels inside the steps",
+            f"the short gaps come to {_median_ms(lost)} per step",
+        )
+    ]
 
 
 # ---------------------------------------------------------------- kernel mix and precision
 
-ELEMENTWISE_MODEL = ("each run of consecutive elementwise kernels on a stream, fused, taking as long as its longest "
-                     "kernel (an estimate: the trace holds no tensor sizes to bound it by bytes), at most the CPU's "
-                     "wait for the GPU")
+ELEMENTWISE_MODEL = (
+    "each run of consecutive elementwise kernels on a stream, fused, taking as long as its longest "
+    "kernel (an estimate: the trace holds no tensor sizes to bound it by bytes), at most the CPU's "
+    "wait for the GPU"
+)
 
 
 def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: pd.DataFrame, clock: StepClock) -> list[Finding]:
@@ -367,17 +481,27 @@ def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: pd.DataFrame, cl
     streaming = families[families["family"].isin(MEMORY_BOUND_FAMILIES)]
     parts = ", ".join(f"{r.family} {r.time_pct:.1f}% (top: {r.top_kernel})" for r in streaming.itertuples())
     saved = clock.by_step(chains["start"], chains["total_ns"] - chains["longest_ns"])
-    runs = (f" {len(chains):,} runs of 2 or more elementwise kernels back to back on a stream "
-            f"({int(chains['kernels'].sum()):,} kernels, {_ms(chains['total_ns'].sum())}) would take "
-            f"{_ms(chains['longest_ns'].sum())} fused."
-            if len(chains) else " No elementwise kernels run back to back: fusion by torch.compile has little to join.")
-    return [_gained(
-        "memory_bound_kernel_mix", f"{mix['memory_pct']:.1f}% of kernel time is in memory-bound streaming kernels",
-        f"{parts}; GEMM/attention {mix['compute_pct']:.1f}%, tensor cores {mix['tensor_core_pct']:.1f}% of kernel "
-        f"time.{runs}",
-        "Fuse elementwise chains (torch.compile; fused RMSNorm/rotary/SwiGLU kernels such as Liger's) and grow the "
-        "work per kernel (hidden size, batch) to raise arithmetic intensity.",
-        clock, clock.gpu_side(saved), ELEMENTWISE_MODEL, _gpu_side_reason(clock, saved))]
+    runs = (
+        f" {len(chains):,} runs of 2 or more elementwise kernels back to back on a stream "
+        f"({int(chains['kernels'].sum()):,} kernels, {_ms(chains['total_ns'].sum())}) would take "
+        f"{_ms(chains['longest_ns'].sum())} fused."
+        if len(chains)
+        else " No elementwise kernels run back to back: fusion by torch.compile has little to join."
+    )
+    return [
+        _gained(
+            "memory_bound_kernel_mix",
+            f"{mix['memory_pct']:.1f}% of kernel time is in memory-bound streaming kernels",
+            f"{parts}; GEMM/attention {mix['compute_pct']:.1f}%, tensor cores {mix['tensor_core_pct']:.1f}% of kernel "
+            f"time.{runs}",
+            "Fuse elementwise chains (torch.compile; fused RMSNorm/rotary/SwiGLU kernels such as Liger's) and grow the "
+            "work per kernel (hidden size, batch) to raise arithmetic intensity.",
+            clock,
+            clock.gpu_side(saved),
+            ELEMENTWISE_MODEL,
+            _gpu_side_reason(clock, saved),
+        )
+    ]
 
 
 def foreach_optimizer(foreach: pd.DataFrame, clock: StepClock) -> list[Finding]:
@@ -387,20 +511,24 @@ def foreach_optimizer(foreach: pd.DataFrame, clock: StepClock) -> list[Finding]:
         return []
     kept = FUSED_ADAMW_BYTES / FOREACH_ADAMW_BYTES
     saved = clock.by_step(foreach["start"], foreach["duration"] * (1 - kept))
-    return [_gained(
-        "foreach_optimizer",
-        f"The optimizer runs as {len(foreach):,} foreach kernels: a fused optimizer would take about "
-        f"{100 * kept:.0f}% of their time",
-        f"Foreach (multi-tensor, not fused) optimizer kernels: {_ms(foreach['duration'].sum())} in {len(foreach):,} "
-        f"kernels. Each foreach operation reads and writes the whole optimizer state again; AdamW(fused=True) "
-        f"reads parameters, gradients and both moments and writes them back once ({FUSED_ADAMW_BYTES} B per fp32 "
-        f"parameter against about {FOREACH_ADAMW_BYTES} B in the 8 foreach passes).",
-        "Use the fused optimizer: torch.optim.AdamW(..., fused=True) (or apex/Transformer Engine's fused Adam).",
-        clock, clock.gpu_side(saved),
-        f"the foreach kernels' time x (1 - {FUSED_ADAMW_BYTES}/{FOREACH_ADAMW_BYTES}): fused AdamW moves "
-        f"{FUSED_ADAMW_BYTES} B/param in one pass, foreach AdamW ~{FOREACH_ADAMW_BYTES} B/param in 8, at the same "
-        "bandwidth; at most the CPU's wait for the GPU",
-        _gpu_side_reason(clock, saved))]
+    return [
+        _gained(
+            "foreach_optimizer",
+            f"The optimizer runs as {len(foreach):,} foreach kernels: a fused optimizer would take about "
+            f"{100 * kept:.0f}% of their time",
+            f"Foreach (multi-tensor, not fused) optimizer kernels: {_ms(foreach['duration'].sum())} in {len(foreach):,} "
+            f"kernels. Each foreach operation reads and writes the whole optimizer state again; AdamW(fused=True) "
+            f"reads parameters, gradients and both moments and writes them back once ({FUSED_ADAMW_BYTES} B per fp32 "
+            f"parameter against about {FOREACH_ADAMW_BYTES} B in the 8 foreach passes).",
+            "Use the fused optimizer: torch.optim.AdamW(..., fused=True) (or apex/Transformer Engine's fused Adam).",
+            clock,
+            clock.gpu_side(saved),
+            f"the foreach kernels' time x (1 - {FUSED_ADAMW_BYTES}/{FOREACH_ADAMW_BYTES}): fused AdamW moves "
+            f"{FUSED_ADAMW_BYTES} B/param in one pass, foreach AdamW ~{FOREACH_ADAMW_BYTES} B/param in 8, at the same "
+            "bandwidth; at most the CPU's wait for the GPU",
+            _gpu_side_reason(clock, saved),
+        )
+    ]
 
 
 def fp32_gemm(precision: pd.DataFrame, clock: StepClock, run_precision: str | None = None) -> list[Finding]:
@@ -411,18 +539,24 @@ def fp32_gemm(precision: pd.DataFrame, clock: StepClock, run_precision: str | No
     full = precision[precision["precision"].isin(FULL_PRECISIONS)]
     if full.empty or full["time_pct"].sum() < FP32_GEMM_MIN_PCT:
         return []
-    parts = ", ".join(f"{r.precision} {r.time_pct:.1f}% of GEMM time ({r.instances} kernels)"
-                      for r in full.itertuples())
+    parts = ", ".join(
+        f"{r.precision} {r.time_pct:.1f}% of GEMM time ({r.instances} kernels)" for r in full.itertuples()
+    )
     saved = np.full(clock.steps, BF16_GEMM_TIME_SHARE * full["total_ns"].sum() / clock.steps)
-    return [_gained(
-        "fp32_gemm", "GEMMs run in fp32: no bf16, fp16 or fp8 GEMM in the capture",
-        f"By kernel name: {parts}; e.g. {full.iloc[0]['top_kernel'][:120]}.",
-        "Train in mixed precision: torch.autocast('cuda', dtype=torch.bfloat16) or bf16 weights; FP8 with "
-        "Transformer Engine on Hopper; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True).",
-        clock, clock.gpu_side(saved),
-        f"{BF16_GEMM_TIME_SHARE:.0%} of the fp32/tf32 GEMM time (bf16 tensor cores run at twice the tf32 rate), "
-        "spread evenly over the steps, at most the CPU's wait for the GPU",
-        _gpu_side_reason(clock, saved))]
+    return [
+        _gained(
+            "fp32_gemm",
+            "GEMMs run in fp32: no bf16, fp16 or fp8 GEMM in the capture",
+            f"By kernel name: {parts}; e.g. {full.iloc[0]['top_kernel'][:120]}.",
+            "Train in mixed precision: torch.autocast('cuda', dtype=torch.bfloat16) or bf16 weights; FP8 with "
+            "Transformer Engine on Hopper; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True).",
+            clock,
+            clock.gpu_side(saved),
+            f"{BF16_GEMM_TIME_SHARE:.0%} of the fp32/tf32 GEMM time (bf16 tensor cores run at twice the tf32 rate), "
+            "spread evenly over the steps, at most the CPU's wait for the GPU",
+            _gpu_side_reason(clock, saved),
+        )
+    ]
 
 
 def padding(padding_share: float | None, token_time_ns: float | None, step_ns: float | None) -> list[Finding]:
@@ -434,21 +568,29 @@ def padding(padding_share: float | None, token_time_ns: float | None, step_ns: f
     saved = padding_share * token_time_ns
     gain = round(min(100.0, 100.0 * saved / step_ns), 3)
     severity = severity_of(gain)
-    return [Finding(
-        "padding", severity, f"{100 * padding_share:.1f}% of the token slots are padding",
-        f"Token-proportional kernels take {_ms(token_time_ns)} per step; {100 * padding_share:.1f}% of the tokens "
-        f"they process are padding: {_ms(saved)} per step of work on nothing."
-        + ("" if severity == "warning" else f" Small: that is {gain:.1f}% of the {_ms(step_ns)} step."),
-        "Pack sequences (padding-free batches with position ids or cu_seqlens) or group samples of similar length "
-        "(group_by_length, a length-bucketing sampler); pad to a multiple of 8 or 64, not to the longest sample.",
-        gain, f"padded share x time in token-proportional kernels per step / {_ms(step_ns)} median step "
-              "(attention's cost grows faster than linearly with padded length: an estimate there)")]
+    return [
+        Finding(
+            "padding",
+            severity,
+            f"{100 * padding_share:.1f}% of the token slots are padding",
+            f"Token-proportional kernels take {_ms(token_time_ns)} per step; {100 * padding_share:.1f}% of the tokens "
+            f"they process are padding: {_ms(saved)} per step of work on nothing."
+            + ("" if severity == "warning" else f" Small: that is {gain:.1f}% of the {_ms(step_ns)} step."),
+            "Pack sequences (padding-free batches with position ids or cu_seqlens) or group samples of similar length "
+            "(group_by_length, a length-bucketing sampler); pad to a multiple of 8 or 64, not to the longest sample.",
+            gain,
+            f"padded share x time in token-proportional kernels per step / {_ms(step_ns)} median step "
+            "(attention's cost grows faster than linearly with padded length: an estimate there)",
+        )
+    ]
 
 
 # ---------------------------------------------------------------- CPU side
 
-def data_stall(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, clock: StepClock,
-               labels: dict) -> list[Finding]:
+
+def data_stall(
+    steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, clock: StepClock, labels: dict
+) -> list[Finding]:
     """The `data` phase takes a large share of the step: the input pipeline starves the training loop."""
     if steps.empty:
         return []
@@ -466,25 +608,36 @@ def data_stall(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, cloc
     doing = ", ".join(f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)" for name, r in top.iterrows())
     idle = clock.idle_in(merged["start"], merged["end"])
     lost = clock.by_step(merged["start"], idle)
-    gpu = (f" The GPU was idle {_pct(idle.sum(), data_ns):.1f}% of that time." if clock.has_gpu else
-           " No GPU work in the capture: the data ranges hold up the CPU-side step itself.")
+    gpu = (
+        f" The GPU was idle {_pct(idle.sum(), data_ns):.1f}% of that time."
+        if clock.has_gpu
+        else " No GPU work in the capture: the data ranges hold up the CPU-side step itself."
+    )
     threads = ", ".join(sorted({labels.get(t, f"tid {int(t) & 0xFFFFFF}") for t in data["global_tid"]}))
-    return [_gained(
-        "data_stall", f"Data loading takes {share:.1f}% of step time: the input pipeline starves the training loop",
-        f"NVTX `{DATA_PHASE}` ranges on {threads}: {_ms(data_ns)} of {_ms(step_ns)} in {len(steps)} steps "
-        f"({_ms(data_ns / len(steps))} per step). Inside them: "
-        + (f"{doing}; " if doing else "no OS-runtime calls; ")
-        + f"{_ms(data_ns - in_calls)} in the thread's own code.{gpu}",
-        "Prepare batches ahead of the step: DataLoader(num_workers>0, prefetch_factor, persistent_workers=True, "
-        "pin_memory=True), pre-tokenize the dataset, and keep file or network reads and sleeps/retries off the "
-        "training thread.",
-        clock, lost, f"GPU idle inside the `{DATA_PHASE}` ranges" if clock.has_gpu else
-        f"the `{DATA_PHASE}` ranges' time (no GPU work in the capture)",
-        "the GPU kept running queued work through most of the data loading")]
+    return [
+        _gained(
+            "data_stall",
+            f"Data loading takes {share:.1f}% of step time: the input pipeline starves the training loop",
+            f"NVTX `{DATA_PHASE}` ranges on {threads}: {_ms(data_ns)} of {_ms(step_ns)} in {len(steps)} steps "
+            f"({_ms(data_ns / len(steps))} per step). Inside them: "
+            + (f"{doing}; " if doing else "no OS-runtime calls; ")
+            + f"{_ms(data_ns - in_calls)} in the thread's own code.{gpu}",
+            "Prepare batches ahead of the step: DataLoader(num_workers>0, prefetch_factor, persistent_workers=True, "
+            "pin_memory=True), pre-tokenize the dataset, and keep file or network reads and sleeps/retries off the "
+            "training thread.",
+            clock,
+            lost,
+            f"GPU idle inside the `{DATA_PHASE}` ranges"
+            if clock.has_gpu
+            else f"the `{DATA_PHASE}` ranges' time (no GPU work in the capture)",
+            "the GPU kept running queued work through most of the data loading",
+        )
+    ]
 
 
-def lock_waits(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, threads: pd.DataFrame,
-               labels: dict, clock: StepClock) -> list[Finding]:
+def lock_waits(
+    steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, threads: pd.DataFrame, labels: dict, clock: StepClock
+) -> list[Finding]:
     """Training threads waiting for locks inside the steps. Waits inside `data` ranges are waits for
     data (a queue from loader workers) and belong to data_stall."""
     training = threads.loc[threads["role"] != "", "global_tid"]
@@ -502,26 +655,34 @@ def lock_waits(steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, thre
     parts = []
     for tid, waited in per_thread.items():
         thread_waits = waits[waits["global_tid"] == tid]
-        calls = ", ".join(f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)" for name, r in
-                          thread_waits.groupby("name")["waited"].agg(["count", "sum"]).iterrows())
+        calls = ", ".join(
+            f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)"
+            for name, r in thread_waits.groupby("name")["waited"].agg(["count", "sum"]).iterrows()
+        )
         parts.append(f"{labels.get(tid, tid)} {_ms(waited)} ({_pct(waited, step_ns):.1f}% of step time): {calls}")
     worst_tid = per_thread.index[0]
     longest = waits.loc[[waits.loc[waits["global_tid"] == worst_tid, "waited"].idxmax()]]
     where = innermost_ranges(nvtx, longest)
     place = f" in NVTX `{nvtx.loc[where.iloc[0], 'name']}`" if len(where) else ""
     idle = np.minimum(clock.idle_in(waits["start"], waits["end"]), waits["waited"].to_numpy())
-    return [_gained(
-        "lock_wait",
-        f"{labels.get(worst_tid, worst_tid)} waits for locks {_pct(per_thread.iloc[0], step_ns):.1f}% of step time",
-        f"Lock waits inside the steps (outside NVTX `{DATA_PHASE}`): " + "; ".join(parts)
-        + f". Longest single wait {_ms(longest['waited'].iloc[0])}{place}.",
-        "Another thread holds a lock the training thread needs (a logger, checkpoint, metrics or queue): shorten "
-        "the critical section, hand work over through a queue without holding the lock, or move that work out "
-        "of the step.",
-        clock, clock.by_step(waits["start"], idle),
-        "GPU idle during the lock waits, at most the waits themselves" if clock.has_gpu else
-        "the lock waits themselves (no GPU work in the capture)",
-        "the GPU kept running queued work through most of the waits")]
+    return [
+        _gained(
+            "lock_wait",
+            f"{labels.get(worst_tid, worst_tid)} waits for locks {_pct(per_thread.iloc[0], step_ns):.1f}% of step time",
+            f"Lock waits inside the steps (outside NVTX `{DATA_PHASE}`): "
+            + "; ".join(parts)
+            + f". Longest single wait {_ms(longest['waited'].iloc[0])}{place}.",
+            "Another thread holds a lock the training thread needs (a logger, checkpoint, metrics or queue): shorten "
+            "the critical section, hand work over through a queue without holding the lock, or move that work out "
+            "of the step.",
+            clock,
+            clock.by_step(waits["start"], idle),
+            "GPU idle during the lock waits, at most the waits themselves"
+            if clock.has_gpu
+            else "the lock waits themselves (no GPU work in the capture)",
+            "the GPU kept running queued work through most of the waits",
+        )
+    ]
 
 
 def empty_trace_kinds(messages: dict[str, str]) -> list[Finding]:
@@ -530,29 +691,45 @@ def empty_trace_kinds(messages: dict[str, str]) -> list[Finding]:
     if not messages:
         return []
     kinds = ", ".join(messages)
-    return [Finding(
-        "empty_trace_kind", "info", f"Traced but recorded nothing in the window: {kinds}",
-        "; ".join(f"{kind}: {text}" for kind, text in messages.items()) + ". The sections fed by them are empty "
-        "for that reason alone.",
-        "Nothing to fix in the program: drop these kinds from profile.trace, or check that the library's calls "
-        "happen inside the capture window.")]
+    return [
+        Finding(
+            "empty_trace_kind",
+            "info",
+            f"Traced but recorded nothing in the window: {kinds}",
+            "; ".join(f"{kind}: {text}" for kind, text in messages.items()) + ". The sections fed by them are empty "
+            "for that reason alone.",
+            "Nothing to fix in the program: drop these kinds from profile.trace, or check that the library's calls "
+            "happen inside the capture window.",
+        )
+    ]
 
 
 def cpu_scheduling(cores: pd.DataFrame, sched_traced: bool, nsys_capture: bool) -> list[Finding]:
     """Per-core CPU use when context switches were traced; otherwise, for an nsys capture (other
     trace formats cannot have it), say how to get it."""
     if not sched_traced and nsys_capture:
-        return [Finding("no_cpu_scheduling", "info", "CPU scheduling was not traced",
-                        "No SCHED_EVENTS: per-core CPU utilisation and when each thread ran (vs waited) are unknown.",
-                        f"Add {CPU_SCHED_SWITCH} to nsys profile (profile.cpuctxsw: process-tree).")]
+        return [
+            Finding(
+                "no_cpu_scheduling",
+                "info",
+                "CPU scheduling was not traced",
+                "No SCHED_EVENTS: per-core CPU utilisation and when each thread ran (vs waited) are unknown.",
+                f"Add {CPU_SCHED_SWITCH} to nsys profile (profile.cpuctxsw: process-tree).",
+            )
+        ]
     if not sched_traced or cores.empty:
         return []
     busiest = cores.sort_values("busy_pct").iloc[-1]
-    return [Finding("cpu_cores", "info",
-                    f"The program ran on {len(cores)} CPU cores, {cores['busy_pct'].mean():.1f}% busy on average",
-                    "Share of each core's time running the profiled program's threads: "
-                    + ", ".join(f"CPU {int(r.cpu)} {r.busy_pct:.1f}%" for r in cores.itertuples())
-                    + f"; busiest CPU {int(busiest.cpu)} ({int(busiest.threads)} threads ran on it).")]
+    return [
+        Finding(
+            "cpu_cores",
+            "info",
+            f"The program ran on {len(cores)} CPU cores, {cores['busy_pct'].mean():.1f}% busy on average",
+            "Share of each core's time running the profiled program's threads: "
+            + ", ".join(f"CPU {int(r.cpu)} {r.busy_pct:.1f}%" for r in cores.itertuples())
+            + f"; busiest CPU {int(busiest.cpu)} ({int(busiest.threads)} threads ran on it).",
+        )
+    ]
 
 
 def nvtx_projection(projection: pd.DataFrame) -> list[Finding]:
@@ -563,13 +740,22 @@ def nvtx_projection(projection: pd.DataFrame) -> list[Finding]:
     outside = projection[projection["range"].str.startswith("(")]
     parts = ", ".join(f"`{r.range}` {r.gpu_pct:.1f}%" for r in named.head(5).itertuples())
     outside_pct = float(outside["gpu_pct"].sum())
-    unnamed = ", ".join(f"{r.range[1:-1].removeprefix('no NVTX range, ')} {r.gpu_pct:.1f}%"  # the outer parentheses only
-                        for r in outside.head(3).itertuples())
-    return [Finding(
-        "nvtx_gpu_time", "info",
-        f"{100 - outside_pct:.1f}% of kernel time is launched inside NVTX ranges",
-        f"Kernel time by the innermost range its launch was made in: {parts or 'none'}"
-        + (f"; outside every range: {unnamed}" if len(outside) else "") + ".",
-        "Kernels launched outside the ranges come from threads without NVTX ranges, usually PyTorch's autograd "
-        "thread running backward: torch.autograd.profiler.emit_nvtx() gives every op a range on the thread that "
-        "runs it." if outside_pct >= WARNING_SHARE_PCT else "")]
+    unnamed = ", ".join(
+        f"{r.range[1:-1].removeprefix('no NVTX range, ')} {r.gpu_pct:.1f}%"  # the outer parentheses only
+        for r in outside.head(3).itertuples()
+    )
+    return [
+        Finding(
+            "nvtx_gpu_time",
+            "info",
+            f"{100 - outside_pct:.1f}% of kernel time is launched inside NVTX ranges",
+            f"Kernel time by the innermost range its launch was made in: {parts or 'none'}"
+            + (f"; outside every range: {unnamed}" if len(outside) else "")
+            + ".",
+            "Kernels launched outside the ranges come from threads without NVTX ranges, usually PyTorch's autograd "
+            "thread running backward: torch.autograd.profiler.emit_nvtx() gives every op a range on the thread that "
+            "runs it."
+            if outside_pct >= WARNING_SHARE_PCT
+            else "",
+        )
+    ]

@@ -48,8 +48,17 @@ def core_timeline(runs: pd.DataFrame, span_ns: int, chunks: int = CORE_CHUNKS) -
     frames = []
     for cpu, core_runs in runs.groupby("cpu"):
         busy = intervals.covered_ns(intervals.union(core_runs), starts, ends)
-        frames.append(pd.DataFrame({"cpu": cpu, "chunk": np.arange(chunks), "start": starts, "end": ends,
-                                    "busy_pct": 100.0 * busy / np.maximum(ends - starts, 1)}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "cpu": cpu,
+                    "chunk": np.arange(chunks),
+                    "start": starts,
+                    "end": ends,
+                    "busy_pct": 100.0 * busy / np.maximum(ends - starts, 1),
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)[columns]
 
 
@@ -62,6 +71,12 @@ def core_summary(runs: pd.DataFrame, span_ns: int) -> pd.DataFrame:
     for cpu, core_runs in runs.groupby("cpu"):
         merged = intervals.union(core_runs)
         busy = int((merged["end"] - merged["start"]).sum())
-        rows.append({"cpu": cpu, "busy_ns": busy, "busy_pct": 100.0 * busy / span_ns if span_ns else np.nan,
-                     "threads": core_runs["global_tid"].nunique()})
+        rows.append(
+            {
+                "cpu": cpu,
+                "busy_ns": busy,
+                "busy_pct": 100.0 * busy / span_ns if span_ns else np.nan,
+                "threads": core_runs["global_tid"].nunique(),
+            }
+        )
     return pd.DataFrame(rows, columns=columns)

@@ -26,8 +26,10 @@ def sqlite_round(values: pd.Series, digits: int = 1) -> pd.Series:
 
 # The same statistics in SQL, for tables held in an EventStore (DuckDB's median interpolates an even
 # count as SQLite's and pandas' do).
-SQL_AGGREGATES = ("sum(duration)::BIGINT AS total_ns, count(*) AS instances, median(duration) AS med_ns, "
-                  "min(duration) AS min_ns, max(duration) AS max_ns, stddev_samp(duration) AS stddev_ns")
+SQL_AGGREGATES = (
+    "sum(duration)::BIGINT AS total_ns, count(*) AS instances, median(duration) AS med_ns, "
+    "min(duration) AS min_ns, max(duration) AS max_ns, stddev_samp(duration) AS stddev_ns"
+)
 
 
 def duration_summary(rows: pd.DataFrame, keys: list[str], value: str = "duration") -> pd.DataFrame:
@@ -35,8 +37,9 @@ def duration_summary(rows: pd.DataFrame, keys: list[str], value: str = "duration
     if rows.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS + keys)
     grouped = rows.groupby(keys, dropna=False, sort=False)[value]
-    summary = grouped.agg(total_ns="sum", instances="count", med_ns="median", min_ns="min", max_ns="max",
-                          stddev_ns="std").reset_index()
+    summary = grouped.agg(
+        total_ns="sum", instances="count", med_ns="median", min_ns="min", max_ns="max", stddev_ns="std"
+    ).reset_index()
     return finish_summary(summary, keys)
 
 

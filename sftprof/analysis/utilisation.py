@@ -37,8 +37,9 @@ def idle_gaps(busy: dict[int, DeviceBusy], min_gap_ns: int = IDLE_GAP_NS) -> pd.
     return gaps.sort_values(["duration", "start"], ascending=[False, True]).reset_index(drop=True)
 
 
-def utilisation_timeline(events: EventStore, busy: dict[int, DeviceBusy],
-                         chunks: int = UTILISATION_CHUNKS) -> pd.DataFrame:
+def utilisation_timeline(
+    events: EventStore, busy: dict[int, DeviceBusy], chunks: int = UTILISATION_CHUNKS
+) -> pd.DataFrame:
     """Per device, its active span in `chunks` equal windows: busy %, and kernels started in each
     (all, and those shorter than TINY_KERNEL_NS): counted as gpu.busy_unions merged them where it
     did, else by a query."""
@@ -49,9 +50,19 @@ def utilisation_timeline(events: EventStore, busy: dict[int, DeviceBusy],
         covered = intervals.covered_ns(b.merged, starts, ends)
         if b.kernel_chunks is not None and chunks == gpu.TIMELINE_CHUNKS:
             counts, tiny = b.kernel_chunks
-            frames.append(pd.DataFrame({"device_id": device, "chunk": np.arange(chunks), "start": starts, "end": ends,
-                                        "busy_pct": 100.0 * covered / np.maximum(ends - starts, 1),
-                                        "kernels": counts, "tiny_kernels": tiny}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "device_id": device,
+                        "chunk": np.arange(chunks),
+                        "start": starts,
+                        "end": ends,
+                        "busy_pct": 100.0 * covered / np.maximum(ends - starts, 1),
+                        "kernels": counts,
+                        "tiny_kernels": tiny,
+                    }
+                )
+            )
             continue
         # The chunk a kernel starts in: the last one starting at or before it (the first, if none).
         # Proportion gives it to within one of the rounded edges; the edges settle it.
@@ -65,9 +76,19 @@ def utilisation_timeline(events: EventStore, busy: dict[int, DeviceBusy],
             GROUP BY ALL""")
         counts = np.bincount(counted["chunk"], weights=counted["kernels"], minlength=chunks).astype("int64")
         tiny = np.bincount(counted["chunk"], weights=counted["tiny"], minlength=chunks).astype("int64")
-        frames.append(pd.DataFrame({"device_id": device, "chunk": np.arange(chunks), "start": starts, "end": ends,
-                                    "busy_pct": 100.0 * covered / np.maximum(ends - starts, 1),
-                                    "kernels": counts, "tiny_kernels": tiny}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "device_id": device,
+                    "chunk": np.arange(chunks),
+                    "start": starts,
+                    "end": ends,
+                    "busy_pct": 100.0 * covered / np.maximum(ends - starts, 1),
+                    "kernels": counts,
+                    "tiny_kernels": tiny,
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
@@ -79,9 +100,17 @@ def step_utilisation(steps: pd.DataFrame, busy_by_device: dict[int, DeviceBusy])
         if steps.empty:
             break
         busy = intervals.covered_ns(b.merged, steps["start"], steps["end"])
-        frames.append(pd.DataFrame({"step": steps["step"].to_numpy(), "device_id": device,
-                                    "duration": steps["duration"].to_numpy(), "gpu_busy_ns": busy,
-                                    "gpu_busy_pct": 100.0 * busy / np.maximum(steps["duration"].to_numpy(), 1)}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "step": steps["step"].to_numpy(),
+                    "device_id": device,
+                    "duration": steps["duration"].to_numpy(),
+                    "gpu_busy_ns": busy,
+                    "gpu_busy_pct": 100.0 * busy / np.maximum(steps["duration"].to_numpy(), 1),
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
@@ -116,28 +145,50 @@ def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAI
     cuda_calls = calls_during(tables.events, explained[["start", "end"]], feeders)
     sources = (("CUDA API", cuda_calls), ("OS runtime", tables.osrt), ("NVTX range", tables.nvtx))
     for rank, gap in enumerate(explained.itertuples(), start=1):
-        found = {source: _overlapping(frame[frame["global_tid"].isin(feeders)], gap.start, gap.end)
-                 for source, frame in sources}
+        found = {
+            source: _overlapping(frame[frame["global_tid"].isin(feeders)], gap.start, gap.end)
+            for source, frame in sources
+        }
         found["NVTX range"] = _leaf_ranges(found["NVTX range"])
         for source, inside in found.items():
             grouped = inside.groupby(["global_tid", "name"])["overlap_ns"].agg(calls="count", overlap_ns="sum")
             grouped = grouped.reset_index().sort_values("overlap_ns", ascending=False).head(CAUSES_PER_SOURCE)
-            rows += [{"source": source, "global_tid": r.global_tid, "name": r.name, "calls": r.calls,
-                      "overlap_ns": int(r.overlap_ns), "gap": rank, "gap_row": gap} for r in grouped.itertuples()]
+            rows += [
+                {
+                    "source": source,
+                    "global_tid": r.global_tid,
+                    "name": r.name,
+                    "calls": r.calls,
+                    "overlap_ns": int(r.overlap_ns),
+                    "gap": rank,
+                    "gap_row": gap,
+                }
+                for r in grouped.itertuples()
+            ]
         calls = pd.concat([found["CUDA API"], found["OS runtime"]])
         for tid in feeders:
             thread_calls = calls[calls["global_tid"] == tid]
             in_calls = int(intervals.covered_ns(intervals.union(thread_calls), [gap.start], [gap.end])[0])
             ranges = found["NVTX range"][found["NVTX range"]["global_tid"] == tid]
             if gap.duration - in_calls > 0:
-                rows.append({"source": OWN_CODE, "global_tid": tid, "gap": rank, "gap_row": gap, "calls": pd.NA,
-                             "name": "/".join(ranges.sort_values("start")["name"]) or "(no NVTX range)",
-                             "overlap_ns": gap.duration - in_calls})
+                rows.append(
+                    {
+                        "source": OWN_CODE,
+                        "global_tid": tid,
+                        "gap": rank,
+                        "gap_row": gap,
+                        "calls": pd.NA,
+                        "name": "/".join(ranges.sort_values("start")["name"]) or "(no NVTX range)",
+                        "overlap_ns": gap.duration - in_calls,
+                    }
+                )
     if not rows:
         return pd.DataFrame(columns=columns)
     frame = pd.DataFrame(rows)
-    frame = frame.assign(device_id=frame["gap_row"].map(lambda g: g.device_id),
-                         gap_start=frame["gap_row"].map(lambda g: g.start),
-                         gap_ns=frame["gap_row"].map(lambda g: g.duration),
-                         thread=frame["global_tid"].map(feeders))
+    frame = frame.assign(
+        device_id=frame["gap_row"].map(lambda g: g.device_id),
+        gap_start=frame["gap_row"].map(lambda g: g.start),
+        gap_ns=frame["gap_row"].map(lambda g: g.duration),
+        thread=frame["global_tid"].map(feeders),
+    )
     return frame[columns].sort_values(["gap", "overlap_ns"], ascending=[True, False]).reset_index(drop=True)

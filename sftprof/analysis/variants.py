@@ -36,6 +36,7 @@ LOSS_MIN_SHIFT = 0.01
 @dataclass
 class Run:
     """One run's evidence: its findings (analysis.json) and its trainer metrics."""
+
     findings: list[Finding]
     metrics: RunMetrics
 
@@ -56,10 +57,16 @@ def _speed(metrics: RunMetrics) -> dict:
         return {"steps": 0, "median_ms": None, "p25_ms": None, "p75_ms": None, "real_tokens_per_s": None}
     real = steps["real_tokens"] if steps["real_tokens"].notna().any() else steps["tokens"]
     real = real.astype("float64")
-    per_s = float(real.sum() / steps["step_time_s"].astype("float64")[real.notna()].sum()) if real.notna().any() else None
-    return {"steps": len(times), "median_ms": float(np.median(times) * 1e3),
-            "p25_ms": float(np.percentile(times, 25) * 1e3), "p75_ms": float(np.percentile(times, 75) * 1e3),
-            "real_tokens_per_s": per_s}
+    per_s = (
+        float(real.sum() / steps["step_time_s"].astype("float64")[real.notna()].sum()) if real.notna().any() else None
+    )
+    return {
+        "steps": len(times),
+        "median_ms": float(np.median(times) * 1e3),
+        "p25_ms": float(np.percentile(times, 25) * 1e3),
+        "p75_ms": float(np.percentile(times, 75) * 1e3),
+        "real_tokens_per_s": per_s,
+    }
 
 
 def _gain(findings: list[Finding], rule: str | None) -> float | None:
@@ -70,8 +77,9 @@ def _gain(findings: list[Finding], rule: str | None) -> float | None:
 def loss_shift(base: RunMetrics, variant: RunMetrics) -> tuple[float | None, bool | None]:
     """The variant's mean loss minus the baseline's over the steps both read, as a share of the
     baseline's mean loss, and whether that is beyond noise (None: too few common steps)."""
-    pair = pd.merge(base.steps[["step", "loss"]], variant.steps[["step", "loss"]], on="step",
-                    suffixes=("_base", "_variant")).dropna()
+    pair = pd.merge(
+        base.steps[["step", "loss"]], variant.steps[["step", "loss"]], on="step", suffixes=("_base", "_variant")
+    ).dropna()
     if len(pair) < 3:
         return None, None
     base_loss = pair["loss_base"].astype("float64").to_numpy()
@@ -89,28 +97,63 @@ def verdict(base: Run, variants: dict[str, tuple[str | None, Run]]) -> pd.DataFr
     for name, (rule, run) in variants.items():
         speed = _speed(run.metrics)
         predicted = _gain(base.findings, rule)
-        measured = (100.0 * (base_speed["median_ms"] - speed["median_ms"]) / base_speed["median_ms"]
-                    if base_speed["median_ms"] and speed["median_ms"] else None)
+        measured = (
+            100.0 * (base_speed["median_ms"] - speed["median_ms"]) / base_speed["median_ms"]
+            if base_speed["median_ms"] and speed["median_ms"]
+            else None
+        )
         left = _gain(run.findings, rule)
-        gone = (None if rule is None or predicted is None else
-                left is None or left <= max(1.0, GONE_SHARE * predicted))
+        gone = None if rule is None or predicted is None else left is None or left <= max(1.0, GONE_SHARE * predicted)
         shift_pct, moved = loss_shift(base.metrics, run.metrics)
-        rows.append({
-            "variant": name, "motivated_by": rule, "predicted_gain_pct": predicted, "measured_gain_pct": measured,
-            "baseline_median_step_ms": base_speed["median_ms"], "median_step_ms": speed["median_ms"],
-            "p25_step_ms": speed["p25_ms"], "p75_step_ms": speed["p75_ms"], "steps_measured": speed["steps"],
-            "baseline_real_tokens_per_s": base_speed["real_tokens_per_s"],
-            "real_tokens_per_s": speed["real_tokens_per_s"], "finding_gone": gone, "finding_gain_left_pct": left,
-            "loss_shift_pct": shift_pct, "loss_changed": moved,
-            "verdict": _say(rule, predicted, measured, _change(base_speed["real_tokens_per_s"], speed["real_tokens_per_s"]),
-                            min(speed["steps"], base_speed["steps"]), gone, moved),
-        })
+        rows.append(
+            {
+                "variant": name,
+                "motivated_by": rule,
+                "predicted_gain_pct": predicted,
+                "measured_gain_pct": measured,
+                "baseline_median_step_ms": base_speed["median_ms"],
+                "median_step_ms": speed["median_ms"],
+                "p25_step_ms": speed["p25_ms"],
+                "p75_step_ms": speed["p75_ms"],
+                "steps_measured": speed["steps"],
+                "baseline_real_tokens_per_s": base_speed["real_tokens_per_s"],
+                "real_tokens_per_s": speed["real_tokens_per_s"],
+                "finding_gone": gone,
+                "finding_gain_left_pct": left,
+                "loss_shift_pct": shift_pct,
+                "loss_changed": moved,
+                "verdict": _say(
+                    rule,
+                    predicted,
+                    measured,
+                    _change(base_speed["real_tokens_per_s"], speed["real_tokens_per_s"]),
+                    min(speed["steps"], base_speed["steps"]),
+                    gone,
+                    moved,
+                ),
+            }
+        )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-COLUMNS = ["variant", "motivated_by", "predicted_gain_pct", "measured_gain_pct", "baseline_median_step_ms",
-           "median_step_ms", "p25_step_ms", "p75_step_ms", "steps_measured", "baseline_real_tokens_per_s",
-           "real_tokens_per_s", "finding_gone", "finding_gain_left_pct", "loss_shift_pct", "loss_changed", "verdict"]
+COLUMNS = [
+    "variant",
+    "motivated_by",
+    "predicted_gain_pct",
+    "measured_gain_pct",
+    "baseline_median_step_ms",
+    "median_step_ms",
+    "p25_step_ms",
+    "p75_step_ms",
+    "steps_measured",
+    "baseline_real_tokens_per_s",
+    "real_tokens_per_s",
+    "finding_gone",
+    "finding_gain_left_pct",
+    "loss_shift_pct",
+    "loss_changed",
+    "verdict",
+]
 
 
 def _change(before: float | None, after: float | None) -> float | None:

@@ -29,7 +29,7 @@ class ConfigError(SftprofError, ValueError):
 
 # Deeper than any config needs, far shallower than Python's recursion limit.
 MAX_DEPTH = 32
-INT64 = range(-2**63, 2**63)
+INT64 = range(-(2**63), 2**63)
 # jsonschema's `pattern` is re.search, and `$` also matches before a final newline.
 ANCHORED_PATTERN = re.compile(r"\^.*\\Z", re.DOTALL)
 
@@ -71,7 +71,8 @@ def _validator_filling_defaults(schema: dict):
     # jsonschema takes 16.0 for an integer; a float where a count is wanted would reach the
     # trainer, or an #SBATCH line as --nodes=1.0.
     integers_only = base.TYPE_CHECKER.redefine(
-        "integer", lambda checker, instance: isinstance(instance, int) and not isinstance(instance, bool))
+        "integer", lambda checker, instance: isinstance(instance, int) and not isinstance(instance, bool)
+    )
     return jsonschema.validators.extend(base, {"properties": set_defaults}, type_checker=integers_only)
 
 
@@ -121,8 +122,9 @@ def check_plain_values(value, path: tuple = ()) -> None:
         if value not in INT64:
             raise ConfigError(f"{where}: a {value.bit_length()}-bit integer is beyond the 64-bit range")
     elif value is not None:
-        raise ConfigError(f"{where}: a value of type {type(value).__name__} is not allowed; "
-                          "quote it to make it a string")
+        raise ConfigError(
+            f"{where}: a value of type {type(value).__name__} is not allowed; quote it to make it a string"
+        )
 
 
 def validate(config: dict) -> dict:
@@ -165,8 +167,10 @@ def _expand_variants(config: dict, schema: dict) -> None:
         for variant, overrides in experiments[name].get("variants", {}).items():
             where = f"experiments.{name}.variants.{variant}"
             if variant in RESERVED_VARIANT_NAMES or variant in base["profile"]["windows"]:
-                raise ConfigError(f"config key {where}: a variant may not be named like a window or "
-                                  f"{' or '.join(sorted(RESERVED_VARIANT_NAMES))} (they share results/{name}/)")
+                raise ConfigError(
+                    f"config key {where}: a variant may not be named like a window or "
+                    f"{' or '.join(sorted(RESERVED_VARIANT_NAMES))} (they share results/{name}/)"
+                )
             merged = _merged(base, {key: value for key, value in overrides.items() if key != "motivated_by"})
             errors = sorted(validator.iter_errors(merged), key=lambda e: list(e.absolute_path))
             if errors:
@@ -203,12 +207,12 @@ class StrictLoader(yaml.SafeLoader):
         """PyYAML's compose_node (index: the key node of a mapping value, the index of a sequence
         item), with the key path kept for messages and each node checked as it is read."""
         event = self.peek_event()
-        self._path.append(index.value if isinstance(index, yaml.ScalarNode)
-                          else "?" if isinstance(index, yaml.Node) else index)
+        self._path.append(
+            index.value if isinstance(index, yaml.ScalarNode) else "?" if isinstance(index, yaml.Node) else index
+        )
         try:
             if isinstance(event, yaml.AliasEvent) or event.anchor is not None:
-                raise self._refusal(event.start_mark, "YAML anchors and aliases are not allowed; "
-                                                      "write the value out")
+                raise self._refusal(event.start_mark, "YAML anchors and aliases are not allowed; write the value out")
             if len(self._path) > MAX_DEPTH:
                 raise self._refusal(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
             node = super().compose_node(parent, index)
@@ -226,16 +230,19 @@ class StrictLoader(yaml.SafeLoader):
                 first = first_of.setdefault((key.tag, key.value), key) if isinstance(key, yaml.ScalarNode) else key
                 if first is not key:
                     mark = first.start_mark
-                    raise self._refusal(key.start_mark, f"duplicate key {_shown(key.value)} (first at line "
-                                                        f"{mark.line + 1}, column {mark.column + 1})")
+                    raise self._refusal(
+                        key.start_mark,
+                        f"duplicate key {_shown(key.value)} (first at line {mark.line + 1}, column {mark.column + 1})",
+                    )
         elif node.tag == "tag:yaml.org,2002:timestamp":
             raise self._refusal(node.start_mark, "a date is not a config value; quote it to make it a string")
         elif node.tag == "tag:yaml.org,2002:int":
             try:
                 self.construct_yaml_int(node)
             except ValueError:
-                raise self._refusal(node.start_mark, f"an integer of {len(node.value)} characters is beyond "
-                                                     "the 64-bit range") from None
+                raise self._refusal(
+                    node.start_mark, f"an integer of {len(node.value)} characters is beyond the 64-bit range"
+                ) from None
 
     def _refusal(self, mark, problem: str) -> _Refused:
         where = _dotted(part for part in self._path if part is not None)
@@ -325,11 +332,14 @@ def _check_model(where: str, model: dict, sft: dict) -> None:
         from sftprof.capture.model import ARCHITECTURES
 
         if model["architecture"] not in ARCHITECTURES:
-            raise ConfigError(f"config key {where}.model.architecture: {model['architecture']!r} is not offered; "
-                              f"choose one of {', '.join(ARCHITECTURES)}")
+            raise ConfigError(
+                f"config key {where}.model.architecture: {model['architecture']!r} is not offered; "
+                f"choose one of {', '.join(ARCHITECTURES)}"
+            )
         if sft["seq_length"] > ARCHITECTURES[model["architecture"]]["hf"]["max_position_embeddings"]:
-            raise ConfigError(f"config key {where}.sft.seq_length: exceeds {model['architecture']}'s "
-                              "max_position_embeddings")
+            raise ConfigError(
+                f"config key {where}.sft.seq_length: exceeds {model['architecture']}'s max_position_embeddings"
+            )
         return
     if model["hidden_size"] % model["num_heads"]:
         raise ConfigError(f"config key {where}.model.hidden_size: must be a multiple of num_heads")
@@ -357,29 +367,37 @@ def _check_shared_checkpoints(config: dict) -> None:
         folder, wanted = hub.checkpoint_dir(model), hub.model_identity(model)
         other, other_wanted = first.setdefault(folder, (name, wanted))
         if other_wanted != wanted:
-            raise ConfigError(f"config key experiments.{name}.model: downloads {wanted} into {folder}, where "
-                              f"experiment {other!r} downloads {other_wanted}; give one of them another model.dir")
+            raise ConfigError(
+                f"config key experiments.{name}.model: downloads {wanted} into {folder}, where "
+                f"experiment {other!r} downloads {other_wanted}; give one of them another model.dir"
+            )
 
 
 def _check_ranks(where: str, exp: dict) -> None:
     ranks = world_size(exp)
     outside = [r for r in exp["profile"]["ranks"] if r >= ranks]
     if outside:
-        raise ConfigError(f"config key {where}.profile.ranks: rank(s) {outside} do not exist; slurm.nodes x "
-                          f"slurm.ntasks_per_node gives ranks 0..{ranks - 1}")
+        raise ConfigError(
+            f"config key {where}.profile.ranks: rank(s) {outside} do not exist; slurm.nodes x "
+            f"slurm.ntasks_per_node gives ranks 0..{ranks - 1}"
+        )
     if exp["sft"]["backend"] != "nemo":
         return
     nemo = exp["sft"]["nemo"]
     model_parallel = nemo["tensor_parallel"] * nemo["pipeline_parallel"]
     if ranks % model_parallel:
-        raise ConfigError(f"config key {where}.sft.nemo: {ranks} ranks cannot be split into groups of "
-                          f"tensor_parallel x pipeline_parallel = {model_parallel}")
+        raise ConfigError(
+            f"config key {where}.sft.nemo: {ranks} ranks cannot be split into groups of "
+            f"tensor_parallel x pipeline_parallel = {model_parallel}"
+        )
     if exp["sft"]["device"] == "cpu":
         raise ConfigError(f"config key {where}.sft.device: the nemo backend trains on CUDA only")
     for win_name, window in exp["profile"]["windows"].items():
         if window["capture_range"] == "nvtx":
-            raise ConfigError(f"config key {where}.profile.windows.{win_name}.capture_range: the nemo backend "
-                              "opens step windows with NeMo's NsysCallback, i.e. cudaProfilerApi")
+            raise ConfigError(
+                f"config key {where}.profile.windows.{win_name}.capture_range: the nemo backend "
+                "opens step windows with NeMo's NsysCallback, i.e. cudaProfilerApi"
+            )
 
 
 def _check_window(where: str, window: dict, trace: list[str], sft: dict) -> None:
@@ -388,15 +406,16 @@ def _check_window(where: str, window: dict, trace: list[str], sft: dict) -> None
     has_time = "delay_s" in window or "duration_s" in window
     if by_steps:
         if "start_step" not in window or "end_step" not in window:
-            raise ConfigError(f"config key {where}: capture_range {window['capture_range']} needs start_step and end_step")
+            raise ConfigError(
+                f"config key {where}: capture_range {window['capture_range']} needs start_step and end_step"
+            )
         if has_time:
             raise ConfigError(f"config key {where}: a step window takes no delay_s/duration_s")
         if window["end_step"] < window["start_step"]:
             raise ConfigError(f"config key {where}.end_step: must not be before start_step")
         if window["end_step"] >= sft["steps"]:
             raise ConfigError(
-                f"config key {where}.end_step: training runs steps 0..{sft['steps'] - 1}, "
-                f"so the window never closes"
+                f"config key {where}.end_step: training runs steps 0..{sft['steps'] - 1}, so the window never closes"
             )
     elif has_steps:
         raise ConfigError(f"config key {where}: start_step/end_step need capture_range nvtx or cudaProfilerApi")
@@ -406,7 +425,9 @@ def _check_window(where: str, window: dict, trace: list[str], sft: dict) -> None
         if "cuda" not in trace:
             raise ConfigError(f"config key {where}.capture_range: cudaProfilerApi needs 'cuda' in profile.trace")
         if sft["device"] == "cpu":
-            raise ConfigError(f"config key {where}.capture_range: cudaProfilerApi needs a CUDA device, sft.device is cpu")
+            raise ConfigError(
+                f"config key {where}.capture_range: cudaProfilerApi needs a CUDA device, sft.device is cpu"
+            )
 
 
 def experiment(config: dict, name: str) -> dict[str, Any]:
@@ -429,6 +450,8 @@ def window(config: dict, experiment_name: str, window_name: str) -> dict[str, An
 def remote_settings(config: dict) -> dict:
     """The `remote` section, or a ConfigError saying how to add one."""
     if "remote" not in config:
-        raise ConfigError("config key remote: not set; add `remote: {host: LOGIN_NODE, workdir: PATH}` "
-                          "(the cluster working directory that holds results/)")
+        raise ConfigError(
+            "config key remote: not set; add `remote: {host: LOGIN_NODE, workdir: PATH}` "
+            "(the cluster working directory that holds results/)"
+        )
     return config["remote"]

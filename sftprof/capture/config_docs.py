@@ -21,8 +21,10 @@ is the `steps` key of the `sft` section of the experiment called NAME.
 
 def _resolve(schema: dict, node: dict) -> dict:
     while "$ref" in node:
-        node = {**schema["definitions"][node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items()
-                                                                           if k != "$ref"}}
+        node = {
+            **schema["definitions"][node["$ref"].rsplit("/", 1)[-1]],
+            **{k: v for k, v in node.items() if k != "$ref"},
+        }
     return node
 
 

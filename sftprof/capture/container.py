@@ -20,8 +20,17 @@ SIF_RUNTIMES = ("apptainer", "singularity")
 PACKAGE_MOUNT = "/opt/sftprof-src"
 PACKAGE_ROOT = Path(sftprof.__file__).resolve().parent.parent
 # What a rank needs to know who it is and where its peers are, inside any container.
-DISTRIBUTED_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NODEID", "SLURM_NTASKS",
-                   "SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
+DISTRIBUTED_ENV = (
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NNODES",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def python_for(container: dict) -> str:
@@ -64,8 +73,10 @@ def pull_commands(container: dict, destination: str | Path) -> list[list[str]]:
         return [[runtime, "pull", str(destination), image]]
     if runtime == "docker":
         reference = docker_reference(image)
-        return [["docker", "pull", reference],
-                ["docker", "image", "inspect", "--format", "{{index .RepoDigests 0}}", reference]]
+        return [
+            ["docker", "pull", reference],
+            ["docker", "image", "inspect", "--format", "{{index .RepoDigests 0}}", reference],
+        ]
     raise ValueError("container runtime none has nothing to pull")
 
 
@@ -92,8 +103,16 @@ def exec_prefix(container: dict, image_path: str | Path | None, workdir: str | P
     argv = ["docker", "run", "--rm", "--network=host", "--ipc=host"]
     if container["gpus"]:
         argv += ["--gpus", "all"]
-    argv += ["--volume", f"{workdir}:{workdir}", "--workdir", workdir,
-             "--volume", f"{PACKAGE_ROOT}:{PACKAGE_MOUNT}:ro", "--env", f"PYTHONPATH={PACKAGE_MOUNT}"]
+    argv += [
+        "--volume",
+        f"{workdir}:{workdir}",
+        "--workdir",
+        workdir,
+        "--volume",
+        f"{PACKAGE_ROOT}:{PACKAGE_MOUNT}:ro",
+        "--env",
+        f"PYTHONPATH={PACKAGE_MOUNT}",
+    ]
     for bind in container["binds"]:
         host, target, mode = _split_bind(bind)
         argv += ["--volume", f"{host}:{target}" + (f":{mode}" if mode else "")]

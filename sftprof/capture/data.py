@@ -14,8 +14,8 @@ import hashlib
 import json
 import math
 import random
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from sftprof.io import atomic_write_text
 
@@ -24,8 +24,9 @@ SPLITS = ("training", "validation", "test")
 SKIP_REASONS = ("not_an_object", "missing_field", "empty_instruction", "empty_response")
 # Lengths are counted without a tokenizer, so that data preparation does not depend on the model
 # (a new checkpoint would otherwise redo it); model tokens differ from both measures.
-LENGTH_MEASURE = ("whitespace-separated words and UTF-8 bytes of prompt + response (not model tokens); "
-                  "nearest-rank percentiles")
+LENGTH_MEASURE = (
+    "whitespace-separated words and UTF-8 bytes of prompt + response (not model tokens); nearest-rank percentiles"
+)
 PERCENTILES = (50, 90, 99)
 
 PROMPT_WITH_CONTEXT = "### Instruction:\n{instruction}\n\n### Context:\n{context}\n\n### Response:\n"
@@ -40,14 +41,36 @@ def build_prompt(instruction: str, context: str) -> str:
     return PROMPT_WITHOUT_CONTEXT.format(instruction=instruction)
 
 
-_THINGS = ["a lighthouse", "a sourdough starter", "a bicycle chain", "a tide pool", "a glacier",
-           "a beehive", "a pipe organ", "a compost heap", "a sundial", "a paper kite",
-           "a river delta", "a violin bow", "a greenhouse", "a night train", "a coral reef"]
+_THINGS = [
+    "a lighthouse",
+    "a sourdough starter",
+    "a bicycle chain",
+    "a tide pool",
+    "a glacier",
+    "a beehive",
+    "a pipe organ",
+    "a compost heap",
+    "a sundial",
+    "a paper kite",
+    "a river delta",
+    "a violin bow",
+    "a greenhouse",
+    "a night train",
+    "a coral reef",
+]
 _PLACES = ["Varnholm", "Quellport", "Ostrava Bay", "Mirelle", "Tarn Hollow", "Kesslow", "Brightwater"]
 _TRAITS = ["durable", "fragile", "noisy", "slow", "bright", "cheap", "rare", "heavy"]
 _VERBS = ["repair", "clean", "measure", "photograph", "explain", "build", "store"]
-_CATEGORIES = ["open_qa", "closed_qa", "classification", "information_extraction",
-               "summarization", "brainstorming", "creative_writing", "general_qa"]
+_CATEGORIES = [
+    "open_qa",
+    "closed_qa",
+    "classification",
+    "information_extraction",
+    "summarization",
+    "brainstorming",
+    "creative_writing",
+    "general_qa",
+]
 
 
 def _sample_record(rng: random.Random) -> dict[str, str]:
@@ -68,8 +91,10 @@ def _sample_record(rng: random.Random) -> dict[str, str]:
         instruction = f"List the numbers mentioned about {thing} in {place}."
         response = f"The text mentions {count} examples and the year {year}."
     elif category == "summarization":
-        context = (f"{thing.capitalize()} in {place} was {trait} for years. People learned to {verb} it. "
-                   f"By {year} the town had {count} of them.")
+        context = (
+            f"{thing.capitalize()} in {place} was {trait} for years. People learned to {verb} it. "
+            f"By {year} the town had {count} of them."
+        )
         instruction = f"Summarise the passage about {thing} in one sentence."
         response = f"{place} learned to {verb} {thing}, and had {count} of them by {year}."
     elif category == "classification":
@@ -77,12 +102,13 @@ def _sample_record(rng: random.Random) -> dict[str, str]:
         response = f"{rng.choice([thing, other]).capitalize()} is usually the more {trait} of the two."
     elif category == "brainstorming":
         instruction = f"Give three ways to {verb} {thing}."
-        response = (f"First, {verb} it slowly. Second, ask someone from {place}. "
-                    f"Third, compare it with {other}.")
+        response = f"First, {verb} it slowly. Second, ask someone from {place}. Third, compare it with {other}."
     elif category == "creative_writing":
         instruction = f"Write two sentences about {thing} in {place}."
-        response = (f"Every morning in {place}, {thing} looked a little more {trait}. "
-                    f"Nobody could say why, not even after {count} years.")
+        response = (
+            f"Every morning in {place}, {thing} looked a little more {trait}. "
+            f"Nobody could say why, not even after {count} years."
+        )
     else:  # open_qa, general_qa
         instruction = f"What is a good way to {verb} {thing}?"
         response = f"Start small: {verb} {thing} the way you would {verb} {other}, and keep notes."
@@ -144,8 +170,8 @@ def split_records(records: list[dict], fractions: dict[str, float], seed: int) -
     n_val = int(round(n * fractions["validation"]))
     return {
         "training": shuffled[:n_train],
-        "validation": shuffled[n_train:n_train + n_val],
-        "test": shuffled[n_train + n_val:],
+        "validation": shuffled[n_train : n_train + n_val],
+        "test": shuffled[n_train + n_val :],
     }
 
 
@@ -160,12 +186,15 @@ def percentiles(values: list[int]) -> dict[str, int] | None:
 
 def length_stats(examples: list[dict]) -> dict:
     texts = [example["input"] + example["output"] for example in examples]
-    return {"words": percentiles([len(text.split()) for text in texts]),
-            "bytes": percentiles([len(text.encode("utf-8")) for text in texts])}
+    return {
+        "words": percentiles([len(text.split()) for text in texts]),
+        "bytes": percentiles([len(text.encode("utf-8")) for text in texts]),
+    }
 
 
-def prepare_sft_splits(dolly_jsonl: str | Path, out_paths: dict[str, str | Path],
-                       fractions: dict[str, float], seed: int) -> dict:
+def prepare_sft_splits(
+    dolly_jsonl: str | Path, out_paths: dict[str, str | Path], fractions: dict[str, float], seed: int
+) -> dict:
     """Convert a dolly-format jsonl into SFT split files; return stats: the source's sha256, rows
     read and skipped (by reason), records per split and length percentiles per split."""
     records = list(read_jsonl(dolly_jsonl))

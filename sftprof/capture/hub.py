@@ -29,10 +29,10 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx2
 import huggingface_hub
@@ -130,34 +130,52 @@ def hub_errors(section: str, settings: dict, token: str | None, repo_type: str =
     try:
         yield
     except RevisionNotFoundError:
-        raise HubError(f"{what}: there is no revision {revision!r} in {repo}; set {section}.revision to one of "
-                       f"its branches, tags or commits (see {page}/commits/main)") from None
+        raise HubError(
+            f"{what}: there is no revision {revision!r} in {repo}; set {section}.revision to one of "
+            f"its branches, tags or commits (see {page}/commits/main)"
+        ) from None
     except GatedRepoError:
         if token is None:
-            raise HubError(f"{what}: {repo} is gated and no token was given. Set HF_TOKEN, or {section}.token_file "
-                           "to a file that holds the token, of an account that accepted the license at "
-                           f"{page}") from None
-        raise HubError(f"{what}: {repo} is gated and the token has no access to it. Accept the license at {page} "
-                       "with the account the token belongs to (approval can take a while), or use that "
-                       "account's token") from None
+            raise HubError(
+                f"{what}: {repo} is gated and no token was given. Set HF_TOKEN, or {section}.token_file "
+                "to a file that holds the token, of an account that accepted the license at "
+                f"{page}"
+            ) from None
+        raise HubError(
+            f"{what}: {repo} is gated and the token has no access to it. Accept the license at {page} "
+            "with the account the token belongs to (approval can take a while), or use that "
+            "account's token"
+        ) from None
     except RepositoryNotFoundError:
         who = "no token was given" if token is None else "the token cannot see it"
-        raise HubError(f"{what}: no repository {repo} there (or it is private and {who}); "
-                       f"check {section}.repo") from None
+        raise HubError(
+            f"{what}: no repository {repo} there (or it is private and {who}); check {section}.repo"
+        ) from None
     except HfHubHTTPError as error:
         status = error.response.status_code
         if status == 401:
-            raise HubError(f"{what}: the Hub rejected the token (HTTP 401); it may be mistyped, revoked or "
-                           f"expired: make a new one and put it in HF_TOKEN or {section}.token_file") from None
+            raise HubError(
+                f"{what}: the Hub rejected the token (HTTP 401); it may be mistyped, revoked or "
+                f"expired: make a new one and put it in HF_TOKEN or {section}.token_file"
+            ) from None
         if status == 403:
-            raise HubError(f"{what}: the token may not read {repo} (HTTP 403); a fine-grained token needs "
-                           "read access to public gated repositories") from None
+            raise HubError(
+                f"{what}: the token may not read {repo} (HTTP 403); a fine-grained token needs "
+                "read access to public gated repositories"
+            ) from None
         raise HubError(f"{what}: the Hub answered HTTP {status}: {error.server_message or 'no details'}") from None
-    except (httpx2.ConnectError, httpx2.TimeoutException, httpx2.RemoteProtocolError, LocalEntryNotFoundError,
-            OfflineModeIsEnabled) as error:
-        raise HubError(f"{what}: cannot reach {endpoint} ({type(error).__name__}). Where there is no internet "
-                       f"(compute nodes), download on the login node first and set {section}.offline: true (or "
-                       f"HF_HUB_OFFLINE=1) to use the files already there, or give {section}.source: path") from None
+    except (
+        httpx2.ConnectError,
+        httpx2.TimeoutException,
+        httpx2.RemoteProtocolError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+    ) as error:
+        raise HubError(
+            f"{what}: cannot reach {endpoint} ({type(error).__name__}). Where there is no internet "
+            f"(compute nodes), download on the login node first and set {section}.offline: true (or "
+            f"HF_HUB_OFFLINE=1) to use the files already there, or give {section}.source: path"
+        ) from None
 
 
 def _digests(path: Path, git_blob: bool) -> tuple[str, str | None]:
@@ -227,29 +245,43 @@ def model_identity(model: dict) -> dict:
 def _hub_listing(model: dict, token: str | None) -> Listing:
     api = huggingface_hub.HfApi(endpoint=hub_endpoint(model), token=token or False)
     commit = api.repo_info(model["repo"], revision=model["revision"]).sha
-    tree = {entry.path: entry for entry in api.list_repo_tree(model["repo"], recursive=True, revision=commit)
-            if isinstance(entry, huggingface_hub.hf_api.RepoFile)}
+    tree = {
+        entry.path: entry
+        for entry in api.list_repo_tree(model["repo"], recursive=True, revision=commit)
+        if isinstance(entry, huggingface_hub.hf_api.RepoFile)
+    }
     wanted = sorted(filter_repo_objects(tree, allow_patterns=model["allow_patterns"]))
     if not wanted:
-        raise HubError(f"{model['repo']} (revision {model['revision']}) has no file that matches model.allow_patterns "
-                       f"{model['allow_patterns']}; it has: {', '.join(sorted(tree)) or 'no files'}")
-    return Listing(model["repo"], model["revision"], list(model["allow_patterns"]), commit,
-                   [_expected_from_tree(tree[path]) for path in wanted])
+        raise HubError(
+            f"{model['repo']} (revision {model['revision']}) has no file that matches model.allow_patterns "
+            f"{model['allow_patterns']}; it has: {', '.join(sorted(tree)) or 'no files'}"
+        )
+    return Listing(
+        model["repo"],
+        model["revision"],
+        list(model["allow_patterns"]),
+        commit,
+        [_expected_from_tree(tree[path]) for path in wanted],
+    )
 
 
 def _recorded_listing(checkpoint: Path, model: dict) -> Listing:
     """The Hub's listing saved by an earlier online run, for checking files offline."""
     record = checkpoint / layout.HUB_LISTING
     if not record.is_file():
-        raise HubError(f"offline (model.offline or HF_HUB_OFFLINE), and {checkpoint} holds no download of "
-                       f"{model['repo']}: download it once where there is internet (the login node), or give "
-                       "model.source: path for a checkpoint from elsewhere")
+        raise HubError(
+            f"offline (model.offline or HF_HUB_OFFLINE), and {checkpoint} holds no download of "
+            f"{model['repo']}: download it once where there is internet (the login node), or give "
+            "model.source: path for a checkpoint from elsewhere"
+        )
     listing = Listing.from_json(json.loads(record.read_text()))
     same_files = (listing.repo, listing.allow_patterns) == (model["repo"], model["allow_patterns"])
     if not same_files or model["revision"] not in (listing.revision, listing.commit):
-        raise HubError(f"offline, and {checkpoint} holds {listing.repo} revision {listing.revision} (files "
-                       f"{listing.allow_patterns}), not {model['repo']} revision {model['revision']} (files "
-                       f"{model['allow_patterns']}): download that once where there is internet")
+        raise HubError(
+            f"offline, and {checkpoint} holds {listing.repo} revision {listing.revision} (files "
+            f"{listing.allow_patterns}), not {model['repo']} revision {model['revision']} (files "
+            f"{model['allow_patterns']}): download that once where there is internet"
+        )
     return listing
 
 
@@ -260,17 +292,28 @@ def _unfinished_bytes(checkpoint: Path) -> int:
 
 def _check_disk_space(checkpoint: Path, listing: Listing) -> None:
     """Refuse to start a download that cannot fit (`checkpoint` exists: it holds the listing)."""
-    needed = sum(f.size for f in listing.files
-                 if not ((checkpoint / f.path).is_file() and (checkpoint / f.path).stat().st_size == f.size))
+    needed = sum(
+        f.size
+        for f in listing.files
+        if not ((checkpoint / f.path).is_file() and (checkpoint / f.path).stat().st_size == f.size)
+    )
     free = shutil.disk_usage(checkpoint).free
     if needed > free:
         stale = _unfinished_bytes(checkpoint)
-        hint = (f"; {_size(stale)} of the disk is held by unfinished downloads that killed runs left in "
+        hint = (
+            (
+                f"; {_size(stale)} of the disk is held by unfinished downloads that killed runs left in "
                 f"{checkpoint}/.cache/huggingface/download (*.incomplete): delete them if no download is "
-                "running") if stale else ""
-        raise HubError(f"{listing.repo}: the download needs {_size(needed)} more in {checkpoint}, and its "
-                       f"file system has {_size(free)} free{hint}. Free space, or point model.dir at a file "
-                       "system with room")
+                "running"
+            )
+            if stale
+            else ""
+        )
+        raise HubError(
+            f"{listing.repo}: the download needs {_size(needed)} more in {checkpoint}, and its "
+            f"file system has {_size(free)} free{hint}. Free space, or point model.dir at a file "
+            "system with room"
+        )
 
 
 def download_model(model: dict, checkpoint: str | Path) -> dict:
@@ -286,16 +329,33 @@ def download_model(model: dict, checkpoint: str | Path) -> dict:
             listing = _hub_listing(model, token)
             atomic_write_text(checkpoint / layout.HUB_LISTING, json.dumps(asdict(listing), indent=2))
             _check_disk_space(checkpoint, listing)
-            logging.info("downloading %d files (%s) of %s at commit %s into %s", len(listing.files),
-                         _size(sum(f.size for f in listing.files)), listing.repo, listing.commit, checkpoint)
-            download = dict(repo_id=listing.repo, revision=listing.commit, local_dir=checkpoint,
-                            endpoint=hub_endpoint(model), token=token or False)
+            logging.info(
+                "downloading %d files (%s) of %s at commit %s into %s",
+                len(listing.files),
+                _size(sum(f.size for f in listing.files)),
+                listing.repo,
+                listing.commit,
+                checkpoint,
+            )
+            download = dict(
+                repo_id=listing.repo,
+                revision=listing.commit,
+                local_dir=checkpoint,
+                endpoint=hub_endpoint(model),
+                token=token or False,
+            )
             huggingface_hub.snapshot_download(allow_patterns=listing.allow_patterns, **download)
-            digests = _verified(checkpoint, listing, refetch=lambda path: huggingface_hub.hf_hub_download(
-                filename=path, force_download=True, **download))
+            digests = _verified(
+                checkpoint,
+                listing,
+                refetch=lambda path: huggingface_hub.hf_hub_download(filename=path, force_download=True, **download),
+            )
     manifest = {
-        "repo": listing.repo, "revision": listing.revision, "commit": listing.commit,
-        "allow_patterns": listing.allow_patterns, "total_size": sum(f.size for f in listing.files),
+        "repo": listing.repo,
+        "revision": listing.revision,
+        "commit": listing.commit,
+        "allow_patterns": listing.allow_patterns,
+        "total_size": sum(f.size for f in listing.files),
         "files": [{"path": f.path, "size": f.size, "sha256": digests[f.path]} for f in listing.files],
     }
     atomic_write_text(checkpoint / layout.MODEL_MANIFEST, json.dumps(manifest, indent=2) + "\n")
@@ -312,16 +372,20 @@ def _verified(checkpoint: Path, listing: Listing, refetch) -> dict[str, str]:
             bad[expected.path] = problem
     if bad and refetch is None:
         listed = "; ".join(f"{path}: {problem}" for path, problem in bad.items())
-        raise HubError(f"offline, and {checkpoint} is not a complete, intact download of {listing.repo} "
-                       f"(revision {listing.revision}): {listed}. Download it where there is internet")
+        raise HubError(
+            f"offline, and {checkpoint} is not a complete, intact download of {listing.repo} "
+            f"(revision {listing.revision}): {listed}. Download it where there is internet"
+        )
     for path, problem in bad.items():
         logging.warning("%s/%s: %s; fetching it again", checkpoint, path, problem)
         refetch(path)
         expected = next(f for f in listing.files if f.path == path)
         problem, digests[path] = _problem(expected, checkpoint / path)
         if problem:
-            raise HubError(f"{checkpoint}/{path}: still wrong after a second download ({problem}); the file on "
-                           f"{listing.repo} or a proxy in between is damaged. Nothing was marked complete")
+            raise HubError(
+                f"{checkpoint}/{path}: still wrong after a second download ({problem}); the file on "
+                f"{listing.repo} or a proxy in between is damaged. Nothing was marked complete"
+            )
     return digests
 
 
@@ -367,23 +431,36 @@ def _dolly_from_hub(data: dict) -> tuple[Path, str]:
     """The verified file in the HF cache, and its sha256."""
     token = resolve_token(data.get("token_file"))
     endpoint = hub_endpoint(data)
-    download = dict(repo_id=data["repo"], filename=data["filename"], repo_type="dataset",
-                    revision=data["revision"], endpoint=endpoint, token=token or False)
+    download = dict(
+        repo_id=data["repo"],
+        filename=data["filename"],
+        repo_type="dataset",
+        revision=data["revision"],
+        endpoint=endpoint,
+        token=token or False,
+    )
     if is_offline(data):
         try:
             cached = Path(huggingface_hub.hf_hub_download(local_files_only=True, **download))
         except LocalEntryNotFoundError:
-            raise HubError(f"offline (data.offline or HF_HUB_OFFLINE), and {data['filename']} of {data['repo']} "
-                           f"(revision {data['revision']}) is not in the HF cache {hf_constants.HF_HUB_CACHE}: "
-                           "download it once where there is internet, with the same HF_HOME") from None
+            raise HubError(
+                f"offline (data.offline or HF_HUB_OFFLINE), and {data['filename']} of {data['repo']} "
+                f"(revision {data['revision']}) is not in the HF cache {hf_constants.HF_HUB_CACHE}: "
+                "download it once where there is internet, with the same HF_HOME"
+            ) from None
         return cached, _digests(cached, git_blob=False)[0]
     with hub_errors("data", data, token, repo_type="dataset"):
-        url = huggingface_hub.hf_hub_url(data["repo"], data["filename"], repo_type="dataset",
-                                         revision=data["revision"], endpoint=endpoint)
+        url = huggingface_hub.hf_hub_url(
+            data["repo"], data["filename"], repo_type="dataset", revision=data["revision"], endpoint=endpoint
+        )
         metadata = huggingface_hub.get_hf_file_metadata(url, token=token or False, endpoint=endpoint)
         etag = metadata.etag or ""
-        expected = ExpectedFile(data["filename"], metadata.size, sha256=etag if SHA256.fullmatch(etag) else None,
-                                git_sha1=etag if GIT_SHA1.fullmatch(etag) else None)
+        expected = ExpectedFile(
+            data["filename"],
+            metadata.size,
+            sha256=etag if SHA256.fullmatch(etag) else None,
+            git_sha1=etag if GIT_SHA1.fullmatch(etag) else None,
+        )
         cached = Path(huggingface_hub.hf_hub_download(**download))
         problem, sha256 = _problem(expected, cached)
         if problem:
@@ -391,8 +468,10 @@ def _dolly_from_hub(data: dict) -> tuple[Path, str]:
             cached = Path(huggingface_hub.hf_hub_download(force_download=True, **download))
             problem, sha256 = _problem(expected, cached)
             if problem:
-                raise HubError(f"{data['filename']} of {data['repo']}: still wrong after a second download "
-                               f"({problem}); the file on the Hub or a proxy in between is damaged")
+                raise HubError(
+                    f"{data['filename']} of {data['repo']}: still wrong after a second download "
+                    f"({problem}); the file on the Hub or a proxy in between is damaged"
+                )
     return cached, sha256
 
 
@@ -410,9 +489,14 @@ def _download_url(url: str, destination: Path) -> None:
 def _check_recorded_sha256(data: dict, sha256: str) -> None:
     recorded = data.get("sha256")
     if recorded is None:
-        logging.warning("data.sha256 is not set. This file's SHA-256 is %s: record it as data.sha256 so that "
-                        "every later download, copy or mirror of it is checked against it", sha256)
+        logging.warning(
+            "data.sha256 is not set. This file's SHA-256 is %s: record it as data.sha256 so that "
+            "every later download, copy or mirror of it is checked against it",
+            sha256,
+        )
     elif sha256 != recorded:
-        raise HubError(f"the dolly file has SHA-256 {sha256}, but data.sha256 is {recorded}. If data.revision or "
-                       "data.path changed on purpose, record the new value; otherwise the file is not the one "
-                       "recorded")
+        raise HubError(
+            f"the dolly file has SHA-256 {sha256}, but data.sha256 is {recorded}. If data.revision or "
+            "data.path changed on purpose, record the new value; otherwise the file is not the one "
+            "recorded"
+        )

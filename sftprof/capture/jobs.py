@@ -37,8 +37,13 @@ def _one_line(value):
     return value
 
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof.capture", "templates"), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True, autoescape=False, finalize=_one_line)
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("sftprof.capture", "templates"),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    autoescape=False,
+    finalize=_one_line,
+)
 _ENV.filters["shjoin"] = shlex.join
 _ENV.filters["q"] = shlex.quote
 # #SBATCH lines are read by sbatch, not by a shell, so a value there cannot be quoted.
@@ -86,12 +91,20 @@ def nemo_checkpoint(experiment_name: str, experiment: dict) -> str:
 
 def allocation_options(slurm: dict, job_name: str) -> list[str]:
     """sbatch/salloc options for the experiment's allocation; the same list serves both forms."""
-    options = [f"--job-name={job_name}", f"--partition={slurm['partition']}", f"--nodes={slurm['nodes']}",
-               f"--ntasks-per-node={slurm['ntasks_per_node']}", f"--cpus-per-task={slurm['cpus_per_task']}",
-               f"--time={slurm['time']}"]
+    options = [
+        f"--job-name={job_name}",
+        f"--partition={slurm['partition']}",
+        f"--nodes={slurm['nodes']}",
+        f"--ntasks-per-node={slurm['ntasks_per_node']}",
+        f"--cpus-per-task={slurm['cpus_per_task']}",
+        f"--time={slurm['time']}",
+    ]
     if slurm["gpus_per_node"]:
-        options.append(f"--gres=gpu:{slurm['gpus_per_node']}" if slurm["gpu_request"] == "gres"
-                       else f"--gpus-per-node={slurm['gpus_per_node']}")
+        options.append(
+            f"--gres=gpu:{slurm['gpus_per_node']}"
+            if slurm["gpu_request"] == "gres"
+            else f"--gpus-per-node={slurm['gpus_per_node']}"
+        )
     if slurm["mem"]:
         options.append(f"--mem={slurm['mem']}")
     options += [f"--{key}={slurm[key]}" for key in ("account", "qos", "constraint", "reservation") if key in slurm]
@@ -115,8 +128,20 @@ def megabytes(memory: str) -> int:
 
 
 # snakemake-executor-plugin-slurm's resource names, each filled by executor_resources.
-EXECUTOR_RESOURCES = ("slurm_partition", "nodes", "tasks_per_node", "cpus_per_task", "runtime", "mem_mb",
-                      "gres", "gpu", "slurm_account", "qos", "constraint", "slurm_extra")
+EXECUTOR_RESOURCES = (
+    "slurm_partition",
+    "nodes",
+    "tasks_per_node",
+    "cpus_per_task",
+    "runtime",
+    "mem_mb",
+    "gres",
+    "gpu",
+    "slurm_account",
+    "qos",
+    "constraint",
+    "slurm_extra",
+)
 
 
 def executor_resources(slurm: dict) -> dict:
@@ -144,13 +169,26 @@ def executor_resources(slurm: dict) -> dict:
 
 def srun_argv(slurm: dict) -> list[str]:
     """One task per rank over the allocation; a failing rank ends the step rather than hanging it."""
-    return ["srun", f"--nodes={slurm['nodes']}", f"--ntasks={slurm['nodes'] * slurm['ntasks_per_node']}",
-            f"--ntasks-per-node={slurm['ntasks_per_node']}", f"--cpus-per-task={slurm['cpus_per_task']}",
-            "--kill-on-bad-exit=1"]
+    return [
+        "srun",
+        f"--nodes={slurm['nodes']}",
+        f"--ntasks={slurm['nodes'] * slurm['ntasks_per_node']}",
+        f"--ntasks-per-node={slurm['ntasks_per_node']}",
+        f"--cpus-per-task={slurm['cpus_per_task']}",
+        "--kill-on-bad-exit=1",
+    ]
 
 
-def launch_plan(experiment_name: str, experiment: dict, window_name: str, window: dict, *,
-                workdir: str | Path, under_slurm: bool, capture_dir: str | None = None) -> LaunchPlan:
+def launch_plan(
+    experiment_name: str,
+    experiment: dict,
+    window_name: str,
+    window: dict,
+    *,
+    workdir: str | Path,
+    under_slurm: bool,
+    capture_dir: str | None = None,
+) -> LaunchPlan:
     """Everything that runs one profiled window. Under Slurm every rank is an srun task and
     profiled ranks get nsys's per-rank report names; outside it there is one rank."""
     names = {"experiment": experiment_name, "window": window_name}
@@ -158,17 +196,24 @@ def launch_plan(experiment_name: str, experiment: dict, window_name: str, window
     profile = experiment["profile"]
     python = container.python_for(experiment["container"])
     metrics = str(Path(capture_dir) / rank.METRICS_PATTERN.format(output_name=profile["output_name"]))
-    model = (nemo_checkpoint(experiment_name, experiment) if needs_nemo_checkpoint(experiment)
-             else model_dir(experiment_name, experiment))
-    app = sft.command(model, layout.SFT_SPLIT.format(split="training", **names),
-                      metrics, experiment["sft"], window, python=python)
+    model = (
+        nemo_checkpoint(experiment_name, experiment)
+        if needs_nemo_checkpoint(experiment)
+        else model_dir(experiment_name, experiment)
+    )
+    app = sft.command(
+        model, layout.SFT_SPLIT.format(split="training", **names), metrics, experiment["sft"], window, python=python
+    )
     output = nsys.output_pattern(capture_dir, profile["output_name"], per_rank=under_slurm)
     image = container.image_file(experiment["container"])
-    return LaunchPlan(srun=srun_argv(experiment["slurm"]) if under_slurm else [],
-                      container=container.exec_prefix(experiment["container"], image, workdir),
-                      rank=rank.rank_argv(python, profile["ranks"], capture_dir, nsys.profile_environment(window)),
-                      nsys=nsys.profile_argv(nsys.profile_options(profile, window), output, []),
-                      app=app, capture_dir=capture_dir)
+    return LaunchPlan(
+        srun=srun_argv(experiment["slurm"]) if under_slurm else [],
+        container=container.exec_prefix(experiment["container"], image, workdir),
+        rank=rank.rank_argv(python, profile["ranks"], capture_dir, nsys.profile_environment(window)),
+        nsys=nsys.profile_argv(nsys.profile_options(profile, window), output, []),
+        app=app,
+        capture_dir=capture_dir,
+    )
 
 
 def job_name(experiment_name: str, window_name: str) -> str:
@@ -180,8 +225,10 @@ def sbatch_directives(options: list[str], workdir: Path, slurm_log: str) -> list
     directives = [*options, f"--chdir={workdir}", f"--output={slurm_log}"]
     for directive in directives:
         if _UNSAFE_IN_DIRECTIVE & set(directive) or CONTROL_CHARACTER.search(directive):
-            raise SlurmError(f"#SBATCH {directive!r} holds spaces, quotes, shell or control characters, which an "
-                             "#SBATCH line cannot carry; use a plainer value (or run from a plainer path)")
+            raise SlurmError(
+                f"#SBATCH {directive!r} holds spaces, quotes, shell or control characters, which an "
+                "#SBATCH line cannot carry; use a plainer value (or run from a plainer path)"
+            )
     return directives
 
 
@@ -190,27 +237,31 @@ def _context(experiment_name: str, experiment: dict, window_name: str, window: d
     names = {"experiment": experiment_name, "window": window_name}
     options = allocation_options(experiment["slurm"], job_name(experiment_name, window_name))
     slurm_log = str(workdir / layout.JOB_DIR.format(**names) / "slurm-%j.out")
-    return {"version": __version__, "experiment": experiment_name, "window": window_name,
-            "workdir": str(workdir), "plan": plan, "profiled_ranks": experiment["profile"]["ranks"],
-            "options": options, "directives": sbatch_directives(options, workdir, slurm_log)}
+    return {
+        "version": __version__,
+        "experiment": experiment_name,
+        "window": window_name,
+        "workdir": str(workdir),
+        "plan": plan,
+        "profiled_ranks": experiment["profile"]["ranks"],
+        "options": options,
+        "directives": sbatch_directives(options, workdir, slurm_log),
+    }
 
 
-def render_sbatch(experiment_name: str, experiment: dict, window_name: str, window: dict,
-                  workdir: str | Path) -> str:
+def render_sbatch(experiment_name: str, experiment: dict, window_name: str, window: dict, workdir: str | Path) -> str:
     """A batch script for `sbatch FILE`: the allocation as #SBATCH lines, then srun."""
     context = _context(experiment_name, experiment, window_name, window, Path(workdir).resolve())
     return _ENV.get_template("sbatch.sh.j2").render(**context)
 
 
-def render_salloc(experiment_name: str, experiment: dict, window_name: str, window: dict,
-                  workdir: str | Path) -> str:
+def render_salloc(experiment_name: str, experiment: dict, window_name: str, window: dict, workdir: str | Path) -> str:
     """The interactive form: an salloc line, then the commands to type inside the allocation."""
     context = _context(experiment_name, experiment, window_name, window, Path(workdir).resolve())
     return _ENV.get_template("salloc.sh.j2").render(**context)
 
 
-def write_sbatch(experiment_name: str, experiment: dict, window_name: str, window: dict,
-                 workdir: str | Path) -> Path:
+def write_sbatch(experiment_name: str, experiment: dict, window_name: str, window: dict, workdir: str | Path) -> Path:
     """jobs/EXPERIMENT/WINDOW/job.sbatch under `workdir`; the folder also takes Slurm's log.
     Rendered first, so a refused value leaves nothing behind."""
     names = {"experiment": experiment_name, "window": window_name}

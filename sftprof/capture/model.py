@@ -28,7 +28,10 @@ def build_byte_tokenizer():
     tokenizer.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
     )
 
 
@@ -81,21 +84,45 @@ def create_tiny_llama(settings: dict, out_dir: str | Path) -> dict:
 # the same model (NeMo 2.2.1), whose fields match these.
 ARCHITECTURES = {
     "llama2-7b": {
-        "hf": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-               "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
-               "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+        "hf": {
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "vocab_size": 32000,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+        },
         "nemo": "Llama2Config7B",
     },
     "llama2-13b": {
-        "hf": {"hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40, "num_attention_heads": 40,
-               "num_key_value_heads": 40, "vocab_size": 32000, "max_position_embeddings": 4096,
-               "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+        "hf": {
+            "hidden_size": 5120,
+            "intermediate_size": 13824,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 40,
+            "vocab_size": 32000,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+        },
         "nemo": "Llama2Config13B",
     },
     "llama3-8b": {
-        "hf": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-               "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
-               "rms_norm_eps": 1e-5, "rope_theta": 500000.0},
+        "hf": {
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+        },
         "nemo": "Llama3Config8B",
     },
 }
@@ -118,9 +145,13 @@ def hf_config(name: str):
     ids all lie below any table vocab_size, so the model keeps the published vocabulary size)."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(**architecture(name)["hf"], pad_token_id=SPECIAL_TOKENS["<pad>"],
-                       bos_token_id=SPECIAL_TOKENS["<s>"], eos_token_id=SPECIAL_TOKENS["</s>"],
-                       tie_word_embeddings=False)
+    return LlamaConfig(
+        **architecture(name)["hf"],
+        pad_token_id=SPECIAL_TOKENS["<pad>"],
+        bos_token_id=SPECIAL_TOKENS["<s>"],
+        eos_token_id=SPECIAL_TOKENS["</s>"],
+        tie_word_embeddings=False,
+    )
 
 
 def parameter_count(name: str) -> int:
@@ -146,8 +177,15 @@ def create_random_model(settings: dict, out_dir: str | Path) -> dict:
     tmp.mkdir(parents=True)
     hf_config(name).save_pretrained(tmp)
     build_byte_tokenizer().save_pretrained(tmp)
-    summary = {"architecture": "LlamaForCausalLM", "weights": "random", "preset": name, "nemo_config": entry["nemo"],
-               "parameters": parameter_count(name), "vocab_size": entry["hf"]["vocab_size"], "seed": settings["seed"]}
+    summary = {
+        "architecture": "LlamaForCausalLM",
+        "weights": "random",
+        "preset": name,
+        "nemo_config": entry["nemo"],
+        "parameters": parameter_count(name),
+        "vocab_size": entry["hf"]["vocab_size"],
+        "seed": settings["seed"],
+    }
     (tmp / MODEL_FACTS).write_text(json.dumps(summary, indent=2))
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)

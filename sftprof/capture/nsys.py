@@ -25,12 +25,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Iterator, Sequence
+from typing import IO
 
+from sftprof.capture.sft.annotate import CAPTURE_RANGE_NAME
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_path
-from sftprof.capture.sft.annotate import CAPTURE_RANGE_NAME
 
 REPORT_SUFFIX = ".nsys-rep"
 RAW_SUFFIX = ".qdstrm"
@@ -115,8 +116,11 @@ def stats_report(table: str, release: int) -> str | None:
 def nsys_messages(output: str) -> list[str]:
     """What nsys said, without its progress bars (import, export, of either release) or blank lines."""
     lines = output.replace("\r", "\n").splitlines()
-    return [line.strip() for line in lines
-            if line.strip() and not _PROGRESS_LINE.match(line) and not _EXPORT_PROGRESS.match(line)]
+    return [
+        line.strip()
+        for line in lines
+        if line.strip() and not _PROGRESS_LINE.match(line) and not _EXPORT_PROGRESS.match(line)
+    ]
 
 
 def profile_options(profile: dict, window: dict) -> list[str]:
@@ -188,7 +192,7 @@ def split_profile_argv(argv: Sequence[str]) -> tuple[list[str], str, list[str]]:
         raise NsysError(f"expected an `nsys profile ...` command, got: {shlex.join(argv[:3])} ...")
     for index, arg in enumerate(argv):
         if arg.startswith("--output="):
-            return list(argv[2:index]), arg.removeprefix("--output="), list(argv[index + 1:])
+            return list(argv[2:index]), arg.removeprefix("--output="), list(argv[index + 1 :])
     raise NsysError("the nsys profile command has no --output=... before the program")
 
 
@@ -217,10 +221,12 @@ def _kill(pids: set[int]) -> None:
 def find_qdstrm_importer(nsys_path: str) -> Path | None:
     """QdstrmImporter of the same installation as `nsys_path`, wherever the packager put it."""
     nsys_dir = Path(os.path.realpath(nsys_path)).parent
-    candidates = [os.environ.get("SFTPROF_QDSTRM_IMPORTER", ""),
-                  str(nsys_dir.parent / "host-linux-x64" / "QdstrmImporter"),
-                  "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter",
-                  *sorted(glob.glob("/opt/nvidia/nsight-systems/*/host-linux-x64/QdstrmImporter"), reverse=True)]
+    candidates = [
+        os.environ.get("SFTPROF_QDSTRM_IMPORTER", ""),
+        str(nsys_dir.parent / "host-linux-x64" / "QdstrmImporter"),
+        "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter",
+        *sorted(glob.glob("/opt/nvidia/nsight-systems/*/host-linux-x64/QdstrmImporter"), reverse=True),
+    ]
     for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK):
             return Path(candidate)
@@ -231,12 +237,18 @@ def import_qdstrm(qdstrm: Path, report: Path, nsys_path: str, log: IO[str]) -> N
     """Turn a raw capture into a .nsys-rep, as nsys would have done had it found its importer."""
     importer = find_qdstrm_importer(nsys_path)
     if importer is None:
-        raise NsysError(f"nsys left the raw capture {qdstrm} and QdstrmImporter cannot be found "
-                        "(set SFTPROF_QDSTRM_IMPORTER to its path)")
+        raise NsysError(
+            f"nsys left the raw capture {qdstrm} and QdstrmImporter cannot be found "
+            "(set SFTPROF_QDSTRM_IMPORTER to its path)"
+        )
     log.write(f"[sftprof] nsys did not import its capture; running {importer}\n")
     log.flush()
-    result = subprocess.run([str(importer), "-i", str(qdstrm), "-o", str(report)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result = subprocess.run(
+        [str(importer), "-i", str(qdstrm), "-o", str(report)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     # The importer draws a progress bar with carriage returns; keep only its final state.
     progress = [line for line in result.stdout.replace("\r", "\n").splitlines() if line.strip()]
     log.write("".join(progress[-1:]) + "\n")
@@ -274,9 +286,11 @@ def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str], captu
     expected = {str(report.resolve()), str(raw.resolve())}
     diverted = [p for p in generated_paths(output) if str(Path(p).resolve()) not in expected]
     if diverted:
-        raise NsysError(f"nsys wrote its capture to {diverted[0]} instead of {report}: a file of that name "
-                        "already existed and overwriting was not allowed. Nothing was imported; remove the "
-                        "old file or pass --force-overwrite=true.")
+        raise NsysError(
+            f"nsys wrote its capture to {diverted[0]} instead of {report}: a file of that name "
+            "already existed and overwriting was not allowed. Nothing was imported; remove the "
+            "old file or pass --force-overwrite=true."
+        )
     if report.exists():
         raw.unlink(missing_ok=True)
         return report
@@ -289,13 +303,20 @@ def _collect_report(base: Path, output: str, nsys_path: str, log: IO[str], captu
         import_qdstrm(left[-1], report, nsys_path, log)
         return report
     if capture_range:
-        raise NsysError(f"nsys produced no report at {report}: the capture range never opened (check the "
-                        "window's steps, and that the program emits the NVTX range or cudaProfilerStart)")
+        raise NsysError(
+            f"nsys produced no report at {report}: the capture range never opened (check the "
+            "window's steps, and that the program emits the NVTX range or cudaProfilerStart)"
+        )
     raise NsysError(f"nsys produced no report at {report}; see the log for its messages")
 
 
-def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | Path, log: IO[str],
-                extra_env: dict[str, str] | None = None) -> Path:
+def run_profile(
+    options: Sequence[str],
+    app_argv: Sequence[str],
+    output: str | Path,
+    log: IO[str],
+    extra_env: dict[str, str] | None = None,
+) -> Path:
     """Profile `app_argv` into `output`.nsys-rep; return the report path or raise NsysError.
 
     `output` may hold nsys's %q{VAR} and %h expansions (see output_pattern). nsys's own output
@@ -312,8 +333,10 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
     log.write("[sftprof] " + shlex.join(argv) + "\n")
     log.flush()
     captured: list[str] = []
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+
     def copy_output() -> None:
         for line in proc.stdout:
             captured.append(line)
@@ -344,8 +367,9 @@ def run_profile(options: Sequence[str], app_argv: Sequence[str], output: str | P
         tail = "".join(program_lines[-15:])
         partial = report_path(base)
         kept = f" A report of the failed run is kept at {partial} for inspection." if partial.exists() else ""
-        raise NsysError(f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} "
-                        f"Last output:\n{tail}")
+        raise NsysError(
+            f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} Last output:\n{tail}"
+        )
     capture_range = any(o.startswith("--capture-range=") and o != "--capture-range=none" for o in options)
     return _collect_report(base, output, nsys, log, capture_range)
 
@@ -386,14 +410,17 @@ def newer_report_message(report: str | Path, nsys: str, prefix: Sequence[str], s
     """One line for a report that `nsys` cannot read because a newer release wrote it (NEWER_REPORT)."""
     version = nsys_version(nsys, prefix)
     which = f"nsys {version[0]}" if version else "nsys"
-    return (f"{report} was written by a newer nsys than {which} ({shlex.join([*prefix, nsys])}), which cannot read it "
-            f"(it says: {said}). Export it with the nsys that captured it (`nsys export --type=sqlite "
-            f"--output={shlex.quote(str(Path(report).with_suffix('.sqlite')))} {shlex.quote(str(report))}`) and give "
-            "sftprof the .sqlite, or put that nsys first on PATH.")
+    return (
+        f"{report} was written by a newer nsys than {which} ({shlex.join([*prefix, nsys])}), which cannot read it "
+        f"(it says: {said}). Export it with the nsys that captured it (`nsys export --type=sqlite "
+        f"--output={shlex.quote(str(Path(report).with_suffix('.sqlite')))} {shlex.quote(str(report))}`) and give "
+        "sftprof the .sqlite, or put that nsys first on PATH."
+    )
 
 
-def export_sqlite(report: str | Path, sqlite_path: str | Path, *, nsys: str | None = None,
-                  prefix: Sequence[str] = ()) -> Path:
+def export_sqlite(
+    report: str | Path, sqlite_path: str | Path, *, nsys: str | None = None, prefix: Sequence[str] = ()
+) -> Path:
     """`nsys export --type=sqlite`, written atomically to `sqlite_path`, and only once it opens
     as a whole export: on a full disk nsys exits 0 and leaves an empty or truncated file.
 
@@ -413,12 +440,15 @@ def export_sqlite(report: str | Path, sqlite_path: str | Path, *, nsys: str | No
             refusal = next((line for line in said if NEWER_REPORT.search(line)), None)
             if refusal:
                 raise NsysError(newer_report_message(report, nsys, prefix, refusal[-300:]))
-            raise NsysError(f"nsys export failed on {report} (exit {result.returncode}): "
-                            f"{'; '.join(said)[-2000:] or 'no message'}")
+            raise NsysError(
+                f"nsys export failed on {report} (exit {result.returncode}): {'; '.join(said)[-2000:] or 'no message'}"
+            )
         try:
             check_export(tmp)
         except TraceFormatError as error:
             last = said[-1:] or ["no message"]
-            raise NsysError(f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
-                            f"Is the disk of {sqlite_path.parent} full?") from None
+            raise NsysError(
+                f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
+                f"Is the disk of {sqlite_path.parent} full?"
+            ) from None
     return sqlite_path

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from sftprof.capture import nsys
 from sftprof.errors import SftprofError
-from sftprof.untrusted import plain_file_name
 from sftprof.io import atomic_write_text
+from sftprof.untrusted import plain_file_name
 
 RECORD_PATTERN = "rank{rank}.json"
 RECORD_GLOB = "rank*.json"
@@ -61,23 +61,38 @@ def distributed_environment(environ: dict[str, str]) -> dict[str, str]:
 
 def rank_argv(python: str, profiled_ranks: list[int], capture_dir: str, nsys_env: dict[str, str]) -> list[str]:
     """`python -m sftprof.capture.rank ... --`, to be followed by `nsys profile ... PROGRAM`."""
-    argv = [python, "-m", "sftprof.capture.rank", f"--profiled-ranks={','.join(map(str, profiled_ranks))}",
-            f"--capture-dir={capture_dir}"]
+    argv = [
+        python,
+        "-m",
+        "sftprof.capture.rank",
+        f"--profiled-ranks={','.join(map(str, profiled_ranks))}",
+        f"--capture-dir={capture_dir}",
+    ]
     argv += [f"--env={name}={value}" for name, value in nsys_env.items()]
     return [*argv, "--"]
 
 
-def run_rank(profiled_ranks: list[int], capture_dir: str | Path, nsys_env: dict[str, str],
-             profile_argv: list[str], environ: dict[str, str]) -> dict:
+def run_rank(
+    profiled_ranks: list[int],
+    capture_dir: str | Path,
+    nsys_env: dict[str, str],
+    profile_argv: list[str],
+    environ: dict[str, str],
+) -> dict:
     """Run this rank's program (under nsys when listed) and write its record; return the record."""
     options, output, app = nsys.split_profile_argv(profile_argv)
     env = {**environ, **distributed_environment(environ)}
     rank = int(env["RANK"])
     capture_dir = Path(capture_dir)
     capture_dir.mkdir(parents=True, exist_ok=True)
-    record = {"rank": rank, "world_size": int(env["WORLD_SIZE"]), "host": socket.gethostname(),
-              "node": int(environ.get("SLURM_NODEID", "0")), "slurm_job_id": environ.get("SLURM_JOB_ID"),
-              "report": None}
+    record = {
+        "rank": rank,
+        "world_size": int(env["WORLD_SIZE"]),
+        "host": socket.gethostname(),
+        "node": int(environ.get("SLURM_NODEID", "0")),
+        "slurm_job_id": environ.get("SLURM_JOB_ID"),
+        "report": None,
+    }
     if rank in profiled_ranks:
         os.environ.update(env)
         record["report"] = nsys.run_profile(options, app, output, sys.stdout, nsys_env).name
@@ -138,14 +153,25 @@ def profiled_records(capture_dir: str | Path) -> list[dict]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m sftprof.capture.rank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profiled-ranks", required=True, type=lambda text: [int(r) for r in text.split(",")],
-                        help="comma-separated global ranks that run under nsys")
+        prog="python -m sftprof.capture.rank", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--profiled-ranks",
+        required=True,
+        type=lambda text: [int(r) for r in text.split(",")],
+        help="comma-separated global ranks that run under nsys",
+    )
     parser.add_argument("--capture-dir", required=True, help="folder of the reports and rank records")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="environment for nsys and the program, on profiled ranks only")
-    parser.add_argument("profile_argv", nargs=argparse.REMAINDER,
-                        help="-- nsys profile OPTIONS --output=PATTERN PROGRAM [ARGS...]")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment for nsys and the program, on profiled ranks only",
+    )
+    parser.add_argument(
+        "profile_argv", nargs=argparse.REMAINDER, help="-- nsys profile OPTIONS --output=PATTERN PROGRAM [ARGS...]"
+    )
     return parser
 
 

@@ -27,10 +27,17 @@ log = logging.getLogger(__name__)
 def connection(remote: dict, trust_new_host: bool = False) -> transfer.Remote:
     """transfer.Remote from the config's `remote` section (trusting a new host is never a
     config setting: only `sftprof fetch --trust-new-host` passes it)."""
-    return transfer.Remote(host=remote["host"], port=remote.get("port"), user=remote.get("user"),
-                           identity_file=remote.get("identity_file"), ssh_config=remote.get("ssh_config"),
-                           known_hosts=remote.get("known_hosts"), use_agent=remote["use_agent"],
-                           timeout_s=remote["timeout_s"], trust_new_host=trust_new_host)
+    return transfer.Remote(
+        host=remote["host"],
+        port=remote.get("port"),
+        user=remote.get("user"),
+        identity_file=remote.get("identity_file"),
+        ssh_config=remote.get("ssh_config"),
+        known_hosts=remote.get("known_hosts"),
+        use_agent=remote["use_agent"],
+        timeout_s=remote["timeout_s"],
+        trust_new_host=trust_new_host,
+    )
 
 
 def remote_path(remote: dict, relative: str) -> str:
@@ -49,8 +56,10 @@ def _job_logs(session: transfer.Session, remote: dict, names: dict, job_ids: set
     """The logs of the run the records come from, where they exist: the workflow's profile log,
     and Slurm's output of a job submitted with `sftprof submit`."""
     profile_log = layout.PROFILE_LOG.format(**names)
-    candidates = [(posixpath.dirname(profile_log), posixpath.basename(profile_log)),
-                  *[(layout.JOB_DIR.format(**names), f"slurm-{job_id}.out") for job_id in job_ids if job_id]]
+    candidates = [
+        (posixpath.dirname(profile_log), posixpath.basename(profile_log)),
+        *[(layout.JOB_DIR.format(**names), f"slurm-{job_id}.out") for job_id in job_ids if job_id],
+    ]
     found = []
     for folder, pattern in candidates:
         try:
@@ -60,16 +69,24 @@ def _job_logs(session: transfer.Session, remote: dict, names: dict, job_ids: set
     return found
 
 
-def _fetch_into(session: transfer.Session, paths: list[str], staging: Path, where: str,
-                progress: bool) -> list[transfer.FetchResult]:
+def _fetch_into(
+    session: transfer.Session, paths: list[str], staging: Path, where: str, progress: bool
+) -> list[transfer.FetchResult]:
     """Fetch remote `paths` into `staging` under their own names, each checked before any is written."""
     local = [staging / plain_file_name(posixpath.basename(path), where) for path in paths]
     return [session.fetch(path, target, progress=progress) for path, target in zip(paths, local)]
 
 
-def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_name: str,
-                  capture_dir: str | Path, *, trust_new_host: bool = False,
-                  progress: bool = True) -> list[transfer.FetchResult]:
+def fetch_capture(
+    remote: dict,
+    experiment_name: str,
+    experiment: dict,
+    window_name: str,
+    capture_dir: str | Path,
+    *,
+    trust_new_host: bool = False,
+    progress: bool = True,
+) -> list[transfer.FetchResult]:
     """Fetch one window's capture (records, reports, metrics of every rank, and the run's logs)
     into `capture_dir`."""
     names = {"experiment": experiment_name, "window": window_name}
@@ -80,8 +97,9 @@ def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_n
     with transfer.Session(connection(remote, trust_new_host), retries=remote["retries"]) as session:
         record_paths = session.list_files(source, rank.RECORD_GLOB)
         if not record_paths:
-            raise transfer.TransferError(f"no rank records in {remote['host']}:{source}: has this window run "
-                                         "on the cluster yet?")
+            raise transfer.TransferError(
+                f"no rank records in {remote['host']}:{source}: has this window run on the cluster yet?"
+            )
         where = f"{remote['host']}:{source}"
         fetched = _fetch_into(session, record_paths, staging, where, progress)
         job_ids = set()
@@ -89,8 +107,7 @@ def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_n
             record = rank.read_record(result.local_path)
             job_ids.add(record["slurm_job_id"])
             wanted = [metrics.format(rank=record["rank"])] + ([record["report"]] if record["report"] else [])
-            fetched += _fetch_into(session, [posixpath.join(source, name) for name in wanted], staging, where,
-                                   progress)
+            fetched += _fetch_into(session, [posixpath.join(source, name) for name in wanted], staging, where, progress)
         fetched += _fetch_into(session, _job_logs(session, remote, names, job_ids), staging, where, False)
     with atomic_dir(capture_dir) as partial:
         for result in fetched:
@@ -100,8 +117,9 @@ def fetch_capture(remote: dict, experiment_name: str, experiment: dict, window_n
     return fetched
 
 
-def fetch_report(remote: dict, experiment_name: str, window_name: str, html_path: str | Path, *,
-                 trust_new_host: bool = False) -> transfer.FetchResult:
+def fetch_report(
+    remote: dict, experiment_name: str, window_name: str, html_path: str | Path, *, trust_new_host: bool = False
+) -> transfer.FetchResult:
     """Fetch the report.html that the cluster's own run of the workflow rendered."""
     source = remote_path(remote, layout.REPORT_HTML.format(experiment=experiment_name, window=window_name))
     with transfer.Session(connection(remote, trust_new_host), retries=remote["retries"]) as session:

@@ -27,9 +27,10 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 import paramiko
 from paramiko.auth_strategy import AuthFailure, AuthStrategy, InMemoryPrivateKey, OnDiskPrivateKey
@@ -152,20 +153,33 @@ def _parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     return user or None, host, int(port) if port else None
 
 
-def _resolve(name: str, config: paramiko.SSHConfig, remote: Remote, *, user: str | None = None,
-             port: int | None = None, jumps: tuple[str, ...] | None = None) -> _Hop:
+def _resolve(
+    name: str,
+    config: paramiko.SSHConfig,
+    remote: Remote,
+    *,
+    user: str | None = None,
+    port: int | None = None,
+    jumps: tuple[str, ...] | None = None,
+) -> _Hop:
     entry = config.lookup(name)
     if entry.get("proxycommand", "none").lower() != "none":
-        raise TransferError(f"{name}: the ssh config sets ProxyCommand, which sftprof does not run; "
-                            "use ProxyJump instead")
+        raise TransferError(
+            f"{name}: the ssh config sets ProxyCommand, which sftprof does not run; use ProxyJump instead"
+        )
     if jumps is None:
         proxy_jump = entry.get("proxyjump", "none")
         jumps = () if proxy_jump.lower() == "none" else tuple(s.strip() for s in proxy_jump.split(","))
     identity_files = [Path(remote.identity_file).expanduser()] if remote.identity_file else []
     identity_files += [Path(p).expanduser() for p in entry.get("identityfile", [])]
-    return _Hop(name=name, hostname=entry.get("hostname", name), port=int(port or entry.get("port", 22)),
-                user=user or entry.get("user") or getpass.getuser(),
-                identity_files=tuple(dict.fromkeys(identity_files)), jumps=jumps)
+    return _Hop(
+        name=name,
+        hostname=entry.get("hostname", name),
+        port=int(port or entry.get("port", 22)),
+        user=user or entry.get("user") or getpass.getuser(),
+        identity_files=tuple(dict.fromkeys(identity_files)),
+        jumps=jumps,
+    )
 
 
 def _route(hop: _Hop, config: paramiko.SSHConfig, remote: Remote) -> list[_Hop]:
@@ -177,8 +191,9 @@ def _route(hop: _Hop, config: paramiko.SSHConfig, remote: Remote) -> list[_Hop]:
     route = [hop]
     while route[0].jumps:
         if len(route) > MAX_HOPS:
-            raise TransferError(f"the ProxyJump chain to {hop.name} is longer than {MAX_HOPS} hops; "
-                                "is there a loop in the ssh config?")
+            raise TransferError(
+                f"the ProxyJump chain to {hop.name} is longer than {MAX_HOPS} hops; is there a loop in the ssh config?"
+            )
         *earlier, nearest = route[0].jumps
         user, host, port = _parse_jump(nearest)
         route.insert(0, _resolve(host, config, remote, user=user, port=port, jumps=tuple(earlier) or None))
@@ -230,8 +245,10 @@ def _load_known_hosts(host_keys: paramiko.HostKeys, paths: list[Path]) -> set[st
 
 
 def _revoked_host_key(hop: _Hop, key: paramiko.PKey) -> TransferError:
-    return TransferError(f"the host key of {hop.name} ({hop.known_hosts_name}), {key.get_name()} {key.fingerprint}, "
-                         "is marked @revoked in known_hosts; refusing to connect")
+    return TransferError(
+        f"the host key of {hop.name} ({hop.known_hosts_name}), {key.get_name()} {key.fingerprint}, "
+        "is marked @revoked in known_hosts; refusing to connect"
+    )
 
 
 def _append_known_host(path: Path, name: str, key: paramiko.PKey) -> None:
@@ -260,10 +277,13 @@ class _UnknownHostPolicy(paramiko.MissingHostKeyPolicy):
             raise TransferError(
                 f"unknown host {self.hop.name} ({hostname}): its {offered} is not in {self.known_hosts}. "
                 "Compare the fingerprint with the one your site publishes, then accept it once with "
-                f"`ssh {self.hop.name}` or with trust_new_host=True.")
+                f"`ssh {self.hop.name}` or with trust_new_host=True."
+            )
         _append_known_host(self.known_hosts, hostname, key)
-        print(f"sftprof: trusting new host {self.hop.name} ({hostname}), {offered}; added to {self.known_hosts}",
-              file=sys.stderr)
+        print(
+            f"sftprof: trusting new host {self.hop.name} ({hostname}), {offered}; added to {self.known_hosts}",
+            file=sys.stderr,
+        )
 
 
 def _changed_host_key(hop: _Hop, error: paramiko.BadHostKeyException, checked: list[Path]) -> TransferError:
@@ -273,7 +293,8 @@ def _changed_host_key(hop: _Hop, error: paramiko.BadHostKeyException, checked: l
         f"({', '.join(map(str, checked))}) has {expected.get_name()} {expected.fingerprint}, the server now "
         f"presents {got.get_name()} {got.fingerprint}. Someone may be intercepting the connection, or the host "
         "was reinstalled; refusing to connect. If your site confirms the new key, remove the old one with "
-        f"`ssh-keygen -R '{hop.known_hosts_name}' -f {checked[0]}` and connect again.")
+        f"`ssh-keygen -R '{hop.known_hosts_name}' -f {checked[0]}` and connect again."
+    )
 
 
 class _KeysOnly(AuthStrategy):
@@ -296,8 +317,10 @@ class _KeysOnly(AuthStrategy):
                 self.problems.append(f"identity file {path} does not exist")
                 continue
             except TypeError:  # what paramiko raises for a key that needs a passphrase
-                self.problems.append(f"{path} needs a passphrase, which sftprof never asks for: "
-                                     f"load it into ssh-agent with `ssh-add {path}`")
+                self.problems.append(
+                    f"{path} needs a passphrase, which sftprof never asks for: "
+                    f"load it into ssh-agent with `ssh-add {path}`"
+                )
                 continue
             except (ValueError, OSError, paramiko.SSHException) as error:
                 self.problems.append(f"cannot use identity file {path}: {error}")
@@ -317,8 +340,10 @@ class _KeysOnly(AuthStrategy):
     def failure(self) -> TransferError:
         offered = ", ".join(self.offered) or "no key at all (no identity file and no agent key)"
         problems = "".join(f"; {problem}" for problem in self.problems)
-        return TransferError(f"authentication failed for {self.hop.user}@{self.hop.name} "
-                             f"({self.hop.hostname}:{self.hop.port}): offered {offered}{problems}")
+        return TransferError(
+            f"authentication failed for {self.hop.user}@{self.hop.name} "
+            f"({self.hop.hostname}:{self.hop.port}): offered {offered}{problems}"
+        )
 
 
 def _preferring(available: tuple[str, ...], preferred: tuple[str, ...]) -> tuple[str, ...]:
@@ -340,15 +365,26 @@ def _connect_hop(hop: _Hop, sock: paramiko.Channel | None, remote: Remote) -> pa
     client.set_missing_host_key_policy(_UnknownHostPolicy(hop, known_hosts, remote.trust_new_host, revoked))
     keys = _KeysOnly(hop, remote.use_agent)
     try:
-        client.connect(hop.hostname, hop.port, username=hop.user, sock=sock, timeout=remote.timeout_s,
-                       banner_timeout=remote.timeout_s, auth_timeout=remote.timeout_s,
-                       channel_timeout=remote.timeout_s, transport_factory=_transport, auth_strategy=keys)
+        client.connect(
+            hop.hostname,
+            hop.port,
+            username=hop.user,
+            sock=sock,
+            timeout=remote.timeout_s,
+            banner_timeout=remote.timeout_s,
+            auth_timeout=remote.timeout_s,
+            channel_timeout=remote.timeout_s,
+            transport_factory=_transport,
+            auth_strategy=keys,
+        )
         server_key = client.get_transport().get_remote_server_key()
         if server_key.get_base64() in revoked:  # known, but also revoked
             raise _revoked_host_key(hop, server_key)
         if not client.get_transport().is_authenticated():
-            raise TransferError(f"{hop.user}@{hop.name} accepted the key but asks for a further step (usually "
-                                "a password or one-time code); sftprof authenticates with keys only")
+            raise TransferError(
+                f"{hop.user}@{hop.name} accepted the key but asks for a further step (usually "
+                "a password or one-time code); sftprof authenticates with keys only"
+            )
         client.get_transport().set_keepalive(KEEPALIVE_S)
         return client
     except BaseException as error:
@@ -369,12 +405,19 @@ def _connect_hop(hop: _Hop, sock: paramiko.Channel | None, remote: Remote) -> pa
 def _forwarded_channel(jump: paramiko.SSHClient, jump_hop: _Hop, hop: _Hop, remote: Remote) -> paramiko.Channel:
     """A `direct-tcpip` channel from the jump host to `hop`: what `ssh -J` uses."""
     try:
-        return jump.get_transport().open_channel("direct-tcpip", (hop.hostname, hop.port), ("127.0.0.1", 0),
-                                                 max_packet_size=MAX_PACKET_BYTES, timeout=remote.timeout_s)
+        return jump.get_transport().open_channel(
+            "direct-tcpip",
+            (hop.hostname, hop.port),
+            ("127.0.0.1", 0),
+            max_packet_size=MAX_PACKET_BYTES,
+            timeout=remote.timeout_s,
+        )
     except paramiko.ChannelException as error:
         if error.code == OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED:
-            raise TransferError(f"jump host {jump_hop.name} refuses to forward connections to {hop.name} "
-                                f"({hop.hostname}:{hop.port}); its sshd has AllowTcpForwarding off") from None
+            raise TransferError(
+                f"jump host {jump_hop.name} refuses to forward connections to {hop.name} "
+                f"({hop.hostname}:{hop.port}); its sshd has AllowTcpForwarding off"
+            ) from None
         raise  # e.g. "connect failed": the target may be restarting, so this is retried
 
 
@@ -441,8 +484,10 @@ def _read_from(remote_file: paramiko.SFTPFile, offset: int, size: int, label: st
         while position < segment_end:
             chunk = remote_file.read(min(READ_REQUEST_BYTES, segment_end - position))
             if not chunk:
-                raise TransferError(f"{label} shrank to {position} bytes while it was read (expected {size}); "
-                                    "is something still writing it?")
+                raise TransferError(
+                    f"{label} shrank to {position} bytes while it was read (expected {size}); "
+                    "is something still writing it?"
+                )
             position += len(chunk)
             yield chunk
 
@@ -467,8 +512,10 @@ class _StderrProgress:
             return
         self.drawn = now
         rate = (position - self.start) / max(now - self.started, 1e-6)
-        line = (f"{self.name}  {position / 2**20:.1f}/{size / 2**20:.1f} MiB  {100 * position / max(size, 1):3.0f}%"
-                f"  {rate / 1e6:.1f} MB/s")
+        line = (
+            f"{self.name}  {position / 2**20:.1f}/{size / 2**20:.1f} MiB  {100 * position / max(size, 1):3.0f}%"
+            f"  {rate / 1e6:.1f} MB/s"
+        )
         if self.interactive:
             sys.stderr.write("\r" + line + ("\n" if finished else ""))
         else:
@@ -521,12 +568,20 @@ class Session:
                     raise
                 self.close()
                 if attempt > self.retries:
-                    raise TransferError(f"{what}: gave up after {attempt} attempt{'s' if attempt > 1 else ''}; the "
-                                        f"connection to {self.remote.host} kept failing. Last error: {error!r}"
-                                        ) from error
+                    raise TransferError(
+                        f"{what}: gave up after {attempt} attempt{'s' if attempt > 1 else ''}; the "
+                        f"connection to {self.remote.host} kept failing. Last error: {error!r}"
+                    ) from error
                 delay = self.backoff_s * 2 ** (attempt - 1)
-                log.warning("%s: connection to %s lost (%r); reconnecting in %.1f s (retry %d of %d)",
-                            what, self.remote.host, error, delay, attempt, self.retries)
+                log.warning(
+                    "%s: connection to %s lost (%r); reconnecting in %.1f s (retry %d of %d)",
+                    what,
+                    self.remote.host,
+                    error,
+                    delay,
+                    attempt,
+                    self.retries,
+                )
                 time.sleep(delay)
 
     def list_files(self, remote_dir: str, *patterns: str) -> list[str]:
@@ -553,8 +608,9 @@ class Session:
 
         return self._retrying(f"listing {label}", attempt)
 
-    def fetch(self, remote_path: str, local_path: str | Path, *,
-              progress: bool | ProgressCallback = True) -> FetchResult:
+    def fetch(
+        self, remote_path: str, local_path: str | Path, *, progress: bool | ProgressCallback = True
+    ) -> FetchResult:
         """Copy one remote file to `local_path`, resuming `.NAME.part` if an earlier try left one.
 
         `progress`: True draws a bar on stderr for files of 16 MiB or more; a callable gets
@@ -571,17 +627,32 @@ class Session:
 
         return self._retrying(f"fetching {label}", attempt)
 
-    def _fetch_once(self, connection: _Connection, remote_path: str, local_path: Path, partial: Path, label: str,
-                    progress: bool | ProgressCallback, tally: _Tally) -> FetchResult:
+    def _fetch_once(
+        self,
+        connection: _Connection,
+        remote_path: str,
+        local_path: Path,
+        partial: Path,
+        label: str,
+        progress: bool | ProgressCallback,
+        tally: _Tally,
+    ) -> FetchResult:
         path = _sftp_path(remote_path)
         remote_file, size = connection.open_regular_file(path, label)
         with remote_file:
             remote_sha256 = self._start_remote_sha256(connection, path, size, label)
 
             def result(sha256: str, *, skipped: bool = False, resumed_from: int = 0) -> FetchResult:
-                return FetchResult(remote_path=remote_path, local_path=local_path, size=size, sha256=sha256,
-                                   skipped=skipped, resumed_from=resumed_from,
-                                   bytes_transferred=tally.bytes_transferred, attempts=tally.attempts)
+                return FetchResult(
+                    remote_path=remote_path,
+                    local_path=local_path,
+                    size=size,
+                    sha256=sha256,
+                    skipped=skipped,
+                    resumed_from=resumed_from,
+                    bytes_transferred=tally.bytes_transferred,
+                    attempts=tally.attempts,
+                )
 
             if not local_path.is_symlink() and local_path.is_file() and local_path.stat().st_size == size:
                 if _sha256_of_file(local_path).hexdigest() == remote_sha256():
@@ -593,24 +664,37 @@ class Session:
             while True:
                 offset = _resumable_bytes(partial, size, label)
                 started = time.monotonic()
-                local_sha256 = _download(remote_file, offset, size, partial, label,
-                                         _progress_reporter(progress, label, offset, size), tally)
+                local_sha256 = _download(
+                    remote_file, offset, size, partial, label, _progress_reporter(progress, label, offset, size), tally
+                )
                 if partial.stat().st_size == size and local_sha256 == remote_sha256():
                     os.replace(partial, local_path)
                     seconds = time.monotonic() - started
-                    log.info("%s -> %s: %d bytes%s in %.1f s (%.1f MB/s), sha256 %s", label, local_path, size,
-                             f" (resumed at {offset})" if offset else "", seconds,
-                             (size - offset) / max(seconds, 1e-6) / 1e6, local_sha256)
+                    log.info(
+                        "%s -> %s: %d bytes%s in %.1f s (%.1f MB/s), sha256 %s",
+                        label,
+                        local_path,
+                        size,
+                        f" (resumed at {offset})" if offset else "",
+                        seconds,
+                        (size - offset) / max(seconds, 1e-6) / 1e6,
+                        local_sha256,
+                    )
                     return result(local_sha256, resumed_from=offset)
                 partial.unlink()
                 if offset == 0 or tally.restarted_from_zero:
                     raise TransferError(
                         f"checksum mismatch for {label} after a full download: the remote file has sha256 "
                         f"{remote_sha256()}, the copy {local_sha256}. Did the file change while it was copied "
-                        f"(is a job still writing it)? Nothing was written to {local_path}.")
+                        f"(is a job still writing it)? Nothing was written to {local_path}."
+                    )
                 tally.restarted_from_zero = True
-                log.warning("%s: the partial download resumed at %d bytes was corrupt (sha256 mismatch); "
-                            "deleted it, downloading again from the start", label, offset)
+                log.warning(
+                    "%s: the partial download resumed at %d bytes was corrupt (sha256 mismatch); "
+                    "deleted it, downloading again from the start",
+                    label,
+                    offset,
+                )
 
     def _start_remote_sha256(self, connection: _Connection, path: str, size: int, label: str) -> Callable[[], str]:
         """Start `sha256sum` on the server, to run while the download does; returns a function
@@ -629,8 +713,9 @@ class Session:
                 return functools.cache(lambda: self._finish_remote_sha256(connection, channel, path, deadline, label))
         return functools.cache(lambda: self._sftp_sha256(connection, path, label))
 
-    def _finish_remote_sha256(self, connection: _Connection, channel: paramiko.Channel, path: str, deadline: float,
-                              label: str) -> str:
+    def _finish_remote_sha256(
+        self, connection: _Connection, channel: paramiko.Channel, path: str, deadline: float, label: str
+    ) -> str:
         channel.settimeout(max(deadline - time.monotonic(), 0.1))
         try:
             with channel:
@@ -655,8 +740,11 @@ class Session:
 
     def _refuse_exec(self, label: str, reason: str) -> None:
         self._exec_refused = True
-        log.warning("%s: cannot hash on the server, %s; hashing over SFTP instead, which reads each file "
-                    "a second time", label, reason)
+        log.warning(
+            "%s: cannot hash on the server, %s; hashing over SFTP instead, which reads each file a second time",
+            label,
+            reason,
+        )
 
     def _sftp_sha256(self, connection: _Connection, path: str, label: str) -> str:
         remote_file, size = connection.open_regular_file(path, label)
@@ -691,15 +779,23 @@ def _resumable_bytes(partial: Path, size: int, label: str) -> int:
     return have
 
 
-def _progress_reporter(progress: bool | ProgressCallback, label: str, offset: int,
-                       size: int) -> ProgressCallback | None:
+def _progress_reporter(
+    progress: bool | ProgressCallback, label: str, offset: int, size: int
+) -> ProgressCallback | None:
     if callable(progress):
         return progress
     return _StderrProgress(label, offset) if progress and size >= PROGRESS_MIN_BYTES else None
 
 
-def _download(remote_file: paramiko.SFTPFile, offset: int, size: int, partial: Path, label: str,
-              report: ProgressCallback | None, tally: _Tally) -> str:
+def _download(
+    remote_file: paramiko.SFTPFile,
+    offset: int,
+    size: int,
+    partial: Path,
+    label: str,
+    report: ProgressCallback | None,
+    tally: _Tally,
+) -> str:
     """Append the remote bytes from `offset` (the partial's size) on; return the partial's sha256."""
     digest = _sha256_of_file(partial) if offset else hashlib.sha256()
     # O_NOFOLLOW: a link planted at the partial's name must not redirect the write elsewhere.
@@ -727,30 +823,49 @@ def _download(remote_file: paramiko.SFTPFile, offset: int, size: int, partial: P
 # --- one-call helpers ----------------------------------------------------------------------------
 
 
-def fetch(remote: Remote, remote_path: str, local_path: str | Path, *, retries: int = 3, backoff_s: float = 1.0,
-          progress: bool | ProgressCallback = True) -> FetchResult:
+def fetch(
+    remote: Remote,
+    remote_path: str,
+    local_path: str | Path,
+    *,
+    retries: int = 3,
+    backoff_s: float = 1.0,
+    progress: bool | ProgressCallback = True,
+) -> FetchResult:
     """Fetch one file: see `Session.fetch`."""
     with Session(remote, retries=retries, backoff_s=backoff_s) as session:
         return session.fetch(remote_path, local_path, progress=progress)
 
 
-def fetch_many(remote: Remote, pairs: Iterable[tuple[str, str | Path]], *, retries: int = 3,
-               backoff_s: float = 1.0, progress: bool | ProgressCallback = True) -> list[FetchResult]:
+def fetch_many(
+    remote: Remote,
+    pairs: Iterable[tuple[str, str | Path]],
+    *,
+    retries: int = 3,
+    backoff_s: float = 1.0,
+    progress: bool | ProgressCallback = True,
+) -> list[FetchResult]:
     """Fetch (remote path, local path) pairs over one connection, in order; stops at the first error
     (the files fetched before it are complete and verified)."""
     with Session(remote, retries=retries, backoff_s=backoff_s) as session:
         return [session.fetch(remote_path, local_path, progress=progress) for remote_path, local_path in pairs]
 
 
-def list_remote(remote: Remote, remote_dir: str, *patterns: str, retries: int = 3,
-                backoff_s: float = 1.0) -> list[str]:
+def list_remote(remote: Remote, remote_dir: str, *patterns: str, retries: int = 3, backoff_s: float = 1.0) -> list[str]:
     """Remote paths of the files in `remote_dir` matching any of `patterns`: see `Session.list_files`."""
     with Session(remote, retries=retries, backoff_s=backoff_s) as session:
         return session.list_files(remote_dir, *patterns)
 
 
-def fetch_matching(remote: Remote, remote_dir: str, local_dir: str | Path, *patterns: str, retries: int = 3,
-                   backoff_s: float = 1.0, progress: bool | ProgressCallback = True) -> list[FetchResult]:
+def fetch_matching(
+    remote: Remote,
+    remote_dir: str,
+    local_dir: str | Path,
+    *patterns: str,
+    retries: int = 3,
+    backoff_s: float = 1.0,
+    progress: bool | ProgressCallback = True,
+) -> list[FetchResult]:
     """Fetch every file of `remote_dir` matching `patterns` (e.g. every rank's report) into
     `local_dir`, keeping names, over one connection. Matching nothing is an error: it usually
     means a wrong directory or pattern."""
@@ -758,6 +873,7 @@ def fetch_matching(remote: Remote, remote_dir: str, local_dir: str | Path, *patt
         paths = session.list_files(remote_dir, *patterns)
         if not paths:
             raise TransferError(f"no file in {remote.host}:{remote_dir} matches {' '.join(patterns or ('*',))}")
-        local_paths = [Path(local_dir) / plain_file_name(posixpath.basename(path), f"{remote.host}:{remote_dir}")
-                       for path in paths]  # every name checked before the first file is written
+        local_paths = [
+            Path(local_dir) / plain_file_name(posixpath.basename(path), f"{remote.host}:{remote_dir}") for path in paths
+        ]  # every name checked before the first file is written
         return [session.fetch(path, local_path, progress=progress) for path, local_path in zip(paths, local_paths)]

@@ -16,25 +16,25 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import jinja2
 import pandas as pd
 
 from sftprof import __version__, pipeline, results
 from sftprof.analysis import Analysis
-from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.analysis.cpu import PHASES, STEP_RANGE
 from sftprof.analysis.findings import gain_text
+from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir
 from sftprof.text import terminal_safe, write_csv
 from sftprof.trace.kineto import kernel_short_name
 
 COMPARISON_CSV, FINDINGS_CSV, HTML_FILE = "comparison.csv", "findings.csv", "compare.html"
-TOP_CHANGES = 10   # rows of "largest changes" in the terminal summary and the HTML
+TOP_CHANGES = 10  # rows of "largest changes" in the terminal summary and the HTML
 SECTION_ROWS = 15  # rows per section in the HTML; the CSV keeps every row
 NS_PER_MS = 1e6
 HEADLINE = "headline"
@@ -43,8 +43,9 @@ GAIN_UNIT = "% of median step"
 DELTA, DELTA_PCT = "delta:", "delta_pct:"  # CSV column prefixes, followed by the input's label
 GAIN = "gain:"  # findings.csv: each input's gain for the rule, after its title column
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof.report", "templates"), undefined=jinja2.StrictUndefined,
-                          autoescape=True)
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("sftprof.report", "templates"), undefined=jinja2.StrictUndefined, autoescape=True
+)
 
 
 class CompareError(SftprofError, ValueError):
@@ -60,6 +61,7 @@ class UnusableValue(CompareError):
 
 
 # ---------------------------------------------------------------- inputs
+
 
 def _natural_key(path: Path) -> list:
     """rank2 before rank10."""
@@ -101,8 +103,10 @@ def load_inputs(paths: list[str | Path]) -> list[tuple[Path, Analysis]]:
         if path.is_dir():
             folders = analysis_dirs(path)
             if not folders:
-                raise CompareError(f"{path}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a "
-                                   "rank folder below; give an analysis folder or a trace file")
+                raise CompareError(
+                    f"{path}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a "
+                    "rank folder below; give an analysis folder or a trace file"
+                )
             loaded += [(folder, _load_analysis(folder)) for folder in folders]
         elif path.exists():
             loaded.append((path, pipeline.analyze_trace(path)))
@@ -124,8 +128,12 @@ def unique_labels(paths: list[Path]) -> list[str]:
     depth = [1] * len(paths)
     while True:
         labels = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
-        ambiguous = [i for i, label in enumerate(labels) if depth[i] < len(parts[i])
-                     and any(other == label and parts[j] != parts[i] for j, other in enumerate(labels))]
+        ambiguous = [
+            i
+            for i, label in enumerate(labels)
+            if depth[i] < len(parts[i])
+            and any(other == label and parts[j] != parts[i] for j, other in enumerate(labels))
+        ]
         if not ambiguous:
             break
         for i in ambiguous:
@@ -139,6 +147,7 @@ def unique_labels(paths: list[Path]) -> list[str]:
 
 
 # ---------------------------------------------------------------- metrics
+
 
 def _table(analysis: Analysis, name: str, *numbers: str, keys: tuple[str, ...] = ()) -> pd.DataFrame | None:
     """The table if this analysis has it with these columns of numbers and of keys; None if it does not
@@ -197,12 +206,14 @@ def gpu_busy_pct(analysis: Analysis) -> float | None:
 
 def blocked_pct(role: str) -> Callable[[Analysis], float | None]:
     """Share of the capture that the most blocked thread of this role spent in OS-runtime calls."""
+
     def metric(analysis: Analysis) -> float | None:
         threads = _table(analysis, "threads", "osrt_ns", keys=("role",))
         if "osrt" not in analysis.sources or threads is None or not analysis.span_ns:
             return None
         of_role = threads[threads["role"].fillna("") == role]
         return 100.0 * float(of_role["osrt_ns"].max()) / analysis.span_ns if len(of_role) else None
+
     return metric
 
 
@@ -233,14 +244,17 @@ HEADLINE_KEYS_SHOWN = {"capture_s", "steps_captured", "median_step_ms", "kernels
 
 # ---------------------------------------------------------------- sections
 
-def _total_by(table: str, key: str, value: str = "total_ns",
-              name_of: Callable[[str], str] | None = None) -> Callable[[Analysis], pd.Series | None]:
+
+def _total_by(
+    table: str, key: str, value: str = "total_ns", name_of: Callable[[str], str] | None = None
+) -> Callable[[Analysis], pd.Series | None]:
     def extract(analysis: Analysis) -> pd.Series | None:
         frame = _table(analysis, table, value, keys=(key,))
         if frame is None:
             return None
         keys = frame[key].astype(str)
         return frame[value].groupby(keys.map(name_of) if name_of else keys, sort=False).sum()
+
     return extract
 
 
@@ -287,8 +301,12 @@ class Section:
 
 SECTIONS = [
     Section("steps", "Step time by phase (mean per step)", "nvtx", _phase_means, already_per_step=True),
-    Section("kernel_families", "Kernel time by family (kernel function name)", "cuda",
-            _total_by("kernels", "kernel", name_of=kernel_short_name)),
+    Section(
+        "kernel_families",
+        "Kernel time by family (kernel function name)",
+        "cuda",
+        _total_by("kernels", "kernel", name_of=kernel_short_name),
+    ),
     Section("kernels", "Kernel time by kernel", "cuda", _total_by("kernels", "kernel")),
     Section("memops", "Memory-operation time by kind", "cuda", _total_by("memops", "operation")),
     Section("cuda_api", "CUDA API time by call", "cuda", _total_by("cuda_api", "name")),
@@ -300,14 +318,15 @@ SECTIONS = [
 
 # ---------------------------------------------------------------- the comparison
 
+
 @dataclass
 class Comparison:
-    labels: list[str]          # the first is the baseline
-    paths: dict[str, str]      # label -> where the input came from
+    labels: list[str]  # the first is the baseline
+    paths: dict[str, str]  # label -> where the input came from
     analyses: dict[str, Analysis]
-    per_step: bool             # section times are per captured step
-    table: pd.DataFrame        # section, item, unit, one value column per label, delta columns
-    findings: pd.DataFrame     # rule, fired_in, one title column per label
+    per_step: bool  # section times are per captured step
+    table: pd.DataFrame  # section, item, unit, one value column per label, delta columns
+    findings: pd.DataFrame  # rule, fired_in, one title column per label
 
 
 def _with_deltas(frame: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
@@ -325,12 +344,19 @@ def largest_delta(frame: pd.DataFrame) -> pd.Series:
 
 
 def headline_frame(analyses: dict[str, Analysis]) -> pd.DataFrame:
-    rows = [{"item": m.name, "unit": m.unit, **{label: m.value(a) for label, a in analyses.items()}}
-            for m in HEADLINE_METRICS]
-    extra_keys = dict.fromkeys(key for a in analyses.values() for key, value in a.headline.items()
-                               if key not in HEADLINE_KEYS_SHOWN and isinstance(value, (int, float)))
-    rows += [{"item": key, "unit": "", **{label: a.headline.get(key) for label, a in analyses.items()}}
-             for key in extra_keys]
+    rows = [
+        {"item": m.name, "unit": m.unit, **{label: m.value(a) for label, a in analyses.items()}}
+        for m in HEADLINE_METRICS
+    ]
+    extra_keys = dict.fromkeys(
+        key
+        for a in analyses.values()
+        for key, value in a.headline.items()
+        if key not in HEADLINE_KEYS_SHOWN and isinstance(value, (int, float))
+    )
+    rows += [
+        {"item": key, "unit": "", **{label: a.headline.get(key) for label, a in analyses.items()}} for key in extra_keys
+    ]
     frame = pd.DataFrame(rows)
     labels = list(analyses)
     frame[labels] = frame[labels].apply(pd.to_numeric, errors="coerce").astype(float)
@@ -380,8 +406,9 @@ def gains_frame(analyses: dict[str, Analysis]) -> pd.DataFrame:
     rules = list(dict.fromkeys(rule for gains in by_label.values() for rule in gains))
     if not rules:
         return pd.DataFrame(columns=["section", "item", "unit", *labels])
-    frame = pd.DataFrame({"item": rules, **{label: [by_label[label].get(rule, math.nan) for rule in rules]
-                                             for label in labels}})
+    frame = pd.DataFrame(
+        {"item": rules, **{label: [by_label[label].get(rule, math.nan) for rule in rules] for label in labels}}
+    )
     frame = _with_deltas(frame, labels)
     frame = frame.loc[frame[labels].max(axis=1).sort_values(ascending=False, kind="stable").index]
     frame = frame.reset_index(drop=True)
@@ -404,10 +431,15 @@ def findings_frame(analyses: dict[str, Analysis]) -> pd.DataFrame:
     rows = []
     for rule, by_label in titles.items():
         fired = [label for label in labels if label in by_label]
-        rows.append({"rule": rule, "severity": severity[rule],
-                     "fired_in": "all" if len(fired) == len(labels) else ", ".join(fired),
-                     **{label: "; ".join(by_label.get(label, [])) for label in labels},
-                     **{GAIN + label: gains[label].get(rule, math.nan) for label in labels}})
+        rows.append(
+            {
+                "rule": rule,
+                "severity": severity[rule],
+                "fired_in": "all" if len(fired) == len(labels) else ", ".join(fired),
+                **{label: "; ".join(by_label.get(label, [])) for label in labels},
+                **{GAIN + label: gains[label].get(rule, math.nan) for label in labels},
+            }
+        )
     return pd.DataFrame(rows, columns=["rule", "severity", "fired_in", *labels, *(GAIN + label for label in labels)])
 
 
@@ -421,15 +453,23 @@ def compare(analyses: dict[str, Analysis], paths: dict[str, str] | None = None) 
     frames = [headline_frame(analyses), gains_frame(analyses)]
     frames += [section_frame(s, analyses, step_counts if per_step else None) for s in SECTIONS]
     table = pd.concat([f for f in frames if len(f)], ignore_index=True)
-    return Comparison(labels=labels, paths=paths or {label: a.source_path for label, a in analyses.items()},
-                      analyses=analyses, per_step=per_step, table=table, findings=findings_frame(analyses))
+    return Comparison(
+        labels=labels,
+        paths=paths or {label: a.source_path for label, a in analyses.items()},
+        analyses=analyses,
+        per_step=per_step,
+        table=table,
+        findings=findings_frame(analyses),
+    )
 
 
 def compare_paths(paths: list[str | Path]) -> Comparison:
     loaded = load_inputs(paths)
     labels = unique_labels([path for path, _ in loaded])
-    return compare({label: analysis for label, (_, analysis) in zip(labels, loaded)},
-                   {label: str(path) for label, (path, _) in zip(labels, loaded)})
+    return compare(
+        {label: analysis for label, (_, analysis) in zip(labels, loaded)},
+        {label: str(path) for label, (path, _) in zip(labels, loaded)},
+    )
 
 
 def largest_changes(comparison: Comparison, top: int = TOP_CHANGES) -> pd.DataFrame:
@@ -441,6 +481,7 @@ def largest_changes(comparison: Comparison, top: int = TOP_CHANGES) -> pd.DataFr
 
 
 # ---------------------------------------------------------------- output
+
 
 def _number(value, signed: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -472,12 +513,20 @@ def summary_text(comparison: Comparison) -> str:
     lines += [f"compared {label}: {comparison.paths[label]}" for label in labels[1:]]
     headline = comparison.table[comparison.table["section"] == HEADLINE]
     grid = [["", *labels, *(f"Δ {label}" for label in labels[1:])]]
-    grid += [[_item_label(row), *(_number(row[label]) for label in labels),
-              *(_delta_text(row, label) for label in labels[1:])] for _, row in headline.iterrows()]
+    grid += [
+        [
+            _item_label(row),
+            *(_number(row[label]) for label in labels),
+            *(_delta_text(row, label) for label in labels[1:]),
+        ]
+        for _, row in headline.iterrows()
+    ]
     widths = [max(len(line[column]) for line in grid) for column in range(len(grid[0]))]
     lines.append("")
-    lines += ["  ".join([line[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(line[1:], widths[1:]))])
-              for line in grid]
+    lines += [
+        "  ".join([line[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(line[1:], widths[1:]))])
+        for line in grid
+    ]
     gains = comparison.table[comparison.table["section"] == GAINS].head(TOP_CHANGES)
     if len(gains):
         lines += ["", f"attainable gains ({GAIN_UNIT}, from each analysis):"]
@@ -510,10 +559,18 @@ def _direction(delta: float) -> str:
 def _html_rows(frame: pd.DataFrame, labels: list[str], highlighted: set[int]) -> list[dict]:
     rows = []
     for index, row in frame.iterrows():
-        deltas = [{"text": _delta_text(row, label), "direction": _direction(row[DELTA + label])}
-                  for label in labels[1:]]
-        rows.append({"item": str(row["item"]), "unit": row["unit"], "values": [_number(row[label]) for label in labels],
-                     "deltas": deltas, "highlight": index in highlighted})
+        deltas = [
+            {"text": _delta_text(row, label), "direction": _direction(row[DELTA + label])} for label in labels[1:]
+        ]
+        rows.append(
+            {
+                "item": str(row["item"]),
+                "unit": row["unit"],
+                "values": [_number(row[label]) for label in labels],
+                "deltas": deltas,
+                "highlight": index in highlighted,
+            }
+        )
     return rows
 
 
@@ -521,28 +578,60 @@ def render_html(comparison: Comparison, title: str) -> str:
     labels, table = comparison.labels, comparison.table
     changes = largest_changes(comparison)
     sections = []
-    titles = [(HEADLINE, "Headline numbers"),
-              (GAINS, f"Attainable gain by finding ({GAIN_UNIT}: the most fixing it could save, as each analysis "
-                      "bounds it; gains overlap and do not add up)"),
-              *((s.name, s.title) for s in SECTIONS)]
+    titles = [
+        (HEADLINE, "Headline numbers"),
+        (
+            GAINS,
+            f"Attainable gain by finding ({GAIN_UNIT}: the most fixing it could save, as each analysis "
+            "bounds it; gains overlap and do not add up)",
+        ),
+        *((s.name, s.title) for s in SECTIONS),
+    ]
     for name, section_title in titles:
         rows = table[table["section"] == name]
         if rows.empty:
             continue
         shown = rows if name in (HEADLINE, GAINS) else rows.head(SECTION_ROWS)
-        sections.append({"name": name, "title": section_title, "total_rows": len(rows),
-                         "rows": _html_rows(shown, labels, set(changes.index))})
-    findings = [{"rule": row["rule"], "severity": row["severity"], "fired_in": row["fired_in"],
-                 "titles": [row[label] for label in labels],
-                 "gains": [_gain_cell(row[GAIN + label]) for label in labels]}
-                for _, row in comparison.findings.iterrows()]
-    inputs = [{"label": label, "path": comparison.paths[label], "span_s": _number(a.span_ns / 1e9),
-               "sources": ", ".join(a.sources) or "nothing"} for label, a in comparison.analyses.items()]
+        sections.append(
+            {
+                "name": name,
+                "title": section_title,
+                "total_rows": len(rows),
+                "rows": _html_rows(shown, labels, set(changes.index)),
+            }
+        )
+    findings = [
+        {
+            "rule": row["rule"],
+            "severity": row["severity"],
+            "fired_in": row["fired_in"],
+            "titles": [row[label] for label in labels],
+            "gains": [_gain_cell(row[GAIN + label]) for label in labels],
+        }
+        for _, row in comparison.findings.iterrows()
+    ]
+    inputs = [
+        {
+            "label": label,
+            "path": comparison.paths[label],
+            "span_s": _number(a.span_ns / 1e9),
+            "sources": ", ".join(a.sources) or "nothing",
+        }
+        for label, a in comparison.analyses.items()
+    ]
     return _ENV.get_template("compare.html.j2").render(
-        title=title, version=__version__, labels=labels, inputs=inputs, per_step=comparison.per_step,
-        sections=sections, findings=findings, top_changes=len(changes),
-        changes=_html_rows(changes.assign(item=[_item_label(r) for _, r in changes.iterrows()], unit=""),
-                           labels, set()))
+        title=title,
+        version=__version__,
+        labels=labels,
+        inputs=inputs,
+        per_step=comparison.per_step,
+        sections=sections,
+        findings=findings,
+        top_changes=len(changes),
+        changes=_html_rows(
+            changes.assign(item=[_item_label(r) for _, r in changes.iterrows()], unit=""), labels, set()
+        ),
+    )
 
 
 def write(comparison: Comparison, out_dir: str | Path, title: str = "sftprof comparison") -> dict[str, Path]:

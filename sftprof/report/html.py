@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
@@ -12,9 +12,9 @@ import pandas as pd
 
 from sftprof import __version__
 from sftprof.analysis import Analysis
-from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.analysis.findings import CAPTURE_NOTES, Finding, gain_text
 from sftprof.analysis.memory import MEGABYTE
+from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT
 from sftprof.io import atomic_write_text
@@ -79,8 +79,11 @@ class RankReport:
 
 def _absent(sources: list[str]) -> dict[str, str]:
     """Why a section is empty, and which nsys switch fills it."""
-    cuda = ("CUDA was traced, but no GPU work ran in the capture window." if "cuda" in sources else
-            "CUDA was not traced: add cuda (and cudnn, cublas) to profile.trace (nsys --trace=cuda,...).")
+    cuda = (
+        "CUDA was traced, but no GPU work ran in the capture window."
+        if "cuda" in sources
+        else "CUDA was not traced: add cuda (and cudnn, cublas) to profile.trace (nsys --trace=cuda,...)."
+    )
     return {
         "cuda": cuda,
         "nvtx": "No NVTX ranges: trace nvtx (--trace=...,nvtx) and annotate the steps (sftprof's trainer does).",
@@ -111,9 +114,11 @@ _ENV.filters["gain"] = gain_text
 def _ranked(findings: list[Finding]) -> list[dict]:
     """The first screen's table: findings with an attainable gain, largest first (the analysis ranked
     them), and warnings without one."""
-    return [{"rule": f.rule, "severity": f.severity, "title": f.title, "gain": gain_text(f.gain_pct),
-             "basis": f.gain_basis} for f in findings
-            if f.rule not in CAPTURE_NOTES and (f.gain_pct is not None or f.severity == "warning")]
+    return [
+        {"rule": f.rule, "severity": f.severity, "title": f.title, "gain": gain_text(f.gain_pct), "basis": f.gain_basis}
+        for f in findings
+        if f.rule not in CAPTURE_NOTES and (f.gain_pct is not None or f.severity == "warning")
+    ]
 
 
 def _rank_context(part: RankReport, anchor: str) -> dict:
@@ -181,7 +186,7 @@ def render_html(parts: list[RankReport], title: str) -> str:
     context = {
         "title": title,
         "version": __version__,
-        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "ranks": [_rank_context(part, f"r{index}-" if len(parts) > 1 else "") for index, part in enumerate(parts)],
     }
     return _ENV.get_template("report.html.j2").render(**context)

@@ -14,8 +14,13 @@ import pandas as pd  # noqa: E402
 from sftprof.analysis.cpu import PHASES  # noqa: E402
 from sftprof.text import terminal_safe  # noqa: E402
 
-PHASE_COLORS = {"data": "#9467bd", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c",
-                "other": "#bbbbbb"}
+PHASE_COLORS = {
+    "data": "#9467bd",
+    "forward": "#1f77b4",
+    "backward": "#ff7f0e",
+    "optimizer": "#2ca02c",
+    "other": "#bbbbbb",
+}
 MAX_BARS = 60  # per-step plots: more steps than this are drawn as runs of steps
 MAX_TICK_LABELS = 20
 # Labels are kernel, thread and NVTX names from the trace: text, never mathtext (`$...$`) or TeX.
@@ -27,7 +32,7 @@ def _svg(fig) -> str:
     fig.savefig(buffer, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buffer.getvalue()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 def _label(name, limit: int = 60) -> str:
@@ -56,7 +61,7 @@ def step_phases(steps: pd.DataFrame) -> str | None:
         ax.bar(steps["step"], values, bottom=bottom, label=phase, color=PHASE_COLORS[phase])
         bottom += values
     if len(steps) > MAX_TICK_LABELS:
-        ax.set_xticks(ax.get_xticks()[::len(steps) // MAX_TICK_LABELS + 1])
+        ax.set_xticks(ax.get_xticks()[:: len(steps) // MAX_TICK_LABELS + 1])
     ax.set_xlabel(xlabel)
     ax.set_ylabel("ms")
     ax.set_title("Step time by phase (NVTX)")
@@ -122,8 +127,11 @@ def family_bars(families: pd.DataFrame) -> str | None:
     rows = families.iloc[::-1]
     bound = rows["bound"].fillna("").astype(str)
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.2))
-    ax.barh([_label(family) for family in rows["family"]], rows["time_pct"],
-            color=[FAMILY_COLORS.get(b, "#999999") for b in bound])
+    ax.barh(
+        [_label(family) for family in rows["family"]],
+        rows["time_pct"],
+        color=[FAMILY_COLORS.get(b, "#999999") for b in bound],
+    )
     for y, (pct, n) in enumerate(zip(rows["time_pct"], rows["instances"])):
         ax.text(pct, y, f" {pct:.1f}% ({int(n):,})", va="center", fontsize=8)
     ax.set_xlim(0, max(100.0, float(rows["time_pct"].max()) * 1.15))
@@ -160,7 +168,9 @@ def utilisation_timeline(timeline: pd.DataFrame, low_pct: float) -> str | None:
     ax.set_ylim(0, 100)
     ax.set_xlabel("ms since the first GPU operation")
     ax.set_ylabel("busy %")
-    ax.set_title(f"GPU utilisation over time ({timeline.groupby('device_id').size().iloc[0]} chunks; dashed: {low_pct:.0f}%)")
+    ax.set_title(
+        f"GPU utilisation over time ({timeline.groupby('device_id').size().iloc[0]} chunks; dashed: {low_pct:.0f}%)"
+    )
     ax.legend(fontsize=8, loc="upper right")
     return _svg(fig)
 
@@ -170,14 +180,22 @@ def thread_states(states: pd.DataFrame) -> str | None:
     if states.empty:
         return None
     rows = states.head(12).iloc[::-1].reset_index(drop=True)
-    series = [("running on a CPU", "running_pct", "#2ca02c"), ("inside OS-runtime calls", "os_calls_pct", "#d62728"),
-              ("waiting for the GPU (CUDA sync)", "gpu_wait_pct", "#9467bd")]
+    series = [
+        ("running on a CPU", "running_pct", "#2ca02c"),
+        ("inside OS-runtime calls", "os_calls_pct", "#d62728"),
+        ("waiting for the GPU (CUDA sync)", "gpu_wait_pct", "#9467bd"),
+    ]
     series = [s for s in series if rows[s[1]].notna().any()]
     height = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.4))
     for i, (label, column, color) in enumerate(series):
-        ax.barh([y + (i - (len(series) - 1) / 2) * height for y in range(len(rows))], rows[column].fillna(0),
-                height=height, color=color, label=label)
+        ax.barh(
+            [y + (i - (len(series) - 1) / 2) * height for y in range(len(rows))],
+            rows[column].fillna(0),
+            height=height,
+            color=color,
+            label=label,
+        )
     ax.set_yticks(range(len(rows)), [_label(t, 45) for t in rows["thread"]])
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of the capture (the states can overlap)")
@@ -193,8 +211,15 @@ def core_timeline(timeline: pd.DataFrame) -> str | None:
     grid = timeline.pivot(index="cpu", columns="chunk", values="busy_pct").sort_index()
     span_ms = (timeline["end"].max() - timeline["start"].min()) / 1e6
     fig, ax = plt.subplots(figsize=(8, min(0.25 * len(grid), 6) + 1.6))
-    image = ax.imshow(grid.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=100, interpolation="nearest",
-                      extent=(0, span_ms, len(grid) - 0.5, -0.5))
+    image = ax.imshow(
+        grid.to_numpy(),
+        aspect="auto",
+        cmap="viridis",
+        vmin=0,
+        vmax=100,
+        interpolation="nearest",
+        extent=(0, span_ms, len(grid) - 0.5, -0.5),
+    )
     if len(grid) <= LABELLED_CORES:
         ax.set_yticks(range(len(grid)), [f"CPU {int(c)}" for c in grid.index])
     else:

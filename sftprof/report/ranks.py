@@ -17,8 +17,11 @@ from sftprof.report.html import _table_html
 from sftprof.text import write_csv
 
 SUMMARY_FILE = "ranks.json"
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof.report", "templates"),
-                          undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(["html", "j2"]))
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("sftprof.report", "templates"),
+    undefined=jinja2.StrictUndefined,
+    autoescape=jinja2.select_autoescape(["html", "j2"]),
+)
 
 
 def save(result: CrossRank, out_dir: str | Path) -> Path:
@@ -26,8 +29,12 @@ def save(result: CrossRank, out_dir: str | Path) -> Path:
     with atomic_dir(out_dir) as tmp:
         for name, table in result.tables.items():
             write_csv(table, tmp / f"{name}.csv")
-        summary = {"ranks": result.ranks, "headline": result.headline,
-                   "findings": [f.to_dict() for f in result.findings], "tables": sorted(result.tables)}
+        summary = {
+            "ranks": result.ranks,
+            "headline": result.headline,
+            "findings": [f.to_dict() for f in result.findings],
+            "tables": sorted(result.tables),
+        }
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
     return Path(out_dir)
 
@@ -38,15 +45,25 @@ def render_html(result: CrossRank, title: str, rank_links: dict[int, str] | None
     links = rank_links or {}
     t = result.tables
     context = {
-        "title": title, "version": __version__,
+        "title": title,
+        "version": __version__,
         "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "ranks": [{**r, "link": links.get(r["rank"])} for r in result.ranks],
-        "ranked": [{"rule": f.rule, "severity": f.severity, "title": f.title, "gain": gain_text(f.gain_pct),
-                    "basis": f.gain_basis} for f in result.findings],
+        "ranked": [
+            {
+                "rule": f.rule,
+                "severity": f.severity,
+                "title": f.title,
+                "gain": gain_text(f.gain_pct),
+                "basis": f.gain_basis,
+            }
+            for f in result.findings
+        ],
         "findings": result.findings,
         "headline": result.headline,
         "headline_json": json.dumps(result.headline, indent=1, default=str),
-        "straggler_min_pct": STRAGGLER_MIN_PCT, "straggler_steps_pct": 100 * STRAGGLER_STEPS_SHARE,
+        "straggler_min_pct": STRAGGLER_MIN_PCT,
+        "straggler_steps_pct": 100 * STRAGGLER_STEPS_SHARE,
         "sections": {
             "step_skew": _table_html(t["step_skew"], limit=500),
             "rank_phases": _table_html(t["rank_phases"], limit=1000),

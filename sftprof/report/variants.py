@@ -14,8 +14,11 @@ from sftprof.io import atomic_write_text
 from sftprof.text import write_csv
 
 CSV_FILE, HTML_FILE = "variants.csv", "variants.html"
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("sftprof.report", "templates"),
-                          undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(["html", "j2"]))
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("sftprof.report", "templates"),
+    undefined=jinja2.StrictUndefined,
+    autoescape=jinja2.select_autoescape(["html", "j2"]),
+)
 
 
 def _number(value, fmt: str) -> str:
@@ -23,17 +26,24 @@ def _number(value, fmt: str) -> str:
 
 
 def _row(r) -> dict:
-    return {"variant": r.variant, "motivated_by": r.motivated_by,
-            "predicted": _number(r.predicted_gain_pct, "{:.1f}%"), "measured": _number(r.measured_gain_pct, "{:+.1f}%"),
-            "base_ms": _number(r.baseline_median_step_ms, "{:.1f} ms"),
-            "ms": _number(r.median_step_ms, "{:.1f} ms") + (_number(r.p25_step_ms, " [{:.1f}, ") +
-                                                            _number(r.p75_step_ms, "{:.1f}]") if r.steps_measured else ""),
-            "steps": r.steps_measured, "base_tps": _number(r.baseline_real_tokens_per_s, "{:,.0f}"),
-            "tps": _number(r.real_tokens_per_s, "{:,.0f}"),
-            "gone": "" if r.finding_gone is None else "yes" if r.finding_gone else "no",
-            "loss": "" if r.loss_changed is None else _number(r.loss_shift_pct, "{:+.2f}%") + (
-                " (moved)" if r.loss_changed else " (within noise)"),
-            "loss_moved": bool(r.loss_changed), "verdict": r.verdict}
+    return {
+        "variant": r.variant,
+        "motivated_by": r.motivated_by,
+        "predicted": _number(r.predicted_gain_pct, "{:.1f}%"),
+        "measured": _number(r.measured_gain_pct, "{:+.1f}%"),
+        "base_ms": _number(r.baseline_median_step_ms, "{:.1f} ms"),
+        "ms": _number(r.median_step_ms, "{:.1f} ms")
+        + (_number(r.p25_step_ms, " [{:.1f}, ") + _number(r.p75_step_ms, "{:.1f}]") if r.steps_measured else ""),
+        "steps": r.steps_measured,
+        "base_tps": _number(r.baseline_real_tokens_per_s, "{:,.0f}"),
+        "tps": _number(r.real_tokens_per_s, "{:,.0f}"),
+        "gone": "" if r.finding_gone is None else "yes" if r.finding_gone else "no",
+        "loss": ""
+        if r.loss_changed is None
+        else _number(r.loss_shift_pct, "{:+.2f}%") + (" (moved)" if r.loss_changed else " (within noise)"),
+        "loss_moved": bool(r.loss_changed),
+        "verdict": r.verdict,
+    }
 
 
 def write(table: pd.DataFrame, out_dir: str | Path, title: str, baseline: str) -> None:
@@ -41,5 +51,9 @@ def write(table: pd.DataFrame, out_dir: str | Path, title: str, baseline: str) -
     out_dir = Path(out_dir)
     write_csv(table, out_dir / CSV_FILE)
     rows = [_row(r) for r in table.astype(object).where(table.notna(), None).itertuples()]
-    atomic_write_text(out_dir / HTML_FILE, _ENV.get_template("variants.html.j2").render(
-        title=title, rows=rows, baseline=baseline, version=__version__, warmup=WARMUP_STEPS, min_steps=MIN_STEPS))
+    atomic_write_text(
+        out_dir / HTML_FILE,
+        _ENV.get_template("variants.html.j2").render(
+            title=title, rows=rows, baseline=baseline, version=__version__, warmup=WARMUP_STEPS, min_steps=MIN_STEPS
+        ),
+    )

@@ -67,11 +67,16 @@ def _sqlite_extension() -> Path:
     """The sqlite extension shipped by the duckdb-ext-sqlite wheel: `LOAD sqlite` would download it."""
     spec = importlib.util.find_spec("duckdb_ext")
     roots = list(spec.submodule_search_locations) if spec else []
-    found = sorted(p for root in roots
-                   for p in Path(root).glob(f"extensions/v{duckdb.__version__}/*/sqlite_scanner.duckdb_extension"))
+    found = sorted(
+        p
+        for root in roots
+        for p in Path(root).glob(f"extensions/v{duckdb.__version__}/*/sqlite_scanner.duckdb_extension")
+    )
     if not found:
-        raise EventStoreError(f"no DuckDB sqlite extension for duckdb {duckdb.__version__}: "
-                              f"pip install duckdb-ext-sqlite (the release matching duckdb {duckdb.__version__})")
+        raise EventStoreError(
+            f"no DuckDB sqlite extension for duckdb {duckdb.__version__}: "
+            f"pip install duckdb-ext-sqlite (the release matching duckdb {duckdb.__version__})"
+        )
     return found[0]
 
 
@@ -131,8 +136,9 @@ def _visible(con, frames: dict[str, pd.DataFrame]):
             con.unregister(name)
 
 
-def _copy_rows(cursor: duckdb.DuckDBPyConnection, path: Path, table: str, export_table: str,
-               columns: tuple[str, ...], insert: str) -> None:
+def _copy_rows(
+    cursor: duckdb.DuckDBPyConnection, path: Path, table: str, export_table: str, columns: tuple[str, ...], insert: str
+) -> None:
     """Run `insert` (INSERT INTO `table` ... FROM {rows}) over `columns` of the export's
     `export_table`: decoded from the file's pages a chunk at a time (sqlite_pages), or, when the file
     holds something that decoder does not read, through DuckDB's SQLite reader."""
@@ -162,8 +168,11 @@ class EventStore:
         self._names: dict[str, pd.DataFrame] = {}  # used_names, by table
         self._names_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
-        settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": MEMORY_LIMIT,
-                    "preserve_insertion_order": False}
+        settings = {
+            "threads": min(os.cpu_count() or 1, MAX_THREADS),
+            "memory_limit": MEMORY_LIMIT,
+            "preserve_insertion_order": False,
+        }
         if self._folder:
             settings["temp_directory"] = self._folder
         for name, value in settings.items():
@@ -193,13 +202,21 @@ class EventStore:
         store = cls(on_disk=False)
         if kernels is not None and len(kernels):
             kernels = kernels.reset_index(drop=True)
-            names = pd.concat([kernels[c] for c in ("name", "short_name", "mangled_name") if c in kernels] +
-                              [pd.Series(dtype="object")])
+            names = pd.concat(
+                [kernels[c] for c in ("name", "short_name", "mangled_name") if c in kernels]
+                + [pd.Series(dtype="object")]
+            )
             _, uniques = pd.factorize(names.dropna().astype(str))
             ids = {name: i for i, name in enumerate(uniques)}
-            rows = pd.DataFrame({c: kernels[c] if c in kernels else None
-                                 for c in ("start", "end", "device_id", "stream_id", "correlation_id")})
-            rows["global_pid"] = (pd.to_numeric(kernels["pid"]).astype("Int64") * (1 << 24)) if "pid" in kernels else None
+            rows = pd.DataFrame(
+                {
+                    c: kernels[c] if c in kernels else None
+                    for c in ("start", "end", "device_id", "stream_id", "correlation_id")
+                }
+            )
+            rows["global_pid"] = (
+                (pd.to_numeric(kernels["pid"]).astype("Int64") * (1 << 24)) if "pid" in kernels else None
+            )
             for column, name_column in zip(KERNEL_NAME_IDS, ("name", "short_name", "mangled_name")):
                 text = kernels[name_column] if name_column in kernels else pd.Series(None, index=kernels.index)
                 rows[column] = text.map(lambda v: ids.get(str(v)) if pd.notna(v) else None).astype("Int64")
@@ -213,8 +230,9 @@ class EventStore:
         if cuda_api is not None and len(cuda_api):
             cuda_api = cuda_api.reset_index(drop=True)
             codes, uniques = pd.factorize(cuda_api["name"].astype(str))
-            rows = pd.DataFrame({c: cuda_api[c] if c in cuda_api else None
-                                 for c in ("start", "end", "global_tid", "correlation_id")})
+            rows = pd.DataFrame(
+                {c: cuda_api[c] if c in cuda_api else None for c in ("start", "end", "global_tid", "correlation_id")}
+            )
             rows["name_id"] = codes
             store._insert("cuda_api_rows", rows)
             store._insert("api_names", pd.DataFrame({"id": range(len(uniques)), "name": list(uniques)}))
@@ -249,17 +267,46 @@ class EventStore:
                           FROM strings)""")
                 con.execute("INSERT INTO api_names SELECT DISTINCT name_id, stripped FROM api_name_of")
         if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
-            columns = ("start", "end", "demangledName", "shortName", "mangledName", "deviceId", "streamId",
-                       "globalPid", "correlationId", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
-            copies.append(("kernel_rows", "CUPTI_ACTIVITY_KIND_KERNEL", columns, f"""
+            columns = (
+                "start",
+                "end",
+                "demangledName",
+                "shortName",
+                "mangledName",
+                "deviceId",
+                "streamId",
+                "globalPid",
+                "correlationId",
+                "gridX",
+                "gridY",
+                "gridZ",
+                "blockX",
+                "blockY",
+                "blockZ",
+            )
+            copies.append(
+                (
+                    "kernel_rows",
+                    "CUPTI_ACTIVITY_KIND_KERNEL",
+                    columns,
+                    f"""
                 INSERT INTO kernel_rows (start, "end", name_id, short_name_id, mangled_name_id, device_id, stream_id,
                                      global_pid, correlation_id, {", ".join(KERNEL_SHAPE)})
-                SELECT {", ".join(f'"{c}"' for c in columns)} FROM {{rows}}"""))
+                SELECT {", ".join(f'"{c}"' for c in columns)} FROM {{rows}}""",
+                )
+            )
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
-            copies.append(("cuda_api_rows", "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "end", "nameId", "globalTid", "correlationId"), """
+            copies.append(
+                (
+                    "cuda_api_rows",
+                    "CUPTI_ACTIVITY_KIND_RUNTIME",
+                    ("start", "end", "nameId", "globalTid", "correlationId"),
+                    """
                 INSERT INTO cuda_api_rows (start, "end", name_id, global_tid, correlation_id)
                 SELECT r.start, r."end", n.name_id, r.globalTid, r.correlationId
-                FROM {rows} r JOIN api_name_of n ON n.raw_id = r.nameId"""))
+                FROM {rows} r JOIN api_name_of n ON n.raw_id = r.nameId""",
+                )
+            )
         # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
         with ThreadPoolExecutor(len(copies) or 1) as pool:
             list(pool.map(lambda copy: _copy_rows(con.cursor(), path, *copy), copies))

@@ -55,8 +55,9 @@ KNOWN_CATEGORIES = HOST_RANGE_CATEGORIES | CUDA_API_CATEGORIES | DEVICE_CATEGORI
 
 # Kineto names memcpys "Memcpy HtoD (Pageable -> Device)"; nsys names them "[CUDA memcpy HtoD]".
 KINETO_MEMCPY_NAME = re.compile(r"^Memcpy (\w+)")
-NSYS_MEMCPY_BY_KIND = {name.removeprefix("[CUDA memcpy ").removesuffix("]"): name
-                       for name in MEMCPY_OPERATIONS.values()}
+NSYS_MEMCPY_BY_KIND = {
+    name.removeprefix("[CUDA memcpy ").removesuffix("]"): name for name in MEMCPY_OPERATIONS.values()
+}
 UNKNOWN_MEMCPY = NSYS_MEMCPY_BY_KIND["Unknown"]
 # Kineto names host threads "thread <tid> (<name>)"; nsys knows them by <name> alone.
 KINETO_THREAD_NAME = re.compile(r"^thread \d+ \((.*)\)$")
@@ -98,8 +99,10 @@ def _read_json(path: Path):
             while chunk := stream.read(READ_BYTES):
                 data += chunk
                 if len(data) > MAX_JSON_BYTES:
-                    raise TraceFormatError(f"{path}: more than {MAX_JSON_BYTES / 2**30:g} GiB of JSON (decompressed): "
-                                           "too large to load, or a decompression bomb")
+                    raise TraceFormatError(
+                        f"{path}: more than {MAX_JSON_BYTES / 2**30:g} GiB of JSON (decompressed): "
+                        "too large to load, or a decompression bomb"
+                    )
         text = data.decode("utf-8")
         del data
         return json.loads(text, parse_float=Decimal)
@@ -131,8 +134,9 @@ def _trace_events(path: Path) -> tuple[list[dict], object]:
     events = [event for event in events if isinstance(event, dict)]
     is_kineto = isinstance(document, dict) and "schemaVersion" in document
     if not is_kineto and not any(_category(event) in KNOWN_CATEGORIES for event in events):
-        raise TraceFormatError(f"{path}: a Chrome trace, but not one written by the PyTorch profiler "
-                               "(no Kineto events)")
+        raise TraceFormatError(
+            f"{path}: a Chrome trace, but not one written by the PyTorch profiler (no Kineto events)"
+        )
     return events, document
 
 
@@ -183,8 +187,9 @@ def _host_ids(event: dict) -> dict:
     return {"global_tid": (pid << TID_BITS) | tid, "pid": pid, "tid": tid}
 
 
-def _table(events: list[dict], categories: set[str], table: str, origin: int, dropped: dict[str, int],
-           row) -> pd.DataFrame:
+def _table(
+    events: list[dict], categories: set[str], table: str, origin: int, dropped: dict[str, int], row
+) -> pd.DataFrame:
     """`table` from the complete ("X") events of `categories`: `row(event, name)` gives each one's columns
     besides its times, or None when a field it needs has the wrong type. Such events, and rows whose times
     are not valid, are left out and counted in `dropped`."""
@@ -193,8 +198,11 @@ def _table(events: list[dict], categories: set[str], table: str, origin: int, dr
         if e.get("ph") != "X" or _category(e) not in categories:
             continue
         times, name = _times(e), e.get("name", "")
-        columns = (row(e, name) if times and _id(e.get("pid")) is not None and _id(e.get("tid")) is not None
-                   and isinstance(name, str) else None)
+        columns = (
+            row(e, name)
+            if times and _id(e.get("pid")) is not None and _id(e.get("tid")) is not None and isinstance(name, str)
+            else None
+        )
         if columns is None:
             malformed += 1
             continue
@@ -208,14 +216,29 @@ def _table(events: list[dict], categories: set[str], table: str, origin: int, dr
 
 
 def _nvtx(events: list[dict], origin: int, dropped: dict[str, int]) -> pd.DataFrame:
-    return _table(events, HOST_RANGE_CATEGORIES, "nvtx", origin, dropped,
-                  lambda e, name: {"name": name, "style": "PushPop", **_host_ids(e)})
+    return _table(
+        events,
+        HOST_RANGE_CATEGORIES,
+        "nvtx",
+        origin,
+        dropped,
+        lambda e, name: {"name": name, "style": "PushPop", **_host_ids(e)},
+    )
 
 
 def _cuda_api(events: list[dict], origin: int, dropped: dict[str, int]) -> pd.DataFrame:
-    return _table(events, CUDA_API_CATEGORIES, "cuda_api", origin, dropped,
-                  lambda e, name: {"name": API_VERSION_SUFFIX.sub("", name), **_host_ids(e),
-                                   "correlation_id": _id_number(_args(e).get("correlation"))})
+    return _table(
+        events,
+        CUDA_API_CATEGORIES,
+        "cuda_api",
+        origin,
+        dropped,
+        lambda e, name: {
+            "name": API_VERSION_SUFFIX.sub("", name),
+            **_host_ids(e),
+            "correlation_id": _id_number(_args(e).get("correlation")),
+        },
+    )
 
 
 def _launch_shape(values) -> str | None:
@@ -230,17 +253,26 @@ def _device_common(event: dict, launching_pid: dict[int, int], only_host_pid: in
     correlation = _id_number(args.get("correlation"))
     device = _id(args.get("device", args.get("inDevice")))
     stream = _id(args.get("stream"))
-    return {"device_id": event["pid"] if device is None else device,
-            "stream_id": event["tid"] if stream is None else stream,
-            "pid": launching_pid.get(correlation, only_host_pid), "correlation_id": correlation}
+    return {
+        "device_id": event["pid"] if device is None else device,
+        "stream_id": event["tid"] if stream is None else stream,
+        "pid": launching_pid.get(correlation, only_host_pid),
+        "correlation_id": correlation,
+    }
 
 
 def _kernels(events, origin, launching_pid, only_host_pid, dropped) -> pd.DataFrame:
     def row(e, name):
         args = _args(e)
-        return {"name": name, "short_name": kernel_short_name(name), "mangled_name": None,
-                **_device_common(e, launching_pid, only_host_pid),
-                "grid": _launch_shape(args.get("grid")), "block": _launch_shape(args.get("block"))}
+        return {
+            "name": name,
+            "short_name": kernel_short_name(name),
+            "mangled_name": None,
+            **_device_common(e, launching_pid, only_host_pid),
+            "grid": _launch_shape(args.get("grid")),
+            "block": _launch_shape(args.get("block")),
+        }
+
     return _table(events, {KERNEL_CATEGORY}, "kernels", origin, dropped, row)
 
 
@@ -254,8 +286,16 @@ def _memop_operation(event: dict, name: str) -> str:
 def _memops(events, origin, launching_pid, only_host_pid, dropped) -> pd.DataFrame:
     def row(e, name):
         size = _id_number(_args(e).get("bytes"))  # what every memory analysis reads: not optional
-        return None if size is None else {"operation": _memop_operation(e, name), "bytes": size,
-                                          **_device_common(e, launching_pid, only_host_pid)}
+        return (
+            None
+            if size is None
+            else {
+                "operation": _memop_operation(e, name),
+                "bytes": size,
+                **_device_common(e, launching_pid, only_host_pid),
+            }
+        )
+
     return _table(events, {MEMCPY_CATEGORY, MEMSET_CATEGORY}, "memops", origin, dropped, row)
 
 
@@ -270,8 +310,16 @@ def _threads(events: list[dict], device_pids: set[int]) -> pd.DataFrame:
         elif e.get("name") == "thread_name" and _id(e.get("tid")) is not None:
             kineto_name = KINETO_THREAD_NAME.match(name)
             thread_names[(pid, e["tid"])] = kineto_name.group(1) if kineto_name else name
-    rows = [{"global_tid": (pid << TID_BITS) | tid, "pid": pid, "tid": tid, "thread_name": name,
-             "process_name": process_names.get(pid)} for (pid, tid), name in sorted(thread_names.items())]
+    rows = [
+        {
+            "global_tid": (pid << TID_BITS) | tid,
+            "pid": pid,
+            "tid": tid,
+            "thread_name": name,
+            "process_name": process_names.get(pid),
+        }
+        for (pid, tid), name in sorted(thread_names.items())
+    ]
     return pd.DataFrame(rows, columns=COLUMNS["threads"]) if rows else empty("threads")
 
 
@@ -292,8 +340,9 @@ def _gpus(document) -> pd.DataFrame:
         row = {column: device.get(key) for key, column in DEVICE_PROPERTIES.items()}
         major, minor = (_int_in(device.get(key), 0, 100) for key in ("computeMajor", "computeMinor"))
         row["compute_capability"] = f"{major}.{minor}" if major is not None and minor is not None else None
-        rows.append({column: value if _is_int(value) or isinstance(value, str) else None
-                     for column, value in row.items()})
+        rows.append(
+            {column: value if _is_int(value) or isinstance(value, str) else None for column, value in row.items()}
+        )
     return gpu_rows(pd.DataFrame(rows, columns=[*DEVICE_PROPERTIES.values(), "compute_capability"]))
 
 
@@ -324,6 +373,14 @@ def load_kineto_json(path: str | Path) -> TraceTables:
         sources.add("nvtx")
     if not (cuda_api.empty and kernels.empty and memops.empty):
         sources.add("cuda")
-    return TraceTables(source_path=str(path), span_ns=span_ns, sources=sources,
-                       threads=_threads(events, device_pids - host_pids), nvtx=nvtx, memops=memops,
-                       gpus=_gpus(document), events=EventStore.from_frames(kernels, cuda_api), dropped_rows=dropped)
+    return TraceTables(
+        source_path=str(path),
+        span_ns=span_ns,
+        sources=sources,
+        threads=_threads(events, device_pids - host_pids),
+        nvtx=nvtx,
+        memops=memops,
+        gpus=_gpus(document),
+        events=EventStore.from_frames(kernels, cuda_api),
+        dropped_rows=dropped,
+    )

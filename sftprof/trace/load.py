@@ -32,7 +32,10 @@ def load_trace(path: str | Path) -> TraceTables:
     if path.name.endswith(KINETO_SUFFIXES):
         return load_kineto_json(path)
     if path.suffix == ".qdstrm":
-        raise TraceFormatError(f"{path}: a raw nsys capture; import it first "
-                               "(QdstrmImporter -i NAME.qdstrm -o NAME.nsys-rep)")
-    raise TraceFormatError(f"{path}: unsupported trace type {path.suffix!r}; give an nsys .nsys-rep or "
-                           ".sqlite, or a PyTorch profiler trace .json or .json.gz")
+        raise TraceFormatError(
+            f"{path}: a raw nsys capture; import it first (QdstrmImporter -i NAME.qdstrm -o NAME.nsys-rep)"
+        )
+    raise TraceFormatError(
+        f"{path}: unsupported trace type {path.suffix!r}; give an nsys .nsys-rep or "
+        ".sqlite, or a PyTorch profiler trace .json or .json.gz"
+    )

@@ -30,7 +30,7 @@ class MetricsError(SftprofError, ValueError):
     """A trainer's metrics file that is missing or not what the trainers write."""
 
 
-_INT64 = 2 ** 63
+_INT64 = 2**63
 
 
 def _is_int(value) -> bool:
@@ -52,8 +52,11 @@ METRICS_REQUIRED = ("step", "step_time_s", "tokens_per_s", "in_window")
 METRICS_FIELDS = {
     "step": ("an integer", _is_int, "int64"),
     "rank": ("an integer", _is_int, "Int64"),
-    "loss": ("a number or null", lambda v: v is None or _is_float(v) or (isinstance(v, float) and math.isnan(v)),
-             "Float64"),
+    "loss": (
+        "a number or null",
+        lambda v: v is None or _is_float(v) or (isinstance(v, float) and math.isnan(v)),
+        "Float64",
+    ),
     "step_time_s": ("a finite number", _is_float, "float64"),
     "tokens": ("an integer", _is_int, "Int64"),
     "tokens_per_s": ("a finite number", _is_float, "float64"),
@@ -61,8 +64,11 @@ METRICS_FIELDS = {
     "token_slots": ("a non-negative integer", _is_count, "Int64"),
     "real_tokens": ("a non-negative integer", _is_count, "Int64"),
     "label_tokens": ("a non-negative integer", _is_count, "Int64"),
-    "padded_lengths": ("a list of positive integers",
-                       lambda v: isinstance(v, list) and all(_is_count(x) and x > 0 for x in v), "object"),
+    "padded_lengths": (
+        "a list of positive integers",
+        lambda v: isinstance(v, list) and all(_is_count(x) and x > 0 for x in v),
+        "object",
+    ),
 }
 STEP_COLUMNS = list(METRICS_FIELDS)
 
@@ -76,8 +82,16 @@ _RUN_FACTS = {
     "device_name": ("a string", lambda v: isinstance(v, str)),
     "model": ("an object", lambda v: isinstance(v, dict)),
 }
-_MODEL_FACTS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size",
-                "seq_length", "embedding_parameters")
+_MODEL_FACTS = (
+    "num_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "num_kv_heads",
+    "vocab_size",
+    "seq_length",
+    "embedding_parameters",
+)
 
 
 @dataclass

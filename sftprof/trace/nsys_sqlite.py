@@ -32,20 +32,51 @@ OSRT_CALL_CLASS = 27  # other OSRT_API classes are zero-length "profiling starte
 # copyKind -> the operation names nsys 2022.4's gpumemtimesum prints (from an inline list; newer
 # versions print '[CUDA memcpy ' || ENUM_CUDA_MEMCPY_OPER.label || ']' instead).
 MEMCPY_OPERATIONS = {
-    0: "[CUDA memcpy Unknown]", 1: "[CUDA memcpy HtoD]", 2: "[CUDA memcpy DtoH]", 3: "[CUDA memcpy HtoA]",
-    4: "[CUDA memcpy AtoH]", 5: "[CUDA memcpy AtoA]", 6: "[CUDA memcpy AtoD]", 7: "[CUDA memcpy DtoA]",
-    8: "[CUDA memcpy DtoD]", 9: "[CUDA memcpy HtoH]", 10: "[CUDA memcpy PtoP]",
-    11: "[CUDA Unified Memory memcpy HtoD]", 12: "[CUDA Unified Memory memcpy DtoH]",
+    0: "[CUDA memcpy Unknown]",
+    1: "[CUDA memcpy HtoD]",
+    2: "[CUDA memcpy DtoH]",
+    3: "[CUDA memcpy HtoA]",
+    4: "[CUDA memcpy AtoH]",
+    5: "[CUDA memcpy AtoA]",
+    6: "[CUDA memcpy AtoD]",
+    7: "[CUDA memcpy DtoA]",
+    8: "[CUDA memcpy DtoD]",
+    9: "[CUDA memcpy HtoH]",
+    10: "[CUDA memcpy PtoP]",
+    11: "[CUDA Unified Memory memcpy HtoD]",
+    12: "[CUDA Unified Memory memcpy DtoH]",
     13: "[CUDA Unified Memory memcpy DtoD]",
 }
 MEMSET_OPERATION = "[CUDA memset]"
 # copyKind -> the direction, whatever the naming: what analyses group and test on.
-MEMCPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-                8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH", 13: "UVM DtoD"}
+MEMCPY_KINDS = {
+    0: "Unknown",
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+    11: "UVM HtoD",
+    12: "UVM DtoH",
+    13: "UVM DtoD",
+}
 MEMSET_KIND = "memset"
 # Enum labels for files without the ENUM_* table (values are stable across versions).
-MEMORY_KIND_LABELS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static",
-                      6: "Managed Static", 7: "Unknown"}
+MEMORY_KIND_LABELS = {
+    0: "Pageable",
+    1: "Pinned",
+    2: "Device",
+    3: "Array",
+    4: "Managed",
+    5: "Device Static",
+    6: "Managed Static",
+    7: "Unknown",
+}
 SYNC_TYPE_LABELS = {0: "Unknown", 1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"}
 # The first nsys release whose stats name memcpys by the ENUM_CUDA_MEMCPY_OPER label.
 ENUM_MEMCPY_NAMES_SINCE = 2023
@@ -105,16 +136,15 @@ def check_export(path: str | Path) -> None:
     path = Path(path)
     conn = _connect(path)
     try:
-        page_size, = conn.execute("PRAGMA page_size").fetchone()
-        page_count, = conn.execute("PRAGMA page_count").fetchone()
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        (page_count,) = conn.execute("PRAGMA page_count").fetchone()
     except sqlite3.DatabaseError as exc:
         raise TraceFormatError(f"{path}: damaged export ({_one_line(exc)})") from None
     finally:
         conn.close()
     size = path.stat().st_size
     if page_size * page_count != size:
-        raise TraceFormatError(f"{path}: truncated export ({size:,} bytes; its header says "
-                               f"{page_size * page_count:,})")
+        raise TraceFormatError(f"{path}: truncated export ({size:,} bytes; its header says {page_size * page_count:,})")
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:
@@ -162,15 +192,22 @@ NOTHING_COLLECTED = re.compile(r"No (\w+) events collected\.(?: Does the process
 def _empty_trace_kinds(strings: pd.DataFrame) -> dict[str, str]:
     """Trace kinds the capture itself says recorded nothing (kind -> nsys's message)."""
     values = strings["value"].dropna().astype(str)
-    return {match.group(1): f'nsys says "{match.group(0)}"'
-            for match in map(NOTHING_COLLECTED.fullmatch, values[values.str.startswith("No ")]) if match}
+    return {
+        match.group(1): f'nsys says "{match.group(0)}"'
+        for match in map(NOTHING_COLLECTED.fullmatch, values[values.str.startswith("No ")])
+        if match
+    }
 
 
 def _enum_labels(conn: sqlite3.Connection, tables: set[str], enum_table: str, fallback: dict[int, str]) -> dict:
     if enum_table not in tables:
         return fallback
-    return {code: str(label) for code, label in
-            conn.execute(f"SELECT id, CAST(label AS TEXT) FROM {enum_table} WHERE typeof(id) = 'integer'")}
+    return {
+        code: str(label)
+        for code, label in conn.execute(
+            f"SELECT id, CAST(label AS TEXT) FROM {enum_table} WHERE typeof(id) = 'integer'"
+        )
+    }
 
 
 class _Labels:
@@ -197,8 +234,9 @@ class _Labels:
     def decode(self, frame: pd.DataFrame, columns) -> pd.DataFrame:
         """`frame` with each of `columns` (codes) as its labels (NA for -1)."""
         values = np.array([*self.labels, None], dtype=object)
-        return frame.assign(**{column: pd.Series(values[frame[column].to_numpy("int64")], index=frame.index)
-                               for column in columns})
+        return frame.assign(
+            **{column: pd.Series(values[frame[column].to_numpy("int64")], index=frame.index) for column in columns}
+        )
 
 
 def _quote(text: str) -> str:
@@ -219,16 +257,18 @@ def _span_ns(conn: sqlite3.Connection, tables: set[str], dropped: dict[str, int]
 def _threads(conn, tables) -> pd.DataFrame:
     if "ThreadNames" not in tables:
         return empty("threads")
-    process_join = ("LEFT JOIN PROCESSES p ON p.pid = ((t.globalTid >> 24) & 16777215)"
-                    if "PROCESSES" in tables else "")
+    process_join = "LEFT JOIN PROCESSES p ON p.pid = ((t.globalTid >> 24) & 16777215)" if "PROCESSES" in tables else ""
     process_name = "p.name" if process_join else "NULL"
-    return _query(conn, f"""
+    return _query(
+        conn,
+        f"""
         SELECT t.globalTid AS global_tid, ((t.globalTid >> 24) & 16777215) AS pid,
                (t.globalTid & 16777215) AS tid, CAST(s.value AS TEXT) AS thread_name,
                CAST({process_name} AS TEXT) AS process_name
         FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId
         {process_join}
-        GROUP BY t.globalTid""")
+        GROUP BY t.globalTid""",
+    )
 
 
 def _nvtx(conn, tables, dropped) -> pd.DataFrame:
@@ -236,7 +276,9 @@ def _nvtx(conn, tables, dropped) -> pd.DataFrame:
         return empty("nvtx")
     types = ",".join(map(str, NVTX_RANGE_STYLES))
     style = " ".join(f"WHEN {code} THEN '{name}'" for code, name in NVTX_RANGE_STYLES.items())
-    ranges = _query(conn, f"""
+    ranges = _query(
+        conn,
+        f"""
         WITH domains AS (
             SELECT domainId AS id, globalTid, CAST(text AS TEXT) AS name FROM NVTX_EVENTS
             WHERE eventType = {NVTX_DOMAIN_CREATE} GROUP BY domainId, globalTid),
@@ -252,7 +294,8 @@ def _nvtx(conn, tables, dropped) -> pd.DataFrame:
              AND (ne.globalTid & 0x0000FFFFFF000000) = (d.globalTid & 0x0000FFFFFF000000)
         LEFT JOIN StringIds sid ON ne.textId = sid.id
         WHERE ne.eventType IN ({types})
-        ORDER BY ne.start""")
+        ORDER BY ne.start""",
+    )
     return valid_rows(ranges, "nvtx", dropped)
 
 
@@ -262,12 +305,15 @@ def _osrt(reader, tables, strings, dropped) -> pd.DataFrame:
     reader.register("string_ids", strings[["id"]])
     try:
         # names as ids, then each row given a reference to its name's one string (not a string of its own)
-        calls = _rows(reader, f"""
+        calls = _rows(
+            reader,
+            f"""
             SELECT o.start, o."end", o.nameId AS name,
                    o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
             FROM OSRT_API o SEMI JOIN string_ids s ON s.id = o.nameId
             WHERE o.eventClass = {OSRT_CALL_CLASS}
-            ORDER BY o.start""")
+            ORDER BY o.start""",
+        )
     finally:
         reader.unregister("string_ids")
     names = pd.Series(strings["value"].to_numpy(), index=strings["id"].to_numpy())
@@ -285,19 +331,29 @@ def _memcpy_operations(conn, tables, release: int) -> dict[int, str]:
 
 def _memops(conn, reader, tables, release: int, dropped) -> pd.DataFrame:
     parts = []
-    common = ('start, "end", {op} AS operation, bytes, deviceId AS device_id, '
-              'streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id, '
-              '{kind} AS copy_kind, {src} AS src_kind, {dst} AS dst_kind')
+    common = (
+        'start, "end", {op} AS operation, bytes, deviceId AS device_id, '
+        "streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id, "
+        "{kind} AS copy_kind, {src} AS src_kind, {dst} AS dst_kind"
+    )
     memory_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND_LABELS)
     labels = _Labels()
     if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
         op = labels.case("copyKind", _memcpy_operations(conn, tables, release), MEMCPY_OPERATIONS[0])
-        columns = common.format(op=op, kind=labels.case("copyKind", MEMCPY_KINDS, MEMCPY_KINDS[0]),
-                                src=labels.case("srcKind", memory_kinds), dst=labels.case("dstKind", memory_kinds))
+        columns = common.format(
+            op=op,
+            kind=labels.case("copyKind", MEMCPY_KINDS, MEMCPY_KINDS[0]),
+            src=labels.case("srcKind", memory_kinds),
+            dst=labels.case("dstKind", memory_kinds),
+        )
         parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMCPY")
     if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
-        columns = common.format(op=labels.constant(MEMSET_OPERATION), kind=labels.constant(MEMSET_KIND),
-                                src=labels.constant(None), dst=labels.case("memKind", memory_kinds))
+        columns = common.format(
+            op=labels.constant(MEMSET_OPERATION),
+            kind=labels.constant(MEMSET_KIND),
+            src=labels.constant(None),
+            dst=labels.case("memKind", memory_kinds),
+        )
         parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMSET")
     if not parts:
         return empty("memops")
@@ -313,19 +369,32 @@ def _sync(conn, reader, tables, dropped) -> pd.DataFrame:
         return empty("sync")
     sync_types = _enum_labels(conn, tables, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
     labels = _Labels()
-    return valid_rows(labels.decode(_rows(reader, f"""
+    return valid_rows(
+        labels.decode(
+            _rows(
+                reader,
+                f"""
         SELECT start, "end", {labels.case("syncType", sync_types, "Unknown")} AS sync_type,
                deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
                correlationId AS correlation_id
-        FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION ORDER BY start"""), ["sync_type"]), "sync", dropped)
+        FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION ORDER BY start""",
+            ),
+            ["sync_type"],
+        ),
+        "sync",
+        dropped,
+    )
 
 
 def _sched(reader, tables, dropped) -> pd.DataFrame:
     if "SCHED_EVENTS" not in tables:
         return empty("sched")
-    frame = _rows(reader, f"""
+    frame = _rows(
+        reader,
+        f"""
         SELECT start, cpu, isSchedIn != 0 AS is_sched_in, globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
-        FROM SCHED_EVENTS ORDER BY start""")
+        FROM SCHED_EVENTS ORDER BY start""",
+    )
     return valid_rows(frame.assign(is_sched_in=frame["is_sched_in"].astype(bool)), "sched", dropped)
 
 
@@ -333,19 +402,34 @@ def _gpu_metrics(conn, tables, dropped) -> pd.DataFrame:
     """Newer exports' GPU_METRICS (2022.4 keeps GPU metrics as JSON in GENERIC_EVENTS, not read here)."""
     if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
         return empty("gpu_metrics")
-    return valid_rows(_query(conn, """
+    return valid_rows(
+        _query(
+            conn,
+            """
         SELECT m.timestamp AS timestamp, (m.typeId & 255) AS device_id, CAST(i.metricName AS TEXT) AS metric,
                m.value AS value
         FROM GPU_METRICS m
         JOIN (SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS) i
              ON i.typeId = m.typeId AND i.metricId = m.metricId
-        ORDER BY m.timestamp"""), "gpu_metrics", dropped)
+        ORDER BY m.timestamp""",
+        ),
+        "gpu_metrics",
+        dropped,
+    )
 
 
 # TARGET_INFO_GPU column -> gpus column (nsys 2022.4 has them all; a column a release lacks is NA).
-GPU_INFO_COLUMNS = {"id": "device_id", "name": "name", "chipName": "chip_name", "smCount": "sm_count",
-                    "totalMemory": "memory_bytes", "memoryBandwidth": "memory_bandwidth_bytes_per_s",
-                    "clockRate": "clock_hz", "computeMajor": "compute_major", "computeMinor": "compute_minor"}
+GPU_INFO_COLUMNS = {
+    "id": "device_id",
+    "name": "name",
+    "chipName": "chip_name",
+    "smCount": "sm_count",
+    "totalMemory": "memory_bytes",
+    "memoryBandwidth": "memory_bandwidth_bytes_per_s",
+    "clockRate": "clock_hz",
+    "computeMajor": "compute_major",
+    "computeMinor": "compute_minor",
+}
 
 
 def _gpus(conn, tables) -> pd.DataFrame:
@@ -357,13 +441,20 @@ def _gpus(conn, tables) -> pd.DataFrame:
     have = {row[1] for row in conn.execute("PRAGMA table_info(TARGET_INFO_GPU)")}
     if "id" not in have:
         return empty("gpus")
-    selected = ", ".join(f"CAST({column} AS TEXT) AS {name}" if name in ("name", "chip_name") else
-                         f"{column} AS {name}" for column, name in GPU_INFO_COLUMNS.items() if column in have)
+    selected = ", ".join(
+        f"CAST({column} AS TEXT) AS {name}" if name in ("name", "chip_name") else f"{column} AS {name}"
+        for column, name in GPU_INFO_COLUMNS.items()
+        if column in have
+    )
     rows = _query(conn, f"SELECT {selected} FROM TARGET_INFO_GPU")
-    major, minor = (pd.to_numeric(rows[c], errors="coerce") if c in rows else pd.Series(float("nan"), index=rows.index)
-                    for c in ("compute_major", "compute_minor"))
-    rows["compute_capability"] = [f"{int(a)}.{int(b)}" if pd.notna(a) and pd.notna(b) and 0 <= a < 100 and 0 <= b < 100
-                                  else None for a, b in zip(major, minor, strict=True)]
+    major, minor = (
+        pd.to_numeric(rows[c], errors="coerce") if c in rows else pd.Series(float("nan"), index=rows.index)
+        for c in ("compute_major", "compute_minor")
+    )
+    rows["compute_capability"] = [
+        f"{int(a)}.{int(b)}" if pd.notna(a) and pd.notna(b) and 0 <= a < 100 and 0 <= b < 100 else None
+        for a, b in zip(major, minor, strict=True)
+    ]
     return gpu_rows(rows)
 
 
@@ -434,7 +525,10 @@ def _still_empty(loaded: TraceTables, tables: set[str]) -> dict[str, str]:
     """nsys writes "No X events collected" per process: a capture of a launcher and the trainer it starts
     (NeMo's data workers, torchrun) says so for every process that did not use X. Only kinds with no rows
     at all in the export recorded nothing."""
-    recorded = {"CUDA": bool(loaded.events.count("kernels") or loaded.events.count("cuda_api") or len(loaded.memops)),
-                "NVTX": not loaded.nvtx.empty, "OSRT": not loaded.osrt.empty}
+    recorded = {
+        "CUDA": bool(loaded.events.count("kernels") or loaded.events.count("cuda_api") or len(loaded.memops)),
+        "NVTX": not loaded.nvtx.empty,
+        "OSRT": not loaded.osrt.empty,
+    }
     recorded |= {kind: any(name in tables for name in names) for kind, names in _KIND_TABLES.items()}
     return {kind: message for kind, message in loaded.empty_trace_kinds.items() if not recorded.get(kind, False)}

@@ -127,7 +127,7 @@ def _table(path: Path, table: str, columns: list[str]) -> tuple[int, np.ndarray]
     of that column in `columns` (or -1)."""
     with sqlite3.connect(read_only_uri(path), uri=True) as conn:
         root = conn.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
-        info = conn.execute(f"PRAGMA table_info(\"{table}\")").fetchall()
+        info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
     if root is None or not root[0]:
         raise Unsupported(f"no table {table}")
     names = [row[1] for row in info]
@@ -167,10 +167,13 @@ def _leaves(handle: int, root: int, page_size: int, usable: int) -> np.ndarray:
             if page[0] != TABLE_INTERIOR:
                 raise Unsupported(f"page {number} is not a table b-tree page (a WITHOUT ROWID table?)")
             cells = int(page[3]) << 8 | int(page[4])
-            pointers = page[INTERIOR_HEADER:INTERIOR_HEADER + 2 * cells].view(">u2").astype(np.int64)
+            pointers = page[INTERIOR_HEADER : INTERIOR_HEADER + 2 * cells].view(">u2").astype(np.int64)
             # a cell is a 4-byte child page number, then its key (a varint)
-            if INTERIOR_HEADER + 2 * cells > usable or (pointers < INTERIOR_HEADER + 2 * cells).any() \
-                    or (pointers > usable - 5).any():
+            if (
+                INTERIOR_HEADER + 2 * cells > usable
+                or (pointers < INTERIOR_HEADER + 2 * cells).any()
+                or (pointers > usable - 5).any()
+            ):
                 raise Unsupported(f"page {number}: a cell pointer out of its page")
             left = np.stack([page[pointers + k].astype(np.int64) for k in range(4)])
             children.extend(((left[0] << 24) | (left[1] << 16) | (left[2] << 8) | left[3]).tolist())
@@ -184,8 +187,9 @@ def _runs(pages: np.ndarray) -> list[tuple[int, int]]:
     return [(int(run[0]), len(run)) for run in np.split(pages, breaks)]
 
 
-def int_columns(path: str | Path, table: str, columns: list[str],
-                chunk_bytes: int = CHUNK_BYTES) -> Iterator[pd.DataFrame]:
+def int_columns(
+    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[pd.DataFrame]:
     """The table's `columns`, in rowid order, as DataFrames of the rows of `chunk_bytes` of leaf
     pages each; int64 columns, or nullable Int64 where a chunk holds NULLs. A chunk's arrays are
     reused for the next one: use (or copy) each chunk before asking for the next."""
@@ -212,8 +216,8 @@ def int_columns(path: str | Path, table: str, columns: list[str],
         out, missing = np.empty((len(columns), 0), dtype=np.int64), np.empty((len(columns), 0), dtype=np.bool_)
         for first in range(0, len(leaves), pages_per_chunk):
             size = 0
-            for start, count in _runs(leaves[first:first + pages_per_chunk]):
-                _read_into(handle, pages[size:size + count * page_size], (start - 1) * page_size)
+            for start, count in _runs(leaves[first : first + pages_per_chunk]):
+                _read_into(handle, pages[size : size + count * page_size], (start - 1) * page_size)
                 size += count * page_size
             headers = pages[:size].reshape(-1, page_size)
             cells = (headers[:, 3].astype(np.int64) << 8) | headers[:, 4]
@@ -228,10 +232,21 @@ def int_columns(path: str | Path, table: str, columns: list[str],
             missing[:, :rows] = False
             decoded = _decode(pages[:size], page_size, usable, slot, out, missing)
             if decoded != rows:
-                raise Unsupported({-1: "a page that is not a table leaf", -2: "a record larger than its page",
-                                   -3: "a value that is not an integer"}.get(decoded, "a damaged page"))
-            yield pd.DataFrame({name: pd.arrays.IntegerArray(out[i, :rows], missing[i, :rows])
-                                if missing[i, :rows].any() else out[i, :rows]
-                                for i, name in enumerate(columns)}, copy=False)
+                raise Unsupported(
+                    {
+                        -1: "a page that is not a table leaf",
+                        -2: "a record larger than its page",
+                        -3: "a value that is not an integer",
+                    }.get(decoded, "a damaged page")
+                )
+            yield pd.DataFrame(
+                {
+                    name: pd.arrays.IntegerArray(out[i, :rows], missing[i, :rows])
+                    if missing[i, :rows].any()
+                    else out[i, :rows]
+                    for i, name in enumerate(columns)
+                },
+                copy=False,
+            )
     finally:
         os.close(handle)

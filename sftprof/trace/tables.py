@@ -48,15 +48,47 @@ COLUMNS = {
     "nvtx": ["start", "end", "duration", "name", "style", "global_tid", "pid", "tid"],
     "osrt": ["start", "end", "duration", "name", "global_tid", "pid", "tid"],
     "cuda_api": ["start", "end", "duration", "name", "global_tid", "pid", "tid", "correlation_id"],
-    "kernels": ["start", "end", "duration", "name", "short_name", "mangled_name", "device_id", "stream_id",
-                "pid", "correlation_id", "grid", "block"],
-    "memops": ["start", "end", "duration", "operation", "bytes", "device_id", "stream_id", "pid",
-               "correlation_id", "copy_kind", "src_kind", "dst_kind"],
+    "kernels": [
+        "start",
+        "end",
+        "duration",
+        "name",
+        "short_name",
+        "mangled_name",
+        "device_id",
+        "stream_id",
+        "pid",
+        "correlation_id",
+        "grid",
+        "block",
+    ],
+    "memops": [
+        "start",
+        "end",
+        "duration",
+        "operation",
+        "bytes",
+        "device_id",
+        "stream_id",
+        "pid",
+        "correlation_id",
+        "copy_kind",
+        "src_kind",
+        "dst_kind",
+    ],
     "sync": ["start", "end", "duration", "sync_type", "device_id", "stream_id", "pid", "correlation_id"],
     "sched": ["start", "cpu", "is_sched_in", "global_tid", "pid", "tid"],
     "gpu_metrics": ["timestamp", "device_id", "metric", "value"],
-    "gpus": ["device_id", "name", "chip_name", "sm_count", "memory_bytes", "memory_bandwidth_bytes_per_s", "clock_hz",
-             "compute_capability"],
+    "gpus": [
+        "device_id",
+        "name",
+        "chip_name",
+        "sm_count",
+        "memory_bytes",
+        "memory_bandwidth_bytes_per_s",
+        "clock_hz",
+        "compute_capability",
+    ],
 }
 # gpus' integer columns (nullable: a source may not record one)
 GPU_COUNTS = ("device_id", "sm_count", "memory_bytes", "memory_bandwidth_bytes_per_s", "clock_hz")
@@ -70,8 +102,12 @@ def gpu_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The gpus table from a loader's rows (any of its columns; values as the source gave them):
     counts as nullable integers (anything not a non-negative integer becomes NA), names as text, one
     row per device id (the first), rows without a device id left out."""
-    frame = pd.DataFrame({column: rows[column] if column in rows else pd.Series(pd.NA, index=rows.index, dtype="object")
-                          for column in COLUMNS["gpus"]})
+    frame = pd.DataFrame(
+        {
+            column: rows[column] if column in rows else pd.Series(pd.NA, index=rows.index, dtype="object")
+            for column in COLUMNS["gpus"]
+        }
+    )
     for column in GPU_COUNTS:
         numbers = pd.to_numeric(frame[column], errors="coerce")
         whole = numbers.notna() & (numbers >= 0) & (numbers < 2**63) & (numbers == numbers.round())

@@ -48,8 +48,7 @@ def plant(limit_s: float = LIMIT_S) -> None:
             elif self.mode == "nvtx":
                 self._annotator.pop()
             elapsed = time.perf_counter() - opened["t"]
-            raise WindowClosed(f"window closed after step {step}: {step - opened['step'] + 1} steps "
-                               f"in {elapsed:.1f} s")
+            raise WindowClosed(f"window closed after step {step}: {step - opened['step'] + 1} steps in {elapsed:.1f} s")
         after(self, step)
 
     CaptureWindow.before_step, CaptureWindow.after_step = before_step, after_step

@@ -16,8 +16,25 @@ import importlib.machinery
 import sys
 import types
 
-STUBBED = ("fabric", "paramiko", "invoke", "cryptography", "nacl", "bcrypt", "jieba", "pulp", "modelopt", "zarr", "numcodecs", "opencc", "rouge_score", "nltk", "ijson",
-           "pangu", "asciitree")
+STUBBED = (
+    "fabric",
+    "paramiko",
+    "invoke",
+    "cryptography",
+    "nacl",
+    "bcrypt",
+    "jieba",
+    "pulp",
+    "modelopt",
+    "zarr",
+    "numcodecs",
+    "opencc",
+    "rouge_score",
+    "nltk",
+    "ijson",
+    "pangu",
+    "asciitree",
+)
 USED: list[str] = []
 
 

@@ -19,10 +19,26 @@ ROWS = [{"input": f"Question {i}: what is {i} plus {i}?", "output": f"It is {2 *
 
 
 def sft_settings(peft: str) -> dict:
-    return {"backend": "nemo", "device": "cuda", "steps": 4, "micro_batch_size": 1, "grad_accum_steps": 2,
-            "seq_length": 128, "learning_rate": 1e-4, "precision": "bf16", "weight_decay": 0.01, "seed": 0,
-            "num_threads": 0, "nemo": {"recipe": "llama2_7b", "tensor_parallel": 1, "pipeline_parallel": 1,
-                                       "precision": "bf16-mixed", "peft": peft}}
+    return {
+        "backend": "nemo",
+        "device": "cuda",
+        "steps": 4,
+        "micro_batch_size": 1,
+        "grad_accum_steps": 2,
+        "seq_length": 128,
+        "learning_rate": 1e-4,
+        "precision": "bf16",
+        "weight_decay": 0.01,
+        "seed": 0,
+        "num_threads": 0,
+        "nemo": {
+            "recipe": "llama2_7b",
+            "tensor_parallel": 1,
+            "pipeline_parallel": 1,
+            "precision": "bf16-mixed",
+            "peft": peft,
+        },
+    }
 
 
 def main(workdir: str) -> int:
@@ -42,8 +58,9 @@ def main(workdir: str) -> int:
     window = {"capture_range": "cudaProfilerApi", "start_step": 1, "end_step": 2}
     report = {"cuda": torch.cuda.is_available(), "runs": {}}
     for peft in ("lora", "none"):
-        recipe, settings = nemo_backend.build_recipe(model_dir, data / "training.jsonl", sft_settings(peft), window,
-                                                     {"WORLD_SIZE": "1"}, work / f"logs-{peft}")
+        recipe, settings = nemo_backend.build_recipe(
+            model_dir, data / "training.jsonl", sft_settings(peft), window, {"WORLD_SIZE": "1"}, work / f"logs-{peft}"
+        )
         if not torch.cuda.is_available():
             recipe.trainer.accelerator = "cpu"
         trainer = fdl.build(recipe.trainer)
@@ -57,27 +74,52 @@ def main(workdir: str) -> int:
         report["runs"][peft] = {
             "task": getattr(task.func, "__qualname__", str(task.func)),
             "task_keywords": sorted(task.keywords),
-            "trainer": type(trainer).__name__, "strategy": type(trainer.strategy).__name__,
+            "trainer": type(trainer).__name__,
+            "strategy": type(trainer.strategy).__name__,
             "tensor_parallel": trainer.strategy.tensor_model_parallel_size,
-            "max_steps": trainer.max_steps, "limit_val_batches": trainer.limit_val_batches,
-            "precision_plugin": type(trainer.strategy.precision_plugin).__name__ if trainer.strategy.precision_plugin
+            "max_steps": trainer.max_steps,
+            "limit_val_batches": trainer.limit_val_batches,
+            "precision_plugin": type(trainer.strategy.precision_plugin).__name__
+            if trainer.strategy.precision_plugin
             else None,
             "precision": getattr(trainer.strategy.precision_plugin, "precision", None),
-            "nsys_callback": [{"start": cb._nsys_profile_start_step, "end": cb._nsys_profile_end_step,
-                               "ranks": cb._nsys_profile_ranks} for cb in nsys],
-            "model": type(model).__name__, "config": type(config).__name__,
-            "config_fields": {key: getattr(config, key) for key in ("num_layers", "hidden_size", "ffn_hidden_size",
-                                                                    "num_attention_heads", "seq_length", "vocab_size",
-                                                                    "cross_entropy_loss_fusion", "apply_rope_fusion",
-                                                                    "masked_softmax_fusion", "persist_layer_norm")},
+            "nsys_callback": [
+                {
+                    "start": cb._nsys_profile_start_step,
+                    "end": cb._nsys_profile_end_step,
+                    "ranks": cb._nsys_profile_ranks,
+                }
+                for cb in nsys
+            ],
+            "model": type(model).__name__,
+            "config": type(config).__name__,
+            "config_fields": {
+                key: getattr(config, key)
+                for key in (
+                    "num_layers",
+                    "hidden_size",
+                    "ffn_hidden_size",
+                    "num_attention_heads",
+                    "seq_length",
+                    "vocab_size",
+                    "cross_entropy_loss_fusion",
+                    "apply_rope_fusion",
+                    "masked_softmax_fusion",
+                    "persist_layer_norm",
+                )
+            },
             "layer_spec": settings["layer_spec"],
-            "tokenizer": type(model.tokenizer).__name__, "tokenizer_vocab": model.tokenizer.vocab_size,
-            "data": type(data_module).__name__, "global_batch_size": data_module.global_batch_size,
-            "micro_batch_size": data_module.micro_batch_size, "batch_keys": sorted(batch),
+            "tokenizer": type(model.tokenizer).__name__,
+            "tokenizer_vocab": model.tokenizer.vocab_size,
+            "data": type(data_module).__name__,
+            "global_batch_size": data_module.global_batch_size,
+            "micro_batch_size": data_module.micro_batch_size,
+            "batch_keys": sorted(batch),
             "batch_tokens_shape": list(batch["tokens"].shape),
             "peft": type(task.keywords.get("peft")).__name__ if task.keywords.get("peft") is not None else None,
             "resume": task.keywords.get("resume"),
-            "optim": type(task.keywords["optim"]).__name__, "lr": task.keywords["optim"].config.lr,
+            "optim": type(task.keywords["optim"]).__name__,
+            "lr": task.keywords["optim"].config.lr,
             "log_ckpt": task.keywords["log"].ckpt,
         }
     print("NEMO_RECIPE " + json.dumps(report, default=str))

@@ -24,8 +24,15 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sft_cases import MODELS, SFT, case_settings, write_data  # noqa: E402
 
-SMALL = {"hidden_size": 256, "intermediate_size": 688, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4,
-         "max_position_embeddings": 2048, "seed": 0}
+SMALL = {
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_layers": 4,
+    "num_heads": 8,
+    "num_kv_heads": 4,
+    "max_position_embeddings": 2048,
+    "seed": 0,
+}
 LONG_STEPS = 10_000_000  # an upper bound: long_sft.py stops the run after its time limit
 LONG_SFT = {"seq_length": 512}
 
@@ -45,8 +52,15 @@ def main() -> None:
     data = write_data(work)
     clean = case_settings("clean", work, data, args.steps, tuple(args.window), args.capture_range, args.device)
     clean["model_dir"] = str(work / "model_small")
-    long = case_settings("clean", work, {"short": data["short"], "long": data["short"]}, LONG_STEPS,
-                         (args.long_start, LONG_STEPS - 1), args.capture_range, args.device)
+    long = case_settings(
+        "clean",
+        work,
+        {"short": data["short"], "long": data["short"]},
+        LONG_STEPS,
+        (args.long_start, LONG_STEPS - 1),
+        args.capture_range,
+        args.device,
+    )
     long["sft"].update(LONG_SFT)
     long["model_dir"] = str(work / "model_tiny")
     long["metrics_path"] = str(work / "metrics" / "h200_sft_long.metrics.jsonl")

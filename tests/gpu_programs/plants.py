@@ -35,8 +35,9 @@ CUDA_MEMCPY_DEVICE_TO_HOST = 2
 def _cudart() -> ctypes.CDLL:
     """The CUDA runtime torch loaded, to call cudaMemcpy itself (torch only issues async copies)."""
     torch.cuda.init()
-    candidates = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib",
-                                               "libcudart.so*"))) + ["libcudart.so"]
+    candidates = sorted(
+        glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*"))
+    ) + ["libcudart.so"]
     for name in candidates:
         try:
             library = ctypes.CDLL(name)
@@ -51,6 +52,7 @@ def build_model(plant: str) -> torch.nn.Module:
     if plant == "gemm":
         return torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(8)])
     if plant == "elementwise":
+
         class Elementwise(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -60,11 +62,19 @@ def build_model(plant: str) -> torch.nn.Module:
                 for _ in range(24):
                     x = torch.nn.functional.gelu(x * self.scale + 0.5) - x * 0.25
                 return x
+
         return Elementwise()
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=SEQ)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=SEQ,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -109,8 +119,9 @@ def main() -> None:
                     (loss / ACCUM).backward()
                 if plant == "sync_memcpy":
                     host = torch.empty(out.shape, dtype=out.dtype)
-                    cudart.cudaMemcpy(host.data_ptr(), out.data_ptr(), out.numel() * out.element_size(),
-                                      CUDA_MEMCPY_DEVICE_TO_HOST)
+                    cudart.cudaMemcpy(
+                        host.data_ptr(), out.data_ptr(), out.numel() * out.element_size(), CUDA_MEMCPY_DEVICE_TO_HOST
+                    )
                 if plant == "device_sync":
                     torch.cuda.synchronize()
             with annotator.range("optimizer"):

@@ -34,16 +34,43 @@ SPLITS = {"training": 0.8, "validation": 0.15, "test": 0.05}
 SAMPLE_RECORDS, SAMPLE_SEED, SPLIT_SEED = 300, 0, 1234
 MODELS = {
     # TinyLlama-1.1B's shape (with full multi-head attention) and sftprof's byte tokenizer (vocab 260).
-    "h200": {"hidden_size": 2048, "intermediate_size": 5632, "num_layers": 16, "num_heads": 16,
-             "num_kv_heads": 16, "max_position_embeddings": 2048, "seed": 0},
-    "tiny": {"hidden_size": 64, "intermediate_size": 172, "num_layers": 2, "num_heads": 4,
-             "num_kv_heads": 2, "max_position_embeddings": 2048, "seed": 0},
+    "h200": {
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_layers": 16,
+        "num_heads": 16,
+        "num_kv_heads": 16,
+        "max_position_embeddings": 2048,
+        "seed": 0,
+    },
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 172,
+        "num_layers": 2,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "max_position_embeddings": 2048,
+        "seed": 0,
+    },
 }
 SFT = {  # every `sft` key, as sftprof/capture/config.schema.yaml's defaults fill them, then ours
-    "backend": "torch", "device": "auto", "precision": "bf16", "steps": 30, "micro_batch_size": 4,
-    "grad_accum_steps": 2, "seq_length": 2048, "learning_rate": 0.0003, "weight_decay": 0.01, "seed": 0,
-    "num_threads": 0, "padding": "longest", "pad_to_multiple_of": 64, "pin_memory": True,
-    "fused_optimizer": True, "loss_every": 1, "compile": False,
+    "backend": "torch",
+    "device": "auto",
+    "precision": "bf16",
+    "steps": 30,
+    "micro_batch_size": 4,
+    "grad_accum_steps": 2,
+    "seq_length": 2048,
+    "learning_rate": 0.0003,
+    "weight_decay": 0.01,
+    "seed": 0,
+    "num_threads": 0,
+    "padding": "longest",
+    "pad_to_multiple_of": 64,
+    "pin_memory": True,
+    "fused_optimizer": True,
+    "loss_every": 1,
+    "compile": False,
 }
 OVERRIDES = {
     "clean": {},
@@ -65,8 +92,9 @@ def long_records(parts: list[dict], seed: int, min_bytes: int = 1900, max_bytes:
         target, end = rng.randint(min_bytes, max_bytes), start + 1
         while True:
             group = parts[start:end]
-            instruction = (f"Answer each of these {len(group)} requests in order, numbering the answers.\n"
-                           + "\n".join(f"{i}. {part['instruction']}" for i, part in enumerate(group, 1)))
+            instruction = f"Answer each of these {len(group)} requests in order, numbering the answers.\n" + "\n".join(
+                f"{i}. {part['instruction']}" for i, part in enumerate(group, 1)
+            )
             context = "\n".join(part["context"] for part in group if part["context"])
             response = "\n".join(f"{i}. {part['response']}" for i, part in enumerate(group, 1))
             size = len((build_prompt(instruction, context) + response).encode())
@@ -74,8 +102,9 @@ def long_records(parts: list[dict], seed: int, min_bytes: int = 1900, max_bytes:
                 break
             end += 1
         if size >= min_bytes:
-            records.append({"instruction": instruction, "context": context, "response": response,
-                            "category": "general_qa"})
+            records.append(
+                {"instruction": instruction, "context": context, "response": response, "category": "general_qa"}
+            )
         start = end
     return records
 
@@ -85,26 +114,38 @@ def write_data(work: Path) -> dict[str, Path]:
     as the demo experiment makes it) and WORK/data/long (4,000 generated records joined into
     multi-part ones); returns each training.jsonl."""
     made = {}
-    for name, records in (("short", generate_sample(SAMPLE_RECORDS, SAMPLE_SEED)),
-                          ("long", long_records(generate_sample(4000, SAMPLE_SEED + 1), SAMPLE_SEED + 1))):
+    for name, records in (
+        ("short", generate_sample(SAMPLE_RECORDS, SAMPLE_SEED)),
+        ("long", long_records(generate_sample(4000, SAMPLE_SEED + 1), SAMPLE_SEED + 1)),
+    ):
         folder = work / "data" / name
         folder.mkdir(parents=True, exist_ok=True)
         write_jsonl(folder / "dolly.jsonl", records)
-        stats = prepare_sft_splits(folder / "dolly.jsonl", {split: folder / f"{split}.jsonl" for split in SPLITS},
-                                   SPLITS, SPLIT_SEED)
+        stats = prepare_sft_splits(
+            folder / "dolly.jsonl", {split: folder / f"{split}.jsonl" for split in SPLITS}, SPLITS, SPLIT_SEED
+        )
         (folder / "stats.json").write_text(json.dumps(stats, indent=2))
         print(f"data {name}: {stats['records_per_split']}, bytes {stats['lengths']['training']['bytes']}")
         made[name] = folder / "training.jsonl"
     return made
 
 
-def case_settings(case: str, work: Path, data: dict[str, Path], steps: int, window: tuple[int, int],
-                  capture_range: str, device: str) -> dict:
+def case_settings(
+    case: str, work: Path, data: dict[str, Path], steps: int, window: tuple[int, int], capture_range: str, device: str
+) -> dict:
     sft = dict(SFT, steps=steps, device=device, **OVERRIDES[case])
-    return {"model_dir": str(work / "model"), "train_jsonl": str(data["short" if case in SHORT_DATA else "long"]),
-            "metrics_path": str(work / "metrics" / f"h200_sft_{case}.metrics.jsonl"), "sft": sft,
-            "window": {"capture_range": capture_range, "capture_range_end": "stop",
-                       "start_step": window[0], "end_step": window[1]}}
+    return {
+        "model_dir": str(work / "model"),
+        "train_jsonl": str(data["short" if case in SHORT_DATA else "long"]),
+        "metrics_path": str(work / "metrics" / f"h200_sft_{case}.metrics.jsonl"),
+        "sft": sft,
+        "window": {
+            "capture_range": capture_range,
+            "capture_range_end": "stop",
+            "start_step": window[0],
+            "end_step": window[1],
+        },
+    }
 
 
 def main() -> None:

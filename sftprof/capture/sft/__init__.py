@@ -28,8 +28,9 @@ def _nemo_backend(**kwargs) -> dict:
 BACKENDS = {"torch": _torch_backend, "nemo": _nemo_backend}
 
 
-def run(backend: str, model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
-        sft: dict, window: dict) -> dict:
+def run(
+    backend: str, model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path, sft: dict, window: dict
+) -> dict:
     """Run one backend. `metrics_path` may hold `{rank}`, filled with this process's RANK."""
     metrics_path = str(metrics_path).format(rank=os.environ.get("RANK", "0"))
     try:
@@ -48,14 +49,25 @@ def backend_settings(sft: dict) -> dict:
     return {key: value for key, value in sft.items() if key not in ignored}
 
 
-def command(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
-            sft: dict, window: dict, python: str = sys.executable) -> list[str]:
+def command(
+    model_dir: str | Path,
+    train_jsonl: str | Path,
+    metrics_path: str | Path,
+    sft: dict,
+    window: dict,
+    python: str = sys.executable,
+) -> list[str]:
     """The argv that runs one SFT job in a fresh interpreter (the program nsys profiles).
 
     `python` is this interpreter by default; inside a container it is the container's own.
     """
-    settings = {"model_dir": str(model_dir), "train_jsonl": str(train_jsonl),
-                "metrics_path": str(metrics_path), "sft": backend_settings(sft), "window": window}
+    settings = {
+        "model_dir": str(model_dir),
+        "train_jsonl": str(train_jsonl),
+        "metrics_path": str(metrics_path),
+        "sft": backend_settings(sft),
+        "window": window,
+    }
     return [python, "-m", "sftprof.capture.sft", json.dumps(settings)]
 
 
@@ -63,10 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m sftprof.capture.sft SETTINGS_JSON  (built by sftprof.capture.sft.command)", file=sys.stderr)
+        print(
+            "usage: python -m sftprof.capture.sft SETTINGS_JSON  (built by sftprof.capture.sft.command)",
+            file=sys.stderr,
+        )
         return 2
     settings = json.loads(argv[0])
-    result = run(settings["sft"]["backend"], settings["model_dir"], settings["train_jsonl"],
-                 settings["metrics_path"], settings["sft"], settings["window"])
+    result = run(
+        settings["sft"]["backend"],
+        settings["model_dir"],
+        settings["train_jsonl"],
+        settings["metrics_path"],
+        settings["sft"],
+        settings["window"],
+    )
     logging.getLogger("sftprof.capture.sft").info("done: %s", result)
     return 0

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,11 @@ class Annotator:
             self._impl = _NvtxV2Library(ctypes.CDLL(NVTX_V2_LIBRARY))
             self.route = NVTX_V2_LIBRARY
         except OSError:
-            log.warning("%s not found (Debian: apt-get install libnvtoolsext1): training runs "
-                        "without NVTX ranges, and an nvtx capture window cannot open", NVTX_V2_LIBRARY)
+            log.warning(
+                "%s not found (Debian: apt-get install libnvtoolsext1): training runs "
+                "without NVTX ranges, and an nvtx capture window cannot open",
+                NVTX_V2_LIBRARY,
+            )
             self._impl = _NoNvtx()
             self.route = "none"
 

@@ -71,8 +71,9 @@ def import_checkpoint(hf_dir: str | Path, output_dir: str | Path) -> Path:
     from nemo.collections import llm
 
     model = llm.LlamaModel(llm.Llama2Config7B())
-    return llm.import_ckpt(model=model, source=f"hf://{Path(hf_dir).resolve()}",
-                           output_path=Path(output_dir).resolve(), overwrite=True)
+    return llm.import_ckpt(
+        model=model, source=f"hf://{Path(hf_dir).resolve()}", output_path=Path(output_dir).resolve(), overwrite=True
+    )
 
 
 def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_accum_steps: int):
@@ -111,13 +112,20 @@ def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_a
                 "trainable_parameters": sum(p.numel() for p in pl_module.parameters() if p.requires_grad),
                 "weight_dtype": str(next(pl_module.parameters()).dtype).removeprefix("torch."),
                 "precision": {"bf16-mixed": "bfloat16", "16-mixed": "float16"}.get(settings["precision"]),
-                "model": {"architecture": type(pl_module).__name__, "num_layers": config.num_layers,
-                          "hidden_size": config.hidden_size, "intermediate_size": config.ffn_hidden_size,
-                          "num_heads": config.num_attention_heads,
-                          "num_kv_heads": config.num_query_groups or config.num_attention_heads,
-                          "vocab_size": getattr(config, "vocab_size", None), "seq_length": seq_length,
-                          "embedding_parameters": embedding},
-                "padding": "max_length", "backend": "nemo", "peft": settings["peft_scheme"],
+                "model": {
+                    "architecture": type(pl_module).__name__,
+                    "num_layers": config.num_layers,
+                    "hidden_size": config.hidden_size,
+                    "intermediate_size": config.ffn_hidden_size,
+                    "num_heads": config.num_attention_heads,
+                    "num_kv_heads": config.num_query_groups or config.num_attention_heads,
+                    "vocab_size": getattr(config, "vocab_size", None),
+                    "seq_length": seq_length,
+                    "embedding_parameters": embedding,
+                },
+                "padding": "max_length",
+                "backend": "nemo",
+                "peft": settings["peft_scheme"],
                 "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             }
 
@@ -132,10 +140,17 @@ def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_a
             annotator.pop()
             step = trainer.global_step - 1
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-            record = {"step": step, "rank": rank, "loss": float(loss) if loss is not None else None,
-                      "step_time_s": elapsed, "tokens": slots, "tokens_per_s": slots / elapsed,
-                      "in_window": window_steps is not None and window_steps[0] <= step < window_steps[1],
-                      "token_slots": slots, "padded_lengths": [seq_length] * grad_accum_steps}
+            record = {
+                "step": step,
+                "rank": rank,
+                "loss": float(loss) if loss is not None else None,
+                "step_time_s": elapsed,
+                "tokens": slots,
+                "tokens_per_s": slots / elapsed,
+                "in_window": window_steps is not None and window_steps[0] <= step < window_steps[1],
+                "token_slots": slots,
+                "padded_lengths": [seq_length] * grad_accum_steps,
+            }
             if step == 0 and self._facts is not None:
                 record["run"] = self._facts
             self._file.write(json.dumps(record) + "\n")
@@ -156,8 +171,14 @@ def _have_transformer_engine() -> bool:
     return True
 
 
-def build_recipe(model_dir: str | Path, train_jsonl: str | Path, sft: dict, window: dict,
-                 environ: dict[str, str], log_dir: str | Path):
+def build_recipe(
+    model_dir: str | Path,
+    train_jsonl: str | Path,
+    sft: dict,
+    window: dict,
+    environ: dict[str, str],
+    log_dir: str | Path,
+):
     """NeMo's `finetune_recipe` (a nemo_run Partial of llm.finetune) with sftprof's settings: the
     plan's parallel layout, batch, steps and precision; the data module over sftprof's splits; no
     validation or checkpoints; NsysCallback on the capture window. Returns (recipe, settings).
@@ -177,9 +198,13 @@ def build_recipe(model_dir: str | Path, train_jsonl: str | Path, sft: dict, wind
 
     settings = plan(sft, window, environ)
     recipe = getattr(llm, settings["recipe"]).finetune_recipe(
-        dir=str(log_dir), name="sftprof", num_nodes=settings["num_nodes"],
-        num_gpus_per_node=settings["devices_per_node"], peft_scheme=settings["peft_scheme"],
-        seq_length=settings["seq_length"])
+        dir=str(log_dir),
+        name="sftprof",
+        num_nodes=settings["num_nodes"],
+        num_gpus_per_node=settings["devices_per_node"],
+        peft_scheme=settings["peft_scheme"],
+        seq_length=settings["seq_length"],
+    )
     strategy = recipe.trainer.strategy
     strategy.tensor_model_parallel_size = settings["tensor_parallel"]
     strategy.pipeline_model_parallel_size = settings["pipeline_parallel"]
@@ -196,10 +221,15 @@ def build_recipe(model_dir: str | Path, train_jsonl: str | Path, sft: dict, wind
         recipe.trainer.plugins = run.Config(nl.MegatronMixedPrecision, precision="32")
     recipe.optim.config.lr = settings["learning_rate"]
     recipe.model.config.seq_length = settings["seq_length"]
-    recipe.data = run.Config(llm.FineTuningDataModule, dataset_root=str(Path(train_jsonl).parent),
-                             seq_length=settings["seq_length"], micro_batch_size=settings["micro_batch_size"],
-                             global_batch_size=settings["global_batch_size"], num_workers=2,
-                             dataset_kwargs={"pad_to_max_length": True})
+    recipe.data = run.Config(
+        llm.FineTuningDataModule,
+        dataset_root=str(Path(train_jsonl).parent),
+        seq_length=settings["seq_length"],
+        micro_batch_size=settings["micro_batch_size"],
+        global_batch_size=settings["global_batch_size"],
+        num_workers=2,
+        dataset_kwargs={"pad_to_max_length": True},
+    )
     facts = sftprof_model.model_facts(model_dir)
     if facts.get("weights") == "random":
         config = run.Config(getattr(llm, facts["nemo_config"]), seq_length=settings["seq_length"])
@@ -208,8 +238,11 @@ def build_recipe(model_dir: str | Path, train_jsonl: str | Path, sft: dict, wind
         tokenizer = run.Config(AutoTokenizer, pretrained_model_name=str(Path(model_dir).resolve()), use_fast=True)
         recipe.model = run.Config(llm.LlamaModel, config=config, tokenizer=tokenizer)
         recipe.resume = None
-        settings["model"] = {"weights": "random", "nemo_config": facts["nemo_config"],
-                             "vocab_size": facts["vocab_size"]}
+        settings["model"] = {
+            "weights": "random",
+            "nemo_config": facts["nemo_config"],
+            "vocab_size": facts["vocab_size"],
+        }
     else:
         recipe.resume.restore_config.path = str(Path(model_dir).resolve())
         settings["model"] = {"weights": "checkpoint", "path": str(Path(model_dir).resolve())}
@@ -228,8 +261,9 @@ def build_recipe(model_dir: str | Path, train_jsonl: str | Path, sft: dict, wind
         start, end = settings["nsys_steps"]
         world = settings["num_nodes"] * settings["devices_per_node"]
         # Every rank opens the window; only the ranks that run under nsys are recorded.
-        recipe.trainer.callbacks.append(run.Config(NsysCallback, start_step=start, end_step=end,
-                                                   ranks=list(range(world))))
+        recipe.trainer.callbacks.append(
+            run.Config(NsysCallback, start_step=start, end_step=end, ranks=list(range(world)))
+        )
     return recipe, settings
 
 
@@ -246,17 +280,18 @@ def built_task(recipe, settings: dict):
     return task
 
 
-def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
-          sft: dict, window: dict) -> dict:
+def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path, sft: dict, window: dict) -> dict:
     """Fine-tune the NeMo checkpoint (or random model folder) at `model_dir` on the splits beside `train_jsonl`."""
     rank = int(os.environ.get("RANK", "0"))
     metrics_path = Path(metrics_path)
-    recipe, settings = build_recipe(model_dir, train_jsonl, sft, window, dict(os.environ),
-                                    metrics_path.parent / f"nemo-logs.rank{rank}")
+    recipe, settings = build_recipe(
+        model_dir, train_jsonl, sft, window, dict(os.environ), metrics_path.parent / f"nemo-logs.rank{rank}"
+    )
     log.info("NeMo fine-tuning: %s", settings)
     task = built_task(recipe, settings)
     task.keywords["trainer"].callbacks.append(
-        _step_metrics_callback(metrics_path, rank, settings, sft["grad_accum_steps"]))
+        _step_metrics_callback(metrics_path, rank, settings, sft["grad_accum_steps"])
+    )
     task()
     return {"backend": "nemo", "rank": rank, **settings}
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftprof.capture.data import read_jsonl
+from sftprof.capture.sft.annotate import Annotator, CaptureWindow
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_path
-from sftprof.capture.sft.annotate import Annotator, CaptureWindow
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,17 @@ def encode_examples(tokenizer, rows, seq_length: int) -> list[dict[str, list[int
     encoded = [encode_example(tokenizer, row["input"], row["output"], seq_length) for row in rows]
     kept = [example for example in encoded if count_label_tokens(example["labels"])]
     if encoded and not kept:
-        raise SeqLengthError(f"sft.seq_length={seq_length} cuts off every response token of all {len(encoded)} "
-                             "training examples; raise seq_length or drop long prompts")
+        raise SeqLengthError(
+            f"sft.seq_length={seq_length} cuts off every response token of all {len(encoded)} "
+            "training examples; raise seq_length or drop long prompts"
+        )
     if len(kept) < len(encoded):
-        log.warning("sft.seq_length=%d cuts off every response token of %d of %d training examples: "
-                    "they are left out", seq_length, len(encoded) - len(kept), len(encoded))
+        log.warning(
+            "sft.seq_length=%d cuts off every response token of %d of %d training examples: they are left out",
+            seq_length,
+            len(encoded) - len(kept),
+            len(encoded),
+        )
     return kept
 
 
@@ -131,9 +137,13 @@ def collate(examples: list[dict], length: int, device: str, pin_memory: bool) ->
         tensors = {key: torch.tensor(value).pin_memory().to(device, non_blocking=True) for key, value in rows.items()}
     else:
         tensors = {key: torch.tensor(value, device=device) for key, value in rows.items()}
-    return Batch(tensors, padded_length=length, token_slots=len(examples) * length,
-                 real_tokens=sum(map(sum, rows["attention_mask"])),
-                 label_tokens=sum(map(count_label_tokens, rows["labels"])))
+    return Batch(
+        tensors,
+        padded_length=length,
+        token_slots=len(examples) * length,
+        real_tokens=sum(map(sum, rows["attention_mask"])),
+        label_tokens=sum(map(count_label_tokens, rows["labels"])),
+    )
 
 
 class StepClock:
@@ -198,10 +208,19 @@ class StepRecord:
     def line(self, rank: int, step_time: float) -> dict:
         """The metrics line: the keys up to in_window are its original form (`tokens` is real_tokens
         under its old name, which the report reads), the rest are for MFU and padding."""
-        return {"step": self.step, "rank": rank, "loss": self.loss, "step_time_s": step_time,
-                "tokens": self.real_tokens, "tokens_per_s": self.real_tokens / step_time, "in_window": self.in_window,
-                "token_slots": self.token_slots, "real_tokens": self.real_tokens, "label_tokens": self.label_tokens,
-                "padded_lengths": self.padded_lengths}
+        return {
+            "step": self.step,
+            "rank": rank,
+            "loss": self.loss,
+            "step_time_s": step_time,
+            "tokens": self.real_tokens,
+            "tokens_per_s": self.real_tokens / step_time,
+            "in_window": self.in_window,
+            "token_slots": self.token_slots,
+            "real_tokens": self.real_tokens,
+            "label_tokens": self.label_tokens,
+            "padded_lengths": self.padded_lengths,
+        }
 
 
 def device_name(device: str) -> str:
@@ -226,11 +245,17 @@ def run_facts(model, sft: dict, device: str, optimizer, pin_memory: bool) -> dic
         "parameters": sum(parameter.numel() for parameter in model.parameters()),
         "weight_dtype": str(weights.dtype).removeprefix("torch."),
         "precision": "bfloat16" if sft["precision"] == "bf16" else None,  # the autocast dtype
-        "model": {"architecture": type(model).__name__, "num_layers": config.num_hidden_layers,
-                  "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
-                  "num_heads": config.num_attention_heads, "num_kv_heads": config.num_key_value_heads,
-                  "vocab_size": config.vocab_size, "seq_length": sft["seq_length"],
-                  "embedding_parameters": model.get_input_embeddings().weight.numel()},
+        "model": {
+            "architecture": type(model).__name__,
+            "num_layers": config.num_hidden_layers,
+            "hidden_size": config.hidden_size,
+            "intermediate_size": config.intermediate_size,
+            "num_heads": config.num_attention_heads,
+            "num_kv_heads": config.num_key_value_heads,
+            "vocab_size": config.vocab_size,
+            "seq_length": sft["seq_length"],
+            "embedding_parameters": model.get_input_embeddings().weight.numel(),
+        },
         "padding": sft["padding"],
         "pad_to_multiple_of": sft["pad_to_multiple_of"],
         "pin_memory": pin_memory,
@@ -263,8 +288,7 @@ def _data_parallel(model, device: str):
     return DistributedDataParallel(model)
 
 
-def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path,
-          sft: dict, window: dict) -> dict:
+def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path, sft: dict, window: dict) -> dict:
     """Run `sft["steps"]` optimizer steps; write one JSON line per step to `metrics_path`, the
     first with the run's facts under `run`.
 
@@ -294,8 +318,12 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
     trained = _data_parallel(model, device)
     if sft["compile"]:
         trained = torch.compile(trained)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sft["learning_rate"], weight_decay=sft["weight_decay"],
-                                  fused=sft["fused_optimizer"] or None)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=sft["learning_rate"],
+        weight_decay=sft["weight_decay"],
+        fused=sft["fused_optimizer"] or None,
+    )
     pin_memory = sft["pin_memory"] and device_type == "cuda"
     if sft["pin_memory"] and not pin_memory:
         log.info("sft.pin_memory is ignored on %s: it speeds up copies from host to GPU only", device)
@@ -307,8 +335,14 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
     use_bf16 = sft["precision"] == "bf16"
     clock = StepClock(device)
     facts = run_facts(model, sft, device, optimizer, pin_memory)
-    log.info("rank %d training on %s, NVTX via %s, %d examples; run: %s",
-             rank, device, annotator.route, len(examples), json.dumps(facts))
+    log.info(
+        "rank %d training on %s, NVTX via %s, %d examples; run: %s",
+        rank,
+        device,
+        annotator.route,
+        len(examples),
+        json.dumps(facts),
+    )
 
     with atomic_path(metrics_path) as partial, open(partial, "w") as metrics:
         pending: list[StepRecord] = []
@@ -329,8 +363,7 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
                         length = padded_length(drawn, sft["padding"], sft["pad_to_multiple_of"])
                         batch = collate(drawn, length, device, pin_memory)
                     with sync:
-                        with annotator.range("forward"), torch.autocast(device_type, torch.bfloat16,
-                                                                         enabled=use_bf16):
+                        with annotator.range("forward"), torch.autocast(device_type, torch.bfloat16, enabled=use_bf16):
                             loss = trained(**batch.tensors).loss / sft["grad_accum_steps"]
                         with annotator.range("backward"):
                             loss.backward()
