@@ -29,7 +29,7 @@ from sftprof.analysis import analyze, cuda, nvtx
 from sftprof.analysis.stats import sqlite_round
 from sftprof.capture import nsys
 from sftprof.trace import load_trace, sqlite_pages
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EXPORT_KERNEL_COLUMNS, EventStore
 
 from conftest import as_nsys_rows, assert_refused, run_sftprof
 
@@ -45,23 +45,7 @@ SUMMARIES = {
     "nvtx": ["style", "name"],
 }
 # The columns of CUPTI_ACTIVITY_KIND_KERNEL and _RUNTIME that EventStore.from_nsys_sqlite copies.
-KERNEL_COLUMNS = [
-    "start",
-    "end",
-    "demangledName",
-    "shortName",
-    "mangledName",
-    "deviceId",
-    "streamId",
-    "globalPid",
-    "correlationId",
-    "gridX",
-    "gridY",
-    "gridZ",
-    "blockX",
-    "blockY",
-    "blockZ",
-]
+KERNEL_COLUMNS = list(EXPORT_KERNEL_COLUMNS)
 RUNTIME_COLUMNS = ["start", "end", "nameId", "globalTid", "correlationId"]
 
 

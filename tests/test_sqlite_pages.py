@@ -11,27 +11,12 @@ import pandas as pd
 import pytest
 
 from sftprof.trace import sqlite_pages
+from sftprof.trace.events import EXPORT_KERNEL_COLUMNS
 from sftprof.trace.load import load_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NSYS_EXPORTS = sorted(p for p in FIXTURES.glob("h200_*.sqlite"))
-KERNEL_COLUMNS = [
-    "start",
-    "end",
-    "demangledName",
-    "shortName",
-    "mangledName",
-    "deviceId",
-    "streamId",
-    "globalPid",
-    "correlationId",
-    "gridX",
-    "gridY",
-    "gridZ",
-    "blockX",
-    "blockY",
-    "blockZ",
-]
+KERNEL_COLUMNS = list(EXPORT_KERNEL_COLUMNS)
 # Every integer width SQLite stores (1, 2, 3, 4, 6, 8 bytes), both signs, each side of each boundary,
 # the constants 0 and 1 (serial types 8 and 9), and NULL.
 EDGES = [

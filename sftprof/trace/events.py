@@ -59,6 +59,26 @@ VIEWS = {
 STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",")] for table, schema in SCHEMA.items()}
 
 
+# The columns of CUPTI_ACTIVITY_KIND_KERNEL that from_nsys_sqlite copies, in the order kernel_rows takes them.
+EXPORT_KERNEL_COLUMNS = (
+    "start",
+    "end",
+    "demangledName",
+    "shortName",
+    "mangledName",
+    "deviceId",
+    "streamId",
+    "globalPid",
+    "correlationId",
+    "gridX",
+    "gridY",
+    "gridZ",
+    "blockX",
+    "blockY",
+    "blockZ",
+)
+
+
 class EventStoreError(SftprofError, RuntimeError):
     """DuckDB or its sqlite extension is missing or unusable."""
 
@@ -267,23 +287,7 @@ class EventStore:
                           FROM strings)""")
                 con.execute("INSERT INTO api_names SELECT DISTINCT name_id, stripped FROM api_name_of")
         if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
-            columns = (
-                "start",
-                "end",
-                "demangledName",
-                "shortName",
-                "mangledName",
-                "deviceId",
-                "streamId",
-                "globalPid",
-                "correlationId",
-                "gridX",
-                "gridY",
-                "gridZ",
-                "blockX",
-                "blockY",
-                "blockZ",
-            )
+            columns = EXPORT_KERNEL_COLUMNS
             copies.append(
                 (
                     "kernel_rows",
