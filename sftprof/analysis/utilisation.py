@@ -50,32 +50,8 @@ def utilisation_timeline(
         covered = intervals.covered_ns(b.merged, starts, ends)
         if b.kernel_chunks is not None and chunks == gpu.TIMELINE_CHUNKS:
             counts, tiny = b.kernel_chunks
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "device_id": device,
-                        "chunk": np.arange(chunks),
-                        "start": starts,
-                        "end": ends,
-                        "busy_pct": 100.0 * covered / np.maximum(ends - starts, 1),
-                        "kernels": counts,
-                        "tiny_kernels": tiny,
-                    }
-                )
-            )
-            continue
-        # The chunk a kernel starts in: the last one starting at or before it (the first, if none).
-        # Proportion gives it to within one of the rounded edges; the edges settle it.
-        edges = "[" + ", ".join(map(str, starts)) + "]"
-        guess = f"least(greatest((start - {b.first}) * {chunks} // {max(b.last - b.first, 1)}, 0), {chunks - 1})"
-        counted = events.query(f"""
-            SELECT CASE WHEN start < {edges}[c + 1] AND c > 0 THEN c - 1
-                        WHEN c + 1 < {chunks} AND start >= {edges}[c + 2] THEN c + 1 ELSE c END AS chunk,
-                   count(*) AS kernels, count(*) FILTER (WHERE duration < {TINY_KERNEL_NS}) AS tiny
-            FROM (SELECT start, duration, {guess}::BIGINT AS c FROM kernels WHERE device_id = {int(device)})
-            GROUP BY ALL""")
-        counts = np.bincount(counted["chunk"], weights=counted["kernels"], minlength=chunks).astype("int64")
-        tiny = np.bincount(counted["chunk"], weights=counted["tiny"], minlength=chunks).astype("int64")
+        else:
+            counts, tiny = _kernels_per_chunk(events, b, device, starts, chunks)
         frames.append(
             pd.DataFrame(
                 {
@@ -192,3 +168,20 @@ def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAI
         thread=frame["global_tid"].map(feeders),
     )
     return frame[columns].sort_values(["gap", "overlap_ns"], ascending=[True, False]).reset_index(drop=True)
+
+
+def _kernels_per_chunk(events, b, device, starts, chunks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Kernels, and tiny kernels, starting in each chunk of one device's timeline."""
+    # The chunk a kernel starts in: the last one starting at or before it (the first, if none).
+    # Proportion gives it to within one of the rounded edges; the edges settle it.
+    edges = "[" + ", ".join(map(str, starts)) + "]"
+    guess = f"least(greatest((start - {b.first}) * {chunks} // {max(b.last - b.first, 1)}, 0), {chunks - 1})"
+    counted = events.query(f"""
+        SELECT CASE WHEN start < {edges}[c + 1] AND c > 0 THEN c - 1
+                    WHEN c + 1 < {chunks} AND start >= {edges}[c + 2] THEN c + 1 ELSE c END AS chunk,
+               count(*) AS kernels, count(*) FILTER (WHERE duration < {TINY_KERNEL_NS}) AS tiny
+        FROM (SELECT start, duration, {guess}::BIGINT AS c FROM kernels WHERE device_id = {int(device)})
+        GROUP BY ALL""")
+    counts = np.bincount(counted["chunk"], weights=counted["kernels"], minlength=chunks).astype("int64")
+    tiny = np.bincount(counted["chunk"], weights=counted["tiny"], minlength=chunks).astype("int64")
+    return counts, tiny
