@@ -76,9 +76,9 @@ def _feeders(labels: dict, api_threads: pd.DataFrame) -> dict:
     return {tid: label for tid, label in labels.items() if tid in launching}
 
 
-def _exposed_copies(copy_calls: pd.DataFrame, events) -> pd.DataFrame:
+def _exposed_copies(copy_calls: pd.DataFrame, unions: gpu.BusyUnions) -> pd.DataFrame:
     """Memory operations with their API call and `exposed_ns`: a copy's time with no kernel running."""
-    kernels_busy = gpu.all_devices_busy(gpu.busy_by_device(events, copy_calls.iloc[:0]))
+    kernels_busy = gpu.all_devices_busy(unions.kernels)
     beside_kernels = gains.kernel_time_in(kernels_busy, copy_calls["start"], copy_calls["end"])
     return copy_calls.assign(exposed_ns=copy_calls["duration"] - beside_kernels)
 
@@ -118,10 +118,12 @@ SECTIONS: tuple[Section, ...] = (
         "each application thread: role, OS-runtime, CUDA API and NVTX time",
     ),
     Section("labels", cpu.thread_labels, ("threads",), K),
+    # filled by nvtx_gpu's join of kernels to their launches, for step_accounting: one join for both
+    Section("launch_sums", accounting.LaunchSums, ("tables",), K),
     _saved(
         "nvtx_gpu",
-        lambda t, events, labels: nvtx.gpu_time_by_range(t.nvtx, events, labels),
-        ("tables", "events", "labels"),
+        lambda t, events, labels, sums: nvtx.gpu_time_by_range(t.nvtx, events, labels, sums),
+        ("tables", "events", "labels", "launch_sums"),
         K,
         "GPU time projected onto NVTX ranges, as nsys stats nvtx_gpu_proj_sum",
         beside=True,
@@ -160,7 +162,8 @@ SECTIONS: tuple[Section, ...] = (
     _saved("gemm_precision", kernels.gemm_precision, ("kernel_names",), K, "GEMM time by the precision its name shows"),
     Section("kernel_mix", kernels.kernel_mix, ("kernel_names",), K),
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
-    Section("busy_by_device", gpu.busy_by_device, ("events", "memop_rows"), B),
+    Section("busy_unions", gpu.busy_unions, ("events", "memop_rows"), B),
+    Section("busy_by_device", lambda unions: unions.operations, ("busy_unions",), B),
     _saved("gpu_busy", gpu.gpu_busy, ("busy_by_device",), B, "each GPU's busy time: union of kernels and copies"),
     Section("busy_pct", overview.gpu_busy_pct, ("gpu_busy",), B),
     _saved("gpu_gaps", utilisation.idle_gaps, ("busy_by_device",), B, "GPU idle gaps, longest first"),
@@ -217,12 +220,13 @@ SECTIONS: tuple[Section, ...] = (
         "each CPU core's busy share (needs CPU scheduling traced)",
     ),
     Section("sched_traced", lambda t: "cpuctxsw" in t.sources or not t.sched.empty, ("tables",), T),
-    Section("copies", _exposed_copies, ("copy_calls", "events"), T),
+    Section("copies", _exposed_copies, ("copy_calls", "busy_unions"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
         "step_accounting",
-        accounting.step_accounting,
-        ("tables", "waits"),
+        # nvtx_gpu: launch_sums is filled once it is done
+        lambda t, waits, sums, unions, _: accounting.step_accounting(t, waits, sums, unions),
+        ("tables", "waits", "launch_sums", "busy_unions", "nvtx_gpu"),
         N,
         "per step: GPU time by phase, SM-busy apart from copy-busy, idle, and the step's class",
     ),
