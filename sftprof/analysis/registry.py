@@ -424,22 +424,9 @@ def _doc(function: Callable) -> str:
     target = function
     if function.__name__ == "<lambda>":
         called = [name for name in function.__code__.co_names if not name.startswith("_")]
-        for module in (
-            rules,
-            overview,
-            boundness,
-            cpu,
-            cuda,
-            efficiency,
-            gains,
-            gpu,
-            kernels,
-            memory,
-            nvtx,
-            sched,
-            utilisation,
-            accounting,
-        ):
+        # The modules the lambda reaches through (`rules.padding(...)`): its globals that are modules.
+        modules = [function.__globals__[name] for name in called if inspect.ismodule(function.__globals__.get(name))]
+        for module in modules:
             for name in reversed(called):
                 if callable(getattr(module, name, None)) and getattr(module, name).__module__ == module.__name__:
                     target = getattr(module, name)
