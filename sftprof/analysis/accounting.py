@@ -184,31 +184,33 @@ class _Timeline:
 
 def _timelines(ranges: pd.DataFrame, step_rows: pd.Series) -> dict[int, _Timeline]:
     """Per thread with step ranges (global_tid), its _Timeline. `step_rows`: nvtx index label of each
-    step range -> its row in the steps table."""
-    segments, open_ranges = nvtx.timeline_segments(ranges)
-    segment_of_pair = np.repeat(np.arange(len(segments)), np.diff(open_ranges.offsets))
-    labels = open_ranges.labels
-    seg_step = np.full(len(segments), -1, dtype="int64")
-    is_step = pd.Index(step_rows.index).get_indexer(labels)
-    seg_step[segment_of_pair[is_step >= 0]] = step_rows.to_numpy()[is_step[is_step >= 0]]
-    phase = ranges["name"].map({name: i for i, name in enumerate(cpu.PHASES)}).reindex(labels).to_numpy()
-    has_phase = ~pd.isna(phase)
-    seg_phase = np.full(len(segments), len(cpu.PHASES), dtype="int64")
-    # a segment's open ranges are listed innermost first: its first phase is its innermost one
-    segs, first = np.unique(segment_of_pair[has_phase], return_index=True)
-    seg_phase[segs] = phase[has_phase][first].astype("int64")
+    step range -> its row in the steps table. Only step and phase ranges cut the timeline (no other
+    range changes which of them is open)."""
+    phase_of = {name: i for i, name in enumerate(cpu.PHASES)}
+    wanted = ranges[ranges["name"].isin(list(phase_of)) | ranges.index.isin(step_rows.index)]
     timelines = {}
     for tid in ranges.loc[step_rows.index, "global_tid"].unique():
-        rows = segments["global_tid"].to_numpy() == tid
-        ids = segments["segment"].to_numpy()[rows]
-        timelines[int(tid)] = _Timeline(segments["seg_start"].to_numpy()[rows], seg_step[ids], seg_phase[ids])
+        thread_ranges = wanted[wanted["global_tid"] == tid]
+        thread = nvtx.ThreadRanges.of(thread_ranges)
+        labels = thread_ranges.index[thread.rows]  # push order: outer before inner
+        step = step_rows.reindex(labels).to_numpy()
+        phase = thread_ranges["name"].map(phase_of).to_numpy()[thread.rows]
+        seg_step = np.full(len(thread.bounds), -1, dtype="int64")
+        seg_phase = np.full(len(thread.bounds), len(cpu.PHASES), dtype="int64")
+        for i in np.flatnonzero(~pd.isna(step))[::-1]:  # the outermost step range where two are open
+            seg_step[thread.first[i] : thread.last[i]] = step[i]
+        for i in np.flatnonzero(~pd.isna(phase)):  # the innermost phase
+            seg_phase[thread.first[i] : thread.last[i]] = phase[i]
+        timelines[int(tid)] = _Timeline(thread.bounds, seg_step, seg_phase)
     return timelines
 
 
 def _step_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     """nvtx index label of each step range -> its row in `steps` (cpu.step_table's rows: the ranges
     matching cpu.STEP_RANGE with the same start and end; the first where two threads have one)."""
-    step_ranges = ranges[ranges["name"].astype(str).str.match(cpu.STEP_RANGE)]
+    codes, distinct = pd.factorize(ranges["name"])  # matched once per distinct name
+    matches = np.r_[pd.Series(distinct, dtype=object).astype(str).str.match(cpu.STEP_RANGE).to_numpy(bool), False]
+    step_ranges = ranges[matches[codes]]  # code -1 (no name): the False at the end
     rows = pd.Series(np.arange(len(steps)), index=pd.MultiIndex.from_arrays([steps["start"], steps["end"]]))
     rows = rows[~rows.index.duplicated()]
     found = (

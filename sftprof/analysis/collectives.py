@@ -303,9 +303,8 @@ def exposed_communication(collectives: pd.DataFrame, steps: pd.DataFrame, clock)
 
 
 def _step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
-    """The step ranges (cpu.STEP_RANGE) with their thread: step, start, end, global_tid."""
-    match = nvtx["name"].astype(str).str.extract(cpu.STEP_RANGE)
-    number = match[0] if match[0].notna().any() else match[1]
+    """The step ranges (cpu.step_numbers) with their thread: step, start, end, global_tid."""
+    number = cpu.step_numbers(nvtx["name"])
     steps = nvtx[number.notna()]
     return pd.DataFrame(
         {

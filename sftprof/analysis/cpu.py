@@ -32,13 +32,19 @@ def nvtx_summary(nvtx: pd.DataFrame) -> pd.DataFrame:
     return duration_summary(nvtx, ["name", "style"])
 
 
+def step_numbers(names: pd.Series) -> pd.Series:
+    """The step number in each NVTX range name (STEP_RANGE; NA where none), matched once per
+    distinct name (a capture of NeMo's emit_nvtx holds millions of ranges). `ProfilerStep#N` counts
+    only where no name is `step N`: a loop with both marks the same steps twice."""
+    codes, distinct = pd.factorize(names)
+    match = pd.Series(distinct, dtype=object).astype(str).str.extract(STEP_RANGE)
+    number = (match[0] if match[0].notna().any() else match[1]).astype("Int64")
+    return pd.Series(number.array.take(codes, allow_fill=True), index=names.index)
+
+
 def step_table(nvtx: pd.DataFrame) -> pd.DataFrame:
-    """One row per step range (STEP_RANGE), with the time of each phase range nested inside it.
-    `ProfilerStep#N` counts only in a trace without `step N` ranges: where a loop has both, they
-    are the same steps, and two overlapping sets would count each step twice."""
-    match = nvtx["name"].astype(str).str.extract(STEP_RANGE)
-    own, profiler = match[0], match[1]
-    number = own if own.notna().any() else profiler
+    """One row per step range (step_numbers), with the time of each phase range nested inside it."""
+    number = step_numbers(nvtx["name"])
     steps = nvtx[number.notna()].assign(step=number.dropna().astype("int64"))
     columns = ["step", "start", "end", "duration", *(f"{phase}_ns" for phase in PHASES), "other_ns"]
     if steps.empty:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 
+import numba
 import numpy as np
 import pandas as pd
 
@@ -18,7 +19,6 @@ from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
 SLICE_KERNELS = 1 << 19  # 0.5M: half the peak memory of the launch join at 1M, no slower at 10M kernels
-LAUNCH_KEYS = ["global_tid", "segment", "start", "end"]
 
 
 def _outside(thread: str) -> str:
@@ -35,184 +35,201 @@ def _place(seg_starts: np.ndarray, seg_ends: np.ndarray, starts: np.ndarray, end
     return known, strictly_inside, (at >= 0) & ~strictly_inside
 
 
-def _placed_calls(nvtx: pd.DataFrame, calls: pd.DataFrame):
-    """Per thread of `calls` that has ranges: the index labels of its calls that lie strictly inside
-    a segment and those segments (arrays), and for its calls on a segment's edge (a call starting or
-    ending where a range does), each one's enclosing ranges, innermost first (checked range by range)."""
-    segments, _ = timeline_segments(nvtx)
-    ranges_by_thread = dict(tuple(nvtx.groupby("global_tid")))
-    for tid, thread_calls in calls.groupby("global_tid"):
-        thread_segments = segments[segments["global_tid"] == tid]
-        if thread_segments.empty:
+@numba.njit(cache=True, nogil=True)
+def _sweep(first, last, query_segment, query_need, enclosing):  # pragma: no cover (compiled)
+    """For each query (sorted by segment k, each with a least last segment m), the ranges with
+    first <= k and last >= m: those that contain a call starting in segment k and ending before
+    bound m. Ranges come in push order (ascending priority), so a stack of the ranges that began
+    holds them by priority, and the first one found from the top is the innermost. Ranges that
+    ended (last < k) are dropped from the top as the sweep passes them. `enclosing` False: the
+    innermost one's position per query (-1: none); True: (query, range) pairs, all of them."""
+    stack = np.empty(len(first), np.int64)
+    top, pushed, found = 0, 0, 0
+    innermost = np.full(len(query_segment), -1, np.int64)
+    pairs = np.empty((0, 2), np.int64)
+    for rounds in range(2 if enclosing else 1):
+        top, pushed = 0, 0
+        if rounds == 1:
+            pairs = np.empty((found, 2), np.int64)
+            found = 0
+        for q in range(len(query_segment)):
+            k = query_segment[q]
+            while pushed < len(first) and first[pushed] <= k:
+                stack[top] = pushed
+                top += 1
+                pushed += 1
+            while top > 0 and last[stack[top - 1]] < k:
+                top -= 1
+            i = top - 1
+            while i >= 0:
+                if last[stack[i]] >= query_need[q]:
+                    if not enclosing:
+                        innermost[q] = stack[i]
+                        break
+                    if rounds == 1:
+                        pairs[found, 0] = q
+                        pairs[found, 1] = stack[i]
+                    found += 1
+                i -= 1
+    return innermost, pairs
+
+
+class ThreadRanges:
+    """One thread's NVTX ranges on its timeline cut at every start and end: segment k runs from
+    bounds[k] to bounds[k+1] (the last to the end of time), and within one segment the same ranges
+    are open. Range i (in push order: start ascending, then the longer and the later-listed first,
+    so that later means more inner) is open in segments first[i] to last[i] - 1; `rows` are their
+    positions in the NVTX table."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, label_rank: np.ndarray):
+        bounds = np.sort(np.r_[starts, ends])  # np.unique hashes: several times slower on millions of times
+        self.bounds = bounds[np.r_[True, bounds[1:] != bounds[:-1]]] if len(bounds) else bounds
+        order = np.lexsort((-label_rank, -ends, starts))
+        self.rows = rows[order]
+        self.first = np.searchsorted(self.bounds, starts[order])
+        self.last = np.searchsorted(self.bounds, ends[order])
+        self.seg_ends = np.r_[self.bounds[1:], np.iinfo("int64").max]
+
+    @classmethod
+    def of(cls, ranges: pd.DataFrame) -> ThreadRanges:
+        """From one thread's rows of an NVTX table (`rows`: positions in `ranges`)."""
+        starts, ends = ranges["start"].to_numpy("int64"), ranges["end"].to_numpy("int64")
+        return cls(starts, ends, np.arange(len(ranges)), _label_rank(ranges))
+
+    def queries(self, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For calls (starts, ends): which start in a segment (`valid`), and for those the segment
+        and the least `last` of a range that contains the call (the query _sweep answers)."""
+        segment = np.searchsorted(self.bounds, starts, side="right") - 1
+        valid = segment >= 0
+        return valid, segment[valid], np.searchsorted(self.bounds, ends[valid])
+
+    def _sweep(self, segment: np.ndarray, need: np.ndarray, enclosing: bool):
+        order = np.argsort(segment, kind="stable")
+        innermost, pairs = _sweep(self.first, self.last, segment[order], need[order], enclosing)
+        return order, innermost, pairs
+
+    def innermost(self, segment: np.ndarray, need: np.ndarray) -> np.ndarray:
+        """Per query, the innermost containing range's position in push order (-1: none)."""
+        order, innermost, _ = self._sweep(segment, need, False)
+        result = np.empty(len(segment), np.int64)
+        result[order] = innermost
+        return result
+
+    def enclosing(self, segment: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(query, range in push order) for every range containing each query's call."""
+        order, _, pairs = self._sweep(segment, need, True)
+        return order[pairs[:, 0]], pairs[:, 1]
+
+
+def _groups(keys: np.ndarray):
+    """(key, positions of its rows) for each distinct key, in key order."""
+    if not len(keys):
+        return []
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    return zip(ordered[first], np.split(order, first[1:]), strict=True)
+
+
+def _label_rank(nvtx: pd.DataFrame) -> np.ndarray:
+    """Each row's rank among the table's index labels (ties between identical ranges go to the smaller label)."""
+    if nvtx.index.is_monotonic_increasing:
+        return np.arange(len(nvtx))
+    rank = np.empty(len(nvtx), np.int64)
+    rank[np.argsort(nvtx.index.to_numpy(), kind="stable")] = np.arange(len(nvtx))
+    return rank
+
+
+_last_timelines: list = []  # [(weakref to an nvtx frame, its timelines)]: analyses ask again for the same frame
+
+
+def thread_timelines(nvtx: pd.DataFrame) -> dict[int, ThreadRanges]:
+    """Each thread's ThreadRanges (global_tid -> ...), worked out once per NVTX table (analyses do
+    not modify their inputs)."""
+    if _last_timelines and _last_timelines[0][0]() is nvtx:
+        return _last_timelines[0][1]
+    rank = _label_rank(nvtx)
+    starts, ends = nvtx["start"].to_numpy("int64"), nvtx["end"].to_numpy("int64")
+    timelines = {
+        int(tid): ThreadRanges(starts[rows], ends[rows], rows, rank[rows])
+        for tid, rows in _groups(nvtx["global_tid"].to_numpy("int64"))
+    }
+    _last_timelines[:] = [(weakref.ref(nvtx), timelines)]
+    return timelines
+
+
+def _calls_in_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame, enclosing: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(call, range) positions in `calls` and `nvtx`: every range that contains each call on its
+    thread (`enclosing`), or the innermost one; in the calls' order."""
+    timelines = thread_timelines(nvtx)
+    starts, ends = calls["start"].to_numpy("int64"), calls["end"].to_numpy("int64")
+    found = [(np.empty(0, np.int64), np.empty(0, np.int64))]
+    for tid, rows in pd.Series(0, index=range(len(calls))).groupby(calls["global_tid"].to_numpy()).indices.items():
+        timeline = timelines.get(int(tid))
+        if timeline is None:
             continue
-        seg_starts, seg_ends = thread_segments["seg_start"].to_numpy(), thread_segments["seg_end"].to_numpy()
-        starts, ends = thread_calls["start"].to_numpy(), thread_calls["end"].to_numpy()
-        known, strictly_inside, on_edge = _place(seg_starts, seg_ends, starts, ends)
-        ranges = ranges_by_thread[tid]
-        edges = {}
-        for label, start, end in zip(thread_calls.index[on_edge], starts[on_edge], ends[on_edge], strict=True):
-            inside = ranges[(ranges["start"] <= start) & (ranges["end"] >= end)]
-            edges[label] = sorted(inside.index, key=lambda lbl: (-inside.at[lbl, "start"], inside.at[lbl, "end"], lbl))
-        yield thread_calls.index[strictly_inside], thread_segments["segment"].to_numpy()[known[strictly_inside]], edges
+        valid, segment, need = timeline.queries(starts[rows], ends[rows])
+        rows = rows[valid]
+        if enclosing:
+            query, ranges = timeline.enclosing(segment, need)
+            found.append((rows[query], timeline.rows[ranges]))
+        else:
+            inner = timeline.innermost(segment, need)
+            found.append((rows[inner >= 0], timeline.rows[inner[inner >= 0]]))
+    call, ranges = (np.concatenate(parts) for parts in zip(*found, strict=True))
+    order = np.argsort(call, kind="stable")
+    return call[order], ranges[order]
 
 
 def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Every (call, range) pair where the range, on the call's thread, contains the call.
     `call` and `range` are index labels of `calls` and `nvtx`."""
-    _, open_ranges = timeline_segments(nvtx)
-    pairs = []
-    for inside, segments, edges in _placed_calls(nvtx, calls):
-        pairs += [
-            (call, label) for call, segment in zip(inside, segments, strict=True) for label in open_ranges[segment]
-        ]
-        pairs += [(call, label) for call, labels in edges.items() for label in labels]
-    return pd.DataFrame(pairs, columns=["call", "range"]).astype({"call": calls.index.dtype, "range": nvtx.index.dtype})
+    call, ranges = _calls_in_ranges(nvtx, calls, enclosing=True)
+    return pd.DataFrame({"call": calls.index.to_numpy()[call], "range": nvtx.index.to_numpy()[ranges]}).astype(
+        {"call": calls.index.dtype, "range": nvtx.index.dtype}
+    )
 
 
 def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     """For each call (by index label), the index label of the innermost NVTX range containing it
     on its thread: the one that started last (the shorter one on a tie). Calls in no range are absent."""
-    _, open_ranges = timeline_segments(nvtx)
-    parts = [pd.Series(dtype=nvtx.index.dtype)]
-    for inside, segments, edges in _placed_calls(nvtx, calls):
-        first, after = open_ranges.offsets[segments], open_ranges.offsets[segments + 1]
-        parts.append(pd.Series(open_ranges.labels[first[after > first]], index=inside[after > first]))
-        parts.append(pd.Series({call: labels[0] for call, labels in edges.items() if labels}, dtype=nvtx.index.dtype))
-    return pd.concat(parts).astype(nvtx.index.dtype).rename("range").rename_axis("call")
-
-
-_last_segments: list = []  # [(weakref to an nvtx frame, its segments)]: rules ask again for the same frame
-
-
-def timeline_segments(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, _OpenRanges]:
-    """`_cut_timelines`, worked out once per NVTX table (analyses do not modify their inputs)."""
-    if _last_segments and _last_segments[0][0]() is nvtx:
-        return _last_segments[0][1]
-    result = _cut_timelines(nvtx)
-    _last_segments[:] = [(weakref.ref(nvtx), result)]
-    return result
-
-
-class _OpenRanges:
-    """segment -> index labels of the ranges open in it, innermost first (stored as one array and
-    an offset per segment, not a list per segment)."""
-
-    def __init__(self, labels: np.ndarray, offsets: np.ndarray):
-        self.labels, self.offsets = labels, offsets
-
-    def __getitem__(self, segment: int) -> list:
-        return self.labels[self.offsets[segment] : self.offsets[segment + 1]].tolist()
-
-
-def _cut_timelines(nvtx: pd.DataFrame) -> tuple[pd.DataFrame, _OpenRanges]:
-    """Each thread's timeline cut at every start and end of its ranges. Within one segment the same
-    ranges are open, so a call that lies strictly inside a segment is inside exactly the ranges that
-    contain the segment. Returns (segments: global_tid, segment, seg_start, seg_end; the open
-    ranges of each segment)."""
-    parts, opened, first_segment = [], [], 0
-    for tid, ranges in nvtx.groupby("global_tid", sort=True):
-        starts, ends = ranges["start"].to_numpy("int64"), ranges["end"].to_numpy("int64")
-        bounds = np.unique(np.r_[starts, ends])
-        parts.append(
-            pd.DataFrame(
-                {
-                    "global_tid": tid,
-                    "segment": first_segment + np.arange(len(bounds)),
-                    "seg_start": bounds,
-                    "seg_end": np.r_[bounds[1:], np.iinfo("int64").max],
-                }
-            )
-        )
-        # A range (end > start) is open in the segments from the one its start opens to the one its
-        # end opens: one (segment, range) row for each.
-        positive = np.flatnonzero(ends > starts)
-        first = np.searchsorted(bounds, starts[positive]) + first_segment
-        spans = np.searchsorted(bounds, ends[positive]) + first_segment - first
-        owner = np.repeat(positive, spans)
-        segment = np.repeat(first, spans) + np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans)
-        opened.append(
-            pd.DataFrame({"segment": segment, "start": starts[owner], "end": ends[owner], "label": ranges.index[owner]})
-        )
-        first_segment += len(bounds)
-    segments = (
-        pd.concat(parts, ignore_index=True)
-        if parts
-        else pd.DataFrame(columns=["global_tid", "segment", "seg_start", "seg_end"])
+    call, ranges = _calls_in_ranges(nvtx, calls, enclosing=False)
+    return (
+        pd.Series(nvtx.index.to_numpy()[ranges], index=calls.index.to_numpy()[call], dtype=nvtx.index.dtype)
+        .rename("range")
+        .rename_axis("call")
     )
-    pairs = (
-        pd.concat(opened, ignore_index=True) if opened else pd.DataFrame(columns=["segment", "start", "end", "label"])
-    )
-    # innermost first: the range that started last, the shorter one on a tie (as innermost_ranges)
-    pairs = pairs.sort_values(["segment", "start", "end", "label"], ascending=[True, False, True, True], kind="stable")
-    offsets = np.r_[0, np.cumsum(np.bincount(pairs["segment"].to_numpy("int64"), minlength=len(segments)))]
-    return segments.astype("int64"), _OpenRanges(pairs["label"].to_numpy(), offsets)
 
 
 class _LaunchTally:
-    """Kernels counted by where their launching call lies, over batches of launches: per segment
-    for calls strictly inside one; per call span for the few on a segment's edge (placed exactly
-    later); per thread for calls outside every segment (before the thread's first range, or on a
-    thread without ranges). Memory holds counts per segment, not launches."""
+    """Kernels counted by where their launching call lies, over batches of launches: per segment of
+    its thread for calls strictly inside one; per call for the few on a segment's edge (placed
+    exactly later); per thread for calls outside every segment (before the thread's first range,
+    or on a thread without ranges). Memory holds counts per segment, not launches."""
 
-    def __init__(self, segments: pd.DataFrame):
-        self.segment_tids = segments["global_tid"].to_numpy()
-        self.threads = {
-            tid: (rows["seg_start"].to_numpy(), rows["seg_end"].to_numpy(), rows["segment"].to_numpy())
-            for tid, rows in segments.groupby("global_tid")
-        }
-        self.kernels = np.zeros(len(segments), dtype="int64")  # by segment id (= row of `segments`)
-        self.gpu_ns = np.zeros(len(segments), dtype="int64")
-        self.edge_calls: list[pd.DataFrame] = []
-        self.outside: list[pd.DataFrame] = []
+    def __init__(self, timelines: dict[int, ThreadRanges]):
+        self.timelines = timelines
+        self.kernels = {tid: np.zeros(len(t.bounds), "int64") for tid, t in timelines.items()}
+        self.gpu_ns = {tid: np.zeros(len(t.bounds), "int64") for tid, t in timelines.items()}
+        self.edges: dict[int, list] = {tid: [] for tid in timelines}  # (segment, need, gpu_ns) per batch
+        self.outside: list[tuple[np.ndarray, np.ndarray]] = []  # (thread, gpu_ns) of each call in no segment
 
     def add(self, tids: np.ndarray, starts: np.ndarray, ends: np.ndarray, durations: np.ndarray) -> None:
         placed = np.zeros(len(tids), dtype=bool)
-        for tid, (seg_starts, seg_ends, seg_ids) in self.threads.items():
-            rows = np.flatnonzero(tids == tid)
-            known, inside, on_edge = _place(seg_starts, seg_ends, starts[rows], ends[rows])
-            ids = seg_ids[known[inside]]
-            self.kernels += np.bincount(ids, minlength=len(self.kernels))
-            self.gpu_ns += np.bincount(ids, weights=durations[rows[inside]], minlength=len(self.gpu_ns)).astype("int64")
-            edge_rows = rows[on_edge]
-            self.edge_calls.append(
-                pd.DataFrame(
-                    {
-                        "global_tid": tid,
-                        "segment": seg_ids[known[on_edge]],
-                        "start": starts[edge_rows],
-                        "end": ends[edge_rows],
-                        "kernels": 1,
-                        "gpu_ns": durations[edge_rows],
-                    }
-                )
+        for tid, rows in _groups(tids):
+            timeline = self.timelines.get(int(tid))
+            if timeline is None:
+                continue
+            known, inside, on_edge = _place(timeline.bounds, timeline.seg_ends, starts[rows], ends[rows])
+            size = len(timeline.bounds)
+            self.kernels[tid] += np.bincount(known[inside], minlength=size)
+            self.gpu_ns[tid] += np.bincount(known[inside], weights=durations[rows[inside]], minlength=size).astype(
+                "int64"
             )
+            edge = rows[on_edge]
+            self.edges[tid].append((known[on_edge], np.searchsorted(timeline.bounds, ends[edge]), durations[edge]))
             placed[rows[inside | on_edge]] = True
-        threads, which = np.unique(tids[~placed], return_inverse=True)
-        gpu_ns = np.bincount(which, weights=durations[~placed], minlength=len(threads)).astype("int64")
-        self.outside.append(
-            pd.DataFrame(
-                {"global_tid": threads, "kernels": np.bincount(which, minlength=len(threads)), "gpu_ns": gpu_ns}
-            )
-        )
-
-    def in_segments(self) -> pd.DataFrame:
-        used = np.flatnonzero(self.kernels)
-        return pd.DataFrame(
-            {
-                "global_tid": self.segment_tids[used],
-                "segment": used,
-                "kernels": self.kernels[used],
-                "gpu_ns": self.gpu_ns[used],
-            }
-        )
-
-    def on_edges(self) -> pd.DataFrame:
-        calls = pd.concat(self.edge_calls or [pd.DataFrame(columns=LAUNCH_KEYS + ["kernels", "gpu_ns"], dtype="int64")])
-        return calls.groupby(LAUNCH_KEYS, sort=False).sum().reset_index()
-
-    def outside_segments(self) -> pd.DataFrame:
-        rows = pd.concat(self.outside or [pd.DataFrame(columns=["global_tid", "kernels", "gpu_ns"], dtype="int64")])
-        return rows.groupby("global_tid", sort=False).sum().reset_index()
+        self.outside.append((tids[~placed], durations[~placed]))
 
 
 # A call's pid (24 bits) and correlation id, offset from its slice's first, as one int64 key.
@@ -323,8 +340,10 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
     so that backward kernels launched by an unannotated autograd thread show up as such.
 
     Kernels are joined to their launches a slice at a time (launch_slices); each launch is placed in
-    its thread's segments by binary search, and calls that touch a segment's edge are placed
-    exactly, one by one. `also`: another tally of the same join (accounting.LaunchSums), fed every
+    its thread's segments by binary search and counted there; calls that touch a segment's edge
+    are placed exactly. A segment's kernels go to its innermost open range (ThreadRanges), and to
+    every range open in it: a range's inclusive sum is a difference of the running sums over its
+    thread's segments. `also`: another tally of the same join (accounting.LaunchSums), fed every
     slice as it passes (`also.add`) and closed at the end (`also.finish`), so that the kernels are
     joined to their launches once for both."""
     columns = ["range", "kernels", "gpu_ns", "gpu_pct", "inclusive_kernels", "inclusive_gpu_ns"]
@@ -333,8 +352,8 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
         if also is not None:
             also.finish()
         return pd.DataFrame(columns=columns)
-    segments, open_ranges = timeline_segments(nvtx)
-    tally = _LaunchTally(segments)
+    timelines = thread_timelines(nvtx)
+    tally = _LaunchTally(timelines)
     for launches in launch_slices(events):
         if also is not None:
             also.add(launches)
@@ -346,26 +365,43 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
     def outside(tid) -> str:
         return _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}"))
 
-    name_of = nvtx["name"].to_dict()
+    codes, names = pd.factorize(nvtx["name"], use_na_sentinel=False)
     exclusive, inclusive = [], []
-    for tid, segment, kernels, gpu_ns in tally.in_segments().itertuples(index=False):
-        names = [name_of[label] for label in open_ranges[segment]]
-        exclusive.append((names[0] if names else outside(tid), kernels, gpu_ns))
-        inclusive += [(name, kernels, gpu_ns) for name in names]
-    exclusive += [
-        (outside(tid), kernels, gpu_ns) for tid, kernels, gpu_ns in tally.outside_segments().itertuples(index=False)
-    ]
-    calls = tally.on_edges()
-    if len(calls):
-        innermost = innermost_ranges(nvtx, calls)
-        for label, call in calls.iterrows():
-            name = nvtx.at[innermost[label], "name"] if label in innermost.index else outside(call["global_tid"])
-            exclusive.append((name, call["kernels"], call["gpu_ns"]))
-        pairs = enclosing_ranges(nvtx, calls)
-        inclusive += [
-            (nvtx.at[r, "name"], calls.at[c, "kernels"], calls.at[c, "gpu_ns"])
-            for c, r in zip(pairs["call"], pairs["range"], strict=True)
-        ]
+
+    def by_name(rows: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray, into: list) -> None:
+        named = codes[rows]
+        counts = np.bincount(named, weights=kernels, minlength=len(names)).astype("int64")
+        time_ns = np.bincount(named, weights=gpu_ns, minlength=len(names)).astype("int64")
+        into += [(names[i], counts[i], time_ns[i]) for i in np.flatnonzero(counts)]
+
+    for tid, timeline in timelines.items():
+        kernels, gpu_ns = tally.kernels[tid], tally.gpu_ns[tid]
+        used = np.flatnonzero(kernels)
+        inner = timeline.innermost(used, used + 1)
+        by_name(timeline.rows[inner[inner >= 0]], kernels[used[inner >= 0]], gpu_ns[used[inner >= 0]], exclusive)
+        if (inner < 0).any():
+            exclusive.append((outside(tid), int(kernels[used[inner < 0]].sum()), int(gpu_ns[used[inner < 0]].sum())))
+        running_kernels, running_ns = np.r_[0, np.cumsum(kernels)], np.r_[0, np.cumsum(gpu_ns)]
+        by_name(
+            timeline.rows,
+            running_kernels[timeline.last] - running_kernels[timeline.first],
+            running_ns[timeline.last] - running_ns[timeline.first],
+            inclusive,
+        )
+        if tally.edges[tid]:
+            segment, need, edge_ns = (np.concatenate(parts) for parts in zip(*tally.edges[tid], strict=True))
+            inner = timeline.innermost(segment, need)
+            ones = np.ones(len(segment), "int64")
+            by_name(timeline.rows[inner[inner >= 0]], ones[inner >= 0], edge_ns[inner >= 0], exclusive)
+            if (inner < 0).any():
+                exclusive.append((outside(tid), int((inner < 0).sum()), int(edge_ns[inner < 0].sum())))
+            query, ranges = timeline.enclosing(segment, need)
+            by_name(timeline.rows[ranges], ones[query], edge_ns[query], inclusive)
+    if tally.outside:
+        tids, outside_ns = (np.concatenate(parts) for parts in zip(*tally.outside, strict=True))
+        threads, which = np.unique(tids, return_inverse=True)
+        counts, time_ns = np.bincount(which), np.bincount(which, weights=outside_ns).astype("int64")
+        exclusive += [(outside(tid), n, ns) for tid, n, ns in zip(threads, counts, time_ns, strict=True)]
     exclusive = pd.DataFrame(exclusive, columns=["range", "kernels", "gpu_ns"]).groupby("range").sum()
     launched_n, launched_ns = int(exclusive["kernels"].sum()), int(exclusive["gpu_ns"].sum())
     if totals["n"] > launched_n:
