@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
@@ -35,10 +34,9 @@ from sftprof.analysis import (
     sched,
     utilisation,
 )
+from sftprof.trace.load import from_nsys
 
 BASE_VALUES = ("tables", "events", "metrics")
-# Traces from nsys (other formats, e.g. Kineto, cannot record CPU scheduling at all).
-NSYS_SUFFIXES = {".sqlite", ".nsys-rep"}
 
 
 @dataclass(frozen=True)
@@ -393,7 +391,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "cpu_cores, no_cpu_scheduling",
-        lambda cores, traced, t: rules.cpu_scheduling(cores, traced, Path(t.source_path).suffix in NSYS_SUFFIXES),
+        lambda cores, traced, t: rules.cpu_scheduling(cores, traced, from_nsys(t.source_path)),
         ("cpu_cores", "sched_traced", "tables"),
     ),
     Rule("nvtx_gpu_time", rules.nvtx_projection, ("nvtx_gpu",)),

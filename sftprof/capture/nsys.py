@@ -400,10 +400,18 @@ def _reap_run(token: str, grace_s: float = 2.0) -> None:
     _kill(_run_processes(token))
 
 
-def export_argv(report: str | Path, output: str | Path, nsys: str = "nsys", prefix: Sequence[str] = ()) -> list[str]:
-    """`nsys export --type=sqlite` of `report` into `output`, run after `prefix` (a container's exec
-    prefix, or nothing). 2022.4 and 2025.3 both write `output` as named when it ends in .sqlite."""
-    return [*prefix, nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={output}", str(report)]
+EXPORT_TYPES = ("sqlite", "parquetdir")  # what sftprof reads; parquetdir: nsys 2024 and later
+
+
+def export_argv(
+    report: str | Path, output: str | Path, nsys: str = "nsys", prefix: Sequence[str] = (), kind: str = "sqlite"
+) -> list[str]:
+    """`nsys export --type=KIND` of `report` into `output`, run after `prefix` (a container's exec
+    prefix, or nothing). 2022.4 and 2025.3 both write `output` as named when it ends in .sqlite;
+    2025.3 writes the folder `output` when it ends in .parquetdir (one TABLE.parquet per table)."""
+    if kind not in EXPORT_TYPES:
+        raise ValueError(f"export type {kind!r}: sftprof reads {', '.join(EXPORT_TYPES)}")
+    return [*prefix, nsys, "export", f"--type={kind}", "--force-overwrite=true", f"--output={output}", str(report)]
 
 
 def newer_report_message(report: str | Path, nsys: str, prefix: Sequence[str], said: str) -> str:

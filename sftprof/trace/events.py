@@ -4,7 +4,8 @@ bring back results, never every row.
 
 The database is a temporary file (compressed on disk, under a memory limit, so memory stays
 bounded whatever the trace size); an nsys export is copied in with one pass per table, reading
-integer columns only, decoded straight from the file's pages (sqlite_pages). Names are stored once,
+integer columns only, decoded straight from the file's pages (sqlite_pages), or, from a parquetdir
+export, by DuckDB's Parquet reader. Names are stored once,
 as ids (benchmarks/ENGINE.md has the measurements behind these choices).
 
 kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_id, stream_id,
@@ -59,7 +60,7 @@ VIEWS = {
 STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",")] for table, schema in SCHEMA.items()}
 
 
-# The columns of CUPTI_ACTIVITY_KIND_KERNEL that from_nsys_sqlite copies, in the order kernel_rows takes them.
+# The columns of CUPTI_ACTIVITY_KIND_KERNEL that the copy (EventStore._from_nsys) reads, in the order kernel_rows takes them.
 EXPORT_KERNEL_COLUMNS = (
     "start",
     "end",
@@ -77,6 +78,8 @@ EXPORT_KERNEL_COLUMNS = (
     "blockY",
     "blockZ",
 )
+# The columns of CUPTI_ACTIVITY_KIND_RUNTIME that the copy reads.
+EXPORT_RUNTIME_COLUMNS = ("start", "end", "nameId", "globalTid", "correlationId")
 
 
 class EventStoreError(SftprofError, RuntimeError):
@@ -100,7 +103,7 @@ def _sqlite_extension() -> Path:
     return found[0]
 
 
-def _sql_text(value) -> str:
+def sql_text(value) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
@@ -123,10 +126,14 @@ def read_only_uri(path: Path) -> str:
     return f"{Path(path).resolve().as_uri()}?mode=ro"
 
 
+def load_sqlite_extension(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(f"LOAD {sql_text(_sqlite_extension())}")
+
+
 def attach_export(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Make an nsys SQLite export readable, read-only, as database `export` of `con`."""
-    con.execute(f"LOAD {_sql_text(_sqlite_extension())}")
-    con.execute(f"ATTACH {_sql_text(Path(path).resolve())} AS export (TYPE sqlite, READ_ONLY)")
+    load_sqlite_extension(con)
+    con.execute(f"ATTACH {sql_text(Path(path).resolve())} AS export (TYPE sqlite, READ_ONLY)")
 
 
 def _launch_shape(x, y, z) -> str | None:
@@ -170,7 +177,7 @@ def _copy_rows(
                 cursor.execute(insert.format(rows="export_rows"))
     except sqlite_pages.Unsupported:
         cursor.execute(f"DELETE FROM {table}")
-        cursor.execute(insert.format(rows=f"sqlite_scan({_sql_text(Path(path).resolve())}, {_sql_text(export_table)})"))
+        cursor.execute(insert.format(rows=f"sqlite_scan({sql_text(Path(path).resolve())}, {sql_text(export_table)})"))
 
 
 class EventStore:
@@ -184,7 +191,7 @@ class EventStore:
         # and analyses run side by side.
         self._cursors: dict[int, duckdb.DuckDBPyConnection] = {}
         self._cursors_lock = threading.Lock()
-        self.dropped_rows: dict[str, int] = {}  # rows left out by from_nsys_sqlite, by table (kernels, cuda_api)
+        self.dropped_rows: dict[str, int] = {}  # rows left out by _from_nsys, by table (kernels, cuda_api)
         self._names: dict[str, pd.DataFrame] = {}  # used_names, by table
         self._names_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
@@ -269,12 +276,39 @@ class EventStore:
 
     @classmethod
     def from_nsys_sqlite(cls, path: Path, present: set[str], strings: pd.DataFrame) -> EventStore:
-        """Copy the kernels and runtime-API rows of an nsys export (`present`: its table names;
-        `strings`: its StringIds as id, value), leaving out rows whose times are not valid
-        (valid_times_sql), counted in `dropped_rows` by table."""
+        """Copy the kernels and runtime-API rows of an nsys SQLite export (`present`: its table names;
+        `strings`: its StringIds as id, value), as _from_nsys says; each table read by _copy_rows."""
+        return cls._from_nsys(
+            present,
+            strings,
+            lambda cursor, table, export_table, columns, insert: _copy_rows(
+                cursor, path, table, export_table, columns, insert
+            ),
+            load_sqlite_extension,
+        )
+
+    @classmethod
+    def from_nsys_parquet(cls, scans: dict[str, str], strings: pd.DataFrame) -> EventStore:
+        """The same from an nsys parquetdir export (`scans`: each of its tables -> the DuckDB subquery that
+        reads it, nsys_export.ParquetExport.scans): one INSERT ... SELECT per table, which DuckDB runs
+        on every core it is given."""
+        return cls._from_nsys(
+            set(scans),
+            strings,
+            lambda cursor, table, export_table, columns, insert: cursor.execute(
+                insert.format(rows=scans[export_table])
+            ),
+        )
+
+    @classmethod
+    def _from_nsys(cls, present: set[str], strings: pd.DataFrame, copy_rows, prepare=lambda con: None) -> EventStore:
+        """Copy the kernels and runtime-API rows of an nsys export, whatever its format (`present`: its
+        table names; `strings`: its StringIds as id, value; `copy_rows(cursor, table, export_table,
+        columns, insert)` runs `insert` over the export table's `columns`, named in `{rows}`), leaving
+        out rows whose times are not valid (valid_times_sql), counted in `dropped_rows` by table."""
         store = cls(on_disk=True)
         con = store.con
-        attach_export(con, path)
+        prepare(con)
         copies = []
         with _visible(con, {"strings": strings}):
             con.execute("INSERT INTO kernel_names SELECT id, value FROM strings")
@@ -304,7 +338,7 @@ class EventStore:
                 (
                     "cuda_api_rows",
                     "CUPTI_ACTIVITY_KIND_RUNTIME",
-                    ("start", "end", "nameId", "globalTid", "correlationId"),
+                    EXPORT_RUNTIME_COLUMNS,
                     """
                 INSERT INTO cuda_api_rows (start, "end", name_id, global_tid, correlation_id)
                 SELECT r.start, r."end", n.name_id, r.globalTid, r.correlationId
@@ -313,10 +347,9 @@ class EventStore:
             )
         # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
         with ThreadPoolExecutor(len(copies) or 1) as pool:
-            list(pool.map(lambda copy: _copy_rows(con.cursor(), path, *copy), copies))
+            list(pool.map(lambda copy: copy_rows(con.cursor(), *copy), copies))
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
-        con.execute("DETACH export")
         # Once, after the copy (whichever reader made it): one scan of two columns, nothing on the decoder's path.
         for table, rows in (("kernels", "kernel_rows"), ("cuda_api", "cuda_api_rows")):
             dropped = con.execute(f"DELETE FROM {rows} WHERE NOT {valid_times_sql()}").fetchone()[0]

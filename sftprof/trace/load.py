@@ -1,15 +1,23 @@
-"""Pick the loader for a trace file by its type: Nsight Systems (.nsys-rep, .sqlite) or the
-PyTorch profiler's Kineto Chrome trace (.json, .json.gz)."""
+"""Pick the loader for a trace by its type: Nsight Systems (.nsys-rep, .sqlite, a .parquetdir folder)
+or the PyTorch profiler's Kineto Chrome trace (.json, .json.gz)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from sftprof.trace.kineto import load_kineto_json
-from sftprof.trace.nsys_sqlite import TraceFormatError, load_nsys_sqlite, require_file
+from sftprof.trace.nsys_export import TraceFormatError, require_file
+from sftprof.trace.nsys_sqlite import load_nsys_parquetdir, load_nsys_sqlite
 from sftprof.trace.tables import TraceTables
 
 KINETO_SUFFIXES = (".json", ".json.gz")  # tensorboard_trace_handler writes NAME.pt.trace.json[.gz]
+PARQUETDIR_SUFFIX = ".parquetdir"  # `nsys export --type=parquetdir` writes NAME.parquetdir/, a folder
+NSYS_SUFFIXES = (".nsys-rep", ".sqlite", PARQUETDIR_SUFFIX)  # what an nsys capture can come as
+
+
+def from_nsys(path: str | Path) -> bool:
+    """Whether a trace came from Nsight Systems (other recorders, e.g. Kineto, cannot trace CPU scheduling)."""
+    return Path(path).suffix in NSYS_SUFFIXES
 
 
 def sqlite_for_report(report: Path) -> Path:
@@ -24,6 +32,8 @@ def sqlite_for_report(report: Path) -> Path:
 
 def load_trace(path: str | Path) -> TraceTables:
     path = Path(path)
+    if path.suffix == PARQUETDIR_SUFFIX:
+        return load_nsys_parquetdir(path)  # a folder: checked there
     require_file(path)
     if path.suffix == ".nsys-rep":
         return load_nsys_sqlite(sqlite_for_report(path))
@@ -36,6 +46,6 @@ def load_trace(path: str | Path) -> TraceTables:
             f"{path}: a raw nsys capture; import it first (QdstrmImporter -i NAME.qdstrm -o NAME.nsys-rep)"
         )
     raise TraceFormatError(
-        f"{path}: unsupported trace type {path.suffix!r}; give an nsys .nsys-rep or "
-        ".sqlite, or a PyTorch profiler trace .json or .json.gz"
+        f"{path}: unsupported trace type {path.suffix!r}; give an nsys .nsys-rep, .sqlite or .parquetdir "
+        "folder, or a PyTorch profiler trace .json or .json.gz"
     )

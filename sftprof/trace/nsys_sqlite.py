@@ -1,4 +1,6 @@
-"""Load an `nsys export --type=sqlite` file into TraceTables.
+"""Load an nsys export into TraceTables: the SQLite file (`nsys export --type=sqlite`) or the
+parquetdir folder (`--type=parquetdir`, nsys 2024+), through the same SQL (nsys_export.Export runs it
+on either format; the results are identical, tests/test_parquetdir.py).
 
 Opened read-only. Kernels and CUDA API calls go to an EventStore (DuckDB); the other tables,
 which stay small, to pandas. Tables are looked up first: nsys exports a table only when its trace
@@ -21,8 +23,15 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from sftprof.errors import SftprofError
-from sftprof.trace.events import MAX_TIME_NS, EventStore, attach_export, read_only_uri
+from sftprof.trace.events import MAX_TIME_NS
+from sftprof.trace.nsys_export import (
+    Export,
+    ParquetExport,
+    SqliteExport,
+    TraceFormatError,
+    connect_sqlite,
+    one_line,
+)
 from sftprof.trace.tables import TraceTables, empty, gpu_rows, valid_rows
 
 # NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
@@ -88,58 +97,16 @@ _PID = "((globalTid >> 24) & 16777215)"
 _TID = "(globalTid & 16777215)"
 
 
-class TraceFormatError(SftprofError, ValueError):
-    """The file is not a readable nsys SQLite export."""
-
-
-def require_file(path: Path) -> None:
-    """Refuse a path that is not a readable, non-empty regular file (a directory named x.sqlite, a FIFO)."""
-    if not path.exists():
-        raise TraceFormatError(f"{path}: no such file")
-    if not path.is_file():
-        raise TraceFormatError(f"{path}: not a regular file")
-    if path.stat().st_size == 0:
-        raise TraceFormatError(f"{path}: file is empty")
-
-
-def _text(value: bytes) -> str:
-    """Text as SQLite returns it, whatever bytes the export holds (an application's NVTX names need not be UTF-8)."""
-    return value.decode("utf-8", errors="replace")
-
-
-def _one_line(exc: Exception) -> str:
-    """The first line of an error from SQLite or DuckDB (DuckDB's go on with the query and hints)."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    require_file(path)
-    try:
-        conn = sqlite3.connect(read_only_uri(path), uri=True)
-    except sqlite3.Error as exc:
-        raise TraceFormatError(f"{path}: cannot open ({_one_line(exc)})") from None
-    conn.text_factory = _text
-    try:
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # the latter: SQLite's message quotes damaged bytes
-        conn.close()
-        raise TraceFormatError(f"{path}: not an SQLite database ({_one_line(exc)})") from None
-    if "StringIds" not in tables:
-        conn.close()
-        raise TraceFormatError(f"{path}: SQLite, but not an nsys export (no StringIds table)")
-    return conn
-
-
 def check_export(path: str | Path) -> None:
     """Raise TraceFormatError unless `path` is a whole nsys export: it opens as one, and its size is
     what its header says (nsys exits 0 after a full disk cut its file short or left it empty)."""
     path = Path(path)
-    conn = _connect(path)
+    conn = connect_sqlite(path)
     try:
         (page_size,) = conn.execute("PRAGMA page_size").fetchone()
         (page_count,) = conn.execute("PRAGMA page_count").fetchone()
     except sqlite3.DatabaseError as exc:
-        raise TraceFormatError(f"{path}: damaged export ({_one_line(exc)})") from None
+        raise TraceFormatError(f"{path}: damaged export ({one_line(exc)})") from None
     finally:
         conn.close()
     size = path.stat().st_size
@@ -147,27 +114,16 @@ def check_export(path: str | Path) -> None:
         raise TraceFormatError(f"{path}: truncated export ({size:,} bytes; its header says {page_size * page_count:,})")
 
 
-def _tables(conn: sqlite3.Connection) -> set[str]:
-    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
-
-
-def _query(conn: sqlite3.Connection, sql: str) -> pd.DataFrame:
-    try:
-        return pd.read_sql_query(sql, conn)
-    except pd.errors.DatabaseError as exc:  # pandas wraps SQLite's error in one that quotes the whole query
-        raise (exc.__cause__ or exc) from None
-
-
-def _rows(reader: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
+def _rows(export: Export, sql: str) -> pd.DataFrame:
     """A query over the tables that grow with the capture, read by DuckDB (vectorized: several
     times faster than sqlite3's row tuples)."""
-    return reader.execute(sql).df()
+    return export.reader.execute(sql).df()
 
 
-def _metadata(conn: sqlite3.Connection, tables: set[str]) -> dict[str, str]:
+def _metadata(export: Export) -> dict[str, str]:
     for table in METADATA_TABLES:
-        if table in tables:
-            return {str(name): str(value) for name, value in conn.execute(f"SELECT name, value FROM {table}")}
+        if table in export.tables:
+            return {str(name): str(value) for name, value in export.fetch(f"SELECT name, value FROM {table}")}
     return {}
 
 
@@ -180,9 +136,13 @@ def _nsys_release(metadata: dict[str, str], tables: set[str]) -> int:
     return ENUM_MEMCPY_NAMES_SINCE if "META_DATA_EXPORT" in tables else 0
 
 
-def _strings(conn: sqlite3.Connection) -> pd.DataFrame:
+# Holds for an integer id only (SQLite: not for text, a real, a blob or NULL; the same as typeof(id) = 'integer').
+INTEGER_ID = "id = CAST(id AS BIGINT)"
+
+
+def _strings(export: Export) -> pd.DataFrame:
     """StringIds as id, value: read once, as text whatever a value holds (DuckDB refuses a BLOB in a TEXT column)."""
-    return _query(conn, "SELECT id, CAST(value AS TEXT) AS value FROM StringIds WHERE typeof(id) = 'integer'")
+    return export.query(f"SELECT id, CAST(value AS TEXT) AS value FROM StringIds WHERE {INTEGER_ID}")
 
 
 # nsys's own diagnostic for a requested trace kind that recorded nothing, kept among the export's strings.
@@ -199,14 +159,12 @@ def _empty_trace_kinds(strings: pd.DataFrame) -> dict[str, str]:
     }
 
 
-def _enum_labels(conn: sqlite3.Connection, tables: set[str], enum_table: str, fallback: dict[int, str]) -> dict:
-    if enum_table not in tables:
+def _enum_labels(export: Export, enum_table: str, fallback: dict[int, str]) -> dict:
+    if enum_table not in export.tables:
         return fallback
     return {
         code: str(label)
-        for code, label in conn.execute(
-            f"SELECT id, CAST(label AS TEXT) FROM {enum_table} WHERE typeof(id) = 'integer'"
-        )
+        for code, label in export.fetch(f"SELECT id, CAST(label AS TEXT) FROM {enum_table} WHERE {INTEGER_ID}")
     }
 
 
@@ -243,10 +201,10 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _span_ns(conn: sqlite3.Connection, tables: set[str], dropped: dict[str, int]) -> int:
+def _span_ns(export: Export, dropped: dict[str, int]) -> int:
     """The capture's length; 0 (unknown) when not recorded, or recorded as no length can be (counted in `dropped`)."""
-    if "ANALYSIS_DETAILS" in tables:
-        row = conn.execute("SELECT duration FROM ANALYSIS_DETAILS").fetchone()
+    if "ANALYSIS_DETAILS" in export.tables:
+        row = next(iter(export.fetch("SELECT duration FROM ANALYSIS_DETAILS")), None)
         if row and row[0] is not None:
             if isinstance(row[0], int) and 0 <= row[0] <= MAX_TIME_NS:
                 return row[0]
@@ -254,36 +212,41 @@ def _span_ns(conn: sqlite3.Connection, tables: set[str], dropped: dict[str, int]
     return 0
 
 
-def _threads(conn, tables) -> pd.DataFrame:
-    if "ThreadNames" not in tables:
+def _threads(export: Export) -> pd.DataFrame:
+    """One row per thread; a thread named twice (not seen in real exports) takes the least name, in both
+    formats (a bare column of a GROUP BY, which SQLite allows, would take an arbitrary one)."""
+    if "ThreadNames" not in export.tables:
         return empty("threads")
-    process_join = "LEFT JOIN PROCESSES p ON p.pid = ((t.globalTid >> 24) & 16777215)" if "PROCESSES" in tables else ""
-    process_name = "p.name" if process_join else "NULL"
-    return _query(
-        conn,
+    process_join = (
+        "LEFT JOIN PROCESSES p ON p.pid = ((t.globalTid >> 24) & 16777215)" if "PROCESSES" in export.tables else ""
+    )
+    process_name = "min(CAST(p.name AS TEXT))" if process_join else "NULL"
+    return export.query(
         f"""
         SELECT t.globalTid AS global_tid, ((t.globalTid >> 24) & 16777215) AS pid,
-               (t.globalTid & 16777215) AS tid, CAST(s.value AS TEXT) AS thread_name,
-               CAST({process_name} AS TEXT) AS process_name
+               (t.globalTid & 16777215) AS tid, min(CAST(s.value AS TEXT)) AS thread_name,
+               {process_name} AS process_name
         FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId
         {process_join}
-        GROUP BY t.globalTid""",
+        GROUP BY t.globalTid ORDER BY t.globalTid""",
     )
 
 
-def _nvtx(conn, tables, dropped) -> pd.DataFrame:
-    if "NVTX_EVENTS" not in tables:
+def _nvtx(export: Export, dropped) -> pd.DataFrame:
+    if "NVTX_EVENTS" not in export.tables:
         return empty("nvtx")
     types = ",".join(map(str, NVTX_RANGE_STYLES))
     style = " ".join(f"WHEN {code} THEN '{name}'" for code, name in NVTX_RANGE_STYLES.items())
-    ranges = _query(
-        conn,
+    # SQLite's max(a, b) is NULL when either is: so is this CASE, which DuckDB runs too.
+    ranges = export.query(
         f"""
         WITH domains AS (
-            SELECT domainId AS id, globalTid, CAST(text AS TEXT) AS name FROM NVTX_EVENTS
+            SELECT domainId AS id, globalTid, min(CAST(text AS TEXT)) AS name FROM NVTX_EVENTS
             WHERE eventType = {NVTX_DOMAIN_CREATE} GROUP BY domainId, globalTid),
-        maxts AS (SELECT max(max(start), max(end)) AS m FROM NVTX_EVENTS)
-        SELECT ne.start AS start, coalesce(ne.end, (SELECT m FROM maxts)) AS "end",
+        maxts AS (SELECT CASE WHEN max(start) IS NULL OR max("end") IS NULL THEN NULL
+                              WHEN max(start) >= max("end") THEN max(start) ELSE max("end") END AS m
+                  FROM NVTX_EVENTS)
+        SELECT ne.start AS start, coalesce(ne."end", (SELECT m FROM maxts)) AS "end",
                CASE WHEN d.name IS NOT NULL THEN d.name || ':' || CAST(coalesce(sid.value, ne.text) AS TEXT)
                     ELSE CAST(coalesce(sid.value, ne.text) AS TEXT) END AS name,
                CASE ne.eventType {style} END AS style,
@@ -291,7 +254,7 @@ def _nvtx(conn, tables, dropped) -> pd.DataFrame:
                (ne.globalTid & 16777215) AS tid
         FROM NVTX_EVENTS ne
         LEFT JOIN domains d ON ne.domainId = d.id
-             AND (ne.globalTid & 0x0000FFFFFF000000) = (d.globalTid & 0x0000FFFFFF000000)
+             AND ((ne.globalTid >> 24) & 16777215) = ((d.globalTid >> 24) & 16777215)
         LEFT JOIN StringIds sid ON ne.textId = sid.id
         WHERE ne.eventType IN ({types})
         ORDER BY ne.start""",
@@ -299,14 +262,14 @@ def _nvtx(conn, tables, dropped) -> pd.DataFrame:
     return valid_rows(ranges, "nvtx", dropped)
 
 
-def _osrt(reader, tables, strings, dropped) -> pd.DataFrame:
-    if "OSRT_API" not in tables:
+def _osrt(export: Export, strings, dropped) -> pd.DataFrame:
+    if "OSRT_API" not in export.tables:
         return empty("osrt")
-    reader.register("string_ids", strings[["id"]])
+    export.reader.register("string_ids", strings[["id"]])
     try:
         # names as ids, then each row given a reference to its name's one string (not a string of its own)
         calls = _rows(
-            reader,
+            export,
             f"""
             SELECT o.start, o."end", o.nameId AS name,
                    o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
@@ -315,31 +278,31 @@ def _osrt(reader, tables, strings, dropped) -> pd.DataFrame:
             ORDER BY o.start""",
         )
     finally:
-        reader.unregister("string_ids")
+        export.reader.unregister("string_ids")
     names = pd.Series(strings["value"].to_numpy(), index=strings["id"].to_numpy())
     names = names[~names.index.duplicated()]
     return valid_rows(calls.assign(name=calls["name"].map(names)), "osrt", dropped)
 
 
-def _memcpy_operations(conn, tables, release: int) -> dict[int, str]:
+def _memcpy_operations(export: Export, release: int) -> dict[int, str]:
     """The names `nsys stats` of the release that wrote the file gives each copyKind."""
-    if release >= ENUM_MEMCPY_NAMES_SINCE and "ENUM_CUDA_MEMCPY_OPER" in tables:
-        labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER", {})
+    if release >= ENUM_MEMCPY_NAMES_SINCE and "ENUM_CUDA_MEMCPY_OPER" in export.tables:
+        labels = _enum_labels(export, "ENUM_CUDA_MEMCPY_OPER", {})
         return {code: f"[CUDA memcpy {label}]" for code, label in labels.items()}
     return MEMCPY_OPERATIONS
 
 
-def _memops(conn, reader, tables, release: int, dropped) -> pd.DataFrame:
+def _memops(export: Export, release: int, dropped) -> pd.DataFrame:
     parts = []
     common = (
         'start, "end", {op} AS operation, bytes, deviceId AS device_id, '
         "streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id, "
         "{kind} AS copy_kind, {src} AS src_kind, {dst} AS dst_kind"
     )
-    memory_kinds = _enum_labels(conn, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND_LABELS)
+    memory_kinds = _enum_labels(export, "ENUM_CUDA_MEM_KIND", MEMORY_KIND_LABELS)
     labels = _Labels()
-    if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
-        op = labels.case("copyKind", _memcpy_operations(conn, tables, release), MEMCPY_OPERATIONS[0])
+    if "CUPTI_ACTIVITY_KIND_MEMCPY" in export.tables:
+        op = labels.case("copyKind", _memcpy_operations(export, release), MEMCPY_OPERATIONS[0])
         columns = common.format(
             op=op,
             kind=labels.case("copyKind", MEMCPY_KINDS, MEMCPY_KINDS[0]),
@@ -347,7 +310,7 @@ def _memops(conn, reader, tables, release: int, dropped) -> pd.DataFrame:
             dst=labels.case("dstKind", memory_kinds),
         )
         parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMCPY")
-    if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
+    if "CUPTI_ACTIVITY_KIND_MEMSET" in export.tables:
         columns = common.format(
             op=labels.constant(MEMSET_OPERATION),
             kind=labels.constant(MEMSET_KIND),
@@ -360,19 +323,19 @@ def _memops(conn, reader, tables, release: int, dropped) -> pd.DataFrame:
     # A few distinct labels over hundreds of thousands of rows (468k at 10M kernels): read as codes,
     # held as categories (40 MB instead of 140 MB of strings; they group and compare faster too).
     text = ("operation", "copy_kind", "src_kind", "dst_kind")
-    rows = labels.decode(_rows(reader, " UNION ALL ".join(parts) + " ORDER BY start"), text)
+    rows = labels.decode(_rows(export, " UNION ALL ".join(parts) + " ORDER BY start"), text)
     return valid_rows(rows, "memops", dropped).astype({column: "category" for column in text})
 
 
-def _sync(conn, reader, tables, dropped) -> pd.DataFrame:
-    if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" not in tables:
+def _sync(export: Export, dropped) -> pd.DataFrame:
+    if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" not in export.tables:
         return empty("sync")
-    sync_types = _enum_labels(conn, tables, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
+    sync_types = _enum_labels(export, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
     labels = _Labels()
     return valid_rows(
         labels.decode(
             _rows(
-                reader,
+                export,
                 f"""
         SELECT start, "end", {labels.case("syncType", sync_types, "Unknown")} AS sync_type,
                deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
@@ -386,11 +349,11 @@ def _sync(conn, reader, tables, dropped) -> pd.DataFrame:
     )
 
 
-def _sched(reader, tables, dropped) -> pd.DataFrame:
-    if "SCHED_EVENTS" not in tables:
+def _sched(export: Export, dropped) -> pd.DataFrame:
+    if "SCHED_EVENTS" not in export.tables:
         return empty("sched")
     frame = _rows(
-        reader,
+        export,
         f"""
         SELECT start, cpu, isSchedIn != 0 AS is_sched_in, globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
         FROM SCHED_EVENTS ORDER BY start""",
@@ -398,13 +361,12 @@ def _sched(reader, tables, dropped) -> pd.DataFrame:
     return valid_rows(frame.assign(is_sched_in=frame["is_sched_in"].astype(bool)), "sched", dropped)
 
 
-def _gpu_metrics(conn, tables, dropped) -> pd.DataFrame:
+def _gpu_metrics(export: Export, dropped) -> pd.DataFrame:
     """Newer exports' GPU_METRICS (2022.4 keeps GPU metrics as JSON in GENERIC_EVENTS, not read here)."""
-    if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
+    if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= export.tables:
         return empty("gpu_metrics")
     return valid_rows(
-        _query(
-            conn,
+        export.query(
             """
         SELECT m.timestamp AS timestamp, (m.typeId & 255) AS device_id, CAST(i.metricName AS TEXT) AS metric,
                m.value AS value
@@ -432,13 +394,13 @@ GPU_INFO_COLUMNS = {
 }
 
 
-def _gpus(conn, tables) -> pd.DataFrame:
+def _gpus(export: Export) -> pd.DataFrame:
     """The GPUs nsys saw on the target (TARGET_INFO_GPU): name, SMs, memory, clock. Empty without
     the table (a capture without CUDA). Names are read as text; anything in a number column that is
     not a non-negative integer is NA."""
-    if "TARGET_INFO_GPU" not in tables:
+    if "TARGET_INFO_GPU" not in export.tables:
         return empty("gpus")
-    have = {row[1] for row in conn.execute("PRAGMA table_info(TARGET_INFO_GPU)")}
+    have = export.columns("TARGET_INFO_GPU")
     if "id" not in have:
         return empty("gpus")
     selected = ", ".join(
@@ -446,7 +408,7 @@ def _gpus(conn, tables) -> pd.DataFrame:
         for column, name in GPU_INFO_COLUMNS.items()
         if column in have
     )
-    rows = _query(conn, f"SELECT {selected} FROM TARGET_INFO_GPU")
+    rows = export.query(f"SELECT {selected} FROM TARGET_INFO_GPU")
     major, minor = (
         pd.to_numeric(rows[c], errors="coerce") if c in rows else pd.Series(float("nan"), index=rows.index)
         for c in ("compute_major", "compute_minor")
@@ -476,42 +438,49 @@ def _sources(tables: set[str]) -> set[str]:
 
 
 def load_nsys_sqlite(path: str | Path) -> TraceTables:
-    """The export's tables, without the rows whose times are not valid (events.valid_times_sql): those are
-    counted in `dropped_rows`. A file SQLite or DuckDB cannot read is a TraceFormatError."""
+    """An `nsys export --type=sqlite` file's tables (see _load)."""
     path = Path(path)
-    conn = _connect(path)
-    reader = duckdb.connect()
+    return _load(SqliteExport(path))
+
+
+def load_nsys_parquetdir(path: str | Path) -> TraceTables:
+    """An `nsys export --type=parquetdir` folder's tables (see _load): the same as its SQLite export's."""
+    path = Path(path)
+    return _load(ParquetExport(path))
+
+
+def _load(export: Export) -> TraceTables:
+    """The export's tables, without the rows whose times are not valid (events.valid_times_sql): those are
+    counted in `dropped_rows`. An export SQLite or DuckDB cannot read is a TraceFormatError."""
+    path = export.path
     dropped: dict[str, int] = {}
     try:
-        tables = _tables(conn)
-        release = _nsys_release(_metadata(conn, tables), tables)
-        strings = _strings(conn)
-        attach_export(reader, path)
-        reader.execute("USE export")
+        tables = export.tables
+        release = _nsys_release(_metadata(export), tables)
+        strings = _strings(export)
         # The copy of kernels and API calls leaves part of a core idle: the small tables load meanwhile.
         with ThreadPoolExecutor(1) as copying:
-            events = copying.submit(EventStore.from_nsys_sqlite, path, tables, strings)
+            events = copying.submit(export.event_store, strings)
             loaded = TraceTables(
                 source_path=str(path),
-                span_ns=_span_ns(conn, tables, dropped),
+                span_ns=_span_ns(export, dropped),
                 sources=_sources(tables),
-                threads=_threads(conn, tables),
-                nvtx=_nvtx(conn, tables, dropped),
-                osrt=_osrt(reader, tables, strings, dropped),
-                memops=_memops(conn, reader, tables, release, dropped),
-                sync=_sync(conn, reader, tables, dropped),
-                sched=_sched(reader, tables, dropped),
-                gpu_metrics=_gpu_metrics(conn, tables, dropped),
-                gpus=_gpus(conn, tables),
+                threads=_threads(export),
+                nvtx=_nvtx(export, dropped),
+                osrt=_osrt(export, strings, dropped),
+                memops=_memops(export, release, dropped),
+                sync=_sync(export, dropped),
+                sched=_sched(export, dropped),
+                gpu_metrics=_gpu_metrics(export, dropped),
+                gpus=_gpus(export),
                 empty_trace_kinds=_empty_trace_kinds(strings),
                 events=events.result(),
             )
     # UnicodeDecodeError: an error of SQLite or DuckDB whose message quotes damaged bytes
     except (sqlite3.DatabaseError, duckdb.Error, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: damaged or truncated export ({_one_line(exc)})") from None
+        raise TraceFormatError(f"{path}: damaged or truncated export ({one_line(exc)})") from None
     finally:
-        conn.close()
-        reader.close()
+        export.close()
     loaded.dropped_rows = {**dropped, **loaded.events.dropped_rows}
     loaded.empty_trace_kinds = _still_empty(loaded, tables)
     return loaded

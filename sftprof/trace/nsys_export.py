@@ -1,0 +1,216 @@
+"""An nsys export in either format nsys writes, as the loader (nsys_sqlite) reads it: the SQLite file
+(`nsys export --type=sqlite`) or the folder of Parquet files (`--type=parquetdir`, nsys 2024 and
+later: one TABLE.parquet per SQLite table, same table and column names).
+
+The loader's SQL is written once, in what SQLite and DuckDB both run; an Export runs it on either
+format. `query` and `fetch` read the small tables (through sqlite3 for an SQLite file: each value keeps
+its own type, which the rules for damaged rows rely on), `reader` is a DuckDB connection naming the
+export's tables (for the tables that grow with the capture), `event_store` copies kernels and CUDA
+API calls. A Parquet table is a view that gives its integer columns as BIGINT, SQLite's INTEGER, so
+the same SQL returns the same values and pandas types from both formats.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from functools import cached_property
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from sftprof.errors import SftprofError
+from sftprof.trace.events import (
+    EXPORT_KERNEL_COLUMNS,
+    EXPORT_RUNTIME_COLUMNS,
+    EventStore,
+    attach_export,
+    read_only_uri,
+    sql_text,
+)
+
+
+class TraceFormatError(SftprofError, ValueError):
+    """The file is not a readable nsys export."""
+
+
+def require_file(path: Path) -> None:
+    """Refuse a path that is not a readable, non-empty regular file (a directory named x.sqlite, a FIFO)."""
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such file")
+    if not path.is_file():
+        raise TraceFormatError(f"{path}: not a regular file")
+    if path.stat().st_size == 0:
+        raise TraceFormatError(f"{path}: file is empty")
+
+
+def one_line(exc: Exception) -> str:
+    """The first line of an error from SQLite or DuckDB (DuckDB's go on with the query and hints)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _text(value: bytes) -> str:
+    """Text as SQLite returns it, whatever bytes the export holds (an application's NVTX names need not be UTF-8)."""
+    return value.decode("utf-8", errors="replace")
+
+
+def connect_sqlite(path: Path) -> sqlite3.Connection:
+    """`path` opened read-only, once it is known to be an SQLite nsys export (it has StringIds)."""
+    require_file(path)
+    try:
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
+    except sqlite3.Error as exc:
+        raise TraceFormatError(f"{path}: cannot open ({one_line(exc)})") from None
+    conn.text_factory = _text
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # the latter: SQLite's message quotes damaged bytes
+        conn.close()
+        raise TraceFormatError(f"{path}: not an SQLite database ({one_line(exc)})") from None
+    if "StringIds" not in tables:
+        conn.close()
+        raise TraceFormatError(f"{path}: SQLite, but not an nsys export (no StringIds table)")
+    return conn
+
+
+class SqliteExport:
+    """An SQLite export, read-only."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.conn = connect_sqlite(path)
+
+    @cached_property
+    def tables(self) -> set[str]:
+        return {row[0] for row in self.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
+
+    def fetch(self, sql: str) -> list[tuple]:
+        return self.conn.execute(sql).fetchall()
+
+    def query(self, sql: str) -> pd.DataFrame:
+        try:
+            return pd.read_sql_query(sql, self.conn)
+        except pd.errors.DatabaseError as exc:  # pandas wraps SQLite's error in one that quotes the whole query
+            raise (exc.__cause__ or exc) from None
+
+    def columns(self, table: str) -> set[str]:
+        return {row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")}
+
+    @cached_property
+    def reader(self) -> duckdb.DuckDBPyConnection:
+        """DuckDB's SQLite reader: vectorized, several times faster than sqlite3's row tuples."""
+        reader = duckdb.connect()
+        attach_export(reader, self.path)
+        reader.execute("USE export")
+        return reader
+
+    def event_store(self, strings: pd.DataFrame) -> EventStore:
+        return EventStore.from_nsys_sqlite(self.path, self.tables, strings)
+
+    def close(self) -> None:
+        self.conn.close()
+        if "reader" in self.__dict__:
+            self.reader.close()
+
+
+# Parquet types as SQLite holds them (integers, booleans included, as INTEGER: 64 bits; floats as REAL).
+_INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "BOOLEAN")
+SQLITE_TYPES = {
+    **{t: "BIGINT" for t in _INTEGER_TYPES},
+    **{f"U{t}": "BIGINT" for t in _INTEGER_TYPES[:5]},
+    "FLOAT": "DOUBLE",
+    "DOUBLE": "DOUBLE",
+    "VARCHAR": "VARCHAR",
+    "BLOB": "BLOB",
+}
+# Columns that must hold integers. In SQLite a value has its own type, so one that is not an integer is
+# a damaged row, left out; a Parquet column has one type for all its rows: a wrong one refuses the file.
+TIME_COLUMNS = ("start", "end", "timestamp")
+INTEGER_COLUMNS = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": EXPORT_KERNEL_COLUMNS,
+    "CUPTI_ACTIVITY_KIND_RUNTIME": EXPORT_RUNTIME_COLUMNS,
+    "StringIds": ("id",),
+}
+TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # other files in the folder are not nsys tables
+GLOB_CHARACTERS = set("*?[]{}")  # DuckDB's read_parquet expands them: a name holding one could read another file
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class ParquetExport:
+    """A parquetdir folder, each TABLE.parquet a view of that name (integers as BIGINT) in `reader`.
+    Only regular files in the folder itself are read: a link (to anything, anywhere) is refused."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        if not path.exists():
+            raise TraceFormatError(f"{path}: no such folder")
+        if not path.is_dir():
+            raise TraceFormatError(f"{path}: not a folder (nsys export --type=parquetdir writes one)")
+        folder = path.resolve()
+        if GLOB_CHARACTERS & set(str(folder)):
+            raise TraceFormatError(f"{path}: a parquetdir path must not hold any of {''.join(sorted(GLOB_CHARACTERS))}")
+        files = {p.stem: p for p in sorted(folder.iterdir()) if p.suffix == ".parquet" and TABLE_NAME.fullmatch(p.stem)}
+        if not files:
+            raise TraceFormatError(f"{path}: no .parquet tables in the folder")
+        if "StringIds" not in files:
+            raise TraceFormatError(f"{path}: Parquet tables, but not an nsys export (no StringIds.parquet)")
+        for file in files.values():
+            if file.is_symlink() or not file.is_file():
+                raise TraceFormatError(f"{path}: {file.name} is not a regular file (nsys writes only files)")
+        self.tables = set(files)
+        self._columns: dict[str, set[str]] = {}
+        self.scans: dict[str, str] = {}  # table -> a DuckDB subquery that reads it, in any connection
+        self._con = duckdb.connect()
+        try:
+            for table, file in files.items():
+                self.scans[table] = self._scan(table, file)
+                self._con.execute(f"CREATE VIEW {_quoted(table)} AS SELECT * FROM {self.scans[table]}")
+        except duckdb.Error as exc:
+            self._con.close()
+            raise TraceFormatError(f"{path}: {file.name} is not a readable Parquet table ({one_line(exc)})") from None
+        except TraceFormatError:
+            self._con.close()
+            raise
+
+    def _scan(self, table: str, file: Path) -> str:
+        source = f"read_parquet({sql_text(file)}, hive_partitioning = false)"
+        schema = self._con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()
+        selected = []
+        for column, kind, *_ in schema:
+            cast = SQLITE_TYPES.get(kind)
+            integer = column in TIME_COLUMNS or column in INTEGER_COLUMNS.get(table, ())
+            if cast is None or (integer and cast != "BIGINT"):
+                expected = "an integer type" if integer else "a type an nsys export holds"
+                raise TraceFormatError(f"{self.path}: {file.name}: column {column!r} is {kind}, not {expected}")
+            selected.append(f"CAST({_quoted(column)} AS {cast}) AS {_quoted(column)}")
+        self._columns[table] = {row[0] for row in schema}
+        return f"(SELECT {', '.join(selected)} FROM {source})"
+
+    def fetch(self, sql: str) -> list[tuple]:
+        return self._con.execute(sql).fetchall()
+
+    def query(self, sql: str) -> pd.DataFrame:
+        """As pandas builds an SQLite query's result (pd.read_sql_query), so that types match."""
+        cursor = self._con.execute(sql)
+        columns = [column[0] for column in cursor.description]
+        return pd.DataFrame.from_records(cursor.fetchall(), columns=columns, coerce_float=True)
+
+    def columns(self, table: str) -> set[str]:
+        return self._columns[table]
+
+    @property
+    def reader(self) -> duckdb.DuckDBPyConnection:
+        return self._con
+
+    def event_store(self, strings: pd.DataFrame) -> EventStore:
+        return EventStore.from_nsys_parquet(self.scans, strings)
+
+    def close(self) -> None:
+        self._con.close()
+
+
+Export = SqliteExport | ParquetExport

@@ -1,0 +1,182 @@
+"""nsys's parquetdir export (`nsys export --type=parquetdir`, nsys 2024+: a folder NAME.parquetdir/
+with one TABLE.parquet per SQLite table) read directly: on the real 2025.3.1 export of
+tests/fixtures/nsys2025/h200_sft_clean (the .nsys-rep that its .sqlite was exported from), every table
+sftprof loads and the whole analysis equal the SQLite export's; a damaged or hostile folder is a
+one-line refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+
+from sftprof.capture import nsys
+from sftprof.pipeline import ANALYSIS_DIR, analyze_into
+from sftprof.trace import load_trace
+from sftprof.trace.nsys_sqlite import TraceFormatError
+
+from conftest import assert_refused, run_sftprof, tree_state
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nsys2025"
+NAME = "h200_sft_clean"
+FRAMES = ("threads", "nvtx", "osrt", "memops", "sync", "sched", "gpu_metrics", "gpus", "kernels", "cuda_api")
+VALUES = ("span_ns", "sources", "dropped_rows", "empty_trace_kinds")
+
+
+@pytest.fixture(scope="module")
+def parquetdir(tmp_path_factory) -> Path:
+    """The committed export, extracted (the folder itself is not committed)."""
+    folder = tmp_path_factory.mktemp("parquetdir")
+    with tarfile.open(FIXTURES / f"{NAME}.parquetdir.tar.xz") as tar:
+        tar.extractall(folder, filter="data")
+    return folder / f"{NAME}.parquetdir"
+
+
+@pytest.fixture(scope="module")
+def both(parquetdir):
+    loaded = load_trace(FIXTURES / f"{NAME}.sqlite"), load_trace(parquetdir)
+    yield loaded
+    for tables in loaded:
+        tables.events.close()
+
+
+@pytest.mark.parametrize("table", FRAMES)
+def test_each_table_equals_the_sqlite_exports(both, table):
+    from_sqlite, from_parquet = (getattr(tables, table) for tables in both)
+    assert len(from_sqlite) or table in ("sched", "gpu_metrics")  # this capture has no context switches or metrics
+    pd.testing.assert_frame_equal(from_parquet, from_sqlite, check_exact=True)
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_capture_facts_equal_the_sqlite_exports(both, value):
+    assert getattr(both[1], value) == getattr(both[0], value)
+
+
+@pytest.fixture(scope="module")
+def saved(parquetdir, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """Each format's saved analysis (with the trainer's metrics): suffix -> (CSV bytes by name, analysis.json
+    without source_path, which names the input)."""
+    metrics = FIXTURES / f"{NAME}.metrics.jsonl"
+    outputs = {}
+    for trace in (FIXTURES / f"{NAME}.sqlite", parquetdir):
+        out = tmp_path_factory.mktemp(trace.suffix.strip("."))
+        analysis = analyze_into(trace, out, metrics, "same")
+        assert analysis.findings and analysis.headline["kernels"] == 2852
+        files = {p.name: p.read_bytes() for p in sorted((out / ANALYSIS_DIR).iterdir())}
+        summary = json.loads(files.pop("analysis.json"))
+        assert summary.pop("source_path") == str(trace)
+        outputs[trace.suffix] = files, summary
+    return outputs
+
+
+def test_whole_analysis_equals_the_sqlite_exports(saved):
+    """Saved tables byte for byte, headline and findings (no_cpu_scheduling included: both are nsys captures)."""
+    (sqlite_files, sqlite_summary), (parquet_files, parquet_summary) = saved[".sqlite"], saved[".parquetdir"]
+    assert parquet_files == sqlite_files and len(sqlite_files) > 20
+    assert "no_cpu_scheduling" in {f["rule"] for f in sqlite_summary["findings"]}
+    assert parquet_summary == sqlite_summary
+
+
+def test_cli_analyzes_a_parquetdir_and_says_so_in_its_help(parquetdir, tmp_path):
+    assert ".parquetdir" in run_sftprof("analyze", "--help").stdout
+    result = run_sftprof("analyze", parquetdir, "-o", tmp_path / "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "out" / ANALYSIS_DIR / "kernels.csv").is_file()
+
+
+def test_export_argv_writes_a_parquetdir_as_the_fixtures_was():
+    """The command tests/fixtures/nsys2025/README.md ran for the fixture."""
+    assert nsys.export_argv("c/r.nsys-rep", "s/r.parquetdir", "N", kind="parquetdir") == [
+        "N",
+        "export",
+        "--type=parquetdir",
+        "--force-overwrite=true",
+        "--output=s/r.parquetdir",
+        "c/r.nsys-rep",
+    ]
+    with pytest.raises(ValueError, match="sftprof reads sqlite, parquetdir"):
+        nsys.export_argv("r.nsys-rep", "r.csv", kind="csv")
+
+
+# ---------------------------------------------------------------- hostile folders
+
+
+def without_stringids(folder: Path) -> None:
+    (folder / "StringIds.parquet").unlink()
+
+
+def emptied(folder: Path) -> None:
+    for file in folder.iterdir():
+        file.unlink()
+
+
+def truncated_table(folder: Path) -> None:
+    table = folder / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"
+    table.write_bytes(table.read_bytes()[: table.stat().st_size // 2])
+
+
+def garbage_table(folder: Path) -> None:
+    (folder / "NVTX_EVENTS.parquet").write_bytes(b"PAR1" + os.urandom(4096))
+
+
+def linked_outside(folder: Path) -> None:
+    """A table that is a link to a file outside the folder (here a real table: read, it would load)."""
+    outside = folder.parent / "elsewhere.parquet"
+    (folder / "StringIds.parquet").rename(outside)
+    (folder / "StringIds.parquet").symlink_to(outside)
+
+
+def text_times(folder: Path) -> None:
+    """Kernels' start as text: every row's type is wrong, not one row's."""
+    table = folder / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"
+    rewritten = folder.parent / "rewritten.parquet"
+    with duckdb.connect() as con:
+        con.execute(
+            f"COPY (SELECT * REPLACE (CAST(start AS VARCHAR) AS start) FROM read_parquet('{table}')) "
+            f"TO '{rewritten}' (FORMAT parquet)"
+        )
+    rewritten.replace(table)
+
+
+HOSTILE = {
+    emptied: "no .parquet tables in the folder",
+    without_stringids: "Parquet tables, but not an nsys export (no StringIds.parquet)",
+    truncated_table: "CUPTI_ACTIVITY_KIND_KERNEL.parquet is not a readable Parquet table",
+    garbage_table: "NVTX_EVENTS.parquet is not a readable Parquet table",
+    linked_outside: "StringIds.parquet is not a regular file",
+    text_times: "CUPTI_ACTIVITY_KIND_KERNEL.parquet: column 'start' is VARCHAR, not an integer type",
+}
+
+
+@pytest.mark.parametrize("damage", list(HOSTILE), ids=lambda f: f.__name__)
+def test_a_hostile_parquetdir_is_refused_in_one_line(parquetdir, tmp_path, damage):
+    folder = tmp_path / "input" / parquetdir.name
+    shutil.copytree(parquetdir, folder)
+    damage(folder)
+    before = tree_state(tmp_path)
+    result = run_sftprof("analyze", folder, "-o", tmp_path / "out", cwd=tmp_path)
+    assert_refused(result, contains=f"{folder}: {HOSTILE[damage]}")
+    assert tree_state(tmp_path) == before  # no output folder, nothing beside the input
+
+
+def test_a_parquetdir_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "x.parquetdir"
+    path.write_bytes(b"PAR1")
+    before = tree_state(tmp_path)
+    result = run_sftprof("analyze", path, "-o", tmp_path / "out", cwd=tmp_path)
+    assert_refused(result, contains=f"{path}: not a folder")
+    assert tree_state(tmp_path) == before
+
+
+def test_a_path_duckdb_would_read_as_a_pattern_is_refused(parquetdir, tmp_path):
+    """read_parquet expands * ? [ ]: `a[12].parquetdir` could read a1.parquetdir's tables."""
+    folder = tmp_path / "a[12].parquetdir"
+    shutil.copytree(parquetdir, folder)
+    with pytest.raises(TraceFormatError, match=r"must not hold any of \*\?\[\]\{\}"):
+        load_trace(folder)
