@@ -1,7 +1,7 @@
 """`sftprof`: the pipeline's pieces, usable without Snakemake.
 
-sftprof analyze REPORT        analyse an .nsys-rep, .sqlite or PyTorch profiler .json[.gz] into
-                              tables, findings and HTML
+sftprof analyze REPORT        analyse an .nsys-rep, .sqlite, .parquetdir folder or PyTorch profiler
+                              .json[.gz] into tables, findings and HTML
 sftprof compare A B [C...]    compare analyses or traces side by side: headline, deltas, findings
 sftprof ranks DIR [DIR...]    compare the ranks of a multi-rank run: stragglers, skew, communication
 sftprof render FORM EXP WIN   print how a window runs: local command, sbatch script, salloc line
@@ -93,17 +93,12 @@ def _print_summary(report: Path, analysis, tables_dir: Path, html: Path) -> None
 
 def _cmd_suggest(args) -> int:
     from sftprof import results
-    from sftprof.report import compare, suggest
+    from sftprof.report import suggest
 
-    folders = compare.analysis_dirs(Path(args.result))
-    if not folders:
-        raise results.ResultsError(
-            f"{args.result}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a rank folder below"
-        )
-    analysis = results.load(folders[0])  # the first profiled rank
-    sys.stdout.write(
-        terminal_safe(suggest.as_yaml(suggest.suggest(analysis, args.top), str(folders[0])), multiline=True)
-    )
+    folder = suggest.first_analysis_dir(args.result)  # the first profiled rank
+    backend = args.backend or suggest.backend_of(args.result)
+    suggestions = suggest.suggest(results.load(folder), args.top, backend)
+    sys.stdout.write(terminal_safe(suggest.as_yaml(suggestions, str(folder)), multiline=True))
     return 0
 
 
@@ -245,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         "reports",
         nargs="+",
         metavar="REPORT",
-        help=".nsys-rep or .sqlite file, or a PyTorch profiler trace .json or .json.gz",
+        help=".nsys-rep or .sqlite file, .parquetdir folder (nsys export --type=parquetdir), "
+        "or a PyTorch profiler trace .json or .json.gz",
     )
     analyze.add_argument(
         "-o",
@@ -296,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     suggest.add_argument("result", metavar="RESULT_DIR", help="analysis folder, or a folder with one below it")
     suggest.add_argument("--top", type=int, default=3, help="at most this many variants (default 3)")
+    suggest.add_argument(
+        "--backend",
+        choices=("torch", "nemo"),
+        help="the backend whose settings to suggest (default: the analysed run's, from the trainer's metrics in "
+        "the window's capture/ folder; torch where there are none)",
+    )
     suggest.set_defaults(handler=_cmd_suggest)
 
     render = commands.add_parser(

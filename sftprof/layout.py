@@ -31,3 +31,5 @@ PROFILE_LOG = LOG_DIR + "/{window}/profile.log"
 # An experiment's variants against it (config `variants:`); each variant's own results are under
 # results/{experiment}/{variant}/{window}/ (its experiment name is EXPERIMENT/VARIANT).
 VARIANTS_DIR = "results/{experiment}/variants"
+# The variants `sftprof suggest` gives for an experiment's first window, as YAML (config suggested_variants).
+SUGGESTED_VARIANTS = "results/{experiment}/suggested-variants.yaml"

@@ -100,9 +100,17 @@ def test_nemo_plan_window_end_is_exclusive():
             "precision": "bf16-mixed",
             "peft": "lora",
             "recipe": "llama2_7b",
+            "packed_sequence": False,
+            "cuda_graphs": False,
+            "overlap_grad_reduce": False,
+            "overlap_param_gather": False,
         },
     }
-    settings = nemo_backend.plan(
-        sft, {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3}, {"WORLD_SIZE": "1"}
-    )
+    window = {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3}
+    settings = nemo_backend.plan(sft, window, {"WORLD_SIZE": "1"})
     assert settings["nsys_steps"] == (2, 4) and settings["global_batch_size"] == 2
+    assert settings["packed_sequence_size"] is None
+    # Packing: NeMo's micro-batch of one holds what micro_batch_size examples held, as one pack.
+    sft = {**sft, "micro_batch_size": 4, "nemo": {**sft["nemo"], "packed_sequence": True}}
+    packed = nemo_backend.plan(sft, window, {"WORLD_SIZE": "2"})
+    assert (packed["micro_batch_size"], packed["global_batch_size"], packed["packed_sequence_size"]) == (1, 4, 4096)

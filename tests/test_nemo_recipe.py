@@ -1,9 +1,9 @@
 """sftprof's NeMo recipe built by real NeMo 2.2.1 code (optional: needs .nemo-venv, see docs/NEMO.md).
 
 Runs tests/gpu_programs/nemo_recipe_build.py with .nemo-venv's python: `finetune_recipe` of
-llm.llama2_7b as nemo_backend.build_recipe configures it (LoRA and full), then fdl.build of the
-trainer (accelerator cpu here), of the whole llm.finetune partial, and a collated batch of the
-data module over a tiny dolly-format split.
+llm.llama2_7b as nemo_backend.build_recipe configures it (LoRA, full, and full with every sft.nemo knob
+on), then fdl.build of the trainer (accelerator cpu here), of the whole llm.finetune partial, and a
+collated batch of the data module over a tiny dolly-format split (packed for real with the knobs).
 """
 
 from __future__ import annotations
@@ -56,3 +56,19 @@ def test_recipe_builds_with_sftprof_settings(built, peft):
     if run["layer_spec"] == "local":  # no Transformer Engine: the fusions the local spec cannot run are off
         assert not fields["apply_rope_fusion"] and not fields["masked_softmax_fusion"]
         assert not fields["persist_layer_norm"]
+
+
+def test_knobs_reach_the_built_objects(built):
+    """What sftprof suggest may set on a nemo run, each read on the object NeMo trains with."""
+    plain, knobs = built["none"], built["knobs"]
+    assert (plain["overlap_grad_reduce"], plain["overlap_param_gather"]) == (False, False)
+    assert (knobs["overlap_grad_reduce"], knobs["overlap_param_gather"]) == (True, True)  # strategy.ddp_config
+    assert not plain["config_fields"]["enable_cuda_graph"] and not plain["strategy_te_rng_tracker"]
+    assert knobs["config_fields"]["enable_cuda_graph"] and knobs["config_fields"]["use_te_rng_tracker"]
+    assert knobs["strategy_te_rng_tracker"]
+    # Two examples of 128 a micro-batch become one pack of 256 (NeMo packs into micro-batches of one),
+    # with cu_seqlens padded for the graphs.
+    assert plain["packed_sequence_size"] == -1 and "cu_seqlens" not in plain["batch_keys"]
+    assert (knobs["packed_sequence_size"], knobs["micro_batch_size"], knobs["global_batch_size"]) == (256, 1, 2)
+    assert knobs["pad_cu_seqlens"] and knobs["config_fields"]["seq_length"] == 256
+    assert "cu_seqlens" in knobs["batch_keys"] and knobs["batch_tokens_shape"] == [1, 256]

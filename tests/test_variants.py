@@ -16,6 +16,7 @@ from sftprof.analysis import Analysis
 from sftprof.analysis.findings import Finding
 from sftprof.analysis.variants import MIN_STEPS, WARMUP_STEPS, Run, verdict
 from sftprof.capture import config
+from sftprof.capture.sft import backend_settings
 from sftprof.report import suggest
 from sftprof.text import read_csv
 from sftprof.trace.metrics import read_metrics
@@ -89,12 +90,61 @@ def test_suggest_prints_variants_for_the_top_findings_that_validate_as_config(pa
     assert result.returncode == 0, result.stderr
     suggested = yaml.safe_load(result.stdout)["variants"]
     findings = results.load(padding_analysis / "analysis").findings
-    top_rules = [f.rule for f in findings if f.rule in suggest.REMEDIES and f.gain_pct]
+    top_rules = [f.rule for f in findings if "torch" in suggest.REMEDIES.get(f.rule, {}) and f.gain_pct]
     assert [entry["motivated_by"] for entry in suggested.values()][0] == top_rules[0] == "padding"
     assert suggested["pad-longest"]["sft"] == {"padding": "longest", "pad_to_multiple_of": 64}
     demo = copy.deepcopy(SMALL_DEMO)
     demo["experiments"]["demo"]["variants"] = suggested
     config.validate(demo)  # pasted as printed, it is valid config
+
+
+def _nemo_demo() -> dict:
+    demo = copy.deepcopy(SMALL_DEMO)
+    experiment = demo["experiments"]["demo"]
+    experiment["sft"].update({"backend": "nemo", "device": "cuda"})
+    experiment["profile"] = {
+        "trace": ["cuda", "nvtx", "osrt"],
+        "windows": {"steady": {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 4}},
+    }
+    return demo
+
+
+@pytest.mark.parametrize("backend", ["torch", "nemo"])
+def test_every_remedy_sets_only_what_its_backend_reads_and_validates(backend):
+    demo = _nemo_demo() if backend == "nemo" else copy.deepcopy(SMALL_DEMO)
+    remedies = {by[backend].variant: by[backend] for by in suggest.REMEDIES.values() if backend in by}
+    demo["experiments"]["demo"]["variants"] = {name: remedy.overrides for name, remedy in remedies.items()}
+    checked = config.validate(demo)
+    for name, remedy in remedies.items():
+        sft = checked["experiments"][f"demo/{name}"]["sft"]
+        assert set(remedy.overrides) == {"sft"} and set(remedy.overrides["sft"]) <= set(backend_settings(sft))
+        assert sft != checked["experiments"]["demo"]["sft"]
+
+
+def test_param_gather_overlap_is_refused_with_lora():
+    demo = _nemo_demo()
+    demo["experiments"]["demo"]["sft"]["nemo"] = {"peft": "lora", "overlap_param_gather": True}
+    with pytest.raises(config.ConfigError, match=r"sft\.nemo\.overlap_param_gather: LoRA runs without"):
+        config.validate(demo)
+
+
+def test_suggest_on_a_nemo_run_proposes_nemo_knobs_only(padding_analysis, tmp_path):
+    """The same findings, from a run whose metrics say backend nemo: padding becomes packing, and the findings
+    whose remedies are built-in switches (which nemo ignores) suggest nothing."""
+    window = tmp_path / "steady"
+    shutil.copytree(padding_analysis / "analysis", window / "analysis" / "rank0")
+    (window / "capture").mkdir()
+    line = {"step": 0, "rank": 0, "loss": 1.0, "step_time_s": 0.3, "tokens": 8, "tokens_per_s": 26.7}
+    (window / "capture" / "profile.rank0.metrics.jsonl").write_text(
+        json.dumps({**line, "in_window": False, "run": {"backend": "nemo"}}) + "\n"
+    )
+    assert suggest.backend_of(window) == "nemo" and suggest.backend_of(padding_analysis) == "torch"
+    result = run_sftprof("suggest", str(window))
+    assert result.returncode == 0, result.stderr
+    suggested = yaml.safe_load(result.stdout)["variants"]
+    assert suggested == {"packed": {"motivated_by": "padding", "sft": {"nemo": {"packed_sequence": True}}}}
+    forced = yaml.safe_load(run_sftprof("suggest", str(padding_analysis), "--backend", "nemo").stdout)
+    assert forced["variants"] == suggested
 
 
 def test_suggest_refuses_a_folder_without_an_analysis(tmp_path):
@@ -220,6 +270,97 @@ def test_changing_one_variant_reruns_only_that_variant(variants_run, tmp_path):
     outputs = [line.split(":", 1)[1].strip() for line in dry.stdout.splitlines() if line.strip().startswith("output:")]
     assert "results/demo/loss-every-3/steady/capture" in outputs
     assert not {"results/demo/steady/capture", "results/demo/pad-longest/steady/capture"} & set(outputs)
+
+
+# ---------------------------------------------------------------- suggested variants, added by the workflow
+
+
+def _demo_suggesting(**setting) -> dict:
+    demo = copy.deepcopy(SMALL_DEMO)
+    demo["experiments"]["demo"]["sft"]["steps"] = 12
+    demo["experiments"]["demo"]["suggested_variants"] = {"enabled": True, **setting}
+    return demo
+
+
+def test_suggested_variants_is_off_unless_enabled_and_not_inherited_by_variants():
+    assert config.suggested_variant_count(config.validate(_demo_with_variants()), "demo") == 0
+    checked = config.validate(_demo_suggesting(enabled=False))
+    assert config.suggested_variant_count(checked, "demo") == 0
+    demo = _demo_suggesting(top=2)
+    demo["experiments"]["demo"]["variants"] = copy.deepcopy(VARIANTS)
+    checked = config.validate(demo)
+    assert config.suggested_variant_count(checked, "demo") == 2
+    assert "suggested_variants" not in checked["experiments"]["demo/pad-longest"]
+    with pytest.raises(config.ConfigError, match=r"experiments\.demo\.suggested_variants\.top"):
+        config.validate(_demo_suggesting(top=0))
+
+
+def test_the_checkpoint_adds_what_suggest_prints_and_hand_written_variants_win(padding_analysis, tmp_path):
+    """The checkpoint's variant list (write_suggestions -> read_suggestions -> add_suggested_variants) on a real
+    H200 analysis with findings that have remedies."""
+    path = tmp_path / "suggested-variants.yaml"
+    suggest.write_suggestions(padding_analysis, "torch", 3, path)
+    suggested = suggest.read_suggestions(path)
+    findings = results.load(padding_analysis / "analysis").findings
+    expected = {
+        suggest.REMEDIES[f.rule]["torch"].variant for f in findings if f.rule in suggest.REMEDIES and f.gain_pct
+    }
+    assert set(suggested) == expected and "pad-longest" in suggested
+    checked = config.validate(_demo_with_variants())  # hand-written pad-longest pads to the exact longest length
+    config.add_suggested_variants(checked, "demo", suggested)
+    config.add_suggested_variants(checked, "demo", suggested)  # repeatable: input functions ask again
+    assert config.built_experiments(checked) == ["demo", "demo/pad-longest", "demo/loss-every-3"] + [
+        f"demo/{name}" for name in suggested if name != "pad-longest"
+    ]
+    assert checked["experiments"]["demo/pad-longest"]["sft"]["pad_to_multiple_of"] == 1  # the hand-written one
+    assert checked["experiments"]["demo/compiled"]["sft"]["compile"] is True
+    assert config.variants_of(checked, "demo")["compiled"]["motivated_by"] == "memory_bound_kernel_mix"
+
+
+@pytest.fixture(scope="module")
+def suggesting_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("suggesting")
+    write_config(workdir, _demo_suggesting())
+    plan = planned_jobs(snakemake(workdir, "-n"))
+    snakemake(workdir)
+    return workdir, plan
+
+
+@pytest.mark.e2e
+def test_the_switch_runs_the_baseline_then_what_its_analysis_suggests(suggesting_run):
+    """The CPU demo has no finding that a switch fixes (no GPU, no padding finding): nothing is added, and the
+    verdict says so."""
+    workdir, plan = suggesting_run
+    assert plan["profile_sft"] == 1 and plan["suggest_variants"] == 1 and plan["compare_variants"] == 1
+    findings = results.load(workdir / "results/demo/steady/analysis/rank0").findings
+    assert not suggest.suggest(Analysis("demo", 0, [], findings=findings))
+    assert suggest.read_suggestions(workdir / "results/demo/suggested-variants.yaml") == {}
+    assert sorted(p.name for p in (workdir / "results/demo").iterdir()) == [
+        "steady",
+        "suggested-variants.yaml",
+        "variants",
+    ]
+    assert read_csv(workdir / "results/demo/variants/variants.csv").empty
+    assert "No variants to compare" in (workdir / "results/demo/variants/variants.html").read_text()
+
+
+@pytest.mark.e2e
+def test_suggested_variants_run_as_variants_once_the_suggestion_has_them(suggesting_run, padding_analysis, tmp_path):
+    """The loop with a suggestion that has a variant: the checkpoint's file, as the workflow wrote it, replaced by
+    what the H200 padding analysis suggests (its top one), then the workflow run again for real."""
+    workdir = tmp_path / "suggested"
+    shutil.copytree(suggesting_run[0], workdir, symlinks=True)
+    suggest.write_suggestions(padding_analysis, "torch", 1, workdir / "results/demo/suggested-variants.yaml")
+    plan = planned_jobs(snakemake(workdir, "-n"))
+    assert plan["profile_sft"] == 1 and plan["compare_variants"] == 1 and "suggest_variants" not in plan
+    snakemake(workdir)
+    assert (workdir / "results/demo/pad-longest/steady/report.html").is_file()
+    record = read_metrics(workdir / "results/demo/pad-longest/steady/capture/profile.rank0.metrics.jsonl").run
+    assert (record["padding"], record["pad_to_multiple_of"]) == ("longest", 64)
+    row = read_csv(workdir / "results/demo/variants/variants.csv").iloc[0]
+    assert (row["variant"], row["motivated_by"]) == ("pad-longest", "padding")
+    assert row["median_step_ms"] > 0 and "the baseline has no `padding` finding" in row["verdict"]
+    assert "Nothing to be done" in snakemake(workdir, "-n").stdout
 
 
 # ---------------------------------------------------------------- the loop on an H200, committed

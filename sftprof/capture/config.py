@@ -155,32 +155,63 @@ def _merged(base, overrides):
     return merged
 
 
-def _expand_variants(config: dict, schema: dict) -> None:
-    """Add each experiment's variants to `experiments` as EXPERIMENT/VARIANT: the experiment with the
-    variant's overrides merged in, checked against the experiment schema (defaults filled), so that every
-    rule and check treats a variant as the experiment it is. Repeatable: a second call rebuilds them."""
+def _experiment_validator(schema: dict):
     experiment_schema = {**schema, **schema["definitions"]["experiment"]}
-    validator = _validator_filling_defaults(experiment_schema)(experiment_schema)
+    return _validator_filling_defaults(experiment_schema)(experiment_schema)
+
+
+# An experiment's own keys that its variants do not inherit.
+NOT_INHERITED = ("variants", "suggested_variants")
+
+
+def _add_variant(config: dict, name: str, variant: str, overrides: dict, validator) -> None:
+    """Add experiment `name` with the variant's overrides merged in as NAME/VARIANT, checked against the
+    experiment schema (defaults filled), so that every rule and check treats a variant as the experiment it is."""
+    base = {key: value for key, value in config["experiments"][name].items() if key not in NOT_INHERITED}
+    where = f"experiments.{name}.variants.{variant}"
+    if variant in RESERVED_VARIANT_NAMES or variant in base["profile"]["windows"]:
+        raise ConfigError(
+            f"config key {where}: a variant may not be named like a window or "
+            f"{' or '.join(sorted(RESERVED_VARIANT_NAMES))} (they share results/{name}/)"
+        )
+    merged = _merged(base, {key: value for key, value in overrides.items() if key != "motivated_by"})
+    errors = sorted(validator.iter_errors(merged), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = jsonschema.exceptions.best_match(errors)
+        raise ConfigError(f"config key {where}.{_key_path(error)}: {_describe(error)}")
+    config["experiments"][f"{name}/{variant}"] = merged
+
+
+def _expand_variants(config: dict, schema: dict) -> None:
+    """Add each experiment's variants to `experiments` as EXPERIMENT/VARIANT. Repeatable: a second call
+    rebuilds them."""
+    validator = _experiment_validator(schema)
     experiments = config["experiments"]
     for name in [name for name in experiments if "/" not in name]:
-        base = {key: value for key, value in experiments[name].items() if key != "variants"}
         for variant, overrides in experiments[name].get("variants", {}).items():
-            where = f"experiments.{name}.variants.{variant}"
-            if variant in RESERVED_VARIANT_NAMES or variant in base["profile"]["windows"]:
-                raise ConfigError(
-                    f"config key {where}: a variant may not be named like a window or "
-                    f"{' or '.join(sorted(RESERVED_VARIANT_NAMES))} (they share results/{name}/)"
-                )
-            merged = _merged(base, {key: value for key, value in overrides.items() if key != "motivated_by"})
-            errors = sorted(validator.iter_errors(merged), key=lambda e: list(e.absolute_path))
-            if errors:
-                error = jsonschema.exceptions.best_match(errors)
-                raise ConfigError(f"config key {where}.{_key_path(error)}: {_describe(error)}")
-            experiments[f"{name}/{variant}"] = merged
+            _add_variant(config, name, variant, overrides, validator)
+
+
+def suggested_variant_count(config: dict, name: str) -> int:
+    """How many variants the workflow adds to experiment `name` from its baseline's findings (0: switched off)."""
+    setting = config["experiments"][name].get("suggested_variants", {})
+    return setting["top"] if setting.get("enabled") else 0
+
+
+def add_suggested_variants(config: dict, name: str, suggested: dict[str, dict]) -> None:
+    """Add the variants `sftprof suggest` gave for experiment `name` (known only once its baseline is
+    analysed) as if they were written in the config; a hand-written variant of the same name wins."""
+    variants = config["experiments"][name].setdefault("variants", {})
+    validator = _experiment_validator(load_schema())
+    for variant, overrides in suggested.items():
+        if variant not in variants:
+            variants[variant] = overrides
+            _add_variant(config, name, variant, overrides, validator)
 
 
 def variants_of(config: dict, name: str) -> dict[str, dict]:
-    """The variants of experiment `name` as written in the config (overrides and motivated_by), by name."""
+    """The variants of experiment `name` (overrides and motivated_by), by name: those written in the config,
+    and the suggested ones once added."""
     return config["experiments"][name].get("variants", {})
 
 
@@ -392,6 +423,11 @@ def _check_ranks(where: str, exp: dict) -> None:
         )
     if exp["sft"]["device"] == "cpu":
         raise ConfigError(f"config key {where}.sft.device: the nemo backend trains on CUDA only")
+    if nemo["overlap_param_gather"] and nemo["peft"] != "none":
+        raise ConfigError(
+            f"config key {where}.sft.nemo.overlap_param_gather: LoRA runs without the distributed optimizer, "
+            "so there is no parameter gather to overlap"
+        )
     for win_name, window in exp["profile"]["windows"].items():
         if window["capture_range"] == "nvtx":
             raise ConfigError(

@@ -7,11 +7,17 @@ the variants for the findings of one analysis, largest gain first, as YAML to pa
 
 from __future__ import annotations
 
+import copy
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
 from sftprof.analysis import Analysis
+from sftprof.io import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,53 +27,124 @@ class Remedy:
     why: str  # one line, printed as a comment
 
 
-# Finding rule id -> what tests it with the built-in trainer's switches (sftprof.capture.sft.torch_backend.SWITCHES).
+# Finding rule id -> backend -> the setting that tests it: the built-in trainer's switches
+# (sftprof.capture.sft.torch_backend.SWITCHES) and the NeMo backend's knobs (config `sft.nemo`), each read
+# only by its own backend, so a rule with no remedy for a backend suggests nothing there.
 REMEDIES = {
     # A multiple of 64: each new length costs cuDNN attention a new plan, and on the H200 padding to the exact
     # longest length saved 4.8% of the median step where padding to a multiple of 64 saved 66% (docs/USAGE.md).
-    "padding": Remedy(
-        "pad-longest",
-        {"sft": {"padding": "longest", "pad_to_multiple_of": 64}},
-        "pad each batch to its longest sequence (a multiple of 64), not to seq_length",
-    ),
-    "pageable_memcpy": Remedy(
-        "pinned", {"sft": {"pin_memory": True}}, "pinned host batches, copied with non_blocking=True"
-    ),
-    "foreach_optimizer": Remedy(
-        "fused-adamw", {"sft": {"fused_optimizer": True}}, "AdamW(fused=True): one pass over the optimizer state"
-    ),
-    "sync_in_steps": Remedy(
-        "loss-every-50",
-        {"sft": {"loss_every": 50}},
-        "read the loss every 50 steps, not every step (loss.item() synchronizes)",
-    ),
-    "sync_memcpy": Remedy(
-        "loss-every-50",
-        {"sft": {"loss_every": 50}},
-        "read the loss every 50 steps, not every step (a synchronous DtoH copy)",
-    ),
-    "launch_bound": Remedy(
-        "compiled", {"sft": {"compile": True}}, "torch.compile: fewer, larger kernels and less Python per step"
-    ),
-    "memory_bound_kernel_mix": Remedy(
-        "compiled", {"sft": {"compile": True}}, "torch.compile fuses chains of elementwise kernels"
-    ),
+    "padding": {
+        "torch": Remedy(
+            "pad-longest",
+            {"sft": {"padding": "longest", "pad_to_multiple_of": 64}},
+            "pad each batch to its longest sequence (a multiple of 64), not to seq_length",
+        ),
+        "nemo": Remedy(
+            "packed",
+            {"sft": {"nemo": {"packed_sequence": True}}},
+            "pack examples into each sequence (NeMo's packed_sequence_specs) instead of padding each to seq_length",
+        ),
+    },
+    "pageable_memcpy": {
+        "torch": Remedy("pinned", {"sft": {"pin_memory": True}}, "pinned host batches, copied with non_blocking=True"),
+    },
+    "foreach_optimizer": {
+        "torch": Remedy(
+            "fused-adamw", {"sft": {"fused_optimizer": True}}, "AdamW(fused=True): one pass over the optimizer state"
+        ),
+    },
+    "sync_in_steps": {
+        "torch": Remedy(
+            "loss-every-50",
+            {"sft": {"loss_every": 50}},
+            "read the loss every 50 steps, not every step (loss.item() synchronizes)",
+        ),
+    },
+    "sync_memcpy": {
+        "torch": Remedy(
+            "loss-every-50",
+            {"sft": {"loss_every": 50}},
+            "read the loss every 50 steps, not every step (a synchronous DtoH copy)",
+        ),
+    },
+    "launch_bound": {
+        "torch": Remedy(
+            "compiled", {"sft": {"compile": True}}, "torch.compile: fewer, larger kernels and less Python per step"
+        ),
+        "nemo": Remedy(
+            "cuda-graphs",
+            {"sft": {"nemo": {"cuda_graphs": True}}},
+            "replay each transformer layer as a CUDA graph: one launch instead of many",
+        ),
+    },
+    "memory_bound_kernel_mix": {
+        "torch": Remedy("compiled", {"sft": {"compile": True}}, "torch.compile fuses chains of elementwise kernels"),
+    },
+    # The built-in loop's DDP already overlaps its bucketed all-reduce with the backward pass.
+    "exposed_communication": {
+        "nemo": Remedy(
+            "overlap-grad-reduce",
+            {"sft": {"nemo": {"overlap_grad_reduce": True}}},
+            "overlap the gradient reduction with the backward pass, bucket by bucket (Megatron DDP)",
+        ),
+    },
 }
 
 
-def suggest(analysis: Analysis, top: int = 3) -> list[tuple[str, dict, str, float | None]]:
-    """(variant name, config entry, why, predicted gain) for the `top` findings with a remedy, largest
-    gain first (the analysis ranked them); one variant per remedy."""
+def suggest(analysis: Analysis, top: int = 3, backend: str = "torch") -> list[tuple[str, dict, str, float | None]]:
+    """(variant name, config entry, why, predicted gain) for the `top` findings with a remedy the run's backend
+    reads, largest gain first (the analysis ranked them); one variant per remedy."""
     chosen: dict[str, tuple[str, dict, str, float | None]] = {}
     for finding in analysis.findings:
-        remedy = REMEDIES.get(finding.rule)
+        remedy = REMEDIES.get(finding.rule, {}).get(backend)
         if remedy is None or remedy.variant in chosen or not finding.gain_pct:
             continue
-        entry = {"motivated_by": finding.rule, **remedy.overrides}
+        entry = {"motivated_by": finding.rule, **copy.deepcopy(remedy.overrides)}
         chosen[remedy.variant] = (remedy.variant, entry, remedy.why, finding.gain_pct)
         if len(chosen) == top:
             break
     return list(chosen.values())
+
+
+def backend_of(result_dir: str | Path) -> str:
+    """The backend of the run a result folder analysed, from its trainer's run facts: the window's capture/
+    beside (or above) the analysis holds them; torch where none say otherwise."""
+    from sftprof.trace.metrics import read_metrics
+
+    folder = Path(result_dir)
+    for candidate in (folder, *folder.parents[:2]):
+        metrics = sorted((candidate / "capture").glob("*.metrics.jsonl"))
+        if metrics:
+            return read_metrics(metrics[0]).run.get("backend", "torch")
+    return "torch"
+
+
+def first_analysis_dir(result_dir: str | Path) -> Path:
+    """The analysis folder of a result folder's first profiled rank (what suggest reads)."""
+    from sftprof import results
+    from sftprof.report import compare
+
+    folders = compare.analysis_dirs(Path(result_dir))
+    if not folders:
+        raise results.ResultsError(
+            f"{result_dir}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a rank folder below"
+        )
+    return folders[0]
+
+
+def write_suggestions(analysis_dir: str | Path, backend: str, top: int, out_path: str | Path) -> None:
+    """The workflow's suggest step (config suggested_variants): what `sftprof suggest` prints, into OUT_PATH."""
+    from sftprof import results
+
+    folder = first_analysis_dir(analysis_dir)
+    suggestions = suggest(results.load(folder), top, backend)
+    atomic_write_text(out_path, as_yaml(suggestions, str(folder)))
+    log.info("suggested variants for %s: %s", folder, ", ".join(name for name, *_ in suggestions) or "none")
+
+
+def read_suggestions(path: str | Path) -> dict[str, dict]:
+    """The variants in a file write_suggestions wrote, by name ({} when there were none)."""
+    return (yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}).get("variants", {})
 
 
 def as_yaml(suggestions: list[tuple[str, dict, str, float | None]], source: str) -> str:

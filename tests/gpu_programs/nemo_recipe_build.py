@@ -18,12 +18,18 @@ sys.path.insert(0, str(REPO))
 ROWS = [{"input": f"Question {i}: what is {i} plus {i}?", "output": f"It is {2 * i}."} for i in range(24)]
 
 
-def sft_settings(peft: str) -> dict:
+# Each run: (peft, the sft.nemo knobs set, micro_batch_size); `knobs` turns on every knob a suggested variant
+# may set, with two examples a micro-batch, which packing turns into one pack of two seq_lengths.
+KNOBS = {"packed_sequence": True, "cuda_graphs": True, "overlap_grad_reduce": True, "overlap_param_gather": True}
+RUNS = {"lora": ("lora", {}, 1), "none": ("none", {}, 1), "knobs": ("none", KNOBS, 2)}
+
+
+def sft_settings(peft: str, knobs: dict, micro_batch_size: int) -> dict:
     return {
         "backend": "nemo",
         "device": "cuda",
         "steps": 4,
-        "micro_batch_size": 1,
+        "micro_batch_size": micro_batch_size,
         "grad_accum_steps": 2,
         "seq_length": 128,
         "learning_rate": 1e-4,
@@ -37,6 +43,8 @@ def sft_settings(peft: str) -> dict:
             "pipeline_parallel": 1,
             "precision": "bf16-mixed",
             "peft": peft,
+            **{knob: False for knob in KNOBS},
+            **knobs,
         },
     }
 
@@ -57,9 +65,14 @@ def main(workdir: str) -> int:
         (data / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     window = {"capture_range": "cudaProfilerApi", "start_step": 1, "end_step": 2}
     report = {"cuda": torch.cuda.is_available(), "runs": {}}
-    for peft in ("lora", "none"):
+    for name, (peft, knobs, micro_batch_size) in RUNS.items():
         recipe, settings = nemo_backend.build_recipe(
-            model_dir, data / "training.jsonl", sft_settings(peft), window, {"WORLD_SIZE": "1"}, work / f"logs-{peft}"
+            model_dir,
+            data / "training.jsonl",
+            sft_settings(peft, knobs, micro_batch_size),
+            window,
+            {"WORLD_SIZE": "1"},
+            work / name,
         )
         if not torch.cuda.is_available():
             recipe.trainer.accelerator = "cpu"
@@ -68,10 +81,21 @@ def main(workdir: str) -> int:
         model, data_module = task.keywords["model"], task.keywords["data"]
         config = model.config
         data_module.tokenizer = model.tokenizer  # what llm.finetune's tokenizer="model" does
-        dataset = data_module._create_dataset(data_module.train_path, **data_module.dataset_kwargs)
-        batch = dataset.collate_fn([dataset[0], dataset[1]])
+        if data_module.packed_sequence_size > 0:  # packs the split for real, as llm.finetune's setup does
+            data_module.prepare_data()
+            dataset = data_module._create_dataset(
+                data_module.train_path_packed,
+                pack_metadata_path=data_module.pack_metadata,
+                **data_module.dataset_kwargs,
+            )
+            batch = dataset.collate_fn([dataset[0]])
+        else:
+            dataset = data_module._create_dataset(data_module.train_path, **data_module.dataset_kwargs)
+            batch = dataset.collate_fn([dataset[0], dataset[1]])
+        ddp = trainer.strategy.ddp_config
+        specs = data_module.packed_sequence_specs
         nsys = [cb for cb in trainer.callbacks if type(cb).__name__ == "NsysCallback"]
-        report["runs"][peft] = {
+        report["runs"][name] = {
             "task": getattr(task.func, "__qualname__", str(task.func)),
             "task_keywords": sorted(task.keywords),
             "trainer": type(trainer).__name__,
@@ -106,8 +130,15 @@ def main(workdir: str) -> int:
                     "apply_rope_fusion",
                     "masked_softmax_fusion",
                     "persist_layer_norm",
+                    "enable_cuda_graph",
+                    "use_te_rng_tracker",
                 )
             },
+            "strategy_te_rng_tracker": trainer.strategy.use_te_rng_tracker,
+            "overlap_grad_reduce": ddp.overlap_grad_reduce,
+            "overlap_param_gather": ddp.overlap_param_gather,
+            "packed_sequence_size": data_module.packed_sequence_size,
+            "pad_cu_seqlens": specs.pad_cu_seqlens if specs else None,
             "layer_spec": settings["layer_spec"],
             "tokenizer": type(model.tokenizer).__name__,
             "tokenizer_vocab": model.tokenizer.vocab_size,

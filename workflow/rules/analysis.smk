@@ -74,6 +74,28 @@ rule compare_experiment:
         "../scripts/compare.py"
 
 
+checkpoint suggest_variants:
+    """What `sftprof suggest` prints for the experiment's first window, for its backend: the variants
+    the workflow adds when the experiment sets suggested_variants (known only after this analysis).
+    """
+    input:
+        analysis=lambda wc: layout.ANALYSIS_DIR.format(
+            experiment=wc.experiment, window=first_window(wc.experiment)
+        ),
+    output:
+        variants=layout.SUGGESTED_VARIANTS,
+    log:
+        f"{layout.LOG_DIR}/suggest_variants.log",
+    localrule: True  # reads one analysis.json
+    conda:
+        "../envs/sftprof.yaml"
+    params:
+        backend=lambda wc: experiment(wc)["sft"]["backend"],
+        top=lambda wc: sftprof_config.suggested_variant_count(config, wc.experiment),
+    script:
+        "../scripts/suggest_variants.py"
+
+
 rule compare_variants:
     """Each variant of an experiment against it, in its first window: predicted gain beside the
     measured one, real tokens/s, whether the motivating finding is gone, and the loss curve.
@@ -87,7 +109,7 @@ rule compare_variants:
     conda:
         "../envs/sftprof.yaml"
     params:
-        variants=lambda wc: sftprof_config.variants_of(config, wc.experiment),
+        variants=lambda wc: variants_with_suggested(wc.experiment),
         output_name=lambda wc: experiment(wc)["profile"]["output_name"],
         title=lambda wc: f"sftprof: {wc.experiment}, variants against it",
     script:

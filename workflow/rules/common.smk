@@ -1,3 +1,4 @@
+import os
 import re
 
 from sftprof.capture import config as sftprof_config
@@ -6,6 +7,7 @@ from sftprof.capture import container as sftprof_container
 from sftprof.capture import hub as sftprof_hub
 from sftprof.capture import jobs as sftprof_jobs
 from sftprof.capture import sft as sftprof_sft
+from sftprof.report import suggest as sftprof_suggest
 
 # The same checks as `sftprof validate`: each config file read strictly (duplicate keys, aliases,
 # depth), then what Snakemake merged from the files and --config validated as a whole.
@@ -24,11 +26,50 @@ wildcard_constraints:
 
 
 def experiment(wildcards):
-    return sftprof_config.experiment(config, wildcards.experiment)
+    return sftprof_config.experiment(
+        known_config(wildcards.experiment), wildcards.experiment
+    )
 
 
 def window(wildcards):
-    return sftprof_config.window(config, wildcards.experiment, wildcards.window)
+    return sftprof_config.window(
+        known_config(wildcards.experiment), wildcards.experiment, wildcards.window
+    )
+
+
+def known_config(name):
+    """The config, with the suggested variants of `name`'s experiment added where it is one of them: a job of
+    a suggested variant (here or in a Slurm job's own snakemake) finds its settings in the suggestion file.
+    """
+    base, _, variant = name.partition("/")
+    suggestion = layout.SUGGESTED_VARIANTS.format(experiment=base)
+    if (
+        variant
+        and name not in config["experiments"]
+        and base in config["experiments"]
+        and sftprof_config.suggested_variant_count(config, base)
+        and os.path.exists(suggestion)
+    ):
+        sftprof_config.add_suggested_variants(
+            config, base, sftprof_suggest.read_suggestions(suggestion)
+        )
+    return config
+
+
+def first_window(name):
+    return next(iter(config["experiments"][name]["profile"]["windows"]))
+
+
+def variants_with_suggested(name):
+    """The experiment's variants, the suggested ones included once its baseline is analysed (the
+    checkpoint suggest_variants; before that, Snakemake plans that step and asks again after it).
+    """
+    if sftprof_config.suggested_variant_count(config, name):
+        suggestion = checkpoints.suggest_variants.get(experiment=name).output.variants
+        sftprof_config.add_suggested_variants(
+            config, name, sftprof_suggest.read_suggestions(suggestion)
+        )
+    return sftprof_config.variants_of(config, name)
 
 
 def all_reports():
@@ -56,17 +97,37 @@ def all_reports():
                 ranks_html.format(experiment=name, window=window_name)
                 for window_name in profile["windows"]
             ]
-        if sftprof_config.variants_of(config, name):
+        if sftprof_config.variants_of(
+            config, name
+        ) or sftprof_config.suggested_variant_count(config, name):
             reports.append(layout.VARIANTS_DIR.format(experiment=name))
     return reports
 
 
+def suggested_reports(wildcards):
+    """Every window's report of the suggested variants (known only after each baseline's analysis)."""
+    if (
+        config["results_from"] == "remote"
+        and config["remote"]["analysis_on"] == "cluster"
+    ):
+        return []
+    return [
+        layout.REPORT_HTML.format(experiment=f"{name}/{variant}", window=window_name)
+        for name in config["run"]
+        if sftprof_config.suggested_variant_count(config, name)
+        for variant in variants_with_suggested(name)
+        for window_name in config["experiments"][f"{name}/{variant}"]["profile"][
+            "windows"
+        ]
+    ]
+
+
 def variant_windows(wildcards):
     """The first window of the experiment and of each of its variants: capture and analysis folders."""
-    window_name = next(iter(experiment(wildcards)["profile"]["windows"]))
+    window_name = first_window(wildcards.experiment)
     names = [wildcards.experiment] + [
         f"{wildcards.experiment}/{v}"
-        for v in sftprof_config.variants_of(config, wildcards.experiment)
+        for v in variants_with_suggested(wildcards.experiment)
     ]
     return {
         f"{kind}_{i}": pattern.format(experiment=name, window=window_name)
@@ -193,11 +254,19 @@ def experiments_with(section, *sources):
     from one of `sources`: it picks, per experiment, the one rule that makes its data or model
     (also used by model.smk). Matches nothing when no experiment qualifies."""
     names = [
-        name
+        re.escape(name)
         for name, exp in config["experiments"].items()
         if exp[section]["source"] in sources
     ]
-    return "|".join(re.escape(name) for name in names) or "(?!)"
+    # the variants suggested later inherit the experiment's data and model
+    variant_name = "[A-Za-z0-9][A-Za-z0-9_.-]*"
+    names += [
+        f"{re.escape(name)}/{variant_name}"
+        for name, exp in config["experiments"].items()
+        if exp[section]["source"] in sources
+        and sftprof_config.suggested_variant_count(config, name)
+    ]
+    return "|".join(names) or "(?!)"
 
 
 def dolly_local_file(wildcards):

@@ -40,15 +40,23 @@ def plan(sft: dict, window: dict, environ: dict[str, str]) -> dict:
     if world % model_parallel:
         raise ValueError(f"{world} ranks cannot hold tensor x pipeline parallel groups of {model_parallel}")
     data_parallel = world // model_parallel
+    # NeMo packs into micro-batches of one example (FineTuningDataModule refuses more); as its message
+    # advises, a micro-batch of N examples becomes one pack of N x seq_length tokens.
+    packed = nemo["packed_sequence"]
+    micro_batch = 1 if packed else sft["micro_batch_size"]
     settings = {
         "num_nodes": nodes,
         "devices_per_node": world // nodes,
         "tensor_parallel": nemo["tensor_parallel"],
         "pipeline_parallel": nemo["pipeline_parallel"],
         "data_parallel": data_parallel,
-        "micro_batch_size": sft["micro_batch_size"],
-        "global_batch_size": sft["micro_batch_size"] * sft["grad_accum_steps"] * data_parallel,
+        "micro_batch_size": micro_batch,
+        "global_batch_size": micro_batch * sft["grad_accum_steps"] * data_parallel,
         "seq_length": sft["seq_length"],
+        "packed_sequence_size": sft["micro_batch_size"] * sft["seq_length"] if packed else None,
+        "cuda_graphs": nemo["cuda_graphs"],
+        "overlap_grad_reduce": nemo["overlap_grad_reduce"],
+        "overlap_param_gather": nemo["overlap_param_gather"],
         "max_steps": sft["steps"],
         "learning_rate": sft["learning_rate"],
         "precision": nemo["precision"],
@@ -79,13 +87,13 @@ def import_checkpoint(hf_dir: str | Path, output_dir: str | Path) -> Path:
 def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_accum_steps: int):
     """A Lightning callback that writes sftprof's per-step metrics lines (as the torch backend does).
 
-    Every micro-batch is padded to seq_length (build_recipe sets pad_to_max_length), so a step's
-    token slots are micro_batch_size x grad_accum_steps x seq_length. Step times are host wall
+    Every micro-batch is padded to seq_length, or to the pack size when packing (build_recipe sets
+    pad_to_max_length), so a step's token slots are micro_batch_size x grad_accum_steps x that length. Step times are host wall
     time between batch start and end: Megatron's step ends with a loss reduction that waits for
     the GPU. Step 0's line carries the run's facts for an MFU estimate (`run`, as run_facts)."""
     import lightning.pytorch as pl
 
-    seq_length = settings["seq_length"]
+    seq_length = settings["packed_sequence_size"] or settings["seq_length"]
     slots = settings["micro_batch_size"] * grad_accum_steps * seq_length
     window_steps = settings["nsys_steps"]
 
@@ -123,8 +131,11 @@ def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_a
                     "seq_length": seq_length,
                     "embedding_parameters": embedding,
                 },
-                "padding": "max_length",
+                "padding": "packed" if settings["packed_sequence_size"] else "max_length",
                 "backend": "nemo",
+                "cuda_graphs": settings["cuda_graphs"],
+                "overlap_grad_reduce": settings["overlap_grad_reduce"],
+                "overlap_param_gather": settings["overlap_param_gather"],
                 "peft": settings["peft_scheme"],
                 "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             }
@@ -220,7 +231,8 @@ def build_recipe(
     else:  # "32": no mixed-precision plugin (the recipe's default is bf16_mixed)
         recipe.trainer.plugins = run.Config(nl.MegatronMixedPrecision, precision="32")
     recipe.optim.config.lr = settings["learning_rate"]
-    recipe.model.config.seq_length = settings["seq_length"]
+    model_length = settings["packed_sequence_size"] or settings["seq_length"]
+    recipe.model.config.seq_length = model_length
     recipe.data = run.Config(
         llm.FineTuningDataModule,
         dataset_root=str(Path(train_jsonl).parent),
@@ -232,7 +244,7 @@ def build_recipe(
     )
     facts = sftprof_model.model_facts(model_dir)
     if facts.get("weights") == "random":
-        config = run.Config(getattr(llm, facts["nemo_config"]), seq_length=settings["seq_length"])
+        config = run.Config(getattr(llm, facts["nemo_config"]), seq_length=model_length)
         if settings["peft_scheme"]:  # as the recipe sets it for LoRA
             config.cross_entropy_loss_fusion = False
         tokenizer = run.Config(AutoTokenizer, pretrained_model_name=str(Path(model_dir).resolve()), use_fast=True)
@@ -246,6 +258,7 @@ def build_recipe(
     else:
         recipe.resume.restore_config.path = str(Path(model_dir).resolve())
         settings["model"] = {"weights": "checkpoint", "path": str(Path(model_dir).resolve())}
+    _apply_knobs(recipe, settings)
     # Without Transformer Engine, GPTConfig's default_layer_spec is megatron-core's local spec;
     # Llama's fused RoPE needs TE or Apex (TransformerConfig refuses it otherwise) and the fused
     # masked softmax needs megatron's compiled kernels: both off, as the local spec runs them unfused.
@@ -265,6 +278,36 @@ def build_recipe(
             run.Config(NsysCallback, start_step=start, end_step=end, ranks=list(range(world)))
         )
     return recipe, settings
+
+
+def _apply_knobs(recipe, settings: dict) -> None:
+    """The `sft.nemo` knobs that a report's findings may suggest, set as NeMo 2.2.1's own recipes set them:
+    packing as llama2_7b.finetune_recipe(packed_sequence=True), DDP overlap as its
+    finetune_performance_optimizations (DistributedDataParallelConfig), CUDA graphs on the model config."""
+    import nemo_run as run
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from nemo.collections.llm.gpt.data.packed_sequence import PackedSequenceSpecs
+
+    if settings["packed_sequence_size"]:
+        # Graphs replay fixed shapes: the packs' cu_seqlens are padded to one size for them.
+        recipe.data.packed_sequence_specs = run.Config(
+            PackedSequenceSpecs,
+            packed_sequence_size=settings["packed_sequence_size"],
+            pad_cu_seqlens=settings["cuda_graphs"],
+        )
+    if settings["overlap_grad_reduce"] or settings["overlap_param_gather"]:
+        recipe.trainer.strategy.ddp = run.Config(
+            DistributedDataParallelConfig,
+            check_for_nan_in_grad=True,  # as the strategy's default "megatron" DDP has it
+            overlap_grad_reduce=settings["overlap_grad_reduce"],
+            overlap_param_gather=settings["overlap_param_gather"],
+        )
+    if settings["cuda_graphs"]:
+        # megatron-core's per-layer graphs; GPTConfig.configure_model insists on TE's RNG tracker with them,
+        # which the strategy initialises.
+        recipe.model.config.enable_cuda_graph = True
+        recipe.model.config.use_te_rng_tracker = True
+        recipe.trainer.strategy.use_te_rng_tracker = True
 
 
 def built_task(recipe, settings: dict):
