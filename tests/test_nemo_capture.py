@@ -3,10 +3,13 @@ layer spec) on one H200 under Nsight Systems 2025.3.1, through sftprof's launch 
 (tests/fixtures/nemo/README.md). What sftprof reads from it."""
 
 import lzma
+import re
 import shutil
 
+import pandas as pd
 import pytest
 
+from sftprof.analysis.nvtx import op_names
 from sftprof.pipeline import analyze_trace
 
 from conftest import REPO
@@ -40,3 +43,18 @@ def test_headline_and_mfu_from_nemos_own_metrics(nemo):
     assert nemo.headline["top_kernel"].startswith("nvjet_sm90")  # a Hopper GEMM
     assert 0 < nemo.headline["mfu_pct"] < 100
     assert nemo.headline["bound_class"] and nemo.findings[0].gain_pct is not None
+
+
+def test_where_syncs_were_made_is_said_by_op_not_by_emit_nvtx_call(nemo):
+    """emit_nvtx names each op's range once per call (`aten::_local_scalar_dense, op_id = 105310`): the
+    finding counts the calls by op, so it names the op (.item()) that most of them came from."""
+    (sync,) = [f for f in nemo.findings if f.rule == "sync_in_steps"]
+    where = re.search(r"mostly in NVTX `([^`]+)` \((\d+) of (\d+)\)", sync.evidence)
+    assert where and "op_id" not in where.group(1)
+    assert int(where.group(2)) > int(where.group(3)) / 2
+
+
+def test_op_names_cut_emit_nvtx_numbering_and_keep_other_names():
+    names = pd.Series(["aten::mm, seq = 12, op_id = 345, sizes = [[4, 8]]", "aten::copy_, op_id = 5", "step 3", None])
+    assert op_names(names.astype("category")).tolist()[:3] == ["aten::mm", "aten::copy_", "step 3"]
+    assert pd.isna(op_names(names).iloc[3])

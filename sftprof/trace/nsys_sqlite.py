@@ -233,13 +233,14 @@ def _threads(export: Export) -> pd.DataFrame:
 
 
 def _nvtx(export: Export, dropped) -> pd.DataFrame:
+    """NVTX ranges, names and styles as categories: a capture of NeMo's emit_nvtx holds millions of
+    ranges (6M at 1M kernels) but far fewer distinct names, and analyses group and match by name."""
     if "NVTX_EVENTS" not in export.tables:
         return empty("nvtx")
     types = ",".join(map(str, NVTX_RANGE_STYLES))
     style = " ".join(f"WHEN {code} THEN '{name}'" for code, name in NVTX_RANGE_STYLES.items())
     # SQLite's max(a, b) is NULL when either is: so is this CASE, which DuckDB runs too.
-    ranges = export.query(
-        f"""
+    ranges = f"""
         WITH domains AS (
             SELECT domainId AS id, globalTid, min(CAST(text AS TEXT)) AS name FROM NVTX_EVENTS
             WHERE eventType = {NVTX_DOMAIN_CREATE} GROUP BY domainId, globalTid),
@@ -256,10 +257,33 @@ def _nvtx(export: Export, dropped) -> pd.DataFrame:
         LEFT JOIN domains d ON ne.domainId = d.id
              AND ((ne.globalTid >> 24) & 16777215) = ((d.globalTid >> 24) & 16777215)
         LEFT JOIN StringIds sid ON ne.textId = sid.id
-        WHERE ne.eventType IN ({types})
-        ORDER BY ne.start""",
-    )
-    return valid_rows(ranges, "nvtx", dropped)
+        WHERE ne.eventType IN ({types})"""
+    # The same order from SQLite and DuckDB (whose sort is not stable): ties on start broken by the rest.
+    order = 'ORDER BY start, "end" DESC, global_tid, name NULLS FIRST, style'
+    try:
+        rows = _coded_names(export, ranges, order)
+    # SQLite holds any bytes in a TEXT column, DuckDB refuses what is not UTF-8 text: read those as SQLite gives them
+    except (duckdb.InvalidInputException, duckdb.TypeMismatchException):
+        rows = export.query(f"SELECT * FROM ({ranges}) {order}")
+        codes, names = pd.factorize(rows["name"])
+        rows["name"] = pd.Categorical.from_codes(codes, names).reorder_categories(sorted(names))
+    rows = valid_rows(rows, "nvtx", dropped)
+    return rows.assign(style=rows["style"].astype("category"))
+
+
+def _coded_names(export: Export, ranges: str, order: str) -> pd.DataFrame:
+    """`ranges` through DuckDB, each name read once: its distinct names, then a code per row."""
+    names = sorted(_rows(export, f"SELECT DISTINCT name FROM ({ranges}) WHERE name IS NOT NULL")["name"])
+    export.reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
+    try:
+        rows = _rows(
+            export,
+            f"""SELECT r.* EXCLUDE (name), coalesce(n.code, -1) AS name_code
+                FROM ({ranges}) r LEFT JOIN nvtx_names n ON n.name = r.name {order.replace("name", "r.name")}""",
+        )
+    finally:
+        export.reader.unregister("nvtx_names")
+    return rows.assign(name=pd.Categorical.from_codes(rows.pop("name_code"), names))
 
 
 def _osrt(export: Export, strings, dropped) -> pd.DataFrame:
