@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from sftprof import sft
+from sftprof.capture import sft
 from sftprof.capture.sft.annotate import CaptureWindow
 
 LIMIT_S = float(os.environ.get("SFTPROF_LONG_S", "60"))
