@@ -16,6 +16,7 @@ from sftprof.capture import rank
 from sftprof.io import atomic_dir
 from sftprof.report import RankReport, write_html
 from sftprof.trace import load_trace
+from sftprof.trace.load import clock_origin, from_nsys
 from sftprof.trace.metrics import read_metrics
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
@@ -126,25 +127,10 @@ def compare_variants(
 RANKS_DIR, RANKS_HTML = "ranks", "ranks.html"  # the cross-rank tables and page, beside a window's report
 
 
-def _clock_origin(sqlite: Path) -> int | None:
-    """The capture's time 0 on its host's clock (nsys's TARGET_INFO_SESSION_START_TIME.utcEpochNs), where the
-    export has it: the cross-rank analysis lines start times up only for captures made on one host."""
-    import sqlite3
-
-    from sftprof.trace.events import read_only_uri
-
-    try:
-        with sqlite3.connect(read_only_uri(Path(sqlite)), uri=True) as con:
-            row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
-    except (sqlite3.Error, OSError):
-        return None
-    return int(row[0]) if row and isinstance(row[0], int) else None
-
-
 def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: Path | None):
     from sftprof.analysis.ranks import RankInput
 
-    origin = _clock_origin(trace) if trace is not None and trace.suffix == ".sqlite" and trace.exists() else None
+    origin = clock_origin(trace) if trace is not None and from_nsys(trace) else None
     run = read_metrics(metrics if metrics is not None and metrics.exists() else None).run
     return RankInput(
         rank=record["rank"],

@@ -19,6 +19,7 @@ import pytest
 from sftprof.capture import nsys
 from sftprof.pipeline import ANALYSIS_DIR, analyze_into
 from sftprof.trace import load_trace
+from sftprof.trace.load import clock_origin
 from sftprof.trace.nsys_sqlite import TraceFormatError
 
 from conftest import assert_refused, run_sftprof, tree_state
@@ -180,3 +181,9 @@ def test_a_path_duckdb_would_read_as_a_pattern_is_refused(parquetdir, tmp_path):
     shutil.copytree(parquetdir, folder)
     with pytest.raises(TraceFormatError, match=r"must not hold any of \*\?\[\]\{\}"):
         load_trace(folder)
+
+
+def test_clock_origin_is_read_from_either_export(parquetdir):
+    """The cross-rank analysis lines ranks up by the capture's start on its host: both exports give it."""
+    origin = clock_origin(FIXTURES / f"{NAME}.sqlite")
+    assert origin is not None and origin > 10**18 and clock_origin(parquetdir) == origin

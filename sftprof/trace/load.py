@@ -3,10 +3,13 @@ or the PyTorch profiler's Kineto Chrome trace (.json, .json.gz)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
+import duckdb
+
 from sftprof.trace.kineto import load_kineto_json
-from sftprof.trace.nsys_export import TraceFormatError, require_file
+from sftprof.trace.nsys_export import ParquetExport, SqliteExport, TraceFormatError, require_file
 from sftprof.trace.nsys_sqlite import load_nsys_parquetdir, load_nsys_sqlite
 from sftprof.trace.tables import TraceTables
 
@@ -49,3 +52,25 @@ def load_trace(path: str | Path) -> TraceTables:
         f"{path}: unsupported trace type {path.suffix!r}; give an nsys .nsys-rep, .sqlite or .parquetdir "
         "folder, or a PyTorch profiler trace .json or .json.gz"
     )
+
+
+def clock_origin(path: str | Path) -> int | None:
+    """The capture's time 0 on its host's clock (nsys's TARGET_INFO_SESSION_START_TIME.utcEpochNs), where an
+    nsys export (or the SQLite export beside a .nsys-rep) has it; None otherwise. The cross-rank analysis
+    lines start times up only for captures made on one host."""
+    path = Path(path)
+    if path.suffix == ".nsys-rep":
+        path = path.with_suffix(".sqlite")
+    try:
+        export = ParquetExport(path) if path.suffix == PARQUETDIR_SUFFIX else SqliteExport(path)
+    except (TraceFormatError, OSError):
+        return None
+    try:
+        if "TARGET_INFO_SESSION_START_TIME" not in export.tables:
+            return None
+        rows = export.fetch("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
+    except (sqlite3.Error, duckdb.Error):
+        return None
+    finally:
+        export.close()
+    return int(rows[0][0]) if rows and isinstance(rows[0][0], int) else None
