@@ -267,3 +267,20 @@ def as_nsys_rows(summary, name_columns) -> set[tuple]:
         )
         for r in summary.itertuples()
     }
+
+
+# The training thread of the hand-built traces (global_tid of pid 7, tid 7): its NVTX ranges, as the loader gives them.
+TRAINING_TID = (7 << 24) | 7
+
+
+def nvtx_range(name: str, start: int, end: int, tid: int = TRAINING_TID) -> dict:
+    return {
+        "start": start,
+        "end": end,
+        "duration": end - start,
+        "name": name,
+        "style": "PushPop",
+        "global_tid": tid,
+        "pid": tid >> 24,
+        "tid": tid & 0xFFFFFF,
+    }

@@ -40,6 +40,8 @@ from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS as TABLE_COLUMNS
 from sftprof.trace.tables import TraceTables
 
+from conftest import TRAINING_TID, nvtx_range
+
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = (
     "h200_tiny_llama_bf16",
@@ -341,25 +343,12 @@ def test_a_kineto_gpu_trace_accounts_like_the_nsys_capture_of_the_same_loop():
 
 # ---------------------------------------------------------------- built tables: every class
 
-MAIN, AUTOGRAD = (7 << 24) | 7, (7 << 24) | 9  # pid 7: the training thread and an autograd thread
+MAIN, AUTOGRAD = TRAINING_TID, (7 << 24) | 9  # pid 7: the training thread and an autograd thread
 MS = 1_000_000
 
 
 def _frame(table: str, rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{c: row.get(c) for c in TABLE_COLUMNS[table]} for row in rows], columns=TABLE_COLUMNS[table])
-
-
-def _range(name: str, start: int, end: int, tid: int = MAIN) -> dict:
-    return {
-        "start": start,
-        "end": end,
-        "duration": end - start,
-        "name": name,
-        "style": "PushPop",
-        "global_tid": tid,
-        "pid": tid >> 24,
-        "tid": tid & 0xFFFFFF,
-    }
 
 
 class Trace:
@@ -369,8 +358,8 @@ class Trace:
         self.ranges, self.kernels, self.calls, self.memops = [], [], [], []
 
     def step(self, number: int, start: int, end: int, phases=()):
-        self.ranges.append(_range(f"step {number}", start, end))
-        self.ranges += [_range(name, s, e) for name, s, e in phases]
+        self.ranges.append(nvtx_range(f"step {number}", start, end))
+        self.ranges += [nvtx_range(name, s, e) for name, s, e in phases]
 
     def kernel(self, name: str, start: int, end: int, launch: int | None, tid: int = MAIN, device: int = 0):
         correlation = len(self.kernels) + 1

@@ -10,7 +10,9 @@ from sftprof.analysis import boundness, cuda, gains, gpu, intervals, kernels, me
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
 
-MAIN, AUTOGRAD = (7 << 24) | 7, (7 << 24) | 9  # global_tids of pid 7: main thread and a second thread
+from conftest import TRAINING_TID, nvtx_range
+
+MAIN, AUTOGRAD = TRAINING_TID, (7 << 24) | 9  # global_tids of pid 7: main thread and a second thread
 
 
 def frame(table: str, rows: list[dict]) -> pd.DataFrame:
@@ -56,19 +58,6 @@ def api(name: str, start: int, duration: int, correlation: int, tid: int = MAIN)
         "pid": tid >> 24,
         "tid": tid & 0xFFFFFF,
         "correlation_id": correlation,
-    }
-
-
-def nvtx_range(name: str, start: int, end: int, tid: int = MAIN) -> dict:
-    return {
-        "start": start,
-        "end": end,
-        "duration": end - start,
-        "name": name,
-        "style": "PushPop",
-        "global_tid": tid,
-        "pid": tid >> 24,
-        "tid": tid & 0xFFFFFF,
     }
 
 
