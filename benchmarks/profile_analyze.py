@@ -107,26 +107,25 @@ def main(argv=None) -> int:
 
     from sftprof.trace import nsys_sqlite
 
-    query = nsys_sqlite._query if hasattr(nsys_sqlite, "_query") else None
     loads = []
-    if query is not None:
 
-        def timed_query(conn, sql, *rest, **kw):
+    def timed_table(name, read):
+        """The loader's reader of one table (nsys_sqlite._nvtx, ...): its rows, time, RSS and frame size."""
+
+        @functools.wraps(read)
+        def timed(*args, **kwargs):
             started = time.perf_counter()
-            frame = query(conn, sql, *rest, **kw)
-            table = next((w for w in sql.split() if w.isupper() and ("_" in w or w == "StringIds")), "?")
-            loads.append(
-                (
-                    table,
-                    len(frame),
-                    time.perf_counter() - started,
-                    _rss_gb(),
-                    frame.memory_usage(deep=True).sum() / 2**30,
-                )
-            )
+            frame = read(*args, **kwargs)
+            size = frame.memory_usage(deep=True).sum() / 2**30 if hasattr(frame, "memory_usage") else 0.0
+            rows = len(frame) if hasattr(frame, "__len__") else 0
+            loads.append((name, rows, time.perf_counter() - started, _rss_gb(), size))
             return frame
 
-        nsys_sqlite._query = timed_query
+        return timed
+
+    for name in ("_strings", "_threads", "_nvtx", "_osrt", "_memops", "_sync", "_sched", "_gpu_metrics", "_gpus"):
+        if hasattr(nsys_sqlite, name):
+            setattr(nsys_sqlite, name, timed_table(name.strip("_"), getattr(nsys_sqlite, name)))
 
     instrument("sftprof.analysis")
     import sftprof.analysis as analysis_pkg

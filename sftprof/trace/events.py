@@ -130,6 +130,16 @@ def load_sqlite_extension(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"LOAD {sql_text(_sqlite_extension())}")
 
 
+def bound(con: duckdb.DuckDBPyConnection, spill_folder: str | None) -> None:
+    """Hold DuckDB to MEMORY_LIMIT and MAX_THREADS; what does not fit spills into `spill_folder` (a private
+    temporary folder: DuckDB's default for an in-memory database is `.tmp` in the working directory)."""
+    settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": MEMORY_LIMIT}
+    if spill_folder:
+        settings["temp_directory"] = spill_folder
+    for name, value in settings.items():
+        con.execute(f"SET {name} = '{value}'")
+
+
 def attach_export(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Make an nsys SQLite export readable, read-only, as database `export` of `con`."""
     load_sqlite_extension(con)
@@ -195,15 +205,8 @@ class EventStore:
         self._names: dict[str, pd.DataFrame] = {}  # used_names, by table
         self._names_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
-        settings = {
-            "threads": min(os.cpu_count() or 1, MAX_THREADS),
-            "memory_limit": MEMORY_LIMIT,
-            "preserve_insertion_order": False,
-        }
-        if self._folder:
-            settings["temp_directory"] = self._folder
-        for name, value in settings.items():
-            self.con.execute(f"SET {name} = '{value}'")
+        bound(self.con, self._folder)
+        self.con.execute("SET preserve_insertion_order = false")
         for table, schema in SCHEMA.items():
             self.con.execute(f"CREATE TABLE {table} ({schema})")
         for view, sql in VIEWS.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import tempfile
 from functools import cached_property
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from sftprof.trace.events import (
     EXPORT_RUNTIME_COLUMNS,
     EventStore,
     attach_export,
+    bound,
     read_only_uri,
     sql_text,
 )
@@ -100,7 +102,9 @@ class SqliteExport:
     @cached_property
     def reader(self) -> duckdb.DuckDBPyConnection:
         """DuckDB's SQLite reader: vectorized, several times faster than sqlite3's row tuples."""
+        self._spill = tempfile.TemporaryDirectory(prefix="sftprof-reader-")
         reader = duckdb.connect()
+        bound(reader, self._spill.name)
         attach_export(reader, self.path)
         reader.execute("USE export")
         return reader
@@ -112,6 +116,7 @@ class SqliteExport:
         self.conn.close()
         if "reader" in self.__dict__:
             self.reader.close()
+            self._spill.cleanup()
 
 
 # Parquet types as SQLite holds them (integers, booleans included, as INTEGER: 64 bits; floats as REAL).
@@ -164,16 +169,18 @@ class ParquetExport:
         self.tables = set(files)
         self._columns: dict[str, set[str]] = {}
         self.scans: dict[str, str] = {}  # table -> a DuckDB subquery that reads it, in any connection
+        self._spill = tempfile.TemporaryDirectory(prefix="sftprof-reader-")
         self._con = duckdb.connect()
+        bound(self._con, self._spill.name)
         try:
             for table, file in files.items():
                 self.scans[table] = self._scan(table, file)
                 self._con.execute(f"CREATE VIEW {_quoted(table)} AS SELECT * FROM {self.scans[table]}")
         except duckdb.Error as exc:
-            self._con.close()
+            self.close()
             raise TraceFormatError(f"{path}: {file.name} is not a readable Parquet table ({one_line(exc)})") from None
         except TraceFormatError:
-            self._con.close()
+            self.close()
             raise
 
     def _scan(self, table: str, file: Path) -> str:
@@ -211,6 +218,7 @@ class ParquetExport:
 
     def close(self) -> None:
         self._con.close()
+        self._spill.cleanup()
 
 
 Export = SqliteExport | ParquetExport

@@ -272,17 +272,20 @@ def _nvtx(export: Export, dropped) -> pd.DataFrame:
 
 
 def _coded_names(export: Export, ranges: str, order: str) -> pd.DataFrame:
-    """`ranges` through DuckDB, each name read once: its distinct names, then a code per row."""
-    names = sorted(_rows(export, f"SELECT DISTINCT name FROM ({ranges}) WHERE name IS NOT NULL")["name"])
-    export.reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
+    """`ranges` read once into DuckDB, then each distinct name fetched once and the rows with a code each."""
+    reader = export.reader
+    reader.execute(f"CREATE TEMP TABLE nvtx_rows AS {ranges}")
     try:
+        names = sorted(_rows(export, "SELECT DISTINCT name FROM nvtx_rows WHERE name IS NOT NULL")["name"])
+        reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
         rows = _rows(
             export,
             f"""SELECT r.* EXCLUDE (name), coalesce(n.code, -1) AS name_code
-                FROM ({ranges}) r LEFT JOIN nvtx_names n ON n.name = r.name {order.replace("name", "r.name")}""",
+                FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name {order.replace("name", "r.name")}""",
         )
     finally:
-        export.reader.unregister("nvtx_names")
+        reader.unregister("nvtx_names")
+        reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows")
     return rows.assign(name=pd.Categorical.from_codes(rows.pop("name_code"), names))
 
 
