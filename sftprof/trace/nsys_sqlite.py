@@ -274,19 +274,24 @@ def _nvtx(export: Export, dropped) -> pd.DataFrame:
 def _coded_names(export: Export, ranges: str, order: str) -> pd.DataFrame:
     """`ranges` read once into DuckDB, then each distinct name fetched once and the rows with a code each."""
     reader = export.reader
+    styles = sorted(set(NVTX_RANGE_STYLES.values()))
+    style_codes = " ".join(f"WHEN '{style}' THEN {code}" for code, style in enumerate(styles))
     reader.execute(f"CREATE TEMP TABLE nvtx_rows AS {ranges}")
     try:
         names = sorted(_rows(export, "SELECT DISTINCT name FROM nvtx_rows WHERE name IS NOT NULL")["name"])
         reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
         rows = _rows(
             export,
-            f"""SELECT r.* EXCLUDE (name), coalesce(n.code, -1) AS name_code
+            f"""SELECT r.* EXCLUDE (name, style), coalesce(n.code, -1) AS name_code,
+                       CASE r.style {style_codes} ELSE -1 END AS style_code
                 FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name {order.replace("name", "r.name")}""",
         )
     finally:
         reader.unregister("nvtx_names")
         reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows")
-    return rows.assign(name=pd.Categorical.from_codes(rows.pop("name_code"), names))
+    # codes, not a Python string per row (60M ranges at 10M kernels of a NeMo capture)
+    style = pd.Categorical.from_codes(rows.pop("style_code"), styles).remove_unused_categories()
+    return rows.assign(name=pd.Categorical.from_codes(rows.pop("name_code"), names), style=style)
 
 
 def _osrt(export: Export, strings, dropped) -> pd.DataFrame:
