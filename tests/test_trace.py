@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 
 import pytest
@@ -10,7 +11,7 @@ from sftprof.analysis import cpu, cuda
 from sftprof.trace import load_trace
 from sftprof.trace.nsys_sqlite import TraceFormatError
 
-from conftest import as_nsys_rows, nsys_stats
+from conftest import REPO, as_nsys_rows, nsys_stats
 
 pytestmark = pytest.mark.e2e
 
@@ -82,3 +83,25 @@ def test_foreign_sqlite_and_truncated_export(tmp_path, demo_sqlite):
         load_trace(truncated)
     with pytest.raises(TraceFormatError, match="unsupported trace type"):
         load_trace(foreign.rename(tmp_path / "trace.txt"))
+
+
+def test_nvtx_names_and_styles_are_the_same_categories_whichever_engine_reads_them(tmp_path):
+    """DuckDB reads NVTX ranges as codes; a name that is not UTF-8 sends the read back to sqlite3. Both give
+    each range its name and style (a StartEnd range among PushPop ones here), as categories."""
+    path = tmp_path / "ranges.sqlite"
+    shutil.copy(REPO / "tests" / "fixtures" / "h200_sft_clean.sqlite", path)
+    with sqlite3.connect(path) as con:
+        con.execute(
+            "UPDATE NVTX_EVENTS SET eventType = 60 WHERE rowid = (SELECT max(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"
+        )
+    by_duckdb = load_trace(path).nvtx
+    with sqlite3.connect(path) as con:  # an application's NVTX text need not be UTF-8
+        con.execute(
+            "UPDATE NVTX_EVENTS SET text = CAST(X'66ff6f' AS TEXT), textId = NULL WHERE rowid = (SELECT min(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"
+        )
+    by_sqlite = load_trace(path).nvtx
+    for ranges in (by_duckdb, by_sqlite):
+        assert ranges["name"].dtype == "category" and ranges["style"].dtype == "category"
+        assert ranges["style"].value_counts().to_dict() == {"PushPop": len(ranges) - 1, "StartEnd": 1}
+    changed = by_sqlite["name"].astype(str) != by_duckdb["name"].astype(str)
+    assert changed.sum() == 1 and "\ufffd" in by_sqlite["name"][changed].iloc[0]
