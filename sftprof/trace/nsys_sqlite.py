@@ -32,7 +32,7 @@ from sftprof.trace.nsys_export import (
     connect_sqlite,
     one_line,
 )
-from sftprof.trace.tables import TraceTables, empty, gpu_rows, valid_rows
+from sftprof.trace.tables import COLUMNS, TraceTables, empty, gpu_rows, valid_rows
 
 # NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
 NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
@@ -212,24 +212,21 @@ def _span_ns(export: Export, dropped: dict[str, int]) -> int:
     return 0
 
 
-def _threads(export: Export) -> pd.DataFrame:
-    """One row per thread; a thread named twice (not seen in real exports) takes the least name, in both
-    formats (a bare column of a GROUP BY, which SQLite allows, would take an arbitrary one)."""
+def _threads(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
+    """One row per thread, with the last name the export records for it and for its process (scan order:
+    a thread renames itself; nsys's launcher process execs the program, so its pid is named twice)."""
     if "ThreadNames" not in export.tables:
         return empty("threads")
-    process_join = (
-        "LEFT JOIN PROCESSES p ON p.pid = ((t.globalTid >> 24) & 16777215)" if "PROCESSES" in export.tables else ""
-    )
-    process_name = "min(CAST(p.name AS TEXT))" if process_join else "NULL"
-    return export.query(
-        f"""
-        SELECT t.globalTid AS global_tid, ((t.globalTid >> 24) & 16777215) AS pid,
-               (t.globalTid & 16777215) AS tid, min(CAST(s.value AS TEXT)) AS thread_name,
-               {process_name} AS process_name
-        FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId
-        {process_join}
-        GROUP BY t.globalTid ORDER BY t.globalTid""",
-    )
+    threads = export.query(f"SELECT globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid, nameId FROM ThreadNames")
+    names = pd.Series(strings["value"].to_numpy(), index=strings["id"].to_numpy())
+    threads["thread_name"] = threads.pop("nameId").map(names[~names.index.duplicated()])
+    threads = threads.dropna(subset=["thread_name"]).drop_duplicates("global_tid", keep="last")
+    if "PROCESSES" in export.tables:
+        processes = export.query("SELECT pid, CAST(name AS TEXT) AS process_name FROM PROCESSES")
+        threads = threads.merge(processes.drop_duplicates("pid", keep="last"), on="pid", how="left")
+    else:
+        threads["process_name"] = None
+    return threads.sort_values("global_tid", kind="stable")[COLUMNS["threads"]].reset_index(drop=True)
 
 
 def _nvtx(export: Export, dropped) -> pd.DataFrame:
@@ -497,7 +494,7 @@ def _load(export: Export) -> TraceTables:
                 source_path=str(path),
                 span_ns=_span_ns(export, dropped),
                 sources=_sources(tables),
-                threads=_threads(export),
+                threads=_threads(export, strings),
                 nvtx=_nvtx(export, dropped),
                 osrt=_osrt(export, strings, dropped),
                 memops=_memops(export, release, dropped),
