@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sftprof import results
-from sftprof.analysis import Analysis
+from sftprof.analysis import Analysis, registry
 from sftprof.analysis.findings import Finding
 from sftprof.analysis.variants import MIN_STEPS, WARMUP_STEPS, Run, verdict
 from sftprof.capture import config
@@ -415,3 +415,10 @@ def test_suggest_pads_to_a_multiple_the_gpu_plans_once(tmp_path):
     analysis = Analysis(source_path="baseline", span_ns=0, sources=[], findings=_h200_findings("baseline"))
     entry = {name: body for name, body, _, _ in suggest.suggest(analysis)}["pad-longest"]
     assert entry["sft"] == {"padding": "longest", "pad_to_multiple_of": 64}
+
+
+def test_every_remedy_answers_a_finding_the_analysis_can_raise():
+    """REMEDIES is keyed by finding rule ids: a key no rule of the registry returns would never be suggested."""
+    raised = {rule_id for rule in registry.RULES for rule_id in rule.name.split()}
+    assert set(suggest.REMEDIES) <= raised
+    assert {backend for by in suggest.REMEDIES.values() for backend in by} == {"torch", "nemo"}
