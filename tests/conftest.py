@@ -284,3 +284,20 @@ def nvtx_range(name: str, start: int, end: int, tid: int = TRAINING_TID) -> dict
         "pid": tid >> 24,
         "tid": tid & 0xFFFFFF,
     }
+
+
+def kernel_row(
+    name: str, start: int, duration: int, short: str | None = None, correlation: int = 0, device: int = 0, pid: int = 7
+) -> dict:
+    """A kernel as the loader gives it, for traces built by hand."""
+    return {
+        "start": start,
+        "end": start + duration,
+        "duration": duration,
+        "name": name,
+        "short_name": short or name,
+        "device_id": device,
+        "stream_id": 7,
+        "pid": pid,
+        "correlation_id": correlation,
+    }

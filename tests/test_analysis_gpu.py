@@ -11,6 +11,7 @@ from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
 
 from conftest import TRAINING_TID, nvtx_range
+from conftest import kernel_row as kernel
 
 MAIN, AUTOGRAD = TRAINING_TID, (7 << 24) | 9  # global_tids of pid 7: main thread and a second thread
 
@@ -30,22 +31,6 @@ def store(kernels: pd.DataFrame | None = None, cuda_api: pd.DataFrame | None = N
 def name_totals(kernel_rows: pd.DataFrame) -> pd.DataFrame:
     """Per-kernel rows as the name-totals rows that the kernel-mix analyses take."""
     return kernels.name_totals(store(kernel_rows))
-
-
-def kernel(
-    name: str, start: int, duration: int, short: str | None = None, correlation: int = 0, device: int = 0, pid: int = 7
-) -> dict:
-    return {
-        "start": start,
-        "end": start + duration,
-        "duration": duration,
-        "name": name,
-        "short_name": short or name,
-        "device_id": device,
-        "stream_id": 7,
-        "pid": pid,
-        "correlation_id": correlation,
-    }
 
 
 def api(name: str, start: int, duration: int, correlation: int, tid: int = MAIN) -> dict:

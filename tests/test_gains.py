@@ -24,6 +24,8 @@ from sftprof.trace import load_trace
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
 
+from conftest import kernel_row
+
 FIXTURES = Path(__file__).parent / "fixtures"
 MS = 1_000_000
 
@@ -342,17 +344,7 @@ def test_own_step_ranges_win_over_profiler_steps():
 
 
 def kernel(name: str, start: int, duration: int, short: str | None = None) -> dict:
-    return {
-        "start": start,
-        "end": start + duration,
-        "duration": duration,
-        "name": name,
-        "short_name": short or name,
-        "device_id": 0,
-        "stream_id": 7,
-        "pid": 1,
-        "correlation_id": 0,
-    }
+    return kernel_row(name, start, duration, short, pid=1)
 
 
 FOREACH = "void at::native::multi_tensor_apply_kernel<TensorListMetadata<2>, BinaryOpListAlphaFunctor<float>>(T1)"

@@ -190,20 +190,12 @@ def _check(inputs: list[RankInput]) -> list[int]:
     return sorted(common)
 
 
-def _median_of_others(frame: pd.DataFrame) -> pd.DataFrame:
-    """For each cell of a steps x ranks frame: the median of the other ranks' values in that step."""
+def _of_others(frame: pd.DataFrame, reduce=np.median) -> pd.DataFrame:
+    """For each cell of a steps x ranks frame: `reduce` (median, max) of the other ranks' values in that step."""
     values = frame.to_numpy(dtype=float)
     out = np.empty_like(values)
     for j in range(values.shape[1]):
-        out[:, j] = np.median(np.delete(values, j, axis=1), axis=1)
-    return pd.DataFrame(out, index=frame.index, columns=frame.columns)
-
-
-def _max_of_others(frame: pd.DataFrame) -> pd.DataFrame:
-    values = frame.to_numpy(dtype=float)
-    out = np.empty_like(values)
-    for j in range(values.shape[1]):
-        out[:, j] = np.max(np.delete(values, j, axis=1), axis=1)
+        out[:, j] = reduce(np.delete(values, j, axis=1), axis=1)
     return pd.DataFrame(out, index=frame.index, columns=frame.columns)
 
 
@@ -244,7 +236,7 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
     total_waiting = sum(waiting[p] for p in WAITING_PHASES) + comm_waiting
     own = duration - total_waiting
     own_phase = {p: phase_ns[p] - waiting[p] for p in OWN_PHASES}
-    excess = own - _median_of_others(own)
+    excess = own - _of_others(own)
     job_step = duration.max(axis=1)
     step_ns = float(job_step.median())
     kernel = pd.DataFrame({r: _kernel_ns(by_rank[r]).reindex(common) for r in ids})
@@ -346,8 +338,8 @@ def _rank_phases(inputs, phase_ns, wait_ns, waiting, own_phase, comm_busy, comm_
     """Per rank and phase, medians over the common steps: time, synchronization waits, waiting for other
     ranks, own time, and own time beyond the median of the other ranks' (a `collectives` row: NCCL time)."""
     rows = []
-    excess = {p: own_phase[p] - _median_of_others(own_phase[p]) for p in OWN_PHASES}
-    comm_excess = comm_busy - _median_of_others(comm_busy)
+    excess = {p: own_phase[p] - _of_others(own_phase[p]) for p in OWN_PHASES}
+    comm_excess = comm_busy - _of_others(comm_busy)
     for r in inputs:
         for p in OWN_PHASES:
             rows.append(
@@ -463,7 +455,7 @@ def _rank_collectives(inputs, common, comm, has_nccl) -> pd.DataFrame:
 
 def _slowest_phase(rank: int, own_phase: dict) -> tuple[str, float]:
     """The phase where a rank's own time exceeds the median of the others' most, and by how much."""
-    excess = {p: float((own_phase[p] - _median_of_others(own_phase[p]))[rank].median()) for p in OWN_PHASES}
+    excess = {p: float((own_phase[p] - _of_others(own_phase[p]))[rank].median()) for p in OWN_PHASES}
     phase = max(excess, key=excess.get)
     return phase, excess[phase]
 
@@ -472,7 +464,7 @@ def _cause(rank: int, phase: str, phase_excess: float, kernel: pd.DataFrame) -> 
     if phase == "data":
         return "data"
     if kernel.notna().any().any():
-        gpu_excess = float((kernel - _median_of_others(kernel.fillna(0)))[rank].median())
+        gpu_excess = float((kernel - _of_others(kernel.fillna(0)))[rank].median())
         if gpu_excess >= GPU_SHARE_OF_EXCESS * max(phase_excess, 1.0):
             return "gpu"
     return "cpu"
@@ -480,7 +472,7 @@ def _cause(rank: int, phase: str, phase_excess: float, kernel: pd.DataFrame) -> 
 
 def _stragglers(inputs, slow, own, own_phase, excess, kernel, step_ns) -> list[Finding]:
     by_rank = {r.rank: r for r in inputs}
-    others_max = _max_of_others(own)
+    others_max = _of_others(own, np.max)
     findings = []
     for r in slow:
         rank = by_rank[r]
