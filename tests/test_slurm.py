@@ -152,7 +152,10 @@ def test_snakemake_profile_slurm_runs_two_ranks_through_the_executor(slurm_clust
         text=True,
         timeout=900,
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
+    profile_log = workdir / "logs" / "demo" / "steady" / "profile.log"
+    # On failure, show what the ranks printed: the error names only this log.
+    ranks_said = profile_log.read_text()[-6000:] if profile_log.exists() else "(no profile.log)"
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:] + "\nprofile.log:\n" + ranks_said
     assert "Job " in result.stderr and "has been submitted with SLURM jobid" in result.stderr
 
     capture = workdir / "results" / "demo" / "steady" / "capture"
@@ -164,8 +167,7 @@ def test_snakemake_profile_slurm_runs_two_ranks_through_the_executor(slurm_clust
         f"profile.{job_id}.0.{r}.{records[r]['host']}.nsys-rep" for r in (0, 1)
     ]
     assert all(record["world_size"] == 2 for record in records)
-    profile_log = (workdir / "logs" / "demo" / "steady" / "profile.log").read_text()
-    assert f"slurm job {job_id}, 2 rank(s)" in profile_log
+    assert f"slurm job {job_id}, 2 rank(s)" in profile_log.read_text()
     # The job's own Slurm log, kept by the executor plugin, names the same job.
     slurm_logs = workdir / ".snakemake" / "slurm_logs"
     assert list((slurm_logs / "rule_profile_sft").rglob(f"{job_id}.log")), "no Slurm log for the profile job"
