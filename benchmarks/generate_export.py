@@ -11,7 +11,7 @@ copied as they are. The activity tables are the seed's captured window repeated 
   unique correlationId that links it to its own CUDA API row, on the same launching thread;
 - `period` is the seed's step cycle (its `step N` NVTX ranges: steps x mean step spacing), or the
   span of its GPU/API activity when that is longer; NVTX `step N` ranges are renumbered so the
-  steps continue (step 4, 5, 6, 7, 8, 9, ...);
+  steps continue (step 4, 5, 6, 7, 8, 9, ...), and emit_nvtx's `op_id = N` too (each call has its own);
 - the last replica is partial: it stops at the seed kernel that makes the kernel count exactly N,
   and keeps only the other rows that started before that kernel (launches precede their kernels,
   so every kernel still has its API row);
@@ -58,6 +58,10 @@ REPLICATED_TABLES = (*CORE_TABLES, "OSRT_API", "NVTX_EVENTS")
 CORRELATED_TABLES = CORE_TABLES + ("CUDA_GPU_MEMORY_USAGE_EVENTS",)
 NVTX_REPEATED_TYPES = (34, 59, 60, 70, 71)  # mark, push/pop, start/end (native and NVTXT)
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
+# emit_nvtx numbers every op call ("aten::mm, op_id = 345"): each replica's calls get numbers of their own,
+# as a longer capture's would, so no two ranges share a name (replica r adds r * OP_ID_STRIDE).
+OP_ID = ", op_id = "
+OP_ID_STRIDE = 10**9
 OSRT_CALL_CLASS = 27
 STEP_TEXT = re.compile(r"^step (\d+)$")
 # The profiler's flush overheads after the last GPU activity: written once, at the end.
@@ -224,12 +228,19 @@ def _replica_expressions(plan: Plan, table: str, columns: list[str]) -> list[str
             out.append(f"{ref} + r.r * {plan.grid_stride}")
         elif column == "rangeId" and table == "NVTX_EVENTS":
             out.append(f"{ref} + r.r * {plan.range_stride}")
-        elif column == "text" and table == "NVTX_EVENTS" and plan.steps_per_period:
-            out.append(
-                f"CASE WHEN {ref} GLOB 'step [0-9]*' AND CAST(substr({ref}, 6) AS INTEGER) || '' = "
-                f"substr({ref}, 6) THEN 'step ' || (CAST(substr({ref}, 6) AS INTEGER) + r.r * "
-                f"{plan.steps_per_period}) ELSE {ref} END"
+        elif column == "text" and table == "NVTX_EVENTS":
+            step = (
+                f"WHEN {ref} GLOB 'step [0-9]*' AND CAST(substr({ref}, 6) AS INTEGER) || '' = substr({ref}, 6) "
+                f"THEN 'step ' || (CAST(substr({ref}, 6) AS INTEGER) + r.r * {plan.steps_per_period})"
             )
+            at = f"instr({ref}, '{OP_ID}') + {len(OP_ID)}"  # where the op id's digits start
+            op_id = f"CAST(substr({ref}, {at}) AS INTEGER)"
+            renumbered = (
+                f"WHEN instr({ref}, '{OP_ID}') > 0 AND substr({ref}, {at}, 1) BETWEEN '0' AND '9' "
+                f"THEN substr({ref}, 1, {at} - 1) || ({op_id} + r.r * {OP_ID_STRIDE}) "
+                f"|| substr({ref}, {at} + length({op_id} || ''))"
+            )
+            out.append(f"CASE {step if plan.steps_per_period else ''} {renumbered} ELSE {ref} END")
         else:
             out.append(ref)
     return out

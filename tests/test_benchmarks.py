@@ -107,3 +107,42 @@ def test_benchmark_runs_and_prints_its_table(tmp_path):
     assert row.endswith("| yes |"), row  # sftprof's summaries equal nsys stats' on the same file
     assert (tmp_path / "results.csv").exists()
     assert not (tmp_path / "k20k.sqlite").exists()  # without --keep the run cleans up what it made
+
+
+def test_emit_nvtx_calls_keep_numbers_of_their_own_in_every_replica(tmp_path):
+    """A longer NeMo capture numbers every op call anew (`aten::mm, op_id = N`): so does each replica."""
+    import lzma
+    import sqlite3
+
+    seed = tmp_path / "nemo.sqlite"
+    with lzma.open(REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b.sqlite.xz") as packed:
+        seed.write_bytes(packed.read())
+    out = tmp_path / "nemo40k.sqlite"
+    generate_export.generate(seed, out, 40_000, quiet=True)  # two replicas and part of a third
+    with sqlite3.connect(seed) as con:
+        (seed_calls,) = con.execute("SELECT count(*) FROM NVTX_EVENTS WHERE text LIKE '%, op_id = %'").fetchone()
+    with sqlite3.connect(out) as con:
+        calls, names = con.execute(
+            "SELECT count(*), count(DISTINCT text) FROM NVTX_EVENTS WHERE text LIKE '%, op_id = %'"
+        ).fetchone()
+    assert calls > 2 * seed_calls and names == calls
+
+
+def test_op_ids_are_renumbered_with_what_follows_them_kept():
+    import sqlite3
+
+    plan = generate_export.Plan(1, 1, 1, 3, None, 0, 10, 1, 1, 1, 0, 0)
+    (text,) = generate_export._replica_expressions(plan, "NVTX_EVENTS", ["text"])
+    names = ["aten::mm, seq = 4, op_id = 17, sizes = [[2, 3]]", "aten::add_, op_id = 9", "op_id = 3", "step 2", None]
+    with sqlite3.connect(":memory:") as con:
+        con.execute('CREATE TABLE s ("text" TEXT)')
+        con.executemany("INSERT INTO s VALUES (?)", [(name,) for name in names])
+        renamed = [row[0] for row in con.execute(f"SELECT {text} FROM s, (SELECT 2 AS r) r")]
+    stride = 2 * generate_export.OP_ID_STRIDE
+    assert renamed == [
+        f"aten::mm, seq = 4, op_id = {17 + stride}, sizes = [[2, 3]]",
+        f"aten::add_, op_id = {9 + stride}",
+        "op_id = 3",
+        "step 2",
+        None,
+    ]

@@ -6,11 +6,10 @@ import lzma
 import re
 import shutil
 
-import pandas as pd
 import pytest
 
-from sftprof.analysis.nvtx import op_names
 from sftprof.pipeline import analyze_trace
+from sftprof.trace.load import load_trace
 
 from conftest import REPO
 
@@ -18,11 +17,16 @@ FIXTURE = REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b"
 
 
 @pytest.fixture(scope="module")
-def nemo(tmp_path_factory):
+def nemo_sqlite(tmp_path_factory):
     path = tmp_path_factory.mktemp("nemo") / "nemo_lora.sqlite"
     with lzma.open(FIXTURE.with_suffix(".sqlite.xz")) as packed, open(path, "wb") as out:
         shutil.copyfileobj(packed, out)
-    return analyze_trace(path, FIXTURE.with_suffix(".metrics.jsonl"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def nemo(nemo_sqlite):
+    return analyze_trace(nemo_sqlite, FIXTURE.with_suffix(".metrics.jsonl"))
 
 
 def test_the_steps_of_nsys_callbacks_window_are_the_captured_ones(nemo):
@@ -54,7 +58,8 @@ def test_where_syncs_were_made_is_said_by_op_not_by_emit_nvtx_call(nemo):
     assert int(where.group(2)) > int(where.group(3)) / 2
 
 
-def test_op_names_cut_emit_nvtx_numbering_and_keep_other_names():
-    names = pd.Series(["aten::mm, seq = 12, op_id = 345, sizes = [[4, 8]]", "aten::copy_, op_id = 5", "step 3", None])
-    assert op_names(names.astype("category")).tolist()[:3] == ["aten::mm", "aten::copy_", "step 3"]
-    assert pd.isna(op_names(names).iloc[3])
+def test_emit_nvtx_ranges_are_named_by_op(nemo_sqlite):
+    """Every emit_nvtx range has a name of its own (its op_id): read, they are named by op."""
+    names = load_trace(nemo_sqlite).nvtx["name"]
+    assert len(names.cat.categories) < len(names) / 100
+    assert "aten::mm" in set(names.cat.categories) and not names.astype(str).str.contains("op_id =").any()

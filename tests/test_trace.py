@@ -85,16 +85,35 @@ def test_foreign_sqlite_and_truncated_export(tmp_path, demo_sqlite):
         load_trace(foreign.rename(tmp_path / "trace.txt"))
 
 
+# emit_nvtx's per-call numbering is cut as ranges are read; other names stay as they are
+EMIT_NVTX_NAMES = {
+    "aten::mm, seq = 12, op_id = 345, sizes = [[4, 8], [8, 2]]": "aten::mm",
+    "aten::copy_, op_id = 5": "aten::copy_",
+    "odd, seq = x, op_id = 7": "odd, seq = x",  # the first numbering is cut, wherever it is
+    "two\nlines, op_id = 3\nmore": "two\nlines",
+    "step = 3": "step = 3",
+    "arabic digits, op_id = \u0663": "arabic digits, op_id = \u0663",  # ASCII digits only, in both engines
+}
+
+
 def test_nvtx_names_and_styles_are_the_same_categories_whichever_engine_reads_them(tmp_path):
     """DuckDB reads NVTX ranges as codes; a name that is not UTF-8 sends the read back to sqlite3. Both give
-    each range its name and style (a StartEnd range among PushPop ones here), as categories."""
+    each range its name, with emit_nvtx's numbering cut the same way, and style (a StartEnd range among
+    PushPop ones here), as categories."""
     path = tmp_path / "ranges.sqlite"
     shutil.copy(REPO / "tests" / "fixtures" / "h200_sft_clean.sqlite", path)
     with sqlite3.connect(path) as con:
         con.execute(
             "UPDATE NVTX_EVENTS SET eventType = 60 WHERE rowid = (SELECT max(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"
         )
+        rowids = [r[0] for r in con.execute("SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 LIMIT 20 OFFSET 5")]
+        for rowid, name in zip(rowids[::3], EMIT_NVTX_NAMES):
+            con.execute(
+                "UPDATE NVTX_EVENTS SET text = ?, textId = NULL, domainId = NULL WHERE rowid = ?", (name, rowid)
+            )
     by_duckdb = load_trace(path).nvtx
+    assert set(EMIT_NVTX_NAMES.values()) <= set(by_duckdb["name"].dropna())
+    assert not set(EMIT_NVTX_NAMES) - set(EMIT_NVTX_NAMES.values()) & set(by_duckdb["name"].dropna())
     with sqlite3.connect(path) as con:  # an application's NVTX text need not be UTF-8
         con.execute(
             "UPDATE NVTX_EVENTS SET text = CAST(X'66ff6f' AS TEXT), textId = NULL WHERE rowid = (SELECT min(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"

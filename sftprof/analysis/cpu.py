@@ -104,8 +104,12 @@ def application_threads(tables, api_threads: pd.DataFrame) -> pd.DataFrame:
     without nsys's own threads. `api_threads`: cuda.calls_by_thread."""
     pids = application_pids(tables, api_threads)
     named = tables.threads[tables.threads["pid"].isin(pids)][["global_tid", "pid", "tid", "thread_name"]]
+    # each table's threads first: NVTX alone can hold 60M rows (emit_nvtx)
     seen = pd.concat(
-        [frame[["global_tid", "pid", "tid"]] for frame in (tables.osrt, api_threads, tables.nvtx, tables.sched)]
+        [
+            frame[["global_tid", "pid", "tid"]].drop_duplicates("global_tid")
+            for frame in (tables.osrt, api_threads, tables.nvtx, tables.sched)
+        ]
     )
     seen = seen[seen["pid"].isin(pids)]
     unnamed = seen[~seen["global_tid"].isin(named["global_tid"])].drop_duplicates("global_tid")
@@ -122,7 +126,7 @@ def thread_summary(tables, waits: pd.DataFrame, api_threads: pd.DataFrame) -> pd
     osrt_by_tid = osrt.groupby("global_tid")
     gpu_wait = waits.groupby("global_tid")["duration"].sum()
     api_by_tid = api_threads.set_index("global_tid")[["calls", "total_ns"]].set_axis(["count", "sum"], axis=1)
-    nvtx_by_tid = tables.nvtx.groupby("global_tid").size()
+    nvtx_by_tid = tables.nvtx["global_tid"].value_counts()
     rows = []
     for thread in threads.itertuples():
         calls = osrt_by_tid.get_group(thread.global_tid) if thread.global_tid in osrt_by_tid.groups else osrt.iloc[0:0]

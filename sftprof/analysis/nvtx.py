@@ -9,7 +9,6 @@ in the innermost range, so that they add up to the kernel time.
 
 from __future__ import annotations
 
-import re
 import weakref
 
 import numba
@@ -20,16 +19,6 @@ from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
 SLICE_KERNELS = 1 << 19  # 0.5M: half the peak memory of the launch join at 1M, no slower at 10M kernels
-
-
-# torch.autograd.profiler.emit_nvtx names each op's range "aten::mm, seq = 12, op_id = 345, sizes = [...]":
-# one name per call, so a name says where only once the numbering is cut off.
-EMIT_NVTX_SUFFIX = re.compile(r", (?:seq|op_id) = \d+.*", re.DOTALL)
-
-
-def op_names(names: pd.Series) -> pd.Series:
-    """Range names with emit_nvtx's per-call numbering and shapes cut off (other names as they are)."""
-    return names.astype(object).map(lambda name: EMIT_NVTX_SUFFIX.sub("", name) if isinstance(name, str) else name)
 
 
 def _outside(thread: str) -> str:

@@ -25,7 +25,7 @@ from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, StepC
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE
-from sftprof.analysis.nvtx import innermost_ranges, op_names
+from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
 from sftprof.trace.events import MAX_TIME_NS
@@ -100,8 +100,8 @@ def _where(nvtx: pd.DataFrame, calls: pd.DataFrame) -> str:
     ranges = innermost_ranges(nvtx, calls)
     if ranges.empty:
         return "outside NVTX ranges"
-    # by op, for emit_nvtx's numbered names; on a tie, the name met first in the calls' order
-    names = op_names(nvtx.loc[ranges.to_numpy(), "name"]).value_counts(sort=False)
+    # on a tie, the name met first in the calls' order
+    names = nvtx.loc[ranges.to_numpy(), "name"].astype(object).value_counts(sort=False)
     names = names.sort_values(ascending=False, kind="stable")
     return f"mostly in NVTX `{names.index[0]}` ({names.iloc[0]} of {len(calls)})"
 

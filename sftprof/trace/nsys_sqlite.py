@@ -36,6 +36,12 @@ from sftprof.trace.tables import COLUMNS, TraceTables, empty, gpu_rows, valid_ro
 
 # NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
 NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
+# torch.autograd.profiler.emit_nvtx (on under NeMo's NsysCallback) names each op's range once per call:
+# "aten::mm, seq = 12, op_id = 345, sizes = [...]". The numbering is cut as ranges are read, so that a
+# name says which op; otherwise every range has a name of its own (60M at 10M kernels), and so do the
+# tables by name. The same cut in Python (the sqlite3 route) and in DuckDB's RE2 (ASCII digits in both).
+EMIT_NVTX_NUMBERING = ", (?:seq|op_id) = [0-9]+.*"
+_EMIT_NVTX_SUFFIX = re.compile(EMIT_NVTX_NUMBERING, re.DOTALL)
 NVTX_DOMAIN_CREATE = 75
 OSRT_CALL_CLASS = 27  # other OSRT_API classes are zero-length "profiling started/stopped" markers
 # copyKind -> the operation names nsys 2022.4's gpumemtimesum prints (from an inline list; newer
@@ -229,65 +235,88 @@ def _threads(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
     return threads.sort_values("global_tid", kind="stable")[COLUMNS["threads"]].reset_index(drop=True)
 
 
-def _nvtx(export: Export, dropped) -> pd.DataFrame:
-    """NVTX ranges, names and styles as categories: a capture of NeMo's emit_nvtx holds millions of
-    ranges (6M at 1M kernels) but far fewer distinct names, and analyses group and match by name."""
-    if "NVTX_EVENTS" not in export.tables:
-        return empty("nvtx")
+def _nvtx_ranges(source: str) -> str:
+    """The ranges in NVTX_EVENTS (or a copy of its rows, `source`), as nsys stats selects and names them."""
     types = ",".join(map(str, NVTX_RANGE_STYLES))
     style = " ".join(f"WHEN {code} THEN '{name}'" for code, name in NVTX_RANGE_STYLES.items())
     # SQLite's max(a, b) is NULL when either is: so is this CASE, which DuckDB runs too.
-    ranges = f"""
+    return f"""
         WITH domains AS (
-            SELECT domainId AS id, globalTid, min(CAST(text AS TEXT)) AS name FROM NVTX_EVENTS
+            SELECT domainId AS id, globalTid, min(CAST(text AS TEXT)) AS name FROM {source}
             WHERE eventType = {NVTX_DOMAIN_CREATE} GROUP BY domainId, globalTid),
         maxts AS (SELECT CASE WHEN max(start) IS NULL OR max("end") IS NULL THEN NULL
                               WHEN max(start) >= max("end") THEN max(start) ELSE max("end") END AS m
-                  FROM NVTX_EVENTS)
+                  FROM {source})
         SELECT ne.start AS start, coalesce(ne."end", (SELECT m FROM maxts)) AS "end",
                CASE WHEN d.name IS NOT NULL THEN d.name || ':' || CAST(coalesce(sid.value, ne.text) AS TEXT)
                     ELSE CAST(coalesce(sid.value, ne.text) AS TEXT) END AS name,
                CASE ne.eventType {style} END AS style,
                ne.globalTid AS global_tid, ((ne.globalTid >> 24) & 16777215) AS pid,
                (ne.globalTid & 16777215) AS tid
-        FROM NVTX_EVENTS ne
+        FROM {source} ne
         LEFT JOIN domains d ON ne.domainId = d.id
              AND ((ne.globalTid >> 24) & 16777215) = ((d.globalTid >> 24) & 16777215)
         LEFT JOIN StringIds sid ON ne.textId = sid.id
         WHERE ne.eventType IN ({types})"""
-    # The same order from SQLite and DuckDB (whose sort is not stable): ties on start broken by the rest.
-    order = 'ORDER BY start, "end" DESC, global_tid, name NULLS FIRST, style'
+
+
+def _nvtx(export: Export, dropped) -> pd.DataFrame:
+    """NVTX ranges, names and styles as categories: a capture of NeMo's emit_nvtx holds millions of
+    ranges (6M at 1M kernels) but, once their numbering is cut, a few hundred names."""
+    if "NVTX_EVENTS" not in export.tables:
+        return empty("nvtx")
     try:
-        rows = _coded_names(export, ranges, order)
+        rows = _coded_names(export)
     # SQLite holds any bytes in a TEXT column, DuckDB refuses what is not UTF-8 text: read those as SQLite gives them
     except (duckdb.InvalidInputException, duckdb.TypeMismatchException):
-        rows = export.query(f"SELECT * FROM ({ranges}) {order}")
+        rows = export.query(_nvtx_ranges("NVTX_EVENTS"))
         codes, names = pd.factorize(rows["name"])
-        rows["name"] = pd.Categorical.from_codes(codes, names).reorder_categories(sorted(names))
-    rows = valid_rows(rows, "nvtx", dropped)
-    return rows.assign(style=rows["style"].astype("category"))
+        cut = [_EMIT_NVTX_SUFFIX.sub("", name) for name in names]
+        categories = sorted(set(cut))
+        code_of = {name: code for code, name in enumerate(categories)}
+        codes = np.array([code_of[name] for name in cut] + [-1], dtype="int32")[codes]  # -1 (none) stays -1
+        style = rows["style"].astype("category")
+        # the order _coded_names gives: ties on start broken by the rest (names and styles by their codes)
+        order = np.lexsort((style.cat.codes, codes, rows["global_tid"], -rows["end"], rows["start"]))
+        rows = rows.assign(name=pd.Categorical.from_codes(codes, categories), style=style).take(order)
+        rows = rows.reset_index(drop=True)
+    return valid_rows(rows, "nvtx", dropped)
 
 
-def _coded_names(export: Export, ranges: str, order: str) -> pd.DataFrame:
-    """`ranges` read once into DuckDB, then each distinct name fetched once and the rows with a code each."""
+def _coded_names(export: Export) -> pd.DataFrame:
+    """The events copied into DuckDB in one scan of the export (the ranges' query reads them three
+    times), the ranges made from them with emit_nvtx's numbering cut from their names; then each
+    distinct name fetched once and the rows with a code each, in order (DuckDB's sort is not stable:
+    every column is a key)."""
     reader = export.reader
     styles = sorted(set(NVTX_RANGE_STYLES.values()))
     style_codes = " ".join(f"WHEN '{style}' THEN {code}" for code, style in enumerate(styles))
-    reader.execute(f"CREATE TEMP TABLE nvtx_rows AS {ranges}")
+    numbering = _quote(f"(?s){EMIT_NVTX_NUMBERING}")
     try:
+        reader.execute(
+            """CREATE TEMP TABLE nvtx_events AS SELECT start, "end", eventType, text, globalTid, textId, domainId
+               FROM NVTX_EVENTS"""  # every event: an open range ends at the last of them (maxts)
+        )
+        reader.execute(
+            f"""CREATE TEMP TABLE nvtx_rows AS SELECT * REPLACE (
+                    CASE WHEN contains(name, ' = ') THEN regexp_replace(name, {numbering}, '') ELSE name END AS name,
+                    CASE style {style_codes} ELSE -1 END AS style)
+                FROM ({_nvtx_ranges("temp.nvtx_events")})"""
+        )
         names = sorted(_rows(export, "SELECT DISTINCT name FROM nvtx_rows WHERE name IS NOT NULL")["name"])
         reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
+        # codes sort as their names do (names sorted; a missing name, -1, first)
         rows = _rows(
             export,
-            f"""SELECT r.* EXCLUDE (name, style), coalesce(n.code, -1) AS name_code,
-                       CASE r.style {style_codes} ELSE -1 END AS style_code
-                FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name {order.replace("name", "r.name")}""",
+            """SELECT r.* EXCLUDE (name), coalesce(n.code, -1) AS name_code
+               FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name
+               ORDER BY r.start, r."end" DESC, r.global_tid, name_code, r.style""",
         )
     finally:
         reader.unregister("nvtx_names")
-        reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows")
+        reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows; DROP TABLE IF EXISTS temp.nvtx_events")
     # codes, not a Python string per row (60M ranges at 10M kernels of a NeMo capture)
-    style = pd.Categorical.from_codes(rows.pop("style_code"), styles).remove_unused_categories()
+    style = pd.Categorical.from_codes(rows.pop("style"), styles).remove_unused_categories()
     return rows.assign(name=pd.Categorical.from_codes(rows.pop("name_code"), names), style=style)
 
 
