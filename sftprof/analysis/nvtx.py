@@ -82,7 +82,9 @@ class ThreadRanges:
     positions in the NVTX table."""
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, label_rank: np.ndarray):
-        times = np.sort(np.r_[starts, ends])  # np.unique hashes: several times slower on millions of times
+        # np.unique hashes: several times slower on millions of times. Starts come sorted and ends nearly so:
+        # timsort ("stable") merges those runs, 4-8x faster than quicksort on a NeMo capture's 3M ranges a thread
+        times = np.sort(np.r_[starts, ends], kind="stable")
         # each distinct time once, then the end of time: bounds and each segment's end are views of it
         edges = np.r_[times[np.r_[True, times[1:] != times[:-1]]] if len(times) else times, np.iinfo("int64").max]
         self.bounds, self.seg_ends = edges[:-1], edges[1:]

@@ -123,7 +123,7 @@ SECTIONS: tuple[Section, ...] = (
         lambda t, events, labels, sums: nvtx.gpu_time_by_range(t.nvtx, events, labels, sums),
         ("tables", "events", "labels", "launch_sums"),
         K,
-        "GPU time projected onto NVTX ranges, as nsys stats nvtx_gpu_proj_sum",
+        "GPU time projected onto NVTX ranges, as nsys stats nvtx_gpu_proj_sum (emit_nvtx ranges by op, not by call)",
         beside=True,
     ),
     Section("memop_rows", lambda t: t.memops.assign(copy_kind=memory.copy_kinds(t.memops)), ("tables",), K),
@@ -277,7 +277,13 @@ SECTIONS: tuple[Section, ...] = (
     _saved(
         "osrt", lambda t: cpu.osrt_summary(t.osrt), ("tables",), F, "OS-runtime calls by name, as nsys stats osrt_sum"
     ),
-    _saved("nvtx", lambda t: cpu.nvtx_summary(t.nvtx), ("tables",), F, "NVTX ranges by name, as nsys stats nvtx_sum"),
+    _saved(
+        "nvtx",
+        lambda t: cpu.nvtx_summary(t.nvtx),
+        ("tables",),
+        F,
+        "NVTX ranges by name, as nsys stats nvtx_sum (emit_nvtx ranges by op, not by call)",
+    ),
     _saved("phases", lambda t: cpu.phase_ranges(t.nvtx), ("tables",), F, "every phase range (data, forward, ...)"),
     _saved("thread_osrt", cpu.thread_osrt, ("tables", "threads"), F, "OS-runtime time by thread and call"),
     _saved(
