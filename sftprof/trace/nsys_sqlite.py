@@ -303,6 +303,7 @@ def _coded_names(export: Export) -> pd.DataFrame:
                     CASE style {style_codes} ELSE -1 END AS style)
                 FROM ({_nvtx_ranges("temp.nvtx_events")})"""
         )
+        reader.execute("DROP TABLE temp.nvtx_events")  # less to spill while the rows are sorted
         names = sorted(_rows(export, "SELECT DISTINCT name FROM nvtx_rows WHERE name IS NOT NULL")["name"])
         reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
         # codes sort as their names do (names sorted; a missing name, -1, first)
