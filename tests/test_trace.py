@@ -124,3 +124,18 @@ def test_nvtx_names_and_styles_are_the_same_categories_whichever_engine_reads_th
         assert ranges["style"].value_counts().to_dict() == {"PushPop": len(ranges) - 1, "StartEnd": 1}
     changed = by_sqlite["name"].astype(str) != by_duckdb["name"].astype(str)
     assert changed.sum() == 1 and "\ufffd" in by_sqlite["name"][changed].iloc[0]
+
+
+def test_ranges_that_never_end_in_a_file_read_by_sqlite3_are_left_out_and_counted(tmp_path):
+    """No range has an end, so none can be closed at the last event's time, and a name that is not UTF-8
+    sends the read to sqlite3: every range is left out, counted, and the rest of the capture loads."""
+    path = tmp_path / "open.sqlite"
+    shutil.copy(REPO / "tests" / "fixtures" / "h200_sft_clean.sqlite", path)
+    with sqlite3.connect(path) as con:
+        con.execute('UPDATE NVTX_EVENTS SET "end" = NULL')
+        con.execute(
+            "UPDATE NVTX_EVENTS SET text = CAST(X'66ff6f' AS TEXT), textId = NULL WHERE rowid = (SELECT min(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"
+        )
+        (ranges,) = con.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60, 70, 71)").fetchone()
+    tables = load_trace(path)
+    assert tables.nvtx.empty and tables.dropped_rows["nvtx"] == ranges > 0 and len(tables.osrt)

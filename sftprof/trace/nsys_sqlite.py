@@ -269,17 +269,18 @@ def _nvtx(export: Export, dropped) -> pd.DataFrame:
         rows = _coded_names(export)
     # SQLite holds any bytes in a TEXT column, DuckDB refuses what is not UTF-8 text: read those as SQLite gives them
     except (duckdb.InvalidInputException, duckdb.TypeMismatchException):
-        rows = export.query(_nvtx_ranges("NVTX_EVENTS"))
+        rows = valid_rows(export.query(_nvtx_ranges("NVTX_EVENTS")), "nvtx", dropped)
         codes, names = pd.factorize(rows["name"])
         cut = [_EMIT_NVTX_SUFFIX.sub("", name) for name in names]
         categories = sorted(set(cut))
         code_of = {name: code for code, name in enumerate(categories)}
         codes = np.array([code_of[name] for name in cut] + [-1], dtype="int32")[codes]  # -1 (none) stays -1
-        style = rows["style"].astype("category")
+        rows = rows.assign(name=pd.Categorical.from_codes(codes, categories), style=rows["style"].astype("category"))
         # the order _coded_names gives: ties on start broken by the rest (names and styles by their codes)
-        order = np.lexsort((style.cat.codes, codes, rows["global_tid"], -rows["end"], rows["start"]))
-        rows = rows.assign(name=pd.Categorical.from_codes(codes, categories), style=style).take(order)
-        rows = rows.reset_index(drop=True)
+        keys = pd.DataFrame({"start": rows["start"], "end": rows["end"], "global_tid": rows["global_tid"]})
+        keys = keys.assign(name=codes, style=rows["style"].cat.codes)
+        order = keys.sort_values(list(keys), ascending=[True, False, True, True, True], kind="stable").index
+        return rows.take(order).reset_index(drop=True)
     return valid_rows(rows, "nvtx", dropped)
 
 
