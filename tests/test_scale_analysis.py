@@ -415,3 +415,19 @@ def test_covered_ns_of_a_large_frame_follows_its_columns():
     assert intervals.covered_ns(merged, *windows).tolist() == [500, 1_999_500]
     merged["end"] = starts + 20
     assert intervals.covered_ns(merged, *windows).tolist() == [1_000, 3_999_000]
+
+
+def test_push_order_without_a_sort_equals_the_sort():
+    """Ranges listed as the loader lists them (start, then end descending, then anything) are put in push
+    order by reversing runs of identical ranges; other listings are sorted. Both equal the full sort."""
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        n = int(rng.integers(0, 40))
+        starts = np.sort(rng.integers(0, 6, n))
+        ends = starts + rng.integers(0, 4, n)
+        listed = np.lexsort((rng.random(n), -ends, starts))
+        for order in (listed, rng.permutation(listed)):
+            s, e = starts[order], ends[order]
+            rank = np.arange(n) if rng.random() < 0.7 else rng.permutation(n)
+            got = nvtx._push_order(s, e, rank)
+            assert ((np.arange(n) if got is None else got) == np.lexsort((-rank, -e, s))).all()

@@ -15,6 +15,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from sftprof.analysis.intervals import CHUNK_ROWS
 from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
@@ -88,11 +89,13 @@ class ThreadRanges:
         # each distinct time once, then the end of time: bounds and each segment's end are views of it
         edges = np.r_[times[np.r_[True, times[1:] != times[:-1]]] if len(times) else times, np.iinfo("int64").max]
         self.bounds, self.seg_ends = edges[:-1], edges[1:]
-        order = np.lexsort((-label_rank, -ends, starts))
-        self.rows = rows[order]
+        order = _push_order(starts, ends, label_rank)
+        if order is not None:
+            rows, starts, ends = rows[order], starts[order], ends[order]
+        self.rows = rows
         # segment numbers as int32 (a thread would need 2^31 range edges): 60M ranges hold 0.5 GB less
-        self.first = np.searchsorted(self.bounds, starts[order]).astype(np.int32)
-        self.last = np.searchsorted(self.bounds, ends[order]).astype(np.int32)
+        self.first = np.searchsorted(self.bounds, starts).astype(np.int32)
+        self.last = np.searchsorted(self.bounds, ends).astype(np.int32)
 
     @classmethod
     def of(cls, ranges: pd.DataFrame) -> ThreadRanges:
@@ -123,6 +126,27 @@ class ThreadRanges:
         """(query, range in push order) for every range containing each query's call."""
         order, _, pairs = self._sweep(segment, need, True)
         return order[pairs[:, 0]], pairs[:, 1]
+
+
+def _push_order(starts: np.ndarray, ends: np.ndarray, label_rank: np.ndarray) -> np.ndarray | None:
+    """Positions in push order (start ascending, then end descending, then label rank descending), or None
+    where the rows are in it already. The loader lists ranges by start, then end descending, then name:
+    then only each run of identical (start, end) is out of order, and is reversed, without a sort."""
+    if len(starts) < 2:
+        return None
+    same_start = starts[1:] == starts[:-1]
+    listed = (
+        (starts[1:] >= starts[:-1]).all()
+        and (~same_start | (ends[1:] <= ends[:-1])).all()
+        and (label_rank[1:] > label_rank[:-1]).all()
+    )
+    if not listed:
+        return np.lexsort((-label_rank, -ends, starts))
+    run_starts = np.flatnonzero(np.r_[True, ~same_start | (ends[1:] != ends[:-1])])
+    if len(run_starts) == len(starts):
+        return None
+    run_ends = np.r_[run_starts[1:], len(starts)]
+    return np.repeat(run_starts + run_ends - 1, run_ends - run_starts) - np.arange(len(starts))
 
 
 def _groups(keys: np.ndarray):
@@ -209,12 +233,13 @@ class _LaunchTally:
     """Kernels counted by where their launching call lies, over batches of launches: per segment of
     its thread for calls strictly inside one; per call for the few on a segment's edge (placed
     exactly later); per thread for calls outside every segment (before the thread's first range,
-    or on a thread without ranges). Memory holds counts per segment, not launches."""
+    or on a thread without ranges). Memory holds counts per segment that launches fell in, batch by
+    batch (`inside`), not per launch, nor per segment of the timeline: a NeMo capture's training thread
+    has 60M segments at 10M kernels."""
 
     def __init__(self, timelines: dict[int, ThreadRanges]):
         self.timelines = timelines
-        self.kernels = {tid: np.zeros(len(t.bounds), "int64") for tid, t in timelines.items()}
-        self.gpu_ns = {tid: np.zeros(len(t.bounds), "int64") for tid, t in timelines.items()}
+        self.inside: dict[int, list] = {tid: [] for tid in timelines}  # (segment, kernels, gpu_ns) per batch
         self.edges: dict[int, list] = {tid: [] for tid in timelines}  # (segment, need, gpu_ns) per batch
         self.outside: list[tuple[np.ndarray, np.ndarray]] = []  # (thread, gpu_ns) of each call in no segment
 
@@ -225,10 +250,9 @@ class _LaunchTally:
             if timeline is None:
                 continue
             known, inside, on_edge = _place(timeline.bounds, timeline.seg_ends, starts[rows], ends[rows])
-            # added where the batch fell: a bincount as long as the timeline (60M segments on a NeMo
-            # capture's training thread) per batch of launches cost more in fresh pages than in adding
-            np.add.at(self.kernels[tid], known[inside], 1)
-            np.add.at(self.gpu_ns[tid], known[inside], durations[rows[inside]])
+            self.inside[tid].append(
+                _per_segment(known[inside], np.ones(int(inside.sum()), "int64"), durations[rows[inside]])
+            )
             edge = rows[on_edge]
             self.edges[tid].append((known[on_edge], np.searchsorted(timeline.bounds, ends[edge]), durations[edge]))
             placed[rows[inside | on_edge]] = True
@@ -338,6 +362,26 @@ def _joined_by_duckdb(events: EventStore, within: str) -> dict[str, np.ndarray]:
     return {column: joined[column].astype("int64") for column in _LAUNCH_COLUMNS}
 
 
+def _per_segment(segment: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray):
+    """(each segment once, ascending; its kernels; its GPU time), summed over the rows given."""
+    segments, which = np.unique(segment, return_inverse=True)
+    return segments, np.bincount(which, kernels, len(segments)).astype("int64"), _sum_by(which, gpu_ns, len(segments))
+
+
+def _sum_by(which: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """Integer sums of `values` by `which`, exact (bincount's float64 weights are exact below 2^53 only)."""
+    sums = np.zeros(size, "int64")
+    np.add.at(sums, which, values)
+    return sums
+
+
+def _running_sum(values: np.ndarray) -> np.ndarray:
+    """0, then the running sum of `values`, written once (np.r_[0, np.cumsum(...)] holds it twice)."""
+    running = np.zeros(len(values) + 1, "int64")
+    np.cumsum(values, out=running[1:])
+    return running
+
+
 def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dict, also=None) -> pd.DataFrame:
     """Kernel time per NVTX range name. Kernels launched outside every range are listed per thread,
     so that backward kernels launched by an unannotated autograd thread show up as such.
@@ -378,19 +422,23 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
         into += [(names[i], counts[i], time_ns[i]) for i in np.flatnonzero(counts)]
 
     for tid, timeline in timelines.items():
-        kernels, gpu_ns = tally.kernels[tid], tally.gpu_ns[tid]
-        used = np.flatnonzero(kernels)
+        parts = tally.inside[tid] or [(np.empty(0, "int64"),) * 3]
+        used, kernels, gpu_ns = _per_segment(*(np.concatenate(part) for part in zip(*parts, strict=True)))
         inner = timeline.innermost(used, used + 1)
-        by_name(timeline.rows[inner[inner >= 0]], kernels[used[inner >= 0]], gpu_ns[used[inner >= 0]], exclusive)
+        by_name(timeline.rows[inner[inner >= 0]], kernels[inner >= 0], gpu_ns[inner >= 0], exclusive)
         if (inner < 0).any():
-            exclusive.append((outside(tid), int(kernels[used[inner < 0]].sum()), int(gpu_ns[used[inner < 0]].sum())))
-        running_kernels, running_ns = np.r_[0, np.cumsum(kernels)], np.r_[0, np.cumsum(gpu_ns)]
-        by_name(
-            timeline.rows,
-            running_kernels[timeline.last] - running_kernels[timeline.first],
-            running_ns[timeline.last] - running_ns[timeline.first],
-            inclusive,
-        )
+            exclusive.append((outside(tid), int(kernels[inner < 0].sum()), int(gpu_ns[inner < 0].sum())))
+        # a range's inclusive sum: the used segments from its first to its last (running sums over them)
+        running_kernels, running_ns = _running_sum(kernels), _running_sum(gpu_ns)
+        for i in range(0, len(timeline.rows), CHUNK_ROWS):  # a chunk of ranges at a time: 30M on one thread of NeMo's
+            lo = np.searchsorted(used, timeline.first[i : i + CHUNK_ROWS])
+            hi = np.searchsorted(used, timeline.last[i : i + CHUNK_ROWS])
+            by_name(
+                timeline.rows[i : i + CHUNK_ROWS],
+                running_kernels[hi] - running_kernels[lo],
+                running_ns[hi] - running_ns[lo],
+                inclusive,
+            )
         if tally.edges[tid]:
             segment, need, edge_ns = (np.concatenate(parts) for parts in zip(*tally.edges[tid], strict=True))
             inner = timeline.innermost(segment, need)
