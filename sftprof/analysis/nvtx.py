@@ -365,7 +365,7 @@ def _joined_by_duckdb(events: EventStore, within: str) -> dict[str, np.ndarray]:
 def _per_segment(segment: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray):
     """(each segment once, ascending; its kernels; its GPU time), summed over the rows given."""
     segments, which = np.unique(segment, return_inverse=True)
-    return segments, np.bincount(which, kernels, len(segments)).astype("int64"), _sum_by(which, gpu_ns, len(segments))
+    return segments, _sum_by(which, kernels, len(segments)), _sum_by(which, gpu_ns, len(segments))
 
 
 def _sum_by(which: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -373,13 +373,6 @@ def _sum_by(which: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     sums = np.zeros(size, "int64")
     np.add.at(sums, which, values)
     return sums
-
-
-def _running_sum(values: np.ndarray) -> np.ndarray:
-    """0, then the running sum of `values`, written once (np.r_[0, np.cumsum(...)] holds it twice)."""
-    running = np.zeros(len(values) + 1, "int64")
-    np.cumsum(values, out=running[1:])
-    return running
 
 
 def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dict, also=None) -> pd.DataFrame:
@@ -429,7 +422,7 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
         if (inner < 0).any():
             exclusive.append((outside(tid), int(kernels[inner < 0].sum()), int(gpu_ns[inner < 0].sum())))
         # a range's inclusive sum: the used segments from its first to its last (running sums over them)
-        running_kernels, running_ns = _running_sum(kernels), _running_sum(gpu_ns)
+        running_kernels, running_ns = np.r_[0, np.cumsum(kernels)], np.r_[0, np.cumsum(gpu_ns)]
         for i in range(0, len(timeline.rows), CHUNK_ROWS):  # a chunk of ranges at a time: 30M on one thread of NeMo's
             lo = np.searchsorted(used, timeline.first[i : i + CHUNK_ROWS])
             hi = np.searchsorted(used, timeline.last[i : i + CHUNK_ROWS])
