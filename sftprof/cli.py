@@ -96,9 +96,12 @@ def _cmd_suggest(args) -> int:
     from sftprof.report import suggest
 
     folder = suggest.first_analysis_dir(args.result)  # the first profiled rank
-    backend = args.backend or suggest.backend_of(args.result)
-    suggestions = suggest.suggest(results.load(folder), args.top, backend)
-    sys.stdout.write(terminal_safe(suggest.as_yaml(suggestions, str(folder)), multiline=True))
+    run = suggest.run_facts(args.result)
+    if args.backend:
+        run["backend"] = args.backend
+    analysis = results.load(folder)
+    text = suggest.as_yaml(suggest.suggest(analysis, args.top, run), str(folder), suggest.ruled_out(analysis, run))
+    sys.stdout.write(terminal_safe(text, multiline=True))
     return 0
 
 

@@ -114,3 +114,34 @@ def test_nemo_plan_window_end_is_exclusive():
     sft = {**sft, "micro_batch_size": 4, "nemo": {**sft["nemo"], "packed_sequence": True}}
     packed = nemo_backend.plan(sft, window, {"WORLD_SIZE": "2"})
     assert (packed["micro_batch_size"], packed["global_batch_size"], packed["packed_sequence_size"]) == (1, 4, 4096)
+
+
+@pytest.mark.parametrize(
+    "packed, graphs, named",
+    [(True, False, "sft.nemo.packed_sequence need"), (False, True, "sft.nemo.cuda_graphs need"), (False, False, None)],
+)
+def test_knobs_the_local_spec_cannot_run_are_refused_before_training(packed, graphs, named):
+    """Without Transformer Engine megatron-core's attention refuses packed sequences and its CUDA graphs assert
+    TE: the backend says so in one line before training, where NeMo would fail mid-run."""
+    settings = {"layer_spec": "local", "packed_sequence_size": 4096 if packed else None, "cuda_graphs": graphs}
+    if named is None:
+        nemo_backend._check_stack(settings)
+    else:
+        with pytest.raises(nemo_backend.StackError, match=named):
+            nemo_backend._check_stack(settings)
+    nemo_backend._check_stack({**settings, "layer_spec": "transformer_engine"})
+
+
+def test_a_setting_the_run_cannot_take_is_one_line_in_the_log(monkeypatch, capsys):
+    """`python -m sftprof.capture.sft` prints an SftprofError as one line and exits 1: the profile log says why."""
+
+    from sftprof.capture import sft
+
+    def refuse(**_):
+        raise nemo_backend.StackError("sft.nemo.cuda_graphs need Transformer Engine")
+
+    monkeypatch.setitem(sft.BACKENDS, "nemo", refuse)
+    settings = {"sft": {"backend": "nemo"}, "model_dir": "m", "train_jsonl": "t", "metrics_path": "x", "window": {}}
+    assert sft.main([json.dumps(settings)]) == 1
+    err = capsys.readouterr().err
+    assert err == "sftprof.capture.sft: error: sft.nemo.cuda_graphs need Transformer Engine\n"

@@ -128,23 +128,50 @@ def test_param_gather_overlap_is_refused_with_lora():
         config.validate(demo)
 
 
-def test_suggest_on_a_nemo_run_proposes_nemo_knobs_only(padding_analysis, tmp_path):
-    """The same findings, from a run whose metrics say backend nemo: padding becomes packing, and the findings
-    whose remedies are built-in switches (which nemo ignores) suggest nothing."""
+def _nemo_window(padding_analysis, tmp_path, run: dict):
+    """The padding analysis as a window of a nemo run whose step 0 says `run`."""
     window = tmp_path / "steady"
     shutil.copytree(padding_analysis / "analysis", window / "analysis" / "rank0")
     (window / "capture").mkdir()
     line = {"step": 0, "rank": 0, "loss": 1.0, "step_time_s": 0.3, "tokens": 8, "tokens_per_s": 26.7}
-    (window / "capture" / "profile.rank0.metrics.jsonl").write_text(
-        json.dumps({**line, "in_window": False, "run": {"backend": "nemo"}}) + "\n"
-    )
-    assert suggest.backend_of(window) == "nemo" and suggest.backend_of(padding_analysis) == "torch"
+    record = {**line, "in_window": False, "run": run}
+    (window / "capture" / "profile.rank0.metrics.jsonl").write_text(json.dumps(record) + "\n")
+    return window
+
+
+def test_suggest_on_a_nemo_run_proposes_nemo_knobs_only(padding_analysis, tmp_path):
+    """The same findings, from a run whose metrics say backend nemo: padding becomes packing, and the findings
+    whose remedies are built-in switches (which nemo ignores) suggest nothing."""
+    window = _nemo_window(padding_analysis, tmp_path, {"backend": "nemo"})
+    assert suggest.run_facts(window) == {"backend": "nemo"} and suggest.run_facts(padding_analysis) == {}
     result = run_sftprof("suggest", str(window))
     assert result.returncode == 0, result.stderr
     suggested = yaml.safe_load(result.stdout)["variants"]
     assert suggested == {"packed": {"motivated_by": "padding", "sft": {"nemo": {"packed_sequence": True}}}}
     forced = yaml.safe_load(run_sftprof("suggest", str(padding_analysis), "--backend", "nemo").stdout)
     assert forced["variants"] == suggested
+
+
+@pytest.mark.parametrize("layer_spec", ["local", "transformer_engine"])
+def test_suggest_leaves_out_what_the_runs_stack_cannot_take(padding_analysis, tmp_path, layer_spec):
+    """Packing needs Transformer Engine's attention: on a run without it (megatron-core's local spec), suggest
+    says the remedy exists and why it is left out, and proposes nothing that would fail."""
+    window = _nemo_window(padding_analysis, tmp_path, {"backend": "nemo", "layer_spec": layer_spec})
+    result = run_sftprof("suggest", str(window))
+    assert result.returncode == 0, result.stderr
+    suggested = (yaml.safe_load(result.stdout) or {}).get("variants", {})
+    if layer_spec == "local":
+        assert suggested == {}
+        assert "# Not suggested, padding: `packed`" in result.stdout and "needs Transformer Engine" in result.stdout
+    else:
+        assert set(suggested) == {"packed"} and "Not suggested" not in result.stdout
+
+
+def test_a_run_fact_of_the_wrong_type_is_refused(padding_analysis, tmp_path):
+    window = _nemo_window(padding_analysis, tmp_path, {"backend": ["nemo"]})
+    result = run_sftprof("suggest", str(window))
+    assert result.returncode != 0 and "run.backend must be a string" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_suggest_refuses_a_folder_without_an_analysis(tmp_path):

@@ -25,6 +25,14 @@ class Remedy:
     variant: str  # the variant's name in config
     overrides: dict  # merged into the experiment
     why: str  # one line, printed as a comment
+    # A run fact (the trainer's metrics) -> the value that rules the remedy out, and why: a switch the run's
+    # own stack cannot take is not suggested (it would fail, or test nothing).
+    ruled_out_by: tuple[str, str, str] | None = None
+
+
+# megatron-core's local layer spec (NeMo without Transformer Engine): its DotProductAttention asserts that no
+# packed sequence reaches it, and GPTConfig.configure_model asserts TE for CUDA graphs (NeMo 2.2.1, mcore 0.11).
+NEEDS_TRANSFORMER_ENGINE = ("layer_spec", "local", "needs Transformer Engine, which the run lacked (layer_spec local)")
 
 
 # Finding rule id -> backend -> the setting that tests it: the built-in trainer's switches
@@ -43,6 +51,7 @@ REMEDIES = {
             "packed",
             {"sft": {"nemo": {"packed_sequence": True}}},
             "pack examples into each sequence (NeMo's packed_sequence_specs) instead of padding each to seq_length",
+            NEEDS_TRANSFORMER_ENGINE,
         ),
     },
     "pageable_memcpy": {
@@ -75,6 +84,7 @@ REMEDIES = {
             "cuda-graphs",
             {"sft": {"nemo": {"cuda_graphs": True}}},
             "replay each transformer layer as a CUDA graph: one launch instead of many",
+            NEEDS_TRANSFORMER_ENGINE,
         ),
     },
     "memory_bound_kernel_mix": {
@@ -91,13 +101,30 @@ REMEDIES = {
 }
 
 
-def suggest(analysis: Analysis, top: int = 3, backend: str = "torch") -> list[tuple[str, dict, str, float | None]]:
-    """(variant name, config entry, why, predicted gain) for the `top` findings with a remedy the run's backend
-    reads, largest gain first (the analysis ranked them); one variant per remedy."""
-    chosen: dict[str, tuple[str, dict, str, float | None]] = {}
+def _remedies(analysis: Analysis, run: dict):
+    """(finding, remedy) for each finding with a gain that has a remedy for the run's backend, largest gain
+    first (the analysis ranked them)."""
     for finding in analysis.findings:
-        remedy = REMEDIES.get(finding.rule, {}).get(backend)
-        if remedy is None or remedy.variant in chosen or not finding.gain_pct:
+        remedy = REMEDIES.get(finding.rule, {}).get(run.get("backend", "torch"))
+        if remedy is not None and finding.gain_pct:
+            yield finding, remedy
+
+
+def _ruled_out(remedy: Remedy, run: dict) -> str | None:
+    """Why the run's own facts rule the remedy out, or None."""
+    if remedy.ruled_out_by is None:
+        return None
+    fact, value, why = remedy.ruled_out_by
+    return why if run.get(fact) == value else None
+
+
+def suggest(analysis: Analysis, top: int = 3, run: dict | None = None) -> list[tuple[str, dict, str, float | None]]:
+    """(variant name, config entry, why, predicted gain) for the `top` findings with a remedy the run can take
+    (`run`: the trainer's run facts, backend torch where absent), largest gain first; one variant per remedy."""
+    run = run or {}
+    chosen: dict[str, tuple[str, dict, str, float | None]] = {}
+    for finding, remedy in _remedies(analysis, run):
+        if remedy.variant in chosen or _ruled_out(remedy, run):
             continue
         entry = {"motivated_by": finding.rule, **copy.deepcopy(remedy.overrides)}
         chosen[remedy.variant] = (remedy.variant, entry, remedy.why, finding.gain_pct)
@@ -106,17 +133,28 @@ def suggest(analysis: Analysis, top: int = 3, backend: str = "torch") -> list[tu
     return list(chosen.values())
 
 
-def backend_of(result_dir: str | Path) -> str:
-    """The backend of the run a result folder analysed, from its trainer's run facts: the window's capture/
-    beside (or above) the analysis holds them; torch where none say otherwise."""
+def ruled_out(analysis: Analysis, run: dict) -> list[str]:
+    """One line per remedy that suggest leaves out because the run cannot take it, saying which finding it
+    answers and why: a user should know a remedy exists before changing the stack for it."""
+    lines = {}
+    for finding, remedy in _remedies(analysis, run):
+        why = _ruled_out(remedy, run)
+        if why and remedy.variant not in lines:
+            lines[remedy.variant] = f"{finding.rule}: `{remedy.variant}` ({remedy.why}) {why}"
+    return list(lines.values())
+
+
+def run_facts(result_dir: str | Path) -> dict:
+    """What the trainer said of the run a result folder analysed (backend, layer_spec, ...), from its metrics:
+    the window's capture/ beside (or above) the analysis holds them; {} where there are none."""
     from sftprof.trace.metrics import read_metrics
 
     folder = Path(result_dir)
     for candidate in (folder, *folder.parents[:2]):
         metrics = sorted((candidate / "capture").glob("*.metrics.jsonl"))
         if metrics:
-            return read_metrics(metrics[0]).run.get("backend", "torch")
-    return "torch"
+            return read_metrics(metrics[0]).run
+    return {}
 
 
 def first_analysis_dir(result_dir: str | Path) -> Path:
@@ -137,8 +175,9 @@ def write_suggestions(analysis_dir: str | Path, backend: str, top: int, out_path
     from sftprof import results
 
     folder = first_analysis_dir(analysis_dir)
-    suggestions = suggest(results.load(folder), top, backend)
-    atomic_write_text(out_path, as_yaml(suggestions, str(folder)))
+    analysis, run = results.load(folder), {**run_facts(analysis_dir), "backend": backend}
+    suggestions = suggest(analysis, top, run)
+    atomic_write_text(out_path, as_yaml(suggestions, str(folder), ruled_out(analysis, run)))
     log.info("suggested variants for %s: %s", folder, ", ".join(name for name, *_ in suggestions) or "none")
 
 
@@ -147,10 +186,17 @@ def read_suggestions(path: str | Path) -> dict[str, dict]:
     return (yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}).get("variants", {})
 
 
-def as_yaml(suggestions: list[tuple[str, dict, str, float | None]], source: str) -> str:
-    """The variants as config YAML, each with a comment saying what it tests and what it should pay."""
+def as_yaml(suggestions: list[tuple[str, dict, str, float | None]], source: str, left_out: list[str] = ()) -> str:
+    """The variants as config YAML, each with a comment saying what it tests and what it should pay; the
+    remedies the run could not take, as comments after them."""
+    notes = [f"# Not suggested, {line}." for line in left_out]
     if not suggestions:
-        return f"# {source}: no finding with a gain has a remedy sftprof can switch on; nothing to try.\n"
+        return (
+            "\n".join(
+                [f"# {source}: no finding with a gain has a remedy this run can switch on; nothing to try.", *notes]
+            )
+            + "\n"
+        )
     lines = [
         f"# Variants that test the top findings of {source}, largest predicted gain first.",
         "# Paste under experiments.NAME.variants in config.yaml; results/NAME/variants/ gives the verdict.",
@@ -160,4 +206,4 @@ def as_yaml(suggestions: list[tuple[str, dict, str, float | None]], source: str)
         lines.append(f"  # {entry['motivated_by']}: {why}; predicted gain at most {gain:.1f}% of the median step")
         body = yaml.safe_dump({name: entry}, sort_keys=False, default_flow_style=False)
         lines += ["  " + line for line in body.splitlines()]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *notes]) + "\n"

@@ -81,6 +81,8 @@ _RUN_FACTS = {
     "precision": ("a string or null", lambda v: v is None or isinstance(v, str)),
     "device_name": ("a string", lambda v: isinstance(v, str)),
     "model": ("an object", lambda v: isinstance(v, dict)),
+    "backend": ("a string", lambda v: isinstance(v, str)),
+    "layer_spec": ("a string", lambda v: isinstance(v, str)),
 }
 _MODEL_FACTS = (
     "num_layers",

@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from sftprof.errors import SftprofError
+
 
 def _torch_backend(**kwargs) -> dict:
     from sftprof.capture.sft.torch_backend import train
@@ -81,13 +83,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     settings = json.loads(argv[0])
-    result = run(
-        settings["sft"]["backend"],
-        settings["model_dir"],
-        settings["train_jsonl"],
-        settings["metrics_path"],
-        settings["sft"],
-        settings["window"],
-    )
+    try:
+        result = run(
+            settings["sft"]["backend"],
+            settings["model_dir"],
+            settings["train_jsonl"],
+            settings["metrics_path"],
+            settings["sft"],
+            settings["window"],
+        )
+    except SftprofError as error:  # settings this run cannot take: one line in the profile log, no traceback
+        print(f"sftprof.capture.sft: error: {error}", file=sys.stderr)
+        return 1
     logging.getLogger("sftprof.capture.sft").info("done: %s", result)
     return 0

@@ -19,6 +19,8 @@ import os
 import time
 from pathlib import Path
 
+from sftprof.errors import SftprofError
+
 log = logging.getLogger(__name__)
 
 PRECISION_PLUGINS = {"bf16-mixed": "bf16_mixed", "16-mixed": "fp16_mixed"}
@@ -133,6 +135,7 @@ def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_a
                 },
                 "padding": "packed" if settings["packed_sequence_size"] else "max_length",
                 "backend": "nemo",
+                "layer_spec": settings["layer_spec"],
                 "cuda_graphs": settings["cuda_graphs"],
                 "overlap_grad_reduce": settings["overlap_grad_reduce"],
                 "overlap_param_gather": settings["overlap_param_gather"],
@@ -310,6 +313,31 @@ def _apply_knobs(recipe, settings: dict) -> None:
         recipe.trainer.strategy.use_te_rng_tracker = True
 
 
+class StackError(SftprofError, ValueError):
+    """A knob this Python's NeMo stack cannot run."""
+
+
+def _check_stack(settings: dict) -> None:
+    """Refuse, before any training, a knob megatron-core's local spec cannot run: its attention asserts that no
+    packed sequence reaches it, and GPTConfig.configure_model asserts Transformer Engine for CUDA graphs; both
+    would fail mid-run with an assertion from deep inside NeMo."""
+    if settings["layer_spec"] != "local":
+        return
+    knobs = [
+        name
+        for name, on in (
+            ("packed_sequence", settings["packed_sequence_size"]),
+            ("cuda_graphs", settings["cuda_graphs"]),
+        )
+        if on
+    ]
+    if knobs:
+        raise StackError(
+            f"sft.nemo.{' and sft.nemo.'.join(knobs)} need Transformer Engine, which this Python lacks "
+            "(megatron-core's local spec runs here); run in the NeMo container, or switch them off"
+        )
+
+
 def built_task(recipe, settings: dict):
     """fdl.build of the recipe: llm.finetune as a functools.partial over built objects. A random
     model keeps its published vocabulary size (NeMo would otherwise size the embedding from the
@@ -331,6 +359,7 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
         model_dir, train_jsonl, sft, window, dict(os.environ), metrics_path.parent / f"nemo-logs.rank{rank}"
     )
     log.info("NeMo fine-tuning: %s", settings)
+    _check_stack(settings)
     task = built_task(recipe, settings)
     task.keywords["trainer"].callbacks.append(
         _step_metrics_callback(metrics_path, rank, settings, sft["grad_accum_steps"])
