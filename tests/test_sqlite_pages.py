@@ -136,7 +136,6 @@ def damage_root(path: Path, case: str) -> None:
     "case",
     [
         "text value",
-        "text before the columns read",
         "real value",
         "overflowing record",
         "damaged cell pointer",
@@ -155,8 +154,6 @@ def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
     table, columns = "t", ["c1", "c2"]
     if case == "text value":
         make_table(path, rows + [(1, "abc", 3)], columns=3)
-    elif case == "text before the columns read":
-        make_table(path, rows + [("abc", 2, 3)], columns=3)
     elif case == "real value":
         make_table(path, rows + [(1, 2.5, 3)], columns=3)
     elif case == "overflowing record":
@@ -244,3 +241,62 @@ def test_event_store_falls_back_to_sqlite_midway_with_the_same_tables(monkeypatc
 
 def in_full_order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(list(frame.columns)).reset_index(drop=True)
+
+
+def test_columns_not_read_are_skipped_whatever_they_hold(tmp_path):
+    """Text, a blob, a float and a long text (whose serial type takes two header bytes) before or between
+    the integer columns read: skipped by their sizes, the integers read as SQLite reads them."""
+    path = tmp_path / "t.sqlite"
+    values = ["abc", b"\x00\x01", 2.5, "x" * 300, None, 7]
+    rows = [(values[i % len(values)], i, values[(i + 1) % len(values)], -i) for i in range(3000)]
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (a, b INTEGER, c, d INTEGER)")
+        conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", rows)
+    pd.testing.assert_frame_equal(decoded(path, "t", ["b", "d"]), sqlite_rows(path, "t", ["b", "d"]))
+
+
+CUT_BEFORE = (b", seq = ", b", op_id = ")
+
+
+def _cut(text: str) -> str:
+    from sftprof.trace.nsys_sqlite import _EMIT_NVTX_SUFFIX
+
+    return _EMIT_NVTX_SUFFIX.sub("", text)
+
+
+def test_text_codes_cut_as_the_pattern_does_and_name_each_text_once(tmp_path):
+    """Seeded random texts made of the markers' own pieces, digits and multi-byte characters: each code
+    names the text the regex cut leaves (nsys_sqlite.EMIT_NVTX_NUMBERING), one code per distinct name, in
+    small chunks so names recur across them; NULL is -1."""
+    rng = random.Random(7)
+    pieces = [", seq = ", ", op_id = ", ", seq", " = ", ",", "1", "42", "x", "é", "\u0663", "\n", "aten::mm"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 8))) for _ in range(4000)]
+    texts[::97] = [None] * len(texts[::97])
+    path = tmp_path / "t.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (n INTEGER, text TEXT)")
+        conn.executemany("INSERT INTO t VALUES (?, ?)", list(enumerate(texts)))
+    codes = sqlite_pages.TextCodes("text", CUT_BEFORE)
+    chunks = [chunk.copy() for chunk in sqlite_pages.int_columns(path, "t", ["n"], 4096, text=codes)]
+    frame = pd.concat(chunks, ignore_index=True)
+    names = [name.decode("utf-8") for name in codes.names()]
+    assert len(chunks) > 3 and len(names) == len(set(names))
+    assert list(frame["n"]) == list(range(len(texts)))
+    for text, code, cut in zip(texts, frame["text_code"], frame["text_cut"]):
+        if text is None:
+            assert code == -1
+        else:
+            assert names[code] == _cut(text) and cut == (_cut(text) != text)
+
+
+@pytest.mark.parametrize("case", ["blob in the text column", "overflowing text", "UTF-16 file"])
+def test_a_text_column_it_cannot_read_as_text_is_unsupported(tmp_path, case):
+    path = tmp_path / "t.sqlite"
+    with sqlite3.connect(path) as conn:
+        if case == "UTF-16 file":
+            conn.execute("PRAGMA encoding = 'UTF-16le'")
+        conn.execute("CREATE TABLE t (n INTEGER, text TEXT)")
+        value = {"blob in the text column": b"abc", "overflowing text": "y" * 10_000}.get(case, "abc")
+        conn.executemany("INSERT INTO t VALUES (?, ?)", [(1, "a"), (2, value)])
+    with pytest.raises(sqlite_pages.Unsupported):
+        list(sqlite_pages.int_columns(path, "t", ["n"], text=sqlite_pages.TextCodes("text", CUT_BEFORE)))

@@ -97,7 +97,8 @@ EMIT_NVTX_NAMES = {
 
 
 def test_nvtx_names_and_styles_are_the_same_categories_whichever_engine_reads_them(tmp_path):
-    """DuckDB reads NVTX ranges as codes; a name that is not UTF-8 sends the read back to sqlite3. Both give
+    """The page decoder reads NVTX ranges as codes; a name that is not UTF-8 sends the read back to sqlite3
+    (past DuckDB, which refuses it; tests/test_nvtx_read.py checks pages against DuckDB). Both give
     each range its name, with emit_nvtx's numbering cut the same way, and style (a StartEnd range among
     PushPop ones here), as categories."""
     path = tmp_path / "ranges.sqlite"

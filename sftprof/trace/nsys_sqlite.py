@@ -40,7 +40,8 @@ NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd
 # "aten::mm, seq = 12, op_id = 345, sizes = [...]". The numbering is cut as ranges are read, so that a
 # name says which op; otherwise every range has a name of its own (60M at 10M kernels), and so do the
 # tables by name. The same cut in Python (the sqlite3 route) and in DuckDB's RE2 (ASCII digits in both).
-EMIT_NVTX_NUMBERING = ", (?:seq|op_id) = [0-9]+.*"
+EMIT_NVTX_KEYS = ("seq", "op_id")
+EMIT_NVTX_NUMBERING = f", (?:{'|'.join(EMIT_NVTX_KEYS)}) = [0-9]+.*"
 _EMIT_NVTX_SUFFIX = re.compile(EMIT_NVTX_NUMBERING, re.DOTALL)
 NVTX_DOMAIN_CREATE = 75
 OSRT_CALL_CLASS = 27  # other OSRT_API classes are zero-length "profiling started/stopped" markers
@@ -260,11 +261,18 @@ def _nvtx_ranges(source: str) -> str:
         WHERE ne.eventType IN ({types})"""
 
 
-def _nvtx(export: Export, dropped) -> pd.DataFrame:
+def _nvtx(export: Export, strings: pd.DataFrame, dropped) -> pd.DataFrame:
     """NVTX ranges, names and styles as categories: a capture of NeMo's emit_nvtx holds millions of
-    ranges (6M at 1M kernels) but, once their numbering is cut, a few hundred names."""
+    ranges (6M at 1M kernels) but, once their numbering is cut, a few hundred names. Read from the
+    file's pages where the decoder can; else through DuckDB; else, for text that is not UTF-8, sqlite3."""
+    from sftprof.trace import sqlite_pages  # imports numba: only when an export is read
+
     if "NVTX_EVENTS" not in export.tables:
         return empty("nvtx")
+    try:
+        return valid_rows(_nvtx_from_pages(export, strings), "nvtx", dropped)
+    except sqlite_pages.Unsupported:
+        pass
     try:
         rows = _coded_names(export)
     # SQLite holds any bytes in a TEXT column, DuckDB refuses what is not UTF-8 text: read those as SQLite gives them
@@ -282,6 +290,175 @@ def _nvtx(export: Export, dropped) -> pd.DataFrame:
         order = keys.sort_values(list(keys), ascending=[True, False, True, True, True], kind="stable").index
         return rows.take(order).reset_index(drop=True)
     return valid_rows(rows, "nvtx", dropped)
+
+
+NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
+
+
+def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
+    """What _coded_names gives, read from NVTX_EVENTS' pages (sqlite_pages) in one pass: each event's text
+    as the code of its name with emit_nvtx's numbering cut, only the ranges kept; then names from StringIds
+    (textId) and domains (eventType 75, by domain and process) as _nvtx_ranges joins them, and the rows in
+    its order. Unsupported, so that the caller reads the table through DuckDB, for what this does not read
+    exactly as that SQL does: another format, text not in UTF-8, a range without a thread, a domain named
+    twice in one process, an id twice in StringIds."""
+    from sftprof.trace import sqlite_pages
+
+    if not isinstance(export, SqliteExport):
+        raise sqlite_pages.Unsupported("not an SQLite export")
+    ids = pd.Index(strings["id"])
+    if not ids.is_unique:
+        raise sqlite_pages.Unsupported("StringIds holds an id twice")
+    valued = strings["value"].notna().to_numpy()
+    text = sqlite_pages.TextCodes("text", tuple(f", {key} = ".encode() for key in EMIT_NVTX_KEYS))
+    styles = sorted(set(NVTX_RANGE_STYLES.values()))
+    style_of = np.full(max(NVTX_RANGE_STYLES) + 2, -1, dtype=np.int8)  # the last: any other event type
+    for event_type, style in NVTX_RANGE_STYLES.items():
+        style_of[event_type] = styles.index(style)
+    parts, created, latest = [], [], {"start": [], "end": []}  # latest times of any event: where open ranges end
+    for chunk in sqlite_pages.int_columns(export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, text=text):
+        for column, maxima in latest.items():
+            if chunk[column].notna().any():
+                maxima.append(int(chunk[column].max()))
+        kind = chunk["eventType"].to_numpy(dtype=np.int64, na_value=-1)  # NULL: no event type, not a range
+        created.append(chunk[kind == NVTX_DOMAIN_CREATE][["domainId", "globalTid", "text_code", "text_cut"]].copy())
+        style = style_of[np.where((kind >= 0) & (kind < len(style_of)), kind, len(style_of) - 1)]
+        is_range = style >= 0
+        (start, no_start), (end, open_), (thread, no_thread), (text_id, no_text_id), (domain, no_domain) = (
+            _kept(chunk[column], is_range) for column in ("start", "end", "globalTid", "textId", "domainId")
+        )
+        if no_thread.any():
+            raise sqlite_pages.Unsupported("a range without a thread")
+        # the name: StringIds' value where textId finds one with a value (label -2 - its row), else the text
+        found = np.full(len(start), -1, dtype=np.int64)
+        if len(ids):
+            found = ids.get_indexer(text_id)
+            found[no_text_id | ~valued[found]] = -1  # valued[-1] where none: -1 either way
+        label = np.where(found >= 0, -2 - found, chunk["text_code"].to_numpy()[is_range])
+        parts.append((start, no_start, end, open_, style[is_range], thread, label, domain, no_domain))
+    try:
+        text_names = [name.decode("utf-8") for name in text.names()]
+    except UnicodeDecodeError:
+        raise sqlite_pages.Unsupported("text not in UTF-8") from None
+    start, no_start, end, open_, style, global_tid, label, domain, no_domain = (
+        np.concatenate([part[i] for part in parts]) if parts else np.empty(0, dtype=np.int64) for i in range(9)
+    )
+    del parts
+    open_ = open_.astype(bool)
+    if latest["start"] and latest["end"]:  # else open ranges stay open, and valid_rows drops them
+        end[open_] = max(max(latest["start"]), max(latest["end"]))
+        open_[:] = False
+    pid, tid = (global_tid >> 24) & 16777215, global_tid & 16777215
+    domains = _domain_names(pd.concat(created) if created else None, text_names)
+    names, code = _range_names(label, domain, ~no_domain.astype(bool), pid, domains, text_names, strings["value"])
+    del label, domain, no_domain
+    order = np.argsort(start, kind="stable")  # NVTX events are listed by start: a merge of few runs
+    ties = np.flatnonzero(start[order][1:] == start[order][:-1])
+    if len(ties):  # the rest of _coded_names' ORDER BY: end descending (an open range is dropped later)
+        in_tie = np.zeros(len(order), dtype=bool)
+        in_tie[ties], in_tie[ties + 1] = True, True
+        tied = np.flatnonzero(in_tie)
+        rows = order[tied]
+        order[tied] = rows[np.lexsort((style[rows], code[rows], global_tid[rows], ~end[rows], start[rows]))]
+    frame = pd.DataFrame(
+        {
+            "start": pd.arrays.IntegerArray(start[order], no_start[order].astype(bool))
+            if no_start.any()
+            else start[order],
+            "end": pd.arrays.IntegerArray(end[order], open_[order]) if open_.any() else end[order],
+            "global_tid": global_tid[order],
+            "pid": pid[order],
+            "tid": tid[order],
+        }
+    )
+    frame["name"] = pd.Categorical.from_codes(code[order], names)
+    frame["style"] = pd.Categorical.from_codes(style[order], styles).remove_unused_categories()
+    return frame
+
+
+def _kept(column: pd.Series, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk's column at `keep` (NULL as 0) and where it is NULL, copied: the page decoder reuses its arrays."""
+    return column.to_numpy(dtype=np.int64, na_value=0)[keep], column.isna().to_numpy()[keep]
+
+
+def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.DataFrame:
+    """The domains created (eventType 75) by (domainId, pid), with `name` (the text's name, cut) and `cut`
+    (the domain's own name held emit_nvtx's numbering, so it is the whole name, as the SQL's cut of
+    `DOMAIN:TEXT` gives); domains without a name are left out, as the SQL's CASE leaves them."""
+    from sftprof.trace import sqlite_pages
+
+    if created is None or created.empty:
+        return pd.DataFrame({"domainId": [], "pid": [], "name": [], "cut": []})
+    # a NULL domainId or thread joins no range
+    created = created[created["domainId"].notna() & created["globalTid"].notna()]
+    created = created.astype({"domainId": "int64", "globalTid": "int64"})
+    created = created.assign(pid=(created["globalTid"].to_numpy() >> 24) & 16777215)
+    named = created[created["text_code"] >= 0]
+    if (
+        named.groupby(["domainId", "globalTid"])[["text_code", "text_cut"]].nunique().gt(1).any().any()
+        or created.groupby(["domainId", "pid"])["globalTid"].nunique().gt(1).any()
+    ):  # SQL takes the least of a domain's names, and joins each range to every thread that created it
+        raise sqlite_pages.Unsupported("a domain named twice in one process")
+    named = named.drop_duplicates(["domainId", "pid"])
+    return pd.DataFrame(
+        {
+            "domainId": named["domainId"].to_numpy(),
+            "pid": named["pid"].to_numpy(),
+            "name": [text_names[code] for code in named["text_code"]],
+            "cut": named["text_cut"].to_numpy(),
+        }
+    )
+
+
+def _range_names(label, domain, in_domain, pid, domains: pd.DataFrame, text_names: list[str], values: pd.Series):
+    """The sorted names the ranges use and each range's code (-1: none): `label` is a text's code, or
+    -2 - the StringIds row of the value that names it, or -1; a range in a domain its process named
+    (`in_domain`: its domainId is not NULL) is `DOMAIN:NAME`."""
+    numbered: dict[str, int] = {}  # name -> its number in order of meeting
+
+    def number(name: str) -> int:
+        return numbered.setdefault(name, len(numbered))
+
+    def name_of(base: int) -> str | None:
+        if base >= 0:
+            return text_names[base]
+        return _EMIT_NVTX_SUFFIX.sub("", str(values.iloc[-2 - base])) if base <= -2 else None
+
+    def base_numbers(labels: np.ndarray) -> np.ndarray:
+        texts = np.full(len(text_names), -1, dtype=np.int64)
+        used = np.flatnonzero(np.bincount(labels[labels >= 0], minlength=len(text_names)))
+        texts[used] = [number(text_names[i]) for i in used]
+        rows = np.full(len(values), -1, dtype=np.int64)
+        used = np.unique(-2 - labels[labels <= -2])
+        rows[used] = [number(name_of(-2 - i)) for i in used]
+        numbers = np.full(len(labels), -1, dtype=np.int64)
+        numbers[labels >= 0], numbers[labels <= -2] = texts[labels[labels >= 0]], rows[-2 - labels[labels <= -2]]
+        return numbers
+
+    at = np.full(len(label), -1, dtype=np.int64)  # the row of `domains` that a range's domain and process find
+    candidates = np.flatnonzero(in_domain & np.isin(domain, domains["domainId"].to_numpy(dtype=np.int64)))
+    if len(candidates):
+        index = pd.MultiIndex.from_arrays([domains["domainId"].to_numpy(), domains["pid"].to_numpy()])
+        at[candidates] = index.get_indexer(pd.MultiIndex.from_arrays([domain[candidates], pid[candidates]]))
+    if (at < 0).all():
+        code = base_numbers(label)
+    else:
+        code = np.full(len(label), -1, dtype=np.int64)
+        code[at < 0] = base_numbers(label[at < 0])
+        inside = np.flatnonzero(at >= 0)
+        pairs, which = np.unique(np.stack([at[inside], label[inside]]), axis=1, return_inverse=True)
+        numbers = np.full(pairs.shape[1], -1, dtype=np.int64)
+        for i, (row, base) in enumerate(pairs.T):
+            part, own = name_of(base), domains["name"].iat[row]
+            # SQL cuts `DOMAIN:NAME`: where the domain's own name holds the numbering, the cut ends there
+            if part is not None:
+                numbers[i] = number(own if domains["cut"].iat[row] else f"{own}:{part}")
+        code[inside] = numbers[which.ravel()]
+    names = sorted(numbered)
+    rank = np.empty(len(names) + 1, dtype=np.int32)
+    rank[[numbered[name] for name in names]] = np.arange(len(names), dtype=np.int32)
+    rank[-1] = -1  # code -1 stays -1
+    return names, rank[code]
 
 
 def _coded_names(export: Export) -> pd.DataFrame:
@@ -526,7 +703,7 @@ def _load(export: Export) -> TraceTables:
                 span_ns=_span_ns(export, dropped),
                 sources=_sources(tables),
                 threads=_threads(export, strings),
-                nvtx=_nvtx(export, dropped),
+                nvtx=_nvtx(export, strings, dropped),
                 osrt=_osrt(export, strings, dropped),
                 memops=_memops(export, release, dropped),
                 sync=_sync(export, dropped),

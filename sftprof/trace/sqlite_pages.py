@@ -1,13 +1,16 @@
-"""Integer columns of an SQLite table read straight from the file's table b-tree (the documented
-file format: https://www.sqlite.org/fileformat2.html), decoded by numba-compiled loops.
+"""Integer columns of an SQLite table, and at most one text column as codes, read straight from the
+file's table b-tree (the documented file format: https://www.sqlite.org/fileformat2.html), decoded by
+numba-compiled loops.
 
 Why: copying kernels and CUDA API calls out of an nsys export was the slowest part of analysing
 it. At 10M kernels (22M API calls) DuckDB's SQLite reader spent 22 s of CPU on the two tables; this
 decoder spends 5 s, and the whole copy into DuckDB fell from 16-19 s to 9-10 s (benchmarks/ENGINE.md).
+NVTX ranges, which NeMo's emit_nvtx writes by the million, each with a name of its own, read with
+their names as codes (TextCodes): 1.3 s for 6M where DuckDB's copy and cut took 9 s (section 7 there).
 
-Only the files nsys writes take this path: a rollback-journal database with no hot journal, a
-rowid table whose records fit in their page and hold integers or NULLs in the columns up to the last
-one read. Anything else raises Unsupported, before or during the read, and the caller reads the
+Only the files nsys writes take this path: a rollback-journal UTF-8 database with no hot journal, a
+rowid table whose records fit in their page and hold integers or NULLs in the columns read (text in
+the text column). Anything else raises Unsupported, before or during the read, and the caller reads the
 table through SQLite instead; so does damage (a page number, cell pointer or record out of its
 bounds, an interior page reached twice): every offset is checked, and every walk ends.
 """
@@ -38,11 +41,13 @@ class Unsupported(Exception):
 
 
 @numba.njit(cache=True, nogil=True)  # compiled on first use, then loaded from numba's cache
-def _decode(pages, page_size, usable, slot, out, missing):
+def _decode(pages, page_size, usable, slot, out, missing, text_slot, text_at, text_size):
     """Decode every cell of the leaf pages in `pages` (concatenated) into `out` (one row per
-    wanted column; `slot[c]` is column c's row, or -1) and `missing` (NULLs). Returns the number
-    of records, or -1 for a page that is not a table leaf, -2 for a record that overflows its
-    page, -3 for a value that is not an integer or NULL, -4 for a cell outside its page (every
+    wanted column; `slot[c]` is column c's row, or -1) and `missing` (NULLs); for the column
+    `text_slot` (or none, -1), where its text starts in `pages` and its length in bytes (-1: NULL)
+    into `text_at`/`text_size`. Columns not read are skipped whatever they hold. Returns the number
+    of records, or -1 for a page that is not a table leaf, -2 for a record that overflows its page,
+    -3 for a value of another type than the column is read as, -4 for a cell outside its page (every
     offset is checked: compiled code does not check its indexes)."""
     row = 0
     for base in range(0, len(pages), page_size):
@@ -82,20 +87,48 @@ def _decode(pages, page_size, usable, slot, out, missing):
             header_size = np.int64(pages[pos])
             if header_size >= 0x80:
                 return -3
-            body = pos + header_size
+            body, serial, header_end = pos + header_size, pos + 1, pos + header_size
             if body > end:
                 return -4
             for column in range(len(slot)):
-                # serial types 0-9 are single header bytes: NULL, big-endian integers of
-                # 1, 2, 3, 4, 6 and 8 bytes, a float (7), and the constants 0 and 1
-                kind = pages[pos + 1 + column] if column < header_size - 1 else 0
-                if kind == 7 or kind > 9:
+                # each column's serial type, a varint: 0 NULL; 1-6 big-endian integers of 1, 2, 3, 4, 6 and
+                # 8 bytes; 7 a float; 8 and 9 the constants 0 and 1; from 12 a blob (even) or text (odd)
+                kind = np.int64(0)  # columns past the header's end are NULL
+                if serial < header_end and pages[serial] < 0x80:  # one byte: every type but long text or blobs
+                    kind = np.int64(pages[serial])
+                    serial += 1
+                else:
+                    for k in range(9):
+                        if serial >= header_end:
+                            break
+                        byte = pages[serial]
+                        serial += 1
+                        if k == 8:
+                            kind = (kind << 8) | byte
+                            break
+                        kind = (kind << 7) | (byte & 0x7F)
+                        if byte < 0x80:
+                            break
+                if kind >= 12:
+                    size = (kind - 12) >> 1
+                elif kind == 10 or kind == 11:
                     return -3
-                size = kind if kind <= 4 else (6 if kind == 5 else (8 if kind == 6 else 0))
+                else:
+                    size = kind if kind <= 4 else (6 if kind == 5 else (8 if kind <= 7 else 0))
                 if body + size > end:
                     return -4
                 target = slot[column]
-                if target >= 0:
+                if column == text_slot:
+                    if kind == 0:
+                        text_size[row] = -1
+                    elif kind >= 13 and kind & 1:
+                        text_at[row] = body
+                        text_size[row] = size
+                    else:
+                        return -3
+                elif target >= 0:
+                    if kind == 7 or kind >= 12:
+                        return -3
                     if kind == 0:
                         missing[target, row] = True
                         out[target, row] = 0
@@ -111,6 +144,108 @@ def _decode(pages, page_size, usable, slot, out, missing):
     return row
 
 
+@numba.njit(cache=True, nogil=True)
+def _intern(pages, text_at, text_size, rows, cut_before, table, names, offsets, count, codes, was_cut):
+    """Give each of the `rows` texts (at `text_at`, `text_size` bytes in `pages`) the code of its name:
+    the text cut at the first of the `cut_before` markers (rows of bytes, 0-padded) that an ASCII digit
+    follows. New names are appended to `names` (their ends in `offsets`) and found again through `table`
+    (FNV-1a hash -> code), each hit checked byte for byte. Returns the number of names, or -1 where two
+    names share a hash (the caller reads the table another way)."""
+    for row in range(rows):
+        size = text_size[row]
+        if size < 0:
+            codes[row], was_cut[row] = -1, False
+            continue
+        start = text_at[row]
+        length = size
+        for i in range(size):
+            if pages[start + i] != 44:  # ","
+                continue
+            for m in range(cut_before.shape[0]):
+                k, matched = 0, True
+                while cut_before[m, k] != 0:  # each row ends in at least one 0
+                    if i + k >= size or pages[start + i + k] != cut_before[m, k]:
+                        matched = False
+                        break
+                    k += 1
+                if matched and i + k < size and 48 <= pages[start + i + k] <= 57:  # an ASCII digit
+                    length = i
+                    break
+            if length < size:
+                break
+        digest = np.uint64(14695981039346656037)
+        for i in range(length):
+            digest = (digest ^ np.uint64(pages[start + i])) * np.uint64(1099511628211)
+        key = np.int64(digest)
+        code = np.int64(-1)
+        if key in table:
+            code = table[key]
+        if code < 0:
+            code = count
+            first = offsets[count]
+            names[first : first + length] = pages[start : start + length]
+            offsets[count + 1] = first + length
+            table[key] = code
+            count += 1
+        else:
+            first = offsets[code]
+            if offsets[code + 1] - first != length:
+                return -1
+            for i in range(length):
+                if names[first + i] != pages[start + i]:
+                    return -1
+        codes[row], was_cut[row] = code, length < size
+    return count
+
+
+class TextCodes:
+    """One text column of a table read as codes (int_columns' `text`): each text cut before the first of
+    `cut_before` that an ASCII digit follows (a numbering to drop), then the same name, the same code.
+    The names are kept once each, as bytes (`names()`), in the order first met."""
+
+    def __init__(self, column: str, cut_before: tuple[bytes, ...] = ()):
+        self.column = column
+        width = max((len(marker) for marker in cut_before), default=0)
+        self._cut_before = np.zeros((len(cut_before), width + 1), dtype=np.uint8)
+        for row, marker in enumerate(cut_before):
+            if not marker.startswith(b",") or b"\0" in marker:
+                raise ValueError(f"a cut marker starts with a comma and holds no NUL: {marker!r}")
+            self._cut_before[row, : len(marker)] = np.frombuffer(marker, dtype=np.uint8)
+        self._table = numba.typed.Dict.empty(key_type=numba.types.int64, value_type=numba.types.int64)
+        self._names = np.empty(0, dtype=np.uint8)
+        self._offsets = np.zeros(1, dtype=np.int64)
+        self._count = 0
+
+    def _room(self, rows: int, size: int) -> None:
+        """Arrays long enough for `rows` more names of `size` more bytes, whatever the chunk holds."""
+        used = int(self._offsets[self._count])
+        if used + size > len(self._names):
+            self._names = np.concatenate([self._names[:used], np.empty(max(size, used), dtype=np.uint8)])
+        if self._count + rows + 1 > len(self._offsets):
+            grown = np.empty(self._count + rows + 1 + len(self._offsets), dtype=np.int64)
+            grown[: self._count + 1] = self._offsets[: self._count + 1]
+            self._offsets = grown
+
+    def encode(self, pages, text_at, text_size, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Codes (int32, -1 for NULL) and whether each text was cut, for a chunk's `rows` texts."""
+        sizes = text_size[:rows]
+        self._room(rows, int(sizes[sizes > 0].sum()))
+        codes, was_cut = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.bool_)
+        count = _intern(
+            pages, text_at, text_size, rows, self._cut_before, self._table, self._names, self._offsets,
+            self._count, codes, was_cut,
+        )  # fmt: skip
+        if count < 0:
+            raise Unsupported(f"two {self.column} values share a hash")
+        self._count = count
+        return codes.astype(np.int32), was_cut
+
+    def names(self) -> list[bytes]:
+        return [
+            bytes(self._names[a:b]) for a, b in zip(self._offsets[: self._count], self._offsets[1 : self._count + 1])
+        ]
+
+
 def _read_into(handle: int, buffer, offset: int) -> None:
     if os.preadv(handle, [buffer], offset) != len(buffer):
         raise Unsupported("the file ends inside a page")
@@ -122,15 +257,16 @@ def _read(handle: int, offset: int, size: int) -> bytearray:
     return buffer
 
 
-def _table(path: Path, table: str, columns: list[str]) -> tuple[int, np.ndarray]:
+def _table(path: Path, table: str, columns: list[str], text: str | None = None) -> tuple[int, np.ndarray]:
     """The table's root page, and for each of its columns up to the last wanted one, the position
-    of that column in `columns` (or -1)."""
+    of that column in `columns` (or -1); the text column `text`, if any, is at len(columns)."""
     with sqlite3.connect(read_only_uri(path), uri=True) as conn:
         root = conn.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
         info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
     if root is None or not root[0]:
         raise Unsupported(f"no table {table}")
     names = [row[1] for row in info]
+    columns = [*columns, text] if text else columns
     for name in columns:
         if name not in names:
             raise Unsupported(f"{table} has no column {name}")
@@ -188,21 +324,24 @@ def _runs(pages: np.ndarray) -> list[tuple[int, int]]:
 
 
 def int_columns(
-    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES
+    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES, text: TextCodes | None = None
 ) -> Iterator[pd.DataFrame]:
     """The table's `columns`, in rowid order, as DataFrames of the rows of `chunk_bytes` of leaf
-    pages each; int64 columns, or nullable Int64 where a chunk holds NULLs. A chunk's arrays are
-    reused for the next one: use (or copy) each chunk before asking for the next."""
+    pages each; int64 columns, or nullable Int64 where a chunk holds NULLs. With `text`, that text
+    column too, as `text_code` (int32, -1 for NULL) and `text_cut` (see TextCodes). A chunk's arrays
+    are reused for the next one: use (or copy) each chunk before asking for the next."""
     path = Path(path)
     for suffix in ("-journal", "-wal"):
         if Path(f"{path}{suffix}").exists():
             raise Unsupported(f"{path.name}{suffix} exists: SQLite would replay it")
-    root, slot = _table(path, table, columns)
+    root, slot = _table(path, table, columns, text.column if text else None)
     handle = os.open(path, os.O_RDONLY)
     try:
         header = _read(handle, 0, 100)
         if header[:16] != HEADER or header[18] != 1 or header[19] != 1:
             raise Unsupported("not a rollback-journal SQLite 3 file")
+        if text and int.from_bytes(header[56:60], "big") != 1:
+            raise Unsupported("text not in UTF-8")
         page_size = int.from_bytes(header[16:18], "big")
         page_size = 65536 if page_size == 1 else page_size
         usable = page_size - header[20]
@@ -214,6 +353,8 @@ def int_columns(
         # would cost a page fault per 4 KiB on each chunk.
         pages = np.empty(min(pages_per_chunk, len(leaves)) * page_size, dtype=np.uint8)
         out, missing = np.empty((len(columns), 0), dtype=np.int64), np.empty((len(columns), 0), dtype=np.bool_)
+        text_at, text_size = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        text_slot = int(np.flatnonzero(slot == len(columns))[0]) if text else -1
         for first in range(0, len(leaves), pages_per_chunk):
             size = 0
             for start, count in _runs(leaves[first : first + pages_per_chunk]):
@@ -229,8 +370,10 @@ def int_columns(
             if rows > out.shape[1]:
                 out = np.empty((len(columns), rows), dtype=np.int64)
                 missing = np.empty((len(columns), rows), dtype=np.bool_)
+                if text:
+                    text_at, text_size = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
             missing[:, :rows] = False
-            decoded = _decode(pages[:size], page_size, usable, slot, out, missing)
+            decoded = _decode(pages[:size], page_size, usable, slot, out, missing, text_slot, text_at, text_size)
             if decoded != rows:
                 raise Unsupported(
                     {
@@ -239,14 +382,14 @@ def int_columns(
                         -3: "a value that is not an integer",
                     }.get(decoded, "a damaged page")
                 )
-            yield pd.DataFrame(
-                {
-                    name: pd.arrays.IntegerArray(out[i, :rows], missing[i, :rows])
-                    if missing[i, :rows].any()
-                    else out[i, :rows]
-                    for i, name in enumerate(columns)
-                },
-                copy=False,
-            )
+            frame = {
+                name: pd.arrays.IntegerArray(out[i, :rows], missing[i, :rows])
+                if missing[i, :rows].any()
+                else out[i, :rows]
+                for i, name in enumerate(columns)
+            }
+            if text:
+                frame["text_code"], frame["text_cut"] = text.encode(pages[:size], text_at, text_size, rows)
+            yield pd.DataFrame(frame, copy=False)
     finally:
         os.close(handle)

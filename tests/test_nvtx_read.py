@@ -1,0 +1,117 @@
+"""NVTX ranges read from the export's pages (nsys_sqlite._nvtx_from_pages) against the SQL route
+(_coded_names, DuckDB) on the same file: the same rows, names, styles and order, the same rows dropped;
+and the SQL route, never a different answer, for what the page route does not read."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
+from sftprof.trace.nsys_export import SqliteExport
+from sftprof.trace.tables import valid_rows
+
+from conftest import REPO
+
+RANGE = "(SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY rowid LIMIT 1 OFFSET {})"
+THREAD = "(SELECT globalTid FROM NVTX_EVENTS WHERE eventType = 59 LIMIT 1)"
+EDITS = {
+    "emit_nvtx names, a long one, a StartEnd range": [
+        f"UPDATE NVTX_EVENTS SET text = 'aten::mm, seq = 12, op_id = 345, sizes = [[4, 8]]', textId = NULL WHERE rowid = {RANGE.format(3)}",
+        f"UPDATE NVTX_EVENTS SET text = 'odd, seq = x, op_id = 7', textId = NULL WHERE rowid = {RANGE.format(4)}",
+        f"UPDATE NVTX_EVENTS SET text = 'long ' || printf('%.300c', 'x') || ', op_id = 1', textId = NULL WHERE rowid = {RANGE.format(5)}",
+        f"UPDATE NVTX_EVENTS SET eventType = 60 WHERE rowid = {RANGE.format(6)}",
+    ],
+    "domains and registered strings": [
+        "INSERT INTO StringIds (id, value) VALUES (999999, 'aten::add, seq = 4, op_id = 2')",
+        f"INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (-5, 75, 'mine', {THREAD}, 7)",
+        f"INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (-4, 75, 'cut, op_id = 9 x', {THREAD}, 8)",
+        f"UPDATE NVTX_EVENTS SET domainId = 7 WHERE rowid IN ({RANGE.format(1)}, {RANGE.format(2)})",
+        f"UPDATE NVTX_EVENTS SET domainId = 7, textId = 999999, text = NULL WHERE rowid = {RANGE.format(3)}",
+        f"UPDATE NVTX_EVENTS SET domainId = 7, textId = NULL, text = NULL WHERE rowid = {RANGE.format(4)}",
+        f"UPDATE NVTX_EVENTS SET domainId = 8 WHERE rowid = {RANGE.format(5)}",
+        f"UPDATE NVTX_EVENTS SET domainId = 9 WHERE rowid = {RANGE.format(6)}",  # a domain never created
+        f"UPDATE NVTX_EVENTS SET textId = 999999, text = NULL WHERE rowid = {RANGE.format(7)}",
+    ],
+    "ties on start": [
+        f'UPDATE NVTX_EVENTS SET start = (SELECT start FROM NVTX_EVENTS WHERE rowid = {RANGE.format(2)}), "end" = "end" + 5 WHERE rowid IN ({RANGE.format(3)}, {RANGE.format(4)})',
+        f"UPDATE NVTX_EVENTS SET text = 'b' WHERE rowid = {RANGE.format(3)}",
+    ],
+    "ranges left open": [f'UPDATE NVTX_EVENTS SET "end" = NULL WHERE rowid IN ({RANGE.format(0)}, {RANGE.format(8)})'],
+    "no range ever ends": ['UPDATE NVTX_EVENTS SET "end" = NULL'],
+    "damaged values": [  # NOT NULL is taken off the schema first, as a hostile file may have it
+        f"UPDATE NVTX_EVENTS SET start = NULL WHERE rowid = {RANGE.format(2)}",
+        f"UPDATE NVTX_EVENTS SET eventType = NULL WHERE rowid = {RANGE.format(3)}",
+        f'UPDATE NVTX_EVENTS SET "end" = {2**63 - 1} WHERE rowid = {RANGE.format(4)}',
+        f"UPDATE NVTX_EVENTS SET start = {-(2**63) + 1} WHERE rowid = {RANGE.format(5)}",
+        f'UPDATE NVTX_EVENTS SET "end" = start - 1 WHERE rowid = {RANGE.format(6)}',
+        f"UPDATE NVTX_EVENTS SET eventType = {2**40} WHERE rowid = {RANGE.format(7)}",
+    ],
+}
+
+
+def _edited(tmp_path, edits) -> SqliteExport:
+    path = tmp_path / "ranges.sqlite"
+    shutil.copy(REPO / "tests" / "fixtures" / "h200_sft_clean.sqlite", path)
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA writable_schema = ON")
+        con.execute("UPDATE sqlite_master SET sql = replace(sql, 'NOT NULL', '') WHERE name = 'NVTX_EVENTS'")
+    with sqlite3.connect(path) as con:
+        for edit in edits:
+            con.execute(edit)
+    return SqliteExport(path)
+
+
+@pytest.mark.parametrize("case", EDITS)
+def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
+    export = _edited(tmp_path, EDITS[case])
+    try:
+        dropped_pages, dropped_sql = {}, {}
+        pages = valid_rows(nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export)), "nvtx", dropped_pages)
+        sql = valid_rows(nsys_sqlite._coded_names(export), "nvtx", dropped_sql)
+    finally:
+        export.close()
+    pd.testing.assert_frame_equal(pages, sql)
+    assert dropped_pages == dropped_sql
+    if case == "domains and registered strings":  # the edits reached the names
+        assert {"mine:aten::add", "cut", "aten::add"} <= set(pages["name"].dropna()) and pages["name"].isna().sum() == 1
+    if case == "no range ever ends":
+        assert pages.empty and dropped_pages["nvtx"] > 0
+    if case == "damaged values":
+        assert dropped_pages["nvtx"] == 4  # NULL start, end at 2^63 - 1, start at -(2^63 - 1), end before start
+
+
+@pytest.mark.parametrize(
+    "case, edits",
+    [
+        (
+            "a domain named twice in one process",
+            [
+                f"INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (-5, 75, 'a', {THREAD}, 7)",
+                f"INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (-4, 75, 'b', {THREAD} + 1, 7)",
+                f"UPDATE NVTX_EVENTS SET domainId = 7 WHERE rowid = {RANGE.format(1)}",
+            ],
+        ),
+        (
+            "text not in UTF-8",
+            [f"UPDATE NVTX_EVENTS SET text = CAST(X'66ff6f' AS TEXT) WHERE rowid = {RANGE.format(1)}"],
+        ),
+        ("a range without a thread", [f"UPDATE NVTX_EVENTS SET globalTid = NULL WHERE rowid = {RANGE.format(1)}"]),
+        (
+            "a name too long for its page",
+            [f"UPDATE NVTX_EVENTS SET text = printf('%.9000c', 'n') WHERE rowid = {RANGE.format(1)}"],
+        ),
+    ],
+)
+def test_what_the_page_route_does_not_read_goes_the_sql_way(tmp_path, case, edits):
+    export = _edited(tmp_path, edits)
+    try:
+        with pytest.raises(sqlite_pages.Unsupported):
+            nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export))
+    finally:
+        export.close()
+    ranges = load_trace(export.path).nvtx  # loads, by DuckDB (or sqlite3 for the bytes DuckDB refuses)
+    assert len(ranges) and ranges["name"].dtype == "category"
