@@ -7,6 +7,7 @@ import random
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -277,12 +278,15 @@ def test_text_codes_cut_as_the_pattern_does_and_name_each_text_once(tmp_path):
         conn.execute("CREATE TABLE t (n INTEGER, text TEXT)")
         conn.executemany("INSERT INTO t VALUES (?, ?)", list(enumerate(texts)))
     codes = sqlite_pages.TextCodes("text", CUT_BEFORE)
-    chunks = [chunk.copy() for chunk in sqlite_pages.int_columns(path, "t", ["n"], 4096, text=codes)]
-    frame = pd.concat(chunks, ignore_index=True)
+    chunks = [
+        (values[0].copy(), code, cut)
+        for values, _, code, cut in sqlite_pages.raw_columns(path, "t", ["n"], 4096, text=codes)
+    ]
+    numbers, text_codes, text_cut = (np.concatenate(column) for column in zip(*chunks))
     names = [name.decode("utf-8") for name in codes.names()]
     assert len(chunks) > 3 and len(names) == len(set(names))
-    assert list(frame["n"]) == list(range(len(texts)))
-    for text, code, cut in zip(texts, frame["text_code"], frame["text_cut"]):
+    assert list(numbers) == list(range(len(texts)))
+    for text, code, cut in zip(texts, text_codes, text_cut):
         if text is None:
             assert code == -1
         else:
@@ -299,4 +303,4 @@ def test_a_text_column_it_cannot_read_as_text_is_unsupported(tmp_path, case):
         value = {"blob in the text column": b"abc", "overflowing text": "y" * 10_000}.get(case, "abc")
         conn.executemany("INSERT INTO t VALUES (?, ?)", [(1, "a"), (2, value)])
     with pytest.raises(sqlite_pages.Unsupported):
-        list(sqlite_pages.int_columns(path, "t", ["n"], text=sqlite_pages.TextCodes("text", CUT_BEFORE)))
+        list(sqlite_pages.raw_columns(path, "t", ["n"], text=sqlite_pages.TextCodes("text", CUT_BEFORE)))

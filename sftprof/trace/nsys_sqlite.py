@@ -316,69 +316,102 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
     for event_type, style in NVTX_RANGE_STYLES.items():
         style_of[event_type] = styles.index(style)
     parts, created, latest = [], [], {"start": [], "end": []}  # latest times of any event: where open ranges end
-    for chunk in sqlite_pages.int_columns(export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, text=text):
-        for column, maxima in latest.items():
-            if chunk[column].notna().any():
-                maxima.append(int(chunk[column].max()))
-        kind = chunk["eventType"].to_numpy(dtype=np.int64, na_value=-1)  # NULL: no event type, not a range
-        created.append(chunk[kind == NVTX_DOMAIN_CREATE][["domainId", "globalTid", "text_code", "text_cut"]].copy())
+    chunks = sqlite_pages.raw_columns(export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, text=text)
+    for values, missing, text_code, text_cut in chunks:
+        start, end, kind, thread, text_id, domain = values  # NVTX_PAGE_COLUMNS
+        for i, maxima in enumerate(latest.values()):  # start, end
+            if not missing[i].all():
+                maxima.append(int(values[i][~missing[i]].max()))
+        kind = np.where(missing[2], -1, kind)  # NULL: no event type, not a range
+        is_created = kind == NVTX_DOMAIN_CREATE
+        if is_created.any():
+            created.append(
+                pd.DataFrame(
+                    {
+                        "domainId": pd.arrays.IntegerArray(domain[is_created], missing[5][is_created]),
+                        "globalTid": pd.arrays.IntegerArray(thread[is_created], missing[3][is_created]),
+                        "text_code": text_code[is_created],
+                        "text_cut": text_cut[is_created],
+                    }
+                )
+            )
         style = style_of[np.where((kind >= 0) & (kind < len(style_of)), kind, len(style_of) - 1)]
         is_range = style >= 0
-        (start, no_start), (end, open_), (thread, no_thread), (text_id, no_text_id), (domain, no_domain) = (
-            _kept(chunk[column], is_range) for column in ("start", "end", "globalTid", "textId", "domainId")
-        )
-        if no_thread.any():
+        if missing[3][is_range].any():
             raise sqlite_pages.Unsupported("a range without a thread")
         # the name: StringIds' value where textId finds one with a value (label -2 - its row), else the text
-        found = np.full(len(start), -1, dtype=np.int64)
-        if len(ids):
-            found = ids.get_indexer(text_id)
-            found[no_text_id | ~valued[found]] = -1  # valued[-1] where none: -1 either way
-        label = np.where(found >= 0, -2 - found, chunk["text_code"].to_numpy()[is_range])
-        parts.append((start, no_start, end, open_, style[is_range], thread, label, domain, no_domain))
+        with_id = np.flatnonzero(is_range & ~missing[4])
+        if len(ids) and len(with_id):
+            found = ids.get_indexer(text_id[with_id])
+            named = found >= 0
+            named[named] = valued[found[named]]
+            text_code[with_id[named]] = -2 - found[named]  # text_code is the chunk's own
+        # copies (the decoder reuses its arrays); a column's NULLs only where it has some
+        nulls = [missing[i][is_range] if missing[i].any() else None for i in range(len(NVTX_PAGE_COLUMNS))]
+        parts.append(
+            [start[is_range], nulls[0], end[is_range], nulls[1], style[is_range], thread[is_range]]
+            + [text_code[is_range], domain[is_range], nulls[5]]
+        )
     try:
         text_names = [name.decode("utf-8") for name in text.names()]
     except UnicodeDecodeError:
         raise sqlite_pages.Unsupported("text not in UTF-8") from None
+    # one column at a time, each chunk's piece let go once joined: 60M ranges at 10M kernels of NeMo's shape
+    kinds = (np.int64, bool, np.int64, bool, np.int8, np.int64, np.int32, np.int64, bool)
+    parts = parts or [[np.empty(0, dtype=kind) for kind in kinds]]  # a table without rows
+    sizes = [len(part[0]) for part in parts]
     start, no_start, end, open_, style, global_tid, label, domain, no_domain = (
-        np.concatenate([part[i] for part in parts]) if parts else np.empty(0, dtype=np.int64) for i in range(9)
+        _joined(parts, sizes, i, kind) for i, kind in enumerate(kinds)
     )
-    del parts
-    open_ = open_.astype(bool)
-    if latest["start"] and latest["end"]:  # else open ranges stay open, and valid_rows drops them
+    if open_ is not None and latest["start"] and latest["end"]:  # else open ranges stay open: valid_rows drops them
         end[open_] = max(max(latest["start"]), max(latest["end"]))
-        open_[:] = False
-    pid, tid = (global_tid >> 24) & 16777215, global_tid & 16777215
+        open_ = None
     domains = _domain_names(pd.concat(created) if created else None, text_names)
-    names, code = _range_names(label, domain, ~no_domain.astype(bool), pid, domains, text_names, strings["value"])
-    del label, domain, no_domain
-    order = np.argsort(start, kind="stable")  # NVTX events are listed by start: a merge of few runs
-    ties = np.flatnonzero(start[order][1:] == start[order][:-1])
+    in_domain = ~no_domain if no_domain is not None else None
+    names, code = _range_names(label, domain, in_domain, global_tid, domains, text_names, strings["value"])
+    del label, domain, no_domain, in_domain
+    order = None  # NVTX events are listed by start: mostly nothing to move
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():
+        order = np.argsort(start, kind="stable")  # a merge of few runs
+    starts = start if order is None else start[order]
+    ties = np.flatnonzero(starts[1:] == starts[:-1])
+    del starts
     if len(ties):  # the rest of _coded_names' ORDER BY: end descending (an open range is dropped later)
+        order = np.arange(len(start)) if order is None else order
         in_tie = np.zeros(len(order), dtype=bool)
         in_tie[ties], in_tie[ties + 1] = True, True
         tied = np.flatnonzero(in_tie)
         rows = order[tied]
         order[tied] = rows[np.lexsort((style[rows], code[rows], global_tid[rows], ~end[rows], start[rows]))]
+
+    def ordered(values: np.ndarray, missing: np.ndarray | None = None):
+        values = values if order is None else values[order]
+        if missing is None:
+            return values
+        return pd.arrays.IntegerArray(values, missing if order is None else missing[order])
+
     frame = pd.DataFrame(
-        {
-            "start": pd.arrays.IntegerArray(start[order], no_start[order].astype(bool))
-            if no_start.any()
-            else start[order],
-            "end": pd.arrays.IntegerArray(end[order], open_[order]) if open_.any() else end[order],
-            "global_tid": global_tid[order],
-            "pid": pid[order],
-            "tid": tid[order],
-        }
+        {"start": ordered(start, no_start), "end": ordered(end, open_), "global_tid": ordered(global_tid)}, copy=False
     )
-    frame["name"] = pd.Categorical.from_codes(code[order], names)
-    frame["style"] = pd.Categorical.from_codes(style[order], styles).remove_unused_categories()
+    del start, end
+    frame["pid"], frame["tid"] = (
+        (frame["global_tid"].to_numpy() >> 24) & 16777215,
+        frame["global_tid"].to_numpy() & 16777215,
+    )
+    frame["name"] = pd.Categorical.from_codes(ordered(code), names)
+    frame["style"] = pd.Categorical.from_codes(ordered(style), styles).remove_unused_categories()
     return frame
 
 
-def _kept(column: pd.Series, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A chunk's column at `keep` (NULL as 0) and where it is NULL, copied: the page decoder reuses its arrays."""
-    return column.to_numpy(dtype=np.int64, na_value=0)[keep], column.isna().to_numpy()[keep]
+def _joined(parts: list[list], sizes: list[int], i: int, kind) -> np.ndarray | None:
+    """Column `i` of every chunk's piece (of `sizes` rows), joined, the pieces let go; a piece may be None
+    (a mask with no NULLs), and the column None where every piece is."""
+    pieces = [part[i] for part in parts]
+    for part in parts:
+        part[i] = None
+    if all(piece is None for piece in pieces):
+        return None
+    return np.concatenate([np.zeros(n, dtype=kind) if p is None else p for p, n in zip(pieces, sizes, strict=True)])
 
 
 def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.DataFrame:
@@ -410,7 +443,7 @@ def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.Dat
     )
 
 
-def _range_names(label, domain, in_domain, pid, domains: pd.DataFrame, text_names: list[str], values: pd.Series):
+def _range_names(label, domain, in_domain, global_tid, domains, text_names: list[str], values: pd.Series):
     """The sorted names the ranges use and each range's code (-1: none): `label` is a text's code, or
     -2 - the StringIds row of the value that names it, or -1; a range in a domain its process named
     (`in_domain`: its domainId is not NULL) is `DOMAIN:NAME`."""
@@ -425,22 +458,23 @@ def _range_names(label, domain, in_domain, pid, domains: pd.DataFrame, text_name
         return _EMIT_NVTX_SUFFIX.sub("", str(values.iloc[-2 - base])) if base <= -2 else None
 
     def base_numbers(labels: np.ndarray) -> np.ndarray:
-        texts = np.full(len(text_names), -1, dtype=np.int64)
-        used = np.flatnonzero(np.bincount(labels[labels >= 0], minlength=len(text_names)))
-        texts[used] = [number(text_names[i]) for i in used]
-        rows = np.full(len(values), -1, dtype=np.int64)
-        used = np.unique(-2 - labels[labels <= -2])
-        rows[used] = [number(name_of(-2 - i)) for i in used]
-        numbers = np.full(len(labels), -1, dtype=np.int64)
-        numbers[labels >= 0], numbers[labels <= -2] = texts[labels[labels >= 0]], rows[-2 - labels[labels <= -2]]
-        return numbers
+        # one table over every label: StringIds rows (-2 - row), none (-1), texts (0...), shifted to start at 0
+        shift = len(values) + 1
+        lookup = np.full(shift + len(text_names), -1, dtype=np.int64)
+        for at in np.flatnonzero(np.bincount(labels + shift, minlength=len(lookup))):
+            if at != shift - 1:
+                lookup[at] = number(name_of(int(at) - shift))
+        return lookup[labels + shift]
 
-    at = np.full(len(label), -1, dtype=np.int64)  # the row of `domains` that a range's domain and process find
-    candidates = np.flatnonzero(in_domain & np.isin(domain, domains["domainId"].to_numpy(dtype=np.int64)))
-    if len(candidates):
+    at = None  # the row of `domains` that each range's domain and process find
+    if len(domains):
+        candidates = np.isin(domain, domains["domainId"].to_numpy(dtype=np.int64))
+        candidates = np.flatnonzero(candidates if in_domain is None else candidates & in_domain)
+        at = np.full(len(label), -1, dtype=np.int64)
         index = pd.MultiIndex.from_arrays([domains["domainId"].to_numpy(), domains["pid"].to_numpy()])
-        at[candidates] = index.get_indexer(pd.MultiIndex.from_arrays([domain[candidates], pid[candidates]]))
-    if (at < 0).all():
+        pid = (global_tid[candidates] >> 24) & 16777215
+        at[candidates] = index.get_indexer(pd.MultiIndex.from_arrays([domain[candidates], pid]))
+    if at is None or (at < 0).all():
         code = base_numbers(label)
     else:
         code = np.full(len(label), -1, dtype=np.int64)

@@ -158,24 +158,23 @@ def _intern(pages, text_at, text_size, rows, cut_before, table, names, offsets, 
             continue
         start = text_at[row]
         length = size
+        digest = np.uint64(14695981039346656037)  # FNV-1a over the bytes before the cut, in the same pass
         for i in range(size):
-            if pages[start + i] != 44:  # ","
-                continue
-            for m in range(cut_before.shape[0]):
-                k, matched = 0, True
-                while cut_before[m, k] != 0:  # each row ends in at least one 0
-                    if i + k >= size or pages[start + i + k] != cut_before[m, k]:
-                        matched = False
+            byte = pages[start + i]
+            if byte == 44:  # ","
+                for m in range(cut_before.shape[0]):
+                    k, matched = 0, True
+                    while cut_before[m, k] != 0:  # each row ends in at least one 0
+                        if i + k >= size or pages[start + i + k] != cut_before[m, k]:
+                            matched = False
+                            break
+                        k += 1
+                    if matched and i + k < size and 48 <= pages[start + i + k] <= 57:  # an ASCII digit
+                        length = i
                         break
-                    k += 1
-                if matched and i + k < size and 48 <= pages[start + i + k] <= 57:  # an ASCII digit
-                    length = i
+                if length < size:
                     break
-            if length < size:
-                break
-        digest = np.uint64(14695981039346656037)
-        for i in range(length):
-            digest = (digest ^ np.uint64(pages[start + i])) * np.uint64(1099511628211)
+            digest = (digest ^ np.uint64(byte)) * np.uint64(1099511628211)
         key = np.int64(digest)
         code = np.int64(-1)
         if key in table:
@@ -324,12 +323,27 @@ def _runs(pages: np.ndarray) -> list[tuple[int, int]]:
 
 
 def int_columns(
-    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES, text: TextCodes | None = None
+    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES
 ) -> Iterator[pd.DataFrame]:
     """The table's `columns`, in rowid order, as DataFrames of the rows of `chunk_bytes` of leaf
-    pages each; int64 columns, or nullable Int64 where a chunk holds NULLs. With `text`, that text
-    column too, as `text_code` (int32, -1 for NULL) and `text_cut` (see TextCodes). A chunk's arrays
-    are reused for the next one: use (or copy) each chunk before asking for the next."""
+    pages each; int64 columns, or nullable Int64 where a chunk holds NULLs. A chunk's arrays are
+    reused for the next one: use (or copy) each chunk before asking for the next."""
+    for values, missing, _, _ in raw_columns(path, table, columns, chunk_bytes):
+        yield pd.DataFrame(
+            {
+                name: pd.arrays.IntegerArray(values[i], missing[i]) if missing[i].any() else values[i]
+                for i, name in enumerate(columns)
+            },
+            copy=False,
+        )
+
+
+def raw_columns(
+    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES, text: TextCodes | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]:
+    """What int_columns reads, as arrays: per chunk, the values (int64, 0 for NULL) and NULLs, one row per
+    column, views of buffers reused for the next chunk; with `text`, that text column too, as codes (int32,
+    -1 for NULL) and whether each was cut (see TextCodes), fresh arrays."""
     path = Path(path)
     for suffix in ("-journal", "-wal"):
         if Path(f"{path}{suffix}").exists():
@@ -382,14 +396,7 @@ def int_columns(
                         -3: "a value that is not an integer",
                     }.get(decoded, "a damaged page")
                 )
-            frame = {
-                name: pd.arrays.IntegerArray(out[i, :rows], missing[i, :rows])
-                if missing[i, :rows].any()
-                else out[i, :rows]
-                for i, name in enumerate(columns)
-            }
-            if text:
-                frame["text_code"], frame["text_cut"] = text.encode(pages[:size], text_at, text_size, rows)
-            yield pd.DataFrame(frame, copy=False)
+            codes, cut = text.encode(pages[:size], text_at, text_size, rows) if text else (None, None)
+            yield out[:, :rows], missing[:, :rows], codes, cut
     finally:
         os.close(handle)
