@@ -11,7 +11,7 @@ import pytest
 from sftprof.pipeline import analyze_trace
 from sftprof.trace.load import load_trace
 
-from conftest import REPO
+from conftest import REPO, run_sftprof
 
 FIXTURE = REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b"
 
@@ -63,3 +63,19 @@ def test_emit_nvtx_ranges_are_named_by_op(nemo_sqlite):
     names = load_trace(nemo_sqlite).nvtx["name"]
     assert len(names.cat.categories) < len(names) / 100
     assert "aten::mm" in set(names.cat.categories) and not names.astype(str).str.contains("op_id =").any()
+
+
+def test_suggest_offers_the_run_no_knob_its_stack_cannot_take(nemo_sqlite, tmp_path):
+    """The capture is launch-bound, whose NeMo remedy is CUDA graphs; the run facts of the same configuration
+    run again on the H200 say `layer_spec: local` (no Transformer Engine, where NeMo's graphs assert TE), so
+    suggest proposes nothing and says why (tests/fixtures/nemo/README.md)."""
+    window = tmp_path / "steady"
+    (window / "capture").mkdir(parents=True)
+    rerun = FIXTURE.parent / "h200_nemo_lora_llama2_7b.rerun.metrics.jsonl"
+    shutil.copy(rerun, window / "capture" / "profile.rank0.metrics.jsonl")
+    analysis = run_sftprof("analyze", str(nemo_sqlite), "--metrics", str(rerun), "-o", str(window / "analysis"))
+    assert analysis.returncode == 0, analysis.stderr
+    result = run_sftprof("suggest", str(window))
+    assert result.returncode == 0, result.stderr
+    assert "nothing to try" in result.stdout and "variants:" not in result.stdout
+    assert "# Not suggested, launch_bound: `cuda-graphs`" in result.stdout and "layer_spec local" in result.stdout

@@ -118,7 +118,12 @@ def test_nemo_plan_window_end_is_exclusive():
 
 @pytest.mark.parametrize(
     "packed, graphs, named",
-    [(True, False, "sft.nemo.packed_sequence need"), (False, True, "sft.nemo.cuda_graphs need"), (False, False, None)],
+    [
+        (True, False, "sft.nemo.packed_sequence needs"),
+        (False, True, "sft.nemo.cuda_graphs needs"),
+        (True, True, "sft.nemo.packed_sequence and sft.nemo.cuda_graphs need "),
+        (False, False, None),
+    ],
 )
 def test_knobs_the_local_spec_cannot_run_are_refused_before_training(packed, graphs, named):
     """Without Transformer Engine megatron-core's attention refuses packed sequences and its CUDA graphs assert
@@ -138,10 +143,10 @@ def test_a_setting_the_run_cannot_take_is_one_line_in_the_log(monkeypatch, capsy
     from sftprof.capture import sft
 
     def refuse(**_):
-        raise nemo_backend.StackError("sft.nemo.cuda_graphs need Transformer Engine")
+        raise nemo_backend.StackError("sft.nemo.cuda_graphs needs Transformer Engine")
 
     monkeypatch.setitem(sft.BACKENDS, "nemo", refuse)
     settings = {"sft": {"backend": "nemo"}, "model_dir": "m", "train_jsonl": "t", "metrics_path": "x", "window": {}}
     assert sft.main([json.dumps(settings)]) == 1
     err = capsys.readouterr().err
-    assert err == "sftprof.capture.sft: error: sft.nemo.cuda_graphs need Transformer Engine\n"
+    assert err == "sftprof.capture.sft: error: sft.nemo.cuda_graphs needs Transformer Engine\n"

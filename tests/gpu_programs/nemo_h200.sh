@@ -10,6 +10,8 @@ exec > >(tee "$OUT/console.log") 2>&1
 t0=$(date +%s)
 "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$D"/w312/*.whl "$D"/wheels/nemo_toolkit-2.2.1-py3-none-any.whl
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$D"/w312/antlr4-python3-runtime-4.9.3.tar.gz "$D"/w312/wget-3.2.zip
+# wheels carried unpacked (an extracted pure-Python wheel, xz: the 64 MiB carry holds them so)
+for packed in "$D"/unpacked/*.tar.xz; do [ -f "$packed" ] && tar xJf "$packed" -C "$SITE"; done
 tar xzf "$D"/wheels/megatron_core-0.11.0.tar.gz -C /tmp && cp -r /tmp/megatron_core-0.11.0/megatron "$SITE"/
 cp tests/gpu_programs/nemo_import_stubs.py "$SITE"/
 printf 'import nemo_import_stubs\nnemo_import_stubs.install()\n' > "$SITE"/sitecustomize.py
@@ -28,8 +30,10 @@ run_one() {  # $1 = lora|none, $2 = timeout
 import json, sys
 from sftprof.capture import model, rank, sft
 name, work = sys.argv[1], sys.argv[2]
-model.create_random_model({"architecture": "llama2-7b", "seed": 0}, f"{work}/model") if name == "lora" else None
+peft, *knobs = name.split("+")  # e.g. lora+cuda_graphs: a knob of sft.nemo switched on
 import shutil, os
+if not os.path.exists(f"{work}/model"):
+    model.create_random_model({"architecture": "llama2-7b", "seed": 0}, f"{work}/model")
 os.makedirs(f"{work}/sft", exist_ok=True)
 shutil.copy(f"{work}/probe/sft/training.jsonl", f"{work}/sft/training.jsonl")
 for split in ("validation", "test"):
@@ -37,7 +41,9 @@ for split in ("validation", "test"):
 settings = {"backend": "nemo", "device": "cuda", "steps": 5, "micro_batch_size": 1, "grad_accum_steps": 2,
             "seq_length": 1024, "learning_rate": 1e-4, "precision": "bf16", "weight_decay": 0.01, "seed": 0,
             "num_threads": 0, "nemo": {"recipe": "llama2_7b", "tensor_parallel": 1, "pipeline_parallel": 1,
-                                       "precision": "bf16-mixed", "peft": name}}
+                                       "precision": "bf16-mixed", "peft": peft, "packed_sequence": False,
+                                       "cuda_graphs": False, "overlap_grad_reduce": False,
+                                       "overlap_param_gather": False, **{knob: True for knob in knobs}}}
 window = {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3, "capture_range_end": "stop"}
 cap = f"{work}/cap-{name}"
 app = sft.command(f"{work}/model", f"{work}/sft/training.jsonl", f"{cap}/profile.rank{{rank}}.metrics.jsonl",
@@ -61,6 +67,9 @@ PYEOF
   fi
   cp "$cap"/*.json "$OUT/" 2>/dev/null
 }
-# RUNS: which to make (default both; full fine-tuning of 7B ran out of the H200's memory on 2026-12-01).
-for name in ${RUNS:-lora none}; do [ -f "$W/probe/sft/training.jsonl" ] && run_one "$name" 220; done
+# RUNS: which to make (default both; full fine-tuning of 7B ran out of the H200's memory on 2026-12-01);
+# PEFT+KNOB (lora+cuda_graphs) switches a knob of sft.nemo on.
+for name in ${RUNS:-lora none}; do
+  [ -f "$W/probe/sft/training.jsonl" ] && run_one "$name" "$([[ $name == *+* ]] && echo 120 || echo 220)"
+done
 echo "total_s=$(( $(date +%s) - t0 ))"

@@ -333,7 +333,8 @@ def _check_stack(settings: dict) -> None:
     ]
     if knobs:
         raise StackError(
-            f"sft.nemo.{' and sft.nemo.'.join(knobs)} need Transformer Engine, which this Python lacks "
+            f"sft.nemo.{' and sft.nemo.'.join(knobs)} {'need' if len(knobs) > 1 else 'needs'} Transformer Engine, "
+            "which this Python lacks "
             "(megatron-core's local spec runs here); run in the NeMo container, or switch them off"
         )
 
