@@ -431,3 +431,17 @@ def test_push_order_without_a_sort_equals_the_sort():
             rank = np.arange(n) if rng.random() < 0.7 else rng.permutation(n)
             got = nvtx._push_order(s, e, rank)
             assert ((np.arange(n) if got is None else got) == np.lexsort((-rank, -e, s))).all()
+
+
+def test_projection_is_the_same_whatever_the_slices_of_the_launch_join(monkeypatch):
+    """Calls outside every range (the autograd thread and another process launch kernels here) are tallied
+    per thread batch by batch: the table is the same from one slice and from slices of 97 kernels."""
+    tables = random_trace()
+    events = tables.events
+    labels = cpu.thread_labels(cpu.thread_summary(tables, cuda.host_wait_calls(events), cuda.calls_by_thread(events)))
+    whole = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
+    monkeypatch.setattr(nvtx, "SLICE_KERNELS", 97)
+    sliced = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
+    pd.testing.assert_frame_equal(sliced, whole)
+    outside = whole[whole["range"].str.startswith("(no NVTX range, ")]
+    assert len(outside) >= 2 and outside["kernels"].sum() > 0

@@ -235,13 +235,14 @@ class _LaunchTally:
     exactly later); per thread for calls outside every segment (before the thread's first range,
     or on a thread without ranges). Memory holds counts per segment that launches fell in, batch by
     batch (`inside`), not per launch, nor per segment of the timeline: a NeMo capture's training thread
-    has 60M segments at 10M kernels."""
+    has 60M segments at 10M kernels; and calls outside every segment per thread, batch by batch (`outside`):
+    a thread without ranges (autograd's, in a trainer) launches tens of millions at 40M kernels."""
 
     def __init__(self, timelines: dict[int, ThreadRanges]):
         self.timelines = timelines
         self.inside: dict[int, list] = {tid: [] for tid in timelines}  # (segment, kernels, gpu_ns) per batch
         self.edges: dict[int, list] = {tid: [] for tid in timelines}  # (segment, need, gpu_ns) per batch
-        self.outside: list[tuple[np.ndarray, np.ndarray]] = []  # (thread, gpu_ns) of each call in no segment
+        self.outside: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (thread, calls, gpu_ns) per batch
 
     def add(self, tids: np.ndarray, starts: np.ndarray, ends: np.ndarray, durations: np.ndarray) -> None:
         placed = np.zeros(len(tids), dtype=bool)
@@ -256,7 +257,10 @@ class _LaunchTally:
             edge = rows[on_edge]
             self.edges[tid].append((known[on_edge], np.searchsorted(timeline.bounds, ends[edge]), durations[edge]))
             placed[rows[inside | on_edge]] = True
-        self.outside.append((tids[~placed], durations[~placed]))
+        if not placed.all():
+            threads, which = np.unique(tids[~placed], return_inverse=True)
+            calls = np.bincount(which, minlength=len(threads))
+            self.outside.append((threads, calls, _sum_by(which, durations[~placed], len(threads))))
 
 
 # A call's pid (24 bits) and correlation id, offset from its slice's first, as one int64 key.
@@ -442,9 +446,9 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
             query, ranges = timeline.enclosing(segment, need)
             by_name(timeline.rows[ranges], ones[query], edge_ns[query], inclusive)
     if tally.outside:
-        tids, outside_ns = (np.concatenate(parts) for parts in zip(*tally.outside, strict=True))
+        tids, calls, outside_ns = (np.concatenate(parts) for parts in zip(*tally.outside, strict=True))
         threads, which = np.unique(tids, return_inverse=True)
-        counts, time_ns = np.bincount(which), np.bincount(which, weights=outside_ns).astype("int64")
+        counts, time_ns = _sum_by(which, calls, len(threads)), _sum_by(which, outside_ns, len(threads))
         exclusive += [(outside(tid), n, ns) for tid, n, ns in zip(threads, counts, time_ns, strict=True)]
     exclusive = pd.DataFrame(exclusive, columns=["range", "kernels", "gpu_ns"]).groupby("range").sum()
     launched_n, launched_ns = int(exclusive["kernels"].sum()), int(exclusive["gpu_ns"].sum())
