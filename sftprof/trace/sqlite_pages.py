@@ -97,10 +97,10 @@ def _decode(pages, page_size, usable, slot, out, missing, text_slot, text_at, te
                 if serial < header_end and pages[serial] < 0x80:  # one byte: every type but long text or blobs
                     kind = np.int64(pages[serial])
                     serial += 1
-                else:
+                elif serial < header_end:  # written out, not a helper: this loop runs for every value read
                     for k in range(9):
                         if serial >= header_end:
-                            break
+                            return -4  # a type cut short by the header's end
                         byte = pages[serial]
                         serial += 1
                         if k == 8:
