@@ -303,12 +303,11 @@ def exposed_communication(collectives: pd.DataFrame, steps: pd.DataFrame, clock)
 
 
 def _step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
-    """The step ranges (cpu.step_numbers) with their thread: step, start, end, global_tid."""
-    number = cpu.step_numbers(nvtx["name"])
-    steps = nvtx[number.notna()]
+    """The step ranges (cpu.step_ranges) with their thread: step, start, end, global_tid."""
+    steps = cpu.step_ranges(nvtx)
     return pd.DataFrame(
         {
-            "step": number.dropna().astype("int64"),
+            "step": steps["step"],
             "start": steps["start"].astype("int64"),
             "end": steps["end"].astype("int64"),
             "global_tid": steps["global_tid"],

@@ -32,20 +32,29 @@ def nvtx_summary(nvtx: pd.DataFrame) -> pd.DataFrame:
     return duration_summary(nvtx, ["name", "style"])
 
 
-def step_numbers(names: pd.Series) -> pd.Series:
-    """The step number in each NVTX range name (STEP_RANGE; NA where none), matched once per
-    distinct name (a capture of NeMo's emit_nvtx holds millions of ranges). `ProfilerStep#N` counts
-    only where no name is `step N`: a loop with both marks the same steps twice."""
-    codes, distinct = pd.factorize(names)
-    match = pd.Series(distinct, dtype=object).astype(str).str.extract(STEP_RANGE)
-    number = (match[0] if match[0].notna().any() else match[1]).astype("Int64")
-    return pd.Series(number.array.take(codes, allow_fill=True), index=names.index)
+def step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
+    """The NVTX ranges whose name holds a step number (STEP_RANGE), with it as `step`, matched once per
+    distinct name used: a capture of NeMo's emit_nvtx holds millions of ranges, so nothing as long as the
+    table is made but a mask. `ProfilerStep#N` counts only where no name is `step N`: a loop with both
+    marks the same steps twice."""
+    names = nvtx["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):  # the loaders' names: codes, and each name once
+        codes, distinct = names.cat.codes.to_numpy(), names.cat.categories
+    else:
+        codes, distinct = pd.factorize(names)
+    used = np.bincount(codes[codes >= 0], minlength=len(distinct)) > 0
+    match = pd.Series(np.asarray(distinct, dtype=object)[used], dtype=object).astype(str).str.extract(STEP_RANGE)
+    found = (match[0] if match[0].notna().any() else match[1]).astype("Int64")
+    number = pd.array([pd.NA] * len(distinct), dtype="Int64")
+    number[np.flatnonzero(used)] = found.array
+    has_step = np.r_[~number.isna(), False]  # the last for code -1 (no name)
+    rows = np.flatnonzero(has_step[codes])
+    return nvtx.iloc[rows].assign(step=number.to_numpy("int64", na_value=0)[codes[rows]])
 
 
 def step_table(nvtx: pd.DataFrame) -> pd.DataFrame:
-    """One row per step range (step_numbers), with the time of each phase range nested inside it."""
-    number = step_numbers(nvtx["name"])
-    steps = nvtx[number.notna()].assign(step=number.dropna().astype("int64"))
+    """One row per step range (step_ranges), with the time of each phase range nested inside it."""
+    steps = step_ranges(nvtx)
     columns = ["step", "start", "end", "duration", *(f"{phase}_ns" for phase in PHASES), "other_ns"]
     if steps.empty:
         return pd.DataFrame(columns=columns)
