@@ -145,12 +145,14 @@ def _decode(pages, page_size, usable, slot, out, missing, text_slot, text_at, te
 
 
 @numba.njit(cache=True, nogil=True)
-def _intern(pages, text_at, text_size, rows, cut_before, table, names, offsets, count, codes, was_cut):
+def _intern(pages, text_at, text_size, rows, cut_before, slots, hashes, names, offsets, count, codes, was_cut):
     """Give each of the `rows` texts (at `text_at`, `text_size` bytes in `pages`) the code of its name:
     the text cut at the first of the `cut_before` markers (rows of bytes, 0-padded) that an ASCII digit
-    follows. New names are appended to `names` (their ends in `offsets`) and found again through `table`
-    (FNV-1a hash -> code), each hit checked byte for byte. Returns the number of names, or -1 where two
-    names share a hash (the caller reads the table another way)."""
+    follows. New names are appended to `names` (their ends in `offsets`, their FNV-1a hashes in `hashes`)
+    and found again through `slots`, an open-addressing table of codes (-1: free) indexed by hash, each hit
+    checked byte for byte. Returns the number of names, or -1 where two names share a hash (the caller
+    reads the table another way). Plain arrays, not a numba dict: that one is compiled anew in each process."""
+    mask = len(slots) - 1  # a power of two, at least twice the names there can be
     for row in range(rows):
         size = text_size[row]
         if size < 0:
@@ -176,15 +178,17 @@ def _intern(pages, text_at, text_size, rows, cut_before, table, names, offsets, 
                     break
             digest = (digest ^ np.uint64(byte)) * np.uint64(1099511628211)
         key = np.int64(digest)
-        code = np.int64(-1)
-        if key in table:
-            code = table[key]
+        slot = key & mask
+        while slots[slot] >= 0 and hashes[slots[slot]] != key:
+            slot = (slot + 1) & mask
+        code = slots[slot]
         if code < 0:
             code = count
             first = offsets[count]
             names[first : first + length] = pages[start : start + length]
             offsets[count + 1] = first + length
-            table[key] = code
+            hashes[count] = key
+            slots[slot] = code
             count += 1
         else:
             first = offsets[code]
@@ -197,8 +201,20 @@ def _intern(pages, text_at, text_size, rows, cut_before, table, names, offsets, 
     return count
 
 
+@numba.njit(cache=True, nogil=True)
+def _rehash(hashes, count, size):
+    """The open-addressing table of _intern, `size` slots (a power of two), for the first `count` names."""
+    slots = np.full(size, -1, dtype=np.int64)
+    for code in range(count):
+        slot = hashes[code] & (size - 1)
+        while slots[slot] >= 0:
+            slot = (slot + 1) & (size - 1)
+        slots[slot] = code
+    return slots
+
+
 class TextCodes:
-    """One text column of a table read as codes (int_columns' `text`): each text cut before the first of
+    """One text column of a table read as codes (raw_columns' `text`): each text cut before the first of
     `cut_before` that an ASCII digit follows (a numbering to drop), then the same name, the same code.
     The names are kept once each, as bytes (`names()`), in the order first met."""
 
@@ -210,7 +226,8 @@ class TextCodes:
             if not marker.startswith(b",") or b"\0" in marker:
                 raise ValueError(f"a cut marker starts with a comma and holds no NUL: {marker!r}")
             self._cut_before[row, : len(marker)] = np.frombuffer(marker, dtype=np.uint8)
-        self._table = numba.typed.Dict.empty(key_type=numba.types.int64, value_type=numba.types.int64)
+        self._slots = np.full(1024, -1, dtype=np.int64)
+        self._hashes = np.empty(0, dtype=np.int64)
         self._names = np.empty(0, dtype=np.uint8)
         self._offsets = np.zeros(1, dtype=np.int64)
         self._count = 0
@@ -224,6 +241,10 @@ class TextCodes:
             grown = np.empty(self._count + rows + 1 + len(self._offsets), dtype=np.int64)
             grown[: self._count + 1] = self._offsets[: self._count + 1]
             self._offsets = grown
+            self._hashes = np.concatenate([self._hashes[: self._count], np.empty(len(grown), dtype=np.int64)])
+        if 2 * (self._count + rows) > len(self._slots):  # at most half full: probes stay short
+            size = 1 << int(2 * (self._count + rows)).bit_length()
+            self._slots = _rehash(self._hashes, self._count, size)
 
     def encode(self, pages, text_at, text_size, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Codes (int32, -1 for NULL) and whether each text was cut, for a chunk's `rows` texts."""
@@ -231,8 +252,8 @@ class TextCodes:
         self._room(rows, int(sizes[sizes > 0].sum()))
         codes, was_cut = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.bool_)
         count = _intern(
-            pages, text_at, text_size, rows, self._cut_before, self._table, self._names, self._offsets,
-            self._count, codes, was_cut,
+            pages, text_at, text_size, rows, self._cut_before, self._slots, self._hashes, self._names,
+            self._offsets, self._count, codes, was_cut,
         )  # fmt: skip
         if count < 0:
             raise Unsupported(f"two {self.column} values share a hash")
