@@ -128,13 +128,13 @@ def test_nemo_plan_window_end_is_exclusive():
 def test_knobs_the_local_spec_cannot_run_are_refused_before_training(packed, graphs, named):
     """Without Transformer Engine megatron-core's attention refuses packed sequences and its CUDA graphs assert
     TE: the backend says so in one line before training, where NeMo would fail mid-run."""
-    settings = {"layer_spec": "local", "packed_sequence_size": 4096 if packed else None, "cuda_graphs": graphs}
+    knobs = {"packed_sequence": packed, "cuda_graphs": graphs, "overlap_grad_reduce": True}
     if named is None:
-        nemo_backend._check_stack(settings)
+        nemo_backend._check_stack(knobs, "local")
     else:
         with pytest.raises(nemo_backend.StackError, match=named):
-            nemo_backend._check_stack(settings)
-    nemo_backend._check_stack({**settings, "layer_spec": "transformer_engine"})
+            nemo_backend._check_stack(knobs, "local")
+    nemo_backend._check_stack(knobs, "transformer_engine")
 
 
 def test_a_setting_the_run_cannot_take_is_one_line_in_the_log(monkeypatch, capsys):

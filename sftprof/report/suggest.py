@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from sftprof.analysis import Analysis
+from sftprof.capture.sft import nemo_backend
 from sftprof.io import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -25,14 +26,6 @@ class Remedy:
     variant: str  # the variant's name in config
     overrides: dict  # merged into the experiment
     why: str  # one line, printed as a comment
-    # A run fact (the trainer's metrics) -> the value that rules the remedy out, and why: a switch the run's
-    # own stack cannot take is not suggested (it would fail, or test nothing).
-    ruled_out_by: tuple[str, str, str] | None = None
-
-
-# megatron-core's local layer spec (NeMo without Transformer Engine): its DotProductAttention asserts that no
-# packed sequence reaches it, and GPTConfig.configure_model asserts TE for CUDA graphs (NeMo 2.2.1, mcore 0.11).
-NEEDS_TRANSFORMER_ENGINE = ("layer_spec", "local", "needs Transformer Engine, which the run lacked (layer_spec local)")
 
 
 # Finding rule id -> backend -> the setting that tests it: the built-in trainer's switches
@@ -51,7 +44,6 @@ REMEDIES = {
             "packed",
             {"sft": {"nemo": {"packed_sequence": True}}},
             "pack examples into each sequence (NeMo's packed_sequence_specs) instead of padding each to seq_length",
-            NEEDS_TRANSFORMER_ENGINE,
         ),
     },
     "pageable_memcpy": {
@@ -84,7 +76,6 @@ REMEDIES = {
             "cuda-graphs",
             {"sft": {"nemo": {"cuda_graphs": True}}},
             "replay each transformer layer as a CUDA graph: one launch instead of many",
-            NEEDS_TRANSFORMER_ENGINE,
         ),
     },
     "memory_bound_kernel_mix": {
@@ -111,11 +102,13 @@ def _remedies(analysis: Analysis, run: dict):
 
 
 def _ruled_out(remedy: Remedy, run: dict) -> str | None:
-    """Why the run's own facts rule the remedy out, or None."""
-    if remedy.ruled_out_by is None:
-        return None
-    fact, value, why = remedy.ruled_out_by
-    return why if run.get(fact) == value else None
+    """Why the run's own stack cannot take the remedy, or None: a NeMo knob the backend refuses without
+    Transformer Engine (nemo_backend.NEEDS_TRANSFORMER_ENGINE), on a run whose metrics say it had none. It
+    would fail, or test nothing."""
+    knobs = set(remedy.overrides.get("sft", {}).get("nemo", {})) & set(nemo_backend.NEEDS_TRANSFORMER_ENGINE)
+    if knobs and run.get("layer_spec") == nemo_backend.LOCAL_SPEC:
+        return f"needs Transformer Engine, which the run lacked (layer_spec {nemo_backend.LOCAL_SPEC})"
+    return None
 
 
 def suggest(analysis: Analysis, top: int = 3, run: dict | None = None) -> list[tuple[str, dict, str, float | None]]:

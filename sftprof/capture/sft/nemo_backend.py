@@ -24,6 +24,11 @@ from sftprof.errors import SftprofError
 log = logging.getLogger(__name__)
 
 PRECISION_PLUGINS = {"bf16-mixed": "bf16_mixed", "16-mixed": "fp16_mixed"}
+# The layer spec NeMo builds without Transformer Engine (megatron-core's local one), and the sft.nemo knobs
+# it cannot run: its DotProductAttention asserts that no packed sequence reaches it, and
+# GPTConfig.configure_model asserts TE for CUDA graphs (NeMo 2.2.1, megatron-core 0.11).
+LOCAL_SPEC = "local"
+NEEDS_TRANSFORMER_ENGINE = ("packed_sequence", "cuda_graphs")
 
 
 def plan(sft: dict, window: dict, environ: dict[str, str]) -> dict:
@@ -265,8 +270,8 @@ def build_recipe(
     # Without Transformer Engine, GPTConfig's default_layer_spec is megatron-core's local spec;
     # Llama's fused RoPE needs TE or Apex (TransformerConfig refuses it otherwise) and the fused
     # masked softmax needs megatron's compiled kernels: both off, as the local spec runs them unfused.
-    settings["layer_spec"] = "transformer_engine" if _have_transformer_engine() else "local"
-    if settings["layer_spec"] == "local":
+    settings["layer_spec"] = "transformer_engine" if _have_transformer_engine() else LOCAL_SPEC
+    if settings["layer_spec"] == LOCAL_SPEC:
         recipe.model.config.apply_rope_fusion = False
         recipe.model.config.masked_softmax_fusion = False
         # The local spec's norm is WrappedTorchNorm, which refuses persist_layer_norm (Llama's is
@@ -317,20 +322,10 @@ class StackError(SftprofError, ValueError):
     """A knob this Python's NeMo stack cannot run."""
 
 
-def _check_stack(settings: dict) -> None:
-    """Refuse, before any training, a knob megatron-core's local spec cannot run: its attention asserts that no
-    packed sequence reaches it, and GPTConfig.configure_model asserts Transformer Engine for CUDA graphs; both
-    would fail mid-run with an assertion from deep inside NeMo."""
-    if settings["layer_spec"] != "local":
-        return
-    knobs = [
-        name
-        for name, on in (
-            ("packed_sequence", settings["packed_sequence_size"]),
-            ("cuda_graphs", settings["cuda_graphs"]),
-        )
-        if on
-    ]
+def _check_stack(nemo: dict, layer_spec: str) -> None:
+    """Refuse, before any training, the `nemo` knobs (config sft.nemo) that `layer_spec` cannot run
+    (NEEDS_TRANSFORMER_ENGINE): they would fail mid-run with an assertion from deep inside NeMo."""
+    knobs = [knob for knob in NEEDS_TRANSFORMER_ENGINE if nemo.get(knob)] if layer_spec == LOCAL_SPEC else []
     if knobs:
         raise StackError(
             f"sft.nemo.{' and sft.nemo.'.join(knobs)} {'need' if len(knobs) > 1 else 'needs'} Transformer Engine, "
@@ -360,7 +355,7 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
         model_dir, train_jsonl, sft, window, dict(os.environ), metrics_path.parent / f"nemo-logs.rank{rank}"
     )
     log.info("NeMo fine-tuning: %s", settings)
-    _check_stack(settings)
+    _check_stack(sft["nemo"], settings["layer_spec"])
     task = built_task(recipe, settings)
     task.keywords["trainer"].callbacks.append(
         _step_metrics_callback(metrics_path, rank, settings, sft["grad_accum_steps"])
