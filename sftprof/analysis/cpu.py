@@ -45,11 +45,13 @@ def step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
     used = np.bincount(codes[codes >= 0], minlength=len(distinct)) > 0
     match = pd.Series(np.asarray(distinct, dtype=object)[used], dtype=object).astype(str).str.extract(STEP_RANGE)
     found = (match[0] if match[0].notna().any() else match[1]).astype("Int64")
-    number = pd.array([pd.NA] * len(distinct), dtype="Int64")
-    number[np.flatnonzero(used)] = found.array
-    has_step = np.r_[~number.isna(), False]  # the last for code -1 (no name)
+    numbered = np.flatnonzero(used)[found.notna().to_numpy()]
+    number = np.zeros(len(distinct), dtype="int64")
+    number[numbered] = found.dropna().to_numpy("int64")
+    has_step = np.zeros(len(distinct) + 1, dtype=bool)  # the last for code -1 (no name)
+    has_step[numbered] = True
     rows = np.flatnonzero(has_step[codes])
-    return nvtx.iloc[rows].assign(step=number.to_numpy("int64", na_value=0)[codes[rows]])
+    return nvtx.iloc[rows].assign(step=number[codes[rows]])
 
 
 def step_table(nvtx: pd.DataFrame) -> pd.DataFrame:

@@ -252,15 +252,15 @@ class _LaunchTally:
                 continue
             known, inside, on_edge = _place(timeline.bounds, timeline.seg_ends, starts[rows], ends[rows])
             self.inside[tid].append(
-                _per_segment(known[inside], np.ones(int(inside.sum()), "int64"), durations[rows[inside]])
+                _sums_per_key(known[inside], np.ones(int(inside.sum()), "int64"), durations[rows[inside]])
             )
             edge = rows[on_edge]
             self.edges[tid].append((known[on_edge], np.searchsorted(timeline.bounds, ends[edge]), durations[edge]))
             placed[rows[inside | on_edge]] = True
         if not placed.all():
-            threads, which = np.unique(tids[~placed], return_inverse=True)
-            calls = np.bincount(which, minlength=len(threads))
-            self.outside.append((threads, calls, _sum_by(which, durations[~placed], len(threads))))
+            self.outside.append(
+                _sums_per_key(tids[~placed], np.ones(int((~placed).sum()), "int64"), durations[~placed])
+            )
 
 
 # A call's pid (24 bits) and correlation id, offset from its slice's first, as one int64 key.
@@ -366,10 +366,10 @@ def _joined_by_duckdb(events: EventStore, within: str) -> dict[str, np.ndarray]:
     return {column: joined[column].astype("int64") for column in _LAUNCH_COLUMNS}
 
 
-def _per_segment(segment: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray):
-    """(each segment once, ascending; its kernels; its GPU time), summed over the rows given."""
-    segments, which = np.unique(segment, return_inverse=True)
-    return segments, _sum_by(which, kernels, len(segments)), _sum_by(which, gpu_ns, len(segments))
+def _sums_per_key(key: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray):
+    """(each key once, ascending: a segment or a thread; its kernels; its GPU time), summed over the rows given."""
+    keys, which = np.unique(key, return_inverse=True)
+    return keys, _sum_by(which, kernels, len(keys)), _sum_by(which, gpu_ns, len(keys))
 
 
 def _sum_by(which: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -420,7 +420,7 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
 
     for tid, timeline in timelines.items():
         parts = tally.inside[tid] or [(np.empty(0, "int64"),) * 3]
-        used, kernels, gpu_ns = _per_segment(*(np.concatenate(part) for part in zip(*parts, strict=True)))
+        used, kernels, gpu_ns = _sums_per_key(*(np.concatenate(part) for part in zip(*parts, strict=True)))
         inner = timeline.innermost(used, used + 1)
         by_name(timeline.rows[inner[inner >= 0]], kernels[inner >= 0], gpu_ns[inner >= 0], exclusive)
         if (inner < 0).any():
@@ -446,9 +446,7 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
             query, ranges = timeline.enclosing(segment, need)
             by_name(timeline.rows[ranges], ones[query], edge_ns[query], inclusive)
     if tally.outside:
-        tids, calls, outside_ns = (np.concatenate(parts) for parts in zip(*tally.outside, strict=True))
-        threads, which = np.unique(tids, return_inverse=True)
-        counts, time_ns = _sum_by(which, calls, len(threads)), _sum_by(which, outside_ns, len(threads))
+        threads, counts, time_ns = _sums_per_key(*(np.concatenate(parts) for parts in zip(*tally.outside, strict=True)))
         exclusive += [(outside(tid), n, ns) for tid, n, ns in zip(threads, counts, time_ns, strict=True)]
     exclusive = pd.DataFrame(exclusive, columns=["range", "kernels", "gpu_ns"]).groupby("range").sum()
     launched_n, launched_ns = int(exclusive["kernels"].sum()), int(exclusive["gpu_ns"].sum())
