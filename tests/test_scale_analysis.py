@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import accounting, cpu, cuda, gains, gpu, intervals, nvtx, utilisation
+from sftprof.analysis import accounting, cpu, cuda, gains, gpu, intervals, nvtx, stats, utilisation
 from sftprof.trace import load_trace
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
@@ -445,3 +445,45 @@ def test_projection_is_the_same_whatever_the_slices_of_the_launch_join(monkeypat
     pd.testing.assert_frame_equal(sliced, whole)
     outside = whole[whole["range"].str.startswith("(no NVTX range, ")]
     assert len(outside) >= 2 and outside["kernels"].sum() > 0
+
+
+@pytest.mark.parametrize("buckets, fetched", [(4, 0), (64, 50), (1 << 21, 1 << 20)])
+def test_medians_by_bucket_passes_equal_pandas_medians(monkeypatch, buckets, fetched):
+    """The bounded median (stats.grouped_medians), whatever the passes it takes before it fetches, equals
+    pandas' on groups of one value, of repeated values, of values near 2^53, even and odd counts, and
+    a NULL key."""
+    rng = np.random.default_rng(11)
+    durations = np.concatenate(
+        [
+            [5],  # a group of one
+            np.full(9, 1_000),  # one value, repeated
+            rng.integers(0, 50, 400),  # many ties
+            rng.integers(0, 2**53, 301),  # the widest range
+            rng.integers(2**53 - 5, 2**53, 40),  # near the top, even count
+            rng.integers(1_000, 1_000_000, 250),  # odd count
+            [7, 3],  # the NULL grid's group
+        ]
+    )
+    sizes = [1, 9, 400, 301, 40, 250, 2]
+    starts = rng.integers(0, 1_000, len(durations))
+    frame = pd.DataFrame(
+        {
+            "start": starts,
+            "end": starts + durations,
+            "name": np.repeat([f"k{g % 6}" for g in range(len(sizes))], sizes),
+            "grid": np.repeat(["1 1 1"] * (len(sizes) - 1) + [None], sizes),
+            "block": "32 1 1",
+        }
+    )
+    events = EventStore.from_frames(kernels=frame.assign(duration=durations))
+    monkeypatch.setattr(stats, "MEDIAN_BUCKET_ROWS", buckets)
+    monkeypatch.setattr(stats, "MEDIAN_FETCH_ROWS", fetched)
+    summary = stats.grouped_summary(events, "kernels", ["name_id", "grid_x"])
+    names = events.query("SELECT id AS name_id, name FROM kernel_names")
+    got = summary.merge(names, on="name_id").set_index(["name", "grid_x"])["med_ns"]
+    frame["grid_x"] = pd.to_numeric(frame["grid"].str[0]).astype("Int32")
+    expected = pd.Series(durations, index=frame.index).groupby([frame["name"], frame["grid_x"]], dropna=False).median()
+    assert len(got) == len(expected) == len(sizes)  # k0 twice: with a grid and with none
+    pd.testing.assert_series_equal(got.sort_index(), expected.sort_index().astype("float64"), check_names=False)
+    everything = stats.grouped_summary(events, "kernels", [])
+    assert everything["med_ns"].iat[0] == float(np.median(durations))

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import intervals
-from sftprof.analysis.stats import SQL_AGGREGATES, duration_summary, finish_summary
+from sftprof.analysis.stats import duration_summary, finish_summary, grouped_medians, grouped_summary
 from sftprof.trace.events import KERNEL_SHAPE, EventStore, with_launch_shapes
 
 # Operations fetched at a time to merge into a device's busy time (1M: 0.2 GB less peak RSS than 2M
@@ -24,24 +24,25 @@ COMMUNICATION_MARKER = "nccl"  # kernels whose name holds it are collective comm
 
 def kernel_summary(events: EventStore) -> pd.DataFrame:
     """Kernel time by name, as `nsys stats -r gpukernsum` (2022.4 groups by name, grid and block)."""
-    summary = events.query(f"""
-        SELECT n.name AS kernel, s.* EXCLUDE (name_id)
-        FROM (SELECT name_id, {", ".join(KERNEL_SHAPE)}, {SQL_AGGREGATES} FROM kernels GROUP BY ALL) s
-        LEFT JOIN kernel_names n ON n.id = s.name_id""")
+    summary = events.query(
+        "SELECT n.name AS kernel, s.* EXCLUDE (name_id) FROM s LEFT JOIN kernel_names n ON n.id = s.name_id",
+        s=grouped_summary(events, "kernels", ["name_id", *KERNEL_SHAPE]),
+    )
     return finish_summary(with_launch_shapes(summary), ["grid", "block", "kernel"])
 
 
 def kernel_totals(events: EventStore) -> dict:
     """All kernels together: count, time, median duration, and how many are tiny (TINY_KERNEL_NS)."""
     row = events.query(f"""
-        SELECT count(*) AS count, coalesce(sum(duration), 0)::BIGINT AS total_ns, median(duration) AS median_ns,
-               count(*) FILTER (WHERE duration < {TINY_KERNEL_NS}) AS tiny
-        FROM kernels""").iloc[0]
+        SELECT count(*) AS instances, coalesce(sum(duration), 0)::BIGINT AS total_ns, min(duration) AS min_ns,
+               max(duration) AS max_ns, count(*) FILTER (WHERE duration < {TINY_KERNEL_NS}) AS tiny
+        FROM kernels""")
+    count = int(row["instances"].iat[0])
     return {
-        "count": int(row["count"]),
-        "total_ns": int(row["total_ns"]),
-        "tiny": int(row["tiny"]),
-        "median_ns": float(row["median_ns"]) if row["count"] else None,
+        "count": count,
+        "total_ns": int(row["total_ns"].iat[0]),
+        "tiny": int(row["tiny"].iat[0]),
+        "median_ns": float(grouped_medians(events, "kernels", [], row)[0]) if count else None,
     }
 
 
@@ -53,10 +54,10 @@ def memop_summary(memops: pd.DataFrame) -> pd.DataFrame:
 def cuda_api_summary(events: EventStore) -> pd.DataFrame:
     """CUDA API time by call, as `nsys stats -r cudaapisum`."""
     return finish_summary(
-        events.query(f"""
-        SELECT n.name, s.* EXCLUDE (name_id)
-        FROM (SELECT name_id, {SQL_AGGREGATES} FROM cuda_api GROUP BY name_id) s
-        JOIN api_names n ON n.id = s.name_id"""),
+        events.query(
+            "SELECT n.name, s.* EXCLUDE (name_id) FROM s JOIN api_names n ON n.id = s.name_id",
+            s=grouped_summary(events, "cuda_api", ["name_id"]),
+        ),
         ["name"],
     )
 

@@ -12,7 +12,7 @@ import re
 
 import pandas as pd
 
-from sftprof.analysis.stats import SQL_AGGREGATES, finish_summary
+from sftprof.analysis.stats import finish_summary, grouped_summary
 from sftprof.trace.events import EventStore
 
 # Family -> name markers; the first family that matches wins, so the order matters
@@ -69,10 +69,10 @@ def name_summary(events: EventStore) -> pd.DataFrame:
     """Kernel time by name over all its launch shapes, as `nsys stats -r cuda_gpu_kern_sum` of nsys
     2023 and later (2022.4's gpukernsum has a row per name, grid and block: gpu.kernel_summary).
     Median and standard deviation are computed over every kernel's duration, as nsys does."""
-    summary = events.query(f"""
-        SELECT n.name AS kernel, s.* EXCLUDE (name_id)
-        FROM (SELECT name_id, {SQL_AGGREGATES} FROM kernels GROUP BY name_id) s
-        LEFT JOIN kernel_names n ON n.id = s.name_id""")
+    summary = events.query(
+        "SELECT n.name AS kernel, s.* EXCLUDE (name_id) FROM s LEFT JOIN kernel_names n ON n.id = s.name_id",
+        s=grouped_summary(events, "kernels", ["name_id"]),
+    )
     return finish_summary(summary, ["kernel"])
 
 

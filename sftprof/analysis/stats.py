@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 
+import numpy as np
 import pandas as pd
 
 SUMMARY_COLUMNS = ["time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns"]
@@ -24,12 +25,87 @@ def sqlite_round(values: pd.Series, digits: int = 1) -> pd.Series:
     return values.map(lambda v: _rounders.con.execute("SELECT round(?, ?)", (float(v), digits)).fetchone()[0])
 
 
-# The same statistics in SQL, for tables held in an EventStore (DuckDB's median interpolates an even
-# count as SQLite's and pandas' do).
+# The same statistics in SQL, for tables held in an EventStore, but the median (grouped_summary): every
+# one of these is a running aggregate, which keeps a few numbers per group whatever the rows.
 SQL_AGGREGATES = (
-    "sum(duration)::BIGINT AS total_ns, count(*) AS instances, median(duration) AS med_ns, "
+    "sum(duration)::BIGINT AS total_ns, count(*) AS instances, "
     "min(duration) AS min_ns, max(duration) AS max_ns, stddev_samp(duration) AS stddev_ns"
 )
+# The exact median in bounded memory (grouped_medians): DuckDB's median() keeps every value of every
+# group while it runs (+1.15 GB over 88M CUDA API calls), so values are counted by bucket of their
+# range instead, a pass at a time, each pass narrowing every wanted rank's range to one bucket, until
+# the values left in those ranges are few enough to fetch and pick from.
+MEDIAN_BUCKET_ROWS = 1 << 21  # the most (range, bucket) counts one pass may bring back
+MEDIAN_FETCH_ROWS = 1 << 20  # values left in the wanted ranges that are fetched, not counted again
+
+
+def grouped_summary(events, source: str, keys: list[str]) -> pd.DataFrame:
+    """SQL_AGGREGATES and the exact median (med_ns) of `duration` per group of `keys` in the EventStore
+    table or view `source`, in memory that does not grow with its rows."""
+    group = f"{', '.join(keys)}, " if keys else ""
+    summary = events.query(f"SELECT {group}{SQL_AGGREGATES} FROM {source} {'GROUP BY ALL' if keys else ''}")
+    summary = summary[summary["instances"] > 0].reset_index(drop=True)
+    return summary.assign(med_ns=grouped_medians(events, source, keys, summary))
+
+
+def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame) -> np.ndarray:
+    """The median of `duration` in each row of `groups` (its `keys`, and instances, min_ns and max_ns
+    of that group in `source`): the mean of the two middle values for an even count, as DuckDB's,
+    SQLite's and pandas' medians. Radix selection over the value range (MEDIAN_BUCKET_ROWS)."""
+    counts = groups["instances"].to_numpy("int64")
+    # each group's two middle ranks (1-based; one rank twice for an odd count), found a range at a time
+    rank = np.stack([(counts + 1) // 2, counts // 2 + 1], axis=1).ravel()
+    wanted_range = np.repeat(np.arange(len(groups)), 2)  # the range each wanted rank lies in: a row of `ranges`
+    ranges = groups[keys].assign(base=groups["min_ns"].astype("int64"), top=groups["max_ns"].astype("int64"), n=counts)
+    on_keys = " AND ".join(
+        [f"r.{key} IS NOT DISTINCT FROM t.{key}" for key in keys] + ["t.duration BETWEEN r.base AND r.top"]
+    )
+    while True:
+        if (ranges["base"] == ranges["top"]).all():
+            values = ranges["base"].to_numpy("int64")[wanted_range]
+            break
+        if ranges["n"].sum() <= MEDIAN_FETCH_ROWS:
+            values = _pick(events, source, on_keys, ranges, wanted_range, rank)
+            break
+        bits = max(int(MEDIAN_BUCKET_ROWS // len(ranges)).bit_length() - 1, 1)  # 2**bits buckets a range
+        # the bit length of each range's widest offset (frexp's exponent), less the bits of a bucket number
+        width_bits = np.frexp((ranges["top"] - ranges["base"]).to_numpy("float64"))[1]
+        shift = np.maximum(width_bits - bits, 0).astype("int64")
+        histogram = events.query(
+            f"""SELECT r.range, (t.duration - r.base) >> r.shift AS bucket, count(*) AS n
+                FROM {source} t JOIN ranges r ON {on_keys} GROUP BY ALL ORDER BY range, bucket""",
+            ranges=ranges.assign(range=np.arange(len(ranges)), shift=shift),
+        )
+        ranges, wanted_range, rank = _narrow(ranges, shift, histogram, wanted_range, rank)
+    lo, hi = values[0::2].astype("float64"), values[1::2].astype("float64")
+    return lo + (hi - lo) * 0.5
+
+
+def _narrow(ranges: pd.DataFrame, shift: np.ndarray, histogram: pd.DataFrame, wanted_range, rank):
+    """Each wanted rank's bucket of its range, as the new ranges (one per distinct bucket), and the
+    rank within it."""
+    owner, bucket, n = (histogram[column].to_numpy("int64") for column in ("range", "bucket", "n"))
+    upto = np.cumsum(n)
+    first = np.searchsorted(owner, np.arange(len(ranges)))  # each range's first histogram row
+    before = np.where(first > 0, upto[first - 1], 0)  # counted before each range's first row
+    row = np.searchsorted(upto, before[wanted_range] + rank)  # the first row whose running count reaches the rank
+    rank = rank - (upto[row] - n[row] - before[wanted_range])
+    rows, wanted_range = np.unique(row, return_inverse=True)
+    source = owner[rows]
+    base = ranges["base"].to_numpy("int64")[source] + (bucket[rows] << shift[source])
+    top = np.minimum(ranges["top"].to_numpy("int64")[source], base + (np.int64(1) << shift[source]) - 1)
+    return ranges.iloc[source].reset_index(drop=True).assign(base=base, top=top, n=n[rows]), wanted_range, rank
+
+
+def _pick(events, source: str, on_keys: str, ranges: pd.DataFrame, wanted_range, rank) -> np.ndarray:
+    """The value at each wanted rank of its range, from the values in the ranges (few: MEDIAN_FETCH_ROWS)."""
+    rows = events.arrays(
+        f"SELECT r.range, t.duration FROM {source} t JOIN ranges r ON {on_keys}",
+        ranges=ranges.assign(range=np.arange(len(ranges))),
+    )
+    order = np.lexsort((rows["duration"], rows["range"]))
+    first = np.searchsorted(rows["range"][order], np.arange(len(ranges)))
+    return rows["duration"][order][first[wanted_range] + rank - 1]
 
 
 def duration_summary(rows: pd.DataFrame, keys: list[str], value: str = "duration") -> pd.DataFrame:
