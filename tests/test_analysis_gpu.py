@@ -184,8 +184,9 @@ def test_fusing_elementwise_runs_saves_only_what_the_cpu_waits_for():
         ],
     )  # alone: nothing to fuse with
     families, mix = kernels.family_summary(name_totals(streaming)), kernels.kernel_mix(name_totals(streaming))
-    chains = gains.elementwise_chains(store(streaming))
-    assert chains[["start", "kernels", "total_ns", "longest_ns"]].values.tolist() == [[0, 3, 300, 100]]
+    chains = gains.elementwise_chains(store(streaming), pd.DataFrame(), 1_000)
+    assert (chains.runs, chains.kernels, chains.total_ns, chains.longest_ns) == (1, 3, 300, 100)
+    assert chains.saved_by_step.tolist() == [200.0]  # the whole capture: no step ranges
     [waiting] = rules.memory_bound_mix(families, mix, chains, clock(1_000, [(0, 500)], waits=[(0, 1_000)]))
     assert waiting.severity == "warning" and waiting.gain_pct == pytest.approx(20.0)
     [running_ahead] = rules.memory_bound_mix(families, mix, chains, clock(1_000, [(0, 500)]))
@@ -197,7 +198,7 @@ def test_fusing_elementwise_runs_saves_only_what_the_cpu_waits_for():
         rules.memory_bound_mix(
             kernels.family_summary(totals),
             kernels.kernel_mix(totals),
-            gains.elementwise_chains(store(compute)),
+            gains.elementwise_chains(store(compute), pd.DataFrame(), 1_000),
             clock(1_000),
         )
         == []

@@ -336,17 +336,21 @@ def _chains_at_once(kernels: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["kernels"] > 1].sort_values("start", kind="stable").reset_index(drop=True)
 
 
-def test_chains_cut_window_by_window_equal_the_chains_of_every_kernel_at_once(windows):
-    kernels = random_trace(n=8_000).kernels
-    kernels = kernels.assign(start=kernels["start"] // 50 * 50)  # ties: several kernels start together
+def test_chains_cut_window_by_window_sum_to_the_chains_of_every_kernel_at_once(windows):
+    tables = random_trace(n=8_000)
+    kernels = tables.kernels.assign(start=tables.kernels["start"] // 50 * 50)  # ties: kernels start together
     kernels["end"] = kernels["start"] + kernels["duration"]
-    found = gains.elementwise_chains(EventStore.from_frames(kernels=kernels))
+    steps = cpu.step_table(tables.nvtx)
+    found = gains.elementwise_chains(EventStore.from_frames(kernels=kernels), steps, tables.span_ns)
     expected = _chains_at_once(kernels)
-    assert len(found) > 100
-    pd.testing.assert_frame_equal(
-        found[["kernels", "total_ns", "longest_ns"]], expected[["kernels", "total_ns", "longest_ns"]], check_dtype=False
+    assert found.runs == len(expected) > 100
+    assert (found.kernels, found.total_ns, found.longest_ns) == tuple(
+        int(expected[column].sum()) for column in ("kernels", "total_ns", "longest_ns")
     )
-    assert found["start"].tolist() == expected["start"].tolist()
+    assert len(steps) > 1 and found.saved_by_step.sum() > 0
+    starts, ends = gains.step_windows(steps, tables.span_ns)
+    saved = gains.sum_by_window(starts, ends, expected["start"], expected["total_ns"] - expected["longest_ns"])
+    assert found.saved_by_step.tolist() == saved.tolist()
 
 
 # ---------------------------------------------------------------- the loader and the copies' calls

@@ -16,7 +16,7 @@ step. A capture without step ranges counts as one step.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -53,11 +53,8 @@ class StepClock:
 
     @classmethod
     def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: pd.DataFrame, cpu_wait: pd.DataFrame) -> StepClock:
-        waits = intervals.union(cpu_wait[["start", "end"]])
-        if len(steps):
-            ordered = steps.sort_values("start")
-            return cls(ordered["start"].to_numpy("int64"), ordered["end"].to_numpy("int64"), True, gpu_busy, waits)
-        return cls(np.array([0], "int64"), np.array([max(int(span_ns), 0)], "int64"), False, gpu_busy, waits)
+        starts, ends = step_windows(steps, span_ns)
+        return cls(starts, ends, bool(len(steps)), gpu_busy, intervals.union(cpu_wait[["start", "end"]]))
 
     @property
     def steps(self) -> int:
@@ -91,11 +88,7 @@ class StepClock:
 
     def by_step(self, times, amounts) -> np.ndarray:
         """Per step, the sum of the amounts whose time falls inside it (the rest belongs to no step)."""
-        times = np.asarray(times, dtype="int64")
-        amounts = np.asarray(amounts, dtype=float)
-        index = np.searchsorted(self.starts, times, side="right") - 1
-        inside = (index >= 0) & (times < self.ends[np.maximum(index, 0)])
-        return np.bincount(index[inside], weights=amounts[inside], minlength=self.steps).astype(float)
+        return sum_by_window(self.starts, self.ends, times, amounts)
 
     def waited(self) -> np.ndarray:
         """Per step, the time some CPU thread waited for the GPU."""
@@ -147,6 +140,24 @@ class StepClock:
         return idle.astype(float)
 
 
+def step_windows(steps: pd.DataFrame, span_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """The windows gains are measured in, as start and end arrays: the step ranges in time order, or
+    the whole capture as one."""
+    if len(steps):
+        ordered = steps.sort_values("start")
+        return ordered["start"].to_numpy("int64"), ordered["end"].to_numpy("int64")
+    return np.array([0], "int64"), np.array([max(int(span_ns), 0)], "int64")
+
+
+def sum_by_window(starts: np.ndarray, ends: np.ndarray, times, amounts) -> np.ndarray:
+    """Per window (step_windows), the sum of the amounts whose time falls inside it."""
+    times = np.asarray(times, dtype="int64")
+    amounts = np.asarray(amounts, dtype=float)
+    index = np.searchsorted(starts, times, side="right") - 1
+    inside = (index >= 0) & (times < ends[np.maximum(index, 0)])
+    return np.bincount(index[inside], weights=amounts[inside], minlength=len(starts)).astype(float)
+
+
 def cpu_waits(events: EventStore, waits: pd.DataFrame) -> pd.DataFrame:
     """When a CPU thread waited for the GPU (start, end; may overlap): the host-waiting calls
     (`waits`: cuda.host_wait_calls) and launches longer than LAUNCH_QUEUE_WAIT_NS."""
@@ -169,28 +180,56 @@ def _names(events: EventStore) -> pd.DataFrame:
     return names.assign(family=kernels.kernel_families(names)) if len(names) else names.assign(family=[])
 
 
-CHAIN_COLUMNS = ["start", "kernels", "total_ns", "longest_ns"]
 _LAST = 2**62  # NULL device or stream ids sort after every other, as in SQL's ORDER BY
 
 
-def elementwise_chains(events: EventStore) -> pd.DataFrame:
+@dataclass
+class ChainTotals:
+    """Runs of two or more elementwise kernels back to back on a stream, summed: how many, their
+    kernels, their time, their longest kernels' time, and per step window (`starts`, `ends`:
+    step_windows) the time fusing each into one kernel as long as its longest would save, each run
+    counted in the window it starts in."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    runs: int = 0
+    kernels: int = 0
+    total_ns: int = 0
+    longest_ns: int = 0
+    saved_by_step: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.saved_by_step = np.zeros(len(self.starts))
+
+    def add(self, runs: np.ndarray) -> None:
+        """Fold in finished runs: rows start, kernels, total, longest (then more, unread), a column each."""
+        start, kernels, total, longest = runs[0], runs[1], runs[2], runs[3]
+        self.runs += len(start)
+        self.kernels += int(kernels.sum())
+        self.total_ns += int(total.sum())
+        self.longest_ns += int(longest.sum())
+        self.saved_by_step += sum_by_window(self.starts, self.ends, start, total - longest)
+
+
+def elementwise_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> ChainTotals:
     """Runs of two or more elementwise kernels one after another on a stream (no other kernel between
-    them there): when each run starts, its kernels, total time and longest kernel.
+    them there), summed as they are found (ChainTotals), per step of `steps` (or the capture).
 
     Each device's kernels are fetched a window of start times at a time (gpu.device_windows), put in
     stream order in numpy, and cut into runs; a run still open at a window's end on its stream is
-    carried into the next window. Memory holds one window and the runs (a window function, or one
-    sorted fetch of every kernel, cost several times as much at ten million kernels, and the fetch
-    held them all)."""
+    carried into the next window. Memory holds one window and the runs open at its end (a window
+    function, or one sorted fetch of every kernel, cost several times as much at ten million
+    kernels; keeping every run took +0.96 GB at 40M)."""
+    totals = ChainTotals(*step_windows(steps, span_ns))
     names = _names(events)
     elementwise = names.loc[names["family"] == ELEMENTWISE_FAMILY, "name_id"] if len(names) else []
     if not len(elementwise):
-        return pd.DataFrame(columns=CHAIN_COLUMNS, dtype="int64")
+        return totals
     source = f"""(SELECT coalesce(device_id::BIGINT, {_LAST}) AS device_id, start, "end", duration,
                          coalesce(stream_id::BIGINT, {_LAST}) AS stream,
                          coalesce(name_id IN ({", ".join(str(int(i)) for i in elementwise)}), false) AS chained
                   FROM kernels)"""
-    runs = _Runs()
+    runs = _Runs(totals)
     for device, _, _, _, windows in gpu.device_windows(events, source):
         for lo, hi in windows:
             rows = events.arrays(f"""SELECT start, "end", duration, stream, chained FROM {source}
@@ -200,11 +239,12 @@ def elementwise_chains(events: EventStore) -> pd.DataFrame:
 
 
 class _Runs:
-    """Runs of chained kernels per stream, fed windows of one device's kernels in start order."""
+    """Runs of chained kernels per stream, fed windows of one device's kernels in start order; those of
+    2 or more kernels are summed into `totals` as they end. A run's rows: start, kernels, total,
+    longest, device, stream, first kernel's end."""
 
-    def __init__(self):
-        # per window, the runs of 2 or more kernels: start, kernels, total, longest, device, stream, first end
-        self.done: list[np.ndarray] = []
+    def __init__(self, totals: ChainTotals):
+        self.totals = totals
         self.open: dict[tuple[int, int], np.ndarray] = {}  # (device, stream) -> the run that reached the window's end
 
     def add(self, device: int, rows: dict[str, np.ndarray]) -> None:
@@ -253,22 +293,17 @@ class _Runs:
                     found[2, ra] += carried[2]
                     found[3, ra] = max(found[3, ra], carried[3])
                 else:
-                    self.done.append(carried[:, None][:, carried[1:2] > 1])
+                    self.totals.add(carried[:, None][:, carried[1:2] > 1])
             if ra < rb and last_at[rb - 1] == b:
                 self.open[key] = found[:, rb - 1].copy()
                 keep[rb - 1] = False
-        self.done.append(found[:, keep & (found[1] > 1)])
+        self.totals.add(found[:, keep & (found[1] > 1)])
 
-    def result(self) -> pd.DataFrame:
-        parts = [*self.done, *(run[:, None] for run in self.open.values() if run[1] > 1), np.zeros((7, 0), "int64")]
-        found = [np.concatenate([part[i] for part in parts]) for i in range(7)]  # a column at a time: no 7-row copy
-        # in time order; runs that start together in device, stream, then first kernel's end order
-        # (the order they came in already, but for runs carried over a window's end: checked)
-        order = np.argsort(found[0], kind="stable")
-        starts = found[0][order]
-        if (starts[1:] == starts[:-1]).any():
-            order = np.lexsort((found[6], found[5], found[4], found[0]))
-        return pd.DataFrame({column: found[i][order] for i, column in enumerate(CHAIN_COLUMNS)})
+    def result(self) -> ChainTotals:
+        for run in self.open.values():
+            self.totals.add(run[:, None][:, run[1:2] > 1])
+        self.open = {}
+        return self.totals
 
 
 def foreach_optimizer_kernels(events: EventStore) -> pd.DataFrame:

@@ -136,7 +136,15 @@ SECTIONS: tuple[Section, ...] = (
         "synchronizing CUDA calls: count, time and where they were made",
         beside=True,
     ),
-    Section("chains", gains.elementwise_chains, ("events",), K, beside=True),
+    # the step ranges: the elementwise chains are summed per step as they are found
+    _saved("steps", lambda t: cpu.step_table(t.nvtx), ("tables",), K, "each captured step and its phases' CPU time"),
+    Section(
+        "chains",
+        lambda events, steps, t: gains.elementwise_chains(events, steps, t.span_ns),
+        ("events", "steps", "tables"),
+        K,
+        beside=True,
+    ),
     _saved(
         "kernels",
         gpu.kernel_summary,
@@ -184,7 +192,6 @@ SECTIONS: tuple[Section, ...] = (
         ("kernel_mix", "busy_pct", "metric_means", "kernel_totals"),
         B,
     ),
-    _saved("steps", lambda t: cpu.step_table(t.nvtx), ("tables",), T, "each captured step and its phases' CPU time"),
     Section(
         "clock",
         lambda steps, t, busy, events, waits: gains.StepClock.of(

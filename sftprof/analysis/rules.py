@@ -21,7 +21,7 @@ from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCP
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
-from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, StepClock
+from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE
@@ -475,19 +475,19 @@ ELEMENTWISE_MODEL = (
 )
 
 
-def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: pd.DataFrame, clock: StepClock) -> list[Finding]:
+def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: ChainTotals, clock: StepClock) -> list[Finding]:
     """Streaming kernels take kernel time that fusion could save: chains of elementwise kernels
-    (`chains`: gains.elementwise_chains) fused into one, each element read and written once."""
-    if families.empty or (chains.empty and mix["memory_pct"] < DOMINANT_SHARE_PCT):
+    (`chains`: gains.elementwise_chains, summed per step of the clock's) fused into one, each element
+    read and written once."""
+    if families.empty or (not chains.runs and mix["memory_pct"] < DOMINANT_SHARE_PCT):
         return []
     streaming = families[families["family"].isin(MEMORY_BOUND_FAMILIES)]
     parts = ", ".join(f"{r.family} {r.time_pct:.1f}% (top: {r.top_kernel})" for r in streaming.itertuples())
-    saved = clock.by_step(chains["start"], chains["total_ns"] - chains["longest_ns"])
+    saved = chains.saved_by_step
     runs = (
-        f" {len(chains):,} runs of 2 or more elementwise kernels back to back on a stream "
-        f"({int(chains['kernels'].sum()):,} kernels, {_ms(chains['total_ns'].sum())}) would take "
-        f"{_ms(chains['longest_ns'].sum())} fused."
-        if len(chains)
+        f" {chains.runs:,} runs of 2 or more elementwise kernels back to back on a stream "
+        f"({chains.kernels:,} kernels, {_ms(chains.total_ns)}) would take {_ms(chains.longest_ns)} fused."
+        if chains.runs
         else " No elementwise kernels run back to back: fusion by torch.compile has little to join."
     )
     return [
