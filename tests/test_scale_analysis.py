@@ -178,8 +178,15 @@ def test_one_busy_pass_gives_the_three_unions_and_the_timeline_counts(windows):
             "not_communication": mine.loc[~comm, ["start", "end"]],
         }
         for name, rows in expected.items():
-            union = getattr(unions, name)[device].merged
+            busy = getattr(unions, name)[device]
+            if name == "kernels":
+                union = pd.DataFrame(dict(zip(["start", "end"], busy.union.rows(0, len(busy.union)), strict=True)))
+            else:
+                union = busy.merged
             pd.testing.assert_frame_equal(union, intervals.union(rows.astype("int64")))
+        # the kernels' union is kept as a patch of the operations' one: a row per kernel interval in a copy's
+        assert isinstance(unions.kernels[device].union, intervals.PatchedUnion)
+        assert 0 < len(unions.kernels[device].union.piece_starts) < len(mine) / 4
     assert unions.operations[0].last == max(
         kernels.loc[kernels["device_id"] == 0, "end"].max(), memops.loc[memops["device_id"] == 0, "end"].max()
     )
@@ -198,7 +205,8 @@ def test_without_collectives_there_is_no_third_union_and_without_copies_two_are_
     assert names.str.contains("nccl").any()
     plain = EventStore.from_frames(kernels=tables.kernels[~names.str.contains("nccl")])
     unions = gpu.busy_unions(plain, tables.memops.iloc[:0])
-    assert unions.not_communication is None and unions.kernels[0].merged is unions.operations[0].merged
+    assert unions.not_communication is None
+    assert np.shares_memory(unions.kernels[0].union.starts, unions.operations[0].merged["start"].to_numpy())
     assert list(gpu.busy_by_device(tables.events, tables.memops)) == list(unions.operations)
 
 
@@ -491,3 +499,37 @@ def test_medians_by_bucket_passes_equal_pandas_medians(monkeypatch, buckets, fet
     pd.testing.assert_series_equal(got.sort_index(), expected.sort_index().astype("float64"), check_names=False)
     everything = stats.grouped_summary(events, "kernels", [])
     assert everything["med_ns"].iat[0] == float(np.median(durations))
+
+
+def test_a_union_kept_as_a_patch_reads_as_the_union_itself():
+    """intervals.PatchedUnion (the kernels' union as a patch of the operations' one) answers every
+    question the plain union does: counts before a time, rows by position, intervals near windows."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n, copies = int(rng.integers(1, 300)), int(rng.integers(0, 8))
+        kernel_starts = np.sort(rng.integers(0, 5_000, n))
+        kernel_ends = kernel_starts + rng.integers(0, 30, n)
+        copy_starts = rng.integers(0, 5_200, copies)
+        copy_ends = copy_starts + rng.integers(0, 80, copies)
+        kernels = intervals.union(pd.DataFrame({"start": kernel_starts, "end": kernel_ends}))
+        both = intervals.union(
+            pd.DataFrame({"start": np.r_[kernel_starts, copy_starts], "end": np.r_[kernel_ends, copy_ends]})
+        )
+        plain = intervals.Union(kernels["start"].to_numpy(), kernels["end"].to_numpy())
+        patched = intervals.PatchedUnion.of(
+            intervals.Union(both["start"].to_numpy(), both["end"].to_numpy()), plain, np.sort(copy_starts)
+        )
+        assert len(patched) == len(plain)
+        for time in rng.integers(-10, 5_300, 20):
+            assert patched.ending_by(time) == plain.ending_by(time)
+            assert patched.starting_before(time) == plain.starting_before(time)
+        for _ in range(10):
+            first = int(rng.integers(0, len(plain) + 1))
+            last = int(rng.integers(first, len(plain) + 2))
+            assert all(map(np.array_equal, patched.rows(first, last), plain.rows(first, last)))
+        window_starts = rng.integers(0, 5_200, 5)
+        windows = (window_starts, window_starts + rng.integers(0, 100, 5))
+        near = plain.overlapping(*windows)
+        assert all(map(np.array_equal, patched.overlapping(*windows), near))
+        overlaps = [(s < windows[1]) & (e > windows[0]) for s, e in zip(*plain.rows(0, len(plain)), strict=True)]
+        assert len(near[0]) == sum(bool(o.any()) for o in overlaps)

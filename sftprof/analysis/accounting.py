@@ -468,8 +468,8 @@ def _union_windows(unions: gpu.BusyUnions, span: tuple[int, int]):
     the same start times (None without NCCL kernels)."""
     lo, hi = span
     for device, busy in unions.kernels.items():
-        starts, ends = busy.merged["start"].to_numpy("int64"), busy.merged["end"].to_numpy("int64")
-        first, last = np.searchsorted(ends, lo, side="right"), np.searchsorted(starts, hi, side="left")
+        union = busy.union
+        first, last = union.ending_by(lo), union.starting_before(hi)
         if first >= last:
             continue
         own = unions.not_communication.get(device) if unions.not_communication is not None else None
@@ -481,8 +481,7 @@ def _union_windows(unions: gpu.BusyUnions, span: tuple[int, int]):
         own_first, own_last = np.searchsorted(own_ends, lo, side="right"), np.searchsorted(own_starts, hi, side="left")
 
         def windows(
-            starts=starts,
-            ends=ends,
+            union=union,
             first=first,
             last=last,
             own_starts=own_starts,
@@ -492,13 +491,23 @@ def _union_windows(unions: gpu.BusyUnions, span: tuple[int, int]):
             nccl=unions.not_communication is not None,
         ):
             cuts = np.r_[first : last : gpu.BUSY_WINDOW_ROWS, last]
-            # the other union cut at the same start times: both merge in order, window by window
-            own_cuts = np.clip(np.searchsorted(own_starts, starts[cuts[1:-1]], side="left"), own_first, own_last)
-            own_cuts = np.r_[own_first, own_cuts, max(own_last, own_first)]
-            for a, b, c, d in zip(cuts[:-1], cuts[1:], own_cuts[:-1], own_cuts[1:], strict=True):
-                yield starts[a:b], ends[a:b], *((own_starts[c:d], own_ends[c:d]) if nccl else (None, None))
+            own_cut = own_first
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+                starts, ends = union.rows(a, b)
+                # the other union cut at the same start times: both merge in order, window by window
+                next_cut = (
+                    max(own_last, own_first)
+                    if b == last
+                    else int(np.clip(np.searchsorted(own_starts, union.rows(b, b + 1)[0][0]), own_first, own_last))
+                )
+                yield (
+                    starts,
+                    ends,
+                    *((own_starts[own_cut:next_cut], own_ends[own_cut:next_cut]) if nccl else (None, None)),
+                )
+                own_cut = next_cut
 
-        yield int(device), int(ends[first - 1]) if first else -_FAR, windows()
+        yield int(device), int(union.rows(first - 1, first)[1][0]) if first else -_FAR, windows()
 
 
 def _busy_and_idle(

@@ -19,6 +19,7 @@ BUSY_MAX_WINDOWS = 64  # per device: windows are cut at 1/64 quantiles, so large
 # (cudaLaunchKernel costs ~5-10 µs): many of them in a row leave the GPU waiting for launches.
 TINY_KERNEL_NS = 10_000
 TIMELINE_CHUNKS = 50  # equal windows of a device's active span in the utilisation timeline
+_NONE = np.empty(0, "int64")
 COMMUNICATION_MARKER = "nccl"  # kernels whose name holds it are collective communication
 
 
@@ -77,6 +78,16 @@ class DeviceBusy:
 
 
 @dataclass
+class KernelsBusy:
+    """When one GPU ran kernels: their union (read by position; where memory operations ran, a patch
+    of the operations' union: intervals.PatchedUnion), from its first kernel's start to its last end."""
+
+    union: intervals.Union
+    first: int
+    last: int
+
+
+@dataclass
 class BusyUnions:
     """What one pass over every kernel and memory operation gives, per device (busy_unions):
     `operations`, the union of both (busy_by_device); `kernels`, of kernels alone (when the SMs ran
@@ -84,7 +95,7 @@ class BusyUnions:
     some ran (None otherwise): the SMs busy with work of their own."""
 
     operations: dict[int, DeviceBusy]
-    kernels: dict[int, DeviceBusy]
+    kernels: dict[int, KernelsBusy]
     not_communication: dict[int, DeviceBusy] | None
 
 
@@ -210,8 +221,19 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
         )
         if first_kernel is None:
             continue
-        alone = merged[1].result() if split else every
-        unions.kernels[int(device)] = DeviceBusy(alone, first_kernel, int(alone["end"].iat[-1]))
+        base = intervals.Union(every["start"].to_numpy(), every["end"].to_numpy())
+        if split:  # kept as where it differs from the operations' union: inside the copies' intervals
+            alone = merged[1].result()
+            kernel_union = intervals.PatchedUnion.of(
+                base,
+                intervals.Union(alone["start"].to_numpy(), alone["end"].to_numpy()),
+                np.sort(ops.loc[ops["device_id"] == device, "start"].to_numpy()),
+            )
+            last_kernel = int(alone["end"].iat[-1])
+            del alone
+        else:
+            kernel_union, last_kernel = base, end
+        unions.kernels[int(device)] = KernelsBusy(kernel_union, first_kernel, last_kernel)
         if communication:
             own = merged[2].result()
             ends = own["end"].to_numpy()
@@ -231,6 +253,20 @@ def all_devices_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
     if len(busy) <= 1:  # already a union: not another copy of ten million intervals
         return next(iter(busy.values())).merged if busy else intervals.RunningUnion().result()
     return intervals.union(pd.concat([b.merged for b in busy.values()], ignore_index=True))
+
+
+def kernels_busy_in(busy: dict[int, KernelsBusy], starts: np.ndarray, ends: np.ndarray) -> pd.DataFrame:
+    """When any GPU ran a kernel, within the windows [starts[i], ends[i]) (the merged kernel intervals
+    of every device that overlap one, unioned over devices): a copy's time beside kernels, without
+    the kernels' unions whole."""
+    parts = [b.union.overlapping(starts, ends) for b in busy.values()]
+    found = pd.DataFrame(
+        {
+            "start": np.concatenate([p[0] for p in parts] or [_NONE]),
+            "end": np.concatenate([p[1] for p in parts] or [_NONE]),
+        }
+    )
+    return found if len(parts) <= 1 else intervals.union(found)
 
 
 def gpu_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:

@@ -76,9 +76,9 @@ def _feeders(labels: dict, api_threads: pd.DataFrame) -> dict:
 
 def _exposed_copies(copy_calls: pd.DataFrame, unions: gpu.BusyUnions) -> pd.DataFrame:
     """Memory operations with their API call and `exposed_ns`: a copy's time with no kernel running."""
-    kernels_busy = gpu.all_devices_busy(unions.kernels)
-    beside_kernels = gains.kernel_time_in(kernels_busy, copy_calls["start"], copy_calls["end"])
-    return copy_calls.assign(exposed_ns=copy_calls["duration"] - beside_kernels)
+    starts, ends = copy_calls["start"].to_numpy("int64"), copy_calls["end"].to_numpy("int64")
+    kernels_busy = gpu.kernels_busy_in(unions.kernels, starts, ends)
+    return copy_calls.assign(exposed_ns=copy_calls["duration"] - gains.kernel_time_in(kernels_busy, starts, ends))
 
 
 def _device_name(tables) -> str | None:
