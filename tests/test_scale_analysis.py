@@ -502,24 +502,32 @@ def test_medians_by_bucket_passes_equal_pandas_medians(monkeypatch, buckets, fet
 
 
 def test_a_union_kept_as_a_patch_reads_as_the_union_itself():
-    """intervals.PatchedUnion (the kernels' union as a patch of the operations' one) answers every
-    question the plain union does: counts before a time, rows by position, intervals near windows."""
+    """intervals.RunningPatch, fed batches as the busy pass feeds it, gives a PatchedUnion (the kernels'
+    union as a patch of the operations' one) that answers every question the plain union does: counts
+    before a time, rows by position, intervals near windows."""
     rng = np.random.default_rng(1)
     for _ in range(200):
         n, copies = int(rng.integers(1, 300)), int(rng.integers(0, 8))
         kernel_starts = np.sort(rng.integers(0, 5_000, n))
         kernel_ends = kernel_starts + rng.integers(0, 30, n)
-        copy_starts = rng.integers(0, 5_200, copies)
+        copy_starts = np.sort(rng.integers(0, 5_200, copies))
         copy_ends = copy_starts + rng.integers(0, 80, copies)
+        starts, ends = np.r_[kernel_starts, copy_starts], np.r_[kernel_ends, copy_ends]
+        order = np.argsort(starts, kind="stable")
+        is_kernel = (np.arange(len(starts)) < n)[order]
+        starts, ends = starts[order], ends[order]
+        base = intervals.RunningUnion(len(starts))
+        patch = intervals.RunningPatch(base, copy_starts)
+        batch = int(rng.integers(1, 40))
+        for lo in range(0, len(starts), batch):
+            base.add(starts[lo : lo + batch], ends[lo : lo + batch])
+            kernel = is_kernel[lo : lo + batch]
+            patch.add(starts[lo : lo + batch][kernel], ends[lo : lo + batch][kernel])
+        patched = patch.result(base.result())
         kernels = intervals.union(pd.DataFrame({"start": kernel_starts, "end": kernel_ends}))
-        both = intervals.union(
-            pd.DataFrame({"start": np.r_[kernel_starts, copy_starts], "end": np.r_[kernel_ends, copy_ends]})
-        )
         plain = intervals.Union(kernels["start"].to_numpy(), kernels["end"].to_numpy())
-        patched = intervals.PatchedUnion.of(
-            intervals.Union(both["start"].to_numpy(), both["end"].to_numpy()), plain, np.sort(copy_starts)
-        )
-        assert len(patched) == len(plain)
+        assert len(patched) == len(plain) and patch.last_end == plain.ends[-1]
+        assert len(patched.piece_starts) <= len(plain)
         for time in rng.integers(-10, 5_300, 20):
             assert patched.ending_by(time) == plain.ending_by(time)
             assert patched.starting_before(time) == plain.starting_before(time)

@@ -182,11 +182,14 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
         counted = np.zeros((2, TIMELINE_CHUNKS), dtype="int64")  # kernels, tiny kernels
         # the merged intervals written in place: their count is at most the operations'
         kernel_count = kernel_counts.get(device, n)
-        merged = [
-            intervals.RunningUnion(n),
-            intervals.RunningUnion(kernel_count if split else None),
-            intervals.RunningUnion(kernel_count if communication else None),
-        ]
+        merged = [intervals.RunningUnion(n)]
+        # the kernels' union, where it differs from the operations': inside intervals that hold a copy
+        merged.append(
+            intervals.RunningPatch(merged[0], np.sort(ops.loc[ops["device_id"] == device, "start"].to_numpy()))
+            if split
+            else None
+        )
+        merged.append(intervals.RunningUnion(kernel_count if communication else None))
         first_kernel = None
         for lo, hi in windows:
             window = fetch_by_start(
@@ -221,18 +224,10 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
         )
         if first_kernel is None:
             continue
-        base = intervals.Union(every["start"].to_numpy(), every["end"].to_numpy())
-        if split:  # kept as where it differs from the operations' union: inside the copies' intervals
-            alone = merged[1].result()
-            kernel_union = intervals.PatchedUnion.of(
-                base,
-                intervals.Union(alone["start"].to_numpy(), alone["end"].to_numpy()),
-                np.sort(ops.loc[ops["device_id"] == device, "start"].to_numpy()),
-            )
-            last_kernel = int(alone["end"].iat[-1])
-            del alone
+        if split:
+            kernel_union, last_kernel = merged[1].result(every), merged[1].last_end
         else:
-            kernel_union, last_kernel = base, end
+            kernel_union, last_kernel = intervals.Union(every["start"].to_numpy(), every["end"].to_numpy()), end
         unions.kernels[int(device)] = KernelsBusy(kernel_union, first_kernel, last_kernel)
         if communication:
             own = merged[2].result()

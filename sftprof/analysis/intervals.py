@@ -11,6 +11,8 @@ import weakref
 import numpy as np
 import pandas as pd
 
+_NO_TIMES = np.empty(0, "int64")
+
 
 def union(intervals: pd.DataFrame) -> pd.DataFrame:
     """The union of intervals as sorted, disjoint [start, end) rows."""
@@ -63,6 +65,17 @@ class RunningUnion:
             self._ends[self._size : self._size + final] = merged_ends[:-1]
             self._size += final
         self._open = (merged_starts[-1], merged_ends[-1])
+
+    def take_final(self) -> tuple[np.ndarray, np.ndarray]:
+        """The merged intervals no later batch can extend, since the last call, handed over (a union
+        made without `capacity`): what is kept is the open interval only."""
+        starts, ends = self._starts, self._ends
+        self._starts, self._ends = [], []
+        return np.concatenate([*starts, _NO_TIMES]), np.concatenate([*ends, _NO_TIMES])
+
+    def final_starts(self) -> np.ndarray | None:
+        """The starts of the merged intervals no later batch can extend (None once in pieces)."""
+        return None if isinstance(self._starts, list) else self._starts[: self._size]
 
     def result(self) -> pd.DataFrame:
         """Sorted, disjoint start/end rows (columns share the arrays: no copy)."""
@@ -240,16 +253,6 @@ class PatchedUnion(Union):
         super().__init__(base.starts, base.ends)  # the base's arrays, shared
         self.touched, self.piece_starts, self.piece_ends, self.owner = touched, piece_starts, piece_ends, owner
 
-    @classmethod
-    def of(cls, base: Union, inner: Union, marks: np.ndarray) -> PatchedUnion:
-        """`inner` (a union inside `base`) as a patch of `base`, whose intervals that hold one of the times
-        `marks` are the only ones where the two may differ: the inner intervals that start in those."""
-        touched = _distinct(np.searchsorted(base.starts, marks, side="right") - 1)
-        first = np.searchsorted(inner.starts, base.starts[touched], side="left")
-        counts = np.searchsorted(inner.starts, base.ends[touched], side="right") - first
-        inside = _ranges(first, counts)
-        return cls(base, touched, inner.starts[inside], inner.ends[inside], np.repeat(touched, counts))
-
     def _before(self, position: int) -> int:
         """How many intervals lie in the base's intervals before `position`."""
         replaced = np.searchsorted(self.touched, position, side="left")
@@ -324,3 +327,52 @@ class PatchedUnion(Union):
         found_starts, found_ends = self._expand(_positions_overlapping(self.starts, self.ends, starts, ends))
         keep = _positions_overlapping(found_starts, found_ends, starts, ends)
         return found_starts[keep], found_ends[keep]
+
+
+class RunningPatch:
+    """PatchedUnion.of, made while both unions stream by (gpu.busy_unions): `base` is fed every batch
+    first, then add() the inner union's share of it; an inner interval is kept once the base interval
+    holding it is final, and only if that one holds a mark. The inner union is never whole: at 40M
+    kernels it was 0.64 GB while the pass ran."""
+
+    def __init__(self, base: RunningUnion, marks: np.ndarray):
+        self.base, self.marks = base, marks
+        self.inner = RunningUnion()
+        self.pending = (_NO_TIMES, _NO_TIMES)  # inner intervals whose base interval is not final yet
+        self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # starts, ends, owner
+        self.last_end = None
+
+    def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.inner.add(starts, ends)
+        final = self.inner.take_final()
+        self.pending = (np.r_[self.pending[0], final[0]], np.r_[self.pending[1], final[1]])
+        base_starts = self.base.final_starts()
+        if base_starts is not None and self.base._open is not None:
+            self._place(base_starts, self.base._open[0])
+
+    def _place(self, base_starts: np.ndarray, before: int) -> None:
+        """Keep or drop the pending inner intervals that start before `before` (in final base intervals)."""
+        n = int(np.searchsorted(self.pending[0], before, side="left"))
+        if not n:
+            return
+        starts, ends = self.pending[0][:n], self.pending[1][:n]
+        self.pending = (self.pending[0][n:], self.pending[1][n:])
+        owner = np.searchsorted(base_starts, starts, side="right") - 1
+        # the marks in those base intervals (sorted: a slice)
+        lo = np.searchsorted(self.marks, base_starts[owner[0]], side="left")
+        marks = self.marks[lo : np.searchsorted(self.marks, before, side="left")]
+        touched = _distinct(np.searchsorted(base_starts, marks, side="right") - 1)
+        at = np.minimum(np.searchsorted(touched, owner), max(len(touched) - 1, 0))
+        inside = touched[at] == owner if len(touched) else np.zeros(n, dtype=bool)
+        self.kept.append((starts[inside], ends[inside], owner[inside]))
+
+    def result(self, base: pd.DataFrame) -> PatchedUnion:
+        """The patch, once `base` (the base's result()) is final."""
+        if self.inner._open is not None:
+            self.pending = (np.r_[self.pending[0], self.inner._open[0]], np.r_[self.pending[1], self.inner._open[1]])
+            self.last_end = int(self.inner._open[1])
+        starts = base["start"].to_numpy()
+        self._place(starts, np.iinfo("int64").max)
+        parts = [np.concatenate(part) for part in zip(*self.kept, strict=True)] if self.kept else [_NO_TIMES] * 3
+        touched = _distinct(np.searchsorted(starts, self.marks, side="right") - 1)
+        return PatchedUnion(Union(starts, base["end"].to_numpy()), touched, *parts)
