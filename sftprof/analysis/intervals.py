@@ -77,6 +77,11 @@ class RunningUnion:
         """The starts of the merged intervals no later batch can extend (None once in pieces)."""
         return None if isinstance(self._starts, list) else self._starts[: self._size]
 
+    @property
+    def open_interval(self) -> tuple[int, int] | None:
+        """The last merged interval (start, end), which the next batch may extend; None before any."""
+        return self._open
+
     def result(self) -> pd.DataFrame:
         """Sorted, disjoint start/end rows (columns share the arrays: no copy)."""
         if self._open is None:
@@ -330,47 +335,55 @@ class PatchedUnion(Union):
 
 
 class RunningPatch:
-    """PatchedUnion.of, made while both unions stream by (gpu.busy_unions): `base` is fed every batch
+    """A PatchedUnion made while both unions stream by (gpu.busy_unions): `base` is fed every batch
     first, then add() the inner union's share of it; an inner interval is kept once the base interval
-    holding it is final, and only if that one holds a mark. The inner union is never whole: at 40M
-    kernels it was 0.64 GB while the pass ran."""
+    holding it is final, and only if that one holds one of the `marks` (sorted times). The inner union
+    is never whole: at 40M kernels it was 0.64 GB while the pass ran."""
 
     def __init__(self, base: RunningUnion, marks: np.ndarray):
         self.base, self.marks = base, marks
         self.inner = RunningUnion()
-        self.pending = (_NO_TIMES, _NO_TIMES)  # inner intervals whose base interval is not final yet
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # inner intervals whose base one is not final, in order
         self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # starts, ends, owner
         self.last_end = None
 
     def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
         self.inner.add(starts, ends)
         final = self.inner.take_final()
-        self.pending = (np.r_[self.pending[0], final[0]], np.r_[self.pending[1], final[1]])
-        base_starts = self.base.final_starts()
-        if base_starts is not None and self.base._open is not None:
-            self._place(base_starts, self.base._open[0])
+        if len(final[0]):
+            self.pending.append(final)
+        base_starts, opened = self.base.final_starts(), self.base.open_interval
+        if base_starts is not None and opened is not None:
+            self._place(base_starts, opened[0])
 
     def _place(self, base_starts: np.ndarray, before: int) -> None:
         """Keep or drop the pending inner intervals that start before `before` (in final base intervals)."""
-        n = int(np.searchsorted(self.pending[0], before, side="left"))
-        if not n:
+        ready = []
+        while self.pending and self.pending[0][0][-1] < before:  # whole pieces first: no copy of the rest
+            ready.append(self.pending.pop(0))
+        if self.pending and self.pending[0][0][0] < before:
+            starts, ends = self.pending[0]
+            n = int(np.searchsorted(starts, before, side="left"))
+            ready.append((starts[:n], ends[:n]))
+            self.pending[0] = (starts[n:], ends[n:])
+        if not ready:
             return
-        starts, ends = self.pending[0][:n], self.pending[1][:n]
-        self.pending = (self.pending[0][n:], self.pending[1][n:])
+        starts, ends = (np.concatenate(part) for part in zip(*ready, strict=True))
         owner = np.searchsorted(base_starts, starts, side="right") - 1
         # the marks in those base intervals (sorted: a slice)
         lo = np.searchsorted(self.marks, base_starts[owner[0]], side="left")
         marks = self.marks[lo : np.searchsorted(self.marks, before, side="left")]
         touched = _distinct(np.searchsorted(base_starts, marks, side="right") - 1)
         at = np.minimum(np.searchsorted(touched, owner), max(len(touched) - 1, 0))
-        inside = touched[at] == owner if len(touched) else np.zeros(n, dtype=bool)
+        inside = touched[at] == owner if len(touched) else np.zeros(len(starts), dtype=bool)
         self.kept.append((starts[inside], ends[inside], owner[inside]))
 
     def result(self, base: pd.DataFrame) -> PatchedUnion:
         """The patch, once `base` (the base's result()) is final."""
-        if self.inner._open is not None:
-            self.pending = (np.r_[self.pending[0], self.inner._open[0]], np.r_[self.pending[1], self.inner._open[1]])
-            self.last_end = int(self.inner._open[1])
+        opened = self.inner.open_interval
+        if opened is not None:
+            self.pending.append((np.array([opened[0]], "int64"), np.array([opened[1]], "int64")))
+            self.last_end = int(opened[1])
         starts = base["start"].to_numpy()
         self._place(starts, np.iinfo("int64").max)
         parts = [np.concatenate(part) for part in zip(*self.kept, strict=True)] if self.kept else [_NO_TIMES] * 3
