@@ -73,9 +73,9 @@ class RunningUnion:
         self._starts, self._ends = [], []
         return np.concatenate([*starts, _NO_TIMES]), np.concatenate([*ends, _NO_TIMES])
 
-    def final_starts(self) -> np.ndarray | None:
-        """The starts of the merged intervals no later batch can extend (None once in pieces)."""
-        return None if isinstance(self._starts, list) else self._starts[: self._size]
+    def final(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The merged intervals no later batch can extend, starts and ends (None once in pieces)."""
+        return None if isinstance(self._starts, list) else (self._starts[: self._size], self._ends[: self._size])
 
     @property
     def open_interval(self) -> tuple[int, int] | None:
@@ -352,11 +352,11 @@ class RunningPatch:
         final = self.inner.take_final()
         if len(final[0]):
             self.pending.append(final)
-        base_starts, opened = self.base.final_starts(), self.base.open_interval
-        if base_starts is not None and opened is not None:
-            self._place(base_starts, opened[0])
+        final, opened = self.base.final(), self.base.open_interval
+        if final is not None and opened is not None:
+            self._place(*final, opened[0])
 
-    def _place(self, base_starts: np.ndarray, before: int) -> None:
+    def _place(self, base_starts: np.ndarray, base_ends: np.ndarray, before: int) -> None:
         """Keep or drop the pending inner intervals that start before `before` (in final base intervals)."""
         ready = []
         while self.pending and self.pending[0][0][-1] < before:  # whole pieces first: no copy of the rest
@@ -369,14 +369,14 @@ class RunningPatch:
         if not ready:
             return
         starts, ends = (np.concatenate(part) for part in zip(*ready, strict=True))
-        owner = np.searchsorted(base_starts, starts, side="right") - 1
-        # the marks in those base intervals (sorted: a slice)
-        lo = np.searchsorted(self.marks, base_starts[owner[0]], side="left")
-        marks = self.marks[lo : np.searchsorted(self.marks, before, side="left")]
+        # the base intervals from the one holding the first of them that hold a mark (marks sorted: a slice)
+        first_base = base_starts[np.searchsorted(base_starts, starts[0], side="right") - 1]
+        marks = self.marks[np.searchsorted(self.marks, first_base) : np.searchsorted(self.marks, before)]
         touched = _distinct(np.searchsorted(base_starts, marks, side="right") - 1)
-        at = np.minimum(np.searchsorted(touched, owner), max(len(touched) - 1, 0))
-        inside = touched[at] == owner if len(touched) else np.zeros(len(starts), dtype=bool)
-        self.kept.append((starts[inside], ends[inside], owner[inside]))
+        first = np.searchsorted(starts, base_starts[touched], side="left")
+        counts = np.searchsorted(starts, base_ends[touched], side="right") - first
+        inside = _ranges(first, counts)
+        self.kept.append((starts[inside], ends[inside], np.repeat(touched, counts)))
 
     def result(self, base: pd.DataFrame) -> PatchedUnion:
         """The patch, once `base` (the base's result()) is final."""
@@ -385,7 +385,7 @@ class RunningPatch:
             self.pending.append((np.array([opened[0]], "int64"), np.array([opened[1]], "int64")))
             self.last_end = int(opened[1])
         starts = base["start"].to_numpy()
-        self._place(starts, np.iinfo("int64").max)
+        self._place(starts, base["end"].to_numpy(), np.iinfo("int64").max)
         parts = [np.concatenate(part) for part in zip(*self.kept, strict=True)] if self.kept else [_NO_TIMES] * 3
         touched = _distinct(np.searchsorted(starts, self.marks, side="right") - 1)
         return PatchedUnion(Union(starts, base["end"].to_numpy()), touched, *parts)
