@@ -19,7 +19,6 @@ BUSY_MAX_WINDOWS = 64  # per device: windows are cut at 1/64 quantiles, so large
 # (cudaLaunchKernel costs ~5-10 µs): many of them in a row leave the GPU waiting for launches.
 TINY_KERNEL_NS = 10_000
 TIMELINE_CHUNKS = 50  # equal windows of a device's active span in the utilisation timeline
-_NONE = np.empty(0, "int64")
 COMMUNICATION_MARKER = "nccl"  # kernels whose name holds it are collective communication
 
 
@@ -245,23 +244,22 @@ def busy_by_device(events: EventStore, memops: pd.DataFrame) -> dict[int, Device
 
 def all_devices_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
     """When any GPU was running anything (union over devices)."""
-    if len(busy) <= 1:  # already a union: not another copy of ten million intervals
-        return next(iter(busy.values())).merged if busy else intervals.RunningUnion().result()
-    return intervals.union(pd.concat([b.merged for b in busy.values()], ignore_index=True))
+    return _union_over_devices([b.merged for b in busy.values()])
 
 
 def kernels_busy_in(busy: dict[int, KernelsBusy], starts: np.ndarray, ends: np.ndarray) -> pd.DataFrame:
     """When any GPU ran a kernel, within the windows [starts[i], ends[i]) (the merged kernel intervals
     of every device that overlap one, unioned over devices): a copy's time beside kernels, without
     the kernels' unions whole."""
-    parts = [b.union.overlapping(starts, ends) for b in busy.values()]
-    found = pd.DataFrame(
-        {
-            "start": np.concatenate([p[0] for p in parts] or [_NONE]),
-            "end": np.concatenate([p[1] for p in parts] or [_NONE]),
-        }
-    )
-    return found if len(parts) <= 1 else intervals.union(found)
+    near = (b.union.overlapping(starts, ends) for b in busy.values())
+    return _union_over_devices([pd.DataFrame({"start": s, "end": e}) for s, e in near])
+
+
+def _union_over_devices(merged: list[pd.DataFrame]) -> pd.DataFrame:
+    """The union of each device's merged intervals."""
+    if len(merged) <= 1:  # already a union: not another copy of ten million intervals
+        return merged[0] if merged else intervals.RunningUnion().result()
+    return intervals.union(pd.concat(merged, ignore_index=True))
 
 
 def gpu_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
