@@ -213,3 +213,25 @@ def test_ranges_containing_calls_equal_a_brute_force_check():
         best = around.sort_values(["start", "end"], ascending=[False, True], kind="stable").index[0]
         assert chosen == best
     assert set(innermost.index) == {c for c, _ in expected}
+
+
+def test_summary_over_a_pandas_table_equals_pandas_own_groupby():
+    """duration_summary groups by the keys' codes in DuckDB: every statistic equals pandas' groupby on the
+    same rows, for a categorical key and a text key, each with missing values (a group of their own)."""
+    rng = np.random.default_rng(5)
+    n = 5_000
+    names = pd.Categorical.from_codes(rng.integers(-1, 7, n), [f"range {i}" for i in range(9)])  # two unused
+    styles = pd.Series(rng.choice(["PushPop", "StartEnd", None], n), dtype="object")
+    rows = pd.DataFrame({"name": names, "style": styles, "duration": rng.integers(0, 10**9, n)})
+    got = duration_summary(rows, ["name", "style"])
+    grouped = rows.groupby(["name", "style"], dropna=False, observed=True)["duration"]
+    expected = grouped.agg(total_ns="sum", instances="count", med_ns="median", min_ns="min", max_ns="max")
+    expected = expected.assign(stddev_ns=grouped.std().fillna(0).round(1)).reset_index()
+    assert len(got) == len(expected) == 8 * 3
+    assert isinstance(got["name"].dtype, pd.CategoricalDtype) and got["name"].isna().any() and got["style"].isna().any()
+    merged = got.astype({"name": object}).merge(expected.astype({"name": object}), on=["name", "style"])
+    assert len(merged) == len(got)
+    for column in ("total_ns", "instances", "min_ns", "max_ns"):
+        assert (merged[f"{column}_x"] == merged[f"{column}_y"]).all(), column
+    assert np.allclose(merged["med_ns_x"], merged["med_ns_y"].round(1), atol=0.051)
+    assert np.allclose(merged["stddev_ns_x"], merged["stddev_ns_y"], atol=0.051)

@@ -13,6 +13,8 @@ import threading
 import numpy as np
 import pandas as pd
 
+from sftprof.trace.events import EventStore
+
 SUMMARY_COLUMNS = ["time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns"]
 
 _rounders = threading.local()  # an SQLite connection per thread: analyses run on two
@@ -39,16 +41,17 @@ MEDIAN_BUCKET_ROWS = 1 << 21  # the most (range, bucket) counts one pass may bri
 MEDIAN_FETCH_ROWS = 1 << 20  # values left in the wanted ranges that are fetched, not counted again
 
 
-def grouped_summary(events, source: str, keys: list[str]) -> pd.DataFrame:
+def grouped_summary(events, source: str, keys: list[str], **frames: pd.DataFrame) -> pd.DataFrame:
     """SQL_AGGREGATES and the exact median (med_ns) of `duration` per group of `keys` in the EventStore
-    table or view `source`, in memory that does not grow with its rows."""
+    table or view `source` (or one of `frames`, registered for every query), in memory that does not
+    grow with its rows."""
     group = f"{', '.join(keys)}, " if keys else ""
-    summary = events.query(f"SELECT {group}{SQL_AGGREGATES} FROM {source} {'GROUP BY ALL' if keys else ''}")
+    summary = events.query(f"SELECT {group}{SQL_AGGREGATES} FROM {source} {'GROUP BY ALL' if keys else ''}", **frames)
     summary = summary[summary["instances"] > 0].reset_index(drop=True)
-    return summary.assign(med_ns=grouped_medians(events, source, keys, summary))
+    return summary.assign(med_ns=grouped_medians(events, source, keys, summary, **frames))
 
 
-def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame) -> np.ndarray:
+def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame, **frames: pd.DataFrame) -> np.ndarray:
     """The median of `duration` in each row of `groups` (its `keys`, and instances, min_ns and max_ns
     of that group in `source`): the mean of the two middle values for an even count, as DuckDB's,
     SQLite's and pandas' medians. Radix selection over the value range (MEDIAN_BUCKET_ROWS)."""
@@ -65,7 +68,7 @@ def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame) 
             values = ranges["base"].to_numpy("int64")[wanted_range]
             break
         if ranges["n"].sum() <= MEDIAN_FETCH_ROWS:
-            values = _pick(events, source, on_keys, ranges, wanted_range, rank)
+            values = _pick(events, source, on_keys, ranges, wanted_range, rank, frames)
             break
         bits = max(int(MEDIAN_BUCKET_ROWS // len(ranges)).bit_length() - 1, 1)  # 2**bits buckets a range
         # the bit length of each range's widest offset (frexp's exponent), less the bits of a bucket number
@@ -75,6 +78,7 @@ def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame) 
             f"""SELECT r.range, (t.duration - r.base) >> r.shift AS bucket, count(*) AS n
                 FROM {source} t JOIN ranges r ON {on_keys} GROUP BY ALL ORDER BY range, bucket""",
             ranges=ranges.assign(range=np.arange(len(ranges)), shift=shift),
+            **frames,
         )
         ranges, wanted_range, rank = _narrow(ranges, shift, histogram, wanted_range, rank)
     lo, hi = values[0::2].astype("float64"), values[1::2].astype("float64")
@@ -97,11 +101,12 @@ def _narrow(ranges: pd.DataFrame, shift: np.ndarray, histogram: pd.DataFrame, wa
     return ranges.iloc[source].reset_index(drop=True).assign(base=base, top=top, n=n[rows]), wanted_range, rank
 
 
-def _pick(events, source: str, on_keys: str, ranges: pd.DataFrame, wanted_range, rank) -> np.ndarray:
+def _pick(events, source: str, on_keys: str, ranges: pd.DataFrame, wanted_range, rank, frames) -> np.ndarray:
     """The value at each wanted rank of its range, from the values in the ranges (few: MEDIAN_FETCH_ROWS)."""
     rows = events.arrays(
         f"SELECT r.range, t.duration FROM {source} t JOIN ranges r ON {on_keys}",
         ranges=ranges.assign(range=np.arange(len(ranges))),
+        **frames,
     )
     order = np.lexsort((rows["duration"], rows["range"]))
     first = np.searchsorted(rows["range"][order], np.arange(len(ranges)))
@@ -109,13 +114,31 @@ def _pick(events, source: str, on_keys: str, ranges: pd.DataFrame, wanted_range,
 
 
 def duration_summary(rows: pd.DataFrame, keys: list[str], value: str = "duration") -> pd.DataFrame:
-    """One row per distinct `keys`, ordered by total time descending (then by key)."""
+    """One row per distinct `keys` of a pandas table (a missing key is a group of its own), ordered by
+    total time descending (then by key): grouped_summary over the keys' codes, which DuckDB reads where
+    they lie. pandas' median and std copied and sorted every value, +1.9 GB over NeMo's 60M NVTX ranges."""
     if rows.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS + keys)
-    grouped = rows.groupby(keys, dropna=False, sort=False)[value]
-    summary = grouped.agg(
-        total_ns="sum", instances="count", med_ns="median", min_ns="min", max_ns="max", stddev_ns="std"
-    ).reset_index()
+    codes, distinct = {}, {}
+    for number, key in enumerate(keys):
+        column = rows[key]
+        if isinstance(column.dtype, pd.CategoricalDtype):  # the loaders' names: their codes, -1 where missing
+            codes[f"k{number}"], distinct[key] = column.cat.codes.to_numpy(), column.dtype
+        else:
+            codes[f"k{number}"], distinct[key] = pd.factorize(column, use_na_sentinel=False)
+    coded = pd.DataFrame({**codes, "duration": rows[value].to_numpy("int64")}, copy=False)
+    store = EventStore(on_disk=True)  # held to the store's memory limit, spilling into a folder of its own
+    try:
+        summary = grouped_summary(store, "coded", list(codes), coded=coded)
+    finally:
+        store.close()
+    for number, key in enumerate(keys):
+        code, values = summary.pop(f"k{number}").to_numpy("int64"), distinct[key]
+        summary[key] = (
+            pd.Categorical.from_codes(code, dtype=values)
+            if isinstance(values, pd.CategoricalDtype)
+            else values.take(code)
+        )
     return finish_summary(summary, keys)
 
 
