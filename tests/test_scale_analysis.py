@@ -429,6 +429,21 @@ def test_covered_ns_of_a_large_frame_follows_its_columns():
     assert intervals.covered_ns(merged, *windows).tolist() == [1_000, 3_999_000]
 
 
+def test_a_thread_timeline_is_cut_at_each_distinct_time_once():
+    """ThreadRanges' segment bounds (made in place) are np.unique of the starts and ends, ties, repeats and
+    no ranges at all included, and each range's first and last segments are where its start and end are."""
+    rng = np.random.default_rng(3)
+    for n in [0, 1, 2, *rng.integers(3, 300, 50)]:
+        starts = np.sort(rng.integers(0, max(n // 3, 1), n))
+        ends = starts + rng.integers(0, 5, n)
+        timeline = nvtx.ThreadRanges(starts, ends, np.arange(n), np.arange(n))
+        assert (timeline.bounds == np.unique(np.r_[starts, ends])).all()
+        assert (timeline.seg_ends == np.r_[timeline.bounds[1:], np.iinfo("int64").max][: len(timeline.bounds)]).all()
+        order = np.lexsort((-np.arange(n), -ends, starts))
+        assert (timeline.bounds[timeline.first] == starts[order]).all()
+        assert (timeline.bounds[timeline.last] == ends[order]).all()
+
+
 def test_push_order_without_a_sort_equals_the_sort():
     """Ranges listed as the loader lists them (start, then end descending, then anything) are put in push
     order by reversing runs of identical ranges; other listings are sorted. Both equal the full sort."""
