@@ -40,6 +40,10 @@ EDITS = {
         f'UPDATE NVTX_EVENTS SET start = (SELECT start FROM NVTX_EVENTS WHERE rowid = {RANGE.format(2)}), "end" = "end" + 5 WHERE rowid IN ({RANGE.format(3)}, {RANGE.format(4)})',
         f"UPDATE NVTX_EVENTS SET text = 'b' WHERE rowid = {RANGE.format(3)}",
     ],
+    "ties on start, one of them left open": [  # the tied rows move in place, their NULL masks with them
+        f"UPDATE NVTX_EVENTS SET start = (SELECT start FROM NVTX_EVENTS WHERE rowid = {RANGE.format(2)}) WHERE rowid IN ({RANGE.format(3)}, {RANGE.format(4)})",
+        f'UPDATE NVTX_EVENTS SET "end" = NULL WHERE rowid = {RANGE.format(3)}',
+    ],
     "ranges left open": [f'UPDATE NVTX_EVENTS SET "end" = NULL WHERE rowid IN ({RANGE.format(0)}, {RANGE.format(8)})'],
     "no range ever ends": ['UPDATE NVTX_EVENTS SET "end" = NULL'],
     "damaged values": [  # NOT NULL is taken off the schema first, as a hostile file may have it
@@ -71,7 +75,7 @@ def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
     try:
         dropped_pages, dropped_sql = {}, {}
         pages = valid_rows(nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export)), "nvtx", dropped_pages)
-        sql = valid_rows(nsys_sqlite._coded_names(export), "nvtx", dropped_sql)
+        sql = nsys_sqlite._narrow_thread_ids(nsys_sqlite._nvtx_by_sql(export, dropped_sql))
     finally:
         export.close()
     pd.testing.assert_frame_equal(pages, sql)
