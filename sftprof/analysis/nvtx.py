@@ -128,13 +128,19 @@ class ThreadRanges:
         return valid, segment[valid], np.searchsorted(self.bounds, ends[valid])
 
     def _sweep(self, segment: np.ndarray, need: np.ndarray, enclosing: bool):
-        order = np.argsort(segment, kind="stable")
-        innermost, pairs = _sweep(self.first, self.last, segment[order], need[order], enclosing)
+        """_sweep's answers and the order it took the queries in: None where they came sorted by segment (the
+        projection's segments do), so that nothing as long as the queries is sorted or copied."""
+        order = None if (segment[1:] >= segment[:-1]).all() else np.argsort(segment, kind="stable")
+        if order is not None:
+            segment, need = segment[order], need[order]
+        innermost, pairs = _sweep(self.first, self.last, segment, need, enclosing)
         return order, innermost, pairs
 
     def innermost(self, segment: np.ndarray, need: np.ndarray) -> np.ndarray:
         """Per query, the innermost containing range's position in push order (-1: none)."""
         order, innermost, _ = self._sweep(segment, need, False)
+        if order is None:
+            return innermost
         result = np.empty(len(segment), np.int64)
         result[order] = innermost
         return result
@@ -142,7 +148,7 @@ class ThreadRanges:
     def enclosing(self, segment: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(query, range in push order) for every range containing each query's call."""
         order, _, pairs = self._sweep(segment, need, True)
-        return order[pairs[:, 0]], pairs[:, 1]
+        return pairs[:, 0] if order is None else order[pairs[:, 0]], pairs[:, 1]
 
 
 def _push_order(starts: np.ndarray, ends: np.ndarray, label_rank: np.ndarray) -> np.ndarray | None:
@@ -450,8 +456,13 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
         into += [(names[i], counts[i], time_ns[i]) for i in np.flatnonzero(counts)]
 
     for tid, timeline in timelines.items():
-        parts = tally.inside[tid] or [(np.empty(0, "int64"),) * 3]
-        used, kernels, gpu_ns = _sums_per_key(*(np.concatenate(part) for part in zip(*parts, strict=True)))
+        parts = tally.inside.pop(tid) or [(np.empty(0, "int64"),) * 3]  # let go once joined
+        used, kernels, gpu_ns = (np.concatenate(part) for part in zip(*parts, strict=True))
+        del parts
+        if not (
+            used[1:] > used[:-1]
+        ).all():  # slices follow time, so each batch's segments mostly come after the last's
+            used, kernels, gpu_ns = _sums_per_key(used, kernels, gpu_ns)
         inner = timeline.innermost(used, used + 1)
         by_name(timeline.rows[inner[inner >= 0]], kernels[inner >= 0], gpu_ns[inner >= 0], exclusive)
         if (inner < 0).any():
