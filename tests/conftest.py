@@ -8,6 +8,7 @@ import io
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,20 @@ def h200_tables(h200_capture):
     from sftprof.trace import load_trace
 
     return load_trace(h200_capture)
+
+
+def edited_export(tmp_path: Path, table: str, edits: list[str]) -> Path:
+    """A copy of the memset-heavy H200 export with `edits` (SQL) applied, NOT NULL taken off `table` first,
+    as a hostile file may have it: for comparing a loader's routes on damaged rows."""
+    path = tmp_path / "edited.sqlite"
+    shutil.copy(REPO / "tests" / "fixtures" / "h200_sft_clean.sqlite", path)
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA writable_schema = ON")
+        con.execute(f"UPDATE sqlite_master SET sql = replace(sql, 'NOT NULL', '') WHERE name = '{table}'")
+    with sqlite3.connect(path) as con:
+        for edit in edits:
+            con.execute(edit)
+    return path
 
 
 def snakemake_argv(workdir: Path, *args: str) -> list[str]:

@@ -4,9 +4,6 @@ and the SQL route, never a different answer, for what the page route does not re
 
 from __future__ import annotations
 
-import shutil
-import sqlite3
-
 import pandas as pd
 import pytest
 
@@ -14,7 +11,7 @@ from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
 from sftprof.trace.nsys_export import SqliteExport
 from sftprof.trace.tables import valid_rows
 
-from conftest import REPO
+from conftest import edited_export
 
 RANGE = "(SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY rowid LIMIT 1 OFFSET {})"
 THREAD = "(SELECT globalTid FROM NVTX_EVENTS WHERE eventType = 59 LIMIT 1)"
@@ -58,15 +55,7 @@ EDITS = {
 
 
 def _edited(tmp_path, edits) -> SqliteExport:
-    path = tmp_path / "ranges.sqlite"
-    shutil.copy(REPO / "tests" / "fixtures" / "h200_sft_clean.sqlite", path)
-    with sqlite3.connect(path) as con:
-        con.execute("PRAGMA writable_schema = ON")
-        con.execute("UPDATE sqlite_master SET sql = replace(sql, 'NOT NULL', '') WHERE name = 'NVTX_EVENTS'")
-    with sqlite3.connect(path) as con:
-        for edit in edits:
-            con.execute(edit)
-    return SqliteExport(path)
+    return SqliteExport(edited_export(tmp_path, "NVTX_EVENTS", edits))
 
 
 @pytest.mark.parametrize("case", EDITS)

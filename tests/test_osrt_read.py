@@ -4,9 +4,6 @@ SQL route, never a different answer, for what the page route does not read."""
 
 from __future__ import annotations
 
-import shutil
-import sqlite3
-
 import pandas as pd
 import pytest
 
@@ -14,7 +11,7 @@ from sftprof.trace import nsys_sqlite, sqlite_pages
 from sftprof.trace.nsys_export import SqliteExport
 from sftprof.trace.tables import valid_rows
 
-from conftest import REPO
+from conftest import edited_export
 
 CALL = (
     f"(SELECT rowid FROM OSRT_API WHERE eventClass = {nsys_sqlite.OSRT_CALL_CLASS} ORDER BY rowid LIMIT 1 OFFSET {{}})"
@@ -39,15 +36,7 @@ NOT_READ = {  # what only the SQL route reads
 
 
 def _edited(tmp_path, edits) -> SqliteExport:
-    path = tmp_path / "calls.sqlite"
-    shutil.copy(REPO / "tests" / "fixtures" / "h200_sft_clean.sqlite", path)
-    with sqlite3.connect(path) as con:
-        con.execute("PRAGMA writable_schema = ON")
-        con.execute("UPDATE sqlite_master SET sql = replace(sql, 'NOT NULL', '') WHERE name = 'OSRT_API'")
-    with sqlite3.connect(path) as con:
-        for edit in edits:
-            con.execute(edit)
-    return SqliteExport(path)
+    return SqliteExport(edited_export(tmp_path, "OSRT_API", edits))
 
 
 def _named(calls: pd.DataFrame, strings: pd.DataFrame, dropped: dict) -> pd.DataFrame:
