@@ -127,6 +127,33 @@ def _rows(export: Export, sql: str) -> pd.DataFrame:
     return export.reader.execute(sql).df()
 
 
+def _page_rows(export: Export, table: str, columns: list[str], select: str) -> pd.DataFrame:
+    """`select` (FROM `{rows}`) over `columns` of the export's `table`, in its rows' order: run by DuckDB on the
+    table's pages decoded a chunk at a time (sqlite_pages: a few times faster than DuckDB's SQLite reader over
+    millions of rows), or on the table itself where the decoder does not read it (another format, a value that
+    is not an integer): the same SQL either way."""
+    from sftprof.trace import sqlite_pages  # imports numba: only when an export is read
+
+    if isinstance(export, SqliteExport):
+        parts = []
+        try:
+            for chunk in sqlite_pages.int_columns(export.path, table, columns):
+                export.reader.register("page_rows", chunk)
+                try:
+                    parts.append(_rows(export, select.format(rows="page_rows")))
+                finally:
+                    export.reader.unregister("page_rows")
+        except sqlite_pages.Unsupported:
+            parts = []
+        if parts:
+            return pd.concat(parts, ignore_index=True)
+    return _rows(export, select.format(rows=table))
+
+
+def _by_start(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.sort_values("start", kind="stable", ignore_index=True)
+
+
 def _metadata(export: Export) -> dict[str, str]:
     for table in METADATA_TABLES:
         if table in export.tables:
@@ -556,79 +583,30 @@ def _coded_names(export: Export) -> pd.DataFrame:
     return rows.assign(name=pd.Categorical.from_codes(rows.pop("name_code"), names), style=style)
 
 
-OSRT_PAGE_COLUMNS = ["start", "end", "nameId", "globalTid", "eventClass"]
+# The columns a memory operation's query reads besides its kinds (_memops).
+MEMOP_PAGE_COLUMNS = ["start", "end", "bytes", "deviceId", "streamId", "globalPid", "correlationId"]
 
 
 def _osrt(export: Export, strings, dropped) -> pd.DataFrame:
-    """OS-runtime calls with their names: read from the file's pages where the decoder can (NeMo's data
-    workers make 4M calls at 10M kernels: 8.9 s through DuckDB's SQLite reader), else through DuckDB."""
-    from sftprof.trace import sqlite_pages  # imports numba: only when an export is read
-
+    """OS-runtime calls with their names (NeMo's data workers make 4M calls at 10M kernels)."""
     if "OSRT_API" not in export.tables:
         return empty("osrt")
-    names = pd.Series(strings["value"].to_numpy(), index=strings["id"].to_numpy())
-    names = names[~names.index.duplicated()]
-    try:
-        calls = _osrt_from_pages(export, names.index)
-    except sqlite_pages.Unsupported:
-        calls = _osrt_by_sql(export, strings)
-    return valid_rows(calls.assign(name=calls["name"].map(names)), "osrt", dropped)
-
-
-def _osrt_from_pages(export: Export, name_ids: pd.Index) -> pd.DataFrame:
-    """What _osrt_by_sql reads, from OSRT_API's pages: the calls (eventClass OSRT_CALL_CLASS) whose nameId
-    StringIds holds, by start (rowid order among equal starts). Unsupported for another format, a value that
-    is not an integer, or a call without a thread (the SQL route's NULL pid)."""
-    from sftprof.trace import sqlite_pages
-
-    if not isinstance(export, SqliteExport):
-        raise sqlite_pages.Unsupported("not an SQLite export")
-    parts = []
-    for values, missing, _, _ in sqlite_pages.raw_columns(export.path, "OSRT_API", OSRT_PAGE_COLUMNS):
-        start, end, name_id, thread, event_class = values  # OSRT_PAGE_COLUMNS
-        call = (event_class == OSRT_CALL_CLASS) & ~missing[4] & ~missing[2]
-        call[call] = name_ids.get_indexer(name_id[call]) >= 0
-        if missing[3][call].any():
-            raise sqlite_pages.Unsupported("a call without a thread")
-        # copies (the decoder reuses its arrays)
-        parts.append([start[call], missing[0][call], end[call], missing[1][call], name_id[call], thread[call]])
-    kinds = (np.int64, bool, np.int64, bool, np.int64, np.int64)
-    parts = parts or [[np.empty(0, dtype=kind) for kind in kinds]]  # a table without calls
-    start, no_start, end, no_end, name_id, thread = (np.concatenate(column) for column in zip(*parts, strict=True))
-    if not (start[1:] >= start[:-1]).all():  # nsys writes calls by start: mostly nothing to move
-        order = np.argsort(start, kind="stable")
-        start, no_start, end, no_end, name_id, thread = (
-            column[order] for column in (start, no_start, end, no_end, name_id, thread)
-        )
-    return pd.DataFrame(
-        {
-            "start": pd.arrays.IntegerArray(start, no_start) if no_start.any() else start,
-            "end": pd.arrays.IntegerArray(end, no_end) if no_end.any() else end,
-            "name": name_id,
-            "global_tid": thread,
-            "pid": (thread >> 24) & 16777215,
-            "tid": thread & 16777215,
-        },
-        copy=False,
-    )
-
-
-def _osrt_by_sql(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
     export.reader.register("string_ids", strings[["id"]])
     try:
         # names as ids, then each row given a reference to its name's one string (not a string of its own)
-        calls = _rows(
+        calls = _page_rows(
             export,
-            f"""
-            SELECT o.start, o."end", o.nameId AS name,
-                   o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
-            FROM OSRT_API o SEMI JOIN string_ids s ON s.id = o.nameId
-            WHERE o.eventClass = {OSRT_CALL_CLASS}
-            ORDER BY o.start""",
+            "OSRT_API",
+            ["start", "end", "nameId", "globalTid", "eventClass"],
+            f"""SELECT o.start, o."end", o.nameId AS name, o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
+                FROM {{rows}} o SEMI JOIN string_ids s ON s.id = o.nameId
+                WHERE o.eventClass = {OSRT_CALL_CLASS}""",
         )
     finally:
         export.reader.unregister("string_ids")
-    return calls
+    names = pd.Series(strings["value"].to_numpy(), index=strings["id"].to_numpy())
+    names = names[~names.index.duplicated()]
+    return valid_rows(_by_start(calls).assign(name=lambda c: c["name"].map(names)), "osrt", dropped)
 
 
 def _memcpy_operations(export: Export, release: int) -> dict[int, str]:
@@ -656,7 +634,8 @@ def _memops(export: Export, release: int, dropped) -> pd.DataFrame:
             src=labels.case("srcKind", memory_kinds),
             dst=labels.case("dstKind", memory_kinds),
         )
-        parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMCPY")
+        read = ["copyKind", "srcKind", "dstKind", *MEMOP_PAGE_COLUMNS]
+        parts.append(_page_rows(export, "CUPTI_ACTIVITY_KIND_MEMCPY", read, f"SELECT {columns} FROM {{rows}}"))
     if "CUPTI_ACTIVITY_KIND_MEMSET" in export.tables:
         columns = common.format(
             op=labels.constant(MEMSET_OPERATION),
@@ -664,13 +643,14 @@ def _memops(export: Export, release: int, dropped) -> pd.DataFrame:
             src=labels.constant(None),
             dst=labels.case("memKind", memory_kinds),
         )
-        parts.append(f"SELECT {columns} FROM CUPTI_ACTIVITY_KIND_MEMSET")
+        read = ["memKind", *MEMOP_PAGE_COLUMNS]
+        parts.append(_page_rows(export, "CUPTI_ACTIVITY_KIND_MEMSET", read, f"SELECT {columns} FROM {{rows}}"))
     if not parts:
         return empty("memops")
     # A few distinct labels over hundreds of thousands of rows (468k at 10M kernels): read as codes,
     # held as categories (40 MB instead of 140 MB of strings; they group and compare faster too).
     text = ("operation", "copy_kind", "src_kind", "dst_kind")
-    rows = labels.decode(_rows(export, " UNION ALL ".join(parts) + " ORDER BY start"), text)
+    rows = labels.decode(_by_start(pd.concat(parts, ignore_index=True)), text)
     return valid_rows(rows, "memops", dropped).astype({column: "category" for column in text})
 
 
@@ -679,21 +659,16 @@ def _sync(export: Export, dropped) -> pd.DataFrame:
         return empty("sync")
     sync_types = _enum_labels(export, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
     labels = _Labels()
-    return valid_rows(
-        labels.decode(
-            _rows(
-                export,
-                f"""
-        SELECT start, "end", {labels.case("syncType", sync_types, "Unknown")} AS sync_type,
-               deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
-               correlationId AS correlation_id
-        FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION ORDER BY start""",
-            ),
-            ["sync_type"],
-        ),
-        "sync",
-        dropped,
+    rows = _page_rows(
+        export,
+        "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+        ["start", "end", "syncType", "deviceId", "streamId", "globalPid", "correlationId"],
+        f"""SELECT start, "end", {labels.case("syncType", sync_types, "Unknown")} AS sync_type,
+                   deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
+                   correlationId AS correlation_id
+            FROM {{rows}}""",
     )
+    return valid_rows(labels.decode(_by_start(rows), ["sync_type"]), "sync", dropped)
 
 
 def _sched(export: Export, dropped) -> pd.DataFrame:

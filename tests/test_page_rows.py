@@ -1,0 +1,89 @@
+"""OS-runtime calls, memory operations and sync events are read by one SQL each, run by DuckDB on the
+table's pages as sqlite_pages decodes them (nsys_sqlite._page_rows), or on the table through DuckDB's
+SQLite reader where the decoder does not read it: both give the same rows, names and rows dropped, on the
+export as captured and on damaged rows."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sftprof.trace import nsys_sqlite, sqlite_pages
+from sftprof.trace.nsys_export import SqliteExport
+
+from conftest import edited_export
+
+ROW = "(SELECT rowid FROM {table} {where} ORDER BY rowid LIMIT 1 OFFSET {n})"
+CALL = {"table": "OSRT_API", "where": f"WHERE eventClass = {nsys_sqlite.OSRT_CALL_CLASS}"}
+COPY = {"table": "CUPTI_ACTIVITY_KIND_MEMSET", "where": ""}
+EDITS = {
+    "as captured": ("OSRT_API", []),
+    "damaged calls": (  # NOT NULL is taken off the schema first, as a hostile file may have it
+        "OSRT_API",
+        [
+            f"UPDATE OSRT_API SET start = NULL WHERE rowid = {ROW.format(n=0, **CALL)}",
+            f'UPDATE OSRT_API SET "end" = start - 1 WHERE rowid = {ROW.format(n=1, **CALL)}',
+            f"UPDATE OSRT_API SET eventClass = NULL WHERE rowid = {ROW.format(n=2, **CALL)}",
+            f"UPDATE OSRT_API SET nameId = 999999 WHERE rowid = {ROW.format(n=3, **CALL)}",  # not in StringIds
+            f"UPDATE OSRT_API SET globalTid = NULL WHERE rowid = {ROW.format(n=4, **CALL)}",
+            f"UPDATE OSRT_API SET start = 1 WHERE rowid = {ROW.format(n=8, **CALL)}",  # out of start order
+        ],
+    ),
+    "damaged memsets": (
+        "CUPTI_ACTIVITY_KIND_MEMSET",
+        [
+            f"UPDATE CUPTI_ACTIVITY_KIND_MEMSET SET start = NULL WHERE rowid = {ROW.format(n=0, **COPY)}",
+            f"UPDATE CUPTI_ACTIVITY_KIND_MEMSET SET memKind = NULL WHERE rowid = {ROW.format(n=1, **COPY)}",
+            f"UPDATE CUPTI_ACTIVITY_KIND_MEMSET SET memKind = 77 WHERE rowid = {ROW.format(n=2, **COPY)}",
+            f"UPDATE CUPTI_ACTIVITY_KIND_MEMSET SET start = 1 WHERE rowid = {ROW.format(n=9, **COPY)}",
+        ],
+    ),
+    "a time that is not an integer": (  # the decoder does not read it: the SQL route, whatever it says
+        "OSRT_API",
+        [f"UPDATE OSRT_API SET start = start + 0.5 WHERE rowid = {ROW.format(n=6, **CALL)}"],
+    ),
+}
+
+
+def _outcome(read):
+    """What a read gives: its rows, or the type of what it raised (the loader turns it into one line)."""
+    try:
+        return read()
+    except Exception as error:
+        return type(error)
+
+
+def _tables(path) -> dict:
+    export = SqliteExport(path)
+    try:
+        strings, dropped = nsys_sqlite._strings(export), {}
+        read = {
+            "osrt": _outcome(lambda: nsys_sqlite._osrt(export, strings, dropped)),
+            "memops": _outcome(lambda: nsys_sqlite._memops(export, 2022, dropped)),
+            "sync": _outcome(lambda: nsys_sqlite._sync(export, dropped)),
+        }
+    finally:
+        export.close()
+    return {**read, "dropped": dropped}
+
+
+def _not_decoded(*args, **kwargs):
+    raise sqlite_pages.Unsupported("the SQL route, for this test")
+
+
+@pytest.mark.parametrize("case", EDITS)
+def test_the_pages_and_the_sqlite_reader_give_the_same_rows(tmp_path, monkeypatch, case):
+    table, edits = EDITS[case]
+    path = edited_export(tmp_path, table, edits)
+    pages = _tables(path)
+    monkeypatch.setattr(sqlite_pages, "int_columns", _not_decoded)
+    sql = _tables(path)
+    for name in ("osrt", "memops", "sync"):
+        if isinstance(sql[name], type):
+            assert pages[name] is sql[name], name
+        else:
+            pd.testing.assert_frame_equal(pages[name], sql[name])
+            assert len(pages[name]) > 20 and pages[name]["start"].is_monotonic_increasing
+    assert pages["dropped"] == sql["dropped"]
+    if case.startswith("damaged"):
+        assert sum(pages["dropped"].values()) >= 1
