@@ -459,9 +459,8 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
         parts = tally.inside.pop(tid) or [(np.empty(0, "int64"),) * 3]  # let go once joined
         used, kernels, gpu_ns = (np.concatenate(part) for part in zip(*parts, strict=True))
         del parts
-        if not (
-            used[1:] > used[:-1]
-        ).all():  # slices follow time, so each batch's segments mostly come after the last's
+        # slices follow time, so each batch's segments mostly come after the last batch's: summed again if not
+        if not (used[1:] > used[:-1]).all():
             used, kernels, gpu_ns = _sums_per_key(used, kernels, gpu_ns)
         inner = timeline.innermost(used, used + 1)
         by_name(timeline.rows[inner[inner >= 0]], kernels[inner >= 0], gpu_ns[inner >= 0], exclusive)
