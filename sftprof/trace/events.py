@@ -162,7 +162,7 @@ def with_launch_shapes(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 @contextmanager
-def _visible(con, frames: dict[str, pd.DataFrame]):
+def frames_visible(con, frames: dict[str, pd.DataFrame]):
     """Pandas frames registered as tables of `con` for the duration of a query."""
     for name, frame in frames.items():
         con.register(name, frame)
@@ -183,7 +183,7 @@ def _copy_rows(
 
     try:
         for chunk in sqlite_pages.int_columns(path, export_table, list(columns)):
-            with _visible(cursor, {"export_rows": chunk}):
+            with frames_visible(cursor, {"export_rows": chunk}):
                 cursor.execute(insert.format(rows="export_rows"))
     except sqlite_pages.Unsupported:
         cursor.execute(f"DELETE FROM {table}")
@@ -313,7 +313,7 @@ class EventStore:
         con = store.con
         prepare(con)
         copies = []
-        with _visible(con, {"strings": strings}):
+        with frames_visible(con, {"strings": strings}):
             con.execute("INSERT INTO kernel_names SELECT id, value FROM strings")
             if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
                 # nsys stats strips a 5-character version (`_v7000`), not longer ones (`_v11060`).
@@ -374,14 +374,14 @@ class EventStore:
     def query(self, sql: str, **frames: pd.DataFrame) -> pd.DataFrame:
         """Run `sql`; keyword frames are visible to it as tables of that name. Safe from several threads."""
         reader = self._reader()
-        with _visible(reader, frames):
+        with frames_visible(reader, frames):
             return reader.sql(sql).df()
 
     def arrays(self, sql: str, **frames: pd.DataFrame) -> dict[str, np.ndarray]:
         """The result of `sql`, which must hold no NULLs, as one numpy array per column: for rows that
         numpy works through faster than SQL (binary search, running unions)."""
         reader = self._reader()
-        with _visible(reader, frames):
+        with frames_visible(reader, frames):
             return {name: np.asarray(values) for name, values in reader.sql(sql).fetchnumpy().items()}
 
     def used_names(self, table: str) -> pd.DataFrame:

@@ -23,7 +23,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from sftprof.trace.events import MAX_TIME_NS
+from sftprof.trace.events import MAX_TIME_NS, frames_visible
 from sftprof.trace.nsys_export import (
     Export,
     ParquetExport,
@@ -138,11 +138,8 @@ def _page_rows(export: Export, table: str, columns: list[str], select: str) -> p
         parts = []
         try:
             for chunk in sqlite_pages.int_columns(export.path, table, columns):
-                export.reader.register("page_rows", chunk)
-                try:
+                with frames_visible(export.reader, {"page_rows": chunk}):
                     parts.append(_rows(export, select.format(rows="page_rows")))
-                finally:
-                    export.reader.unregister("page_rows")
         except sqlite_pages.Unsupported:
             parts = []
         if parts:
@@ -591,9 +588,8 @@ def _osrt(export: Export, strings, dropped) -> pd.DataFrame:
     """OS-runtime calls with their names (NeMo's data workers make 4M calls at 10M kernels)."""
     if "OSRT_API" not in export.tables:
         return empty("osrt")
-    export.reader.register("string_ids", strings[["id"]])
-    try:
-        # names as ids, then each row given a reference to its name's one string (not a string of its own)
+    # names as ids, then each row given a reference to its name's one string (not a string of its own)
+    with frames_visible(export.reader, {"string_ids": strings[["id"]]}):
         calls = _page_rows(
             export,
             "OSRT_API",
@@ -602,8 +598,6 @@ def _osrt(export: Export, strings, dropped) -> pd.DataFrame:
                 FROM {{rows}} o SEMI JOIN string_ids s ON s.id = o.nameId
                 WHERE o.eventClass = {OSRT_CALL_CLASS}""",
         )
-    finally:
-        export.reader.unregister("string_ids")
     names = pd.Series(strings["value"].to_numpy(), index=strings["id"].to_numpy())
     names = names[~names.index.duplicated()]
     return valid_rows(_by_start(calls).assign(name=lambda c: c["name"].map(names)), "osrt", dropped)
