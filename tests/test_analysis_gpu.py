@@ -578,7 +578,8 @@ def test_metric_means_use_only_samples_taken_while_the_gpu_worked():
             "value": [0, 60, 80, 0],
         }
     )
-    means = boundness.metric_means_while_busy(samples, gpu.busy_by_device(store(ks), frame("memops", [])))
+    events = EventStore.from_frames(kernels=ks, gpu_metrics=samples)
+    means = boundness.metric_means_while_busy(events, gpu.busy_by_device(events, frame("memops", [])))
     assert means == {"sm issue [throughput %]": 70.0}
 
 

@@ -7,6 +7,8 @@ import re
 import sqlite3
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from sftprof import results
@@ -167,3 +169,50 @@ def test_newer_export_names_and_gpu_metrics(newer_export):
     assert evidence.loc["tensor cores active, % of peak", "value"] == 80.0  # only samples while busy count
     assert evidence.loc["GPU busy, % of its active span", "value"] == pytest.approx(100 * 905_000 / 1_090_000)
     assert {f.rule for f in result.findings} >= {"pageable_memcpy", "interconnect"}
+
+
+def test_damaged_metric_samples_are_left_out_and_counted(newer_export):
+    with sqlite3.connect(newer_export) as conn:
+        conn.execute(f"INSERT INTO GPU_METRICS VALUES (1, {2**60}, 65536, 2, 99)")  # beyond any capture
+        conn.execute("INSERT INTO GPU_METRICS VALUES (1, NULL, 65536, 2, 99)")
+        conn.execute("INSERT INTO GPU_METRICS VALUES (1050000, 1050000, 65536, 77, 99)")  # no such metric
+    tables = load_trace(newer_export)
+    assert tables.dropped_rows["gpu_metrics"] == 2
+    assert len(tables.gpu_metrics) == 400 and tables.gpu_metrics["value"].max() == 80
+
+
+def test_metric_means_read_in_batches_equal_pandas_over_every_sample(monkeypatch):
+    """Two devices, values while busy and idle, a sample without a value, two ids whose names differ only
+    in case (one mean, as before), batches of one DuckDB vector (2,048 rows)."""
+    from sftprof.analysis import boundness, gpu
+    from sftprof.trace import events as events_module
+    from sftprof.trace.events import EventStore
+
+    rng = np.random.default_rng(7)
+    n = 20_000
+    samples = pd.DataFrame(
+        {
+            "timestamp": rng.integers(0, 1_000_000, n),
+            "device_id": rng.integers(0, 2, n),
+            "metric": rng.choice(["SM Issue [Throughput %]", "sm issue [throughput %]", "DRAM Read"], n),
+            "value": rng.integers(0, 100, n).astype(float),
+        }
+    )
+    starts = np.sort(rng.choice(1_000_000, 400, replace=False))
+    samples.loc[5, ["timestamp", "device_id", "value"]] = [starts[0], 0, np.nan]  # while device 0 is busy
+    kernels = pd.DataFrame({"start": starts, "end": starts + 700, "name": "k", "device_id": np.arange(400) % 2})
+    store = EventStore.from_frames(kernels=kernels, gpu_metrics=samples)
+    busy = gpu.busy_by_device(store, pd.DataFrame(columns=["device_id", "start", "end"]))
+    monkeypatch.setattr(events_module, "METRIC_BATCH_VECTORS", 1)
+    means = boundness.metric_means_while_busy(store, busy)
+
+    inside = []
+    for device, b in busy.items():
+        mine = samples[samples["device_id"] == device]
+        times = mine["timestamp"].to_numpy()
+        index = np.searchsorted(b.merged["start"].to_numpy(), times, side="right") - 1
+        inside.append(mine[(index >= 0) & (times < b.merged["end"].to_numpy()[np.maximum(index, 0)])])
+    inside = pd.concat(inside)
+    expected = inside.groupby(inside["metric"].str.lower())["value"].mean().to_dict()
+    assert len(inside) > 1000 and set(means) == set(expected) == {"sm issue [throughput %]", "dram read"}
+    assert means == pytest.approx(expected, rel=1e-12)

@@ -23,6 +23,7 @@ from sftprof.analysis.findings import Finding
 from sftprof.analysis.gpu import DeviceBusy
 from sftprof.analysis.kernels import COMPUTE_BOUND_FAMILIES, HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.utilisation import LOW_UTILISATION_PCT
+from sftprof.trace.events import EventStore
 
 GPU_METRICS_SWITCH = "--gpu-metrics-device=all (nsys 2022.4; --gpu-metrics-devices=all in newer releases)"
 # A family group with this share of kernel time decides the kernel-mix verdict...
@@ -58,22 +59,30 @@ HALF_PRECISION_LEVERS = (
 FP8_LEVER = "FP8 GEMMs with Transformer Engine (Hopper, Blackwell)"
 
 
-def metric_means_while_busy(gpu_metrics: pd.DataFrame, busy: dict[int, DeviceBusy]) -> dict:
-    """Mean of each metric (lower-cased name) over samples taken while its device was running work."""
-    if gpu_metrics.empty:
+def metric_means_while_busy(events: EventStore, busy: dict[int, DeviceBusy]) -> dict:
+    """Mean of each metric (lower-cased name) over samples taken while its device was running work.
+    Samples are read a batch at a time and summed by metric: twenty counters sampled at 10 kHz make 12M
+    rows a minute (20M as one frame: 100 s and 6.2 GB, benchmarks/ENGINE.md section 10). A sample without
+    a value counts for nothing."""
+    names = events.used_names("gpu_metrics")
+    if names.empty:
         return {}
-    frames = []
+    size = int(names["id"].max()) + 1
+    sums, counts = np.zeros(size), np.zeros(size, "int64")
     for device, device_busy in busy.items():
-        merged = device_busy.merged
-        samples = gpu_metrics[gpu_metrics["device_id"] == device]
-        times = samples["timestamp"].to_numpy(dtype="int64")
-        index = np.searchsorted(merged["start"].to_numpy(), times, side="right") - 1
-        busy = (index >= 0) & (times < merged["end"].to_numpy()[np.maximum(index, 0)])
-        frames.append(samples[busy])
-    if not frames:
-        return {}
-    busy_samples = pd.concat(frames)
-    return busy_samples.groupby(busy_samples["metric"].str.lower())["value"].mean().to_dict()
+        starts, ends = (device_busy.merged[c].to_numpy("int64") for c in ("start", "end"))
+        for batch in events.batches(
+            f"SELECT timestamp, metric_id, value FROM gpu_metrics WHERE device_id = {int(device)}"
+        ):
+            times, values = batch["timestamp"].to_numpy("int64"), batch["value"].to_numpy("float64")  # NULL: NaN
+            index = np.searchsorted(starts, times, side="right") - 1
+            inside = (index >= 0) & (times < ends[np.maximum(index, 0)]) & ~np.isnan(values)
+            metric = batch["metric_id"].to_numpy("int64")[inside]
+            sums += np.bincount(metric, weights=values[inside], minlength=size)
+            counts += np.bincount(metric, minlength=size)
+    names = names.assign(sum=sums[names["id"]], count=counts[names["id"]], key=names["name"].str.lower())
+    by_name = names[names["count"] > 0].groupby("key")[["sum", "count"]].sum()
+    return (by_name["sum"] / by_name["count"]).to_dict()
 
 
 def _metric(means: dict, prefix: str) -> float | None:

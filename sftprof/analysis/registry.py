@@ -182,8 +182,8 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "metric_means",
-        lambda t, busy: boundness.metric_means_while_busy(t.gpu_metrics, busy),
-        ("tables", "busy_by_device"),
+        boundness.metric_means_while_busy,
+        ("events", "busy_by_device"),
         B,
     ),
     Section(

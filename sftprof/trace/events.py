@@ -1,6 +1,7 @@
-"""Kernels and CUDA API calls: the two tables that grow with a capture's length (tens of millions of
-rows for minutes of a 7B fine-tuning job), kept in DuckDB so that analyses aggregate them in SQL and
-bring back results, never every row.
+"""Kernels, CUDA API calls and GPU metric samples: the tables that grow with a capture's length (tens
+of millions of rows for minutes of a 7B fine-tuning job; `--gpu-metrics-devices` samples some twenty
+counters 10,000 times a second), kept in DuckDB so that analyses aggregate them in SQL or read them a
+batch at a time, never every row at once.
 
 The database is a temporary file (compressed on disk, under a memory limit, so memory stays
 bounded whatever the trace size); an nsys export is copied in with one pass per table, reading
@@ -11,7 +12,9 @@ as ids (benchmarks/ENGINE.md has the measurements behind these choices).
 kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_id, stream_id,
           global_pid, pid, correlation_id, grid_x, grid_y, grid_z, block_x, block_y, block_z
 cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
-kernel_names, api_names   id, name   (API names without the `_vNNNN` suffix that nsys stats strips)
+gpu_metrics timestamp, device_id, metric_id, value
+kernel_names, api_names, metric_names   id, name   (API names without the `_vNNNN` suffix that nsys
+          stats strips; metric names as TARGET_INFO_GPU_METRICS gives them, e.g. "SM Issue [Throughput %]")
 kernels and cuda_api are views: duration, pid and tid are computed from the rows stored in
 kernel_rows and cuda_api_rows (as nsys lays out globalTid). Storing them, or declaring them as
 generated columns, made the copy, the slowest part of loading, 10% slower.
@@ -25,6 +28,7 @@ import shutil
 import tempfile
 import threading
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +54,8 @@ SCHEMA = {
     "cuda_api_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, global_tid BIGINT, correlation_id BIGINT""",
     "kernel_names": "id INTEGER PRIMARY KEY, name VARCHAR",
     "api_names": "id INTEGER PRIMARY KEY, name VARCHAR",
+    "gpu_metrics": "timestamp BIGINT, device_id INTEGER, metric_id INTEGER, value DOUBLE",
+    "metric_names": "id INTEGER PRIMARY KEY, name VARCHAR",
 }
 VIEWS = {
     "kernels": """SELECT *, "end" - start AS duration, ((global_pid >> 24) & 16777215)::INTEGER AS pid
@@ -80,6 +86,9 @@ EXPORT_KERNEL_COLUMNS = (
 )
 # The columns of CUPTI_ACTIVITY_KIND_RUNTIME that the copy reads.
 EXPORT_RUNTIME_COLUMNS = ("start", "end", "nameId", "globalTid", "correlationId")
+# The columns of GPU_METRICS that the copy reads (nsys 2023+: 2022.4 keeps metrics in GENERIC_EVENTS, not read).
+EXPORT_METRIC_COLUMNS = ("timestamp", "typeId", "metricId", "value")
+METRIC_BATCH_VECTORS = 256  # EventStore.batches: rows fetched at a time, in DuckDB vectors of 2,048 (524k rows)
 
 
 class EventStoreError(SftprofError, RuntimeError):
@@ -226,10 +235,20 @@ class EventStore:
     # ------------------------------------------------------------------ filling
 
     @classmethod
-    def from_frames(cls, kernels: pd.DataFrame | None = None, cuda_api: pd.DataFrame | None = None) -> EventStore:
+    def from_frames(
+        cls,
+        kernels: pd.DataFrame | None = None,
+        cuda_api: pd.DataFrame | None = None,
+        gpu_metrics: pd.DataFrame | None = None,
+    ) -> EventStore:
         """From normalized pandas tables (tables.py's columns, names as text): traces small enough
         to hold in memory (PyTorch profiler traces, tests)."""
         store = cls(on_disk=False)
+        if gpu_metrics is not None and len(gpu_metrics):
+            codes, uniques = pd.factorize(gpu_metrics["metric"].astype(str))
+            rows = gpu_metrics[["timestamp", "device_id", "value"]].assign(metric_id=codes)
+            store._insert("gpu_metrics", rows)
+            store._insert("metric_names", pd.DataFrame({"id": range(len(uniques)), "name": list(uniques)}))
         if kernels is not None and len(kernels):
             kernels = kernels.reset_index(drop=True)
             names = pd.concat(
@@ -278,12 +297,16 @@ class EventStore:
             self.con.unregister("incoming")
 
     @classmethod
-    def from_nsys_sqlite(cls, path: Path, present: set[str], strings: pd.DataFrame) -> EventStore:
-        """Copy the kernels and runtime-API rows of an nsys SQLite export (`present`: its table names;
-        `strings`: its StringIds as id, value), as _from_nsys says; each table read by _copy_rows."""
+    def from_nsys_sqlite(
+        cls, path: Path, present: set[str], strings: pd.DataFrame, metrics: pd.DataFrame | None
+    ) -> EventStore:
+        """Copy the kernels, runtime-API rows and GPU metric samples of an nsys SQLite export (`present`: its
+        table names; `strings`: its StringIds as id, value; `metrics`: its metric names, as _from_nsys says);
+        each table read by _copy_rows."""
         return cls._from_nsys(
             present,
             strings,
+            metrics,
             lambda cursor, table, export_table, columns, insert: _copy_rows(
                 cursor, path, table, export_table, columns, insert
             ),
@@ -291,28 +314,53 @@ class EventStore:
         )
 
     @classmethod
-    def from_nsys_parquet(cls, scans: dict[str, str], strings: pd.DataFrame) -> EventStore:
+    def from_nsys_parquet(
+        cls, scans: dict[str, str], strings: pd.DataFrame, metrics: pd.DataFrame | None
+    ) -> EventStore:
         """The same from an nsys parquetdir export (`scans`: each of its tables -> the DuckDB subquery that
         reads it, nsys_export.ParquetExport.scans): one INSERT ... SELECT per table, which DuckDB runs
         on every core it is given."""
         return cls._from_nsys(
             set(scans),
             strings,
+            metrics,
             lambda cursor, table, export_table, columns, insert: cursor.execute(
                 insert.format(rows=scans[export_table])
             ),
         )
 
     @classmethod
-    def _from_nsys(cls, present: set[str], strings: pd.DataFrame, copy_rows, prepare=lambda con: None) -> EventStore:
-        """Copy the kernels and runtime-API rows of an nsys export, whatever its format (`present`: its
-        table names; `strings`: its StringIds as id, value; `copy_rows(cursor, table, export_table,
-        columns, insert)` runs `insert` over the export table's `columns`, named in `{rows}`), leaving
-        out rows whose times are not valid (valid_times_sql), counted in `dropped_rows` by table."""
+    def _from_nsys(
+        cls, present: set[str], strings: pd.DataFrame, metrics: pd.DataFrame | None, copy_rows, prepare=lambda con: None
+    ) -> EventStore:
+        """Copy the kernels, runtime-API rows and GPU metric samples of an nsys export, whatever its format
+        (`present`: its table names; `strings`: its StringIds as id, value; `metrics`: the distinct
+        type_id, metric_id, name of its TARGET_INFO_GPU_METRICS, None without it; `copy_rows(cursor, table,
+        export_table, columns, insert)` runs `insert` over the export table's `columns`, named in
+        `{rows}`), leaving out rows whose times are not valid (valid_times_sql), counted in `dropped_rows`
+        by table. A sample's device is its typeId's low byte; a sample whose (typeId, metricId) names no
+        metric is left out, one that two names share is kept under each."""
         store = cls(on_disk=True)
         con = store.con
         prepare(con)
         copies = []
+        metrics = metrics if "GPU_METRICS" in present and metrics is not None else None
+        if metrics is not None:
+            named = metrics.assign(id=np.arange(len(metrics), dtype="int32"))
+            with frames_visible(con, {"named": named}):
+                con.execute("CREATE TABLE metric_of AS SELECT type_id, metric_id, id FROM named")
+                con.execute("INSERT INTO metric_names SELECT id, name FROM named")
+            copies.append(
+                (
+                    "gpu_metrics",
+                    "GPU_METRICS",
+                    EXPORT_METRIC_COLUMNS,
+                    """
+                INSERT INTO gpu_metrics (timestamp, device_id, metric_id, value)
+                SELECT r.timestamp, (r.typeId & 255)::INTEGER, m.id, r.value
+                FROM {rows} r JOIN metric_of m ON m.type_id = r.typeId AND m.metric_id = r.metricId""",
+                )
+            )
         with frames_visible(con, {"strings": strings}):
             con.execute("INSERT INTO kernel_names SELECT id, value FROM strings")
             if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
@@ -353,9 +401,15 @@ class EventStore:
             list(pool.map(lambda copy: copy_rows(con.cursor(), *copy), copies))
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
+        if metrics is not None:
+            con.execute("DROP TABLE metric_of")
         # Once, after the copy (whichever reader made it): one scan of two columns, nothing on the decoder's path.
-        for table, rows in (("kernels", "kernel_rows"), ("cuda_api", "cuda_api_rows")):
-            dropped = con.execute(f"DELETE FROM {rows} WHERE NOT {valid_times_sql()}").fetchone()[0]
+        for table, rows, valid in (
+            ("kernels", "kernel_rows", valid_times_sql()),
+            ("cuda_api", "cuda_api_rows", valid_times_sql()),
+            ("gpu_metrics", "gpu_metrics", valid_times_sql("timestamp", "timestamp")),
+        ):
+            dropped = con.execute(f"DELETE FROM {rows} WHERE NOT {valid}").fetchone()[0]
             if dropped:
                 store.dropped_rows[table] = int(dropped)
         con.execute("CHECKPOINT")
@@ -384,15 +438,26 @@ class EventStore:
         with frames_visible(reader, frames):
             return {name: np.asarray(values) for name, values in reader.sql(sql).fetchnumpy().items()}
 
+    def batches(self, sql: str, **frames: pd.DataFrame) -> Iterator[pd.DataFrame]:
+        """The result of `sql` a batch of rows at a time (METRIC_BATCH_VECTORS), in no promised order:
+        for sums over more rows than memory should hold at once."""
+        reader = self._reader()
+        with frames_visible(reader, frames):
+            result = reader.execute(sql)
+            while len(batch := result.fetch_df_chunk(METRIC_BATCH_VECTORS)):
+                yield batch
+
     def used_names(self, table: str) -> pd.DataFrame:
         """The names the rows of `table` use, worked out once per store (one scan of the table; several
-        analyses ask): for "cuda_api", id and name; for "kernels", each distinct name_id and
+        analyses ask): for "cuda_api" and "gpu_metrics", id and name; for "kernels", each distinct name_id and
         short_name_id (-1 for NULL) with their `name` and `short_name` (None where unknown). A few
         dozen rows, whatever the trace size. Safe from several threads."""
         with self._names_lock:
             if table not in self._names:
                 if table == "cuda_api":
                     sql = "SELECT id, name FROM api_names WHERE id IN (SELECT DISTINCT name_id FROM cuda_api)"
+                elif table == "gpu_metrics":
+                    sql = "SELECT id, name FROM metric_names WHERE id IN (SELECT DISTINCT metric_id FROM gpu_metrics)"
                 elif table == "kernels":
                     sql = """SELECT coalesce(t.name_id, -1)::BIGINT AS name_id,
                                     coalesce(t.short_name_id, -1)::BIGINT AS short_name_id,
@@ -423,4 +488,8 @@ class EventStore:
             return self.query("""
                 SELECT a.start, a."end", a.duration, n.name, a.global_tid, a.pid, a.tid, a.correlation_id
                 FROM cuda_api a LEFT JOIN api_names n ON n.id = a.name_id ORDER BY a.start""")
+        if table == "gpu_metrics":
+            return self.query("""
+                SELECT g.timestamp, g.device_id, n.name AS metric, g.value
+                FROM gpu_metrics g LEFT JOIN metric_names n ON n.id = g.metric_id ORDER BY g.timestamp""")
         raise KeyError(table)

@@ -2,8 +2,8 @@
 parquetdir folder (`--type=parquetdir`, nsys 2024+), through the same SQL (nsys_export.Export runs it
 on either format; the results are identical, tests/test_parquetdir.py).
 
-Opened read-only. Kernels and CUDA API calls go to an EventStore (DuckDB); the other tables,
-which stay small, to pandas. Tables are looked up first: nsys exports a table only when its trace
+Opened read-only. Kernels, CUDA API calls and GPU metric samples go to an EventStore (DuckDB); the
+other tables, to pandas. Tables are looked up first: nsys exports a table only when its trace
 source produced rows, so a missing table means "not traced", not an error. The SQL here keeps
 the selection rules of `nsys stats` (OSRT eventClass 27, NVTX range event types, the
 `globalTid` bit layout), so summaries computed from these tables match nsys's own.
@@ -677,22 +677,15 @@ def _sched(export: Export, dropped) -> pd.DataFrame:
     return valid_rows(frame.assign(is_sched_in=frame["is_sched_in"].astype(bool)), "sched", dropped)
 
 
-def _gpu_metrics(export: Export, dropped) -> pd.DataFrame:
-    """Newer exports' GPU_METRICS (2022.4 keeps GPU metrics as JSON in GENERIC_EVENTS, not read here)."""
+def _metric_names(export: Export) -> pd.DataFrame | None:
+    """Newer exports' GPU metric names (TARGET_INFO_GPU_METRICS): type_id, metric_id, name, for the event
+    store's copy of GPU_METRICS; None without both tables (2022.4 keeps GPU metrics as JSON in
+    GENERIC_EVENTS, not read here)."""
     if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= export.tables:
-        return empty("gpu_metrics")
-    return valid_rows(
-        export.query(
-            """
-        SELECT m.timestamp AS timestamp, (m.typeId & 255) AS device_id, CAST(i.metricName AS TEXT) AS metric,
-               m.value AS value
-        FROM GPU_METRICS m
-        JOIN (SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS) i
-             ON i.typeId = m.typeId AND i.metricId = m.metricId
-        ORDER BY m.timestamp""",
-        ),
-        "gpu_metrics",
-        dropped,
+        return None
+    return export.query(
+        """SELECT DISTINCT typeId AS type_id, metricId AS metric_id, CAST(metricName AS TEXT) AS name
+           FROM TARGET_INFO_GPU_METRICS"""
     )
 
 
@@ -776,7 +769,7 @@ def _load(export: Export) -> TraceTables:
         strings = _strings(export)
         # The copy of kernels and API calls leaves part of a core idle: the small tables load meanwhile.
         with ThreadPoolExecutor(1) as copying:
-            events = copying.submit(export.event_store, strings)
+            events = copying.submit(export.event_store, strings, _metric_names(export))
             loaded = TraceTables(
                 source_path=str(path),
                 span_ns=_span_ns(export, dropped),
@@ -787,7 +780,6 @@ def _load(export: Export) -> TraceTables:
                 memops=_memops(export, release, dropped),
                 sync=_sync(export, dropped),
                 sched=_sched(export, dropped),
-                gpu_metrics=_gpu_metrics(export, dropped),
                 gpus=_gpus(export),
                 empty_trace_kinds=_empty_trace_kinds(strings),
                 events=events.result(),

@@ -31,7 +31,7 @@ gpus        device_id, name ("NVIDIA H200"), chip_name ("GH100"), sm_count, memo
 Rows whose times are missing, reversed (end < start) or beyond any capture (events.valid_times) are
 left out by the loader and counted in `dropped_rows` (table -> rows), never turned into negative times.
 
-kernels and cuda_api grow with the capture (tens of millions of rows), so they live in an
+kernels, cuda_api and gpu_metrics grow with the capture (tens of millions of rows), so they live in an
 EventStore (DuckDB, names as ids: see events.py) that analyses query; the others are pandas.
 """
 
@@ -149,7 +149,6 @@ class TraceTables:
     memops: pd.DataFrame = field(default_factory=lambda: empty("memops"))
     sync: pd.DataFrame = field(default_factory=lambda: empty("sync"))
     sched: pd.DataFrame = field(default_factory=lambda: empty("sched"))
-    gpu_metrics: pd.DataFrame = field(default_factory=lambda: empty("gpu_metrics"))
     gpus: pd.DataFrame = field(default_factory=lambda: empty("gpus"))
     events: EventStore = field(default_factory=EventStore.from_frames)
     dropped_rows: dict[str, int] = field(default_factory=dict)
@@ -164,6 +163,11 @@ class TraceTables:
     def cuda_api(self) -> pd.DataFrame:
         """Every CUDA API call as one DataFrame: for small traces and tests; analyses query `events`."""
         return self.events.frame("cuda_api")
+
+    @property
+    def gpu_metrics(self) -> pd.DataFrame:
+        """Every GPU metric sample as one DataFrame: for small traces and tests; analyses read `events`."""
+        return self.events.frame("gpu_metrics")
 
     def with_all_columns(self) -> TraceTables:
         """A copy in which every table has every documented column: a loader that does not know a
