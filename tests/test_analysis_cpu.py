@@ -21,6 +21,7 @@ import pytest
 from sftprof.analysis import analyze, intervals, sched
 from sftprof.capture import nsys
 from sftprof.trace import load_trace
+from sftprof.trace.events import EventStore
 
 PLANTED = Path(__file__).parent / "planted_training_loop.py"
 SCHED_FIXTURE = Path(__file__).parent / "fixtures" / "cpu_lock_sched.sqlite"
@@ -96,7 +97,7 @@ def sched_capture():
 def test_on_cpu_intervals_are_consistent(sched_capture):
     tables, _ = sched_capture
     assert "cpuctxsw" in tables.sources and len(tables.sched) > 100
-    runs = sched.on_cpu_intervals(tables.sched, tables.span_ns)
+    runs = tables.events.query(sched.runs_sql(tables.span_ns))
     assert (runs["duration"] > 0).all() and (runs["end"] <= tables.span_ns).all()
     for _, thread_runs in runs.groupby("global_tid"):  # a thread runs on one core at a time
         ordered = thread_runs.sort_values("start")
@@ -104,8 +105,10 @@ def test_on_cpu_intervals_are_consistent(sched_capture):
     for _, core_runs in runs.groupby("cpu"):  # a core runs one thread at a time
         ordered = core_runs.sort_values("start")
         assert (ordered["start"].to_numpy()[1:] >= ordered["end"].to_numpy()[:-1]).all()
-    cores = sched.core_summary(runs, tables.span_ns)
-    assert cores["busy_ns"].sum() == runs["duration"].sum() and (cores["busy_pct"] <= 100).all()
+    use = sched.core_use(tables.events, tables.span_ns)
+    assert use.cores["busy_ns"].sum() == runs["duration"].sum() and (use.cores["busy_pct"] <= 100).all()
+    assert use.running.sum() == runs["duration"].sum()
+    assert use.cores["threads"].tolist() == runs.groupby("cpu")["global_tid"].nunique().tolist()
 
 
 def test_the_blocked_thread_is_off_cpu_while_it_waits(sched_capture):
@@ -118,7 +121,7 @@ def test_the_blocked_thread_is_off_cpu_while_it_waits(sched_capture):
         & (tables.osrt["duration"] > 10_000_000)
     ]
     assert len(waits) == 5  # one per step, ~19 ms each
-    runs = sched.on_cpu_intervals(tables.sched, tables.span_ns)
+    runs = tables.events.query(sched.runs_sql(tables.span_ns))
     running = intervals.union(runs[runs["global_tid"] == main_tid])
     on_cpu = intervals.covered_ns(running, waits["start"], waits["end"])
     assert (on_cpu < 0.05 * waits["duration"].to_numpy()).all()
@@ -151,10 +154,45 @@ def test_sched_pairing_handles_threads_running_at_the_edges():
             "tid": [2, 1, 1, 2, 1],
         }
     )
-    runs = sched.on_cpu_intervals(events, span_ns=100)
+    store = EventStore.from_frames(sched=events)
+    runs = store.query(f"{sched.runs_sql(span_ns=100)} ORDER BY start, cpu")
     assert runs[["global_tid", "cpu", "start", "end"]].values.tolist() == [
         [2, 1, 0, 5],  # running when the capture began
         [1, 0, 10, 30],
         [2, 1, 40, 100],  # still running when it ended
         [1, 0, 50, 100],
     ]
+
+
+def test_core_use_read_in_batches_equals_the_runs_summed_whole(monkeypatch):
+    """Random switches of 40 threads on 6 cores (threads running at either edge, runs that overlap on a
+    core where switches were lost), read a DuckDB vector (2,048 rows) at a time: the per-core busy time,
+    threads and timeline, and each thread's time on a core, equal sums over the runs taken whole."""
+    from sftprof.trace import events as events_module
+
+    rng = np.random.default_rng(3)
+    n = 30_000
+    switches = pd.DataFrame(
+        {
+            "start": rng.integers(0, 10_000_000, n),
+            "cpu": rng.integers(0, 6, n),
+            "is_sched_in": rng.random(n) < 0.5,
+            "global_tid": rng.integers(0, 40, n) + (7 << 24),
+        }
+    )
+    store = EventStore.from_frames(sched=switches)
+    monkeypatch.setattr(events_module, "METRIC_BATCH_VECTORS", 1)
+    use = sched.core_use(store, span_ns=9_000_000, chunks=7)
+    runs = store.query(sched.runs_sql(9_000_000))
+    assert len(runs) > 5_000 and (runs["start"] == 0).any() and (runs["end"] == runs["end"].max()).sum() > 1
+    edges = intervals.chunk_edges(0, 9_000_000, 7)
+    busy, timeline = [], []
+    for _, core_runs in runs.groupby("cpu"):
+        merged = intervals.union(core_runs)
+        busy.append(int((merged["end"] - merged["start"]).sum()))
+        timeline.extend(100.0 * intervals.covered_ns(merged, *edges) / (edges[1] - edges[0]))
+    assert busy < runs.groupby("cpu")["duration"].sum().tolist()  # overlapping runs are counted once
+    assert use.cores["busy_ns"].tolist() == busy
+    assert use.cores["threads"].tolist() == runs.groupby("cpu")["global_tid"].nunique().tolist()
+    assert np.allclose(use.timeline["busy_pct"], timeline)
+    assert use.running.sort_index().to_dict() == runs.groupby("global_tid")["duration"].sum().to_dict()

@@ -110,6 +110,13 @@ def _clipped_to_capture(calls: pd.DataFrame, span_ns: int) -> pd.Series:
     return (calls["end"].clip(upper=span_ns) - calls["start"].clip(lower=0)).clip(lower=0)
 
 
+def _sched_threads(events) -> pd.DataFrame:
+    """The threads the context switches name, in the order they first appear."""
+    return events.query(
+        "SELECT global_tid, pid, tid FROM sched GROUP BY global_tid, pid, tid ORDER BY min(start), global_tid"
+    )
+
+
 def application_threads(tables, api_threads: pd.DataFrame) -> pd.DataFrame:
     """The profiled program's threads: named ones (ThreadNames) and those that only left events,
     without nsys's own threads. `api_threads`: cuda.calls_by_thread."""
@@ -119,7 +126,7 @@ def application_threads(tables, api_threads: pd.DataFrame) -> pd.DataFrame:
     seen = pd.concat(
         [
             frame[["global_tid", "pid", "tid"]].drop_duplicates("global_tid")
-            for frame in (tables.osrt, api_threads, tables.nvtx, tables.sched)
+            for frame in (tables.osrt, api_threads, tables.nvtx, _sched_threads(tables.events))
         ]
     )
     seen = seen[seen["pid"].isin(pids)]
@@ -211,16 +218,16 @@ def thread_osrt(tables, threads: pd.DataFrame) -> pd.DataFrame:
 
 
 def thread_states(
-    threads: pd.DataFrame, runs: pd.DataFrame, span_ns: int, sched_traced: bool, cuda_traced: bool
+    threads: pd.DataFrame, running: pd.Series, span_ns: int, sched_traced: bool, cuda_traced: bool
 ) -> pd.DataFrame:
-    """Per application thread, shares of the capture: running on a core (needs CPU scheduling data),
+    """Per application thread, shares of the capture: running on a core (`running`: time on a core by
+    global_tid, sched.core_use; needs CPU scheduling data),
     inside OS-runtime calls, and waiting for the GPU in CUDA calls (needs CUDA tracing); NaN where
     not traced. They can overlap (a thread spinning in cudaStreamSynchronize is running), so they
     are not stacked."""
     columns = ["thread", "role", "running_pct", "os_calls_pct", "gpu_wait_pct"]
     if threads.empty or not span_ns:
         return pd.DataFrame(columns=columns)
-    running = runs.groupby("global_tid")["duration"].sum() if sched_traced else pd.Series(dtype="float64")
     labels = thread_labels(threads)
     frame = pd.DataFrame(
         {

@@ -216,15 +216,17 @@ SECTIONS: tuple[Section, ...] = (
         "memory-operation time by direction and host memory kind, as a share of GPU time",
     ),
     _saved("host_memory", memory.host_memory, ("memop_rows",), T, "copies by host memory kind (pinned, pageable)"),
-    Section("cpu_runs", lambda t: sched.on_cpu_intervals(t.sched, t.span_ns), ("tables",), T),
+    Section("cpu_use", lambda events, t: sched.core_use(events, t.span_ns), ("events", "tables"), T),
     _saved(
         "cpu_cores",
-        lambda runs, t: sched.core_summary(runs, t.span_ns),
-        ("cpu_runs", "tables"),
+        lambda use: use.cores,
+        ("cpu_use",),
         T,
         "each CPU core's busy share (needs CPU scheduling traced)",
     ),
-    Section("sched_traced", lambda t: "cpuctxsw" in t.sources or not t.sched.empty, ("tables",), T),
+    Section(
+        "sched_traced", lambda t, events: "cpuctxsw" in t.sources or events.count("sched") > 0, ("tables", "events"), T
+    ),
     Section("copies", _exposed_copies, ("copy_calls", "busy_unions"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
@@ -295,20 +297,14 @@ SECTIONS: tuple[Section, ...] = (
     _saved("thread_osrt", cpu.thread_osrt, ("tables", "threads"), F, "OS-runtime time by thread and call"),
     _saved(
         "thread_states",
-        lambda threads, runs, t, api: cpu.thread_states(
-            threads, runs, t.span_ns, "cpuctxsw" in t.sources or not t.sched.empty, "cuda" in t.sources or not api.empty
+        lambda threads, use, t, traced, api: cpu.thread_states(
+            threads, use.running, t.span_ns, traced, "cuda" in t.sources or not api.empty
         ),
-        ("threads", "cpu_runs", "tables", "cuda_api"),
+        ("threads", "cpu_use", "tables", "sched_traced", "cuda_api"),
         F,
         "what each training thread did: running, blocked, waiting",
     ),
-    _saved(
-        "cpu_timeline",
-        lambda runs, t: sched.core_timeline(runs, t.span_ns),
-        ("cpu_runs", "tables"),
-        F,
-        "each core's busy share over time, in bins",
-    ),
+    _saved("cpu_timeline", lambda use: use.timeline, ("cpu_use",), F, "each core's busy share over time, in bins"),
     _saved("padding", lambda padded: padded.steps, ("padded",), F, "per trainer step: token slots and real tokens"),
     _saved(
         "mfu",

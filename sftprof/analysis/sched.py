@@ -7,76 +7,110 @@ recorded, so a core's utilisation here is the share of its time spent running th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from sftprof.analysis import intervals
+from sftprof.trace.events import EventStore
 
 CPU_SCHED_SWITCH = "--cpuctxsw=process-tree"
 CORE_CHUNKS = 50  # time chunks per core in the utilisation timeline
 
 
-def on_cpu_intervals(sched: pd.DataFrame, span_ns: int) -> pd.DataFrame:
-    """One row per stretch a thread ran on a core. A thread already running when the capture
-    began (its first event a switch-out) ran from 0; one still running at the end, until span_ns."""
-    columns = ["global_tid", "pid", "tid", "cpu", "start", "end", "duration"]
-    if sched.empty:
-        return pd.DataFrame(columns=columns)
-    events = sched.sort_values(["global_tid", "start"], kind="stable").reset_index(drop=True)
-    same_thread_next = events["global_tid"].shift(-1) == events["global_tid"]
-    same_thread_prev = events["global_tid"].shift(1) == events["global_tid"]
-    switched_in = events["is_sched_in"].astype(bool)
-    next_out = same_thread_next & ~switched_in.shift(-1, fill_value=True)
-    paired = events[switched_in & next_out].assign(end=events["start"].shift(-1)[switched_in & next_out])
-    still_running = events[switched_in & ~same_thread_next].assign(end=max(span_ns, int(events["start"].max())))
-    running_at_start = events[~switched_in & ~same_thread_prev]
-    running_at_start = running_at_start.assign(end=running_at_start["start"], start=0)
-    runs = pd.concat([paired, still_running, running_at_start], ignore_index=True)
-    runs = runs.astype({"start": "int64", "end": "int64"})
-    runs["start"] = runs["start"].clip(lower=0)
-    runs = runs[runs["end"] > runs["start"]]
-    runs = runs.assign(duration=runs["end"] - runs["start"])
-    return runs[columns].sort_values(["start", "cpu"]).reset_index(drop=True)
+def runs_sql(span_ns: int) -> str:
+    """SQL for one row per stretch a thread ran on a core (global_tid, pid, tid, cpu, start, end,
+    duration), from the event store's `sched`: each switch-in paired with the thread's next event when
+    that is a switch-out. A thread already running when the capture began (its first event a
+    switch-out) ran from 0; one still running at the end, until span_ns (or the last switch, if later).
+    Switches of one thread at the same nanosecond: the switch-out first."""
+    return f"""
+        WITH e AS (
+            SELECT global_tid, pid, tid, cpu, start, is_sched_in,
+                   lead(is_sched_in) OVER w AS next_in, lead(start) OVER w AS next_start,
+                   row_number() OVER w = 1 AS first_of_thread
+            FROM sched WINDOW w AS (PARTITION BY global_tid ORDER BY start, is_sched_in)),
+        runs AS (
+            SELECT global_tid, pid, tid, cpu, start, next_start AS "end" FROM e WHERE is_sched_in AND NOT next_in
+            UNION ALL
+            SELECT global_tid, pid, tid, cpu, start, greatest({int(span_ns)}, (SELECT max(start) FROM sched))
+            FROM e WHERE is_sched_in AND next_in IS NULL
+            UNION ALL
+            SELECT global_tid, pid, tid, cpu, 0, start FROM e WHERE NOT is_sched_in AND first_of_thread)
+        SELECT global_tid, pid, tid, cpu, greatest(start, 0) AS start, "end", "end" - greatest(start, 0) AS duration
+        FROM runs WHERE "end" > greatest(start, 0)"""
 
 
-def core_timeline(runs: pd.DataFrame, span_ns: int, chunks: int = CORE_CHUNKS) -> pd.DataFrame:
-    """Per core and time chunk: the share of the chunk the core spent running traced threads."""
-    columns = ["cpu", "chunk", "start", "end", "busy_pct"]
-    if runs.empty or span_ns <= 0:
-        return pd.DataFrame(columns=columns)
-    starts, ends = intervals.chunk_edges(0, span_ns, chunks)
-    frames = []
-    for cpu, core_runs in runs.groupby("cpu"):
-        busy = intervals.covered_ns(intervals.union(core_runs), starts, ends)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "cpu": cpu,
-                    "chunk": np.arange(chunks),
-                    "start": starts,
-                    "end": ends,
-                    "busy_pct": 100.0 * busy / np.maximum(ends - starts, 1),
-                }
-            )
-        )
-    return pd.concat(frames, ignore_index=True)[columns]
+@dataclass
+class CoreUse:
+    """What the threads' on-CPU runs (runs_sql) give: `cores` (per core: busy time and share, threads), `timeline` (per core
+    and time chunk) and `running` (time on a core, by global_tid)."""
+
+    cores: pd.DataFrame
+    timeline: pd.DataFrame
+    running: pd.Series
 
 
-def core_summary(runs: pd.DataFrame, span_ns: int) -> pd.DataFrame:
-    """Per core: busy time over the capture, and how many traced threads ran on it."""
-    columns = ["cpu", "busy_ns", "busy_pct", "threads"]
-    if runs.empty:
-        return pd.DataFrame(columns=columns)
-    rows = []
-    for cpu, core_runs in runs.groupby("cpu"):
-        merged = intervals.union(core_runs)
+class _Core:
+    """One core's runs as they stream by in start order: their union, and the threads seen."""
+
+    def __init__(self, cpu: int):
+        self.cpu, self.union, self.threads = cpu, intervals.RunningUnion(), set()
+
+    def add(self, starts: np.ndarray, ends: np.ndarray, threads: np.ndarray) -> None:
+        self.union.add(starts, ends)
+        self.threads.update(np.unique(threads).tolist())
+
+
+def core_use(events: EventStore, span_ns: int, chunks: int = CORE_CHUNKS) -> CoreUse:
+    """Per core: busy time over the capture (the union of the runs on it), the threads that ran on it,
+    and its busy share in each of `chunks` time chunks; per thread, its time on a core. One pass over the
+    runs, ordered by core and start a batch at a time (a system-wide `--cpuctxsw` capture holds tens of
+    millions of switches): memory holds one core's union."""
+    columns = {
+        "cores": ["cpu", "busy_ns", "busy_pct", "threads"],
+        "timeline": ["cpu", "chunk", "start", "end", "busy_pct"],
+    }
+    chunk_starts, chunk_ends = intervals.chunk_edges(0, span_ns, chunks) if span_ns > 0 else (None, None)
+    cores, timeline, running = [], [], {}
+    core = None
+
+    def finish(core: _Core) -> None:
+        merged = core.union.result()
         busy = int((merged["end"] - merged["start"]).sum())
-        rows.append(
-            {
-                "cpu": cpu,
-                "busy_ns": busy,
-                "busy_pct": 100.0 * busy / span_ns if span_ns else np.nan,
-                "threads": core_runs["global_tid"].nunique(),
-            }
-        )
-    return pd.DataFrame(rows, columns=columns)
+        cores.append([core.cpu, busy, 100.0 * busy / span_ns if span_ns else np.nan, len(core.threads)])
+        if chunk_starts is not None:
+            covered = intervals.covered_ns(merged, chunk_starts, chunk_ends)
+            timeline.append(
+                pd.DataFrame(
+                    {
+                        "cpu": core.cpu,
+                        "chunk": np.arange(chunks),
+                        "start": chunk_starts,
+                        "end": chunk_ends,
+                        "busy_pct": 100.0 * covered / np.maximum(chunk_ends - chunk_starts, 1),
+                    }
+                )
+            )
+
+    sql = f'SELECT cpu, start, "end", duration, global_tid FROM ({runs_sql(span_ns)}) ORDER BY cpu, start'
+    for batch in events.batches(sql):
+        cpu, starts, ends, threads = (batch[c].to_numpy("int64") for c in ("cpu", "start", "end", "global_tid"))
+        ids, where = np.unique(threads, return_inverse=True)
+        for tid, total in zip(ids.tolist(), np.bincount(where, weights=batch["duration"].to_numpy("float64"))):
+            running[tid] = running.get(tid, 0) + int(total)
+        edges = np.flatnonzero(np.diff(cpu)) + 1
+        for lo, hi in zip(np.r_[0, edges], np.r_[edges, len(cpu)], strict=True):
+            if core is None or core.cpu != cpu[lo]:
+                if core is not None:
+                    finish(core)
+                core = _Core(int(cpu[lo]))
+            core.add(starts[lo:hi], ends[lo:hi], threads[lo:hi])
+    if core is not None:
+        finish(core)
+    return CoreUse(
+        pd.DataFrame(cores, columns=columns["cores"]),
+        pd.concat(timeline, ignore_index=True) if timeline else pd.DataFrame(columns=columns["timeline"]),
+        pd.Series(running, dtype="int64"),
+    )

@@ -1,6 +1,6 @@
-"""Kernels, CUDA API calls and GPU metric samples: the tables that grow with a capture's length (tens
-of millions of rows for minutes of a 7B fine-tuning job; `--gpu-metrics-devices` samples some twenty
-counters 10,000 times a second), kept in DuckDB so that analyses aggregate them in SQL or read them a
+"""Kernels, CUDA API calls, GPU metric samples and CPU context switches: the tables that grow with a
+capture's length (tens of millions of rows for minutes of a 7B fine-tuning job; `--gpu-metrics-devices`
+samples some twenty counters 10,000 times a second; `--cpuctxsw` records every switch on every core), kept in DuckDB so that analyses aggregate them in SQL or read them a
 batch at a time, never every row at once.
 
 The database is a temporary file (compressed on disk, under a memory limit, so memory stays
@@ -13,10 +13,11 @@ kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_
           global_pid, pid, correlation_id, grid_x, grid_y, grid_z, block_x, block_y, block_z
 cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
 gpu_metrics timestamp, device_id, metric_id, value
+sched     start, cpu, is_sched_in, global_tid, pid, tid   (a thread switched onto or off a core)
 kernel_names, api_names, metric_names   id, name   (API names without the `_vNNNN` suffix that nsys
           stats strips; metric names as TARGET_INFO_GPU_METRICS gives them, e.g. "SM Issue [Throughput %]")
-kernels and cuda_api are views: duration, pid and tid are computed from the rows stored in
-kernel_rows and cuda_api_rows (as nsys lays out globalTid). Storing them, or declaring them as
+kernels, cuda_api and sched are views: duration, pid and tid are computed from the rows stored in
+kernel_rows, cuda_api_rows and sched_rows (as nsys lays out globalTid). Storing them, or declaring them as
 generated columns, made the copy, the slowest part of loading, 10% slower.
 """
 
@@ -56,12 +57,15 @@ SCHEMA = {
     "api_names": "id INTEGER PRIMARY KEY, name VARCHAR",
     "gpu_metrics": "timestamp BIGINT, device_id INTEGER, metric_id INTEGER, value DOUBLE",
     "metric_names": "id INTEGER PRIMARY KEY, name VARCHAR",
+    "sched_rows": "start BIGINT, cpu INTEGER, is_sched_in BOOLEAN, global_tid BIGINT",
 }
 VIEWS = {
     "kernels": """SELECT *, "end" - start AS duration, ((global_pid >> 24) & 16777215)::INTEGER AS pid
                   FROM kernel_rows""",
     "cuda_api": """SELECT *, "end" - start AS duration, ((global_tid >> 24) & 16777215)::INTEGER AS pid,
                           (global_tid & 16777215)::INTEGER AS tid FROM cuda_api_rows""",
+    "sched": """SELECT *, ((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid
+                FROM sched_rows""",
 }
 STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",")] for table, schema in SCHEMA.items()}
 
@@ -88,6 +92,8 @@ EXPORT_KERNEL_COLUMNS = (
 EXPORT_RUNTIME_COLUMNS = ("start", "end", "nameId", "globalTid", "correlationId")
 # The columns of GPU_METRICS that the copy reads (nsys 2023+: 2022.4 keeps metrics in GENERIC_EVENTS, not read).
 EXPORT_METRIC_COLUMNS = ("timestamp", "typeId", "metricId", "value")
+# The columns of SCHED_EVENTS that the copy reads.
+EXPORT_SCHED_COLUMNS = ("start", "cpu", "isSchedIn", "globalTid")
 METRIC_BATCH_VECTORS = 256  # EventStore.batches: rows fetched at a time, in DuckDB vectors of 2,048 (524k rows)
 
 
@@ -240,10 +246,13 @@ class EventStore:
         kernels: pd.DataFrame | None = None,
         cuda_api: pd.DataFrame | None = None,
         gpu_metrics: pd.DataFrame | None = None,
+        sched: pd.DataFrame | None = None,
     ) -> EventStore:
         """From normalized pandas tables (tables.py's columns, names as text): traces small enough
         to hold in memory (PyTorch profiler traces, tests)."""
         store = cls(on_disk=False)
+        if sched is not None and len(sched):
+            store._insert("sched_rows", sched)
         if gpu_metrics is not None and len(gpu_metrics):
             codes, uniques = pd.factorize(gpu_metrics["metric"].astype(str))
             rows = gpu_metrics[["timestamp", "device_id", "value"]].assign(metric_id=codes)
@@ -361,6 +370,17 @@ class EventStore:
                 FROM {rows} r JOIN metric_of m ON m.type_id = r.typeId AND m.metric_id = r.metricId""",
                 )
             )
+        if "SCHED_EVENTS" in present:
+            copies.append(
+                (
+                    "sched_rows",
+                    "SCHED_EVENTS",
+                    EXPORT_SCHED_COLUMNS,
+                    """
+                INSERT INTO sched_rows (start, cpu, is_sched_in, global_tid)
+                SELECT start, cpu, coalesce(isSchedIn, 0) != 0, globalTid FROM {rows}""",
+                )
+            )
         with frames_visible(con, {"strings": strings}):
             con.execute("INSERT INTO kernel_names SELECT id, value FROM strings")
             if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
@@ -408,6 +428,7 @@ class EventStore:
             ("kernels", "kernel_rows", valid_times_sql()),
             ("cuda_api", "cuda_api_rows", valid_times_sql()),
             ("gpu_metrics", "gpu_metrics", valid_times_sql("timestamp", "timestamp")),
+            ("sched", "sched_rows", valid_times_sql("start", "start")),
         ):
             dropped = con.execute(f"DELETE FROM {rows} WHERE NOT {valid}").fetchone()[0]
             if dropped:
@@ -439,8 +460,8 @@ class EventStore:
             return {name: np.asarray(values) for name, values in reader.sql(sql).fetchnumpy().items()}
 
     def batches(self, sql: str, **frames: pd.DataFrame) -> Iterator[pd.DataFrame]:
-        """The result of `sql` a batch of rows at a time (METRIC_BATCH_VECTORS), in no promised order:
-        for sums over more rows than memory should hold at once."""
+        """The result of `sql` a batch of rows at a time (METRIC_BATCH_VECTORS), in its order: for sums
+        over more rows than memory should hold at once."""
         reader = self._reader()
         with frames_visible(reader, frames):
             result = reader.execute(sql)
@@ -488,6 +509,8 @@ class EventStore:
             return self.query("""
                 SELECT a.start, a."end", a.duration, n.name, a.global_tid, a.pid, a.tid, a.correlation_id
                 FROM cuda_api a LEFT JOIN api_names n ON n.id = a.name_id ORDER BY a.start""")
+        if table == "sched":
+            return self.query("SELECT start, cpu, is_sched_in, global_tid, pid, tid FROM sched ORDER BY start")
         if table == "gpu_metrics":
             return self.query("""
                 SELECT g.timestamp, g.device_id, n.name AS metric, g.value

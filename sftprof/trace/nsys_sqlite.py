@@ -2,8 +2,8 @@
 parquetdir folder (`--type=parquetdir`, nsys 2024+), through the same SQL (nsys_export.Export runs it
 on either format; the results are identical, tests/test_parquetdir.py).
 
-Opened read-only. Kernels, CUDA API calls and GPU metric samples go to an EventStore (DuckDB); the
-other tables, to pandas. Tables are looked up first: nsys exports a table only when its trace
+Opened read-only. Kernels, CUDA API calls, GPU metric samples and context switches go to an EventStore
+(DuckDB); the other tables, to pandas. Tables are looked up first: nsys exports a table only when its trace
 source produced rows, so a missing table means "not traced", not an error. The SQL here keeps
 the selection rules of `nsys stats` (OSRT eventClass 27, NVTX range event types, the
 `globalTid` bit layout), so summaries computed from these tables match nsys's own.
@@ -665,18 +665,6 @@ def _sync(export: Export, dropped) -> pd.DataFrame:
     return valid_rows(labels.decode(_by_start(rows), ["sync_type"]), "sync", dropped)
 
 
-def _sched(export: Export, dropped) -> pd.DataFrame:
-    if "SCHED_EVENTS" not in export.tables:
-        return empty("sched")
-    frame = _rows(
-        export,
-        f"""
-        SELECT start, cpu, isSchedIn != 0 AS is_sched_in, globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
-        FROM SCHED_EVENTS ORDER BY start""",
-    )
-    return valid_rows(frame.assign(is_sched_in=frame["is_sched_in"].astype(bool)), "sched", dropped)
-
-
 def _metric_names(export: Export) -> pd.DataFrame | None:
     """Newer exports' GPU metric names (TARGET_INFO_GPU_METRICS): type_id, metric_id, name, for the event
     store's copy of GPU_METRICS; None without both tables (2022.4 keeps GPU metrics as JSON in
@@ -779,7 +767,6 @@ def _load(export: Export) -> TraceTables:
                 osrt=_osrt(export, strings, dropped),
                 memops=_memops(export, release, dropped),
                 sync=_sync(export, dropped),
-                sched=_sched(export, dropped),
                 gpus=_gpus(export),
                 empty_trace_kinds=_empty_trace_kinds(strings),
                 events=events.result(),

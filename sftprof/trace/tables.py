@@ -31,7 +31,7 @@ gpus        device_id, name ("NVIDIA H200"), chip_name ("GH100"), sm_count, memo
 Rows whose times are missing, reversed (end < start) or beyond any capture (events.valid_times) are
 left out by the loader and counted in `dropped_rows` (table -> rows), never turned into negative times.
 
-kernels, cuda_api and gpu_metrics grow with the capture (tens of millions of rows), so they live in an
+kernels, cuda_api, sched and gpu_metrics grow with the capture (tens of millions of rows), so they live in an
 EventStore (DuckDB, names as ids: see events.py) that analyses query; the others are pandas.
 """
 
@@ -148,7 +148,6 @@ class TraceTables:
     osrt: pd.DataFrame = field(default_factory=lambda: empty("osrt"))
     memops: pd.DataFrame = field(default_factory=lambda: empty("memops"))
     sync: pd.DataFrame = field(default_factory=lambda: empty("sync"))
-    sched: pd.DataFrame = field(default_factory=lambda: empty("sched"))
     gpus: pd.DataFrame = field(default_factory=lambda: empty("gpus"))
     events: EventStore = field(default_factory=EventStore.from_frames)
     dropped_rows: dict[str, int] = field(default_factory=dict)
@@ -163,6 +162,11 @@ class TraceTables:
     def cuda_api(self) -> pd.DataFrame:
         """Every CUDA API call as one DataFrame: for small traces and tests; analyses query `events`."""
         return self.events.frame("cuda_api")
+
+    @property
+    def sched(self) -> pd.DataFrame:
+        """Every context switch as one DataFrame: for small traces and tests; analyses query `events`."""
+        return self.events.frame("sched")
 
     @property
     def gpu_metrics(self) -> pd.DataFrame:
