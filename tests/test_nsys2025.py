@@ -264,7 +264,7 @@ def test_duckdb_fallback_loads_the_same_events(name, monkeypatch):
     monkeypatch.setattr(sqlite_pages, "int_columns", refuse)
     strings = pd.DataFrame(query(name, "SELECT id, CAST(value AS TEXT) FROM StringIds"), columns=["id", "value"])
     present = {n for (n,) in query(name, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    fallback = EventStore.from_nsys_sqlite(sqlite_path(name), present, strings)
+    fallback = EventStore.from_nsys_sqlite(sqlite_path(name), present, strings, None)
     try:
         assert fallback.count("kernels") == loaded.events.count("kernels")
         assert fallback.count("cuda_api") == loaded.events.count("cuda_api")

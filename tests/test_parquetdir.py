@@ -1,7 +1,8 @@
 """nsys's parquetdir export (`nsys export --type=parquetdir`, nsys 2024+: a folder NAME.parquetdir/
 with one TABLE.parquet per SQLite table) read directly: on the real 2025.3.1 export of
-tests/fixtures/nsys2025/h200_sft_clean (the .nsys-rep that its .sqlite was exported from), every table
-sftprof loads and the whole analysis equal the SQLite export's; a damaged or hostile folder is a
+tests/fixtures/nsys2025/h200_sft_clean (the .nsys-rep that its .sqlite was exported from), and of its
+capture with GPU metrics and context switches (h200_sft_clean_metrics), every table sftprof loads and the
+whole analysis equal the SQLite export's; a damaged or hostile folder is a
 one-line refusal."""
 
 from __future__ import annotations
@@ -26,46 +27,61 @@ from conftest import assert_refused, run_sftprof, tree_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nsys2025"
 NAME = "h200_sft_clean"
+CAPTURES = (NAME, "h200_sft_clean_metrics")  # the second: --gpu-metrics-devices=all --cpuctxsw=process-tree
 FRAMES = ("threads", "nvtx", "osrt", "memops", "sync", "sched", "gpu_metrics", "gpus", "kernels", "cuda_api")
 VALUES = ("span_ns", "sources", "dropped_rows", "empty_trace_kinds")
 
 
+def _extracted(folder: Path, name: str) -> Path:
+    """A committed export, extracted (the folder itself is not committed)."""
+    with tarfile.open(FIXTURES / f"{name}.parquetdir.tar.xz") as tar:
+        tar.extractall(folder, filter="data")
+    return folder / f"{name}.parquetdir"
+
+
 @pytest.fixture(scope="module")
 def parquetdir(tmp_path_factory) -> Path:
-    """The committed export, extracted (the folder itself is not committed)."""
-    folder = tmp_path_factory.mktemp("parquetdir")
-    with tarfile.open(FIXTURES / f"{NAME}.parquetdir.tar.xz") as tar:
-        tar.extractall(folder, filter="data")
-    return folder / f"{NAME}.parquetdir"
+    return _extracted(tmp_path_factory.mktemp("parquetdir"), NAME)
+
+
+@pytest.fixture(scope="module", params=CAPTURES)
+def capture(request, tmp_path_factory) -> tuple[str, Path]:
+    """Each capture's name and its parquetdir export."""
+    return request.param, _extracted(tmp_path_factory.mktemp("parquetdir"), request.param)
 
 
 @pytest.fixture(scope="module")
-def both(parquetdir):
-    loaded = load_trace(FIXTURES / f"{NAME}.sqlite"), load_trace(parquetdir)
-    yield loaded
+def both(capture):
+    name, parquetdir = capture
+    loaded = load_trace(FIXTURES / f"{name}.sqlite"), load_trace(parquetdir)
+    yield name, loaded
     for tables in loaded:
         tables.events.close()
 
 
 @pytest.mark.parametrize("table", FRAMES)
 def test_each_table_equals_the_sqlite_exports(both, table):
-    from_sqlite, from_parquet = (getattr(tables, table) for tables in both)
-    assert len(from_sqlite) or table in ("sched", "gpu_metrics")  # this capture has no context switches or metrics
+    name, loaded = both
+    from_sqlite, from_parquet = (getattr(tables, table) for tables in loaded)
+    # the first capture has no context switches or metrics
+    assert len(from_sqlite) or (name == NAME and table in ("sched", "gpu_metrics"))
     pd.testing.assert_frame_equal(from_parquet, from_sqlite, check_exact=True)
 
 
 @pytest.mark.parametrize("value", VALUES)
 def test_capture_facts_equal_the_sqlite_exports(both, value):
-    assert getattr(both[1], value) == getattr(both[0], value)
+    _, (from_sqlite, from_parquet) = both
+    assert getattr(from_parquet, value) == getattr(from_sqlite, value)
 
 
 @pytest.fixture(scope="module")
-def saved(parquetdir, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+def saved(capture, tmp_path_factory) -> tuple[str, dict[str, tuple[dict, dict]]]:
     """Each format's saved analysis (with the trainer's metrics): suffix -> (CSV bytes by name, analysis.json
     without source_path, which names the input)."""
-    metrics = FIXTURES / f"{NAME}.metrics.jsonl"
+    name, parquetdir = capture
+    metrics = FIXTURES / f"{name}.metrics.jsonl"
     outputs = {}
-    for trace in (FIXTURES / f"{NAME}.sqlite", parquetdir):
+    for trace in (FIXTURES / f"{name}.sqlite", parquetdir):
         out = tmp_path_factory.mktemp(trace.suffix.strip("."))
         analysis = analyze_into(trace, out, metrics, "same")
         assert analysis.findings and analysis.headline["kernels"] == 2852
@@ -73,15 +89,20 @@ def saved(parquetdir, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
         summary = json.loads(files.pop("analysis.json"))
         assert summary.pop("source_path") == str(trace)
         outputs[trace.suffix] = files, summary
-    return outputs
+    return name, outputs
 
 
 def test_whole_analysis_equals_the_sqlite_exports(saved):
-    """Saved tables byte for byte, headline and findings (no_cpu_scheduling included: both are nsys captures)."""
-    (sqlite_files, sqlite_summary), (parquet_files, parquet_summary) = saved[".sqlite"], saved[".parquetdir"]
+    """Saved tables byte for byte, headline and findings (no_cpu_scheduling, or the cores' finding where
+    context switches were traced, included: both are nsys captures)."""
+    name, outputs = saved
+    (sqlite_files, sqlite_summary), (parquet_files, parquet_summary) = outputs[".sqlite"], outputs[".parquetdir"]
     assert parquet_files == sqlite_files and len(sqlite_files) > 20
-    assert "no_cpu_scheduling" in {f["rule"] for f in sqlite_summary["findings"]}
+    assert ("no_cpu_scheduling" if name == NAME else "cpu_cores") in {f["rule"] for f in sqlite_summary["findings"]}
     assert parquet_summary == sqlite_summary
+    if name != NAME:  # the metrics while the GPU worked, and each core the trainer ran on
+        assert b"GPU metrics while busy" in sqlite_files["bound_evidence.csv"]
+        assert sqlite_files["cpu_cores.csv"].count(b"\n") > 2
 
 
 def test_cli_analyzes_a_parquetdir_and_says_so_in_its_help(parquetdir, tmp_path):
