@@ -54,7 +54,12 @@ CORE_TABLES = (
 )
 # Every table that is repeated (when the seed has it); any other table is copied once.
 GPU_WORK_TABLES = (KERNEL, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-REPLICATED_TABLES = (*CORE_TABLES, "OSRT_API", "NVTX_EVENTS")
+REPLICATED_TABLES = (*CORE_TABLES, "OSRT_API", "NVTX_EVENTS", "SCHED_EVENTS", "GPU_METRICS")
+# Point events repeated only within the replicated window (earlier ones are written once where they are,
+# later ones once at the end).
+WINDOWED_POINTS = ("SCHED_EVENTS", "GPU_METRICS")
+# Each table's time columns: GPU metric samples have their own (and the raw counter time beside it).
+TIME_COLUMNS = {"GPU_METRICS": ("timestamp", "rawTimestamp")}
 CORRELATED_TABLES = CORE_TABLES + ("CUDA_GPU_MEMORY_USAGE_EVENTS",)
 NVTX_REPEATED_TYPES = (34, 59, 60, 70, 71)  # mark, push/pop, start/end (native and NVTXT)
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
@@ -186,8 +191,15 @@ def make_plan(conn, kernels: int) -> Plan:
     )
 
 
+def _time(table: str) -> str:
+    """The column that places a row of `table` in time."""
+    return f's."{TIME_COLUMNS.get(table, ("start",))[0]}"'
+
+
 def _repeated(plan: Plan, table: str) -> list[str]:
     """The conditions under which a seed row of `table` is repeated in every replica."""
+    if table in WINDOWED_POINTS:  # sampled at a steady rate: repeating more than the window would sample twice
+        return [f"{_time(table)} >= {plan.origin_ns}", f"{_time(table)} < {plan.window_end_ns}"]
     repeated = ["s.start >= 0"]
     if table == "OSRT_API":
         repeated += [f"s.eventClass = {OSRT_CALL_CLASS}", f"s.start < {plan.window_end_ns}"]
@@ -200,7 +212,7 @@ def _replica_filter(plan: Plan, table: str) -> str:
     """Which seed rows are repeated, and (partial replica) which rows its last replica keeps."""
     keep = _repeated(plan, table)
     if plan.cut_ns is not None:
-        keep.append(f"(r.r < {plan.full} OR s.start < {plan.cut_ns})")
+        keep.append(f"(r.r < {plan.full} OR {_time(table)} < {plan.cut_ns})")
     return " AND ".join(keep)
 
 
@@ -215,7 +227,7 @@ def _replica_expressions(plan: Plan, table: str, columns: list[str]) -> list[str
     out = []
     for column in columns:
         ref = f's."{column}"'
-        if column == "start" or column == "timestamp":
+        if column in ("start", *TIME_COLUMNS.get(table, ())):
             out.append(f"{ref} + {offset}")
         elif column == "end" and table == "OSRT_API":
             # a call that outlasts the window is cut at the window's end, except in the last replica
@@ -246,10 +258,11 @@ def _replica_expressions(plan: Plan, table: str, columns: list[str]) -> list[str
     return out
 
 
-def _edge_expressions(plan: Plan, columns: list[str], condition: str) -> list[str]:
+def _edge_expressions(plan: Plan, table: str, columns: list[str], condition: str) -> list[str]:
     """Edge rows (written once): those starting after the replicated window move to the capture's end."""
     shift = f"CASE WHEN {condition} THEN {plan.shift_to_end_ns} ELSE 0 END"
-    return [f's."{c}" + {shift}' if c in ("start", "end", "timestamp") else f's."{c}"' for c in columns]
+    times = ("start", "end", *TIME_COLUMNS.get(table, ()))
+    return [f's."{c}" + {shift}' if c in times else f's."{c}"' for c in columns]
 
 
 def generate(seed: Path, out: Path, kernels: int, quiet: bool = False) -> dict:
@@ -290,11 +303,11 @@ def generate(seed: Path, out: Path, kernels: int, quiet: bool = False) -> dict:
         t = time.perf_counter()
         if table in REPLICATED_TABLES:
             # edge rows once, then the replicas in time order (replica outer, seed rows in rowid order)
-            edges = f"s.start >= {plan.tail_ns}"
+            edges = f"{_time(table)} >= {plan.tail_ns}"
             conn.execute(
                 f'INSERT INTO main."{table}" ({names}) '
-                f"SELECT {', '.join(_edge_expressions(plan, columns, edges))} "
-                f'FROM seed."{table}" s WHERE {_once_filter(plan, table)} AND s.start < {plan.origin_ns}'
+                f"SELECT {', '.join(_edge_expressions(plan, table, columns, edges))} "
+                f'FROM seed."{table}" s WHERE {_once_filter(plan, table)} AND {_time(table)} < {plan.origin_ns}'
             )
             conn.execute(
                 f'INSERT INTO main."{table}" ({names}) '
@@ -303,13 +316,13 @@ def generate(seed: Path, out: Path, kernels: int, quiet: bool = False) -> dict:
             )
             conn.execute(
                 f'INSERT INTO main."{table}" ({names}) '
-                f"SELECT {', '.join(_edge_expressions(plan, columns, edges))} "
-                f'FROM seed."{table}" s WHERE {_once_filter(plan, table)} AND s.start >= {plan.origin_ns}'
+                f"SELECT {', '.join(_edge_expressions(plan, table, columns, edges))} "
+                f'FROM seed."{table}" s WHERE {_once_filter(plan, table)} AND {_time(table)} >= {plan.origin_ns}'
             )
         elif table in EDGE_TABLES and "start" in columns:
             conn.execute(
                 f'INSERT INTO main."{table}" ({names}) '
-                f"SELECT {', '.join(_edge_expressions(plan, columns, f's.start >= {plan.tail_ns}'))} "
+                f"SELECT {', '.join(_edge_expressions(plan, table, columns, f's.start >= {plan.tail_ns}'))} "
                 f'FROM seed."{table}" s'
             )
         elif table == "ANALYSIS_DETAILS":

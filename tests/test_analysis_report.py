@@ -182,7 +182,7 @@ def test_damaged_metric_samples_are_left_out_and_counted(newer_export):
 
 
 def test_metric_means_read_in_batches_equal_pandas_over_every_sample(monkeypatch):
-    """Two devices, values while busy and idle, a sample without a value, two ids whose names differ only
+    """Two devices that ran kernels and one that did not, values while busy and idle, a sample without a value, two ids whose names differ only
     in case (one mean, as before), batches of one DuckDB vector (2,048 rows)."""
     from sftprof.analysis import boundness, gpu
     from sftprof.trace import events as events_module
@@ -193,7 +193,7 @@ def test_metric_means_read_in_batches_equal_pandas_over_every_sample(monkeypatch
     samples = pd.DataFrame(
         {
             "timestamp": rng.integers(0, 1_000_000, n),
-            "device_id": rng.integers(0, 2, n),
+            "device_id": rng.integers(0, 3, n),  # device 2 ran nothing: its samples count for nothing
             "metric": rng.choice(["SM Issue [Throughput %]", "sm issue [throughput %]", "DRAM Read"], n),
             "value": rng.integers(0, 100, n).astype(float),
         }

@@ -146,3 +146,37 @@ def test_op_ids_are_renumbered_with_what_follows_them_kept():
         "step 2",
         None,
     ]
+
+
+def test_metric_samples_and_context_switches_are_replicated_with_the_kernels(tmp_path):
+    """From the real capture with GPU metrics and context switches: both tables grow with the kernels,
+    every replica's samples are the seed's window moved by whole periods (the same count per period, times
+    in order, inside the export's span), and sftprof reads them all."""
+    import sqlite3
+
+    from sftprof.trace import load_trace
+
+    seed_path = REPO / "tests" / "fixtures" / "nsys2025" / "h200_sft_clean_metrics.sqlite"
+    path = tmp_path / "m.sqlite"
+    result = generate_export.generate(seed_path, path, SMALL, quiet=True)
+    plan, counts = result["plan"], result["counts"]
+    seed = sqlite3.connect(seed_path)
+    per_period = seed.execute(
+        f"SELECT count(*) FROM GPU_METRICS WHERE timestamp >= {plan.origin_ns} AND timestamp < {plan.window_end_ns}"
+    ).fetchone()[0]
+    assert per_period > 1000 and counts["GPU_METRICS"] >= plan.full * per_period
+    out = sqlite3.connect(path)
+    first, last = out.execute('SELECT min(start), max("end") FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
+    in_periods = out.execute(
+        f"""SELECT (timestamp - {plan.origin_ns}) / {plan.period_ns} AS r, count(*), min(timestamp) FROM GPU_METRICS
+            WHERE timestamp >= {plan.origin_ns} AND timestamp < {plan.origin_ns + plan.full * plan.period_ns}
+            GROUP BY r ORDER BY r"""
+    ).fetchall()
+    assert [n for _, n, _ in in_periods] == [per_period] * plan.full
+    assert all(b[2] - a[2] == plan.period_ns for a, b in zip(in_periods, in_periods[1:]))
+    assert out.execute("SELECT count(*) FROM GPU_METRICS WHERE rawTimestamp != timestamp").fetchone()[0] == 0
+    assert first <= in_periods[-1][2] <= last
+    assert counts["SCHED_EVENTS"] > 4 * seed.execute("SELECT count(*) FROM SCHED_EVENTS").fetchone()[0]
+    tables = load_trace(path)
+    assert tables.events.count("gpu_metrics") == counts["GPU_METRICS"]
+    assert tables.events.count("sched") == counts["SCHED_EVENTS"]
