@@ -75,7 +75,12 @@ def left_out(path: Path) -> dict[str, int]:
         "osrt": f"SELECT count(*) FROM OSRT_API WHERE eventClass = 27 AND {bad}",
         # an NVTX range without an end is open to the capture's end, not damaged
         "nvtx": f"SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60, 70, 71) AND (start IS NULL OR {out_of_range})",
-        "sched": f"SELECT count(*) FROM SCHED_EVENTS WHERE start IS NULL OR abs(start) > {2**53}",
+        # a context switch without its thread or core pairs with nothing
+        "sched": f"SELECT count(*) FROM SCHED_EVENTS WHERE start IS NULL OR abs(start) > {2**53} "
+        "OR globalTid IS NULL OR cpu IS NULL",
+        # a sample of no known metric is no sample (not counted), as before
+        "gpu_metrics": f"SELECT count(*) FROM GPU_METRICS g WHERE (timestamp IS NULL OR abs(timestamp) > {2**53}) "
+        "AND EXISTS (SELECT 1 FROM TARGET_INFO_GPU_METRICS i WHERE i.typeId = g.typeId AND i.metricId = g.metricId)",
     }
     with sqlite3.connect(path) as conn:
         present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
@@ -195,6 +200,23 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             "UPDATE SCHED_EVENTS SET start = NULL WHERE rowid % 9 = 1",
             not_null_off=("SCHED_EVENTS",),
             source=FIXTURE.with_name("cpu_lock_sched.sqlite"),
+        ),
+        "metrics": export_copy(  # the real capture with GPU metrics and context switches
+            tmp_path,
+            "metrics.sqlite",
+            "UPDATE GPU_METRICS SET timestamp = NULL WHERE rowid % 13 = 1",
+            f"UPDATE GPU_METRICS SET timestamp = {INT64_MAX} WHERE rowid % 13 = 2",
+            "UPDATE GPU_METRICS SET metricId = NULL WHERE rowid % 13 = 3",
+            f"UPDATE GPU_METRICS SET typeId = {INT64_MAX} WHERE rowid % 13 = 4",
+            "UPDATE GPU_METRICS SET value = NULL WHERE rowid % 13 = 5",
+            f"UPDATE GPU_METRICS SET value = {INT64_MAX} WHERE rowid % 13 = 6",
+            "UPDATE SCHED_EVENTS SET isSchedIn = NULL WHERE rowid % 5 = 0",
+            f"UPDATE SCHED_EVENTS SET cpu = {2**62} WHERE rowid % 5 = 1",
+            "UPDATE SCHED_EVENTS SET globalTid = NULL WHERE rowid % 5 = 2",
+            f"UPDATE SCHED_EVENTS SET start = {-(2**62)} WHERE rowid % 5 = 3",
+            "UPDATE SCHED_EVENTS SET cpu = NULL WHERE rowid = 5",
+            not_null_off=("GPU_METRICS", "SCHED_EVENTS"),
+            source=FIXTURE.parent / "nsys2025" / "h200_sft_clean_metrics.sqlite",
         ),
         **{name: export_copy(tmp_path, f"{name}.sqlite") for name in ("plain", "a?b#c%41")},
     }

@@ -57,7 +57,7 @@ SCHEMA = {
     "api_names": "id INTEGER PRIMARY KEY, name VARCHAR",
     "gpu_metrics": "timestamp BIGINT, device_id INTEGER, metric_id INTEGER, value DOUBLE",
     "metric_names": "id INTEGER PRIMARY KEY, name VARCHAR",
-    "sched_rows": "start BIGINT, cpu INTEGER, is_sched_in BOOLEAN, global_tid BIGINT",
+    "sched_rows": "start BIGINT, cpu BIGINT, is_sched_in BOOLEAN, global_tid BIGINT",
 }
 VIEWS = {
     "kernels": """SELECT *, "end" - start AS duration, ((global_pid >> 24) & 16777215)::INTEGER AS pid
@@ -428,9 +428,14 @@ class EventStore:
             ("kernels", "kernel_rows", valid_times_sql()),
             ("cuda_api", "cuda_api_rows", valid_times_sql()),
             ("gpu_metrics", "gpu_metrics", valid_times_sql("timestamp", "timestamp")),
-            ("sched", "sched_rows", valid_times_sql("start", "start")),
+            # a switch names its thread and core, or it pairs with nothing
+            (
+                "sched",
+                "sched_rows",
+                f"{valid_times_sql('start', 'start')} AND global_tid IS NOT NULL AND cpu IS NOT NULL",
+            ),
         ):
-            dropped = con.execute(f"DELETE FROM {rows} WHERE NOT {valid}").fetchone()[0]
+            dropped = con.execute(f"DELETE FROM {rows} WHERE NOT ({valid})").fetchone()[0]
             if dropped:
                 store.dropped_rows[table] = int(dropped)
         con.execute("CHECKPOINT")
