@@ -362,6 +362,8 @@ def row_counts(path: Path) -> dict[str, int]:
             ),
             "osrt": count("SELECT count(*) FROM OSRT_API") if "OSRT_API" in tables else 0,
             "nvtx": count("SELECT count(*) FROM NVTX_EVENTS") if "NVTX_EVENTS" in tables else 0,
+            "metrics": count("SELECT count(*) FROM GPU_METRICS") if "GPU_METRICS" in tables else 0,
+            "sched": count("SELECT count(*) FROM SCHED_EVENTS") if "SCHED_EVENTS" in tables else 0,
         }
     finally:
         conn.close()

@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/run.py                      # 1M and 4M kernels
     .venv/bin/python benchmarks/run.py --large              # and 16M
     .venv/bin/python benchmarks/run.py --sizes 20k --out /tmp/bench.csv
+    .venv/bin/python benchmarks/run.py --sizes 10M --every-shape   # every real capture's shape, one table
 
-For each size: generate the export (benchmarks/generate_export.py; cached by size in the work
-dir), then run on that same file, one after the other, each as a child process timed on its own:
+For each shape (the seed export replicated: --seed, repeatable, or --every-shape) and size: generate
+the export (benchmarks/generate_export.py; cached by seed and size in the work dir), then run on that
+same file, one after the other, each as a child process timed on its own:
 
   sftprof   sftprof analyze FILE -o DIR          (the full analysis, CSVs and the HTML report)
   nsys      nsys stats -r gpukernsum,gpumemtimesum,cudaapisum -f csv --force-export false FILE
@@ -39,6 +41,17 @@ sys.path.insert(0, str(HERE))
 from generate_export import DEFAULT_SEED, format_count, generate, parse_count, row_counts  # noqa: E402
 
 DEFAULT_SIZES = "1M,4M"
+FIXTURES = REPO / "tests" / "fixtures"
+# Every real capture's shape (ENGINE.md sections 5 and 10): what --every-shape replicates, in this order.
+REAL_SHAPES = (
+    DEFAULT_SEED,  # the built-in trainer
+    FIXTURES / "h200_plant_device_sync.sqlite",
+    FIXTURES / "h200_plant_pageable.sqlite",
+    FIXTURES / "h200_sft_clean.sqlite",  # memset-heavy
+    FIXTURES / "h200_sft_data_stall.sqlite",
+    FIXTURES / "nemo" / "h200_nemo_lora_llama2_7b.sqlite",  # emit_nvtx: 6 NVTX ranges per kernel
+    FIXTURES / "nsys2025" / "h200_sft_clean_metrics.sqlite",  # GPU metrics and context switches
+)
 LARGE_SIZE = 16_000_000
 NSYS_REPORTS = "gpukernsum,gpumemtimesum,cudaapisum"
 GENERATOR_VERSION = 1  # bump when generate_export.py writes different files: the cache is then rebuilt
@@ -198,8 +211,11 @@ def agreement(nsys: dict[str, list[dict]], analysis_dir: Path) -> str:
 
 
 def export_for(size: int, workdir: Path, seed: Path, created: list[Path]) -> tuple[Path, float | None]:
-    """The cached export of `size` kernels, generated when missing or stale; (path, seconds to generate)."""
-    path = workdir / f"k{format_count(size)}.sqlite"
+    """The cached export of `size` kernels from `seed`, generated when missing or stale; (path, seconds to
+    generate)."""
+    path = workdir / (
+        f"k{format_count(size)}.sqlite" if seed == DEFAULT_SEED else f"{seed.stem}-k{format_count(size)}.sqlite"
+    )
     meta_path = path.with_suffix(".json")
     meta = {
         "kernels": size,
@@ -226,32 +242,30 @@ def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list
     export, gen_s = export_for(size, workdir, seed, created)
     counts = row_counts(export)
     label = format_count(size)
-    out_dir = workdir / f"out-{label}"
+    out_dir = workdir / f"out-{export.stem}"
+    progress = label if seed == DEFAULT_SEED else f"{seed.stem} {label}"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     created.append(out_dir)
     before = (export.stat().st_size, export.stat().st_mtime_ns)
 
-    print(f"[{label}] nsys stats -r {NSYS_REPORTS} ...", file=sys.stderr, flush=True)
+    print(f"[{progress}] nsys stats -r {NSYS_REPORTS} ...", file=sys.stderr, flush=True)
     nsys_cmd = ["nsys", "stats", "-r", NSYS_REPORTS, "-f", "csv", "--force-export", "false", str(export)]
-    nsys = measure(nsys_cmd, out_dir / "nsys.csv", out_dir / "nsys.err", timeout, f"[{label}] nsys stats")
+    nsys = measure(nsys_cmd, out_dir / "nsys.csv", out_dir / "nsys.err", timeout, f"[{progress}] nsys stats")
     if (export.stat().st_size, export.stat().st_mtime_ns) != before:
         raise SystemExit(f"nsys stats modified {export}: measure on a copy per run instead")
 
-    print(f"[{label}] sftprof analyze ...", file=sys.stderr, flush=True)
+    print(f"[{progress}] sftprof analyze ...", file=sys.stderr, flush=True)
     sft_cmd = [*sftprof_command(), "analyze", str(export), "-o", str(out_dir / "sftprof")]
-    sft = measure(sft_cmd, out_dir / "sftprof.out", out_dir / "sftprof.err", timeout, f"[{label}] sftprof analyze")
+    sft = measure(sft_cmd, out_dir / "sftprof.out", out_dir / "sftprof.err", timeout, f"[{progress}] sftprof analyze")
 
     sections = nsys_sections((out_dir / "nsys.csv").read_text(errors="replace")) if nsys["rc"] == 0 else {}
     instances = sum(int(r["Instances"]) for r in sections.get("gpukernsum", []))
     sft_ok = sft["rc"] == 0 and (out_dir / "sftprof" / "report.html").exists()
     row = {
+        "shape": seed.stem,
         "size": label,
-        "kernels": counts["kernels"],
-        "runtime": counts["runtime"],
-        "memops": counts["memops"],
-        "osrt": counts["osrt"],
-        "nvtx": counts["nvtx"],
+        **counts,
         "export_gib": round(export.stat().st_size / 2**30, 2),
         "generate_s": round(gen_s, 1) if gen_s is not None else "",
         "sftprof_status": "ok" if sft_ok else _failure(sft, out_dir / "sftprof.err"),
@@ -282,11 +296,14 @@ def _failure(m: dict, stderr: Path) -> str:
 # --- the table --------------------------------------------------------------------------------
 
 COLUMNS = (  # (header, key)
+    ("shape", "shape"),
     ("size", "size"),
     ("kernels", "kernels"),
     ("runtime", "runtime"),
     ("osrt", "osrt"),
     ("nvtx", "nvtx"),
+    ("GPU metrics", "metrics"),
+    ("switches", "sched"),
     ("sftprof wall s", "sftprof_wall_s"),
     ("sftprof CPU s", "sftprof_cpu_s"),
     ("sftprof peak RSS GB", "sftprof_rss_gb"),
@@ -303,7 +320,15 @@ COLUMNS = (  # (header, key)
 
 
 def add_anchor(rows: list[dict]) -> int | None:
-    """time(N) / time(anchor), anchor = the 1M row (else the smallest size): linearity in rows."""
+    """time(N) / time(anchor), anchor = the shape's 1M row (else its smallest size): linearity in rows.
+    Returns the anchor's kernels (of the last shape)."""
+    found = None
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        found = _add_anchor([r for r in rows if r["shape"] == shape]) or found
+    return found
+
+
+def _add_anchor(rows: list[dict]) -> int | None:
     measured = [r for r in rows if r["sftprof_status"] == "ok" or r["nsys_status"] == "ok"]
     if not measured:
         return None
@@ -318,7 +343,11 @@ def add_anchor(rows: list[dict]) -> int | None:
 
 def _cell(row: dict, key: str) -> str:
     value = row.get(key, "")
-    if isinstance(value, int) and not isinstance(value, bool) and key in ("kernels", "runtime", "osrt", "nvtx"):
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and key in ("kernels", "runtime", "osrt", "nvtx", "metrics", "sched")
+    ):
         return f"{value:,}"
     if key.startswith("sftprof_") and row["sftprof_status"] != "ok" and key != "sftprof_status":
         return f"{value} ({row['sftprof_status'].split(':')[0]})" if key == "sftprof_wall_s" else str(value)
@@ -328,7 +357,7 @@ def _cell(row: dict, key: str) -> str:
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| " + " | ".join(h for h, _ in COLUMNS) + " |",
-        "|" + "|".join("---" if k in ("size", "agree") else "---:" for _, k in COLUMNS) + "|",
+        "|" + "|".join("---" if k in ("shape", "size", "agree") else "---:" for _, k in COLUMNS) + "|",
     ]
     lines += ["| " + " | ".join(_cell(r, k) for _, k in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
@@ -339,13 +368,13 @@ def verdicts(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         if r["sftprof_status"] != "ok" or r["nsys_status"] != "ok":
-            out.append(f"{r['size']}: sftprof {r['sftprof_status']}, nsys {r['nsys_status']}")
+            out.append(f"{r['shape']} {r['size']}: sftprof {r['sftprof_status']}, nsys {r['nsys_status']}")
             continue
         # on the measured times, not the rounded ratio: 0.3337 would round to 0.33 and pass
         time_ok = r["time_ratio"] != "" and r["sftprof_wall_s"] <= r["nsys_wall_s"] * TARGET_TIME_RATIO
         rss_ok = r["sftprof_rss_gb"] <= TARGET_RSS_GB
         out.append(
-            f"{r['size']}: time {r['time_ratio']}x nsys stats (target <= {TARGET_TIME_RATIO:.2f}: "
+            f"{r['shape']} {r['size']}: time {r['time_ratio']}x nsys stats (target <= {TARGET_TIME_RATIO:.2f}: "
             f"{'met' if time_ok else 'NOT met'}), peak RSS {r['sftprof_rss_gb']} GB (target <= "
             f"{TARGET_RSS_GB:g}: {'met' if rss_ok else 'NOT met'})"
         )
@@ -353,10 +382,15 @@ def verdicts(rows: list[dict]) -> list[str]:
     for r in large:
         ok = r["sftprof_vs_anchor"] <= TARGET_LINEARITY
         out.append(
-            f"{r['size']}: sftprof time {r['sftprof_vs_anchor']}x the anchor's for {r['rows_vs_anchor']}x "
+            f"{r['shape']} {r['size']}: sftprof time {r['sftprof_vs_anchor']}x the anchor's for {r['rows_vs_anchor']}x "
             f"the rows (target <= {TARGET_LINEARITY:g}x: {'met' if ok else 'NOT met'})"
         )
     return out
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in reversed(paths):
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def machine() -> str:
@@ -392,7 +426,13 @@ def main(argv: list[str] | None = None) -> int:
         default=default_workdir(),
         help="where exports are cached and outputs written (default $SFTPROF_BENCH_DIR or /tmp/sftprof-bench)",
     )
-    parser.add_argument("--seed", type=Path, default=DEFAULT_SEED, help="the real export to replicate")
+    shapes = parser.add_mutually_exclusive_group()
+    shapes.add_argument(
+        "--seed", type=Path, action="append", help="the real export to replicate (repeat for several shapes)"
+    )
+    shapes.add_argument(
+        "--every-shape", action="store_true", help="replicate every real capture's shape (REAL_SHAPES), in one table"
+    )
     parser.add_argument("--out", type=Path, help="write the results as CSV too")
     parser.add_argument(
         "--keep",
@@ -411,14 +451,19 @@ def main(argv: list[str] | None = None) -> int:
     created: list[Path] = []
     rows = []
     print(f"machine: {machine()}", flush=True)
+    seeds = list(REAL_SHAPES) if args.every_shape else args.seed or [DEFAULT_SEED]
     try:
-        for size in sizes:
-            rows.append(run_size(size, args.workdir, args.seed, args.timeout, created))
-            print(f"  done: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        for seed in seeds:
+            for size in sizes:
+                made = len(created)
+                rows.append(run_size(size, args.workdir, seed, args.timeout, created))
+                print(f"  done: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+                if not args.keep:  # one export on disk at a time: at 10M kernels they are 2-8 GiB each
+                    _remove(created[made:])
+                    del created[made:]
     finally:
         if not args.keep:
-            for path in reversed(created):
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            _remove(created)
     anchor = add_anchor(rows)
     print()
     print(markdown(rows))

@@ -92,6 +92,10 @@ def test_benchmark_runs_and_prints_its_table(tmp_path):
             str(BENCHMARKS / "run.py"),
             "--sizes",
             "20k",
+            "--seed",
+            str(generate_export.DEFAULT_SEED),
+            "--seed",  # a second shape: GPU metrics and context switches
+            str(REPO / "tests" / "fixtures" / "nsys2025" / "h200_sft_clean_metrics.sqlite"),
             "--workdir",
             str(tmp_path),
             "--out",
@@ -102,11 +106,14 @@ def test_benchmark_runs_and_prints_its_table(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "| size | kernels | runtime | osrt | nvtx | sftprof wall s |" in proc.stdout
-    row = next(line for line in proc.stdout.splitlines() if line.startswith("| 20k |"))
+    assert "| shape | size | kernels | runtime | osrt | nvtx | GPU metrics | switches | sftprof wall s |" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| h200_tiny_llama_bf16 | 20k |"))
     assert row.endswith("| yes |"), row  # sftprof's summaries equal nsys stats' on the same file
+    other = next(line for line in proc.stdout.splitlines() if line.startswith("| h200_sft_clean_metrics | 20k |"))
+    metrics, switches = (int(cell.replace(",", "")) for cell in other.split("|")[7:9])
+    assert metrics > 100_000 and switches > 100, other
     assert (tmp_path / "results.csv").exists()
-    assert not (tmp_path / "k20k.sqlite").exists()  # without --keep the run cleans up what it made
+    assert not list(tmp_path.glob("*.sqlite"))  # without --keep the run cleans up what it made
 
 
 def test_emit_nvtx_calls_keep_numbers_of_their_own_in_every_replica(tmp_path):
