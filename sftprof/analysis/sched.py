@@ -44,8 +44,8 @@ def runs_sql(span_ns: int) -> str:
 
 @dataclass
 class CoreUse:
-    """What the threads' on-CPU runs (runs_sql) give: `cores` (per core: busy time and share, threads), `timeline` (per core
-    and time chunk) and `running` (time on a core, by global_tid)."""
+    """What the threads' on-CPU runs (runs_sql) give: `cores` (per core: busy time and share, threads),
+    `timeline` (per core and time chunk) and `running` (time on a core, by global_tid)."""
 
     cores: pd.DataFrame
     timeline: pd.DataFrame

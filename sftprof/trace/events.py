@@ -1,7 +1,8 @@
 """Kernels, CUDA API calls, GPU metric samples and CPU context switches: the tables that grow with a
 capture's length (tens of millions of rows for minutes of a 7B fine-tuning job; `--gpu-metrics-devices`
-samples some twenty counters 10,000 times a second; `--cpuctxsw` records every switch on every core), kept in DuckDB so that analyses aggregate them in SQL or read them a
-batch at a time, never every row at once.
+samples some twenty counters 10,000 times a second; `--cpuctxsw` records every switch on every core),
+kept in DuckDB so that analyses aggregate them in SQL or read them a batch at a time, never every row
+at once.
 
 The database is a temporary file (compressed on disk, under a memory limit, so memory stays
 bounded whatever the trace size); an nsys export is copied in with one pass per table, reading
