@@ -181,7 +181,7 @@ def test_core_use_read_in_batches_equals_the_runs_summed_whole(monkeypatch):
         }
     )
     store = EventStore.from_frames(sched=switches)
-    monkeypatch.setattr(events_module, "METRIC_BATCH_VECTORS", 1)
+    monkeypatch.setattr(events_module, "BATCH_VECTORS", 1)
     use = sched.core_use(store, span_ns=9_000_000, chunks=7)
     runs = store.query(sched.runs_sql(9_000_000))
     assert len(runs) > 5_000 and (runs["start"] == 0).any() and (runs["end"] == runs["end"].max()).sum() > 1

@@ -95,7 +95,7 @@ EXPORT_RUNTIME_COLUMNS = ("start", "end", "nameId", "globalTid", "correlationId"
 EXPORT_METRIC_COLUMNS = ("timestamp", "typeId", "metricId", "value")
 # The columns of SCHED_EVENTS that the copy reads.
 EXPORT_SCHED_COLUMNS = ("start", "cpu", "isSchedIn", "globalTid")
-METRIC_BATCH_VECTORS = 256  # EventStore.batches: rows fetched at a time, in DuckDB vectors of 2,048 (524k rows)
+BATCH_VECTORS = 256  # EventStore.batches: rows fetched at a time, in DuckDB vectors of 2,048 (524k rows)
 
 
 class EventStoreError(SftprofError, RuntimeError):
@@ -310,9 +310,9 @@ class EventStore:
     def from_nsys_sqlite(
         cls, path: Path, present: set[str], strings: pd.DataFrame, metrics: pd.DataFrame | None
     ) -> EventStore:
-        """Copy the kernels, runtime-API rows and GPU metric samples of an nsys SQLite export (`present`: its
-        table names; `strings`: its StringIds as id, value; `metrics`: its metric names, as _from_nsys says);
-        each table read by _copy_rows."""
+        """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys SQLite export
+        (`present`: its table names; `strings`: its StringIds as id, value; `metrics`: its metric names, as
+        _from_nsys says); each table read by _copy_rows."""
         return cls._from_nsys(
             present,
             strings,
@@ -343,13 +343,13 @@ class EventStore:
     def _from_nsys(
         cls, present: set[str], strings: pd.DataFrame, metrics: pd.DataFrame | None, copy_rows, prepare=lambda con: None
     ) -> EventStore:
-        """Copy the kernels, runtime-API rows and GPU metric samples of an nsys export, whatever its format
-        (`present`: its table names; `strings`: its StringIds as id, value; `metrics`: the distinct
-        type_id, metric_id, name of its TARGET_INFO_GPU_METRICS, None without it; `copy_rows(cursor, table,
-        export_table, columns, insert)` runs `insert` over the export table's `columns`, named in
-        `{rows}`), leaving out rows whose times are not valid (valid_times_sql), counted in `dropped_rows`
-        by table. A sample's device is its typeId's low byte; a sample whose (typeId, metricId) names no
-        metric is left out, one that two names share is kept under each."""
+        """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys export,
+        whatever its format (`present`: its table names; `strings`: its StringIds as id, value; `metrics`:
+        the distinct type_id, metric_id, name of its TARGET_INFO_GPU_METRICS, None without it;
+        `copy_rows(cursor, table, export_table, columns, insert)` runs `insert` over the export table's
+        `columns`, named in `{rows}`), leaving out rows whose times are not valid (valid_times_sql),
+        counted in `dropped_rows` by table. A sample's device is its typeId's low byte; a sample whose
+        (typeId, metricId) names no metric is left out, one that two names share is kept under each."""
         store = cls(on_disk=True)
         con = store.con
         prepare(con)
@@ -466,12 +466,12 @@ class EventStore:
             return {name: np.asarray(values) for name, values in reader.sql(sql).fetchnumpy().items()}
 
     def batches(self, sql: str, **frames: pd.DataFrame) -> Iterator[pd.DataFrame]:
-        """The result of `sql` a batch of rows at a time (METRIC_BATCH_VECTORS), in its order: for sums
+        """The result of `sql` a batch of rows at a time (BATCH_VECTORS), in its order: for sums
         over more rows than memory should hold at once."""
         reader = self._reader()
         with frames_visible(reader, frames):
             result = reader.execute(sql)
-            while len(batch := result.fetch_df_chunk(METRIC_BATCH_VECTORS)):
+            while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
                 yield batch
 
     def used_names(self, table: str) -> pd.DataFrame:
