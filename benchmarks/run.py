@@ -25,6 +25,7 @@ import argparse
 import csv
 import io
 import json
+import lzma
 import os
 import shutil
 import signal
@@ -49,7 +50,7 @@ REAL_SHAPES = (
     FIXTURES / "h200_plant_pageable.sqlite",
     FIXTURES / "h200_sft_clean.sqlite",  # memset-heavy
     FIXTURES / "h200_sft_data_stall.sqlite",
-    FIXTURES / "nemo" / "h200_nemo_lora_llama2_7b.sqlite",  # emit_nvtx: 6 NVTX ranges per kernel
+    FIXTURES / "nemo" / "h200_nemo_lora_llama2_7b.sqlite.xz",  # emit_nvtx: 6 NVTX ranges per kernel
     FIXTURES / "nsys2025" / "h200_sft_clean_metrics.sqlite",  # GPU metrics and context switches
 )
 LARGE_SIZE = 16_000_000
@@ -208,6 +209,20 @@ def agreement(nsys: dict[str, list[dict]], analysis_dir: Path) -> str:
 
 
 # --- one size ---------------------------------------------------------------------------------
+
+
+def unpacked(seed: Path, workdir: Path) -> Path:
+    """`seed` itself, or for a compressed one (NAME.sqlite.xz, as the NeMo capture is committed) its
+    contents, unpacked once into the work dir."""
+    if seed.suffix != ".xz":
+        return seed
+    path = workdir / seed.stem
+    if not path.exists() or path.stat().st_mtime < seed.stat().st_mtime:
+        partial = path.with_name(path.name + ".partial")
+        with lzma.open(seed) as packed, partial.open("wb") as out:
+            shutil.copyfileobj(packed, out)
+        partial.replace(path)
+    return path
 
 
 def export_for(size: int, workdir: Path, seed: Path, created: list[Path]) -> tuple[Path, float | None]:
@@ -451,7 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     created: list[Path] = []
     rows = []
     print(f"machine: {machine()}", flush=True)
-    seeds = list(REAL_SHAPES) if args.every_shape else args.seed or [DEFAULT_SEED]
+    seeds = [
+        unpacked(seed, args.workdir) for seed in (REAL_SHAPES if args.every_shape else args.seed or [DEFAULT_SEED])
+    ]
     try:
         for seed in seeds:
             for size in sizes:

@@ -187,3 +187,14 @@ def test_metric_samples_and_context_switches_are_replicated_with_the_kernels(tmp
     tables = load_trace(path)
     assert tables.events.count("gpu_metrics") == counts["GPU_METRICS"]
     assert tables.events.count("sched") == counts["SCHED_EVENTS"]
+
+
+def test_every_real_shape_is_there_and_a_packed_one_is_unpacked_once(tmp_path):
+    import run
+
+    assert all(seed.is_file() for seed in run.REAL_SHAPES)
+    packed = next(seed for seed in run.REAL_SHAPES if seed.suffix == ".xz")
+    seed = run.unpacked(packed, tmp_path)
+    assert seed.parent == tmp_path and seed.read_bytes()[:16] == b"SQLite format 3\x00"
+    made = seed.stat().st_mtime_ns
+    assert run.unpacked(packed, tmp_path) == seed and seed.stat().st_mtime_ns == made
