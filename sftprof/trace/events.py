@@ -348,8 +348,9 @@ class EventStore:
         the distinct type_id, metric_id, name of its TARGET_INFO_GPU_METRICS, None without it;
         `copy_rows(cursor, table, export_table, columns, insert)` runs `insert` over the export table's
         `columns`, named in `{rows}`), leaving out rows whose times are not valid (valid_times_sql),
-        counted in `dropped_rows` by table. A sample's device is its typeId's low byte; a sample whose
-        (typeId, metricId) names no metric is left out, one that two names share is kept under each."""
+        counted in `dropped_rows` by table. A sample's device is its typeId's low byte (nsys's own recipes read
+        typeId as <hardware:8><VM:8><source:16><event tag:24><GPU:8>); a sample whose (typeId, metricId) names
+        no metric is left out, one that two names share is kept under each."""
         store = cls(on_disk=True)
         con = store.con
         prepare(con)
