@@ -71,16 +71,16 @@ def metric_means_while_busy(events: EventStore, busy: dict[int, DeviceBusy]) -> 
     sums, counts = np.zeros(size), np.zeros(size, "int64")
     unions = {int(d): tuple(b.merged[c].to_numpy("int64") for c in ("start", "end")) for d, b in busy.items()}
     for batch in events.batches("SELECT device_id, timestamp, metric_id, value FROM gpu_metrics"):  # one scan
-        device = batch["device_id"].to_numpy("int64")
+        device, times, metric_ids = (batch[c].to_numpy("int64") for c in ("device_id", "timestamp", "metric_id"))
+        values = batch["value"].to_numpy("float64")  # NULL: NaN
         for d in np.unique(device):
             if int(d) not in unions:
                 continue
             starts, ends = unions[int(d)]
-            mine = device == d
-            times, values = batch["timestamp"].to_numpy("int64")[mine], batch["value"].to_numpy("float64")[mine]
-            index = np.searchsorted(starts, times, side="right") - 1
-            inside = (index >= 0) & (times < ends[np.maximum(index, 0)]) & ~np.isnan(values)  # NULL: NaN
-            metric = batch["metric_id"].to_numpy("int64")[mine][inside]
+            mine = np.flatnonzero(device == d)
+            index = np.searchsorted(starts, times[mine], side="right") - 1
+            inside = mine[(index >= 0) & (times[mine] < ends[np.maximum(index, 0)]) & ~np.isnan(values[mine])]
+            metric = metric_ids[inside]
             sums += np.bincount(metric, weights=values[inside], minlength=size)
             counts += np.bincount(metric, minlength=size)
     names = names.assign(sum=sums[names["id"]], count=counts[names["id"]], key=names["name"].str.lower())

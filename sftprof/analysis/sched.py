@@ -78,7 +78,7 @@ def core_use(events: EventStore, span_ns: int, chunks: int = CORE_CHUNKS) -> Cor
 
     def finish(core: _Core) -> None:
         merged = core.union.result()
-        busy = int((merged["end"] - merged["start"]).sum())
+        busy = intervals.total_length(merged)
         cores.append([core.cpu, busy, 100.0 * busy / span_ns if span_ns else np.nan, len(core.threads)])
         if chunk_starts is not None:
             covered = intervals.covered_ns(merged, chunk_starts, chunk_ends)

@@ -355,7 +355,6 @@ class EventStore:
         con = store.con
         prepare(con)
         copies = []
-        metrics = metrics if "GPU_METRICS" in present and metrics is not None else None
         if metrics is not None:
             named = metrics.assign(id=np.arange(len(metrics), dtype="int32"))
             with frames_visible(con, {"named": named}):
