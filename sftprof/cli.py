@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from sftprof import __version__
+from sftprof import __version__, memory_budget
 from sftprof.text import terminal_safe
 
 
@@ -39,7 +39,8 @@ def _cmd_analyze(args) -> int:
     from sftprof.analysis import STEPS
     from sftprof.trace.metrics import read_metrics
 
-    read_metrics(args.metrics)  # a bad metrics file is refused before any work
+    read_metrics(args.metrics)  # a bad metrics file and a bad budget are refused before any work
+    memory_budget.use(memory_budget.parse(args.memory_budget))
     for report in map(Path, args.reports):
         stem = report.name.split(".")[0]
         if args.output is None:
@@ -66,6 +67,9 @@ def _cmd_analyze(args) -> int:
                 report, out_dir, args.metrics, args.title or f"sftprof: {report.name}", step
             )
         _print_summary(report, analysis, out_dir / pipeline.ANALYSIS_DIR, out_dir / pipeline.REPORT_HTML)
+        overrun = memory_budget.overrun()
+        if overrun:
+            print(f"sftprof: note: {overrun}", file=sys.stderr)
     return 0
 
 
@@ -253,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--metrics", help="the trainer's metrics .jsonl, to add the run's step times")
     analyze.add_argument("--title", help="report title")
+    analyze.add_argument(
+        "--memory-budget",
+        default=memory_budget.DEFAULT,
+        metavar="SIZE",
+        help=f"peak memory to aim for, per process (default {memory_budget.DEFAULT}; 1GB is 2^30 bytes): each "
+        f"DuckDB database is held to 1/{memory_budget.DUCKDB_SHARE} of it and spills the rest to a temporary "
+        "folder; tables held whole in memory do not obey it yet, so a run that goes over says so",
+    )
     analyze.set_defaults(handler=_cmd_analyze)
 
     compare = commands.add_parser(

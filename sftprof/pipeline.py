@@ -10,7 +10,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from sftprof import results
+import duckdb
+
+from sftprof import memory_budget, results
 from sftprof.analysis import Analysis, analyze
 from sftprof.capture import rank
 from sftprof.io import atomic_dir
@@ -28,11 +30,14 @@ def analyze_trace(
 ) -> Analysis:
     """Load one trace (nsys .sqlite/.nsys-rep, Kineto JSON) and analyze it with the trainer's metrics."""
     run_metrics = read_metrics(metrics)  # a bad metrics file is refused before any work
-    tables = load_trace(trace)
     try:
-        return analyze(tables, progress=progress, metrics=run_metrics)
-    finally:
-        tables.events.close()  # its temporary database: as large as the trace's kernels and calls
+        tables = load_trace(trace)
+        try:
+            return analyze(tables, progress=progress, metrics=run_metrics)
+        finally:
+            tables.events.close()  # its temporary database: as large as the trace's kernels and calls
+    except duckdb.OutOfMemoryException as exc:
+        raise memory_budget.exceeded(exc) from None
 
 
 def analyze_into(
@@ -71,6 +76,9 @@ def analyze_capture(capture_dir: str | Path, sqlite_dir: str | Path, output_name
             results.save(analysis, partial / folder)
             for finding in analysis.findings:
                 log.info("rank %d [%s] %s", record["rank"], finding.severity, finding.title)
+    overrun = memory_budget.overrun()
+    if overrun:
+        log.warning("%s", overrun)
 
 
 def render_capture(

@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from sftprof import memory_budget
 from sftprof.errors import SftprofError
 from sftprof.untrusted import CONTROL_CHARACTER
 
@@ -324,6 +325,10 @@ def check_cross_field_rules(config: dict) -> None:
     for name in config["run"]:
         if name not in config["experiments"]:
             raise ConfigError(f"config key run: experiment {name!r} is not defined under experiments")
+    try:
+        memory_budget.parse(config["memory_budget"])
+    except memory_budget.MemoryBudgetError as error:
+        raise ConfigError(f"config key memory_budget: {error}") from None
     if config["results_from"] == "remote":
         remote_settings(config)
     for exp_name, exp in config["experiments"].items():

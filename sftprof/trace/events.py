@@ -39,9 +39,9 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from sftprof import memory_budget
 from sftprof.errors import SftprofError
 
-MEMORY_LIMIT = "512MB"
 # A time beyond ±2^53 ns (104 days) from the capture's origin belongs to no capture; keeping times
 # within it keeps end - start, sums over a capture and their float64 copies exact.
 MAX_TIME_NS = 2**53
@@ -147,9 +147,10 @@ def load_sqlite_extension(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def bound(con: duckdb.DuckDBPyConnection, spill_folder: str | None) -> None:
-    """Hold DuckDB to MEMORY_LIMIT and MAX_THREADS; what does not fit spills into `spill_folder` (a private
-    temporary folder: DuckDB's default for an in-memory database is `.tmp` in the working directory)."""
-    settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": MEMORY_LIMIT}
+    """Hold DuckDB to its share of the memory budget and to MAX_THREADS; what does not fit spills into
+    `spill_folder` (a private temporary folder: DuckDB's default for an in-memory database is `.tmp` in
+    the working directory)."""
+    settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": memory_budget.duckdb_limit()}
     if spill_folder:
         settings["temp_directory"] = spill_folder
     for name, value in settings.items():

@@ -23,6 +23,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from sftprof import memory_budget
 from sftprof.trace.events import MAX_TIME_NS, frames_visible
 from sftprof.trace.nsys_export import (
     Export,
@@ -771,6 +772,8 @@ def _load(export: Export) -> TraceTables:
                 empty_trace_kinds=_empty_trace_kinds(strings),
                 events=events.result(),
             )
+    except duckdb.OutOfMemoryException as exc:  # not damage: the budget's share was too small
+        raise memory_budget.exceeded(exc) from None
     # UnicodeDecodeError: an error of SQLite or DuckDB whose message quotes damaged bytes
     except (sqlite3.DatabaseError, duckdb.Error, UnicodeDecodeError) as exc:
         raise TraceFormatError(f"{path}: damaged or truncated export ({one_line(exc)})") from None

@@ -1,0 +1,80 @@
+"""The memory an analysis aims to stay under (`sftprof analyze --memory-budget`, the workflow's
+`memory_budget`). Each DuckDB database the analysis opens is held to a share of it; what the
+process peaked at is compared with it when an analysis ends, and a run that went over says so,
+since the tables held in numpy and pandas (the busy unions, NVTX timelines) do not obey it yet
+(benchmarks/ENGINE.md, section 11)."""
+
+from __future__ import annotations
+
+import re
+import resource
+
+from sftprof.errors import SftprofError
+
+DEFAULT = "1GB"
+# Loading keeps two databases open (the export's reader and the event store), the analysis a
+# summary's beside the store: three shares at most. 128 MB each at 1 GB cost no time at 10M
+# kernels against 512 MB (ENGINE.md, section 11).
+DUCKDB_SHARE = 8
+MIN_DUCKDB_BYTES = 64 * 2**20  # below this DuckDB spills its hash tables for want of room
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*\Z", re.IGNORECASE)
+
+
+class MemoryBudgetError(SftprofError, ValueError):
+    """A memory budget that is not a size."""
+
+
+def parse(text: str) -> int:
+    """Bytes from "1GB", "1.5G", "512MiB", "800M" (binary units: 1 GB is 2^30 bytes, as RSS is reported)."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise MemoryBudgetError(f"memory budget {text!r} is not a size such as 1GB, 1.5G or 512MB")
+    size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if size < MIN_DUCKDB_BYTES * DUCKDB_SHARE:
+        raise MemoryBudgetError(f"memory budget {text!r} is below {MIN_DUCKDB_BYTES * DUCKDB_SHARE // 2**20}MB")
+    return size
+
+
+_budget = parse(DEFAULT)
+
+
+def use(size: int) -> None:
+    """Set the budget (bytes) for the databases opened from now on in this process."""
+    global _budget
+    _budget = size
+
+
+def current() -> int:
+    return _budget
+
+
+def duckdb_limit() -> str:
+    """DuckDB's memory_limit setting for one database."""
+    return f"{max(_budget // DUCKDB_SHARE, MIN_DUCKDB_BYTES) // 2**20}MiB"
+
+
+def exceeded(error: Exception) -> MemoryBudgetError:
+    """The error for DuckDB's out-of-memory error: its share of the budget was too small for a query."""
+    detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return MemoryBudgetError(
+        f"DuckDB needed more than its {duckdb_limit()} share of the {_budget / 2**30:.2f} GB memory budget "
+        f"({detail}): raise --memory-budget (memory_budget in the workflow's config)"
+    )
+
+
+def peak() -> int:
+    """This process's peak resident memory so far, in bytes (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def overrun() -> str | None:
+    """A line saying by how much the process went over the budget; None while it has not."""
+    used = peak()
+    if used <= _budget:
+        return None
+    return (
+        f"peak memory {used / 2**30:.2f} GB went over the memory budget of {_budget / 2**30:.2f} GB: "
+        "tables held whole in memory (GPU busy-time unions, NVTX ranges) grow with the export; "
+        "benchmarks/ENGINE.md, section 11, says which"
+    )

@@ -1,0 +1,94 @@
+"""The memory budget: parsed from a size, handed to every DuckDB database, checked against the peak, and a
+too-small share reported as what it is (not as a damaged export)."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+import yaml
+
+from sftprof import memory_budget
+from sftprof.capture import config
+from sftprof.pipeline import analyze_trace
+from sftprof.trace.events import EventStore
+
+from conftest import REPO, run_sftprof
+
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+@pytest.fixture
+def budget():
+    """Restores the process's budget after a test that sets it."""
+    before = memory_budget.current()
+    yield memory_budget
+    memory_budget.use(before)
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("1GB", 2**30), ("1.5G", 3 * 2**29), ("512MiB", 2**29), ("800m", 800 * 2**20), (" 2 gb ", 2**31), ("1T", 2**40)],
+)
+def test_sizes_in_binary_units(text, size):
+    assert memory_budget.parse(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GB", "1 GB extra", "-1GB", "1e9", "1PB", "1,5G", "511MB", "12"])
+def test_what_is_not_a_size_or_too_small_is_refused(text):
+    with pytest.raises(memory_budget.MemoryBudgetError, match="memory budget"):
+        memory_budget.parse(text)
+
+
+def _limit(con) -> str:
+    return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+
+
+def test_each_database_is_held_to_its_share(budget):
+    budget.use(budget.parse("2GB"))
+    store, reference = EventStore(on_disk=False), duckdb.connect()
+    reference.execute(f"SET memory_limit = '{2**31 // budget.DUCKDB_SHARE // 2**20}MiB'")
+    assert _limit(store.con) == _limit(reference)
+    budget.use(budget.parse("512MB"))  # the smallest budget: its share is DuckDB's floor
+    reference.execute(f"SET memory_limit = '{budget.MIN_DUCKDB_BYTES // 2**20}MiB'")
+    assert _limit(EventStore(on_disk=False).con) == _limit(reference) != _limit(store.con)
+
+
+def test_overrun_is_said_only_past_the_budget(budget, monkeypatch):
+    budget.use(budget.parse("1GB"))
+    monkeypatch.setattr(budget, "peak", lambda: 2**30)
+    assert budget.overrun() is None
+    monkeypatch.setattr(budget, "peak", lambda: 3 * 2**30)
+    assert budget.overrun().startswith("peak memory 3.00 GB went over the memory budget of 1.00 GB")
+
+
+def test_peak_is_this_process_resident_memory():
+    with open("/proc/self/status") as status:
+        high_water = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
+    assert 0.5 * high_water <= memory_budget.peak() <= 2 * high_water
+
+
+def test_a_share_too_small_for_a_query_is_named_as_such(budget, monkeypatch):
+    """Below DuckDB's floor a real export's copy runs out of memory: the error says to raise the budget,
+    where it used to call the export damaged."""
+    monkeypatch.setattr(budget, "MIN_DUCKDB_BYTES", 2**20)
+    budget.use(2**20 * budget.DUCKDB_SHARE)
+    with pytest.raises(
+        budget.MemoryBudgetError, match=r"DuckDB needed more than its 1MiB share .* raise --memory-budget"
+    ):
+        analyze_trace(FIXTURES / "nsys2025" / "h200_sft_clean_metrics.sqlite")
+
+
+def test_the_cli_refuses_a_bad_budget_before_any_work(tmp_path):
+    result = run_sftprof(
+        "analyze", FIXTURES / "h200_tiny_llama_bf16.sqlite", "-o", tmp_path / "out", "--memory-budget", "lots"
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == "sftprof: error: memory budget 'lots' is not a size such as 1GB, 1.5G or 512MB"
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_config_defaults_the_budget_and_refuses_a_bad_one(tmp_path):
+    base = yaml.safe_load((REPO / "config.yaml").read_text())
+    assert config.validate(dict(base))["memory_budget"] == memory_budget.DEFAULT
+    with pytest.raises(config.ConfigError, match="^config key memory_budget: memory budget '100MB' is below 512MB$"):
+        config.validate({**base, "memory_budget": "100MB"})
