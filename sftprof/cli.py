@@ -67,9 +67,9 @@ def _cmd_analyze(args) -> int:
                 report, out_dir, args.metrics, args.title or f"sftprof: {report.name}", step
             )
         _print_summary(report, analysis, out_dir / pipeline.ANALYSIS_DIR, out_dir / pipeline.REPORT_HTML)
-        overrun = memory_budget.overrun()
-        if overrun:
-            print(f"sftprof: note: {overrun}", file=sys.stderr)
+    overrun = memory_budget.overrun()
+    if overrun:
+        print(f"sftprof: note: {overrun}", file=sys.stderr)
     return 0
 
 

@@ -87,6 +87,19 @@ def test_the_cli_refuses_a_bad_budget_before_any_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_cli_says_when_the_peak_went_over(budget, monkeypatch, tmp_path, capsys):
+    from sftprof import cli
+
+    report = FIXTURES / "h200_tiny_llama_bf16.sqlite"
+    assert cli.main(["analyze", str(report), "-o", str(tmp_path / "within"), "--memory-budget", "64GB"]) == 0
+    assert "memory budget" not in capsys.readouterr().err
+    monkeypatch.setattr(budget, "peak", lambda: 5 * 2**30)
+    assert cli.main(["analyze", str(report), "-o", str(tmp_path / "over"), "--memory-budget", "4GB"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("sftprof: note: peak memory 5.00 GB went over the memory budget of 4.00 GB")
+    assert (tmp_path / "over" / "report.html").exists()  # a note, not a failure: nothing is lost
+
+
 def test_the_config_defaults_the_budget_and_refuses_a_bad_one(tmp_path):
     base = yaml.safe_load((REPO / "config.yaml").read_text())
     assert config.validate(dict(base))["memory_budget"] == memory_budget.DEFAULT
