@@ -17,8 +17,9 @@ DEFAULT = "1GB"
 # kernels against 512 MB (ENGINE.md, section 11).
 DUCKDB_SHARE = 8
 MIN_DUCKDB_BYTES = 64 * 2**20  # below this DuckDB spills its hash tables for want of room
+MAX_BYTES = 2**50  # 1 PB: more than any machine has, and far from float and DuckDB limits
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*\Z", re.IGNORECASE)
+_SIZE = re.compile(r" *(\d+(?:\.\d+)?) *([KMGT]?)(?:I?B)? *\Z", re.IGNORECASE)
 
 
 class MemoryBudgetError(SftprofError, ValueError):
@@ -30,10 +31,12 @@ def parse(text: str) -> int:
     match = _SIZE.match(str(text))
     if not match:
         raise MemoryBudgetError(f"memory budget {text!r} is not a size such as 1GB, 1.5G or 512MB")
-    size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    size = float(match.group(1)) * _UNITS[match.group(2).upper()]
+    if size > MAX_BYTES:
+        raise MemoryBudgetError(f"memory budget {text!r} is beyond {MAX_BYTES // 2**40}TB")
     if size < MIN_DUCKDB_BYTES * DUCKDB_SHARE:
         raise MemoryBudgetError(f"memory budget {text!r} is below {MIN_DUCKDB_BYTES * DUCKDB_SHARE // 2**20}MB")
-    return size
+    return int(size)
 
 
 _budget = parse(DEFAULT)

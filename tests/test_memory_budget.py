@@ -33,7 +33,9 @@ def test_sizes_in_binary_units(text, size):
     assert memory_budget.parse(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "GB", "1 GB extra", "-1GB", "1e9", "1PB", "1,5G", "511MB", "12"])
+@pytest.mark.parametrize(
+    "text", ["", "GB", "1 GB extra", "-1GB", "1e9", "1PB", "1,5G", "511MB", "12", "9" * 400 + "GB", "1025T", "1GB\n"]
+)
 def test_what_is_not_a_size_or_too_small_is_refused(text):
     with pytest.raises(memory_budget.MemoryBudgetError, match="memory budget"):
         memory_budget.parse(text)
