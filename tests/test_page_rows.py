@@ -87,3 +87,19 @@ def test_the_pages_and_the_sqlite_reader_give_the_same_rows(tmp_path, monkeypatc
     assert pages["dropped"] == sql["dropped"]
     if case.startswith("damaged"):
         assert sum(pages["dropped"].values()) >= 1
+
+
+@pytest.mark.parametrize("codes", [[], [-1, -1], [2, 0, -1, 2, 2], [1], [3, 1]], ids=str)
+def test_labels_become_the_categories_that_decoding_every_row_gave(codes):
+    """Memory operations' text columns go from codes straight to categoricals; the categories, their order,
+    their dtype and the codes' dtype are what decoding each row to its label and astype("category") gave,
+    with NA for -1, labels that no row uses left out, and nothing at all."""
+    labels = nsys_sqlite._Labels()
+    for label in ("memset", "[CUDA memcpy DtoH]", "Pinned", "[CUDA memcpy HtoD]"):
+        labels.code(label)
+    frame = pd.DataFrame({"kind": pd.array(codes, dtype="int64"), "other": range(len(codes))})
+    decoded = labels.decode(frame, ["kind"]).astype({"kind": "category"})
+    direct = labels.categories(frame, ["kind"])
+    pd.testing.assert_frame_equal(direct, decoded, check_exact=True)
+    assert direct["kind"].cat.categories.dtype == decoded["kind"].cat.categories.dtype
+    assert direct["kind"].cat.codes.dtype == decoded["kind"].cat.codes.dtype

@@ -228,6 +228,20 @@ class _Labels:
             **{column: pd.Series(values[frame[column].to_numpy("int64")], index=frame.index) for column in columns}
         )
 
+    def categories(self, frame: pd.DataFrame, columns) -> pd.DataFrame:
+        """`frame` with each of `columns` (codes) as a categorical of its labels (NA for -1): the labels
+        present, sorted, as astype("category") of the decoded labels orders them, found from the codes
+        (no column of strings, no hash of every row: at 1.5M memory operations that took 0.28 GB)."""
+        categorical = {}
+        for column in columns:
+            codes = frame[column].to_numpy("int64")
+            present = np.flatnonzero(np.bincount(codes + 1, minlength=len(self.labels) + 1)[1:])
+            names = sorted(self.labels[code] for code in present)
+            position = np.full(len(self.labels) + 1, -1, dtype="int64")  # by code + 1: -1 stays NA
+            position[present + 1] = [names.index(self.labels[code]) for code in present]
+            categorical[column] = pd.Categorical.from_codes(position[codes + 1], categories=names)
+        return frame.assign(**categorical)
+
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
@@ -644,9 +658,10 @@ def _memops(export: Export, release: int, dropped) -> pd.DataFrame:
         return empty("memops")
     # A few distinct labels over hundreds of thousands of rows (468k at 10M kernels): read as codes,
     # held as categories (40 MB instead of 140 MB of strings; they group and compare faster too).
-    text = ("operation", "copy_kind", "src_kind", "dst_kind")
-    rows = labels.decode(_by_start(pd.concat(parts, ignore_index=True)), text)
-    return valid_rows(rows, "memops", dropped).astype({column: "category" for column in text})
+    rows = pd.concat(parts, ignore_index=True)
+    parts.clear()  # each chunk's rows, let go before the sort copies them once more
+    rows = valid_rows(_by_start(rows), "memops", dropped)
+    return labels.categories(rows, ("operation", "copy_kind", "src_kind", "dst_kind"))
 
 
 def _sync(export: Export, dropped) -> pd.DataFrame:
