@@ -40,7 +40,7 @@ def _cmd_analyze(args) -> int:
     from sftprof.trace.metrics import read_metrics
 
     read_metrics(args.metrics)  # a bad metrics file and a bad budget are refused before any work
-    memory_budget.use(memory_budget.parse(args.memory_budget))
+    _use_memory_budget(args)
     for report in map(Path, args.reports):
         stem = report.name.split(".")[0]
         if args.output is None:
@@ -67,9 +67,7 @@ def _cmd_analyze(args) -> int:
                 report, out_dir, args.metrics, args.title or f"sftprof: {report.name}", step
             )
         _print_summary(report, analysis, out_dir / pipeline.ANALYSIS_DIR, out_dir / pipeline.REPORT_HTML)
-    overrun = memory_budget.overrun()
-    if overrun:
-        print(f"sftprof: note: {overrun}", file=sys.stderr)
+    _note_overrun()
     return 0
 
 
@@ -112,10 +110,12 @@ def _cmd_suggest(args) -> int:
 def _cmd_compare(args) -> int:
     from sftprof.report import compare
 
+    _use_memory_budget(args)
     comparison = compare.compare_paths(args.inputs)
     written = compare.write(comparison, args.output, args.title or "sftprof comparison")
     print(compare.summary_text(comparison))
     print("\n" + "\n".join(f"{what}: {terminal_safe(path)}" for what, path in written.items()))
+    _note_overrun()
     return 0
 
 
@@ -125,6 +125,7 @@ def _cmd_ranks(args) -> int:
     def step(text: str) -> None:
         print(terminal_safe(text), file=sys.stderr)
 
+    _use_memory_budget(args)
     out = Path(args.output)
     result = pipeline.cross_rank_dirs(args.dirs, out, args.title or "sftprof: across ranks", step)
     headline = result.headline
@@ -146,6 +147,7 @@ def _cmd_ranks(args) -> int:
         ("per-rank report", pipeline.REPORT_HTML),
     ):
         print(terminal_safe(f"{what}: {out / path}"))
+    _note_overrun()
     return 0
 
 
@@ -231,6 +233,28 @@ class _Parser(argparse.ArgumentParser):
         super().error(terminal_safe(message))
 
 
+def _add_memory_budget(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--memory-budget",
+        default=memory_budget.DEFAULT,
+        metavar="SIZE",
+        help=f"peak memory to aim for while traces are analysed (default {memory_budget.DEFAULT}; 1GB is 2^30 "
+        f"bytes): each DuckDB database is held to 1/{memory_budget.DUCKDB_SHARE} of it and spills the rest to a "
+        "temporary folder; tables held whole in memory do not obey it yet, so a run that goes over says so",
+    )
+
+
+def _use_memory_budget(args) -> None:
+    """The command's --memory-budget, refused before any work if it is not a size."""
+    memory_budget.use(memory_budget.parse(args.memory_budget))
+
+
+def _note_overrun() -> None:
+    overrun = memory_budget.overrun()
+    if overrun:
+        print(f"sftprof: note: {overrun}", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sftprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sftprof {__version__}")
@@ -257,14 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--metrics", help="the trainer's metrics .jsonl, to add the run's step times")
     analyze.add_argument("--title", help="report title")
-    analyze.add_argument(
-        "--memory-budget",
-        default=memory_budget.DEFAULT,
-        metavar="SIZE",
-        help=f"peak memory to aim for, per process (default {memory_budget.DEFAULT}; 1GB is 2^30 bytes): each "
-        f"DuckDB database is held to 1/{memory_budget.DUCKDB_SHARE} of it and spills the rest to a temporary "
-        "folder; tables held whole in memory do not obey it yet, so a run that goes over says so",
-    )
+    _add_memory_budget(analyze)
     analyze.set_defaults(handler=_cmd_analyze)
 
     compare = commands.add_parser(
@@ -280,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("inputs", nargs="+", metavar="INPUT", help="analysis folder or trace file")
     compare.add_argument("-o", "--output", default="sftprof-compare", help="output folder (default: sftprof-compare)")
     compare.add_argument("--title", help="title of the HTML page")
+    _add_memory_budget(compare)
     compare.set_defaults(handler=_cmd_compare)
 
     ranks = commands.add_parser(
@@ -295,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     ranks.add_argument("dirs", nargs="+", metavar="DIR", help="capture folder with rank records")
     ranks.add_argument("-o", "--output", default="sftprof-ranks", help="output folder (default: sftprof-ranks)")
     ranks.add_argument("--title", help="title of the HTML pages")
+    _add_memory_budget(ranks)
     ranks.set_defaults(handler=_cmd_ranks)
 
     suggest = commands.add_parser(

@@ -80,13 +80,15 @@ def test_a_share_too_small_for_a_query_is_named_as_such(budget, monkeypatch):
         analyze_trace(FIXTURES / "nsys2025" / "h200_sft_clean_metrics.sqlite")
 
 
-def test_the_cli_refuses_a_bad_budget_before_any_work(tmp_path):
-    result = run_sftprof(
-        "analyze", FIXTURES / "h200_tiny_llama_bf16.sqlite", "-o", tmp_path / "out", "--memory-budget", "lots"
-    )
+@pytest.mark.parametrize("command", ["analyze", "compare", "ranks"])
+def test_each_command_that_analyses_traces_refuses_a_bad_budget_before_any_work(tmp_path, command):
+    trace = FIXTURES / "h200_tiny_llama_bf16.sqlite"
+    inputs = {"analyze": [trace], "compare": [trace, trace], "ranks": [tmp_path]}[command]
+    result = run_sftprof(command, *inputs, "-o", tmp_path / "out", "--memory-budget", "lots")
     assert result.returncode == 1
     assert result.stderr.strip() == "sftprof: error: memory budget 'lots' is not a size such as 1GB, 1.5G or 512MB"
     assert not (tmp_path / "out").exists()
+    assert "--memory-budget SIZE" in run_sftprof(command, "--help").stdout
 
 
 def test_the_cli_says_when_the_peak_went_over(budget, monkeypatch, tmp_path, capsys):
