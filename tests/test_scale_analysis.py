@@ -418,6 +418,29 @@ def test_kernel_classes_by_name_or_by_name_pair():
     ]
 
 
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 32, 33, 1_000, intervals.KEEP_LENGTHS_FROM + 17])
+def test_covered_ns_from_block_sums_equals_every_cumulative_length(n):
+    """covered_ns keeps one length sum per LENGTH_BLOCK intervals and adds the rest as it asks: on unions of
+    sizes around a block's, windows anywhere (before the first interval, past the last, inside one, on
+    block edges) get what the cumulative length of every interval gives."""
+    rng = np.random.default_rng(n)
+    starts = np.cumsum(rng.integers(1, 50, n)) + 1_000
+    merged = pd.DataFrame({"start": starts, "end": starts + rng.integers(1, 30, n)})
+    edges = np.r_[merged["start"].to_numpy(), merged["end"].to_numpy(), 0, int(merged["end"].iat[-1]) + 5]
+    lo = np.r_[rng.integers(0, int(edges.max()) + 10, 400), edges]
+    hi = lo + rng.integers(0, 2_000, len(lo))
+    through = np.cumsum(merged["end"].to_numpy() - merged["start"].to_numpy())
+
+    def covered_before(t):
+        count = np.searchsorted(merged["start"].to_numpy(), t, side="right")
+        last = np.maximum(count - 1, 0)
+        partial = np.clip(np.minimum(t, merged["end"].to_numpy()[last]) - merged["start"].to_numpy()[last], 0, None)
+        return np.where(count > 0, np.where(last > 0, through[np.maximum(last - 1, 0)], 0) + partial, 0)
+
+    for _ in range(2):  # the second time from the block sums kept for a large frame
+        assert (intervals.covered_ns(merged, lo, hi) == covered_before(hi) - covered_before(lo)).all()
+
+
 def test_covered_ns_of_a_large_frame_follows_its_columns():
     """The cumulative lengths kept for the last large frame are not reused once its columns change."""
     starts = np.arange(0, 4_000_000, 20, dtype="int64")
