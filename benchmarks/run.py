@@ -26,6 +26,7 @@ import csv
 import io
 import json
 import lzma
+import math
 import os
 import shutil
 import signal
@@ -257,6 +258,11 @@ def export_for(size: int, workdir: Path, seed: Path, created: list[Path]) -> tup
     return path, result["seconds"]
 
 
+def _rounded_up(gb: float) -> float:
+    """A peak in GB to 0.01, up: checked against the budget, 1.004 must not read as 1.00."""
+    return math.ceil(round(gb * 100, 6)) / 100
+
+
 def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list[Path]) -> dict:
     export, gen_s = export_for(size, workdir, seed, created)
     counts = row_counts(export)
@@ -290,11 +296,11 @@ def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list
         "sftprof_status": "ok" if sft_ok else _failure(sft, out_dir / "sftprof.err"),
         "sftprof_wall_s": round(sft["wall_s"], 1),
         "sftprof_cpu_s": round(sft["cpu_s"], 1),
-        "sftprof_rss_gb": round(sft["peak_rss_gb"], 2),
+        "sftprof_rss_gb": _rounded_up(sft["peak_rss_gb"]),
         "nsys_status": "ok" if nsys["rc"] == 0 else _failure(nsys, out_dir / "nsys.err"),
         "nsys_wall_s": round(nsys["wall_s"], 1),
         "nsys_cpu_s": round(nsys["cpu_s"], 1),
-        "nsys_rss_gb": round(nsys["peak_rss_gb"], 2),
+        "nsys_rss_gb": _rounded_up(nsys["peak_rss_gb"]),
         "time_ratio": round(sft["wall_s"] / nsys["wall_s"], 3) if nsys["wall_s"] else "",
         "rss_ratio": round(sft["peak_rss_gb"] / nsys["peak_rss_gb"], 2) if nsys["peak_rss_gb"] else "",
         "nsys_instances_ok": instances == size,

@@ -16,7 +16,7 @@ DEFAULT = "1GB"
 # summary's beside the store: three shares at most. 128 MB each at 1 GB cost no time at 10M
 # kernels against 512 MB (ENGINE.md, section 11).
 DUCKDB_SHARE = 8
-MIN_DUCKDB_BYTES = 64 * 2**20  # below this DuckDB spills its hash tables for want of room
+MIN_DUCKDB_BYTES = 64 * 2**20  # a 1M-kernel copy ran out at 16 MiB, not at 32 (ENGINE.md, section 11)
 MAX_BYTES = 2**50  # 1 PB: more than any machine has, and far from float and DuckDB limits
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r" *(\d+(?:\.\d+)?) *([KMGT]?)(?:I?B)? *\Z", re.IGNORECASE)

@@ -198,3 +198,11 @@ def test_every_real_shape_is_there_and_a_packed_one_is_unpacked_once(tmp_path):
     assert seed.parent == tmp_path and seed.read_bytes()[:16] == b"SQLite format 3\x00"
     made = seed.stat().st_mtime_ns
     assert run.unpacked(packed, tmp_path) == seed and seed.stat().st_mtime_ns == made
+
+
+@pytest.mark.parametrize("peak, shown", [(1.004, 1.01), (1.0, 1.0), (0.996, 1.0), (0.95000000001, 0.95), (6.551, 6.56)])
+def test_peaks_are_rounded_up_so_an_overrun_never_reads_as_met(peak, shown):
+    import run
+
+    assert run._rounded_up(peak) == shown
+    assert (run._rounded_up(peak) <= run.TARGET_RSS_GB) == (peak <= run.TARGET_RSS_GB)
