@@ -5,6 +5,7 @@ export as captured and on damaged rows."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -75,6 +76,7 @@ def _not_decoded(*args, **kwargs):
 def test_the_pages_and_the_sqlite_reader_give_the_same_rows(tmp_path, monkeypatch, case):
     table, edits = EDITS[case]
     path = edited_export(tmp_path, table, edits)
+    monkeypatch.setattr(nsys_sqlite, "PAGE_ROWS_CHUNK_BYTES", 1)  # a page at a time: many chunks to join
     pages = _tables(path)
     monkeypatch.setattr(sqlite_pages, "int_columns", _not_decoded)
     sql = _tables(path)
@@ -87,6 +89,24 @@ def test_the_pages_and_the_sqlite_reader_give_the_same_rows(tmp_path, monkeypatc
     assert pages["dropped"] == sql["dropped"]
     if case.startswith("damaged"):
         assert sum(pages["dropped"].values()) >= 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunks_joined_by_start_are_what_concat_and_a_stable_sort_give(seed):
+    """_by_start joins chunks a column at a time: the same rows, order (ties kept in chunk order, a missing
+    start last), index and dtypes as pd.concat and sort_values(kind="stable"), a nullable column included."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for rows in rng.integers(0, 50, size=rng.integers(1, 6)):
+        start = pd.array(rng.integers(0, 20, size=rows), dtype="Int64")
+        if rows and seed % 2:
+            start[rng.integers(0, rows)] = pd.NA
+        frames.append(
+            pd.DataFrame({"start": start, "end": rng.integers(0, 99, size=rows), "kind": rng.integers(-1, 3, size=rows)})
+        )
+    expected = pd.concat(frames, ignore_index=True).sort_values("start", kind="stable", ignore_index=True)
+    joined = nsys_sqlite._by_start([nsys_sqlite._columns(frame) for frame in frames])
+    pd.testing.assert_frame_equal(joined, expected, check_exact=True)
 
 
 @pytest.mark.parametrize("codes", [[], [-1, -1], [2, 0, -1, 2, 2], [1], [3, 1]], ids=str)
