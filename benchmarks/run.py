@@ -11,6 +11,7 @@ same file, one after the other, each as a child process timed on its own:
 
   sftprof   sftprof analyze FILE -o DIR          (the full analysis, CSVs and the HTML report)
   nsys      nsys stats -r gpukernsum,gpumemtimesum,cudaapisum -f csv --force-export false FILE
+            (the same reports under their 2023+ names, cuda_gpu_kern_sum,..., for a newer --nsys)
 
 Wall time, CPU time (user + system) and peak RSS come from wait4() on the child: the peak is
 the largest resident set of the child or any process under it, what /usr/bin/time -v reports.
@@ -44,6 +45,7 @@ sys.path.insert(0, str(REPO))
 from generate_export import DEFAULT_SEED, format_count, generate, parse_count, row_counts  # noqa: E402
 
 from sftprof import memory_budget  # noqa: E402
+from sftprof.capture import nsys as nsys_tool  # noqa: E402
 
 DEFAULT_SIZES = "1M,4M"
 FIXTURES = REPO / "tests" / "fixtures"
@@ -58,7 +60,6 @@ REAL_SHAPES = (
     FIXTURES / "nsys2025" / "h200_sft_clean_metrics.sqlite",  # GPU metrics and context switches
 )
 LARGE_SIZE = 16_000_000
-NSYS_REPORTS = "gpukernsum,gpumemtimesum,cudaapisum"
 GENERATOR_VERSION = 1  # bump when generate_export.py writes different files: the cache is then rebuilt
 # Targets at 10M kernels: issue 22's time and memory (the budget `sftprof analyze` runs under by default), the
 # first issue's linearity.
@@ -166,40 +167,39 @@ def nsys_sections(text: str) -> dict[str, list[dict]]:
     return {report: list(csv.DictReader(io.StringIO("\n".join(rows)))) for report, rows in sections.items()}
 
 
-# (nsys report, its key columns, its value columns, sftprof table, its key columns, its value columns)
-COMPARISONS = (
-    (
-        "gpukernsum",
-        ("Name", "GridXYZ", "BlockXYZ"),
-        ("Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
-        "kernels",
-        ("kernel", "grid", "block"),
-        None,
-    ),
-    (
-        "gpumemtimesum",
-        ("Operation",),
-        ("Time (%)", "Total Time (ns)", "Count", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
-        "memops",
-        ("operation",),
-        None,
-    ),
-    (
-        "cudaapisum",
-        ("Name",),
-        ("Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
-        "cuda_api",
-        ("name",),
-        None,
-    ),
+# The summaries checked against nsys's, row by row: (sftprof table, the report's key columns, its count column,
+# the table's key columns); the report of each is the nsys release's own (nsys.stats_report): 2022.4's
+# gpukernsum has a row per name and launch shape (`kernels`), 2023+'s cuda_gpu_kern_sum one per name.
+COMPARED = (
+    ("kernels", ("Name", "GridXYZ", "BlockXYZ"), "Instances", ("kernel", "grid", "block")),
+    ("kernels_by_name", ("Name",), "Instances", ("kernel",)),
+    ("memops", ("Operation",), "Count", ("operation",)),
+    ("cuda_api", ("Name",), "Num Calls", ("name",)),
 )
+
+
+def comparisons(release: int) -> list[tuple[str, tuple, tuple, str, tuple]]:
+    """(nsys report, its key columns, its value columns, sftprof table, its key columns) for nsys `release`."""
+    return [
+        (
+            report,
+            nkeys,
+            ("Time (%)", "Total Time (ns)", count, "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"),
+            table,
+            skeys,
+        )
+        for table, nkeys, count, skeys in COMPARED
+        if (report := nsys_tool.stats_report(table, release))
+    ]
+
+
 SFTPROF_VALUES = ("time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns")
 
 
-def agreement(nsys: dict[str, list[dict]], analysis_dir: Path) -> str:
+def agreement(nsys: dict[str, list[dict]], analysis_dir: Path, release: int) -> str:
     """'yes' when sftprof's three summaries equal nsys's row for row, else what differs."""
     problems = []
-    for report, nkeys, nvalues, table, skeys, _ in COMPARISONS:
+    for report, nkeys, nvalues, table, skeys in comparisons(release):
         path = analysis_dir / f"{table}.csv"
         if report not in nsys or not path.exists():
             problems.append(f"{table}: missing")
@@ -263,7 +263,9 @@ def _rounded_up(gb: float) -> float:
     return math.ceil(round(gb * 100, 6)) / 100
 
 
-def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list[Path]) -> dict:
+def run_size(
+    size: int, workdir: Path, seed: Path, timeout: float, created: list[Path], nsys_path: str, release: int
+) -> dict:
     export, gen_s = export_for(size, workdir, seed, created)
     counts = row_counts(export)
     label = format_count(size)
@@ -274,8 +276,9 @@ def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list
     created.append(out_dir)
     before = (export.stat().st_size, export.stat().st_mtime_ns)
 
-    print(f"[{progress}] nsys stats -r {NSYS_REPORTS} ...", file=sys.stderr, flush=True)
-    nsys_cmd = ["nsys", "stats", "-r", NSYS_REPORTS, "-f", "csv", "--force-export", "false", str(export)]
+    reports = ",".join(report for report, *_ in comparisons(release))
+    print(f"[{progress}] nsys stats -r {reports} ...", file=sys.stderr, flush=True)
+    nsys_cmd = [nsys_path, "stats", "-r", reports, "-f", "csv", "--force-export", "false", str(export)]
     nsys = measure(nsys_cmd, out_dir / "nsys.csv", out_dir / "nsys.err", timeout, f"[{progress}] nsys stats")
     if (export.stat().st_size, export.stat().st_mtime_ns) != before:
         raise SystemExit(f"nsys stats modified {export}: measure on a copy per run instead")
@@ -285,7 +288,7 @@ def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list
     sft = measure(sft_cmd, out_dir / "sftprof.out", out_dir / "sftprof.err", timeout, f"[{progress}] sftprof analyze")
 
     sections = nsys_sections((out_dir / "nsys.csv").read_text(errors="replace")) if nsys["rc"] == 0 else {}
-    instances = sum(int(r["Instances"]) for r in sections.get("gpukernsum", []))
+    instances = sum(int(r["Instances"]) for r in sections.get(comparisons(release)[0][0], []))
     sft_ok = sft["rc"] == 0 and (out_dir / "sftprof" / "report.html").exists()
     row = {
         "shape": seed.stem,
@@ -304,7 +307,7 @@ def run_size(size: int, workdir: Path, seed: Path, timeout: float, created: list
         "time_ratio": round(sft["wall_s"] / nsys["wall_s"], 3) if nsys["wall_s"] else "",
         "rss_ratio": round(sft["peak_rss_gb"] / nsys["peak_rss_gb"], 2) if nsys["peak_rss_gb"] else "",
         "nsys_instances_ok": instances == size,
-        "agree": agreement(sections, out_dir / "sftprof" / "analysis") if sft_ok and sections else "n/a",
+        "agree": agreement(sections, out_dir / "sftprof" / "analysis", release) if sft_ok and sections else "n/a",
     }
     if sections and instances != size:
         row["agree"] = f"nsys counted {instances:,} kernels, not {size:,}; " + row["agree"]
@@ -418,7 +421,7 @@ def _remove(paths: list[Path]) -> None:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-def machine() -> str:
+def machine(nsys_path: str) -> str:
     import platform
 
     cores = os.cpu_count()
@@ -427,7 +430,7 @@ def machine() -> str:
     except (ValueError, OSError):
         mem = float("nan")
     try:
-        nsys = subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout.strip()
+        nsys = subprocess.run([nsys_path, "--version"], capture_output=True, text=True).stdout.strip()
     except OSError:
         nsys = "nsys not found"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -466,16 +469,22 @@ def main(argv: list[str] | None = None) -> int:
         "exports that were already cached stay)",
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per measured command (default 3600)")
+    parser.add_argument(
+        "--nsys", default="nsys", help="the nsys to compare with (default: nsys on PATH); its release picks the reports"
+    )
     args = parser.parse_args(argv)
     sizes = [parse_count(s) for s in args.sizes.split(",") if s.strip()]
     if args.large and LARGE_SIZE not in sizes:
         sizes.append(LARGE_SIZE)
-    if shutil.which("nsys") is None:
-        raise SystemExit("nsys is not on PATH")
+    if shutil.which(args.nsys) is None:
+        raise SystemExit(f"{args.nsys}: no such nsys")
+    version = nsys_tool.nsys_version(args.nsys)
+    if version is None:
+        raise SystemExit(f"{args.nsys} --version does not say which release it is")
     args.workdir.mkdir(parents=True, exist_ok=True)
     created: list[Path] = []
     rows = []
-    print(f"machine: {machine()}", flush=True)
+    print(f"machine: {machine(args.nsys)}", flush=True)
     seeds = [
         unpacked(seed, args.workdir) for seed in (REAL_SHAPES if args.every_shape else args.seed or [DEFAULT_SEED])
     ]
@@ -483,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             for size in sizes:
                 made = len(created)
-                rows.append(run_size(size, args.workdir, seed, args.timeout, created))
+                rows.append(run_size(size, args.workdir, seed, args.timeout, created, args.nsys, version[1]))
                 print(f"  done: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
                 if not args.keep:  # one export on disk at a time: at 10M kernels they are 2-8 GiB each
                     _remove(created[made:])
