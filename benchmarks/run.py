@@ -46,6 +46,7 @@ from generate_export import DEFAULT_SEED, format_count, generate, parse_count, r
 
 from sftprof import memory_budget  # noqa: E402
 from sftprof.capture import nsys as nsys_tool  # noqa: E402
+from sftprof.trace.events import usable_cores  # noqa: E402
 
 DEFAULT_SIZES = "1M,4M"
 FIXTURES = REPO / "tests" / "fixtures"
@@ -424,7 +425,7 @@ def _remove(paths: list[Path]) -> None:
 def machine(nsys_path: str) -> str:
     import platform
 
-    cores = os.cpu_count()
+    cores = f"{usable_cores()} of {os.cpu_count()}"  # a taskset's or Slurm step's share
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):

@@ -3,6 +3,8 @@ too-small share reported as what it is (not as a damaged export)."""
 
 from __future__ import annotations
 
+import os
+
 import duckdb
 import pytest
 import yaml
@@ -53,6 +55,15 @@ def test_each_database_is_held_to_its_share(budget):
     budget.use(budget.parse("512MB"))  # the smallest budget: its share is DuckDB's floor
     reference.execute(f"SET memory_limit = '{budget.MIN_DUCKDB_BYTES // 2**20}MiB'")
     assert _limit(EventStore(on_disk=False).con) == _limit(reference) != _limit(store.con)
+
+
+@pytest.mark.parametrize("usable, threads", [(2, 2), (16, 8)])
+def test_each_database_runs_on_the_cores_the_process_may_use(monkeypatch, usable, threads):
+    """Not the machine's: `srun -c 2` or taskset on a node of many cores gives the process two."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 72)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(usable)), raising=False)
+    store = EventStore(on_disk=False)
+    assert store.con.execute("SELECT current_setting('threads')").fetchone()[0] == threads
 
 
 def test_overrun_is_said_only_past_the_budget(budget, monkeypatch):

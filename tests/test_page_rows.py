@@ -102,7 +102,9 @@ def test_chunks_joined_by_start_are_what_concat_and_a_stable_sort_give(seed):
         if rows and seed % 2:
             start[rng.integers(0, rows)] = pd.NA
         frames.append(
-            pd.DataFrame({"start": start, "end": rng.integers(0, 99, size=rows), "kind": rng.integers(-1, 3, size=rows)})
+            pd.DataFrame(
+                {"start": start, "end": rng.integers(0, 99, size=rows), "kind": rng.integers(-1, 3, size=rows)}
+            )
         )
     expected = pd.concat(frames, ignore_index=True).sort_values("start", kind="stable", ignore_index=True)
     joined = nsys_sqlite._by_start([nsys_sqlite._columns(frame) for frame in frames])

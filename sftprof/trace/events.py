@@ -146,11 +146,21 @@ def load_sqlite_extension(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"LOAD {sql_text(_sqlite_extension())}")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: a Slurm step's, a container's or taskset's share, not the
+    machine's (os.cpu_count, which DuckDB's own default follows: `srun -c 2` on a 72-core node would
+    have had 8 threads)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this platform (macOS)
+        return os.cpu_count() or 1
+
+
 def bound(con: duckdb.DuckDBPyConnection, spill_folder: str | None) -> None:
-    """Hold DuckDB to its share of the memory budget and to MAX_THREADS; what does not fit spills into
-    `spill_folder` (a private temporary folder: DuckDB's default for an in-memory database is `.tmp` in
-    the working directory)."""
-    settings = {"threads": min(os.cpu_count() or 1, MAX_THREADS), "memory_limit": memory_budget.duckdb_limit()}
+    """Hold DuckDB to its share of the memory budget and to the usable cores, at most MAX_THREADS; what
+    does not fit spills into `spill_folder` (a private temporary folder: DuckDB's default for an in-memory
+    database is `.tmp` in the working directory)."""
+    settings = {"threads": min(usable_cores(), MAX_THREADS), "memory_limit": memory_budget.duckdb_limit()}
     if spill_folder:
         settings["temp_directory"] = spill_folder
     for name, value in settings.items():
