@@ -4,7 +4,9 @@
 # (taskset), so that one run says how much of the ratio is the cores. Run from the checkout's root:
 #   bash tests/gpu_programs/scale_cores.sh PACK DEST
 # PACK: the duckdb and duckdb-ext-sqlite wheels for the device's Python (pyproject.toml's releases;
-#   the device has the rest). DEST gets, per seed and core count, run.py's table (.csv) and log.
+#   the device has the rest), installed into SITE (default /tmp/scale-site), where wheels installed by an
+#   earlier call stay: with the checkout, both wheels are more than one call carries. DEST gets, per seed
+#   and core count, run.py's table (.csv) and log.
 # Environment: N (nsys; default 2025.3.1 inside Nsight Compute), SIZES (default 10M), SEEDS (default: the
 #   trainer and the pageable plant as 2025.3.1 captured them).
 set -uo pipefail
@@ -12,11 +14,15 @@ pack=$(cd "${1:?PACK}" && pwd)
 mkdir -p "${2:?DEST}"; dest=$(cd "$2" && pwd)
 N=${N:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
 W=${WORK:-/tmp/scale}
+SITE=${SITE:-/tmp/scale-site}
 SEEDS=${SEEDS:-"tests/fixtures/nsys2025/h200_sft_clean.sqlite tests/fixtures/nsys2025/h200_plant_pageable.sqlite"}
-rm -rf "$W"; mkdir -p "$W/site" "$W/work"
-python3 -m pip install --quiet --no-index --find-links "$pack" --target "$W/site" duckdb duckdb-ext-sqlite \
-  > "$dest/pip.log" 2>&1 || { tail "$dest/pip.log"; exit 1; }
-export PYTHONPATH=$W/site
+rm -rf "$W"; mkdir -p "$W/work" "$SITE"
+for wheel in "$pack"/*.whl; do
+  python3 -m pip install --quiet --no-deps --no-index --upgrade --target "$SITE" "$wheel" >> "$dest/pip.log" 2>&1 \
+    || { tail "$dest/pip.log"; exit 1; }
+done
+export PYTHONPATH=$SITE
+[ -n "${INSTALL_ONLY:-}" ] && { ls "$SITE"; exit 0; }
 { date -u; nproc; "$N" --version; python3 --version; } > "$dest/machine.txt" 2>&1
 for seed in $SEEDS; do
   name=$(basename "$seed" .sqlite)
