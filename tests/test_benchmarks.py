@@ -206,3 +206,21 @@ def test_peaks_are_rounded_up_so_an_overrun_never_reads_as_met(peak, shown):
 
     assert run._rounded_up(peak) == shown
     assert (run._rounded_up(peak) <= run.TARGET_RSS_GB) == (peak <= run.TARGET_RSS_GB)
+
+
+def test_the_profile_gives_each_section_its_own_peak_in_turn(small_export):
+    """benchmarks/profile_analyze.py --in-turn: every section of the registry is listed with what the process
+    held when it started and its peak above that, the high-water mark read back after each reset."""
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "profile_analyze.py"), "--in-turn", str(small_export)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    table = run.stdout.split("sections in turn: load_trace peaked at ")[1]
+    load_peak = float(table.split(" GB")[0])
+    rows = [line.split() for line in table.splitlines()[2:17]]
+    assert len(rows) == 15 and load_peak > 0.1
+    for name, start, above, _left in rows:
+        assert float(start) > 0.1 and float(above) > -0.05 and float(start) + float(above) <= load_peak + 1, name
