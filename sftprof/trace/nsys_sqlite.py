@@ -144,7 +144,7 @@ def _page_rows(export: Export, table: str, columns: list[str], select: str) -> l
     if isinstance(export, SqliteExport):
         parts = []
         try:
-            for chunk in sqlite_pages.int_columns(export.path, table, columns, PAGE_ROWS_CHUNK_BYTES):
+            for chunk in sqlite_pages.int_columns(export.path, table, columns, chunk_bytes=PAGE_ROWS_CHUNK_BYTES):
                 with frames_visible(export.reader, {"page_rows": chunk}):
                     parts.append(_columns(_rows(export, select.format(rows="page_rows"))))
         except sqlite_pages.Unsupported:
