@@ -129,7 +129,8 @@ def with_api_calls(ops: pd.DataFrame, events: EventStore) -> pd.DataFrame:
     The join brings back numbers only (the call's name as an id): each row then refers to one of a
     few name strings, and the operations are taken once, in their order (1.5M memsets at 10M kernels)."""
     keyed = ops.dropna(subset=["pid", "correlation_id"]).astype({"pid": "int64", "correlation_id": "int64"})
-    joined = events.arrays(
+    joined = events.sorted_arrays(  # in the operations' order
+        "row",
         """
         SELECT o.row, a.start AS api_start, a."end" AS api_end, a.duration AS api_duration, a.global_tid, a.name_id
         FROM ops o JOIN cuda_api a ON a.pid = o.pid AND a.correlation_id = o.correlation_id
@@ -142,11 +143,6 @@ def with_api_calls(ops: pd.DataFrame, events: EventStore) -> pd.DataFrame:
             }
         ),
     )
-    order = np.argsort(joined["row"], kind="stable")
-    if (order[1:] < order[:-1]).any():  # one column at a time: the result is 48 bytes a row
-        for column in list(joined):
-            joined[column] = joined.pop(column)[order]
-    del order
     rows = joined.pop("row")
     every = len(rows) == len(keyed) and (rows == np.arange(len(rows))).all()  # each operation once, as nsys writes them
     matched = keyed.reset_index(drop=True) if every else keyed.iloc[rows].reset_index(drop=True)

@@ -140,17 +140,6 @@ def device_windows(events: EventStore, source: str, **frames: pd.DataFrame):
         yield device, int(n), int(first), int(last_end), list(zip(edges[:-1], edges[1:], strict=True))
 
 
-def fetch_by_start(events: EventStore, sql: str, **frames: pd.DataFrame) -> dict[str, np.ndarray]:
-    """events.arrays(sql), rows ordered by `start` (ties in the order fetched). Sorted here, not by
-    DuckDB: a window's rows come nearly in order (kernels are stored as the export lists them), and
-    numpy's stable sort finds the runs; 3x faster than ORDER BY at 4M kernels."""
-    rows = events.arrays(sql, **frames)
-    order = np.argsort(rows["start"], kind="stable")
-    if len(order) and not (order[1:] > order[:-1]).all():
-        rows = {name: values[order] for name, values in rows.items()}
-    return rows
-
-
 def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) -> BusyUnions:
     """Per device, the union of every kernel and memory operation, of kernels alone and of
     kernels but the collectives (BusyUnions), in one pass. Rows with start <= 0 are dropped, as
@@ -191,8 +180,8 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
         merged.append(intervals.RunningUnion(kernel_count if communication else None))
         first_kernel = None
         for lo, hi in windows:
-            window = fetch_by_start(
-                events,
+            window = events.sorted_arrays(
+                "start",
                 f"""SELECT start, "end", kernel, comm FROM {operations}
                                                 WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi}""",
                 ops=ops,
