@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from sftprof.analysis import analyze, gpu, intervals, nvtx
 from sftprof.analysis.stats import duration_summary
@@ -184,10 +185,14 @@ def test_intervals_merged_in_batches_equal_the_union_at_once():
     assert int((at_once["end"] - at_once["start"]).sum()) == covered.sum()
 
 
-def test_ranges_containing_calls_equal_a_brute_force_check():
+@pytest.mark.parametrize("window", [None, 1, 7])
+def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window):
     """nvtx finds the ranges around each call by cutting each thread's timeline at range edges;
     calls that start or end exactly on an edge, overlapping (start/end) ranges and zero-length
-    calls are the cases that cutting could get wrong."""
+    calls are the cases that cutting could get wrong; and, in windows of a few ranges, ranges
+    carried over from one window to the next, and calls asked about out of time order."""
+    if window:
+        monkeypatch.setattr(nvtx, "WINDOW_RANGES", window)
     rng = np.random.default_rng(3)
     ranges = pd.DataFrame({"start": rng.integers(0, 1_000, 300) // 10 * 10, "global_tid": rng.integers(1, 3, 300)})
     ranges["end"] = ranges["start"] + rng.integers(0, 30, 300) * 10

@@ -125,11 +125,12 @@ def random_trace(
 
 @pytest.fixture(params=[None, 97], ids=["whole", "tiny windows"])
 def windows(request, monkeypatch):
-    """Run a test with the default windows and slices, and with ones a few dozen rows long."""
+    """Run a test with the default windows and slices, and with ones a few dozen rows long (NVTX windows: 5 ranges)."""
     if request.param:
         monkeypatch.setattr(gpu, "BUSY_WINDOW_ROWS", request.param)
         monkeypatch.setattr(gpu, "BUSY_MAX_WINDOWS", 1_000)
         monkeypatch.setattr(nvtx, "SLICE_KERNELS", request.param)
+        monkeypatch.setattr(nvtx, "WINDOW_RANGES", 5)
     return request.param
 
 
@@ -493,6 +494,10 @@ def test_projection_is_the_same_whatever_the_slices_of_the_launch_join(monkeypat
     monkeypatch.setattr(nvtx, "SLICE_KERNELS", 97)
     sliced = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
     pd.testing.assert_frame_equal(sliced, whole)
+    for ranges in (1, 4, 33):  # windows of the ranges as well: ranges carried from window to window
+        monkeypatch.setattr(nvtx, "WINDOW_RANGES", ranges)
+        windowed = nvtx.gpu_time_by_range(tables.nvtx.copy(), events, labels)  # a copy: windows are kept per frame
+        pd.testing.assert_frame_equal(windowed, whole)
     outside = whole[whole["range"].str.startswith("(no NVTX range, ")]
     assert len(outside) >= 2 and outside["kernels"].sum() > 0
 

@@ -20,6 +20,8 @@ from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
 SLICE_KERNELS = 1 << 19  # 0.5M: half the peak memory of the launch join at 1M, no slower at 10M kernels
+# Ranges that start in one window of a thread's timeline (ThreadWindows): its ThreadRanges take ~50 MB
+WINDOW_RANGES = 1 << 20
 
 
 def _outside(thread: str) -> str:
@@ -205,42 +207,97 @@ def _label_rank(nvtx: pd.DataFrame) -> np.ndarray:
     return rank
 
 
-_last_timelines: list = []  # [(weakref to an nvtx frame, its timelines)]: analyses ask again for the same frame
+class ThreadWindows:
+    """One thread's NVTX ranges, a window of WINDOW_RANGES starts at a time: window w holds the ranges that
+    start in it and those that began before and are still open at its first start. A call that starts in
+    window w's time lies only in ranges of window w, so their ThreadRanges answer for it, and no more than a
+    window's ranges are cut into segments at once: whole timelines held 28 bytes a range from the projection
+    to the end (1.6 GB at 10M kernels of NeMo's shape, 60M ranges)."""
+
+    def __init__(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, rank: np.ndarray | None):
+        # rows: the thread's positions in the NVTX table, by start; the rest: the table's columns
+        # (rank None: a row's rank among the table's labels is its position)
+        self.rows, self._starts, self._ends, self._rank = rows, starts, ends, rank
+        self.window_starts = starts[rows[::WINDOW_RANGES]]
+        self._carried_into, self._carried = 0, np.empty(0, np.int64)  # positions in `rows` open at that window
+        self._last: tuple[int, ThreadRanges] | None = None  # slices of the launch join meet in a window
+
+    def window_of(self, times: np.ndarray) -> np.ndarray:
+        """The window each time falls in (-1: before the thread's first range)."""
+        return np.searchsorted(self.window_starts, times, side="right") - 1
+
+    def _positions(self, window: int) -> np.ndarray:
+        return np.arange(window * WINDOW_RANGES, min((window + 1) * WINDOW_RANGES, len(self.rows)))
+
+    def ranges(self, window: int) -> ThreadRanges:
+        """Window `window`'s ranges (0 <= window < len(window_starts)) as ThreadRanges (`rows`: positions in
+        the NVTX table). Asked in ascending order, as the calls' time goes, each range is looked at once
+        per window it is open in; asked out of order, the carried ranges are found again from the start."""
+        if self._last is not None and self._last[0] == window:
+            return self._last[1]
+        if window < self._carried_into:
+            self._carried_into, self._carried = 0, np.empty(0, np.int64)
+        while self._carried_into < window:  # a window at a time: each window's positions only
+            held = np.concatenate([self._carried, self._positions(self._carried_into)])
+            self._carried_into += 1
+            self._carried = held[self._ends[self.rows[held]] >= self.window_starts[self._carried_into]]
+        rows = self.rows[np.concatenate([self._carried, self._positions(window)])]
+        timeline = ThreadRanges(
+            self._starts[rows], self._ends[rows], rows, rows if self._rank is None else self._rank[rows]
+        )
+        self._last = (window, timeline)
+        return timeline
 
 
-def thread_timelines(nvtx: pd.DataFrame) -> dict[int, ThreadRanges]:
-    """Each thread's ThreadRanges (global_tid -> ...), worked out once per NVTX table (analyses do
-    not modify their inputs)."""
-    if _last_timelines and _last_timelines[0][0]() is nvtx:
-        return _last_timelines[0][1]
-    rank = None if nvtx.index.is_monotonic_increasing else _label_rank(nvtx)  # None: a row's rank is its position
+_last_windows: list = []  # [(weakref to an nvtx frame, its windows)]: analyses ask again for the same frame
+
+
+def thread_windows(nvtx: pd.DataFrame) -> dict[int, ThreadWindows]:
+    """Each thread's ThreadWindows (global_tid -> ...), worked out once per NVTX table (analyses do not
+    modify their inputs)."""
+    if _last_windows and _last_windows[0][0]() is nvtx:
+        return _last_windows[0][1]
+    rank = None if nvtx.index.is_monotonic_increasing else _label_rank(nvtx)
     starts, ends = nvtx["start"].to_numpy("int64"), nvtx["end"].to_numpy("int64")
-    timelines = {
-        int(tid): ThreadRanges(starts[rows], ends[rows], rows, rows if rank is None else rank[rows])
-        for tid, rows in _groups(nvtx["global_tid"].to_numpy("int64"))
-    }
-    _last_timelines[:] = [(weakref.ref(nvtx), timelines)]
-    return timelines
+    windows = {}
+    for tid, rows in _groups(nvtx["global_tid"].to_numpy("int64")):
+        if not (starts[rows][1:] >= starts[rows][:-1]).all():  # loaders list ranges by start; a frame made otherwise
+            rows = rows[np.argsort(starts[rows], kind="stable")]
+        windows[int(tid)] = ThreadWindows(rows, starts, ends, rank)
+    _last_windows[:] = [(weakref.ref(nvtx), windows)]
+    return windows
+
+
+def _by_window(thread: ThreadWindows, times: np.ndarray):
+    """(window's ThreadRanges, positions in `times`) for each window that `times` fall in, in time order;
+    times before the thread's first range are in none."""
+    for window, positions in _groups(thread.window_of(times)):
+        if window >= 0:
+            yield thread.ranges(int(window)), positions
 
 
 def _calls_in_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame, enclosing: bool) -> tuple[np.ndarray, np.ndarray]:
     """(call, range) positions in `calls` and `nvtx`: every range that contains each call on its
     thread (`enclosing`), or the innermost one; in the calls' order."""
-    timelines = thread_timelines(nvtx)
+    windows = thread_windows(nvtx)
     starts, ends = calls["start"].to_numpy("int64"), calls["end"].to_numpy("int64")
     found = [(np.empty(0, np.int64), np.empty(0, np.int64))]
-    for tid, rows in pd.Series(0, index=range(len(calls))).groupby(calls["global_tid"].to_numpy()).indices.items():
-        timeline = timelines.get(int(tid))
-        if timeline is None:
+    for tid, thread_rows in (
+        pd.Series(0, index=range(len(calls))).groupby(calls["global_tid"].to_numpy()).indices.items()
+    ):
+        thread = windows.get(int(tid))
+        if thread is None:
             continue
-        valid, segment, need = timeline.queries(starts[rows], ends[rows])
-        rows = rows[valid]
-        if enclosing:
-            query, ranges = timeline.enclosing(segment, need)
-            found.append((rows[query], timeline.rows[ranges]))
-        else:
-            inner = timeline.innermost(segment, need)
-            found.append((rows[inner >= 0], timeline.rows[inner[inner >= 0]]))
+        for timeline, positions in _by_window(thread, starts[thread_rows]):
+            rows = thread_rows[positions]
+            valid, segment, need = timeline.queries(starts[rows], ends[rows])
+            rows = rows[valid]
+            if enclosing:
+                query, ranges = timeline.enclosing(segment, need)
+                found.append((rows[query], timeline.rows[ranges]))
+            else:
+                inner = timeline.innermost(segment, need)
+                found.append((rows[inner >= 0], timeline.rows[inner[inner >= 0]]))
     call, ranges = (np.concatenate(parts) for parts in zip(*found, strict=True))
     order = np.argsort(call, kind="stable")
     return call[order], ranges[order]
@@ -266,38 +323,58 @@ def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     )
 
 
-class _LaunchTally:
-    """Kernels counted by where their launching call lies, over batches of launches: per segment of
-    its thread for calls strictly inside one; per call for the few on a segment's edge (placed
-    exactly later); per thread for calls outside every segment (before the thread's first range,
-    or on a thread without ranges). Memory holds counts per segment that launches fell in, batch by
-    batch (`inside`), not per launch, nor per segment of the timeline: a NeMo capture's training thread
-    has 60M segments at 10M kernels; and calls outside every segment per thread, batch by batch (`outside`):
-    a thread without ranges (autograd's, in a trainer) launches tens of millions at 40M kernels."""
+class _RangeSums:
+    """Kernels and their GPU time summed by range name as windows of launches pass: `exclusive` in the
+    innermost range that holds a launch, `inclusive` in every range that does, `outside` per thread for
+    launches in no range. Nothing is kept per launch, per segment or per range."""
 
-    def __init__(self, timelines: dict[int, ThreadRanges]):
-        self.timelines = timelines
-        self.inside: dict[int, list] = {tid: [] for tid in timelines}  # (segment, kernels, gpu_ns) per batch
-        self.edges: dict[int, list] = {tid: [] for tid in timelines}  # (segment, need, gpu_ns) per batch
-        self.outside: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (thread, calls, gpu_ns) per batch
+    def __init__(self, codes: np.ndarray, names: int):
+        self.codes = codes  # each NVTX row's name code
+        self.exclusive = np.zeros((2, names), "int64")  # kernels, GPU ns
+        self.inclusive = np.zeros((2, names), "int64")
+        self.outside: dict[int, list[int]] = {}
 
-    def add(self, tids: np.ndarray, starts: np.ndarray, ends: np.ndarray, durations: np.ndarray) -> None:
-        placed = np.zeros(len(tids), dtype=bool)
-        for tid, rows in _groups(tids):
-            timeline = self.timelines.get(int(tid))
-            if timeline is None:
-                continue
-            known, inside, on_edge = _place(timeline.bounds, timeline.seg_ends, starts[rows], ends[rows])
-            self.inside[tid].append(
-                _sums_per_key(known[inside], np.ones(int(inside.sum()), "int64"), durations[rows[inside]])
+    @staticmethod
+    def _add(into: np.ndarray, codes: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray) -> None:
+        np.add.at(into[0], codes, kernels)
+        np.add.at(into[1], codes, gpu_ns)
+
+    def add_outside(self, tid: int, kernels: int, gpu_ns: int) -> None:
+        if kernels:
+            held = self.outside.setdefault(tid, [0, 0])
+            held[0], held[1] = held[0] + int(kernels), held[1] + int(gpu_ns)
+
+    def add_window(self, tid: int, timeline: ThreadRanges, starts, ends, durations) -> None:
+        """Launches (their calls' starts and ends, their kernels' durations) that start in one window
+        (`timeline`: its ranges). Calls strictly inside a segment are summed per segment; a segment's kernels
+        go to its innermost open range, and to every range open in it (a range's inclusive sum: a difference
+        of the running sums over the window's segments); calls on a segment's edge are placed exactly."""
+        known, inside, on_edge = _place(timeline.bounds, timeline.seg_ends, starts, ends)
+        self.add_outside(tid, int((~(inside | on_edge)).sum()), int(durations[~(inside | on_edge)].sum()))
+        used, kernels, gpu_ns = _sums_per_key(known[inside], np.ones(int(inside.sum()), "int64"), durations[inside])
+        inner = timeline.innermost(used, used + 1)
+        ranged = inner >= 0
+        self._add(self.exclusive, self.codes[timeline.rows[inner[ranged]]], kernels[ranged], gpu_ns[ranged])
+        self.add_outside(tid, int(kernels[~ranged].sum()), int(gpu_ns[~ranged].sum()))
+        running_kernels, running_ns = np.r_[0, np.cumsum(kernels)], np.r_[0, np.cumsum(gpu_ns)]
+        for i in range(0, len(timeline.rows), CHUNK_ROWS):  # a chunk of ranges at a time
+            lo = np.searchsorted(used, timeline.first[i : i + CHUNK_ROWS])
+            hi = np.searchsorted(used, timeline.last[i : i + CHUNK_ROWS])
+            self._add(
+                self.inclusive,
+                self.codes[timeline.rows[i : i + CHUNK_ROWS]],
+                running_kernels[hi] - running_kernels[lo],
+                running_ns[hi] - running_ns[lo],
             )
-            edge = rows[on_edge]
-            self.edges[tid].append((known[on_edge], np.searchsorted(timeline.bounds, ends[edge]), durations[edge]))
-            placed[rows[inside | on_edge]] = True
-        if not placed.all():
-            self.outside.append(
-                _sums_per_key(tids[~placed], np.ones(int((~placed).sum()), "int64"), durations[~placed])
-            )
+        if on_edge.any():
+            segment, need = known[on_edge], np.searchsorted(timeline.bounds, ends[on_edge])
+            edge_ns, ones = durations[on_edge], np.ones(int(on_edge.sum()), "int64")
+            inner = timeline.innermost(segment, need)
+            ranged = inner >= 0
+            self._add(self.exclusive, self.codes[timeline.rows[inner[ranged]]], ones[ranged], edge_ns[ranged])
+            self.add_outside(tid, int((~ranged).sum()), int(edge_ns[~ranged].sum()))
+            query, ranges = timeline.enclosing(segment, need)
+            self._add(self.inclusive, self.codes[timeline.rows[ranges]], ones[query], edge_ns[query])
 
 
 # A call's pid (24 bits) and correlation id, offset from its slice's first, as one int64 key.
@@ -420,80 +497,52 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
     """Kernel time per NVTX range name. Kernels launched outside every range are listed per thread,
     so that backward kernels launched by an unannotated autograd thread show up as such.
 
-    Kernels are joined to their launches a slice at a time (launch_slices); each launch is placed in
-    its thread's segments by binary search and counted there; calls that touch a segment's edge
-    are placed exactly. A segment's kernels go to its innermost open range (ThreadRanges), and to
-    every range open in it: a range's inclusive sum is a difference of the running sums over its
-    thread's segments. `also`: another tally of the same join (accounting.LaunchSums), fed every
-    slice as it passes (`also.add`) and closed at the end (`also.finish`), so that the kernels are
-    joined to their launches once for both."""
+    Kernels are joined to their launches a slice at a time (launch_slices); each thread's launches are
+    summed window by window of its ranges (ThreadWindows, _RangeSums.add_window), so that neither the
+    launches nor the whole timelines are held. `also`: another tally of the same join
+    (accounting.LaunchSums), fed every slice as it passes (`also.add`) and closed at the end
+    (`also.finish`), so that the kernels are joined to their launches once for both."""
     columns = ["range", "kernels", "gpu_ns", "gpu_pct", "inclusive_kernels", "inclusive_gpu_ns"]
     totals = events.query("SELECT count(*) AS n, coalesce(sum(duration), 0)::BIGINT AS ns FROM kernels").iloc[0]
     if not totals["n"]:
         if also is not None:
             also.finish()
         return pd.DataFrame(columns=columns)
-    timelines = thread_timelines(nvtx)
-    tally = _LaunchTally(timelines)
+    windows = thread_windows(nvtx)
+    codes, names = _name_codes(nvtx["name"])
+    sums = _RangeSums(codes, len(names))
     for launches in launch_slices(events):
         if also is not None:
             also.add(launches)
         launched = launches["launch_tid"] >= 0
-        tally.add(*(launches[c][launched] for c in ("launch_tid", "launch_start", "launch_end", "duration")))
+        tids, starts, ends, durations = (
+            launches[c][launched] for c in ("launch_tid", "launch_start", "launch_end", "duration")
+        )
+        for tid, rows in _groups(tids):
+            thread = windows.get(int(tid))
+            if thread is None:
+                sums.add_outside(int(tid), len(rows), int(durations[rows].sum()))
+                continue
+            before = thread.window_of(starts[rows]) < 0  # before the thread's first range
+            sums.add_outside(int(tid), int(before.sum()), int(durations[rows[before]].sum()))
+            for timeline, positions in _by_window(thread, starts[rows]):
+                at = rows[positions]
+                sums.add_window(int(tid), timeline, starts[at], ends[at], durations[at])
     if also is not None:
         also.finish()
 
     def outside(tid) -> str:
         return _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}"))
 
-    codes, names = _name_codes(nvtx["name"])
-    exclusive, inclusive = [], []
+    def by_name(held: np.ndarray) -> list:
+        return [(names[i], held[0, i], held[1, i]) for i in np.flatnonzero(held[0])]
 
-    def by_name(rows: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray, into: list) -> None:
-        named = codes[rows]
-        counts = np.bincount(named, weights=kernels, minlength=len(names)).astype("int64")
-        time_ns = np.bincount(named, weights=gpu_ns, minlength=len(names)).astype("int64")
-        into += [(names[i], counts[i], time_ns[i]) for i in np.flatnonzero(counts)]
-
-    for tid, timeline in timelines.items():
-        parts = tally.inside.pop(tid) or [(np.empty(0, "int64"),) * 3]  # let go once joined
-        used, kernels, gpu_ns = (np.concatenate(part) for part in zip(*parts, strict=True))
-        del parts
-        # slices follow time, so each batch's segments mostly come after the last batch's: summed again if not
-        if not (used[1:] > used[:-1]).all():
-            used, kernels, gpu_ns = _sums_per_key(used, kernels, gpu_ns)
-        inner = timeline.innermost(used, used + 1)
-        by_name(timeline.rows[inner[inner >= 0]], kernels[inner >= 0], gpu_ns[inner >= 0], exclusive)
-        if (inner < 0).any():
-            exclusive.append((outside(tid), int(kernels[inner < 0].sum()), int(gpu_ns[inner < 0].sum())))
-        # a range's inclusive sum: the used segments from its first to its last (running sums over them)
-        running_kernels, running_ns = np.r_[0, np.cumsum(kernels)], np.r_[0, np.cumsum(gpu_ns)]
-        for i in range(0, len(timeline.rows), CHUNK_ROWS):  # a chunk of ranges at a time: 30M on one thread of NeMo's
-            lo = np.searchsorted(used, timeline.first[i : i + CHUNK_ROWS])
-            hi = np.searchsorted(used, timeline.last[i : i + CHUNK_ROWS])
-            by_name(
-                timeline.rows[i : i + CHUNK_ROWS],
-                running_kernels[hi] - running_kernels[lo],
-                running_ns[hi] - running_ns[lo],
-                inclusive,
-            )
-        if tally.edges[tid]:
-            segment, need, edge_ns = (np.concatenate(parts) for parts in zip(*tally.edges[tid], strict=True))
-            inner = timeline.innermost(segment, need)
-            ones = np.ones(len(segment), "int64")
-            by_name(timeline.rows[inner[inner >= 0]], ones[inner >= 0], edge_ns[inner >= 0], exclusive)
-            if (inner < 0).any():
-                exclusive.append((outside(tid), int((inner < 0).sum()), int(edge_ns[inner < 0].sum())))
-            query, ranges = timeline.enclosing(segment, need)
-            by_name(timeline.rows[ranges], ones[query], edge_ns[query], inclusive)
-    if tally.outside:
-        threads, counts, time_ns = _sums_per_key(*(np.concatenate(parts) for parts in zip(*tally.outside, strict=True)))
-        exclusive += [(outside(tid), n, ns) for tid, n, ns in zip(threads, counts, time_ns, strict=True)]
+    exclusive = by_name(sums.exclusive) + [(outside(tid), n, ns) for tid, (n, ns) in sorted(sums.outside.items())]
     exclusive = pd.DataFrame(exclusive, columns=["range", "kernels", "gpu_ns"]).groupby("range").sum()
     launched_n, launched_ns = int(exclusive["kernels"].sum()), int(exclusive["gpu_ns"].sum())
     if totals["n"] > launched_n:
         exclusive.loc[NOT_TRACED] = [int(totals["n"]) - launched_n, int(totals["ns"]) - launched_ns]
-    inclusive = pd.DataFrame(inclusive, columns=["range", "inclusive_kernels", "inclusive_gpu_ns"])
+    inclusive = pd.DataFrame(by_name(sums.inclusive), columns=["range", "inclusive_kernels", "inclusive_gpu_ns"])
     inclusive = inclusive.groupby("range").sum()
     frame = exclusive.join(inclusive, how="outer").fillna(0).astype("int64").reset_index()
     frame = frame.rename(columns={"index": "range"})
