@@ -32,6 +32,8 @@ EDITS = {
         f"UPDATE NVTX_EVENTS SET domainId = 8 WHERE rowid = {RANGE.format(5)}",
         f"UPDATE NVTX_EVENTS SET domainId = 9 WHERE rowid = {RANGE.format(6)}",  # a domain never created
         f"UPDATE NVTX_EVENTS SET textId = 999999, text = NULL WHERE rowid = {RANGE.format(7)}",
+        # a text no range outside the domain has: its name is the domain's alone
+        f"UPDATE NVTX_EVENTS SET domainId = 7, textId = NULL, text = 'only in mine' WHERE rowid = {RANGE.format(9)}",
     ],
     "ties on start": [
         f'UPDATE NVTX_EVENTS SET start = (SELECT start FROM NVTX_EVENTS WHERE rowid = {RANGE.format(2)}), "end" = "end" + 5 WHERE rowid IN ({RANGE.format(3)}, {RANGE.format(4)})',
@@ -71,6 +73,7 @@ def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
     assert dropped_pages == dropped_sql
     if case == "domains and registered strings":  # the edits reached the names
         assert {"mine:aten::add", "cut", "aten::add"} <= set(pages["name"].dropna()) and pages["name"].isna().sum() == 1
+        assert "mine:only in mine" in set(pages["name"]) and "only in mine" not in pages["name"].cat.categories
     if case == "no range ever ends":
         assert pages.empty and dropped_pages["nvtx"] > 0
     if case == "damaged values":

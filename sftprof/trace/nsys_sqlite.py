@@ -14,6 +14,7 @@ META_DATA_EXPORT (newer), and enum labels come from the file's ENUM_* tables whe
 
 from __future__ import annotations
 
+import mmap
 import re
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
@@ -420,10 +421,10 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
             named[named] = valued[found[named]]
             text_code[with_id[named]] = -2 - found[named]  # text_code is the chunk's own
         # copies (the decoder reuses its arrays); a column's NULLs only where it has some
-        nulls = [missing[i][is_range] if missing[i].any() else None for i in range(len(NVTX_PAGE_COLUMNS))]
+        nulls = [_kept(missing[i], is_range) if missing[i].any() else None for i in range(len(NVTX_PAGE_COLUMNS))]
         parts.append(
-            [start[is_range], nulls[0], end[is_range], nulls[1], style[is_range], thread[is_range]]
-            + [text_code[is_range], domain[is_range], nulls[5]]
+            [_kept(start, is_range), nulls[0], _kept(end, is_range), nulls[1], _kept(style, is_range)]
+            + [_kept(thread, is_range), _kept(text_code, is_range), _kept(domain, is_range), nulls[5]]
         )
     try:
         text_names = [name.decode("utf-8") for name in text.names()]
@@ -480,8 +481,29 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
         (frame["global_tid"].to_numpy() & 16777215).astype(np.int32),
     )
     frame["name"] = pd.Categorical.from_codes(ordered(code), names)
-    frame["style"] = pd.Categorical.from_codes(ordered(style), styles).remove_unused_categories()
+    frame["style"] = _used_categories(ordered(style), styles)
     return frame
+
+
+def _used_categories(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+    """Categorical.from_codes(codes, categories).remove_unused_categories(), for a few categories, without its
+    np.unique of every code (16 bytes a row: 60M NVTX ranges at 10M kernels of NeMo's shape)."""
+    used = [code for code in range(len(categories)) if (codes == code).any()]
+    renumbered = np.full(len(categories) + 1, -1, dtype=codes.dtype)  # the last: code -1 (none) stays -1
+    renumbered[used] = np.arange(len(used))
+    return pd.Categorical.from_codes(renumbered[codes], [categories[code] for code in used])
+
+
+def _kept(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """values[keep], in a mapping of its own (over 1 MiB) that is given back to the system when let go. The
+    chunks' pieces are joined a column at a time, each column's pieces let go once joined; from the heap,
+    the allocator kept what they left (60M ranges: loading peaked at 2x the pieces, 5.6 GB)."""
+    count = int(np.count_nonzero(keep))
+    if count * values.itemsize < 1 << 20:
+        return values[keep]
+    kept = np.frombuffer(mmap.mmap(-1, count * values.itemsize), dtype=values.dtype)
+    np.compress(keep, values, out=kept)
+    return kept
 
 
 def _joined(parts: list[list], sizes: list[int], i: int, kind) -> np.ndarray | None:
@@ -524,6 +546,9 @@ def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.Dat
     )
 
 
+_LABEL_CHUNK = 1 << 20  # _range_names' labels numbered a chunk at a time
+
+
 def _range_names(label, domain, in_domain, global_tid, domains, text_names: list[str], values: pd.Series):
     """The sorted names the ranges use and each range's code (-1: none): `label` is a text's code, or
     -2 - the StringIds row of the value that names it, or -1; a range in a domain its process named
@@ -538,47 +563,55 @@ def _range_names(label, domain, in_domain, global_tid, domains, text_names: list
             return text_names[base]
         return _EMIT_NVTX_SUFFIX.sub("", str(values.iloc[-2 - base])) if base <= -2 else None
 
-    def base_numbers(labels: np.ndarray) -> np.ndarray:
+    def base_numbers(labels: np.ndarray, outside: np.ndarray | None = None) -> np.ndarray:
         # one table over every label: StringIds rows (-2 - row), none (-1), texts (0...), shifted to start at 0;
-        # int32 where it fits, and a mask of the labels used, not a bincount: 60M ranges at 10M kernels of NeMo's
+        # int32 where it fits, a mask of the labels used, not a bincount, and a chunk of labels at a time: 60M
+        # ranges at 10M kernels of NeMo's. `outside`: the rows named so (None: all)
         shift = len(values) + 1
         used = np.zeros(shift + len(text_names), dtype=bool)
         kind = np.int32 if len(used) < 2**31 else np.int64
-        at = labels.astype(kind, copy=False) + kind(shift)
-        used[at] = True
+        chunks = [slice(i, i + _LABEL_CHUNK) for i in range(0, len(labels), _LABEL_CHUNK)]
+        for chunk in chunks:
+            at = labels[chunk].astype(kind) + kind(shift)
+            used[at if outside is None else at[outside[chunk]]] = True
         lookup = np.full(len(used), -1, dtype=kind)
         for i in np.flatnonzero(used):
             if i != shift - 1:
                 lookup[i] = number(name_of(int(i) - shift))
-        return lookup[at]
+        numbers = np.empty(len(labels), dtype=kind)  # the rows not `outside`: their caller's to number
+        for chunk in chunks:
+            numbers[chunk] = lookup[labels[chunk].astype(kind) + kind(shift)]
+        return numbers
 
-    at = None  # the row of `domains` that each range's domain and process find
+    inside = np.empty(0, dtype=np.int64)  # the ranges whose domain and process find a row of `domains` (`row`)
     if len(domains):
         candidates = np.isin(domain, domains["domainId"].to_numpy(dtype=np.int64))
         candidates = np.flatnonzero(candidates if in_domain is None else candidates & in_domain)
-        at = np.full(len(label), -1, dtype=np.int64)
         index = pd.MultiIndex.from_arrays([domains["domainId"].to_numpy(), domains["pid"].to_numpy()])
         pid = (global_tid[candidates] >> 24) & 16777215
-        at[candidates] = index.get_indexer(pd.MultiIndex.from_arrays([domain[candidates], pid]))
-    if at is None or (at < 0).all():
+        row = index.get_indexer(pd.MultiIndex.from_arrays([domain[candidates], pid]))
+        inside, row = candidates[row >= 0], row[row >= 0]
+    if not len(inside):
         code = base_numbers(label)
     else:
-        code = np.full(len(label), -1, dtype=np.int32)
-        code[at < 0] = base_numbers(label[at < 0])
-        inside = np.flatnonzero(at >= 0)
-        pairs, which = np.unique(np.stack([at[inside], label[inside]]), axis=1, return_inverse=True)
+        outside = np.ones(len(label), dtype=bool)
+        outside[inside] = False
+        code = base_numbers(label, outside)
+        pairs, which = np.unique(np.stack([row, label[inside]]), axis=1, return_inverse=True)
         numbers = np.full(pairs.shape[1], -1, dtype=np.int64)
-        for i, (row, base) in enumerate(pairs.T):
-            part, own = name_of(base), domains["name"].iat[row]
+        for i, (at, base) in enumerate(pairs.T):
+            part, own = name_of(base), domains["name"].iat[at]
             # SQL cuts `DOMAIN:NAME`: where the domain's own name holds the numbering, the cut ends there
             if part is not None:
-                numbers[i] = number(own if domains["cut"].iat[row] else f"{own}:{part}")
+                numbers[i] = number(own if domains["cut"].iat[at] else f"{own}:{part}")
         code[inside] = numbers[which.ravel()]
     names = sorted(numbered)
     rank = np.empty(len(names) + 1, dtype=np.int32)
     rank[[numbered[name] for name in names]] = np.arange(len(names), dtype=np.int32)
     rank[-1] = -1  # code -1 stays -1
-    return names, rank[code]
+    for i in range(0, len(code), _LABEL_CHUNK):  # in place
+        code[i : i + _LABEL_CHUNK] = rank[code[i : i + _LABEL_CHUNK]]
+    return names, code
 
 
 def _coded_names(export: Export) -> pd.DataFrame:
@@ -615,7 +648,7 @@ def _coded_names(export: Export) -> pd.DataFrame:
         reader.unregister("nvtx_names")
         reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows; DROP TABLE IF EXISTS temp.nvtx_events")
     # codes, not a Python string per row (60M ranges at 10M kernels of a NeMo capture)
-    style = pd.Categorical.from_codes(rows.pop("style"), styles).remove_unused_categories()
+    style = _used_categories(rows.pop("style").to_numpy(), styles)
     return rows.assign(name=pd.Categorical.from_codes(rows.pop("name_code"), names), style=style)
 
 
