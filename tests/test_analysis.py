@@ -185,17 +185,20 @@ def test_intervals_merged_in_batches_equal_the_union_at_once():
     assert int((at_once["end"] - at_once["start"]).sum()) == covered.sum()
 
 
-@pytest.mark.parametrize("window", [None, 1, 7])
-def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window):
+@pytest.mark.parametrize("window, left_open", [(None, False), (1, False), (7, False), (7, True)])
+def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window, left_open):
     """nvtx finds the ranges around each call by cutting each thread's timeline at range edges;
     calls that start or end exactly on an edge, overlapping (start/end) ranges and zero-length
     calls are the cases that cutting could get wrong; and, in windows of a few ranges, ranges
-    carried over from one window to the next, and calls asked about out of time order."""
+    carried over from one window to the next, calls asked about out of time order, and ranges
+    left open to the capture's end (more carried than a window holds: the rest is one window)."""
     if window:
         monkeypatch.setattr(nvtx, "WINDOW_RANGES", window)
     rng = np.random.default_rng(3)
     ranges = pd.DataFrame({"start": rng.integers(0, 1_000, 300) // 10 * 10, "global_tid": rng.integers(1, 3, 300)})
     ranges["end"] = ranges["start"] + rng.integers(0, 30, 300) * 10
+    if left_open:
+        ranges.loc[::3, "end"] = 2_000
     ranges["name"] = [f"r{i % 7}" for i in range(len(ranges))]
     calls = pd.DataFrame({"start": rng.integers(0, 1_300, 2_000) // 5 * 5, "global_tid": rng.integers(1, 4, 2_000)})
     calls["end"] = calls["start"] + rng.integers(0, 8, 2_000) * 5
@@ -218,6 +221,8 @@ def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window):
         best = around.sort_values(["start", "end"], ascending=[False, True], kind="stable").index[0]
         assert chosen == best
     assert set(innermost.index) == {c for c, _ in expected}
+    if left_open:
+        assert all(thread._tail is not None for thread in nvtx.thread_windows(ranges).values())
 
 
 def test_summary_over_a_pandas_table_equals_pandas_own_groupby():

@@ -494,10 +494,15 @@ def test_projection_is_the_same_whatever_the_slices_of_the_launch_join(monkeypat
     monkeypatch.setattr(nvtx, "SLICE_KERNELS", 97)
     sliced = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
     pd.testing.assert_frame_equal(sliced, whole)
+    left_open = tables.nvtx.copy()  # a third of the ranges left open: they end at the capture's end
+    left_open.loc[::3, "end"] = tables.span_ns
+    monkeypatch.setattr(nvtx, "WINDOW_RANGES", 1 << 20)
+    whole_open = nvtx.gpu_time_by_range(left_open, events, labels)
     for ranges in (1, 4, 33):  # windows of the ranges as well: ranges carried from window to window
         monkeypatch.setattr(nvtx, "WINDOW_RANGES", ranges)
         windowed = nvtx.gpu_time_by_range(tables.nvtx.copy(), events, labels)  # a copy: windows are kept per frame
         pd.testing.assert_frame_equal(windowed, whole)
+        pd.testing.assert_frame_equal(nvtx.gpu_time_by_range(left_open.copy(), events, labels), whole_open)
     outside = whole[whole["range"].str.startswith("(no NVTX range, ")]
     assert len(outside) >= 2 and outside["kernels"].sum() > 0
 

@@ -44,7 +44,7 @@ def _sweep(first, last, query_segment, query_need, enclosing):  # pragma: no cov
     first <= k and last >= m: those that contain a call starting in segment k and ending before
     bound m. Ranges come in push order (ascending priority), so a stack of the ranges that began
     holds them by priority, and the first one found from the top is the innermost. Ranges that
-    ended (last < k) are dropped from the top as the sweep passes them. `enclosing` False: the
+    ended (last < k) are dropped from the top as the sweep passes them, and before a range is pushed. `enclosing` False: the
     innermost one's position per query (-1: none); True: (query, range) pairs, all of them."""
     stack = np.empty(len(first), np.int64)
     top, pushed, found = 0, 0, 0
@@ -58,6 +58,11 @@ def _sweep(first, last, query_segment, query_need, enclosing):  # pragma: no cov
         for q in range(len(query_segment)):
             k = query_segment[q]
             while pushed < len(first) and first[pushed] <= k:
+                # ranges that ended before this one begins contain no call from here on: off the top before it
+                # is pushed, or, under it, they stay to be scanned by every query (a range that ends where a
+                # call in the gap after it starts, last == k, is kept for that query: a call of no length there)
+                while top > 0 and last[stack[top - 1]] < first[pushed]:
+                    top -= 1
                 stack[top] = pushed
                 top += 1
                 pushed += 1
@@ -221,6 +226,7 @@ class ThreadWindows:
         self.window_starts = starts[rows[::WINDOW_RANGES]]
         self._carried_into, self._carried = 0, np.empty(0, np.int64)  # positions in `rows` open at that window
         self._last: tuple[int, ThreadRanges] | None = None  # slices of the launch join meet in a window
+        self._tail: int | None = None  # the window from which on the rest is one (see ranges)
 
     def window_of(self, times: np.ndarray) -> np.ndarray:
         """The window each time falls in (-1: before the thread's first range)."""
@@ -233,6 +239,8 @@ class ThreadWindows:
         """Window `window`'s ranges (0 <= window < len(window_starts)) as ThreadRanges (`rows`: positions in
         the NVTX table). Asked in ascending order, as the calls' time goes, each range is looked at once
         per window it is open in; asked out of order, the carried ranges are found again from the start."""
+        if self._tail is not None:
+            window = min(window, self._tail)
         if self._last is not None and self._last[0] == window:
             return self._last[1]
         if window < self._carried_into:
@@ -241,7 +249,13 @@ class ThreadWindows:
             held = np.concatenate([self._carried, self._positions(self._carried_into)])
             self._carried_into += 1
             self._carried = held[self._ends[self.rows[held]] >= self.window_starts[self._carried_into]]
-        rows = self.rows[np.concatenate([self._carried, self._positions(window)])]
+        positions = self._positions(window)
+        if len(self._carried) > WINDOW_RANGES:
+            # more ranges carried than a window starts (ranges left open, ended at the capture's end): carried
+            # on, they would be cut into segments again in every window; the rest is one window instead
+            self._tail = window
+            positions = np.arange(window * WINDOW_RANGES, len(self.rows))
+        rows = self.rows[np.concatenate([self._carried, positions])]
         timeline = ThreadRanges(
             self._starts[rows], self._ends[rows], rows, rows if self._rank is None else self._rank[rows]
         )
