@@ -80,6 +80,29 @@ def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
         assert dropped_pages["nvtx"] == 4  # NULL start, end at 2^63 - 1, start at -(2^63 - 1), end before start
 
 
+def test_ranges_read_a_page_at_a_time_are_those_read_at_once(tmp_path, monkeypatch):
+    """Ranges over many pages, read a page a chunk: each kept column grows chunk by chunk from 8 bytes, and
+    a NULL mask starts where its first NULL is (half way, a range without a domain) and grows on."""
+    edits = ["INSERT INTO NVTX_EVENTS SELECT * FROM NVTX_EVENTS"] * 7  # 128 times the rows
+    last = "(SELECT max(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"
+    middle = "(SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY rowid LIMIT 1 OFFSET 1500)"
+    edits += [f"UPDATE NVTX_EVENTS SET domainId = NULL WHERE rowid = {middle}"]
+    edits += [f'UPDATE NVTX_EVENTS SET "end" = NULL WHERE rowid = {last}']
+    export = _edited(tmp_path, edits)
+    try:
+        whole = nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export))
+        monkeypatch.setattr(sqlite_pages, "CHUNK_BYTES", 1)
+        monkeypatch.setattr(nsys_sqlite, "KEPT_START_BYTES", 8)
+        paged = nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export))
+        chunks = sum(1 for _ in sqlite_pages.raw_columns(export.path, "NVTX_EVENTS", ["start"], chunk_bytes=1))
+        sql = nsys_sqlite._nvtx_by_sql(export, {})
+    finally:
+        export.close()
+    assert chunks > 20 and len(whole) > 2_000
+    pd.testing.assert_frame_equal(paged, whole)
+    pd.testing.assert_frame_equal(valid_rows(paged, "nvtx", {}), nsys_sqlite._narrow_thread_ids(sql))
+
+
 @pytest.mark.parametrize(
     "case, edits",
     [

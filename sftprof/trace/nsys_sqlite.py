@@ -389,8 +389,12 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
     style_of = np.full(max(NVTX_RANGE_STYLES) + 2, -1, dtype=np.int8)  # the last: any other event type
     for event_type, style in NVTX_RANGE_STYLES.items():
         style_of[event_type] = styles.index(style)
-    parts, created, latest = [], [], {"start": [], "end": []}  # latest times of any event: where open ranges end
-    chunks = sqlite_pages.raw_columns(export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, text=text)
+    created, latest = [], {"start": [], "end": []}  # latest times of any event: where open ranges end
+    # start, no_start, end, open_, style, global_tid, label, domain, no_domain: each range's, as chunks pass
+    kept = [_Kept(kind, masks) for kind, masks in _NVTX_KEPT]
+    chunks = sqlite_pages.raw_columns(
+        export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=sqlite_pages.CHUNK_BYTES, text=text
+    )
     for values, missing, text_code, text_cut in chunks:
         start, end, kind, thread, text_id, domain = values  # NVTX_PAGE_COLUMNS
         for i, maxima in enumerate(latest.values()):  # start, end
@@ -420,23 +424,18 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
             named = found >= 0
             named[named] = valued[found[named]]
             text_code[with_id[named]] = -2 - found[named]  # text_code is the chunk's own
-        # copies (the decoder reuses its arrays); a column's NULLs only where it has some
-        nulls = [_kept(missing[i], is_range) if missing[i].any() else None for i in range(len(NVTX_PAGE_COLUMNS))]
-        parts.append(
-            [_kept(start, is_range), nulls[0], _kept(end, is_range), nulls[1], _kept(style, is_range)]
-            + [_kept(thread, is_range), _kept(text_code, is_range), _kept(domain, is_range), nulls[5]]
-        )
+        # copied (the decoder reuses its arrays); a column's NULLs only where it has some
+        nulls = [missing[i] if missing[i].any() else None for i in range(len(NVTX_PAGE_COLUMNS))]
+        count = int(np.count_nonzero(is_range))
+        pieces = (start, nulls[0], end, nulls[1], style, thread, text_code, domain, nulls[5])
+        for column, piece in zip(kept, pieces, strict=True):
+            column.add(piece, is_range, count)
     try:
         text_names = [name.decode("utf-8") for name in text.names()]
     except UnicodeDecodeError:
         raise sqlite_pages.Unsupported("text not in UTF-8") from None
-    # one column at a time, each chunk's piece let go once joined: 60M ranges at 10M kernels of NeMo's shape
-    kinds = (np.int64, bool, np.int64, bool, np.int8, np.int64, np.int32, np.int64, bool)
-    parts = parts or [[np.empty(0, dtype=kind) for kind in kinds]]  # a table without rows
-    sizes = [len(part[0]) for part in parts]
-    start, no_start, end, open_, style, global_tid, label, domain, no_domain = (
-        _joined(parts, sizes, i, kind) for i, kind in enumerate(kinds)
-    )
+    start, no_start, end, open_, style, global_tid, label, domain, no_domain = (column.array() for column in kept)
+    del kept
     if open_ is not None and latest["start"] and latest["end"]:  # else open ranges stay open: valid_rows drops them
         end[open_] = max(max(latest["start"]), max(latest["end"]))
         open_ = None
@@ -494,27 +493,53 @@ def _used_categories(codes: np.ndarray, categories: list[str]) -> pd.Categorical
     return pd.Categorical.from_codes(renumbered[codes], [categories[code] for code in used])
 
 
-def _kept(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """values[keep], in a mapping of its own (over 1 MiB) that is given back to the system when let go. The
-    chunks' pieces are joined a column at a time, each column's pieces let go once joined; from the heap,
-    the allocator kept what they left (60M ranges: loading peaked at 2x the pieces, 5.6 GB)."""
-    count = int(np.count_nonzero(keep))
-    if count * values.itemsize < 1 << 20:
-        return values[keep]
-    kept = np.frombuffer(mmap.mmap(-1, count * values.itemsize), dtype=values.dtype)
-    np.compress(keep, values, out=kept)
-    return kept
+# The columns _nvtx_from_pages keeps of each range: (dtype, whether a NULL mask) of start, no_start, end, open_,
+# style, global_tid, label, domain, no_domain.
+_NVTX_KEPT = ((np.int64, False), (bool, True), (np.int64, False), (bool, True), (np.int8, False))
+_NVTX_KEPT += ((np.int64, False), (np.int32, False), (np.int64, False), (bool, True))
+KEPT_START_BYTES = 1 << 20  # a _Kept column's first mapping; each growth doubles it
 
 
-def _joined(parts: list[list], sizes: list[int], i: int, kind) -> np.ndarray | None:
-    """Column `i` of every chunk's piece (of `sizes` rows), joined, the pieces let go; a piece may be None
-    (a mask with no NULLs), and the column None where every piece is."""
-    pieces = [part[i] for part in parts]
-    for part in parts:
-        part[i] = None
-    if all(piece is None for piece in pieces):
-        return None
-    return np.concatenate([np.zeros(n, dtype=kind) if p is None else p for p, n in zip(pieces, sizes, strict=True)])
+class _Kept:
+    """One column of the rows kept from every chunk of a table, in an anonymous mapping that grows in place
+    (mremap, where the system has it): each row is copied once, from its chunk, and nothing is joined at
+    the end. Pieces joined a column at a time held the column twice, and from the heap the pieces let go
+    stayed resident: 60M NVTX ranges, loading peaked at 5.6 GB. A NULL mask (`masks`) holds nothing until
+    a chunk has a NULL (its rows before are the mapping's zero pages); array() is None if none came."""
+
+    def __init__(self, dtype, masks: bool):
+        self.dtype, self.masks, self.count = np.dtype(dtype), masks, 0
+        self._map: mmap.mmap | None = None
+
+    def add(self, values: np.ndarray | None, keep: np.ndarray, count: int) -> None:
+        """values[keep] (`count` rows) after the rows kept so far; None: a mask's chunk without NULLs."""
+        if values is not None or self._map is not None:
+            self._room((self.count + count) * self.dtype.itemsize)
+        if values is not None:
+            into = np.frombuffer(self._map, self.dtype, count=count, offset=self.count * self.dtype.itemsize)
+            np.compress(keep, values, out=into)
+            del into  # a mapping resizes only with no view of it
+        self.count += count
+
+    def _room(self, size: int) -> None:
+        if self._map is not None and size <= len(self._map):
+            return
+        grown = max(size, 2 * len(self._map) if self._map is not None else KEPT_START_BYTES)
+        if self._map is None:  # private: a shared anonymous mapping grown by mremap faults past its first size
+            self._map = mmap.mmap(-1, grown, flags=mmap.MAP_PRIVATE)
+            return
+        try:
+            self._map.resize(grown)  # pages moved, not copied; untouched pages cost no memory
+        except (OSError, SystemError):  # no mremap (not Linux): a new mapping, and a copy
+            bigger = mmap.mmap(-1, grown, flags=mmap.MAP_PRIVATE)
+            bigger[: len(self._map)] = self._map
+            self._map.close()
+            self._map = bigger
+
+    def array(self) -> np.ndarray | None:
+        if self._map is None:
+            return None if self.masks else np.empty(0, self.dtype)
+        return np.frombuffer(self._map, self.dtype, count=self.count)
 
 
 def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.DataFrame:
