@@ -589,3 +589,14 @@ def test_a_union_kept_as_a_patch_reads_as_the_union_itself():
         assert all(map(np.array_equal, patched.overlapping(*windows), near))
         overlaps = [(s < windows[1]) & (e > windows[0]) for s, e in zip(*plain.rows(0, len(plain)), strict=True)]
         assert len(near[0]) == sum(bool(o.any()) for o in overlaps)
+
+
+@pytest.mark.parametrize("distinct", [1, 3, nvtx.FEW_KEYS, nvtx.FEW_KEYS + 1, 200])
+def test_groups_give_each_keys_positions_in_order(distinct):
+    """nvtx._groups finds a few keys a pass each and more by sorting: the same groups either way."""
+    keys = np.random.default_rng(distinct).integers(0, distinct, 5_000) * 7 - 3
+    groups = list(nvtx._groups(keys))
+    assert [int(key) for key, _ in groups] == sorted(set(keys.tolist()))
+    for key, positions in groups:
+        assert positions.dtype == np.int32
+        assert (positions == np.flatnonzero(keys == key)).all()
