@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -221,8 +223,28 @@ def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window, 
         best = around.sort_values(["start", "end"], ascending=[False, True], kind="stable").index[0]
         assert chosen == best
     assert set(innermost.index) == {c for c, _ in expected}
-    if left_open:
-        assert all(thread._tail is not None for thread in nvtx.thread_windows(ranges).values())
+    if left_open:  # each thread carries more ranges than a window starts: the rest is one window
+        for thread in nvtx.thread_windows(ranges).values():
+            walk = thread.walk()
+            walk.ranges(len(thread.window_starts) - 1)
+            assert walk._tail is not None
+
+
+def test_ranges_containing_calls_side_by_side(monkeypatch):
+    """Analyses run side by side and share each NVTX table's windows: callers on four threads at once, each
+    walking windows of 3 ranges, find what one caller alone finds."""
+    monkeypatch.setattr(nvtx, "WINDOW_RANGES", 3)
+    rng = np.random.default_rng(5)
+    ranges = pd.DataFrame({"start": np.sort(rng.integers(0, 100_000, 3_000)), "global_tid": rng.integers(1, 3, 3_000)})
+    ranges["end"] = ranges["start"] + rng.integers(0, 300, 3_000)
+    calls = pd.DataFrame({"start": np.sort(rng.integers(0, 100_000, 4_000)), "global_tid": rng.integers(1, 3, 4_000)})
+    calls["end"] = calls["start"] + rng.integers(0, 20, 4_000)
+    alone = nvtx.innermost_ranges(ranges.copy(), calls)
+    with ThreadPoolExecutor(4) as pool:
+        found = list(pool.map(lambda _: nvtx.innermost_ranges(ranges, calls), range(16)))
+    assert len(alone) > 1_000
+    for each in found:
+        pd.testing.assert_series_equal(each, alone)
 
 
 def test_summary_over_a_pandas_table_equals_pandas_own_groupby():

@@ -223,28 +223,44 @@ class ThreadWindows:
     start in it and those that began before and are still open at its first start. A call that starts in
     window w's time lies only in ranges of window w, so their ThreadRanges answer for it, and no more than a
     window's ranges are cut into segments at once: whole timelines held 28 bytes a range from the projection
-    to the end (1.6 GB at 10M kernels of NeMo's shape, 60M ranges)."""
+    to the end (1.6 GB at 10M kernels of NeMo's shape, 60M ranges). Not changed once made: each caller
+    walks the windows with a walk() of its own (analyses run side by side)."""
 
     def __init__(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, rank: np.ndarray | None):
         # rows: the thread's positions in the NVTX table, by start; the rest: the table's columns
         # (rank None: a row's rank among the table's labels is its position)
-        self.rows, self._starts, self._ends, self._rank = rows, starts, ends, rank
+        self.rows, self.starts, self.ends, self.rank = rows, starts, ends, rank
         self.window_starts = starts[rows[::WINDOW_RANGES]]
-        self._carried_into, self._carried = 0, np.empty(0, np.int64)  # positions in `rows` open at that window
-        self._last: tuple[int, ThreadRanges] | None = None  # slices of the launch join meet in a window
-        self._tail: int | None = None  # the window from which on the rest is one (see ranges)
 
     def window_of(self, times: np.ndarray) -> np.ndarray:
         """The window each time falls in (-1: before the thread's first range)."""
         return np.searchsorted(self.window_starts, times, side="right") - 1
 
-    def _positions(self, window: int) -> np.ndarray:
-        return np.arange(window * WINDOW_RANGES, min((window + 1) * WINDOW_RANGES, len(self.rows)))
+    def positions(self, window: int, to_end: bool = False) -> np.ndarray:
+        """Positions in `rows` of the ranges that start in `window` (`to_end`: in it or after it)."""
+        return np.arange(
+            window * WINDOW_RANGES, len(self.rows) if to_end else min((window + 1) * WINDOW_RANGES, len(self.rows))
+        )
+
+    def walk(self) -> WindowWalk:
+        return WindowWalk(self)
+
+
+class WindowWalk:
+    """One caller's way through a thread's windows: the ranges carried into the window it is at, and the last
+    window's ThreadRanges (slices of the launch join meet in a window)."""
+
+    def __init__(self, thread: ThreadWindows):
+        self.thread = thread
+        self._carried_into, self._carried = 0, np.empty(0, np.int64)  # positions in `rows` open at that window
+        self._last: tuple[int, ThreadRanges] | None = None
+        self._tail: int | None = None  # the window from which on the rest is one (see ranges)
 
     def ranges(self, window: int) -> ThreadRanges:
         """Window `window`'s ranges (0 <= window < len(window_starts)) as ThreadRanges (`rows`: positions in
         the NVTX table). Asked in ascending order, as the calls' time goes, each range is looked at once
         per window it is open in; asked out of order, the carried ranges are found again from the start."""
+        thread = self.thread
         if self._tail is not None:
             window = min(window, self._tail)
         if self._last is not None and self._last[0] == window:
@@ -252,19 +268,18 @@ class ThreadWindows:
         if window < self._carried_into:
             self._carried_into, self._carried = 0, np.empty(0, np.int64)
         while self._carried_into < window:  # a window at a time: each window's positions only
-            held = np.concatenate([self._carried, self._positions(self._carried_into)])
+            held = np.concatenate([self._carried, thread.positions(self._carried_into)])
             self._carried_into += 1
-            self._carried = held[self._ends[self.rows[held]] >= self.window_starts[self._carried_into]]
-        positions = self._positions(window)
+            self._carried = held[thread.ends[thread.rows[held]] >= thread.window_starts[self._carried_into]]
+        positions = thread.positions(window)
         if len(self._carried) > WINDOW_RANGES:
             # more ranges carried than a window starts (ranges left open, ended at the capture's end): carried
             # on, they would be cut into segments again in every window; the rest is one window instead
             self._tail = window
-            positions = np.arange(window * WINDOW_RANGES, len(self.rows))
-        rows = self.rows[np.concatenate([self._carried, positions])]
-        timeline = ThreadRanges(
-            self._starts[rows], self._ends[rows], rows, rows if self._rank is None else self._rank[rows]
-        )
+            positions = thread.positions(window, to_end=True)
+        rows = thread.rows[np.concatenate([self._carried, positions])]
+        rank = rows if thread.rank is None else thread.rank[rows]
+        timeline = ThreadRanges(thread.starts[rows], thread.ends[rows], rows, rank)
         self._last = (window, timeline)
         return timeline
 
@@ -288,12 +303,12 @@ def thread_windows(nvtx: pd.DataFrame) -> dict[int, ThreadWindows]:
     return windows
 
 
-def _by_window(thread: ThreadWindows, times: np.ndarray):
+def _by_window(walk: WindowWalk, times: np.ndarray):
     """(window's ThreadRanges, positions in `times`) for each window that `times` fall in, in time order;
     times before the thread's first range are in none."""
-    for window, positions in _groups(thread.window_of(times)):
+    for window, positions in _groups(walk.thread.window_of(times)):
         if window >= 0:
-            yield thread.ranges(int(window)), positions
+            yield walk.ranges(int(window)), positions
 
 
 def _calls_in_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame, enclosing: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -308,7 +323,7 @@ def _calls_in_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame, enclosing: bool) -
         thread = windows.get(int(tid))
         if thread is None:
             continue
-        for timeline, positions in _by_window(thread, starts[thread_rows]):
+        for timeline, positions in _by_window(thread.walk(), starts[thread_rows]):
             rows = thread_rows[positions]
             valid, segment, need = timeline.queries(starts[rows], ends[rows])
             rows = rows[valid]
@@ -529,6 +544,7 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
             also.finish()
         return pd.DataFrame(columns=columns)
     windows = thread_windows(nvtx)
+    walks = {tid: thread.walk() for tid, thread in windows.items()}
     codes, names = _name_codes(nvtx["name"])
     sums = _RangeSums(codes, len(names))
     for launches in launch_slices(events):
@@ -545,7 +561,7 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
                 continue
             before = thread.window_of(starts[rows]) < 0  # before the thread's first range
             sums.add_outside(int(tid), int(before.sum()), int(durations[rows[before]].sum()))
-            for timeline, positions in _by_window(thread, starts[rows]):
+            for timeline, positions in _by_window(walks[int(tid)], starts[rows]):
                 at = rows[positions]
                 sums.add_window(int(tid), timeline, starts[at], ends[at], durations[at])
     if also is not None:
