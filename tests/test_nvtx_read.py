@@ -4,6 +4,9 @@ and the SQL route, never a different answer, for what the page route does not re
 
 from __future__ import annotations
 
+import mmap
+
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -134,3 +137,30 @@ def test_what_the_page_route_does_not_read_goes_the_sql_way(tmp_path, case, edit
         export.close()
     ranges = load_trace(export.path).nvtx  # loads, by DuckDB (or sqlite3 for the bytes DuckDB refuses)
     assert len(ranges) and ranges["name"].dtype == "category"
+
+
+@pytest.mark.parametrize("mremap", [True, False], ids=["grown in place", "no mremap"])
+def test_kept_columns_hold_each_chunks_rows_in_order(monkeypatch, mremap):
+    """_Kept grows its mapping in place (Linux's mremap) or, where the system has none, into a new one with a
+    copy; a NULL mask holds nothing until its first NULL, and reads False before it."""
+    if not mremap:
+
+        class NoMremap(mmap.mmap):
+            def resize(self, size):
+                raise SystemError("mmap: resizing not available--no mremap()")
+
+        monkeypatch.setattr(nsys_sqlite.mmap, "mmap", NoMremap)
+    monkeypatch.setattr(nsys_sqlite, "KEPT_START_BYTES", 8)
+    rng = np.random.default_rng(2)
+    values, mask = nsys_sqlite._Kept(np.int64, masks=False), nsys_sqlite._Kept(bool, masks=True)
+    expected, expected_mask = [], []
+    for chunk in range(40):
+        rows, keep = rng.integers(-(2**62), 2**62, 300), rng.random(300) < 0.4
+        nulls = rng.random(300) < 0.1 if chunk in (11, 30) else None  # NULLs in two chunks only
+        values.add(rows, keep, int(keep.sum()))
+        mask.add(nulls, keep, int(keep.sum()))
+        expected.append(rows[keep])
+        expected_mask.append(np.zeros(int(keep.sum()), bool) if nulls is None else nulls[keep])
+    assert (values.array() == np.concatenate(expected)).all()
+    assert (mask.array() == np.concatenate(expected_mask)).all() and mask.array().any()
+    assert nsys_sqlite._Kept(bool, masks=True).array() is None
