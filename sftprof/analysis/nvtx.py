@@ -45,8 +45,9 @@ def _sweep(first, last, query_segment, query_need, enclosing):  # pragma: no cov
     first <= k and last >= m: those that contain a call starting in segment k and ending before
     bound m. Ranges come in push order (ascending priority), so a stack of the ranges that began
     holds them by priority, and the first one found from the top is the innermost. Ranges that
-    ended (last < k) are dropped from the top as the sweep passes them, and before a range is pushed. `enclosing` False: the
-    innermost one's position per query (-1: none); True: (query, range) pairs, all of them."""
+    ended (last < k) are dropped from the top as the sweep passes them, and before a range is pushed.
+    `enclosing` False: the innermost one's position per query (-1: none); True: (query, range) pairs,
+    all of them."""
     stack = np.empty(len(first), np.int64)
     top, pushed, found = 0, 0, 0
     innermost = np.full(len(query_segment), -1, np.int64)
@@ -315,8 +316,9 @@ def thread_windows(nvtx: pd.DataFrame) -> dict[int, ThreadWindows]:
     starts, ends = nvtx["start"].to_numpy("int64"), nvtx["end"].to_numpy("int64")
     windows = {}
     for tid, rows in _groups(nvtx["global_tid"].to_numpy("int64")):
-        if not (starts[rows][1:] >= starts[rows][:-1]).all():  # loaders list ranges by start; a frame made otherwise
-            rows = rows[np.argsort(starts[rows], kind="stable")]
+        thread_starts = starts[rows]
+        if not (thread_starts[1:] >= thread_starts[:-1]).all():  # loaders list ranges by start; a frame made otherwise
+            rows = rows[np.argsort(thread_starts, kind="stable")]
         windows[int(tid)] = ThreadWindows(rows, starts, ends, rank)
     _last_windows[:] = [(weakref.ref(nvtx), windows)]
     return windows
@@ -324,12 +326,14 @@ def thread_windows(nvtx: pd.DataFrame) -> dict[int, ThreadWindows]:
 
 def _by_window(walk: WindowWalk, times: np.ndarray, ends: np.ndarray | None = None):
     """(window's ThreadRanges, positions in `times`) for each window that `times` fall in, in time order;
-    times before the thread's first range are in none. `ends`: the calls' ends, to take only the ranges that
-    contain one of the calls (WindowWalk.ranges' `around`)."""
+    (None, positions) for the times before the thread's first range, which are in no range. `ends`: the
+    calls' ends, to take only the ranges that contain one of the calls (WindowWalk.ranges' `around`)."""
     for window, positions in _groups(walk.thread.window_of(times)):
-        if window >= 0:
-            around = None if ends is None else (times[positions], ends[positions])
-            yield walk.ranges(int(window), around), positions
+        if window < 0:
+            yield None, positions
+            continue
+        around = None if ends is None else (times[positions], ends[positions])
+        yield walk.ranges(int(window), around), positions
 
 
 def _calls_in_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame, enclosing: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -345,6 +349,8 @@ def _calls_in_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame, enclosing: bool) -
         if thread is None:
             continue
         for timeline, positions in _by_window(thread.walk(), starts[thread_rows], ends[thread_rows]):
+            if timeline is None:
+                continue
             rows = thread_rows[positions]
             valid, segment, need = timeline.queries(starts[rows], ends[rows])
             rows = rows[valid]
@@ -404,9 +410,9 @@ class _RangeSums:
         """Launches (their calls' starts and ends, their kernels' durations) that start in one window
         (`timeline`: its ranges). Calls strictly inside a segment are summed per segment; a segment's kernels
         go to its innermost open range, and to every range open in it (a range's inclusive sum: a difference
-        of the running sums over the window's segments); calls on a segment's edge are placed exactly."""
+        of the running sums over the window's segments); calls on a segment's edge are placed exactly. Each
+        call starts in a segment: the window's first range starts at or before it."""
         known, inside, on_edge = _place(timeline.bounds, timeline.seg_ends, starts, ends)
-        self.add_outside(tid, int((~(inside | on_edge)).sum()), int(durations[~(inside | on_edge)].sum()))
         used, kernels, gpu_ns = _sums_per_key(known[inside], np.ones(int(inside.sum()), "int64"), durations[inside])
         inner = timeline.innermost(used, used + 1)
         ranged = inner >= 0
@@ -580,11 +586,12 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
             if thread is None:
                 sums.add_outside(int(tid), len(rows), int(durations[rows].sum()))
                 continue
-            before = thread.window_of(starts[rows]) < 0  # before the thread's first range
-            sums.add_outside(int(tid), int(before.sum()), int(durations[rows[before]].sum()))
             for timeline, positions in _by_window(walks[int(tid)], starts[rows]):
                 at = rows[positions]
-                sums.add_window(int(tid), timeline, starts[at], ends[at], durations[at])
+                if timeline is None:  # before the thread's first range
+                    sums.add_outside(int(tid), len(at), int(durations[at].sum()))
+                else:
+                    sums.add_window(int(tid), timeline, starts[at], ends[at], durations[at])
     if also is not None:
         also.finish()
 
