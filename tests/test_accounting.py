@@ -397,13 +397,13 @@ class Trace:
         events = EventStore.from_frames(
             kernels=pd.DataFrame(self.kernels) if self.kernels else None,
             cuda_api=pd.DataFrame(self.calls) if self.calls else None,
+            nvtx=_frame("nvtx", self.ranges),
         )
         return TraceTables(
             source_path="built",
             span_ns=10**9,
             sources={"cuda", "nvtx"},
             events=events,
-            nvtx=_frame("nvtx", self.ranges),
             memops=_frame("memops", self.memops),
         )
 

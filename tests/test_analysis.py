@@ -40,7 +40,9 @@ def test_busy_time_is_the_union_over_streams_not_the_sum():
 
 
 def _tables_with(**frames) -> TraceTables:
-    events = EventStore.from_frames(kernels=frames.pop("kernels", None), cuda_api=frames.pop("cuda_api", None))
+    events = EventStore.from_frames(
+        kernels=frames.pop("kernels", None), cuda_api=frames.pop("cuda_api", None), nvtx=frames.pop("nvtx", None)
+    )
     return TraceTables(source_path="test", span_ns=1_000_000_000, sources={"cuda", "nvtx"}, events=events, **frames)
 
 
@@ -201,10 +203,11 @@ def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window, 
     ranges["end"] = ranges["start"] + rng.integers(0, 30, 300) * 10
     if left_open:
         ranges.loc[::3, "end"] = 2_000
-    ranges["name"] = [f"r{i % 7}" for i in range(len(ranges))]
+    ranges["name"] = [f"r{i}" for i in range(len(ranges))]  # each range a name of its own: the name says which
+    events = EventStore.from_frames(nvtx=ranges.assign(style="PushPop", pid=0, tid=ranges["global_tid"]))
     calls = pd.DataFrame({"start": rng.integers(0, 1_300, 2_000) // 5 * 5, "global_tid": rng.integers(1, 4, 2_000)})
     calls["end"] = calls["start"] + rng.integers(0, 8, 2_000) * 5
-    pairs = nvtx.enclosing_ranges(ranges, calls)
+    pairs = nvtx.enclosing_ranges(events, calls)
     column = lambda frame, name: frame[name].to_numpy()[:, None] if frame is calls else frame[name].to_numpy()[None, :]  # noqa: E731
     inside = (
         (column(calls, "global_tid") == column(ranges, "global_tid"))
@@ -212,21 +215,22 @@ def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window, 
         & (column(calls, "end") <= column(ranges, "end"))
     )
     expected = set(zip(*(axis.tolist() for axis in np.nonzero(inside))))  # RangeIndex: positions are labels
-    assert set(zip(pairs["call"], pairs["range"])) == expected
+    assert set(zip(pairs["call"], pairs["name"])) == {(c, f"r{r}") for c, r in expected}
     assert len(expected) > 500
-    innermost = nvtx.innermost_ranges(ranges, calls)
+    innermost = nvtx.innermost_ranges(events, calls)
     around_call = {}
     for c, r in sorted(expected):
         around_call.setdefault(c, []).append(r)
     for call, chosen in innermost.items():
-        around = ranges.loc[around_call[call]]  # identical ranges: the first one
-        best = around.sort_values(["start", "end"], ascending=[False, True], kind="stable").index[0]
-        assert chosen == best
+        around = ranges.loc[around_call[call]]  # identical ranges: the first name (the loaders' order) is inner
+        best = around.sort_values(["start", "end", "name"], ascending=[False, True, True], kind="stable")
+        assert chosen == best["name"].iloc[0]
     assert set(innermost.index) == {c for c, _ in expected}
     if left_open:  # each thread carries more ranges than a window starts: the rest is one window
-        for thread in nvtx.thread_windows(ranges).values():
+        for thread in nvtx.thread_windows(events).values():
             walk = thread.walk()
-            walk.ranges(len(thread.window_starts) - 1)
+            for window in range(len(thread.window_starts)):
+                walk.ranges(window)
             assert walk._tail is not None
 
 
@@ -237,11 +241,14 @@ def test_ranges_containing_calls_side_by_side(monkeypatch):
     rng = np.random.default_rng(5)
     ranges = pd.DataFrame({"start": np.sort(rng.integers(0, 100_000, 3_000)), "global_tid": rng.integers(1, 3, 3_000)})
     ranges["end"] = ranges["start"] + rng.integers(0, 300, 3_000)
+    ranges["name"] = [f"r{i}" for i in range(len(ranges))]
+    events = EventStore.from_frames(nvtx=ranges.assign(style="PushPop", pid=0, tid=ranges["global_tid"]))
     calls = pd.DataFrame({"start": np.sort(rng.integers(0, 100_000, 4_000)), "global_tid": rng.integers(1, 3, 4_000)})
     calls["end"] = calls["start"] + rng.integers(0, 20, 4_000)
-    alone = nvtx.innermost_ranges(ranges.copy(), calls)
+    alone = nvtx.innermost_ranges(events, calls)
+    nvtx._last_windows.clear()  # the callers below make the windows again, side by side
     with ThreadPoolExecutor(4) as pool:
-        found = list(pool.map(lambda _: nvtx.innermost_ranges(ranges, calls), range(16)))
+        found = list(pool.map(lambda _: nvtx.innermost_ranges(events, calls), range(16)))
     assert len(alone) > 1_000
     for each in found:
         pd.testing.assert_series_equal(each, alone)

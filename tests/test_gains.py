@@ -385,10 +385,8 @@ def busy_gpu_loop(steps_n: int = 3) -> TraceTables:
         ],
         columns=COLUMNS["cuda_api"],
     )
-    events = EventStore.from_frames(kernels=pd.DataFrame(kernels), cuda_api=api)
-    return TraceTables(
-        source_path="busy", span_ns=steps_n * 100 * MS, sources={"cuda", "nvtx"}, nvtx=nvtx, events=events
-    )
+    events = EventStore.from_frames(kernels=pd.DataFrame(kernels), cuda_api=api, nvtx=nvtx)
+    return TraceTables(source_path="busy", span_ns=steps_n * 100 * MS, sources={"cuda", "nvtx"}, events=events)
 
 
 def test_a_sync_on_a_busy_gpu_costs_nearly_nothing_and_fusion_ranks_first():

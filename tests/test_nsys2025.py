@@ -146,7 +146,7 @@ def _gpu_ops_by_range(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     ops = pd.concat([t.kernels[columns].assign(kernel=True), t.memops[columns].assign(kernel=False)], ignore_index=True)
     calls = cuda.with_api_calls(ops, t.events)
     calls = calls.assign(op_start=calls["start"], op_end=calls["end"], start=calls["api_start"], end=calls["api_end"])
-    return calls, nvtx.enclosing_ranges(t.nvtx, calls)
+    return calls, nvtx.enclosing_ranges(t.events, calls)
 
 
 @pytest.mark.parametrize("name", CAPTURES)
@@ -155,7 +155,7 @@ def test_nvtx_gpu_ops_per_range_equal_nvtx_gpu_proj_sum(name):
     (inclusive_kernels) plus the memory operations launched in it; the same ranges have GPU work."""
     calls, pairs = _gpu_ops_by_range(name)
     memops = pairs[~calls.loc[pairs["call"], "kernel"].to_numpy()]
-    memops_by_name = tables(name).nvtx.loc[memops["range"], "name"].value_counts()
+    memops_by_name = memops["name"].value_counts()
     projection = analysis(name).tables["nvtx_gpu"]
     named = projection[~projection["range"].str.startswith("(")].set_index("range")["inclusive_kernels"]
     ours = named.add(memops_by_name, fill_value=0).astype("int64")
@@ -171,15 +171,23 @@ def test_range_projection_from_sftprofs_launch_assignment_equals_nvtx_gpu_proj_s
     nvtx_gpu_proj_sum but the two about nesting (Avg Range Lvl, Avg Num Child). sftprof saves no
     projection table: this checks, per range instance, the assignment its nvtx_gpu table is built on."""
     calls, pairs = _gpu_ops_by_range(name)
+    # a range instance: its thread, times and name (the tables' ranges have no two alike)
+    ranges = tables(name).nvtx
+    instance = ["global_tid", "start", "end", "name"]
+    assert not ranges.duplicated(instance).any()
     ops = pd.DataFrame(
         {
-            "range": pairs["range"].to_numpy(),
-            "start": calls.loc[pairs["call"], "op_start"].to_numpy(),
-            "end": calls.loc[pairs["call"], "op_end"].to_numpy(),
+            "global_tid": calls.loc[pairs["call"], "global_tid"].to_numpy(),
+            "start": pairs["start"].to_numpy(),
+            "end": pairs["end"].to_numpy(),
+            "name": pairs["name"].to_numpy(),
+            "op_start": calls.loc[pairs["call"], "op_start"].to_numpy(),
+            "op_end": calls.loc[pairs["call"], "op_end"].to_numpy(),
         }
     )
-    instances = ops.groupby("range").agg(first=("start", "min"), last=("end", "max"), ops=("start", "size"))
-    instances = instances.assign(proj=instances["last"] - instances["first"]).join(tables(name).nvtx)
+    instances = ops.groupby(instance).agg(first=("op_start", "min"), last=("op_end", "max"), ops=("op_start", "size"))
+    instances = instances.reset_index().merge(ranges.astype({"name": object}), on=instance, validate="one_to_one")
+    instances = instances.assign(proj=instances["last"] - instances["first"])
 
     def rounded(value: float) -> str:
         return f"{sqlite_round(pd.Series([value])).iloc[0]:.1f}"

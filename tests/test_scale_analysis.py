@@ -112,13 +112,14 @@ def random_trace(
         }
         for s, d, dev in zip(op_starts, rng.integers(0, 3_000, memops), rng.choice(devices, memops), strict=True)
     ]
-    events = EventStore.from_frames(kernels=kernels, cuda_api=pd.concat([calls, syncs], ignore_index=True))
+    events = EventStore.from_frames(
+        kernels=kernels, cuda_api=pd.concat([calls, syncs], ignore_index=True), nvtx=_frame("nvtx", nvtx_rows)
+    )
     return TraceTables(
         source_path="random",
         span_ns=span,
         sources={"cuda", "nvtx"},
         events=events,
-        nvtx=_frame("nvtx", nvtx_rows),
         memops=_frame("memops", ops),
     )
 
@@ -300,9 +301,9 @@ def _shared_equals_own(tables: TraceTables) -> pd.DataFrame:
     waits = cuda.host_wait_calls(events)
     labels = cpu.thread_labels(cpu.thread_summary(tables, waits, cuda.calls_by_thread(events)))
     own = accounting.step_accounting(tables, waits)
-    projection_alone = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
+    projection_alone = nvtx.gpu_time_by_range(events, labels)
     sums = accounting.LaunchSums(tables)
-    projection = nvtx.gpu_time_by_range(tables.nvtx, events, labels, sums)
+    projection = nvtx.gpu_time_by_range(events, labels, sums)
     assert sums.finished
     pd.testing.assert_frame_equal(projection, projection_alone)
     shared = accounting.step_accounting(tables, waits, sums, gpu.busy_unions(events, tables.memops))
@@ -490,19 +491,21 @@ def test_projection_is_the_same_whatever_the_slices_of_the_launch_join(monkeypat
     tables = random_trace()
     events = tables.events
     labels = cpu.thread_labels(cpu.thread_summary(tables, cuda.host_wait_calls(events), cuda.calls_by_thread(events)))
-    whole = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
+    whole = nvtx.gpu_time_by_range(events, labels)
     monkeypatch.setattr(nvtx, "SLICE_KERNELS", 97)
-    sliced = nvtx.gpu_time_by_range(tables.nvtx, events, labels)
+    sliced = nvtx.gpu_time_by_range(events, labels)
     pd.testing.assert_frame_equal(sliced, whole)
     left_open = tables.nvtx.copy()  # a third of the ranges left open: they end at the capture's end
     left_open.loc[::3, "end"] = tables.span_ns
+    open_events = EventStore.from_frames(kernels=tables.kernels, cuda_api=tables.cuda_api, nvtx=left_open)
     monkeypatch.setattr(nvtx, "WINDOW_RANGES", 1 << 20)
-    whole_open = nvtx.gpu_time_by_range(left_open, events, labels)
+    whole_open = nvtx.gpu_time_by_range(open_events, labels)
     for ranges in (1, 4, 33):  # windows of the ranges as well: ranges carried from window to window
         monkeypatch.setattr(nvtx, "WINDOW_RANGES", ranges)
-        windowed = nvtx.gpu_time_by_range(tables.nvtx.copy(), events, labels)  # a copy: windows are kept per frame
+        windowed = nvtx.gpu_time_by_range(events, labels)
+        assert len(nvtx.thread_windows(events)[next(iter(nvtx.thread_windows(events)))].window_starts) > 1
         pd.testing.assert_frame_equal(windowed, whole)
-        pd.testing.assert_frame_equal(nvtx.gpu_time_by_range(left_open.copy(), events, labels), whole_open)
+        pd.testing.assert_frame_equal(nvtx.gpu_time_by_range(open_events, labels), whole_open)
     outside = whole[whole["range"].str.startswith("(no NVTX range, ")]
     assert len(outside) >= 2 and outside["kernels"].sum() > 0
 

@@ -85,7 +85,7 @@ def _headline(v: dict, findings: list[Finding]) -> dict:
         "kernels": totals["count"],
         "application_threads": len(v["threads"]),
         "osrt_calls": len(tables.osrt),
-        "nvtx_ranges": len(tables.nvtx),
+        "nvtx_ranges": tables.events.count("nvtx_rows"),
         "top_kernel": str(top.kernel) if top is not None else None,
         "top_kernel_pct": float(top.time_pct) if top is not None else None,
         "kernel_family_pct": {row.family: round(float(row.time_pct), 2) for row in v["kernel_families"].itertuples()},

@@ -231,7 +231,7 @@ class LaunchSums:
     Built from the NVTX ranges alone (the steps, each thread's timeline) and the kernel names."""
 
     def __init__(self, tables):
-        ranges = tables.nvtx
+        ranges = cpu.marked_ranges(tables.events)
         self.steps = cpu.step_table(ranges).reset_index(drop=True)
         self.n = n = len(self.steps)
         self.finished = False
@@ -524,7 +524,8 @@ def _busy_and_idle(
     starts, ends = result["start"].to_numpy("int64"), result["end"].to_numpy("int64")
     empty = intervals.RunningUnion().result()
     # the step thread's data ranges inside its steps
-    data_ranges = tables.nvtx[tables.nvtx["name"] == cpu.PHASES[0]]
+    marked = cpu.marked_ranges(tables.events)
+    data_ranges = marked[marked["name"] == cpu.PHASES[0]]
     data = _Pieces.joined(
         [
             _Pieces.cut(intervals.union(ranges), starts, ends, np.flatnonzero(thread_of_step == tid))

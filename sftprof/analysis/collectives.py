@@ -321,7 +321,8 @@ def step_waits(nvtx: pd.DataFrame, osrt: pd.DataFrame) -> pd.DataFrame:
     ranges) blocked in synchronization calls
     (SYNC_WAIT_CALLS: c10d/gloo/MPI waits on condition variables, futexes, sockets), each call placed by
     its start in the innermost phase range open on that thread and cut at that range's end. Needs the
-    OS-runtime trace (osrt); empty without step ranges."""
+    OS-runtime trace (osrt); empty without step ranges. `nvtx`: the step and phase ranges at least
+    (cpu.marked_ranges)."""
     steps = _step_ranges(nvtx)
     if len(steps):  # each process's training thread: the one with the most step ranges (as accounting)
         counts = steps.groupby("global_tid").size().rename("n").reset_index()

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis.stats import duration_summary
+from sftprof.analysis.stats import duration_summary, finish_summary, grouped_summary
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
 PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
@@ -27,9 +27,31 @@ def osrt_summary(osrt: pd.DataFrame) -> pd.DataFrame:
     return duration_summary(osrt, ["name"])
 
 
-def nvtx_summary(nvtx: pd.DataFrame) -> pd.DataFrame:
-    """NVTX range time by name and style, as `nsys stats -r nvtxsum`."""
-    return duration_summary(nvtx, ["name", "style"])
+def nvtx_summary(events) -> pd.DataFrame:
+    """NVTX range time by name and style, as `nsys stats -r nvtxsum`: summed by the store, by their codes."""
+    summary = grouped_summary(events, "nvtx", ["name_id", "style_id"])
+    for column, categories in zip(("name", "style"), events.nvtx_categories(), strict=True):
+        codes = summary.pop(f"{column}_id").fillna(-1).to_numpy("int64")
+        summary[column] = pd.Categorical.from_codes(codes, categories)
+    return finish_summary(summary, ["name", "style"])
+
+
+def marked_ranges(events) -> pd.DataFrame:
+    """The NVTX ranges that the step analyses read, in tables.py's nvtx columns: the steps (STEP_RANGE) and the
+    phases (PHASES), a few per step, where the store can hold millions of others (NeMo's emit_nvtx)."""
+    names = pd.Series(events.nvtx_categories()[0], dtype=object).astype(str)
+    wanted = np.flatnonzero(names.str.match(STEP_RANGE) | names.isin(PHASES))
+    return events.nvtx_frame(f"name_id IN ({', '.join(map(str, wanted))})" if len(wanted) else "false")
+
+
+def nvtx_threads(events) -> pd.DataFrame:
+    """Each thread with NVTX ranges: global_tid, pid, tid and how many ranges, in the order of its first range
+    in the table (NVTX_ORDER)."""
+    return events.query("""
+        WITH firsts AS (SELECT global_tid, min(start) AS first, count(*) AS ranges FROM nvtx GROUP BY global_tid)
+        SELECT n.global_tid, any_value(n.pid) AS pid, any_value(n.tid) AS tid, any_value(f.ranges) AS ranges
+        FROM nvtx n JOIN firsts f ON n.global_tid = f.global_tid AND n.start = f.first
+        GROUP BY n.global_tid ORDER BY any_value(f.first), max(n."end") DESC, n.global_tid""")
 
 
 def step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
@@ -91,7 +113,7 @@ def application_pids(tables, api_threads: pd.DataFrame) -> set[int]:
     """Processes that emitted trace events (the profiled program), not nsys or the system.
     `api_threads`: cuda.calls_by_thread."""
     pids = set(api_threads["pid"].dropna().astype(int))
-    for frame in (tables.nvtx, tables.osrt):
+    for frame in (nvtx_threads(tables.events), tables.osrt):
         pids.update(int(pid) for pid in frame["pid"].unique())
     return pids
 
@@ -128,7 +150,7 @@ def application_threads(tables, api_threads: pd.DataFrame) -> pd.DataFrame:
     seen = pd.concat(
         [
             frame[["global_tid", "pid", "tid"]].drop_duplicates("global_tid")
-            for frame in (tables.osrt, api_threads, tables.nvtx, _sched_threads(tables.events))
+            for frame in (tables.osrt, api_threads, nvtx_threads(tables.events), _sched_threads(tables.events))
         ]
     )
     seen = seen[seen["pid"].isin(pids)]
@@ -146,7 +168,7 @@ def thread_summary(tables, waits: pd.DataFrame, api_threads: pd.DataFrame) -> pd
     osrt_by_tid = osrt.groupby("global_tid")
     gpu_wait = waits.groupby("global_tid")["duration"].sum()
     api_by_tid = api_threads.set_index("global_tid")[["calls", "total_ns"]].set_axis(["count", "sum"], axis=1)
-    nvtx_by_tid = tables.nvtx["global_tid"].value_counts()
+    nvtx_by_tid = nvtx_threads(tables.events).set_index("global_tid")["ranges"]
     rows = []
     for thread in threads.itertuples():
         calls = osrt_by_tid.get_group(thread.global_tid) if thread.global_tid in osrt_by_tid.groups else osrt.iloc[0:0]

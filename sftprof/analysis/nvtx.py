@@ -99,8 +99,8 @@ class ThreadRanges:
     """One thread's NVTX ranges on its timeline cut at every start and end: segment k runs from
     bounds[k] to bounds[k+1] (the last to the end of time), and within one segment the same ranges
     are open. Range i (in push order: start ascending, then the longer and the later-listed first,
-    so that later means more inner) is open in segments first[i] to last[i] - 1; `rows` are their
-    positions in the NVTX table."""
+    so that later means more inner) is open in segments first[i] to last[i] - 1; `rows` say which range
+    each is (positions in an NVTX table, or ThreadWindows' name codes), in that order."""
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, label_rank: np.ndarray):
         # np.unique hashes: several times slower on millions of times. Starts come sorted and ends nearly so:
@@ -199,17 +199,6 @@ def _groups(keys: np.ndarray):
     return zip(ordered[first], np.split(order, first[1:]), strict=True)
 
 
-def _name_codes(names: pd.Series) -> tuple[np.ndarray, pd.Index]:
-    """Each row's name as a code into the distinct names (a missing name one of them): the loaders'
-    categories' own codes where the names are categorical (a factorize made an int64 per range)."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        return pd.factorize(names, use_na_sentinel=False)
-    codes, distinct = names.cat.codes.to_numpy(), names.cat.categories
-    if (codes < 0).any():  # missing names: one more code, after the categories
-        return np.where(codes < 0, len(distinct), codes), distinct.insert(len(distinct), None)
-    return codes, distinct
-
-
 def _label_rank(nvtx: pd.DataFrame) -> np.ndarray:
     """Each row's rank among the table's index labels (ties between identical ranges go to the smaller label)."""
     if nvtx.index.is_monotonic_increasing:
@@ -219,75 +208,77 @@ def _label_rank(nvtx: pd.DataFrame) -> np.ndarray:
     return rank
 
 
-class ThreadWindows:
-    """One thread's NVTX ranges, a window of WINDOW_RANGES starts at a time: window w holds the ranges that
-    start in it and those that began before and are still open at its first start. A call that starts in
-    window w's time lies only in ranges of window w, so their ThreadRanges answer for it, and no more than a
-    window's ranges are cut into segments at once: whole timelines held 28 bytes a range from the projection
-    to the end (1.6 GB at 10M kernels of NeMo's shape, 60M ranges). Not changed once made: each caller
-    walks the windows with a walk() of its own (analyses run side by side)."""
+def range_names(events: EventStore) -> list:
+    """The names that ThreadWindows' ranges stand for, by code: the store's NVTX names, and None (no name) last."""
+    return [*events.nvtx_categories()[0], None]
 
-    def __init__(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, rank: np.ndarray | None):
-        # rows: the thread's positions in the NVTX table, by start; the rest: the table's columns
-        # (rank None: a row's rank among the table's labels is its position)
-        self.rows, self.starts, self.ends, self.rank = rows, starts, ends, rank
-        self.window_starts = starts[rows[::WINDOW_RANGES]]
+
+class ThreadWindows:
+    """One thread's NVTX ranges in the store, a window of time at a time: window w holds the ranges that start
+    in [window_starts[w], window_starts[w + 1]) and those that began before and are still open at its first
+    start. A call that starts in window w's time lies only in ranges of window w, so their ThreadRanges answer
+    for it, and no more than a window's ranges are fetched and cut into segments at once (NeMo's emit_nvtx:
+    60M ranges at 10M kernels). Windows are cut where about WINDOW_RANGES ranges have started (window_cuts).
+    Not changed once made: each caller walks the windows with a walk() of its own (analyses run side by side)."""
+
+    def __init__(self, events: EventStore, tid: int, window_starts: np.ndarray):
+        self.events, self.tid, self.window_starts = events, tid, window_starts
+        self.missing_name = len(events.nvtx_categories()[0])  # the code of a range without a name
 
     def window_of(self, times: np.ndarray) -> np.ndarray:
         """The window each time falls in (-1: before the thread's first range)."""
         return np.searchsorted(self.window_starts, times, side="right") - 1
 
-    def positions(self, window: int, to_end: bool = False) -> np.ndarray:
-        """Positions in `rows` of the ranges that start in `window` (`to_end`: in it or after it)."""
-        return np.arange(
-            window * WINDOW_RANGES, len(self.rows) if to_end else min((window + 1) * WINDOW_RANGES, len(self.rows))
-        )
+    def fetch(self, window: int, to_end: bool = False) -> tuple[dict[str, np.ndarray], int]:
+        """The ranges of `window` (`to_end`: and of every later one), in the loaders' order (NVTX_ORDER: start,
+        then end descending, then name and style), with each name's code (range_names); and how many of them
+        began before the window (carried in)."""
+        first = int(self.window_starts[window])
+        within = f'"end" >= {first}'
+        if not to_end and window + 1 < len(self.window_starts):
+            within += f" AND start < {int(self.window_starts[window + 1])}"
+        rows = self.events.arrays(f"""
+            SELECT start, "end", coalesce(name_id, {self.missing_name}) AS name, coalesce(style_id, -1) AS style
+            FROM nvtx_rows WHERE global_tid = {self.tid} AND {within}""")
+        order = np.lexsort((rows["style"], rows["name"], -rows["end"], rows["start"]))
+        if (order[1:] < order[:-1]).any():
+            rows = {column: values[order] for column, values in rows.items()}
+        return rows, int(np.searchsorted(rows["start"], first))
 
     def walk(self) -> WindowWalk:
         return WindowWalk(self)
 
 
 class WindowWalk:
-    """One caller's way through a thread's windows: the ranges carried into the window it is at, and the last
-    window's ThreadRanges (slices of the launch join meet in a window)."""
+    """One caller's way through a thread's windows: the last window's ThreadRanges (slices of the launch join
+    meet in a window), and the window from which on the rest of the thread is one."""
 
     def __init__(self, thread: ThreadWindows):
         self.thread = thread
-        self._carried_into, self._carried = 0, np.empty(0, np.int64)  # positions in `rows` open at that window
         self._last: tuple[int, ThreadRanges] | None = None
-        self._tail: int | None = None  # the window from which on the rest is one (see ranges)
+        self._tail: int | None = None  # see ranges
 
     def ranges(self, window: int, around: tuple[np.ndarray, np.ndarray] | None = None) -> ThreadRanges:
-        """Window `window`'s ranges (0 <= window < len(window_starts)) as ThreadRanges (`rows`: positions in
-        the NVTX table). Asked in ascending order, as the calls' time goes, each range is looked at once
-        per window it is open in; asked out of order, the carried ranges are found again from the start.
-        `around`: calls' (starts, ends): only the ranges that contain one of them (a rule asks about a few
-        calls in a window of a million ranges: cutting them all took 2 s a rule at 60M ranges)."""
-        thread = self.thread
+        """Window `window`'s ranges (0 <= window < len(window_starts)) as ThreadRanges whose `rows` are the
+        ranges' name codes (range_names). `around`: calls' (starts, ends): only the ranges that contain one of
+        them (a rule asks about a few calls in a window of a million ranges: cutting them all took 2 s a rule
+        at 60M ranges)."""
         if self._tail is not None:
             window = min(window, self._tail)
             around = None if window == self._tail else around  # the rest of the thread: cut once, and kept
         if around is None and self._last is not None and self._last[0] == window:
             return self._last[1]
-        if window < self._carried_into:
-            self._carried_into, self._carried = 0, np.empty(0, np.int64)
-        while self._carried_into < window:  # a window at a time: each window's positions only
-            held = np.concatenate([self._carried, thread.positions(self._carried_into)])
-            self._carried_into += 1
-            self._carried = held[thread.ends[thread.rows[held]] >= thread.window_starts[self._carried_into]]
-        positions = thread.positions(window)
-        if len(self._carried) > WINDOW_RANGES:
-            # more ranges carried than a window starts (ranges left open, ended at the capture's end): carried
-            # on, they would be cut into segments again in every window; the rest is one window instead
-            self._tail = window
-            positions = thread.positions(window, to_end=True)
-        rows = thread.rows[np.concatenate([self._carried, positions])]
-        if around is not None and self._tail != window:
-            rows = rows[_containing_one(thread.starts[rows], thread.ends[rows], *around)]
-        else:
-            around = None
-        rank = rows if thread.rank is None else thread.rank[rows]
-        timeline = ThreadRanges(thread.starts[rows], thread.ends[rows], rows, rank)
+        rows, carried = self.thread.fetch(window)
+        if carried > WINDOW_RANGES and window + 1 < len(self.thread.window_starts):
+            # more ranges carried in than a window starts (ranges left open, ended at the capture's end): fetched
+            # again for every window, they would be cut into segments again each time; the rest is one window
+            self._tail, around = window, None
+            rows, _ = self.thread.fetch(window, to_end=True)
+        starts, ends, names = rows["start"], rows["end"], rows["name"]
+        if around is not None:
+            keep = _containing_one(starts, ends, *around)
+            starts, ends, names = starts[keep], ends[keep], names[keep]
+        timeline = ThreadRanges(starts, ends, names, np.arange(len(starts)))
         if around is None:
             self._last = (window, timeline)
         return timeline
@@ -304,23 +295,44 @@ def _containing_one(starts: np.ndarray, ends: np.ndarray, call_starts: np.ndarra
     return found
 
 
-_last_windows: list = []  # [(weakref to an nvtx frame, its windows)]: analyses ask again for the same frame
+# window_cuts counts the starts of a thread by this many buckets of its time, to cut it into windows
+WINDOW_BUCKETS = 1 << 16
 
 
-def thread_windows(nvtx: pd.DataFrame) -> dict[int, ThreadWindows]:
-    """Each thread's ThreadWindows (global_tid -> ...), worked out once per NVTX table (analyses do not
-    modify their inputs)."""
-    if _last_windows and _last_windows[0][0]() is nvtx:
-        return _last_windows[0][1]
-    rank = None if nvtx.index.is_monotonic_increasing else _label_rank(nvtx)
-    starts, ends = nvtx["start"].to_numpy("int64"), nvtx["end"].to_numpy("int64")
-    windows = {}
-    for tid, rows in _groups(nvtx["global_tid"].to_numpy("int64")):
-        thread_starts = starts[rows]
-        if not (thread_starts[1:] >= thread_starts[:-1]).all():  # loaders list ranges by start; a frame made otherwise
-            rows = rows[np.argsort(thread_starts, kind="stable")]
-        windows[int(tid)] = ThreadWindows(rows, starts, ends, rank)
-    _last_windows[:] = [(weakref.ref(nvtx), windows)]
+def window_cuts(events: EventStore, tid: int, count: int, first: int, last: int) -> np.ndarray:
+    """Where a thread's windows start (`count` ranges starting from `first` to `last`): a new window at the first
+    bucket of its time (WINDOW_BUCKETS in all) at which more than WINDOW_RANGES ranges would have started in
+    the window so far. A bucket in which more than that start makes a window of its own."""
+    if count <= WINDOW_RANGES:
+        return np.array([first], np.int64)
+    shift = max((last - first).bit_length() - WINDOW_BUCKETS.bit_length() + 1, 0)
+    buckets = events.arrays(f"""
+        SELECT (start - {first}) >> {shift} AS bucket, count(*) AS n FROM nvtx_rows
+        WHERE global_tid = {tid} GROUP BY bucket ORDER BY bucket""")
+    cuts, held = [first], 0
+    for bucket, n in zip(buckets["bucket"].tolist(), buckets["n"].tolist(), strict=True):
+        if held and held + n > WINDOW_RANGES:
+            cuts.append(first + (bucket << shift))
+            held = 0
+        held += n
+    return np.array(cuts, np.int64)
+
+
+_last_windows: list = []  # [(weakref to a store, WINDOW_RANGES, its windows)]: analyses ask again
+
+
+def thread_windows(events: EventStore) -> dict[int, ThreadWindows]:
+    """Each thread's ThreadWindows (global_tid -> ...), worked out once per store (and WINDOW_RANGES)."""
+    if _last_windows and _last_windows[0][0]() is events and _last_windows[0][1] == WINDOW_RANGES:
+        return _last_windows[0][2]
+    threads = events.query(
+        "SELECT global_tid, count(*) AS n, min(start) AS first, max(start) AS last FROM nvtx_rows GROUP BY global_tid"
+    )
+    windows = {
+        int(t.global_tid): ThreadWindows(events, int(t.global_tid), window_cuts(events, *map(int, t)))
+        for t in threads.sort_values("global_tid").itertuples(index=False)
+    }
+    _last_windows[:] = [(weakref.ref(events), WINDOW_RANGES, windows)]
     return windows
 
 
@@ -336,12 +348,12 @@ def _by_window(walk: WindowWalk, times: np.ndarray, ends: np.ndarray | None = No
         yield walk.ranges(int(window), around), positions
 
 
-def _calls_in_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame, enclosing: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(call, range) positions in `calls` and `nvtx`: every range that contains each call on its
-    thread (`enclosing`), or the innermost one; in the calls' order."""
-    windows = thread_windows(nvtx)
+def _calls_in_ranges(events: EventStore, calls: pd.DataFrame, enclosing: bool) -> tuple[np.ndarray, ...]:
+    """(call, range name code, range start, range end) arrays, calls as positions in `calls`: every range that
+    contains each call on its thread (`enclosing`), or the innermost one; in the calls' order."""
+    windows = thread_windows(events)
     starts, ends = calls["start"].to_numpy("int64"), calls["end"].to_numpy("int64")
-    found = [(np.empty(0, np.int64), np.empty(0, np.int64))]
+    found = [tuple(np.empty(0, np.int64) for _ in range(4))]
     for tid, thread_rows in (
         pd.Series(0, index=range(len(calls))).groupby(calls["global_tid"].to_numpy()).indices.items()
     ):
@@ -356,33 +368,32 @@ def _calls_in_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame, enclosing: bool) -
             rows = rows[valid]
             if enclosing:
                 query, ranges = timeline.enclosing(segment, need)
-                found.append((rows[query], timeline.rows[ranges]))
+                rows = rows[query]
             else:
-                inner = timeline.innermost(segment, need)
-                found.append((rows[inner >= 0], timeline.rows[inner[inner >= 0]]))
-    call, ranges = (np.concatenate(parts) for parts in zip(*found, strict=True))
-    order = np.argsort(call, kind="stable")
-    return call[order], ranges[order]
+                ranges = timeline.innermost(segment, need)
+                rows, ranges = rows[ranges >= 0], ranges[ranges >= 0]
+            bounds = timeline.bounds
+            found.append((rows, timeline.rows[ranges], bounds[timeline.first[ranges]], bounds[timeline.last[ranges]]))
+    found = [np.concatenate(parts) for parts in zip(*found, strict=True)]
+    order = np.argsort(found[0], kind="stable")
+    return tuple(values[order] for values in found)
 
 
-def enclosing_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
-    """Every (call, range) pair where the range, on the call's thread, contains the call.
-    `call` and `range` are index labels of `calls` and `nvtx`."""
-    call, ranges = _calls_in_ranges(nvtx, calls, enclosing=True)
-    return pd.DataFrame({"call": calls.index.to_numpy()[call], "range": nvtx.index.to_numpy()[ranges]}).astype(
-        {"call": calls.index.dtype, "range": nvtx.index.dtype}
-    )
+def enclosing_ranges(events: EventStore, calls: pd.DataFrame) -> pd.DataFrame:
+    """Every (call, range) pair where the range, on the call's thread, contains the call: `call` (index labels
+    of `calls`) and the range's `name`, `start` and `end`."""
+    call, codes, starts, ends = _calls_in_ranges(events, calls, enclosing=True)
+    names = np.array(range_names(events), dtype=object)
+    return pd.DataFrame({"call": calls.index.to_numpy()[call], "name": names[codes], "start": starts, "end": ends})
 
 
-def innermost_ranges(nvtx: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
-    """For each call (by index label), the index label of the innermost NVTX range containing it
-    on its thread: the one that started last (the shorter one on a tie). Calls in no range are absent."""
-    call, ranges = _calls_in_ranges(nvtx, calls, enclosing=False)
-    return (
-        pd.Series(nvtx.index.to_numpy()[ranges], index=calls.index.to_numpy()[call], dtype=nvtx.index.dtype)
-        .rename("range")
-        .rename_axis("call")
-    )
+def innermost_ranges(events: EventStore, calls: pd.DataFrame) -> pd.Series:
+    """For each call (by index label), the name of the innermost NVTX range containing it on its thread: the
+    one that started last (the shorter one on a tie; None: a range without a name). Calls in no range are
+    absent."""
+    call, codes, _, _ = _calls_in_ranges(events, calls, enclosing=False)
+    names = np.array(range_names(events), dtype=object)
+    return pd.Series(names[codes], index=calls.index.to_numpy()[call], dtype=object).rename("name").rename_axis("call")
 
 
 class _RangeSums:
@@ -390,8 +401,7 @@ class _RangeSums:
     innermost range that holds a launch, `inclusive` in every range that does, `outside` per thread for
     launches in no range. Nothing is kept per launch, per segment or per range."""
 
-    def __init__(self, codes: np.ndarray, names: int):
-        self.codes = codes  # each NVTX row's name code
+    def __init__(self, names: int):
         self.exclusive = np.zeros((2, names), "int64")  # kernels, GPU ns
         self.inclusive = np.zeros((2, names), "int64")
         self.outside: dict[int, list[int]] = {}
@@ -408,15 +418,15 @@ class _RangeSums:
 
     def add_window(self, tid: int, timeline: ThreadRanges, starts, ends, durations) -> None:
         """Launches (their calls' starts and ends, their kernels' durations) that start in one window
-        (`timeline`: its ranges). Calls strictly inside a segment are summed per segment; a segment's kernels
-        go to its innermost open range, and to every range open in it (a range's inclusive sum: a difference
-        of the running sums over the window's segments); calls on a segment's edge are placed exactly. Each
-        call starts in a segment: the window's first range starts at or before it."""
+        (`timeline`: its ranges, `rows` their name codes). Calls strictly inside a segment are summed per
+        segment; a segment's kernels go to its innermost open range, and to every range open in it (a range's
+        inclusive sum: a difference of the running sums over the window's segments); calls on a segment's edge
+        are placed exactly. Each call starts in a segment: the window's first range starts at or before it."""
         known, inside, on_edge = _place(timeline.bounds, timeline.seg_ends, starts, ends)
         used, kernels, gpu_ns = _sums_per_key(known[inside], np.ones(int(inside.sum()), "int64"), durations[inside])
         inner = timeline.innermost(used, used + 1)
         ranged = inner >= 0
-        self._add(self.exclusive, self.codes[timeline.rows[inner[ranged]]], kernels[ranged], gpu_ns[ranged])
+        self._add(self.exclusive, timeline.rows[inner[ranged]], kernels[ranged], gpu_ns[ranged])
         self.add_outside(tid, int(kernels[~ranged].sum()), int(gpu_ns[~ranged].sum()))
         running_kernels, running_ns = np.r_[0, np.cumsum(kernels)], np.r_[0, np.cumsum(gpu_ns)]
         for i in range(0, len(timeline.rows), CHUNK_ROWS):  # a chunk of ranges at a time
@@ -424,7 +434,7 @@ class _RangeSums:
             hi = np.searchsorted(used, timeline.last[i : i + CHUNK_ROWS])
             self._add(
                 self.inclusive,
-                self.codes[timeline.rows[i : i + CHUNK_ROWS]],
+                timeline.rows[i : i + CHUNK_ROWS],
                 running_kernels[hi] - running_kernels[lo],
                 running_ns[hi] - running_ns[lo],
             )
@@ -433,10 +443,10 @@ class _RangeSums:
             edge_ns, ones = durations[on_edge], np.ones(int(on_edge.sum()), "int64")
             inner = timeline.innermost(segment, need)
             ranged = inner >= 0
-            self._add(self.exclusive, self.codes[timeline.rows[inner[ranged]]], ones[ranged], edge_ns[ranged])
+            self._add(self.exclusive, timeline.rows[inner[ranged]], ones[ranged], edge_ns[ranged])
             self.add_outside(tid, int((~ranged).sum()), int(edge_ns[~ranged].sum()))
             query, ranges = timeline.enclosing(segment, need)
-            self._add(self.inclusive, self.codes[timeline.rows[ranges]], ones[query], edge_ns[query])
+            self._add(self.inclusive, timeline.rows[ranges], ones[query], edge_ns[query])
 
 
 # A call's pid (24 bits) and correlation id, offset from its slice's first, as one int64 key.
@@ -555,7 +565,7 @@ def _sum_by(which: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     return sums
 
 
-def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dict, also=None) -> pd.DataFrame:
+def gpu_time_by_range(events: EventStore, thread_labels: dict, also=None) -> pd.DataFrame:
     """Kernel time per NVTX range name. Kernels launched outside every range are listed per thread,
     so that backward kernels launched by an unannotated autograd thread show up as such.
 
@@ -570,10 +580,10 @@ def gpu_time_by_range(nvtx: pd.DataFrame, events: EventStore, thread_labels: dic
         if also is not None:
             also.finish()
         return pd.DataFrame(columns=columns)
-    windows = thread_windows(nvtx)
+    windows = thread_windows(events)
     walks = {tid: thread.walk() for tid, thread in windows.items()}
-    codes, names = _name_codes(nvtx["name"])
-    sums = _RangeSums(codes, len(names))
+    names = range_names(events)
+    sums = _RangeSums(len(names))
     for launches in launch_slices(events):
         if also is not None:
             also.add(launches)

@@ -120,8 +120,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("launch_sums", accounting.LaunchSums, ("tables",), K),
     _saved(
         "nvtx_gpu",
-        lambda t, events, labels, sums: nvtx.gpu_time_by_range(t.nvtx, events, labels, sums),
-        ("tables", "events", "labels", "launch_sums"),
+        nvtx.gpu_time_by_range,
+        ("events", "labels", "launch_sums"),
         K,
         "GPU time projected onto NVTX ranges, as nsys stats nvtx_gpu_proj_sum (emit_nvtx ranges by op, not by call)",
         beside=True,
@@ -137,7 +137,8 @@ SECTIONS: tuple[Section, ...] = (
         beside=True,
     ),
     # the step ranges: the elementwise chains are summed per step as they are found
-    _saved("steps", lambda t: cpu.step_table(t.nvtx), ("tables",), K, "each captured step and its phases' CPU time"),
+    Section("marked", cpu.marked_ranges, ("events",), K),
+    _saved("steps", cpu.step_table, ("marked",), K, "each captured step and its phases' CPU time"),
     Section(
         "chains",
         lambda events, steps, t: gains.elementwise_chains(events, steps, t.span_ns),
@@ -247,8 +248,8 @@ SECTIONS: tuple[Section, ...] = (
     ),
     _saved(
         "step_waits",
-        lambda t: collectives.step_waits(t.nvtx, t.osrt),
-        ("tables",),
+        lambda marked, t: collectives.step_waits(marked, t.osrt),
+        ("marked", "tables"),
         N,
         "per step and phase: the training thread's time blocked in synchronization calls (gloo, MPI, c10d waits)",
     ),
@@ -288,12 +289,12 @@ SECTIONS: tuple[Section, ...] = (
     ),
     _saved(
         "nvtx",
-        lambda t: cpu.nvtx_summary(t.nvtx),
-        ("tables",),
+        cpu.nvtx_summary,
+        ("events",),
         F,
         "NVTX ranges by name, as nsys stats nvtx_sum (emit_nvtx ranges by op, not by call)",
     ),
-    _saved("phases", lambda t: cpu.phase_ranges(t.nvtx), ("tables",), F, "every phase range (data, forward, ...)"),
+    _saved("phases", cpu.phase_ranges, ("marked",), F, "every phase range (data, forward, ...)"),
     _saved("thread_osrt", cpu.thread_osrt, ("tables", "threads"), F, "OS-runtime time by thread and call"),
     _saved(
         "thread_states",
@@ -320,8 +321,8 @@ RULES: tuple[Rule, ...] = (
     Rule("empty_trace_kind", lambda t: rules.empty_trace_kinds(t.empty_trace_kinds), ("tables",)),
     Rule(
         "sync_memcpy",
-        lambda copies, clock, labels, t: rules.sync_memcpy(copies, clock, labels, t.nvtx),
-        ("copies", "clock", "labels", "tables"),
+        rules.sync_memcpy,
+        ("copies", "clock", "labels", "events"),
     ),
     Rule(
         "sync_memset",
@@ -332,23 +333,25 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "sync_in_steps",
-        lambda waits, steps, labels, t, clock: rules.syncs_in_steps(waits, steps, labels, t.nvtx, clock),
-        ("waits", "steps", "labels", "tables", "clock"),
+        rules.syncs_in_steps,
+        ("waits", "steps", "labels", "events", "clock"),
     ),
     Rule(
         "pageable_memcpy",
-        lambda copies, clock, labels, t: rules.pageable_memcpy(copies, clock, labels, t.nvtx),
-        ("copies", "clock", "labels", "tables"),
+        rules.pageable_memcpy,
+        ("copies", "clock", "labels", "events"),
     ),
     Rule(
         "data_stall",
-        lambda steps, t, clock, labels: rules.data_stall(steps, t.nvtx, t.osrt, clock, labels),
-        ("steps", "tables", "clock", "labels"),
+        lambda steps, marked, t, clock, labels: rules.data_stall(steps, marked, t.osrt, clock, labels),
+        ("steps", "marked", "tables", "clock", "labels"),
     ),
     Rule(
         "lock_wait",
-        lambda steps, t, threads, labels, clock: rules.lock_waits(steps, t.nvtx, t.osrt, threads, labels, clock),
-        ("steps", "tables", "threads", "labels", "clock"),
+        lambda steps, marked, events, t, threads, labels, clock: rules.lock_waits(
+            steps, marked, events, t.osrt, threads, labels, clock
+        ),
+        ("steps", "marked", "events", "tables", "threads", "labels", "clock"),
     ),
     Rule("gpu_idle_gaps", rules.idle_gaps, ("gpu_gaps", "gap_causes", "gpu_busy", "clock")),
     Rule(

@@ -28,7 +28,7 @@ from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
-from sftprof.trace.events import MAX_TIME_NS
+from sftprof.trace.events import MAX_TIME_NS, EventStore
 
 STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
 # nsys's cuda_memcpy_sync rule skips HtoD copies up to this size: the driver returns before they finish.
@@ -95,13 +95,13 @@ def _gpu_side_reason(clock: StepClock, saved_per_step) -> str:
     return f"it saves {_median_ms(saved_per_step)} of GPU time per step"
 
 
-def _where(nvtx: pd.DataFrame, calls: pd.DataFrame) -> str:
+def _where(events: EventStore, calls: pd.DataFrame) -> str:
     """ "mostly in NVTX `data` (18 of 18)": the innermost ranges that calls (global_tid, start, end) were made in."""
-    ranges = innermost_ranges(nvtx, calls)
-    if ranges.empty:
+    names = innermost_ranges(events, calls)
+    if names.empty:
         return "outside NVTX ranges"
     # on a tie, the name met first in the calls' order
-    names = nvtx.loc[ranges.to_numpy(), "name"].astype(object).value_counts(sort=False)
+    names = names.value_counts(sort=False)
     names = names.sort_values(ascending=False, kind="stable")
     return f"mostly in NVTX `{names.index[0]}` ({names.iloc[0]} of {len(calls)})"
 
@@ -183,7 +183,7 @@ def _sync_reason(waited, lost) -> str:
 # ---------------------------------------------------------------- memory copies and sets
 
 
-def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
+def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, events: EventStore) -> list[Finding]:
     """Host<->device copies through the synchronous cudaMemcpy API (copies joined to their API call,
     with `exposed_ns`: the copy's time not overlapped by kernels)."""
     sync = copies[_api_named(copies, SYNC_MEMCPY_CALL) & copies["copy_kind"].isin(["HtoD", "DtoH"])]
@@ -200,7 +200,7 @@ def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.D
             f"{kinds} copies ({sync['bytes'].sum() / MEGABYTE:,.3f} MB, {_ms(sync['duration'].sum())} on the GPU, "
             f"{_ms(sync['exposed_ns'].sum())} of it with no kernel running) were issued with "
             f"{', '.join(sorted(set(sync['api'])))}, not an Async call: {_threads(sync, labels)} waited {_ms(blocked)} "
-            f"in them, {_where(nvtx, _api_spans(sync))}. HtoD copies of at most {SMALL_SYNC_HTOD_BYTES:,} bytes are left "
+            f"in them, {_where(events, _api_spans(sync))}. HtoD copies of at most {SMALL_SYNC_HTOD_BYTES:,} bytes are left "
             "out, as in nsys's cuda_memcpy_sync rule: they return early.",
             "Copy with cudaMemcpyAsync from pinned memory and synchronize only where the data is needed (PyTorch: "
             "DataLoader(pin_memory=True), tensor.to('cuda', non_blocking=True); read results with one .item() or "
@@ -213,7 +213,7 @@ def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.D
     ]
 
 
-def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: pd.DataFrame) -> list[Finding]:
+def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, events: EventStore) -> list[Finding]:
     """cudaMemcpyAsync from or to pageable host memory: staged through a pinned buffer, so not asynchronous."""
     pageable = copies[
         _api_named(copies, ASYNC_MEMCPY_CALL) & ((copies["src_kind"] == PAGEABLE) | (copies["dst_kind"] == PAGEABLE))
@@ -231,7 +231,7 @@ def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, nvtx: 
             f"{len(pageable)} asynchronous copies use pageable host memory, so they are not asynchronous",
             f"{sizes} copies ({pageable['bytes'].sum() / MEGABYTE:,.3f} MB, median {pageable['bytes'].median():,.0f} B) "
             f"read or write pageable memory: the driver stages them through a pinned buffer while the CPU waits. "
-            f"Their API calls took {_ms(api_ns)} on {_threads(pageable, labels)}, {_where(nvtx, calls)}; the copies ran "
+            f"Their API calls took {_ms(api_ns)} on {_threads(pageable, labels)}, {_where(events, calls)}; the copies ran "
             f"{_ms(pageable['exposed_ns'].sum())} with no kernel beside them, and the GPU idled {_ms(staging.sum())} "
             "while the CPU staged them.",
             "Pin the host buffers: DataLoader(pin_memory=True) or tensor.pin_memory(), then .to('cuda', "
@@ -323,7 +323,7 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
 
 
 def syncs_in_steps(
-    waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, nvtx: pd.DataFrame, clock: StepClock
+    waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, events: EventStore, clock: StepClock
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step. Synchronous copies and sets have
@@ -349,7 +349,7 @@ def syncs_in_steps(
             "sync_in_steps",
             f"{len(waits) / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
             "step in them",
-            f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(waits, labels)}, {_where(nvtx, waits)}. "
+            f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(waits, labels)}, {_where(events, waits)}. "
             f"After them the GPU idles {_median_ms(idle)} per step until new work arrives.",
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
@@ -591,16 +591,17 @@ def padding(padding_share: float | None, token_time_ns: float | None, step_ns: f
 
 
 def data_stall(
-    steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, clock: StepClock, labels: dict
+    steps: pd.DataFrame, marked: pd.DataFrame, osrt: pd.DataFrame, clock: StepClock, labels: dict
 ) -> list[Finding]:
-    """The `data` phase takes a large share of the step: the input pipeline starves the training loop."""
+    """The `data` phase takes a large share of the step: the input pipeline starves the training loop.
+    `marked`: cpu.marked_ranges."""
     if steps.empty:
         return []
     step_ns, data_ns = int(steps["duration"].sum()), int(steps[f"{DATA_PHASE}_ns"].sum())
     share = _pct(data_ns, step_ns)
     if share < DATA_STALL_PCT:
         return []
-    data = nvtx[nvtx["name"] == DATA_PHASE]
+    data = marked[marked["name"] == DATA_PHASE]
     merged = intervals.union(data)
     calls = osrt[osrt["global_tid"].isin(data["global_tid"])]
     calls = calls.assign(inside=intervals.covered_ns(merged, calls["start"], calls["end"]))
@@ -638,16 +639,22 @@ def data_stall(
 
 
 def lock_waits(
-    steps: pd.DataFrame, nvtx: pd.DataFrame, osrt: pd.DataFrame, threads: pd.DataFrame, labels: dict, clock: StepClock
+    steps: pd.DataFrame,
+    marked: pd.DataFrame,
+    events: EventStore,
+    osrt: pd.DataFrame,
+    threads: pd.DataFrame,
+    labels: dict,
+    clock: StepClock,
 ) -> list[Finding]:
     """Training threads waiting for locks inside the steps. Waits inside `data` ranges are waits for
-    data (a queue from loader workers) and belong to data_stall."""
+    data (a queue from loader workers) and belong to data_stall. `marked`: cpu.marked_ranges."""
     training = threads.loc[threads["role"] != "", "global_tid"]
     waits = osrt[osrt["name"].isin(LOCK_WAIT_CALLS) & osrt["global_tid"].isin(training)]
     if steps.empty or waits.empty:
         return []
     in_steps = intervals.covered_ns(intervals.union(steps), waits["start"], waits["end"])
-    in_data = intervals.covered_ns(intervals.union(nvtx[nvtx["name"] == DATA_PHASE]), waits["start"], waits["end"])
+    in_data = intervals.covered_ns(intervals.union(marked[marked["name"] == DATA_PHASE]), waits["start"], waits["end"])
     waits = waits.assign(waited=in_steps - in_data)
     waits = waits[waits["waited"] > 0]
     step_ns = int(steps["duration"].sum())
@@ -664,8 +671,8 @@ def lock_waits(
         parts.append(f"{labels.get(tid, tid)} {_ms(waited)} ({_pct(waited, step_ns):.1f}% of step time): {calls}")
     worst_tid = per_thread.index[0]
     longest = waits.loc[[waits.loc[waits["global_tid"] == worst_tid, "waited"].idxmax()]]
-    where = innermost_ranges(nvtx, longest)
-    place = f" in NVTX `{nvtx.loc[where.iloc[0], 'name']}`" if len(where) else ""
+    where = innermost_ranges(events, longest)
+    place = f" in NVTX `{where.iloc[0]}`" if len(where) else ""
     idle = np.minimum(clock.idle_in(waits["start"], waits["end"]), waits["waited"].to_numpy())
     return [
         _gained(

@@ -101,6 +101,16 @@ def _during(frame: pd.DataFrame, windows: pd.DataFrame, threads) -> pd.DataFrame
     return near[near["global_tid"].isin(threads)]
 
 
+def _ranges_during(events, windows: pd.DataFrame, threads) -> pd.DataFrame:
+    """_during for the NVTX ranges in the store: NeMo's emit_nvtx leaves 60M at 10M kernels."""
+    if windows.empty or not len(threads):
+        return events.nvtx_frame("false")
+    near = " OR ".join(
+        f'(start < {int(end)} AND "end" > {int(start)})' for start, end in zip(windows["start"], windows["end"])
+    )
+    return events.nvtx_frame(f"global_tid IN ({', '.join(str(int(t)) for t in threads)}) AND ({near})")
+
+
 def _overlapping(frame: pd.DataFrame, start: int, end: int) -> pd.DataFrame:
     inside = frame[(frame["start"] < end) & (frame["end"] > start)]
     return inside.assign(overlap_ns=intervals.overlap_ns(inside["start"], inside["end"], start, end))
@@ -131,8 +141,9 @@ def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAI
     explained = gaps.head(top)
     cuda_calls = calls_during(tables.events, explained[["start", "end"]], feeders)
     sources = {
-        source: _during(frame, explained, feeders)
-        for source, frame in (("CUDA API", cuda_calls), ("OS runtime", tables.osrt), ("NVTX range", tables.nvtx))
+        "CUDA API": _during(cuda_calls, explained, feeders),
+        "OS runtime": _during(tables.osrt, explained, feeders),
+        "NVTX range": _ranges_during(tables.events, explained, feeders),
     }
     for rank, gap in enumerate(explained.itertuples(), start=1):
         found = {source: _overlapping(frame, gap.start, gap.end) for source, frame in sources.items()}

@@ -1,6 +1,7 @@
-"""Kernels, CUDA API calls, GPU metric samples and CPU context switches: the tables that grow with a
-capture's length (tens of millions of rows for minutes of a 7B fine-tuning job; `--gpu-metrics-devices`
-samples some twenty counters 10,000 times a second; `--cpuctxsw` records every switch on every core),
+"""Kernels, CUDA API calls, GPU metric samples, CPU context switches and NVTX ranges: the tables that grow
+with a capture's length (tens of millions of rows for minutes of a 7B fine-tuning job; `--gpu-metrics-devices`
+samples some twenty counters 10,000 times a second; `--cpuctxsw` records every switch on every core; NeMo's
+emit_nvtx gives every op call a range, 60M at 10M kernels),
 kept in DuckDB so that analyses aggregate them in SQL or read them a batch at a time, never every row
 at once.
 
@@ -15,10 +16,12 @@ kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_
 cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
 gpu_metrics timestamp, device_id, metric_id, value
 sched     start, cpu, is_sched_in, global_tid, pid, tid   (a thread switched onto or off a core)
+nvtx      start, end, duration, name_id, style_id, global_tid, pid, tid   (names and styles as the codes
+          of the categories nvtx_categories() gives, NULL: no name; listed in NVTX_ORDER)
 kernel_names, api_names, metric_names   id, name   (API names without the `_vNNNN` suffix that nsys
           stats strips; metric names as TARGET_INFO_GPU_METRICS gives them, e.g. "SM Issue [Throughput %]")
 kernels, cuda_api and sched are views: duration, pid and tid are computed from the rows stored in
-kernel_rows, cuda_api_rows and sched_rows (as nsys lays out globalTid). Storing them, or declaring them as
+kernel_rows, cuda_api_rows and sched_rows (as nsys lays out globalTid); nvtx adds duration to nvtx_rows. Storing them, or declaring them as
 generated columns, made the copy, the slowest part of loading, 10% slower.
 """
 
@@ -59,6 +62,8 @@ SCHEMA = {
     "gpu_metrics": "timestamp BIGINT, device_id INTEGER, metric_id INTEGER, value DOUBLE",
     "metric_names": "id INTEGER PRIMARY KEY, name VARCHAR",
     "sched_rows": "start BIGINT, cpu BIGINT, is_sched_in BOOLEAN, global_tid BIGINT",
+    "nvtx_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, style_id TINYINT, global_tid BIGINT, pid INTEGER,
+                    tid INTEGER""",
 }
 VIEWS = {
     "kernels": """SELECT *, "end" - start AS duration, ((global_pid >> 24) & 16777215)::INTEGER AS pid
@@ -67,7 +72,11 @@ VIEWS = {
                           (global_tid & 16777215)::INTEGER AS tid FROM cuda_api_rows""",
     "sched": """SELECT *, ((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid
                 FROM sched_rows""",
+    "nvtx": """SELECT *, "end" - start AS duration FROM nvtx_rows""",
 }
+# The order the loaders list NVTX ranges in (a missing name first): ties on start go to the longer range.
+NVTX_ORDER = 'start, "end" DESC, global_tid, coalesce(name_id, -1), style_id'
+NVTX_INSERT_ROWS = 1 << 22  # add_nvtx copies a frame into the store this many rows at a time
 STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",")] for table, schema in SCHEMA.items()}
 
 
@@ -236,6 +245,7 @@ class EventStore:
         self.dropped_rows: dict[str, int] = {}  # rows left out by _from_nsys, by table (kernels, cuda_api)
         self._names: dict[str, pd.DataFrame] = {}  # used_names, by table
         self._names_lock = threading.Lock()
+        self._nvtx_categories: tuple[list, list] = ([], [])  # NVTX names and styles, by name_id and style_id
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
         bound(self.con, self._folder)
         self.con.execute("SET preserve_insertion_order = false")
@@ -264,10 +274,13 @@ class EventStore:
         cuda_api: pd.DataFrame | None = None,
         gpu_metrics: pd.DataFrame | None = None,
         sched: pd.DataFrame | None = None,
+        nvtx: pd.DataFrame | None = None,
     ) -> EventStore:
         """From normalized pandas tables (tables.py's columns, names as text): traces small enough
         to hold in memory (PyTorch profiler traces, tests)."""
         store = cls(on_disk=False)
+        if nvtx is not None and len(nvtx):
+            store.add_nvtx(nvtx)
         if sched is not None and len(sched):
             store._insert("sched_rows", sched)
         if gpu_metrics is not None and len(gpu_metrics):
@@ -312,6 +325,26 @@ class EventStore:
             store._insert("cuda_api_rows", rows)
             store._insert("api_names", pd.DataFrame({"id": range(len(uniques)), "name": list(uniques)}))
         return store
+
+    def add_nvtx(self, ranges: pd.DataFrame) -> None:
+        """Copy NVTX ranges (tables.py's nvtx columns; names and styles categorical, as the loaders make
+        them, or text) into the store, in the order given, NVTX_INSERT_ROWS at a time: the loaders list
+        them by start, so DuckDB skips the row groups outside a window of time (analysis.nvtx's windows)."""
+        codes, categories = {}, {}
+        for column in ("name", "style"):
+            values = ranges[column]
+            if not isinstance(values.dtype, pd.CategoricalDtype):
+                values = values.astype("category")  # text: its distinct values, sorted
+            codes[column], categories[column] = values.cat.codes.to_numpy(), list(values.cat.categories)
+        self._nvtx_categories = (categories["name"], categories["style"])
+        for lo in range(0, len(ranges), NVTX_INSERT_ROWS):
+            part = ranges.iloc[lo : lo + NVTX_INSERT_ROWS]
+            rows = part[["start", "end", "global_tid", "pid", "tid"]].assign(
+                name_id=codes["name"][lo : lo + NVTX_INSERT_ROWS], style_id=codes["style"][lo : lo + NVTX_INSERT_ROWS]
+            )
+            with frames_visible(self.con, {"incoming": rows}):
+                self.con.execute("""INSERT INTO nvtx_rows SELECT start, "end", nullif(name_id, -1), nullif(style_id, -1),
+                                    global_tid, pid, tid FROM incoming""")
 
     def _insert(self, table: str, frame: pd.DataFrame) -> None:
         columns = STORED_COLUMNS[table]
@@ -525,6 +558,23 @@ class EventStore:
                 self._names[table] = self.query(sql)
             return self._names[table].copy(deep=False)
 
+    def nvtx_categories(self) -> tuple[list, list]:
+        """Every NVTX range name at its name_id (a few hundred once emit_nvtx's numbering is cut), and every
+        style at its style_id."""
+        return self._nvtx_categories
+
+    def nvtx_frame(self, where: str = "true", **frames: pd.DataFrame) -> pd.DataFrame:
+        """The NVTX ranges for which `where` holds (SQL over the nvtx view; keyword frames visible to it), in
+        tables.py's nvtx columns and NVTX_ORDER, names and styles categorical as the loaders made them."""
+        rows = self.query(
+            f"""SELECT start, "end", duration, coalesce(name_id, -1) AS name_id, coalesce(style_id, -1) AS style_id,
+                       global_tid, pid, tid FROM nvtx WHERE {where} ORDER BY {NVTX_ORDER}""",
+            **frames,
+        )
+        for column, categories in zip(("name", "style"), self._nvtx_categories, strict=True):
+            rows[column] = pd.Categorical.from_codes(rows.pop(f"{column}_id").to_numpy("int64"), categories)
+        return rows[["start", "end", "duration", "name", "style", "global_tid", "pid", "tid"]]
+
     def count(self, table: str) -> int:
         return int(self._reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
@@ -545,6 +595,8 @@ class EventStore:
                 FROM cuda_api a LEFT JOIN api_names n ON n.id = a.name_id ORDER BY a.start""")
         if table == "sched":
             return self.query("SELECT start, cpu, is_sched_in, global_tid, pid, tid FROM sched ORDER BY start")
+        if table == "nvtx":
+            return self.nvtx_frame()
         if table == "gpu_metrics":
             return self.query("""
                 SELECT g.timestamp, g.device_id, n.name AS metric, g.value

@@ -379,9 +379,8 @@ def load_kineto_json(path: str | Path) -> TraceTables:
         span_ns=span_ns,
         sources=sources,
         threads=_threads(events, device_pids - host_pids),
-        nvtx=nvtx,
         memops=memops,
         gpus=_gpus(document),
-        events=EventStore.from_frames(kernels, cuda_api),
+        events=EventStore.from_frames(kernels, cuda_api, nvtx=nvtx),
         dropped_rows=dropped,
     )

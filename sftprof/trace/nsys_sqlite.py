@@ -854,12 +854,12 @@ def _load(export: Export) -> TraceTables:
         # The copy of kernels and API calls leaves part of a core idle: the small tables load meanwhile.
         with ThreadPoolExecutor(1) as copying:
             events = copying.submit(export.event_store, strings, _metric_names(export))
+            nvtx = _nvtx(export, strings, dropped)
             loaded = TraceTables(
                 source_path=str(path),
                 span_ns=_span_ns(export, dropped),
                 sources=_sources(tables),
                 threads=_threads(export, strings),
-                nvtx=_nvtx(export, strings, dropped),
                 osrt=_osrt(export, strings, dropped),
                 memops=_memops(export, release, dropped),
                 sync=_sync(export, dropped),
@@ -867,6 +867,8 @@ def _load(export: Export) -> TraceTables:
                 empty_trace_kinds=_empty_trace_kinds(strings),
                 events=events.result(),
             )
+            loaded.events.add_nvtx(nvtx)
+            del nvtx
     except duckdb.OutOfMemoryException as exc:  # not damage: the budget's share was too small
         raise memory_budget.exceeded(exc) from None
     # UnicodeDecodeError: an error of SQLite or DuckDB whose message quotes damaged bytes
@@ -889,7 +891,7 @@ def _still_empty(loaded: TraceTables, tables: set[str]) -> dict[str, str]:
     at all in the export recorded nothing."""
     recorded = {
         "CUDA": bool(loaded.events.count("kernels") or loaded.events.count("cuda_api") or len(loaded.memops)),
-        "NVTX": not loaded.nvtx.empty,
+        "NVTX": bool(loaded.events.count("nvtx_rows")),
         "OSRT": not loaded.osrt.empty,
     }
     recorded |= {kind: any(name in tables for name in names) for kind, names in _KIND_TABLES.items()}
