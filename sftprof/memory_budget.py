@@ -78,6 +78,6 @@ def overrun() -> str | None:
         return None
     return (
         f"peak memory {used / 2**30:.2f} GB went over the memory budget of {_budget / 2**30:.2f} GB: "
-        "what is held whole in memory (GPU busy-time unions, memory operations, NVTX ranges) grows with the "
+        "what is held whole in memory (GPU busy-time unions, memory operations) grows with the "
         "export, and analyses run side by side (docs/USAGE.md, Memory)"
     )

@@ -234,6 +234,21 @@ def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window, 
             assert walk._tail is not None
 
 
+def test_windows_are_cut_where_a_window_of_ranges_has_started(monkeypatch):
+    """nvtx.window_cuts starts a new window where WINDOW_RANGES ranges would have started in the last one; only
+    a bucket of time in which more start than that (here 40 ranges at one time) makes a larger window."""
+    monkeypatch.setattr(nvtx, "WINDOW_RANGES", 10)
+    starts = np.sort(np.random.default_rng(8).integers(0, 10**9, 500))
+    starts[100:140] = starts[100]
+    ranges = pd.DataFrame({"start": starts, "end": starts + 5, "name": "r", "style": "PushPop"})
+    events = EventStore.from_frames(nvtx=ranges.assign(global_tid=7, pid=0, tid=7))
+    [thread] = nvtx.thread_windows(events).values()
+    per_window = np.bincount(thread.window_of(starts))
+    assert per_window.sum() == 500 and len(per_window) >= 46  # 460 ranges by 10, and the 40
+    crowded = thread.window_of(starts[100:101])[0]
+    assert per_window[crowded] >= 40 and (np.delete(per_window, crowded)[:-1] == 10).all()
+
+
 def test_ranges_containing_calls_side_by_side(monkeypatch):
     """Analyses run side by side and share each NVTX table's windows: callers on four threads at once, each
     walking windows of 3 ranges, find what one caller alone finds."""

@@ -1,16 +1,14 @@
-"""NVTX ranges read from the export's pages (nsys_sqlite._nvtx_from_pages) against the SQL route
-(_coded_names, DuckDB) on the same file: the same rows, names, styles and order, the same rows dropped;
-and the SQL route, never a different answer, for what the page route does not read."""
+"""NVTX ranges read from the export's pages into the event store (nsys_sqlite._nvtx_from_pages) against the
+SQL route (_coded_names, DuckDB) on the same file: the same rows, names, styles and order, the same rows
+dropped; and the SQL route, never a different answer, for what the page route does not read."""
 
 from __future__ import annotations
 
-import mmap
-
-import numpy as np
 import pandas as pd
 import pytest
 
 from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
+from sftprof.trace.events import EventStore
 from sftprof.trace.nsys_export import SqliteExport
 from sftprof.trace.tables import valid_rows
 
@@ -63,12 +61,19 @@ def _edited(tmp_path, edits) -> SqliteExport:
     return SqliteExport(edited_export(tmp_path, "NVTX_EVENTS", edits))
 
 
+def _from_pages(export: SqliteExport, dropped: dict) -> pd.DataFrame:
+    """The ranges _nvtx_from_pages copies into a store, as the store gives them back."""
+    store = EventStore(on_disk=False)
+    nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export), store, dropped)
+    return store.nvtx_frame()
+
+
 @pytest.mark.parametrize("case", EDITS)
 def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
     export = _edited(tmp_path, EDITS[case])
     try:
         dropped_pages, dropped_sql = {}, {}
-        pages = valid_rows(nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export)), "nvtx", dropped_pages)
+        pages = _from_pages(export, dropped_pages)
         sql = nsys_sqlite._narrow_thread_ids(nsys_sqlite._nvtx_by_sql(export, dropped_sql))
     finally:
         export.close()
@@ -84,8 +89,8 @@ def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
 
 
 def test_ranges_read_a_page_at_a_time_are_those_read_at_once(tmp_path, monkeypatch):
-    """Ranges over many pages, read a page a chunk: each kept column grows chunk by chunk from 8 bytes, and
-    a NULL mask starts where its first NULL is (half way, a range without a domain) and grows on."""
+    """Ranges over many pages, read and copied into the store a page a chunk, NULLs in some chunks only (half
+    way, a range without a domain; the last range left open)."""
     edits = ["INSERT INTO NVTX_EVENTS SELECT * FROM NVTX_EVENTS"] * 7  # 128 times the rows
     last = "(SELECT max(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"
     middle = "(SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY rowid LIMIT 1 OFFSET 1500)"
@@ -93,17 +98,16 @@ def test_ranges_read_a_page_at_a_time_are_those_read_at_once(tmp_path, monkeypat
     edits += [f'UPDATE NVTX_EVENTS SET "end" = NULL WHERE rowid = {last}']
     export = _edited(tmp_path, edits)
     try:
-        whole = nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export))
+        whole = _from_pages(export, {})
         monkeypatch.setattr(sqlite_pages, "CHUNK_BYTES", 1)
-        monkeypatch.setattr(nsys_sqlite, "KEPT_START_BYTES", 8)
-        paged = nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export))
+        paged = _from_pages(export, {})
         chunks = sum(1 for _ in sqlite_pages.raw_columns(export.path, "NVTX_EVENTS", ["start"], chunk_bytes=1))
         sql = nsys_sqlite._nvtx_by_sql(export, {})
     finally:
         export.close()
     assert chunks > 20 and len(whole) > 2_000
     pd.testing.assert_frame_equal(paged, whole)
-    pd.testing.assert_frame_equal(valid_rows(paged, "nvtx", {}), nsys_sqlite._narrow_thread_ids(sql))
+    pd.testing.assert_frame_equal(paged, valid_rows(nsys_sqlite._narrow_thread_ids(sql), "nvtx", {}))
 
 
 @pytest.mark.parametrize(
@@ -132,35 +136,8 @@ def test_what_the_page_route_does_not_read_goes_the_sql_way(tmp_path, case, edit
     export = _edited(tmp_path, edits)
     try:
         with pytest.raises(sqlite_pages.Unsupported):
-            nsys_sqlite._nvtx_from_pages(export, nsys_sqlite._strings(export))
+            _from_pages(export, {})
     finally:
         export.close()
     ranges = load_trace(export.path).nvtx  # loads, by DuckDB (or sqlite3 for the bytes DuckDB refuses)
     assert len(ranges) and ranges["name"].dtype == "category"
-
-
-@pytest.mark.parametrize("mremap", [True, False], ids=["grown in place", "no mremap"])
-def test_kept_columns_hold_each_chunks_rows_in_order(monkeypatch, mremap):
-    """_Kept grows its mapping in place (Linux's mremap) or, where the system has none, into a new one with a
-    copy; a NULL mask holds nothing until its first NULL, and reads False before it."""
-    if not mremap:
-
-        class NoMremap(mmap.mmap):
-            def resize(self, size):
-                raise SystemError("mmap: resizing not available--no mremap()")
-
-        monkeypatch.setattr(nsys_sqlite.mmap, "mmap", NoMremap)
-    monkeypatch.setattr(nsys_sqlite, "KEPT_START_BYTES", 8)
-    rng = np.random.default_rng(2)
-    values, mask = nsys_sqlite._Kept(np.int64, masks=False), nsys_sqlite._Kept(bool, masks=True)
-    expected, expected_mask = [], []
-    for chunk in range(40):
-        rows, keep = rng.integers(-(2**62), 2**62, 300), rng.random(300) < 0.4
-        nulls = rng.random(300) < 0.1 if chunk in (11, 30) else None  # NULLs in two chunks only
-        values.add(rows, keep, int(keep.sum()))
-        mask.add(nulls, keep, int(keep.sum()))
-        expected.append(rows[keep])
-        expected_mask.append(np.zeros(int(keep.sum()), bool) if nulls is None else nulls[keep])
-    assert (values.array() == np.concatenate(expected)).all()
-    assert (mask.array() == np.concatenate(expected_mask)).all() and mask.array().any()
-    assert nsys_sqlite._Kept(bool, masks=True).array() is None

@@ -26,7 +26,7 @@ def test_nvtx_ranges_of_every_step_and_phase_were_recorded(demo_sqlite):
 
 
 def test_nvtx_summary_equals_nsys_nvtxsum(demo_sqlite):
-    ours = as_nsys_rows(cpu.nvtx_summary(load_trace(demo_sqlite).nvtx), ["style", "name"])
+    ours = as_nsys_rows(cpu.nvtx_summary(load_trace(demo_sqlite).events), ["style", "name"])
     theirs = {tuple(row.values()) for row in nsys_stats("nvtxsum", demo_sqlite)}
     assert ours == theirs and len(ours) >= 7
 

@@ -229,21 +229,15 @@ class ThreadWindows:
         """The window each time falls in (-1: before the thread's first range)."""
         return np.searchsorted(self.window_starts, times, side="right") - 1
 
-    def fetch(self, window: int, to_end: bool = False) -> tuple[dict[str, np.ndarray], int]:
-        """The ranges of `window` (`to_end`: and of every later one), in the loaders' order (NVTX_ORDER: start,
-        then end descending, then name and style), with each name's code (range_names); and how many of them
-        began before the window (carried in)."""
-        first = int(self.window_starts[window])
-        within = f'"end" >= {first}'
+    def fetch(self, window: int, to_end: bool = False) -> dict[str, np.ndarray]:
+        """The ranges of `window` (`to_end`: and of every later one) in no order: start, end, the code of each
+        name (range_names), style."""
+        within = f'"end" >= {int(self.window_starts[window])}'
         if not to_end and window + 1 < len(self.window_starts):
             within += f" AND start < {int(self.window_starts[window + 1])}"
-        rows = self.events.arrays(f"""
+        return self.events.arrays(f"""
             SELECT start, "end", coalesce(name_id, {self.missing_name}) AS name, coalesce(style_id, -1) AS style
             FROM nvtx_rows WHERE global_tid = {self.tid} AND {within}""")
-        order = np.lexsort((rows["style"], rows["name"], -rows["end"], rows["start"]))
-        if (order[1:] < order[:-1]).any():
-            rows = {column: values[order] for column, values in rows.items()}
-        return rows, int(np.searchsorted(rows["start"], first))
 
     def walk(self) -> WindowWalk:
         return WindowWalk(self)
@@ -268,16 +262,19 @@ class WindowWalk:
             around = None if window == self._tail else around  # the rest of the thread: cut once, and kept
         if around is None and self._last is not None and self._last[0] == window:
             return self._last[1]
-        rows, carried = self.thread.fetch(window)
+        rows = self.thread.fetch(window)
+        carried = np.count_nonzero(rows["start"] < self.thread.window_starts[window])
         if carried > WINDOW_RANGES and window + 1 < len(self.thread.window_starts):
             # more ranges carried in than a window starts (ranges left open, ended at the capture's end): fetched
             # again for every window, they would be cut into segments again each time; the rest is one window
             self._tail, around = window, None
-            rows, _ = self.thread.fetch(window, to_end=True)
-        starts, ends, names = rows["start"], rows["end"], rows["name"]
-        if around is not None:
-            keep = _containing_one(starts, ends, *around)
-            starts, ends, names = starts[keep], ends[keep], names[keep]
+            rows = self.thread.fetch(window, to_end=True)
+        if around is not None:  # the few kept are put in order, not the whole window
+            keep = _containing_one(rows["start"], rows["end"], *around)
+            rows = {column: values[keep] for column, values in rows.items()}
+        # the loaders' order (NVTX_ORDER: start, then end descending, then name and style): ThreadRanges' ties
+        order = np.lexsort((rows["style"], rows["name"], -rows["end"], rows["start"]))
+        starts, ends, names = (rows[column][order] for column in ("start", "end", "name"))
         timeline = ThreadRanges(starts, ends, names, np.arange(len(starts)))
         if around is None:
             self._last = (window, timeline)

@@ -17,7 +17,8 @@ cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
 gpu_metrics timestamp, device_id, metric_id, value
 sched     start, cpu, is_sched_in, global_tid, pid, tid   (a thread switched onto or off a core)
 nvtx      start, end, duration, name_id, style_id, global_tid, pid, tid   (names and styles as the codes
-          of the categories nvtx_categories() gives, NULL: no name; listed in NVTX_ORDER)
+          of the categories nvtx_categories() gives, NULL: no name; stored as the loader copied them,
+          mostly by start; nvtx_frame lists them in NVTX_ORDER)
 kernel_names, api_names, metric_names   id, name   (API names without the `_vNNNN` suffix that nsys
           stats strips; metric names as TARGET_INFO_GPU_METRICS gives them, e.g. "SM Issue [Throughput %]")
 kernels, cuda_api and sched are views: duration, pid and tid are computed from the rows stored in
@@ -329,22 +330,35 @@ class EventStore:
     def add_nvtx(self, ranges: pd.DataFrame) -> None:
         """Copy NVTX ranges (tables.py's nvtx columns; names and styles categorical, as the loaders make
         them, or text) into the store, in the order given, NVTX_INSERT_ROWS at a time: the loaders list
-        them by start, so DuckDB skips the row groups outside a window of time (analysis.nvtx's windows)."""
+        them by start, so DuckDB skips the row groups outside a window of time (analysis.nvtx's windows).
+        Through a cursor of its own: a loader may copy other tables in meanwhile."""
         codes, categories = {}, {}
         for column in ("name", "style"):
             values = ranges[column]
             if not isinstance(values.dtype, pd.CategoricalDtype):
                 values = values.astype("category")  # text: its distinct values, sorted
             codes[column], categories[column] = values.cat.codes.to_numpy(), list(values.cat.categories)
-        self._nvtx_categories = (categories["name"], categories["style"])
+        self.name_nvtx(categories["name"], categories["style"])
         for lo in range(0, len(ranges), NVTX_INSERT_ROWS):
             part = ranges.iloc[lo : lo + NVTX_INSERT_ROWS]
             rows = part[["start", "end", "global_tid", "pid", "tid"]].assign(
                 name_id=codes["name"][lo : lo + NVTX_INSERT_ROWS], style_id=codes["style"][lo : lo + NVTX_INSERT_ROWS]
             )
-            with frames_visible(self.con, {"incoming": rows}):
-                self.con.execute("""INSERT INTO nvtx_rows SELECT start, "end", nullif(name_id, -1), nullif(style_id, -1),
-                                    global_tid, pid, tid FROM incoming""")
+            with self.con.cursor() as cursor, frames_visible(cursor, {"incoming": rows}):
+                cursor.execute("""INSERT INTO nvtx_rows SELECT start, "end", nullif(name_id, -1), nullif(style_id, -1),
+                                  global_tid, pid, tid FROM incoming""")
+
+    def name_nvtx(self, names: list, styles: list) -> None:
+        """The NVTX names and styles that the rows' name_id and style_id number (a loader that copied the rows
+        itself)."""
+        self._nvtx_categories = (list(names), list(styles))
+
+    def clear_nvtx(self) -> None:
+        """No NVTX ranges: a loader's copy given up part way (its own cursor: other tables may be copied in)."""
+        with self.con.cursor() as cursor:
+            cursor.execute("DELETE FROM nvtx_rows")
+            cursor.execute("DROP TABLE IF EXISTS nvtx_staged")
+        self._nvtx_categories = ([], [])
 
     def _insert(self, table: str, frame: pd.DataFrame) -> None:
         columns = STORED_COLUMNS[table]
@@ -357,11 +371,16 @@ class EventStore:
 
     @classmethod
     def from_nsys_sqlite(
-        cls, path: Path, present: set[str], strings: pd.DataFrame, metrics: pd.DataFrame | None
+        cls,
+        path: Path,
+        present: set[str],
+        strings: pd.DataFrame,
+        metrics: pd.DataFrame | None,
+        store: EventStore | None = None,
     ) -> EventStore:
         """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys SQLite export
         (`present`: its table names; `strings`: its StringIds as id, value; `metrics`: its metric names, as
-        _from_nsys says); each table read by _copy_rows."""
+        _from_nsys says, and `store`); each table read by _copy_rows."""
         return cls._from_nsys(
             present,
             strings,
@@ -370,11 +389,16 @@ class EventStore:
                 cursor, path, table, export_table, columns, insert
             ),
             load_sqlite_extension,
+            store,
         )
 
     @classmethod
     def from_nsys_parquet(
-        cls, scans: dict[str, str], strings: pd.DataFrame, metrics: pd.DataFrame | None
+        cls,
+        scans: dict[str, str],
+        strings: pd.DataFrame,
+        metrics: pd.DataFrame | None,
+        store: EventStore | None = None,
     ) -> EventStore:
         """The same from an nsys parquetdir export (`scans`: each of its tables -> the DuckDB subquery that
         reads it, nsys_export.ParquetExport.scans): one INSERT ... SELECT per table, which DuckDB runs
@@ -386,11 +410,18 @@ class EventStore:
             lambda cursor, table, export_table, columns, insert: cursor.execute(
                 insert.format(rows=scans[export_table])
             ),
+            store=store,
         )
 
     @classmethod
     def _from_nsys(
-        cls, present: set[str], strings: pd.DataFrame, metrics: pd.DataFrame | None, copy_rows, prepare=lambda con: None
+        cls,
+        present: set[str],
+        strings: pd.DataFrame,
+        metrics: pd.DataFrame | None,
+        copy_rows,
+        prepare=lambda con: None,
+        store: EventStore | None = None,
     ) -> EventStore:
         """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys export,
         whatever its format (`present`: its table names; `strings`: its StringIds as id, value; `metrics`:
@@ -399,8 +430,10 @@ class EventStore:
         `columns`, named in `{rows}`), leaving out rows whose times are not valid (valid_times_sql),
         counted in `dropped_rows` by table. A sample's device is its typeId's low byte (nsys's own recipes read
         typeId as <hardware:8><VM:8><source:16><event tag:24><GPU:8>); a sample whose (typeId, metricId) names
-        no metric is left out, one that two names share is kept under each."""
-        store = cls(on_disk=True)
+        no metric is left out, one that two names share is kept under each. Into `store` where given (its
+        caller copies other tables into it meanwhile, and checkpoints it once they are in), else a new one."""
+        owned = store is None
+        store = cls(on_disk=True) if owned else store
         con = store.con
         prepare(con)
         copies = []
@@ -488,8 +521,13 @@ class EventStore:
             dropped = con.execute(f"DELETE FROM {rows} WHERE NOT ({valid})").fetchone()[0]
             if dropped:
                 store.dropped_rows[table] = int(dropped)
-        con.execute("CHECKPOINT")
+        if owned:
+            store.checkpoint()
         return store
+
+    def checkpoint(self) -> None:
+        """Write what was copied in to the database file, compressed: the analyses then read it from there."""
+        self.con.execute("CHECKPOINT")
 
     # ------------------------------------------------------------------ reading
 

@@ -109,8 +109,8 @@ class SqliteExport:
         reader.execute("USE export")
         return reader
 
-    def event_store(self, strings: pd.DataFrame, metrics: pd.DataFrame | None) -> EventStore:
-        return EventStore.from_nsys_sqlite(self.path, self.tables, strings, metrics)
+    def event_store(self, strings: pd.DataFrame, metrics: pd.DataFrame | None, store: EventStore) -> EventStore:
+        return EventStore.from_nsys_sqlite(self.path, self.tables, strings, metrics, store)
 
     def close(self) -> None:
         self.conn.close()
@@ -213,8 +213,8 @@ class ParquetExport:
     def reader(self) -> duckdb.DuckDBPyConnection:
         return self._con
 
-    def event_store(self, strings: pd.DataFrame, metrics: pd.DataFrame | None) -> EventStore:
-        return EventStore.from_nsys_parquet(self.scans, strings, metrics)
+    def event_store(self, strings: pd.DataFrame, metrics: pd.DataFrame | None, store: EventStore) -> EventStore:
+        return EventStore.from_nsys_parquet(self.scans, strings, metrics, store)
 
     def close(self) -> None:
         self._con.close()

@@ -2,8 +2,8 @@
 parquetdir folder (`--type=parquetdir`, nsys 2024+), through the same SQL (nsys_export.Export runs it
 on either format; the results are identical, tests/test_parquetdir.py).
 
-Opened read-only. Kernels, CUDA API calls, GPU metric samples and context switches go to an EventStore
-(DuckDB); the other tables, to pandas. Tables are looked up first: nsys exports a table only when its trace
+Opened read-only. Kernels, CUDA API calls, GPU metric samples, context switches and NVTX ranges go to an
+EventStore (DuckDB); the other tables, to pandas. Tables are looked up first: nsys exports a table only when its trace
 source produced rows, so a missing table means "not traced", not an error. The SQL here keeps
 the selection rules of `nsys stats` (OSRT eventClass 27, NVTX range event types, the
 `globalTid` bit layout), so summaries computed from these tables match nsys's own.
@@ -14,7 +14,6 @@ META_DATA_EXPORT (newer), and enum labels come from the file's ENUM_* tables whe
 
 from __future__ import annotations
 
-import mmap
 import re
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof import memory_budget
-from sftprof.trace.events import MAX_TIME_NS, frames_visible
+from sftprof.trace.events import MAX_TIME_NS, EventStore, frames_visible, valid_times_sql
 from sftprof.trace.nsys_export import (
     Export,
     ParquetExport,
@@ -325,19 +324,19 @@ def _nvtx_ranges(source: str) -> str:
         WHERE ne.eventType IN ({types})"""
 
 
-def _nvtx(export: Export, strings: pd.DataFrame, dropped) -> pd.DataFrame:
-    """NVTX ranges, names and styles as categories: a capture of NeMo's emit_nvtx holds millions of
-    ranges (6M at 1M kernels) but, once their numbering is cut, a few hundred names. Read from the
-    file's pages where the decoder can; else through DuckDB; else, for text that is not UTF-8, sqlite3."""
+def _nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> None:
+    """NVTX ranges into `store` (EventStore.nvtx): a capture of NeMo's emit_nvtx holds millions of ranges (60M
+    at 10M kernels) but, once their numbering is cut, a few hundred names. Read from the file's pages where
+    the decoder can, a chunk at a time; else through DuckDB; else, for text that is not UTF-8, sqlite3."""
     from sftprof.trace import sqlite_pages  # imports numba: only when an export is read
 
     if "NVTX_EVENTS" not in export.tables:
-        return empty("nvtx")
+        return
     try:
-        return valid_rows(_nvtx_from_pages(export, strings), "nvtx", dropped)
+        return _nvtx_from_pages(export, strings, store, dropped)
     except sqlite_pages.Unsupported:
-        pass
-    return _narrow_thread_ids(_nvtx_by_sql(export, dropped))
+        store.clear_nvtx()
+    store.add_nvtx(_narrow_thread_ids(_nvtx_by_sql(export, dropped)))
 
 
 def _narrow_thread_ids(rows: pd.DataFrame) -> pd.DataFrame:
@@ -367,19 +366,37 @@ def _nvtx_by_sql(export: Export, dropped) -> pd.DataFrame:
 
 
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
+# The ranges as _nvtx_from_pages stages them in the store, before their names are known (label: a text's code,
+# or -2 - the StringIds row of the value that names it, or -1; NULL times: missing, or, for end, still open).
+_NVTX_STAGED = """start BIGINT, "end" BIGINT, style TINYINT, global_tid BIGINT, label INTEGER, domain BIGINT"""
 
 
-def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
-    """What _coded_names gives, read from NVTX_EVENTS' pages (sqlite_pages) in one pass: each event's text
-    as the code of its name with emit_nvtx's numbering cut, only the ranges kept; then names from StringIds
-    (textId) and domains (eventType 75, by domain and process) as _nvtx_ranges joins them, and the rows in
-    its order. Unsupported, so that the caller reads the table through DuckDB, for what this does not read
-    exactly as that SQL does: another format, text not in UTF-8, a range without a thread, a domain named
-    twice in one process, an id twice in StringIds."""
+def _kept(values: np.ndarray, missing: np.ndarray, keep: np.ndarray):
+    """values[keep], NULL where `missing`: a nullable array where some are."""
+    kept, nulls = values[keep], missing[keep]
+    return pd.arrays.IntegerArray(kept, nulls) if nulls.any() else kept
+
+
+def _nvtx_from_pages(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> None:
+    """What _coded_names gives, read from NVTX_EVENTS' pages (sqlite_pages) in one pass and copied into `store`
+    a chunk at a time, so that no more than a chunk of ranges is held: each event's text as the code of its
+    name with emit_nvtx's numbering cut, only the ranges kept; then names from StringIds (textId) and domains
+    (eventType 75, by domain and process) as _nvtx_ranges joins them, worked out once per distinct label,
+    domain and process, and given to the ranges in the store. Unsupported, so that the caller reads the
+    table through DuckDB, for what this does not read exactly as that SQL does: another format, text not in
+    UTF-8, a range without a thread, a domain named twice in one process, an id twice in StringIds."""
     from sftprof.trace import sqlite_pages
 
     if not isinstance(export, SqliteExport):
         raise sqlite_pages.Unsupported("not an SQLite export")
+    with store.con.cursor() as cursor:  # its own: the store's other tables are copied in meanwhile
+        _stage_nvtx(export, strings, store, dropped, cursor)
+
+
+def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped, cursor) -> None:
+    """_nvtx_from_pages through `cursor`."""
+    from sftprof.trace import sqlite_pages
+
     ids = pd.Index(strings["id"])
     if not ids.is_unique:
         raise sqlite_pages.Unsupported("StringIds holds an id twice")
@@ -390,8 +407,7 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
     for event_type, style in NVTX_RANGE_STYLES.items():
         style_of[event_type] = styles.index(style)
     created, latest = [], {"start": [], "end": []}  # latest times of any event: where open ranges end
-    # start, no_start, end, open_, style, global_tid, label, domain, no_domain: each range's, as chunks pass
-    kept = [_Kept(kind, masks) for kind, masks in _NVTX_KEPT]
+    cursor.execute(f"CREATE TABLE nvtx_staged ({_NVTX_STAGED})")
     chunks = sqlite_pages.raw_columns(
         export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=sqlite_pages.CHUNK_BYTES, text=text
     )
@@ -424,64 +440,60 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
             named = found >= 0
             named[named] = valued[found[named]]
             text_code[with_id[named]] = -2 - found[named]  # text_code is the chunk's own
-        # copied (the decoder reuses its arrays); a column's NULLs only where it has some
-        nulls = [missing[i] if missing[i].any() else None for i in range(len(NVTX_PAGE_COLUMNS))]
-        count = int(np.count_nonzero(is_range))
-        pieces = (start, nulls[0], end, nulls[1], style, thread, text_code, domain, nulls[5])
-        for column, piece in zip(kept, pieces, strict=True):
-            column.add(piece, is_range, count)
+
+        staged = pd.DataFrame(
+            {
+                "start": _kept(start, missing[0], is_range),
+                "end": _kept(end, missing[1], is_range),
+                "style": style[is_range],
+                "global_tid": thread[is_range],
+                "label": text_code[is_range].astype(np.int32),
+                "domain": _kept(domain, missing[5], is_range),
+            },
+            copy=False,
+        )
+        with frames_visible(cursor, {"staged": staged}):
+            cursor.execute("INSERT INTO nvtx_staged SELECT * FROM staged")
+        del staged
     try:
         text_names = [name.decode("utf-8") for name in text.names()]
     except UnicodeDecodeError:
         raise sqlite_pages.Unsupported("text not in UTF-8") from None
-    start, no_start, end, open_, style, global_tid, label, domain, no_domain = (column.array() for column in kept)
-    del kept
-    if open_ is not None and latest["start"] and latest["end"]:  # else open ranges stay open: valid_rows drops them
-        end[open_] = max(max(latest["start"]), max(latest["end"]))
-        open_ = None
     domains = _domain_names(pd.concat(created) if created else None, text_names)
-    in_domain = ~no_domain if no_domain is not None else None
-    names, code = _range_names(label, domain, in_domain, global_tid, domains, text_names, strings["value"])
-    del label, domain, no_domain, in_domain
-    order = None  # NVTX events are listed by start: mostly nothing to move
-    if len(start) > 1 and not (start[1:] >= start[:-1]).all():
-        order = np.argsort(start, kind="stable")  # a merge of few runs
-    starts = start if order is None else start[order]
-    ties = np.flatnonzero(starts[1:] == starts[:-1])
-    del starts
-    tied = moved = None  # the positions of rows that share a start, and the rows that go there
-    if len(ties):  # the rest of _coded_names' ORDER BY: end descending (an open range is dropped later)
-        in_tie = np.zeros(len(start), dtype=bool)
-        in_tie[ties], in_tie[ties + 1] = True, True
-        tied = np.flatnonzero(in_tie)
-        rows = tied if order is None else order[tied]
-        moved = rows[np.lexsort((style[rows], code[rows], global_tid[rows], ~end[rows], start[rows]))]
-        if order is not None:
-            order[tied] = moved
-
-    def reordered(values: np.ndarray) -> np.ndarray:
-        if order is not None:
-            return values[order]
-        if tied is not None:  # in place, the tied rows only: no copy of a column as long as the table
-            values[tied] = values[moved]
-        return values
-
-    def ordered(values: np.ndarray, missing: np.ndarray | None = None):
-        values = reordered(values)
-        return values if missing is None else pd.arrays.IntegerArray(values, reordered(missing))
-
-    frame = pd.DataFrame(
-        {"start": ordered(start, no_start), "end": ordered(end, open_), "global_tid": ordered(global_tid)}, copy=False
+    # each distinct label, domain and process once: names are worked out for these, not for every range
+    labels = cursor.execute("""
+        SELECT label, domain IS NOT NULL AS in_domain, coalesce(domain, 0) AS domain,
+               (global_tid >> 24) & 16777215 AS pid
+        FROM nvtx_staged GROUP BY ALL""").df()
+    names, code = _range_names(
+        labels["label"].to_numpy(np.int32),
+        labels["domain"].to_numpy(np.int64),
+        labels["in_domain"].to_numpy(bool),
+        labels["pid"].to_numpy(np.int64) << 24,
+        domains,
+        text_names,
+        strings["value"],
     )
-    del start, end
-    # int32: 8 bytes a range less on the 60M ranges of NeMo's emit_nvtx at 10M kernels
-    frame["pid"], frame["tid"] = (
-        ((frame["global_tid"].to_numpy() >> 24) & 16777215).astype(np.int32),
-        (frame["global_tid"].to_numpy() & 16777215).astype(np.int32),
-    )
-    frame["name"] = pd.Categorical.from_codes(ordered(code), names)
-    frame["style"] = _used_categories(ordered(style), styles)
-    return frame
+    used = [int(s) for s in cursor.execute("SELECT DISTINCT style FROM nvtx_staged ORDER BY style").df()["style"]]
+    # an open range ends at the latest time of any event; with none, it stays open, and is left out as not valid
+    last = max(max(latest["start"]), max(latest["end"])) if latest["start"] and latest["end"] else "NULL"
+    renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
+    with frames_visible(cursor, {"label_names": labels.assign(name_id=code)}):
+        staged_n = cursor.execute("SELECT count(*) FROM nvtx_staged").fetchone()[0]
+        cursor.execute(f"""
+            INSERT INTO nvtx_rows
+            SELECT * FROM (
+                SELECT s.start, coalesce(s."end", {last}) AS "end", nullif(n.name_id, -1),
+                       CASE s.style {renumbered} END, s.global_tid,
+                       ((s.global_tid >> 24) & 16777215)::INTEGER, (s.global_tid & 16777215)::INTEGER
+                FROM nvtx_staged s JOIN label_names n ON n.label = s.label AND n.in_domain = (s.domain IS NOT NULL)
+                     AND n.domain = coalesce(s.domain, 0) AND n.pid = (s.global_tid >> 24) & 16777215)
+            WHERE {valid_times_sql()}""")
+    kept = cursor.execute("SELECT count(*) FROM nvtx_rows").fetchone()[0]
+    cursor.execute("DROP TABLE nvtx_staged")
+    if staged_n > kept:
+        dropped["nvtx"] = dropped.get("nvtx", 0) + int(staged_n - kept)
+    store.name_nvtx(names, [styles[style] for style in used])
 
 
 def _used_categories(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
@@ -491,55 +503,6 @@ def _used_categories(codes: np.ndarray, categories: list[str]) -> pd.Categorical
     renumbered = np.full(len(categories) + 1, -1, dtype=codes.dtype)  # the last: code -1 (none) stays -1
     renumbered[used] = np.arange(len(used))
     return pd.Categorical.from_codes(renumbered[codes], [categories[code] for code in used])
-
-
-# The columns _nvtx_from_pages keeps of each range: (dtype, whether a NULL mask) of start, no_start, end, open_,
-# style, global_tid, label, domain, no_domain.
-_NVTX_KEPT = ((np.int64, False), (bool, True), (np.int64, False), (bool, True), (np.int8, False))
-_NVTX_KEPT += ((np.int64, False), (np.int32, False), (np.int64, False), (bool, True))
-KEPT_START_BYTES = 1 << 20  # a _Kept column's first mapping; each growth doubles it
-
-
-class _Kept:
-    """One column of the rows kept from every chunk of a table, in an anonymous mapping that grows in place
-    (mremap, where the system has it): each row is copied once, from its chunk, and nothing is joined at
-    the end. Pieces joined a column at a time held the column twice, and from the heap the pieces let go
-    stayed resident: 60M NVTX ranges, loading peaked at 5.6 GB. A NULL mask (`masks`) holds nothing until
-    a chunk has a NULL (its rows before are the mapping's zero pages); array() is None if none came."""
-
-    def __init__(self, dtype, masks: bool):
-        self.dtype, self.masks, self.count = np.dtype(dtype), masks, 0
-        self._map: mmap.mmap | None = None
-
-    def add(self, values: np.ndarray | None, keep: np.ndarray, count: int) -> None:
-        """values[keep] (`count` rows) after the rows kept so far; None: a mask's chunk without NULLs."""
-        if values is not None or self._map is not None:
-            self._room((self.count + count) * self.dtype.itemsize)
-        if values is not None:
-            into = np.frombuffer(self._map, self.dtype, count=count, offset=self.count * self.dtype.itemsize)
-            np.compress(keep, values, out=into)
-            del into  # a mapping resizes only with no view of it
-        self.count += count
-
-    def _room(self, size: int) -> None:
-        if self._map is not None and size <= len(self._map):
-            return
-        grown = max(size, 2 * len(self._map) if self._map is not None else KEPT_START_BYTES)
-        if self._map is None:  # private: a shared anonymous mapping grown by mremap faults past its first size
-            self._map = mmap.mmap(-1, grown, flags=mmap.MAP_PRIVATE)
-            return
-        try:
-            self._map.resize(grown)  # pages moved, not copied; untouched pages cost no memory
-        except (OSError, SystemError):  # no mremap (not Linux): a new mapping, and a copy
-            bigger = mmap.mmap(-1, grown, flags=mmap.MAP_PRIVATE)
-            bigger[: len(self._map)] = self._map
-            self._map.close()
-            self._map = bigger
-
-    def array(self) -> np.ndarray | None:
-        if self._map is None:
-            return None if self.masks else np.empty(0, self.dtype)
-        return np.frombuffer(self._map, self.dtype, count=self.count)
 
 
 def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.DataFrame:
@@ -853,8 +816,9 @@ def _load(export: Export) -> TraceTables:
         strings = _strings(export)
         # The copy of kernels and API calls leaves part of a core idle: the small tables load meanwhile.
         with ThreadPoolExecutor(1) as copying:
-            events = copying.submit(export.event_store, strings, _metric_names(export))
-            nvtx = _nvtx(export, strings, dropped)
+            store = EventStore(on_disk=True)
+            events = copying.submit(export.event_store, strings, _metric_names(export), store)
+            _nvtx(export, strings, store, dropped)
             loaded = TraceTables(
                 source_path=str(path),
                 span_ns=_span_ns(export, dropped),
@@ -867,8 +831,7 @@ def _load(export: Export) -> TraceTables:
                 empty_trace_kinds=_empty_trace_kinds(strings),
                 events=events.result(),
             )
-            loaded.events.add_nvtx(nvtx)
-            del nvtx
+            store.checkpoint()
     except duckdb.OutOfMemoryException as exc:  # not damage: the budget's share was too small
         raise memory_budget.exceeded(exc) from None
     # UnicodeDecodeError: an error of SQLite or DuckDB whose message quotes damaged bytes
