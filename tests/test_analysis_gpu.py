@@ -336,12 +336,7 @@ def test_gaps_timeline_and_steps_on_two_devices():
 
 def test_gap_causes_say_what_the_feeding_thread_did():
     ks = frame("kernels", [kernel("a", 100, 100, correlation=1), kernel("b", 3_000_100, 100, correlation=2)])
-    tables = TraceTables(
-        source_path="t",
-        span_ns=4_000_000,
-        events=store(ks, frame("cuda_api", [api("cudaLaunchKernel", 3_000_000, 50, 2)])),
-    )
-    tables.osrt = frame(
+    osrt = frame(
         "osrt",
         [
             {
@@ -364,7 +359,13 @@ def test_gap_causes_say_what_the_feeding_thread_did():
             },
         ],
     )  # not a feeder
-    tables.nvtx = frame("nvtx", [nvtx_range("step 1", 0, 4_000_000), nvtx_range("data", 100, 2_000_000)])
+    ranges = frame("nvtx", [nvtx_range("step 1", 0, 4_000_000), nvtx_range("data", 100, 2_000_000)])
+    calls = frame("cuda_api", [api("cudaLaunchKernel", 3_000_000, 50, 2)])
+    tables = TraceTables(
+        source_path="t",
+        span_ns=4_000_000,
+        events=EventStore.from_frames(kernels=ks, cuda_api=calls, nvtx=ranges, osrt=osrt),
+    )
     gaps = utilisation.idle_gaps(gpu.busy_by_device(tables.events, frame("memops", [])))
     assert gaps[["start", "end"]].values.tolist() == [[200, 3_000_100]]
     causes = utilisation.gap_causes(gaps, tables, {MAIN: "python (main, tid 7)"})
@@ -437,7 +438,9 @@ def test_copy_rules_follow_nsys_semantics():
             memop("memset", 51_000, 10, 8, None, "Pinned", correlation=6),
         ],
     )
-    events = store(cuda_api=frame("cuda_api", calls))
+    events = EventStore.from_frames(
+        cuda_api=frame("cuda_api", calls), nvtx=frame("nvtx", [nvtx_range("data", 0, 100_000)])
+    )
     copies = cuda.with_api_calls(ops, events)
     copies = copies.assign(
         exposed_ns=copies["duration"]
@@ -446,14 +449,13 @@ def test_copy_rules_follow_nsys_semantics():
         )
     )
     labels = {MAIN: "python (main, tid 7)"}
-    nvtx_ = frame("nvtx", [nvtx_range("data", 0, 100_000)])
     capture = clock(1_000_000, busy=ops[["start", "end"]].itertuples(index=False))
-    [sync] = rules.sync_memcpy(copies, capture, labels, nvtx_)
+    [sync] = rules.sync_memcpy(copies, capture, labels, events)
     assert sync.title == "1 synchronous cudaMemcpy calls block the CPU for 0.005 ms"
     assert "mostly in NVTX `data` (1 of 1)" in sync.evidence
     # the copy's own 100 ns (no kernel beside it) and the idle after the call until the next copy: at most the wait
     assert sync.gain_pct == pytest.approx(100 * min(5_000, 100 + (11_000 - 5_000)) / 1_000_000)
-    [pageable] = rules.pageable_memcpy(copies, capture, labels, nvtx_)
+    [pageable] = rules.pageable_memcpy(copies, capture, labels, events)
     assert pageable.title.startswith("1 asynchronous copies use pageable") and pageable.severity == "info"
     # the copy (100 ns, no kernel beside it) and the GPU idle during the rest of its 3 µs API call
     assert pageable.gain_pct == pytest.approx(100 * (100 + 3_000 - 100) / 1_000_000)
@@ -485,7 +487,9 @@ def test_syncs_in_steps_are_counted_per_step():
         waits=waits[["start", "end"]].itertuples(index=False),
         steps=steps,
     )
-    [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, frame("nvtx", []), gpu_runs)
+    [finding] = rules.syncs_in_steps(
+        waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, EventStore.from_frames(), gpu_runs
+    )
     assert "step 1: 2 calls, 0.006 ms; step 2: 1 calls, 0.001 ms" in finding.evidence
     assert "cudaMemcpy" not in finding.evidence
     # Step 1: the GPU still runs when the first call (100-4,100) returns: 0; after the second (6,000-8,000) it
@@ -521,7 +525,8 @@ def test_gpu_time_goes_to_the_innermost_range_on_the_launching_thread():
         ],
     )  # between steps
     ks = frame("kernels", [kernel("k", 5_000 + c, 10 * c, correlation=c) for c in range(1, 8)])  # 7: not traced
-    projection = nvtx.gpu_time_by_range(ranges, store(ks, calls), {AUTOGRAD: "pt_autograd_0 (autograd, tid 9)"})
+    events = EventStore.from_frames(kernels=ks, cuda_api=calls, nvtx=ranges)
+    projection = nvtx.gpu_time_by_range(events, {AUTOGRAD: "pt_autograd_0 (autograd, tid 9)"})
     by_range = projection.set_index("range")
     assert by_range["gpu_ns"].to_dict() == {
         "step 1": 10,

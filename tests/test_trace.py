@@ -32,7 +32,7 @@ def test_nvtx_summary_equals_nsys_nvtxsum(demo_sqlite):
 
 
 def test_osrt_summary_equals_nsys_osrtsum(demo_sqlite):
-    ours = as_nsys_rows(cpu.osrt_summary(load_trace(demo_sqlite).osrt), ["name"])
+    ours = as_nsys_rows(cpu.osrt_summary(load_trace(demo_sqlite).events), ["name"])
     theirs = {tuple(row.values()) for row in nsys_stats("osrtsum", demo_sqlite)}
     assert ours == theirs and ours
 

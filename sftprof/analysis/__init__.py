@@ -84,7 +84,7 @@ def _headline(v: dict, findings: list[Finding]) -> dict:
         "median_step_ms": float(steps["duration"].median()) / 1e6 if len(steps) else None,
         "kernels": totals["count"],
         "application_threads": len(v["threads"]),
-        "osrt_calls": len(tables.osrt),
+        "osrt_calls": tables.events.count("osrt_rows"),
         "nvtx_ranges": tables.events.count("nvtx_rows"),
         "top_kernel": str(top.kernel) if top is not None else None,
         "top_kernel_pct": float(top.time_pct) if top is not None else None,

@@ -7,7 +7,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis.stats import duration_summary, finish_summary, grouped_summary
+from sftprof.analysis.stats import finish_summary, grouped_summary
+from sftprof.trace.events import sql_text
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
 PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
@@ -22,9 +23,46 @@ PHASES = ("data", "forward", "backward", "optimizer")
 UNNAMED_THREAD = "(unnamed)"
 
 
-def osrt_summary(osrt: pd.DataFrame) -> pd.DataFrame:
-    """OS-runtime time by call, as `nsys stats -r osrtsum`."""
-    return duration_summary(osrt, ["name"])
+def osrt_summary(events) -> pd.DataFrame:
+    """OS-runtime time by call, as `nsys stats -r osrtsum`: summed by the store."""
+    return finish_summary(grouped_summary(events, "osrt", ["name"]), ["name"])
+
+
+def _among(column: str, values) -> str:
+    """SQL: `column` is one of `values` (numbers or text); false for none."""
+    values = [str(int(v)) if isinstance(v, int | np.integer) else sql_text(v) for v in dict.fromkeys(values)]
+    return f"{column} IN ({', '.join(values)})" if values else "false"
+
+
+def osrt_calls(events, names=None, threads=None) -> pd.DataFrame:
+    """The OS-runtime calls (tables.py's osrt columns, by start) named one of `names`, made on one of
+    `threads` (global_tids); None: any."""
+    where = [_among("name", names) if names is not None else "true"]
+    where += [_among("global_tid", threads) if threads is not None else "true"]
+    return events.osrt_frame(" AND ".join(where))
+
+
+def _in_capture_sql(span_ns: int) -> str:
+    """SQL: a call's time inside [0, span] (a call can start before the capture or end after it)."""
+    return f'greatest(least("end", {int(span_ns)}) - greatest(start, 0), 0)' if span_ns else "duration"
+
+
+def _osrt_by_thread_and_call(events, span_ns: int, threads=None) -> pd.DataFrame:
+    """Per thread and OS-runtime call name (NULL: none), by global_tid and name: calls, and their time inside
+    the capture (`in_capture`)."""
+    where = _among("global_tid", threads) if threads is not None else "true"
+    return events.query(f"""
+        SELECT global_tid, name, count(*) AS calls, sum({_in_capture_sql(span_ns)})::BIGINT AS in_capture
+        FROM osrt WHERE {where} GROUP BY ALL ORDER BY global_tid, name""")
+
+
+def _osrt_threads(events) -> pd.DataFrame:
+    """The threads that made OS-runtime calls (global_tid, pid, tid), in the order of their first call."""
+    return events.query("""
+        WITH firsts AS (SELECT global_tid, min(start) AS first FROM osrt_rows GROUP BY global_tid)
+        SELECT r.global_tid, any_value((r.global_tid >> 24) & 16777215) AS pid, any_value(r.global_tid & 16777215) AS tid
+        FROM osrt_rows r JOIN firsts f ON r.global_tid = f.global_tid AND r.start = f.first
+        GROUP BY r.global_tid ORDER BY any_value(f.first), min(r."row")""")
 
 
 def nvtx_summary(events) -> pd.DataFrame:
@@ -113,7 +151,7 @@ def application_pids(tables, api_threads: pd.DataFrame) -> set[int]:
     """Processes that emitted trace events (the profiled program), not nsys or the system.
     `api_threads`: cuda.calls_by_thread."""
     pids = set(api_threads["pid"].dropna().astype(int))
-    for frame in (nvtx_threads(tables.events), tables.osrt):
+    for frame in (nvtx_threads(tables.events), _osrt_threads(tables.events)):
         pids.update(int(pid) for pid in frame["pid"].unique())
     return pids
 
@@ -125,13 +163,6 @@ def thread_role(pid: int, tid: int, name: str) -> str:
     if str(name).startswith("pt_autograd"):
         return "autograd"
     return ""
-
-
-def _clipped_to_capture(calls: pd.DataFrame, span_ns: int) -> pd.Series:
-    """Call durations inside [0, span]: a call can start before the capture or end after it."""
-    if not span_ns:
-        return calls["duration"]
-    return (calls["end"].clip(upper=span_ns) - calls["start"].clip(lower=0)).clip(lower=0)
 
 
 def _sched_threads(events) -> pd.DataFrame:
@@ -150,7 +181,12 @@ def application_threads(tables, api_threads: pd.DataFrame) -> pd.DataFrame:
     seen = pd.concat(
         [
             frame[["global_tid", "pid", "tid"]].drop_duplicates("global_tid")
-            for frame in (tables.osrt, api_threads, nvtx_threads(tables.events), _sched_threads(tables.events))
+            for frame in (
+                _osrt_threads(tables.events),
+                api_threads,
+                nvtx_threads(tables.events),
+                _sched_threads(tables.events),
+            )
         ]
     )
     seen = seen[seen["pid"].isin(pids)]
@@ -164,15 +200,14 @@ def thread_summary(tables, waits: pd.DataFrame, api_threads: pd.DataFrame) -> pd
     CUDA API and NVTX activity, and the time it waited for the GPU in synchronizing CUDA calls
     (`waits`: cuda.host_wait_calls; `api_threads`: cuda.calls_by_thread)."""
     threads = application_threads(tables, api_threads)
-    osrt = tables.osrt.assign(in_capture=_clipped_to_capture(tables.osrt, tables.span_ns))
-    osrt_by_tid = osrt.groupby("global_tid")
+    by_call = _osrt_by_thread_and_call(tables.events, tables.span_ns, threads["global_tid"])
     gpu_wait = waits.groupby("global_tid")["duration"].sum()
     api_by_tid = api_threads.set_index("global_tid")[["calls", "total_ns"]].set_axis(["count", "sum"], axis=1)
     nvtx_by_tid = nvtx_threads(tables.events).set_index("global_tid")["ranges"]
     rows = []
     for thread in threads.itertuples():
-        calls = osrt_by_tid.get_group(thread.global_tid) if thread.global_tid in osrt_by_tid.groups else osrt.iloc[0:0]
-        per_call = calls.groupby("name")["in_capture"].sum().sort_values(ascending=False)
+        calls = by_call[by_call["global_tid"] == thread.global_tid]
+        per_call = calls[calls["name"].notna()].set_index("name")["in_capture"].sort_values(ascending=False)
         api = api_by_tid.loc[thread.global_tid] if thread.global_tid in api_by_tid.index else {"count": 0, "sum": 0}
         waited = int(gpu_wait.get(thread.global_tid, 0))
         rows.append(
@@ -182,7 +217,7 @@ def thread_summary(tables, waits: pd.DataFrame, api_threads: pd.DataFrame) -> pd
                 "tid": thread.tid,
                 "thread_name": thread.thread_name,
                 "role": thread_role(thread.pid, thread.tid, thread.thread_name),
-                "osrt_calls": len(calls),
+                "osrt_calls": int(calls["calls"].sum()),
                 "osrt_ns": int(calls["in_capture"].sum()),
                 "top_osrt_call": per_call.index[0] if len(per_call) else "",
                 "top_osrt_ns": int(per_call.iloc[0]) if len(per_call) else 0,
@@ -224,11 +259,10 @@ def thread_labels(threads: pd.DataFrame) -> dict:
 def thread_osrt(tables, threads: pd.DataFrame) -> pd.DataFrame:
     """Per application thread and OS-runtime call: calls and time inside the capture (long table)."""
     columns = ["thread", "role", "tid", "call", "calls", "total_ns", "capture_pct"]
-    osrt = tables.osrt[tables.osrt["global_tid"].isin(threads["global_tid"])]
-    if osrt.empty:
+    frame = _osrt_by_thread_and_call(tables.events, tables.span_ns, threads["global_tid"])
+    if frame.empty:
         return pd.DataFrame(columns=columns)
-    osrt = osrt.assign(in_capture=_clipped_to_capture(osrt, tables.span_ns))
-    frame = osrt.groupby(["global_tid", "name"])["in_capture"].agg(calls="count", total_ns="sum").reset_index()
+    frame = frame[frame["name"].notna()].rename(columns={"in_capture": "total_ns"}).reset_index(drop=True)
     info = threads.set_index("global_tid")
     labels = thread_labels(threads)
     frame = frame.assign(

@@ -248,8 +248,8 @@ SECTIONS: tuple[Section, ...] = (
     ),
     _saved(
         "step_waits",
-        lambda marked, t: collectives.step_waits(marked, t.osrt),
-        ("marked", "tables"),
+        lambda marked, events: collectives.step_waits(marked, cpu.osrt_calls(events, collectives.SYNC_WAIT_CALLS)),
+        ("marked", "events"),
         N,
         "per step and phase: the training thread's time blocked in synchronization calls (gloo, MPI, c10d waits)",
     ),
@@ -284,9 +284,7 @@ SECTIONS: tuple[Section, ...] = (
         F,
         "the evidence behind the compute/memory verdict",
     ),
-    _saved(
-        "osrt", lambda t: cpu.osrt_summary(t.osrt), ("tables",), F, "OS-runtime calls by name, as nsys stats osrt_sum"
-    ),
+    _saved("osrt", cpu.osrt_summary, ("events",), F, "OS-runtime calls by name, as nsys stats osrt_sum"),
     _saved(
         "nvtx",
         cpu.nvtx_summary,
@@ -343,15 +341,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "data_stall",
-        lambda steps, marked, t, clock, labels: rules.data_stall(steps, marked, t.osrt, clock, labels),
-        ("steps", "marked", "tables", "clock", "labels"),
+        rules.data_stall,
+        ("steps", "marked", "events", "clock", "labels"),
     ),
     Rule(
         "lock_wait",
-        lambda steps, marked, events, t, threads, labels, clock: rules.lock_waits(
-            steps, marked, events, t.osrt, threads, labels, clock
-        ),
-        ("steps", "marked", "events", "tables", "threads", "labels", "clock"),
+        rules.lock_waits,
+        ("steps", "marked", "events", "threads", "labels", "clock"),
     ),
     Rule("gpu_idle_gaps", rules.idle_gaps, ("gpu_gaps", "gap_causes", "gpu_busy", "clock")),
     Rule(

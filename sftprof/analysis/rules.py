@@ -16,7 +16,7 @@ import pandas as pd
 
 from sftprof.analysis import intervals
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
-from sftprof.analysis.cpu import PHASES
+from sftprof.analysis.cpu import PHASES, osrt_calls
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
@@ -591,7 +591,7 @@ def padding(padding_share: float | None, token_time_ns: float | None, step_ns: f
 
 
 def data_stall(
-    steps: pd.DataFrame, marked: pd.DataFrame, osrt: pd.DataFrame, clock: StepClock, labels: dict
+    steps: pd.DataFrame, marked: pd.DataFrame, events: EventStore, clock: StepClock, labels: dict
 ) -> list[Finding]:
     """The `data` phase takes a large share of the step: the input pipeline starves the training loop.
     `marked`: cpu.marked_ranges."""
@@ -603,7 +603,7 @@ def data_stall(
         return []
     data = marked[marked["name"] == DATA_PHASE]
     merged = intervals.union(data)
-    calls = osrt[osrt["global_tid"].isin(data["global_tid"])]
+    calls = osrt_calls(events, threads=data["global_tid"])
     calls = calls.assign(inside=intervals.covered_ns(merged, calls["start"], calls["end"]))
     calls = calls[calls["inside"] > 0]
     in_calls = int(intervals.covered_ns(intervals.union(calls), merged["start"], merged["end"]).sum())
@@ -642,7 +642,6 @@ def lock_waits(
     steps: pd.DataFrame,
     marked: pd.DataFrame,
     events: EventStore,
-    osrt: pd.DataFrame,
     threads: pd.DataFrame,
     labels: dict,
     clock: StepClock,
@@ -650,7 +649,7 @@ def lock_waits(
     """Training threads waiting for locks inside the steps. Waits inside `data` ranges are waits for
     data (a queue from loader workers) and belong to data_stall. `marked`: cpu.marked_ranges."""
     training = threads.loc[threads["role"] != "", "global_tid"]
-    waits = osrt[osrt["name"].isin(LOCK_WAIT_CALLS) & osrt["global_tid"].isin(training)]
+    waits = osrt_calls(events, names=LOCK_WAIT_CALLS, threads=training)
     if steps.empty or waits.empty:
         return []
     in_steps = intervals.covered_ns(intervals.union(steps), waits["start"], waits["end"])

@@ -92,7 +92,7 @@ def step_utilisation(steps: pd.DataFrame, busy_by_device: dict[int, DeviceBusy])
 
 def _during(frame: pd.DataFrame, windows: pd.DataFrame, threads) -> pd.DataFrame:
     """The rows of `threads` that overlap any of `windows`, found on the columns' arrays before any row
-    is copied: NeMo's NVTX table holds 60M ranges at 10M kernels, most of them on the feeding threads."""
+    is copied."""
     starts, ends = frame["start"].to_numpy(), frame["end"].to_numpy()
     near = np.zeros(len(frame), dtype=bool)
     for start, end in zip(windows["start"], windows["end"], strict=True):
@@ -101,14 +101,15 @@ def _during(frame: pd.DataFrame, windows: pd.DataFrame, threads) -> pd.DataFrame
     return near[near["global_tid"].isin(threads)]
 
 
-def _ranges_during(events, windows: pd.DataFrame, threads) -> pd.DataFrame:
-    """_during for the NVTX ranges in the store: NeMo's emit_nvtx leaves 60M at 10M kernels."""
+def _stored_during(frame_where, windows: pd.DataFrame, threads) -> pd.DataFrame:
+    """_during for a table in the store (`frame_where`: its frame of the rows for which SQL holds): NeMo's
+    emit_nvtx leaves 60M NVTX ranges at 10M kernels, and its data workers 4M OS-runtime calls."""
     if windows.empty or not len(threads):
-        return events.nvtx_frame("false")
+        return frame_where("false")
     near = " OR ".join(
         f'(start < {int(end)} AND "end" > {int(start)})' for start, end in zip(windows["start"], windows["end"])
     )
-    return events.nvtx_frame(f"global_tid IN ({', '.join(str(int(t)) for t in threads)}) AND ({near})")
+    return frame_where(f"global_tid IN ({', '.join(str(int(t)) for t in threads)}) AND ({near})")
 
 
 def _overlapping(frame: pd.DataFrame, start: int, end: int) -> pd.DataFrame:
@@ -142,8 +143,8 @@ def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAI
     cuda_calls = calls_during(tables.events, explained[["start", "end"]], feeders)
     sources = {
         "CUDA API": _during(cuda_calls, explained, feeders),
-        "OS runtime": _during(tables.osrt, explained, feeders),
-        "NVTX range": _ranges_during(tables.events, explained, feeders),
+        "OS runtime": _stored_during(tables.events.osrt_frame, explained, feeders),
+        "NVTX range": _stored_during(tables.events.nvtx_frame, explained, feeders),
     }
     for rank, gap in enumerate(explained.itertuples(), start=1):
         found = {source: _overlapping(frame, gap.start, gap.end) for source, frame in sources.items()}

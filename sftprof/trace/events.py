@@ -16,13 +16,16 @@ kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_
 cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
 gpu_metrics timestamp, device_id, metric_id, value
 sched     start, cpu, is_sched_in, global_tid, pid, tid   (a thread switched onto or off a core)
+osrt      start, end, duration, name, name_id, global_tid, pid, tid, row   (OS-runtime calls: names from
+          osrt_names by id; `row`, the order the export lists them in, breaks ties on start)
 nvtx      start, end, duration, name_id, style_id, global_tid, pid, tid   (names and styles as the codes
           of the categories nvtx_categories() gives, NULL: no name; stored as the loader copied them,
           mostly by start; nvtx_frame lists them in NVTX_ORDER)
 kernel_names, api_names, metric_names   id, name   (API names without the `_vNNNN` suffix that nsys
           stats strips; metric names as TARGET_INFO_GPU_METRICS gives them, e.g. "SM Issue [Throughput %]")
-kernels, cuda_api and sched are views: duration, pid and tid are computed from the rows stored in
-kernel_rows, cuda_api_rows and sched_rows (as nsys lays out globalTid); nvtx adds duration to nvtx_rows. Storing them, or declaring them as
+kernels, cuda_api, sched and osrt are views: duration, pid and tid are computed from the rows stored in
+kernel_rows, cuda_api_rows, sched_rows and osrt_rows (as nsys lays out globalTid); nvtx adds duration to
+nvtx_rows. Storing them, or declaring them as
 generated columns, made the copy, the slowest part of loading, 10% slower.
 """
 
@@ -65,6 +68,8 @@ SCHEMA = {
     "sched_rows": "start BIGINT, cpu BIGINT, is_sched_in BOOLEAN, global_tid BIGINT",
     "nvtx_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, style_id TINYINT, global_tid BIGINT, pid INTEGER,
                     tid INTEGER""",
+    "osrt_rows": 'start BIGINT, "end" BIGINT, name_id BIGINT, global_tid BIGINT, "row" BIGINT',
+    "osrt_names": "id BIGINT PRIMARY KEY, name VARCHAR",
 }
 VIEWS = {
     "kernels": """SELECT *, "end" - start AS duration, ((global_pid >> 24) & 16777215)::INTEGER AS pid
@@ -74,6 +79,9 @@ VIEWS = {
     "sched": """SELECT *, ((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid
                 FROM sched_rows""",
     "nvtx": """SELECT *, "end" - start AS duration FROM nvtx_rows""",
+    "osrt": """SELECT r.start, r."end", r."end" - r.start AS duration, n.name, r.name_id, r.global_tid,
+                      (r.global_tid >> 24) & 16777215 AS pid, r.global_tid & 16777215 AS tid, r."row"
+               FROM osrt_rows r LEFT JOIN osrt_names n ON n.id = r.name_id""",
 }
 # The order the loaders list NVTX ranges in (a missing name first): ties on start go to the longer range.
 NVTX_ORDER = 'start, "end" DESC, global_tid, coalesce(name_id, -1), style_id'
@@ -276,10 +284,20 @@ class EventStore:
         gpu_metrics: pd.DataFrame | None = None,
         sched: pd.DataFrame | None = None,
         nvtx: pd.DataFrame | None = None,
+        osrt: pd.DataFrame | None = None,
     ) -> EventStore:
         """From normalized pandas tables (tables.py's columns, names as text): traces small enough
         to hold in memory (PyTorch profiler traces, tests)."""
         store = cls(on_disk=False)
+        if osrt is not None and len(osrt):
+            codes, names = pd.factorize(osrt["name"])
+            store.append(
+                "osrt_names", pd.DataFrame({"id": np.arange(len(names)), "name": pd.Series(names, dtype=object)})
+            )
+            rows = osrt[["start", "end", "global_tid"]].assign(
+                name_id=pd.Series(codes).where(codes >= 0).astype("Int64")
+            )
+            store.append("osrt_rows", rows.assign(row=np.arange(len(rows))))
         if nvtx is not None and len(nvtx):
             store.add_nvtx(nvtx)
         if sched is not None and len(sched):
@@ -353,12 +371,29 @@ class EventStore:
         itself)."""
         self._nvtx_categories = (list(names), list(styles))
 
-    def clear_nvtx(self) -> None:
-        """No NVTX ranges: a loader's copy given up part way (its own cursor: other tables may be copied in)."""
+    def clear(self, table: str) -> None:
+        """No rows in `table`: a loader's copy given up part way (its own cursor, as append)."""
         with self.con.cursor() as cursor:
-            cursor.execute("DELETE FROM nvtx_rows")
+            cursor.execute(f"DELETE FROM {table}")
+
+    def delete_invalid(self, table: str) -> int:
+        """Delete the rows of `table` whose times are not valid (valid_times_sql); how many there were."""
+        with self.con.cursor() as cursor:
+            return int(cursor.execute(f"DELETE FROM {table} WHERE NOT ({valid_times_sql()})").fetchone()[0])
+
+    def clear_nvtx(self) -> None:
+        """No NVTX ranges: a loader's copy given up part way."""
+        self.clear("nvtx_rows")
+        with self.con.cursor() as cursor:
             cursor.execute("DROP TABLE IF EXISTS nvtx_staged")
         self._nvtx_categories = ([], [])
+
+    def append(self, table: str, frame: pd.DataFrame) -> None:
+        """Add `frame`'s rows (the table's stored columns) to `table`, through a cursor of its own: a loader
+        may copy other tables in meanwhile."""
+        columns = ", ".join(f'"{c}"' for c in STORED_COLUMNS[table])
+        with self.con.cursor() as cursor, frames_visible(cursor, {"incoming": frame}):
+            cursor.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM incoming")
 
     def _insert(self, table: str, frame: pd.DataFrame) -> None:
         columns = STORED_COLUMNS[table]
@@ -613,6 +648,12 @@ class EventStore:
             rows[column] = pd.Categorical.from_codes(rows.pop(f"{column}_id").to_numpy("int64"), categories)
         return rows[["start", "end", "duration", "name", "style", "global_tid", "pid", "tid"]]
 
+    def osrt_frame(self, where: str = "true") -> pd.DataFrame:
+        """The OS-runtime calls for which `where` holds (SQL over the osrt view), in tables.py's osrt columns,
+        by start (ties in the export's order)."""
+        return self.query(f"""SELECT start, "end", duration, name, global_tid, pid, tid FROM osrt WHERE {where}
+                              ORDER BY start, "row" """)
+
     def count(self, table: str) -> int:
         return int(self._reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
@@ -635,6 +676,8 @@ class EventStore:
             return self.query("SELECT start, cpu, is_sched_in, global_tid, pid, tid FROM sched ORDER BY start")
         if table == "nvtx":
             return self.nvtx_frame()
+        if table == "osrt":
+            return self.osrt_frame()
         if table == "gpu_metrics":
             return self.query("""
                 SELECT g.timestamp, g.device_id, n.name AS metric, g.value

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -133,25 +134,31 @@ def _rows(export: Export, sql: str) -> pd.DataFrame:
 PAGE_ROWS_CHUNK_BYTES = 8 << 20
 
 
-def _page_rows(export: Export, table: str, columns: list[str], select: str) -> list[dict[str, pd.Series]]:
-    """`select` (FROM `{rows}`) over `columns` of the export's `table`, in its rows' order, as chunks of
-    rows, each a column -> Series dict (_by_start joins them): run by DuckDB on the table's pages decoded
-    a chunk at a time (sqlite_pages: a few times faster than DuckDB's SQLite reader over millions of rows),
-    or on the table itself where the decoder does not read it (another format, a value that is not an
-    integer): the same SQL either way."""
+def _page_chunks(export: Export, table: str, columns: list[str], select: str) -> Iterator[pd.DataFrame]:
+    """`select` (FROM `{rows}`) over `columns` of the export's `table`, in its rows' order, a chunk at a time:
+    run by DuckDB on the table's pages decoded a chunk at a time (sqlite_pages: a few times faster than
+    DuckDB's SQLite reader over millions of rows). Unsupported where the decoder does not read the table
+    (another format, a value that is not an integer): the caller runs the same SQL on the table itself."""
     from sftprof.trace import sqlite_pages  # imports numba: only when an export is read
 
-    if isinstance(export, SqliteExport):
+    if not isinstance(export, SqliteExport):
+        raise sqlite_pages.Unsupported("not an SQLite export")
+    for chunk in sqlite_pages.int_columns(export.path, table, columns, chunk_bytes=PAGE_ROWS_CHUNK_BYTES):
+        with frames_visible(export.reader, {"page_rows": chunk}):
+            rows = _rows(export, select.format(rows="page_rows"))
+        yield rows
+
+
+def _page_rows(export: Export, table: str, columns: list[str], select: str) -> list[dict[str, pd.Series]]:
+    """_page_chunks' chunks, each a column -> Series dict (_by_start joins them), or the same SQL run on the
+    table itself where the decoder does not read it."""
+    from sftprof.trace import sqlite_pages
+
+    try:
+        parts = [_columns(rows) for rows in _page_chunks(export, table, columns, select)]
+    except sqlite_pages.Unsupported:
         parts = []
-        try:
-            for chunk in sqlite_pages.int_columns(export.path, table, columns, chunk_bytes=PAGE_ROWS_CHUNK_BYTES):
-                with frames_visible(export.reader, {"page_rows": chunk}):
-                    parts.append(_columns(_rows(export, select.format(rows="page_rows"))))
-        except sqlite_pages.Unsupported:
-            parts = []
-        if parts:
-            return parts
-    return [_columns(_rows(export, select.format(rows=table)))]
+    return parts or [_columns(_rows(export, select.format(rows=table)))]
 
 
 def _columns(frame: pd.DataFrame) -> dict[str, pd.Series]:
@@ -644,23 +651,31 @@ def _coded_names(export: Export) -> pd.DataFrame:
 MEMOP_PAGE_COLUMNS = ["start", "end", "bytes", "deviceId", "streamId", "globalPid", "correlationId"]
 
 
-def _osrt(export: Export, strings, dropped) -> pd.DataFrame:
-    """OS-runtime calls with their names (NeMo's data workers make 4M calls at 10M kernels)."""
+def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> None:
+    """OS-runtime calls into `store` (EventStore.osrt), a chunk at a time (_page_chunks): NeMo's data workers
+    make 4M calls at 10M kernels. Their names are StringIds' (the first value of an id given twice)."""
+    from sftprof.trace import sqlite_pages
+
     if "OSRT_API" not in export.tables:
-        return empty("osrt")
-    # names as ids, then each row given a reference to its name's one string (not a string of its own)
+        return
+    store.append("osrt_names", strings.drop_duplicates("id").rename(columns={"value": "name"}))
+    select = f"""SELECT o.start, o."end", o.nameId AS name_id, o.globalTid AS global_tid
+                 FROM {{rows}} o SEMI JOIN string_ids s ON s.id = o.nameId WHERE o.eventClass = {OSRT_CALL_CLASS}"""
     with frames_visible(export.reader, {"string_ids": strings[["id"]]}):
-        calls = _page_rows(
-            export,
-            "OSRT_API",
-            ["start", "end", "nameId", "globalTid", "eventClass"],
-            f"""SELECT o.start, o."end", o.nameId AS name, o.globalTid AS global_tid, {_PID} AS pid, {_TID} AS tid
-                FROM {{rows}} o SEMI JOIN string_ids s ON s.id = o.nameId
-                WHERE o.eventClass = {OSRT_CALL_CLASS}""",
-        )
-    names = pd.Series(strings["value"].to_numpy(), index=strings["id"].to_numpy())
-    names = names[~names.index.duplicated()]
-    return valid_rows(_by_start(calls).assign(name=lambda c: c["name"].map(names)), "osrt", dropped)
+        try:
+            copied = 0
+            for calls in _page_chunks(
+                export, "OSRT_API", ["start", "end", "nameId", "globalTid", "eventClass"], select
+            ):
+                store.append("osrt_rows", calls.assign(row=np.arange(copied, copied + len(calls))))
+                copied += len(calls)
+        except sqlite_pages.Unsupported:
+            store.clear("osrt_rows")
+            calls = _rows(export, select.format(rows="OSRT_API"))
+            store.append("osrt_rows", calls.assign(row=np.arange(len(calls))))
+    left_out = store.delete_invalid("osrt_rows")
+    if left_out:
+        dropped["osrt"] = dropped.get("osrt", 0) + left_out
 
 
 def _memcpy_operations(export: Export, release: int) -> dict[int, str]:
@@ -819,12 +834,12 @@ def _load(export: Export) -> TraceTables:
             store = EventStore(on_disk=True)
             events = copying.submit(export.event_store, strings, _metric_names(export), store)
             _nvtx(export, strings, store, dropped)
+            _osrt(export, strings, store, dropped)
             loaded = TraceTables(
                 source_path=str(path),
                 span_ns=_span_ns(export, dropped),
                 sources=_sources(tables),
                 threads=_threads(export, strings),
-                osrt=_osrt(export, strings, dropped),
                 memops=_memops(export, release, dropped),
                 sync=_sync(export, dropped),
                 gpus=_gpus(export),
@@ -855,7 +870,7 @@ def _still_empty(loaded: TraceTables, tables: set[str]) -> dict[str, str]:
     recorded = {
         "CUDA": bool(loaded.events.count("kernels") or loaded.events.count("cuda_api") or len(loaded.memops)),
         "NVTX": bool(loaded.events.count("nvtx_rows")),
-        "OSRT": not loaded.osrt.empty,
+        "OSRT": bool(loaded.events.count("osrt_rows")),
     }
     recorded |= {kind: any(name in tables for name in names) for kind, names in _KIND_TABLES.items()}
     return {kind: message for kind, message in loaded.empty_trace_kinds.items() if not recorded.get(kind, False)}

@@ -31,7 +31,7 @@ gpus        device_id, name ("NVIDIA H200"), chip_name ("GH100"), sm_count, memo
 Rows whose times are missing, reversed (end < start) or beyond any capture (events.valid_times) are
 left out by the loader and counted in `dropped_rows` (table -> rows), never turned into negative times.
 
-kernels, cuda_api, sched, gpu_metrics and nvtx grow with the capture (tens of millions of rows), so they live
+kernels, cuda_api, sched, gpu_metrics, nvtx and osrt grow with the capture (tens of millions of rows), so they live
 in an EventStore (DuckDB, names as ids: see events.py) that analyses query; the others are pandas.
 """
 
@@ -143,7 +143,7 @@ def valid_rows(frame: pd.DataFrame, table: str, dropped: dict[str, int]) -> pd.D
 @dataclass
 class TraceTables:
     """One capture, normalized. `sources` says which trace sources the capture had; `events` holds
-    its kernels, CUDA API calls, GPU metric samples, context switches and NVTX ranges; `dropped_rows` counts, by table, the rows left out for their times
+    its kernels, CUDA API calls, GPU metric samples, context switches, NVTX ranges and OS-runtime calls; `dropped_rows` counts, by table, the rows left out for their times
     (or, for a trace format whose rows can be malformed otherwise, their types); `empty_trace_kinds`
     names the trace kinds the capture says recorded nothing (kind -> the tool's own message)."""
 
@@ -151,7 +151,6 @@ class TraceTables:
     span_ns: int
     sources: set[str] = field(default_factory=set)
     threads: pd.DataFrame = field(default_factory=lambda: empty("threads"))
-    osrt: pd.DataFrame = field(default_factory=lambda: empty("osrt"))
     memops: pd.DataFrame = field(default_factory=lambda: empty("memops"))
     sync: pd.DataFrame = field(default_factory=lambda: empty("sync"))
     gpus: pd.DataFrame = field(default_factory=lambda: empty("gpus"))
@@ -163,6 +162,11 @@ class TraceTables:
     def kernels(self) -> pd.DataFrame:
         """Every kernel as one DataFrame: for small traces and tests; analyses query `events`."""
         return self.events.frame("kernels")
+
+    @property
+    def osrt(self) -> pd.DataFrame:
+        """Every OS-runtime call as one DataFrame: for small traces and tests; analyses query `events`."""
+        return self.events.frame("osrt")
 
     @property
     def nvtx(self) -> pd.DataFrame:
