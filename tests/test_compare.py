@@ -34,7 +34,7 @@ def shifted_window(tables: TraceTables, start: int, end: int) -> TraceTables:
         inside = frame[(frame["start"] >= start) & (frame["end"] <= end)].copy()
         inside[["start", "end"]] -= start
         frames[name] = inside
-    events = EventStore.from_frames(kernels=frames.pop("kernels"), cuda_api=frames.pop("cuda_api"))
+    events = EventStore.from_frames(**{name: frames.pop(name) for name in ("kernels", "cuda_api", "nvtx", "osrt")})
     return TraceTables(
         source_path=f"{tables.source_path}[window]",
         span_ns=end - start,

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from sftprof.trace import nsys_sqlite, sqlite_pages
+from sftprof.trace.events import EventStore
 from sftprof.trace.nsys_export import SqliteExport
 
 from conftest import edited_export
@@ -59,13 +60,20 @@ def _tables(path) -> dict:
     try:
         strings, dropped = nsys_sqlite._strings(export), {}
         read = {
-            "osrt": _outcome(lambda: nsys_sqlite._osrt(export, strings, dropped)),
+            "osrt": _outcome(lambda: _osrt(export, strings, dropped)),
             "memops": _outcome(lambda: nsys_sqlite._memops(export, 2022, dropped)),
             "sync": _outcome(lambda: nsys_sqlite._sync(export, dropped)),
         }
     finally:
         export.close()
     return {**read, "dropped": dropped}
+
+
+def _osrt(export, strings, dropped) -> pd.DataFrame:
+    """The OS-runtime calls the loader copies into a store, as the store gives them back."""
+    store = EventStore(on_disk=False)
+    nsys_sqlite._osrt(export, strings, store, dropped)
+    return store.osrt_frame()
 
 
 def _not_decoded(*args, **kwargs):
