@@ -272,13 +272,29 @@ class WindowWalk:
         if around is not None:  # the few kept are put in order, not the whole window
             keep = _containing_one(rows["start"], rows["end"], *around)
             rows = {column: values[keep] for column, values in rows.items()}
-        # the loaders' order (NVTX_ORDER: start, then end descending, then name and style): ThreadRanges' ties
-        order = np.lexsort((rows["style"], rows["name"], -rows["end"], rows["start"]))
+        order = _listed(rows)
         starts, ends, names = (rows[column][order] for column in ("start", "end", "name"))
         timeline = ThreadRanges(starts, ends, names, np.arange(len(starts)))
         if around is None:
             self._last = (window, timeline)
         return timeline
+
+
+def _listed(rows: dict[str, np.ndarray]) -> np.ndarray:
+    """The order the loaders list ranges in (NVTX_ORDER: start, then end descending, then name and style; what
+    ThreadRanges' ties follow): a stable sort by start, which finds the store's runs of ranges in order, and
+    the rest of the keys for the rows that share a start only (a sort of every key took 0.65 s at 12M ranges)."""
+    order = np.argsort(rows["start"], kind="stable")
+    starts = rows["start"][order]
+    ties = np.flatnonzero(starts[1:] == starts[:-1])
+    if len(ties):
+        tied = np.zeros(len(order), dtype=bool)
+        tied[ties], tied[ties + 1] = True, True
+        at = np.flatnonzero(tied)
+        rows_at = order[at]
+        keys = (rows["style"][rows_at], rows["name"][rows_at], -rows["end"][rows_at], rows["start"][rows_at])
+        order[at] = rows_at[np.lexsort(keys)]
+    return order
 
 
 def _containing_one(starts: np.ndarray, ends: np.ndarray, call_starts: np.ndarray, call_ends: np.ndarray) -> np.ndarray:
