@@ -149,7 +149,7 @@ def main(argv=None) -> int:
             started = time.perf_counter()
             frame = read(*args, **kwargs)
             size = frame.memory_usage(deep=True).sum() / 2**30 if hasattr(frame, "memory_usage") else 0.0
-            rows = len(frame) if hasattr(frame, "__len__") else 0
+            rows = len(frame) if hasattr(frame, "__len__") else None  # None: copied into the event store
             loads.append((name, rows, time.perf_counter() - started, _rss_gb(), size))
             return frame
 
@@ -210,7 +210,8 @@ def main(argv=None) -> int:
     if loads:
         print("\nloader query                        rows  seconds  RSS after  frame GB")
         for table, rows, seconds, rss, size in loads:
-            print(f"{table:32s} {rows:>9,} {seconds:8.1f} {rss:9.2f} {size:9.2f}")
+            shown = "in store" if rows is None else f"{rows:,}"
+            print(f"{table:32s} {shown:>9s} {seconds:8.1f} {rss:9.2f} {size:9.2f}")
     for title, totals in (
         ("analyze(): top-level calls", analysis_totals),
         ("write_html(): top-level calls", report_totals),
