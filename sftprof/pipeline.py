@@ -18,6 +18,7 @@ from sftprof.capture import rank
 from sftprof.io import atomic_dir
 from sftprof.report import RankReport, write_html
 from sftprof.trace import load_trace
+from sftprof.trace.events import out_of_disk
 from sftprof.trace.load import clock_origin, from_nsys
 from sftprof.trace.metrics import read_metrics
 
@@ -38,6 +39,11 @@ def analyze_trace(
             tables.events.close()  # its temporary database: as large as the trace's kernels and calls
     except duckdb.OutOfMemoryException as exc:
         raise memory_budget.exceeded(exc) from None
+    except duckdb.Error as exc:
+        full = out_of_disk(exc)
+        if full is None:
+            raise
+        raise full from None
 
 
 def analyze_into(

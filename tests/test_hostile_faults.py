@@ -129,3 +129,22 @@ def test_a_cut_short_export_is_not_complete(tmp_path, kept):
     os.truncate(export, int(export.stat().st_size * kept))
     with pytest.raises(TraceFormatError):
         check_export(export)
+
+
+def test_an_analysis_whose_temporary_disk_fills_says_so_and_writes_nothing(tmp_path, small_disk):
+    """The analysis keeps the capture's large tables in a database under TMPDIR (NeMo's emit_nvtx at 10M kernels:
+    1.1 GB): a full disk there is the machine's fault, said in one line, not "damaged export"; no output
+    appears, and the database's folder is gone."""
+    from conftest import SFTPROF, assert_refused
+
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [SFTPROF, "analyze", str(Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite"), "-o", str(out)],
+        env={**os.environ, "TMPDIR": str(small_disk)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    message = assert_refused(result, contains="no space left on the disk of the temporary folder")
+    assert str(small_disk) in message and "damaged" not in message
+    assert not out.exists() and list(small_disk.iterdir()) == []

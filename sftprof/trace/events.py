@@ -120,6 +120,18 @@ class EventStoreError(SftprofError, RuntimeError):
     """DuckDB or its sqlite extension is missing or unusable."""
 
 
+def out_of_disk(error: Exception) -> EventStoreError | None:
+    """The error to give for a DuckDB error that says the disk under the store (or its spill folder) is full, a
+    problem of the machine, not of the trace; None for any other error."""
+    if not isinstance(error, duckdb.Error) or "No space left on device" not in str(error):
+        return None  # DuckDB says so in an IO, a transaction or a fatal error, as the write that failed was
+    return EventStoreError(
+        f"no space left on the disk of the temporary folder {tempfile.gettempdir()} for the analysis' database "
+        "(about 30 MB per million kernels, 15 per million NVTX ranges): free space there, or set TMPDIR to a "
+        "folder on a larger disk"
+    )
+
+
 def _sqlite_extension() -> Path:
     """The sqlite extension shipped by the duckdb-ext-sqlite wheel: `LOAD sqlite` would download it."""
     spec = importlib.util.find_spec("duckdb_ext")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof import memory_budget
-from sftprof.trace.events import MAX_TIME_NS, EventStore, frames_visible, valid_times_sql
+from sftprof.trace.events import MAX_TIME_NS, EventStore, frames_visible, out_of_disk, valid_times_sql
 from sftprof.trace.nsys_export import (
     Export,
     ParquetExport,
@@ -329,6 +329,13 @@ def _nvtx_ranges(source: str) -> str:
              AND ((ne.globalTid >> 24) & 16777215) = ((d.globalTid >> 24) & 16777215)
         LEFT JOIN StringIds sid ON ne.textId = sid.id
         WHERE ne.eventType IN ({types})"""
+
+
+def _first_failure(error: duckdb.Error, copy: Future) -> Exception:
+    """What made a store fail: the copy's own error where the copy failed too and `error` only says the store
+    has been given up (DuckDB invalidates a database after a fatal error, such as a full disk)."""
+    copied = copy.exception()
+    return copied if copied is not None and isinstance(error, duckdb.FatalException) else error
 
 
 def _nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> None:
@@ -833,8 +840,11 @@ def _load(export: Export) -> TraceTables:
         with ThreadPoolExecutor(1) as copying:
             store = EventStore(on_disk=True)
             events = copying.submit(export.event_store, strings, _metric_names(export), store)
-            _nvtx(export, strings, store, dropped)
-            _osrt(export, strings, store, dropped)
+            try:
+                _nvtx(export, strings, store, dropped)
+                _osrt(export, strings, store, dropped)
+            except duckdb.Error as exc:  # the copy may have failed first (a full disk), and this for that reason
+                raise _first_failure(exc, events) from None
             loaded = TraceTables(
                 source_path=str(path),
                 span_ns=_span_ns(export, dropped),
@@ -850,8 +860,8 @@ def _load(export: Export) -> TraceTables:
     except duckdb.OutOfMemoryException as exc:  # not damage: the budget's share was too small
         raise memory_budget.exceeded(exc) from None
     # UnicodeDecodeError: an error of SQLite or DuckDB whose message quotes damaged bytes
-    except (sqlite3.DatabaseError, duckdb.Error, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: damaged or truncated export ({one_line(exc)})") from None
+    except (sqlite3.DatabaseError, duckdb.Error, UnicodeDecodeError) as exc:  # a full disk is not damage either
+        raise out_of_disk(exc) or TraceFormatError(f"{path}: damaged or truncated export ({one_line(exc)})") from None
     finally:
         export.close()
     loaded.dropped_rows = {**dropped, **loaded.events.dropped_rows}
