@@ -407,6 +407,57 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame, store: EventStore, d
         _stage_nvtx(export, strings, store, dropped, cursor)
 
 
+def _staged_chunk(values, missing, text_code, text_cut, ids, valued, style_of, created, latest) -> pd.DataFrame:
+    """One chunk of NVTX_EVENTS' decoded columns as the ranges _NVTX_STAGED holds; the domains it creates go to
+    `created`, its latest times to `latest`."""
+    from sftprof.trace import sqlite_pages
+
+    start, end, kind, thread, text_id, domain = values  # NVTX_PAGE_COLUMNS
+    for i, maxima in enumerate(latest.values()):  # start, end
+        if not missing[i].all():
+            maxima.append(int(values[i][~missing[i]].max()))
+    kind = np.where(missing[2], -1, kind)  # NULL: no event type, not a range
+    is_created = kind == NVTX_DOMAIN_CREATE
+    if is_created.any():
+        created.append(
+            pd.DataFrame(
+                {
+                    "domainId": pd.arrays.IntegerArray(domain[is_created], missing[5][is_created]),
+                    "globalTid": pd.arrays.IntegerArray(thread[is_created], missing[3][is_created]),
+                    "text_code": text_code[is_created],
+                    "text_cut": text_cut[is_created],
+                }
+            )
+        )
+    style = style_of[np.where((kind >= 0) & (kind < len(style_of)), kind, len(style_of) - 1)]
+    is_range = style >= 0
+    if missing[3][is_range].any():
+        raise sqlite_pages.Unsupported("a range without a thread")
+    # the name: StringIds' value where textId finds one with a value (label -2 - its row), else the text
+    with_id = np.flatnonzero(is_range & ~missing[4])
+    if len(ids) and len(with_id):
+        found = ids.get_indexer(text_id[with_id])
+        named = found >= 0
+        named[named] = valued[found[named]]
+        text_code[with_id[named]] = -2 - found[named]  # text_code is the chunk's own
+    return pd.DataFrame(  # copies: the decoder reuses its arrays while this chunk is copied in
+        {
+            "start": _kept(start, missing[0], is_range),
+            "end": _kept(end, missing[1], is_range),
+            "style": style[is_range],
+            "global_tid": thread[is_range],
+            "label": text_code[is_range].astype(np.int32),
+            "domain": _kept(domain, missing[5], is_range),
+        },
+        copy=False,
+    )
+
+
+def _insert_staged(cursor, staged: pd.DataFrame) -> None:
+    with frames_visible(cursor, {"staged": staged}):
+        cursor.execute("INSERT INTO nvtx_staged SELECT * FROM staged")
+
+
 def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped, cursor) -> None:
     """_nvtx_from_pages through `cursor`."""
     from sftprof.trace import sqlite_pages
@@ -425,50 +476,18 @@ def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, droppe
     chunks = sqlite_pages.raw_columns(
         export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=sqlite_pages.CHUNK_BYTES, text=text
     )
-    for values, missing, text_code, text_cut in chunks:
-        start, end, kind, thread, text_id, domain = values  # NVTX_PAGE_COLUMNS
-        for i, maxima in enumerate(latest.values()):  # start, end
-            if not missing[i].all():
-                maxima.append(int(values[i][~missing[i]].max()))
-        kind = np.where(missing[2], -1, kind)  # NULL: no event type, not a range
-        is_created = kind == NVTX_DOMAIN_CREATE
-        if is_created.any():
-            created.append(
-                pd.DataFrame(
-                    {
-                        "domainId": pd.arrays.IntegerArray(domain[is_created], missing[5][is_created]),
-                        "globalTid": pd.arrays.IntegerArray(thread[is_created], missing[3][is_created]),
-                        "text_code": text_code[is_created],
-                        "text_cut": text_cut[is_created],
-                    }
-                )
-            )
-        style = style_of[np.where((kind >= 0) & (kind < len(style_of)), kind, len(style_of) - 1)]
-        is_range = style >= 0
-        if missing[3][is_range].any():
-            raise sqlite_pages.Unsupported("a range without a thread")
-        # the name: StringIds' value where textId finds one with a value (label -2 - its row), else the text
-        with_id = np.flatnonzero(is_range & ~missing[4])
-        if len(ids) and len(with_id):
-            found = ids.get_indexer(text_id[with_id])
-            named = found >= 0
-            named[named] = valued[found[named]]
-            text_code[with_id[named]] = -2 - found[named]  # text_code is the chunk's own
-
-        staged = pd.DataFrame(
-            {
-                "start": _kept(start, missing[0], is_range),
-                "end": _kept(end, missing[1], is_range),
-                "style": style[is_range],
-                "global_tid": thread[is_range],
-                "label": text_code[is_range].astype(np.int32),
-                "domain": _kept(domain, missing[5], is_range),
-            },
-            copy=False,
-        )
-        with frames_visible(cursor, {"staged": staged}):
-            cursor.execute("INSERT INTO nvtx_staged SELECT * FROM staged")
-        del staged
+    inserting, inserted = ThreadPoolExecutor(1), None  # a chunk is copied in while the next one is decoded
+    try:
+        for values, missing, text_code, text_cut in chunks:
+            staged = _staged_chunk(values, missing, text_code, text_cut, ids, valued, style_of, created, latest)
+            if inserted is not None:
+                inserted.result()
+            inserted = inserting.submit(_insert_staged, cursor, staged)
+            del staged
+        if inserted is not None:
+            inserted.result()
+    finally:
+        inserting.shutdown()
     try:
         text_names = [name.decode("utf-8") for name in text.names()]
     except UnicodeDecodeError:
