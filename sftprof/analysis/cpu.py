@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis.stats import finish_summary, grouped_summary
-from sftprof.trace.events import sql_text
+from sftprof.trace.events import sql_in
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
 PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
@@ -28,17 +28,11 @@ def osrt_summary(events) -> pd.DataFrame:
     return finish_summary(grouped_summary(events, "osrt", ["name"]), ["name"])
 
 
-def _among(column: str, values) -> str:
-    """SQL: `column` is one of `values` (numbers or text); false for none."""
-    values = [str(int(v)) if isinstance(v, int | np.integer) else sql_text(v) for v in dict.fromkeys(values)]
-    return f"{column} IN ({', '.join(values)})" if values else "false"
-
-
 def osrt_calls(events, names=None, threads=None) -> pd.DataFrame:
     """The OS-runtime calls (tables.py's osrt columns, by start) named one of `names`, made on one of
     `threads` (global_tids); None: any."""
-    where = [_among("name", names) if names is not None else "true"]
-    where += [_among("global_tid", threads) if threads is not None else "true"]
+    where = [sql_in("name", names) if names is not None else "true"]
+    where += [sql_in("global_tid", threads) if threads is not None else "true"]
     return events.osrt_frame(" AND ".join(where))
 
 
@@ -50,7 +44,7 @@ def _in_capture_sql(span_ns: int) -> str:
 def _osrt_by_thread_and_call(events, span_ns: int, threads=None) -> pd.DataFrame:
     """Per thread and OS-runtime call name (NULL: none), by global_tid and name: calls, and their time inside
     the capture (`in_capture`)."""
-    where = _among("global_tid", threads) if threads is not None else "true"
+    where = sql_in("global_tid", threads) if threads is not None else "true"
     return events.query(f"""
         SELECT global_tid, name, count(*) AS calls, sum({_in_capture_sql(span_ns)})::BIGINT AS in_capture
         FROM osrt WHERE {where} GROUP BY ALL ORDER BY global_tid, name""")
@@ -79,7 +73,7 @@ def marked_ranges(events) -> pd.DataFrame:
     phases (PHASES), a few per step, where the store can hold millions of others (NeMo's emit_nvtx)."""
     names = pd.Series(events.nvtx_categories()[0], dtype=object).astype(str)
     wanted = np.flatnonzero(names.str.match(STEP_RANGE) | names.isin(PHASES))
-    return events.nvtx_frame(f"name_id IN ({', '.join(map(str, wanted))})" if len(wanted) else "false")
+    return events.nvtx_frame(sql_in("name_id", wanted))
 
 
 def nvtx_threads(events) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis.stats import duration_summary, finish_summary
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, sql_in
 
 API_VERSION_SUFFIX = re.compile(r"_v\d+$")
 # Calls that put a kernel on a stream (runtime and driver API).
@@ -77,7 +77,7 @@ def calls_during(events: EventStore, windows: pd.DataFrame, threads) -> pd.DataF
         f"""
         SELECT DISTINCT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id
         JOIN windows w ON a.start < w."end" AND a."end" > w.start
-        WHERE a.global_tid IN ({", ".join(str(int(t)) for t in threads)})
+        WHERE {sql_in("a.global_tid", threads)}
         ORDER BY a.start""",
         windows=windows[["start", "end"]].astype("int64"),
     )

@@ -15,7 +15,7 @@ import pandas as pd
 from sftprof.analysis import gpu, intervals
 from sftprof.analysis.cuda import calls_during
 from sftprof.analysis.gpu import TINY_KERNEL_NS, DeviceBusy
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, sql_in
 
 # A GPU idle for longer than this is a gap worth explaining. Kernels of a training step follow
 # each other within microseconds, so 1 ms of nothing is a stall; nsys analyze's gpu_gaps uses
@@ -109,7 +109,7 @@ def _stored_during(frame_where, windows: pd.DataFrame, threads) -> pd.DataFrame:
     near = " OR ".join(
         f'(start < {int(end)} AND "end" > {int(start)})' for start, end in zip(windows["start"], windows["end"])
     )
-    return frame_where(f"global_tid IN ({', '.join(str(int(t)) for t in threads)}) AND ({near})")
+    return frame_where(f"{sql_in('global_tid', threads)} AND ({near})")
 
 
 def _overlapping(frame: pd.DataFrame, start: int, end: int) -> pd.DataFrame:

@@ -149,8 +149,19 @@ def _sqlite_extension() -> Path:
     return found[0]
 
 
+def _nullable(codes: np.ndarray) -> pd.arrays.IntegerArray:
+    """Category codes as ids, NULL where -1 (none)."""
+    return pd.arrays.IntegerArray(codes.astype(np.int64), codes < 0)
+
+
 def sql_text(value) -> str:
     return "'" + str(value).replace("'", "''") + "'"
+
+
+def sql_in(column: str, values) -> str:
+    """SQL: `column` is one of `values` (integers or text); false for none."""
+    values = [str(int(v)) if isinstance(v, int | np.integer) else sql_text(v) for v in dict.fromkeys(values)]
+    return f"{column} IN ({', '.join(values)})" if values else "false"
 
 
 def valid_times_sql(start: str = "start", end: str = '"end"') -> str:
@@ -306,10 +317,8 @@ class EventStore:
             store.append(
                 "osrt_names", pd.DataFrame({"id": np.arange(len(names)), "name": pd.Series(names, dtype=object)})
             )
-            rows = osrt[["start", "end", "global_tid"]].assign(
-                name_id=pd.Series(codes).where(codes >= 0).astype("Int64")
-            )
-            store.append("osrt_rows", rows.assign(row=np.arange(len(rows))))
+            rows = osrt[["start", "end", "global_tid"]].assign(name_id=_nullable(codes), row=np.arange(len(osrt)))
+            store.append("osrt_rows", rows)
         if nvtx is not None and len(nvtx):
             store.add_nvtx(nvtx)
         if sched is not None and len(sched):
@@ -370,13 +379,12 @@ class EventStore:
             codes[column], categories[column] = values.cat.codes.to_numpy(), list(values.cat.categories)
         self.name_nvtx(categories["name"], categories["style"])
         for lo in range(0, len(ranges), NVTX_INSERT_ROWS):
-            part = ranges.iloc[lo : lo + NVTX_INSERT_ROWS]
-            rows = part[["start", "end", "global_tid", "pid", "tid"]].assign(
-                name_id=codes["name"][lo : lo + NVTX_INSERT_ROWS], style_id=codes["style"][lo : lo + NVTX_INSERT_ROWS]
+            part = slice(lo, lo + NVTX_INSERT_ROWS)
+            rows = ranges.iloc[part][["start", "end", "global_tid", "pid", "tid"]]
+            self.append(
+                "nvtx_rows",
+                rows.assign(name_id=_nullable(codes["name"][part]), style_id=_nullable(codes["style"][part])),
             )
-            with self.con.cursor() as cursor, frames_visible(cursor, {"incoming": rows}):
-                cursor.execute("""INSERT INTO nvtx_rows SELECT start, "end", nullif(name_id, -1), nullif(style_id, -1),
-                                  global_tid, pid, tid FROM incoming""")
 
     def name_nvtx(self, names: list, styles: list) -> None:
         """The NVTX names and styles that the rows' name_id and style_id number (a loader that copied the rows
