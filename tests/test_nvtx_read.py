@@ -10,7 +10,6 @@ import pytest
 from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
 from sftprof.trace.events import EventStore
 from sftprof.trace.nsys_export import SqliteExport
-from sftprof.trace.tables import valid_rows
 
 from conftest import edited_export
 
@@ -68,13 +67,20 @@ def _from_pages(export: SqliteExport, dropped: dict) -> pd.DataFrame:
     return store.nvtx_frame()
 
 
+def _from_sql(export: SqliteExport, dropped: dict) -> pd.DataFrame:
+    """The ranges the SQL route (_coded_names, a batch at a time) copies into a store, as it gives them back."""
+    store = EventStore(on_disk=False)
+    nsys_sqlite._nvtx_by_sql(export, store, dropped)
+    return store.nvtx_frame()
+
+
 @pytest.mark.parametrize("case", EDITS)
 def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
     export = _edited(tmp_path, EDITS[case])
     try:
         dropped_pages, dropped_sql = {}, {}
         pages = _from_pages(export, dropped_pages)
-        sql = nsys_sqlite._narrow_thread_ids(nsys_sqlite._nvtx_by_sql(export, dropped_sql))
+        sql = _from_sql(export, dropped_sql)
     finally:
         export.close()
     pd.testing.assert_frame_equal(pages, sql)
@@ -102,12 +108,12 @@ def test_ranges_read_a_page_at_a_time_are_those_read_at_once(tmp_path, monkeypat
         monkeypatch.setattr(sqlite_pages, "CHUNK_BYTES", 1)
         paged = _from_pages(export, {})
         chunks = sum(1 for _ in sqlite_pages.raw_columns(export.path, "NVTX_EVENTS", ["start"], chunk_bytes=1))
-        sql = nsys_sqlite._nvtx_by_sql(export, {})
+        sql = _from_sql(export, {})
     finally:
         export.close()
     assert chunks > 20 and len(whole) > 2_000
     pd.testing.assert_frame_equal(paged, whole)
-    pd.testing.assert_frame_equal(paged, valid_rows(nsys_sqlite._narrow_thread_ids(sql), "nvtx", {}))
+    pd.testing.assert_frame_equal(paged, sql)
 
 
 @pytest.mark.parametrize(

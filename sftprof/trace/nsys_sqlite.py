@@ -25,7 +25,14 @@ import numpy as np
 import pandas as pd
 
 from sftprof import memory_budget
-from sftprof.trace.events import MAX_TIME_NS, EventStore, frames_visible, out_of_disk, valid_times_sql
+from sftprof.trace.events import (
+    BATCH_VECTORS,
+    MAX_TIME_NS,
+    EventStore,
+    frames_visible,
+    out_of_disk,
+    valid_times_sql,
+)
 from sftprof.trace.nsys_export import (
     Export,
     ParquetExport,
@@ -350,33 +357,26 @@ def _nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
         return _nvtx_from_pages(export, strings, store, dropped)
     except sqlite_pages.Unsupported:
         store.clear_nvtx()
-    store.add_nvtx(_narrow_thread_ids(_nvtx_by_sql(export, dropped)))
+    _nvtx_by_sql(export, store, dropped)
 
 
-def _narrow_thread_ids(rows: pd.DataFrame) -> pd.DataFrame:
-    """pid and tid as int32, as _nvtx_from_pages makes them (24 bits each in a globalTid), where no row lacks one."""
-    return rows.astype({column: np.int32 for column in ("pid", "tid") if rows[column].dtype == np.int64})
-
-
-def _nvtx_by_sql(export: Export, dropped) -> pd.DataFrame:
-    """The ranges that _nvtx_from_pages does not read, through DuckDB, or sqlite3 for text not in UTF-8."""
+def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
+    """The ranges that _nvtx_from_pages does not read, into `store`: through DuckDB a batch at a time
+    (_coded_names), or, for text not in UTF-8, through sqlite3 (held whole: an odd or damaged export)."""
     try:
-        rows = _coded_names(export)
+        return _coded_names(export, store, dropped)
     # SQLite holds any bytes in a TEXT column, DuckDB refuses what is not UTF-8 text: read those as SQLite gives them
     except (duckdb.InvalidInputException, duckdb.TypeMismatchException):
-        rows = valid_rows(export.query(_nvtx_ranges("NVTX_EVENTS")), "nvtx", dropped)
-        codes, names = pd.factorize(rows["name"])
-        cut = [_EMIT_NVTX_SUFFIX.sub("", name) for name in names]
-        categories = sorted(set(cut))
-        code_of = {name: code for code, name in enumerate(categories)}
-        codes = np.array([code_of[name] for name in cut] + [-1], dtype="int32")[codes]  # -1 (none) stays -1
-        rows = rows.assign(name=pd.Categorical.from_codes(codes, categories), style=rows["style"].astype("category"))
-        # the order _coded_names gives: ties on start broken by the rest (names and styles by their codes)
-        keys = pd.DataFrame({"start": rows["start"], "end": rows["end"], "global_tid": rows["global_tid"]})
-        keys = keys.assign(name=codes, style=rows["style"].cat.codes)
-        order = keys.sort_values(list(keys), ascending=[True, False, True, True, True], kind="stable").index
-        return rows.take(order).reset_index(drop=True)
-    return valid_rows(rows, "nvtx", dropped)
+        store.clear_nvtx()
+    rows = valid_rows(export.query(_nvtx_ranges("NVTX_EVENTS")), "nvtx", dropped)
+    codes, names = pd.factorize(rows["name"])
+    cut = [_EMIT_NVTX_SUFFIX.sub("", name) for name in names]
+    categories = sorted(set(cut))
+    code_of = {name: code for code, name in enumerate(categories)}
+    codes = np.array([code_of[name] for name in cut] + [-1], dtype="int32")[codes]  # -1 (none) stays -1
+    store.add_nvtx(
+        rows.assign(name=pd.Categorical.from_codes(codes, categories), style=rows["style"].astype("category"))
+    )
 
 
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
@@ -529,15 +529,6 @@ def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, droppe
     store.name_nvtx(names, [styles[style] for style in used])
 
 
-def _used_categories(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
-    """Categorical.from_codes(codes, categories).remove_unused_categories(), for a few categories, without its
-    np.unique of every code (16 bytes a row: 60M NVTX ranges at 10M kernels of NeMo's shape)."""
-    used = [code for code in range(len(categories)) if (codes == code).any()]
-    renumbered = np.full(len(categories) + 1, -1, dtype=codes.dtype)  # the last: code -1 (none) stays -1
-    renumbered[used] = np.arange(len(used))
-    return pd.Categorical.from_codes(renumbered[codes], [categories[code] for code in used])
-
-
 def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.DataFrame:
     """The domains created (eventType 75) by (domainId, pid), with `name` (the text's name, cut) and `cut`
     (the domain's own name held emit_nvtx's numbering, so it is the whole name, as the SQL's cut of
@@ -635,11 +626,11 @@ def _range_names(label, domain, in_domain, global_tid, domains, text_names: list
     return names, code
 
 
-def _coded_names(export: Export) -> pd.DataFrame:
+def _coded_names(export: Export, store: EventStore, dropped) -> None:
     """The events copied into DuckDB in one scan of the export (the ranges' query reads them three
     times), the ranges made from them with emit_nvtx's numbering cut from their names; then each
-    distinct name fetched once and the rows with a code each, in order (DuckDB's sort is not stable:
-    every column is a key)."""
+    distinct name fetched once, and the ranges copied into `store` a batch at a time with their names' and
+    styles' codes, those whose times are not valid left out and counted."""
     reader = export.reader
     styles = sorted(set(NVTX_RANGE_STYLES.values()))
     style_codes = " ".join(f"WHEN '{style}' THEN {code}" for code, style in enumerate(styles))
@@ -655,22 +646,26 @@ def _coded_names(export: Export) -> pd.DataFrame:
                     CASE style {style_codes} ELSE -1 END AS style)
                 FROM ({_nvtx_ranges("temp.nvtx_events")})"""
         )
-        reader.execute("DROP TABLE temp.nvtx_events")  # less to spill while the rows are sorted
+        reader.execute("DROP TABLE temp.nvtx_events")
         names = sorted(_rows(export, "SELECT DISTINCT name FROM nvtx_rows WHERE name IS NOT NULL")["name"])
+        used = sorted(_rows(export, "SELECT DISTINCT style FROM nvtx_rows")["style"].astype(int))
+        renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
         reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
-        # codes sort as their names do (names sorted; a missing name, -1, first)
-        rows = _rows(
-            export,
-            """SELECT r.* EXCLUDE (name), coalesce(n.code, -1) AS name_code
-               FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name
-               ORDER BY r.start, r."end" DESC, r.global_tid, name_code, r.style""",
-        )
+        total = reader.execute("SELECT count(*) FROM nvtx_rows").fetchone()[0]
+        result = reader.execute(f"""
+            SELECT r.start, r."end", coalesce(n.code, -1) AS name_id, CASE r.style {renumbered} END AS style_id,
+                   r.global_tid, r.pid, r.tid
+            FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}""")
+        kept = 0
+        while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
+            store.append("nvtx_rows", batch.assign(name_id=batch["name_id"].mask(batch["name_id"] < 0).astype("Int32")))
+            kept += len(batch)
     finally:
         reader.unregister("nvtx_names")
         reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows; DROP TABLE IF EXISTS temp.nvtx_events")
-    # codes, not a Python string per row (60M ranges at 10M kernels of a NeMo capture)
-    style = _used_categories(rows.pop("style").to_numpy(), styles)
-    return rows.assign(name=pd.Categorical.from_codes(rows.pop("name_code"), names), style=style)
+    if total > kept:
+        dropped["nvtx"] = dropped.get("nvtx", 0) + int(total - kept)
+    store.name_nvtx(names, [styles[style] for style in used])
 
 
 # The columns a memory operation's query reads besides its kinds (_memops).
