@@ -228,10 +228,11 @@ class LaunchSums:
     """Per step: kernels, tiny kernels, kernel time by phase (n x PHASES+1) and by class (n x
     MIX_CLASSES), summed over the slices of the launch join (nvtx.launch_slices) as they pass: fed by
     step_accounting itself, or by nvtx.gpu_time_by_range (its `also`) so that one join serves both.
-    Built from the NVTX ranges alone (the steps, each thread's timeline) and the kernel names."""
+    Built from the NVTX ranges alone (the steps, each thread's timeline) and the kernel names. `marked`:
+    cpu.marked_ranges(tables.events), where the caller has it; kept for step_accounting's data ranges."""
 
-    def __init__(self, tables):
-        ranges = cpu.marked_ranges(tables.events)
+    def __init__(self, tables, marked: pd.DataFrame | None = None):
+        self.marked = ranges = cpu.marked_ranges(tables.events) if marked is None else marked
         self.steps = cpu.step_table(ranges).reset_index(drop=True)
         self.n = n = len(self.steps)
         self.finished = False
@@ -513,19 +514,18 @@ def _union_windows(unions: gpu.BusyUnions, span: tuple[int, int]):
 def _busy_and_idle(
     result: pd.DataFrame,
     tables,
-    classes: pd.DataFrame,
-    thread_of_step: np.ndarray,
+    sums: LaunchSums,
     waits: pd.DataFrame,
     unions: gpu.BusyUnions | None = None,
 ) -> None:
-    """Fill the busy, idle and idle-cause columns of `result` (see the module docstring). `unions`:
-    gpu.busy_unions of the capture, when the caller has them (step_accounting's `busy`)."""
+    """Fill the busy, idle and idle-cause columns of `result` (see the module docstring) from the LaunchSums of
+    its steps. `unions`: gpu.busy_unions of the capture, when the caller has them (step_accounting's `busy`)."""
+    classes, thread_of_step = sums.classes, sums.thread_of_step
     n = len(result)
     starts, ends = result["start"].to_numpy("int64"), result["end"].to_numpy("int64")
     empty = intervals.RunningUnion().result()
     # the step thread's data ranges inside its steps
-    marked = cpu.marked_ranges(tables.events)
-    data_ranges = marked[marked["name"] == cpu.PHASES[0]]
+    data_ranges = sums.marked[sums.marked["name"] == cpu.PHASES[0]]
     data = _Pieces.joined(
         [
             _Pieces.cut(intervals.union(ranges), starts, ends, np.flatnonzero(thread_of_step == tid))
@@ -687,8 +687,7 @@ def step_accounting(
     _busy_and_idle(
         result,
         tables,
-        sums.classes,
-        sums.thread_of_step,
+        sums,
         cuda.host_wait_calls(tables.events) if waits is None else waits,
         busy,
     )

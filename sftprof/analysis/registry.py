@@ -117,7 +117,8 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section("labels", cpu.thread_labels, ("threads",), K),
     # filled by nvtx_gpu's join of kernels to their launches, for step_accounting: one join for both
-    Section("launch_sums", accounting.LaunchSums, ("tables",), K),
+    Section("marked", cpu.marked_ranges, ("events",), K),
+    Section("launch_sums", accounting.LaunchSums, ("tables", "marked"), K),
     _saved(
         "nvtx_gpu",
         nvtx.gpu_time_by_range,
@@ -137,7 +138,6 @@ SECTIONS: tuple[Section, ...] = (
         beside=True,
     ),
     # the step ranges: the elementwise chains are summed per step as they are found
-    Section("marked", cpu.marked_ranges, ("events",), K),
     _saved("steps", cpu.step_table, ("marked",), K, "each captured step and its phases' CPU time"),
     Section(
         "chains",

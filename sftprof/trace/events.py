@@ -396,10 +396,11 @@ class EventStore:
         with self.con.cursor() as cursor:
             cursor.execute(f"DELETE FROM {table}")
 
-    def delete_invalid(self, table: str) -> int:
-        """Delete the rows of `table` whose times are not valid (valid_times_sql); how many there were."""
+    def delete_invalid(self, table: str, valid: str | None = None) -> int:
+        """Delete the rows of `table` for which `valid` (SQL; default: valid_times_sql) does not hold; how many
+        there were (its own cursor, as append)."""
         with self.con.cursor() as cursor:
-            return int(cursor.execute(f"DELETE FROM {table} WHERE NOT ({valid_times_sql()})").fetchone()[0])
+            return int(cursor.execute(f"DELETE FROM {table} WHERE NOT ({valid or valid_times_sql()})").fetchone()[0])
 
     def clear_nvtx(self) -> None:
         """No NVTX ranges: a loader's copy given up part way."""
@@ -573,7 +574,7 @@ class EventStore:
                 f"{valid_times_sql('start', 'start')} AND global_tid IS NOT NULL AND cpu IS NOT NULL",
             ),
         ):
-            dropped = con.execute(f"DELETE FROM {rows} WHERE NOT ({valid})").fetchone()[0]
+            dropped = store.delete_invalid(rows, valid)
             if dropped:
                 store.dropped_rows[table] = int(dropped)
         if owned:

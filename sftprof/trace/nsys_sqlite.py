@@ -513,7 +513,7 @@ def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, droppe
     renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
     with frames_visible(cursor, {"label_names": labels.assign(name_id=code)}):
         staged_n = cursor.execute("SELECT count(*) FROM nvtx_staged").fetchone()[0]
-        cursor.execute(f"""
+        kept = cursor.execute(f"""
             INSERT INTO nvtx_rows
             SELECT * FROM (
                 SELECT s.start, coalesce(s."end", {last}) AS "end", nullif(n.name_id, -1),
@@ -521,8 +521,7 @@ def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, droppe
                        ((s.global_tid >> 24) & 16777215)::INTEGER, (s.global_tid & 16777215)::INTEGER
                 FROM nvtx_staged s JOIN label_names n ON n.label = s.label AND n.in_domain = (s.domain IS NOT NULL)
                      AND n.domain = coalesce(s.domain, 0) AND n.pid = (s.global_tid >> 24) & 16777215)
-            WHERE {valid_times_sql()}""")
-    kept = cursor.execute("SELECT count(*) FROM nvtx_rows").fetchone()[0]
+            WHERE {valid_times_sql()}""").fetchone()[0]  # an INSERT returns how many rows it added
     cursor.execute("DROP TABLE nvtx_staged")
     if staged_n > kept:
         dropped["nvtx"] = dropped.get("nvtx", 0) + int(staged_n - kept)
