@@ -39,7 +39,7 @@ def analyze_trace(
             tables.events.close()  # its temporary database: as large as the trace's kernels and calls
     except duckdb.OutOfMemoryException as exc:
         raise memory_budget.exceeded(exc) from None
-    except duckdb.Error as exc:
+    except (duckdb.Error, OSError) as exc:
         full = out_of_disk(exc)
         if full is None:
             raise

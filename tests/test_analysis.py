@@ -166,7 +166,7 @@ def test_busy_time_merged_window_by_window_equals_the_union_of_every_operation(h
     monkeypatch.setattr(gpu, "BUSY_WINDOW_ROWS", 50)
     [windowed] = gpu.busy_by_device(h200_tables.events, memops).values()
     assert len(operations) // 50 > gpu.BUSY_MAX_WINDOWS  # so every window edge is used
-    pd.testing.assert_frame_equal(windowed.merged, whole)
+    pd.testing.assert_frame_equal(windowed.merged.frame(), whole)
     assert (windowed.first, windowed.last) == (operations["start"].min(), whole["end"].max())
 
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from sftprof.analysis import boundness, cuda, gains, gpu, intervals, kernels, memory, nvtx, rules, utilisation
+from sftprof.analysis.spilled import SpilledUnion
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
 
@@ -52,7 +53,10 @@ def clock(
     """What gains are measured against: a capture of `span_ns` (or these steps), GPU busy and CPU waits."""
     spans = lambda pairs: pd.DataFrame(list(pairs), columns=["start", "end"], dtype="int64")  # noqa: E731
     return gains.StepClock.of(
-        steps if steps is not None else pd.DataFrame(), span_ns, intervals.union(spans(busy)), spans(waits)
+        steps if steps is not None else pd.DataFrame(),
+        span_ns,
+        SpilledUnion.of(intervals.union(spans(busy))),
+        spans(waits),
     )
 
 
@@ -381,7 +385,7 @@ def test_gap_causes_say_what_the_feeding_thread_did():
         gaps,
         causes,
         pd.DataFrame({"device_id": [0], "span_ns": [3_000_100]}),
-        gains.StepClock.of(pd.DataFrame(), 4_000_000, busy, busy.iloc[0:0]),
+        gains.StepClock.of(pd.DataFrame(), 4_000_000, SpilledUnion.of(busy), busy.iloc[0:0]),
     )
     assert "python (main, tid 7) in its own code in NVTX `data` for 2.000 ms" in finding.evidence
     assert finding.severity == "warning" and finding.recommendation.startswith("The threads that feed the GPU")
@@ -445,7 +449,7 @@ def test_copy_rules_follow_nsys_semantics():
     copies = copies.assign(
         exposed_ns=copies["duration"]
         - gains.kernel_time_in(
-            gpu.all_devices_busy(gpu.busy_by_device(events, ops.iloc[:0])), copies["start"], copies["end"]
+            gpu.all_devices_busy(gpu.busy_by_device(events, ops.iloc[:0])).frame(), copies["start"], copies["end"]
         )
     )
     labels = {MAIN: "python (main, tid 7)"}

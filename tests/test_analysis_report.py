@@ -210,8 +210,9 @@ def test_metric_means_read_in_batches_equal_pandas_over_every_sample(monkeypatch
     for device, b in busy.items():
         mine = samples[samples["device_id"] == device]
         times = mine["timestamp"].to_numpy()
-        index = np.searchsorted(b.merged["start"].to_numpy(), times, side="right") - 1
-        inside.append(mine[(index >= 0) & (times < b.merged["end"].to_numpy()[np.maximum(index, 0)])])
+        merged = b.merged.frame()
+        index = np.searchsorted(merged["start"].to_numpy(), times, side="right") - 1
+        inside.append(mine[(index >= 0) & (times < merged["end"].to_numpy()[np.maximum(index, 0)])])
     inside = pd.concat(inside)
     expected = inside.groupby(inside["metric"].str.lower())["value"].mean().to_dict()
     assert len(inside) > 1000 and set(means) == set(expected) == {"sm issue [throughput %]", "dram read"}

@@ -17,6 +17,7 @@ import pytest
 from sftprof.analysis import collectives
 from sftprof.analysis.collectives import ALL, NCCL_PATTERNS, collective_kind, collective_table, step_waits
 from sftprof.analysis.gains import StepClock
+from sftprof.analysis.spilled import SpilledUnion
 from sftprof.trace.events import EventStore
 
 # (kernel name as nsys or Kineto shows it, the pattern that must name it, the kind)
@@ -193,7 +194,7 @@ def test_exposed_communication_finding_gain():
     clock = StepClock.of(
         steps,
         1500,
-        pd.DataFrame({"start": [], "end": []}),
+        SpilledUnion().finish(),
         pd.DataFrame({"start": pd.Series(dtype="int64"), "end": pd.Series(dtype="int64")}),
     )
     [finding] = collectives.exposed_communication(table, steps, clock)

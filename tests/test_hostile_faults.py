@@ -3,6 +3,7 @@ hostile-input tally's class "faults")."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sftprof.capture import nsys
@@ -148,3 +150,22 @@ def test_an_analysis_whose_temporary_disk_fills_says_so_and_writes_nothing(tmp_p
     message = assert_refused(result, contains="no space left on the disk of the temporary folder")
     assert str(small_disk) in message and "damaged" not in message
     assert not out.exists() and list(small_disk.iterdir()) == []
+
+
+def test_busy_time_files_on_a_full_disk_say_so(small_disk, monkeypatch):
+    """A device's busy time is written to files under TMPDIR (analysis.spilled); when that disk fills, the
+    analysis gives the same one line as for the database, naming the folder."""
+    import tempfile
+
+    from sftprof.analysis.spilled import SpilledUnion
+    from sftprof.trace.events import out_of_disk
+
+    monkeypatch.setattr(tempfile, "tempdir", str(small_disk))
+    union = SpilledUnion()
+    starts = np.arange(0, 10**6, 10, dtype="int64")  # 1.6 MB of intervals: more than 256 KiB
+    with pytest.raises(OSError) as raised:
+        union.add(starts, starts + 5)
+        union.finish()
+    message = str(out_of_disk(raised.value))
+    assert message.startswith("no space left on the disk of the temporary folder") and str(small_disk) in message
+    assert out_of_disk(OSError(errno.EACCES, "denied")) is None

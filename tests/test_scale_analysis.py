@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import accounting, cpu, cuda, gains, gpu, intervals, nvtx, stats, utilisation
+from sftprof.analysis import accounting, cpu, cuda, gains, gpu, intervals, nvtx, spilled, stats, utilisation
 from sftprof.trace import load_trace
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
@@ -144,12 +144,11 @@ def test_running_union_in_place_equals_the_union_at_once():
         starts = np.sort(rng.integers(0, 200_000, 4_000))
         ends = starts + rng.integers(0, overlap, len(starts))
         at_once = intervals.union(pd.DataFrame({"start": starts, "end": ends}))
-        for capacity in (None, len(starts), 10):  # announced, or too small: pieces from then on
-            for batch in (1, 7, 999, 4_000):
-                running = intervals.RunningUnion(capacity)
-                for lo in range(0, len(starts), batch):
-                    running.add(starts[lo : lo + batch], ends[lo : lo + batch])
-                pd.testing.assert_frame_equal(running.result(), at_once)
+        for batch in (1, 7, 999, 4_000):
+            running = intervals.RunningUnion()
+            for lo in range(0, len(starts), batch):
+                running.add(starts[lo : lo + batch], ends[lo : lo + batch])
+            pd.testing.assert_frame_equal(running.result(), at_once)
 
 
 def test_covered_ns_counts_every_window_exactly():
@@ -181,14 +180,8 @@ def test_one_busy_pass_gives_the_three_unions_and_the_timeline_counts(windows):
         }
         for name, rows in expected.items():
             busy = getattr(unions, name)[device]
-            if name == "kernels":
-                union = pd.DataFrame(dict(zip(["start", "end"], busy.union.rows(0, len(busy.union)), strict=True)))
-            else:
-                union = busy.merged
-            pd.testing.assert_frame_equal(union, intervals.union(rows.astype("int64")))
-        # the kernels' union is kept as a patch of the operations' one: a row per kernel interval in a copy's
-        assert isinstance(unions.kernels[device].union, intervals.PatchedUnion)
-        assert 0 < len(unions.kernels[device].union.piece_starts) < len(mine) / 4
+            union = busy.union if name == "kernels" else busy.merged
+            pd.testing.assert_frame_equal(union.frame(), intervals.union(rows.astype("int64")))
     assert unions.operations[0].last == max(
         kernels.loc[kernels["device_id"] == 0, "end"].max(), memops.loc[memops["device_id"] == 0, "end"].max()
     )
@@ -208,7 +201,7 @@ def test_without_collectives_there_is_no_third_union_and_without_copies_two_are_
     plain = EventStore.from_frames(kernels=tables.kernels[~names.str.contains("nccl")])
     unions = gpu.busy_unions(plain, tables.memops.iloc[:0])
     assert unions.not_communication is None
-    assert np.shares_memory(unions.kernels[0].union.starts, unions.operations[0].merged["start"].to_numpy())
+    assert unions.kernels[0].union is unions.operations[0].merged
     assert list(gpu.busy_by_device(tables.events, tables.memops)) == list(unions.operations)
 
 
@@ -420,7 +413,7 @@ def test_kernel_classes_by_name_or_by_name_pair():
     ]
 
 
-@pytest.mark.parametrize("n", [1, 15, 16, 17, 32, 33, 1_000, intervals.KEEP_LENGTHS_FROM + 17])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 32, 33, 1_000, 100_017])
 def test_covered_ns_from_block_sums_equals_every_cumulative_length(n):
     """covered_ns keeps one length sum per LENGTH_BLOCK intervals and adds the rest as it asks: on unions of
     sizes around a block's, windows anywhere (before the first interval, past the last, inside one, on
@@ -552,46 +545,54 @@ def test_medians_by_bucket_passes_equal_pandas_medians(monkeypatch, buckets, fet
     assert everything["med_ns"].iat[0] == float(np.median(durations))
 
 
-def test_a_union_kept_as_a_patch_reads_as_the_union_itself():
-    """intervals.RunningPatch, fed batches as the busy pass feeds it, gives a PatchedUnion (the kernels'
-    union as a patch of the operations' one) that answers every question the plain union does: counts
-    before a time, rows by position, intervals near windows."""
+def test_a_union_kept_in_files_answers_as_the_union_in_memory():
+    """spilled.SpilledUnion, fed batches as the busy pass feeds it and read back a block at a time, answers
+    every question with what the whole arrays give: rows, positions of times (searchsorted), covered time,
+    gaps, intervals near windows; blocks of 1 to 50 intervals put block edges everywhere."""
     rng = np.random.default_rng(1)
-    for _ in range(200):
-        n, copies = int(rng.integers(1, 300)), int(rng.integers(0, 8))
-        kernel_starts = np.sort(rng.integers(0, 5_000, n))
-        kernel_ends = kernel_starts + rng.integers(0, 30, n)
-        copy_starts = np.sort(rng.integers(0, 5_200, copies))
-        copy_ends = copy_starts + rng.integers(0, 80, copies)
-        starts, ends = np.r_[kernel_starts, copy_starts], np.r_[kernel_ends, copy_ends]
-        order = np.argsort(starts, kind="stable")
-        is_kernel = (np.arange(len(starts)) < n)[order]
-        starts, ends = starts[order], ends[order]
-        base = intervals.RunningUnion(len(starts))
-        patch = intervals.RunningPatch(base, copy_starts)
-        batch = int(rng.integers(1, 40))
-        for lo in range(0, len(starts), batch):
-            base.add(starts[lo : lo + batch], ends[lo : lo + batch])
-            kernel = is_kernel[lo : lo + batch]
-            patch.add(starts[lo : lo + batch][kernel], ends[lo : lo + batch][kernel])
-        patched = patch.result(base.result())
-        kernels = intervals.union(pd.DataFrame({"start": kernel_starts, "end": kernel_ends}))
-        plain = intervals.Union(kernels["start"].to_numpy(), kernels["end"].to_numpy())
-        assert len(patched) == len(plain) and patch.last_end == plain.ends[-1]
-        assert len(patched.piece_starts) <= len(plain)
-        for time in rng.integers(-10, 5_300, 20):
-            assert patched.ending_by(time) == plain.ending_by(time)
-            assert patched.starting_before(time) == plain.starting_before(time)
-        for _ in range(10):
-            first = int(rng.integers(0, len(plain) + 1))
-            last = int(rng.integers(first, len(plain) + 2))
-            assert all(map(np.array_equal, patched.rows(first, last), plain.rows(first, last)))
-        window_starts = rng.integers(0, 5_200, 5)
-        windows = (window_starts, window_starts + rng.integers(0, 100, 5))
-        near = plain.overlapping(*windows)
-        assert all(map(np.array_equal, patched.overlapping(*windows), near))
-        overlaps = [(s < windows[1]) & (e > windows[0]) for s, e in zip(*plain.rows(0, len(plain)), strict=True)]
-        assert len(near[0]) == sum(bool(o.any()) for o in overlaps)
+    for _ in range(150):
+        n = int(rng.integers(0, 600))
+        starts = np.sort(rng.integers(0, 20_000, n))
+        ends = starts + rng.integers(0, 60, n)
+        whole = intervals.union(pd.DataFrame({"start": starts, "end": ends}))
+        union_starts, union_ends = whole["start"].to_numpy(), whole["end"].to_numpy()
+        kept = spilled.SpilledUnion(block=int(rng.integers(1, 50)))
+        batch = int(rng.integers(1, 80))
+        for lo in range(0, n, batch):
+            kept.add(starts[lo : lo + batch], ends[lo : lo + batch])
+        kept.finish()
+        pd.testing.assert_frame_equal(kept.frame(), whole)
+        assert len(kept) == len(whole) and kept.total_length() == int((union_ends - union_starts).sum())
+        times = np.r_[rng.integers(-10, 20_100, 200), union_starts[:5], union_ends[-5:]]
+        for column, values in (("start", union_starts), ("end", union_ends)):
+            for side in ("left", "right"):
+                assert (kept.positions(times, column, side) == np.searchsorted(values, times, side=side)).all()
+        windows = (times, times + rng.integers(0, 400, len(times)))
+        assert (kept.covered_ns(*windows) == intervals.covered_ns(whole, *windows)).all()
+        for first in rng.integers(0, len(whole) + 2, 5):
+            last = int(first + rng.integers(0, 30))
+            assert all(map(np.array_equal, kept.rows(first, last), (union_starts[first:last], union_ends[first:last])))
+        holes = pd.DataFrame({"start": union_ends[:-1], "end": union_starts[1:]})
+        holes = holes.assign(duration=holes["end"] - holes["start"])
+        holes = holes[holes["duration"] > 20].sort_values(["duration", "start"], ascending=[False, True])
+        pd.testing.assert_frame_equal(kept.gaps(20), holes.reset_index(drop=True))
+        near = kept.overlapping(windows[0][:8], windows[1][:8])
+        overlaps = (union_starts[:, None] < windows[1][:8]) & (union_ends[:, None] > windows[0][:8])
+        keep = overlaps.any(axis=1)
+        assert all(map(np.array_equal, near, (union_starts[keep], union_ends[keep])))
+
+
+def test_unions_in_files_merge_a_window_of_time_at_a_time():
+    """SpilledUnion.merged (when any GPU ran): the union of the devices' unions, whatever the window size."""
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        parts = []
+        for _device in range(int(rng.integers(1, 4))):
+            starts = np.sort(rng.integers(0, 3_000, int(rng.integers(0, 200))))
+            parts.append(pd.DataFrame({"start": starts, "end": starts + rng.integers(0, 40, len(starts))}))
+        kept = [spilled.SpilledUnion.of(intervals.union(part), block=int(rng.integers(1, 20))) for part in parts]
+        merged = spilled.SpilledUnion.merged(kept, rows=int(rng.integers(1, 50)))
+        pd.testing.assert_frame_equal(merged.frame(), intervals.union(pd.concat(parts, ignore_index=True)))
 
 
 @pytest.mark.parametrize("distinct", [1, 3, nvtx.FEW_KEYS, nvtx.FEW_KEYS + 1, 200])

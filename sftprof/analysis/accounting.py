@@ -56,6 +56,7 @@ import pandas as pd
 from sftprof.analysis import cpu, cuda, gpu, intervals, kernels, nvtx
 from sftprof.analysis.findings import ms, pct
 from sftprof.analysis.gpu import TINY_KERNEL_NS
+from sftprof.analysis.spilled import SpilledUnion
 from sftprof.analysis.utilisation import IDLE_GAP_NS
 from sftprof.trace.events import EventStore
 
@@ -474,19 +475,14 @@ def _union_windows(unions: gpu.BusyUnions, span: tuple[int, int]):
         if first >= last:
             continue
         own = unions.not_communication.get(device) if unions.not_communication is not None else None
-        own_starts, own_ends = (
-            (own.merged["start"].to_numpy("int64"), own.merged["end"].to_numpy("int64"))
-            if own is not None
-            else (_EMPTY, _EMPTY)
-        )
-        own_first, own_last = np.searchsorted(own_ends, lo, side="right"), np.searchsorted(own_starts, hi, side="left")
+        own = own.merged if own is not None else SpilledUnion().finish()
+        own_first, own_last = own.ending_by(lo), own.starting_before(hi)
 
         def windows(
             union=union,
             first=first,
             last=last,
-            own_starts=own_starts,
-            own_ends=own_ends,
+            own=own,
             own_first=own_first,
             own_last=own_last,
             nccl=unions.not_communication is not None,
@@ -499,13 +495,9 @@ def _union_windows(unions: gpu.BusyUnions, span: tuple[int, int]):
                 next_cut = (
                     max(own_last, own_first)
                     if b == last
-                    else int(np.clip(np.searchsorted(own_starts, union.rows(b, b + 1)[0][0]), own_first, own_last))
+                    else int(np.clip(own.starting_before(union.rows(b, b + 1)[0][0]), own_first, own_last))
                 )
-                yield (
-                    starts,
-                    ends,
-                    *((own_starts[own_cut:next_cut], own_ends[own_cut:next_cut]) if nccl else (None, None)),
-                )
+                yield (starts, ends, *(own.rows(own_cut, next_cut) if nccl else (None, None)))
                 own_cut = next_cut
 
         yield int(device), int(union.rows(first - 1, first)[1][0]) if first else -_FAR, windows()

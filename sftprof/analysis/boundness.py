@@ -69,17 +69,17 @@ def metric_means_while_busy(events: EventStore, busy: dict[int, DeviceBusy]) -> 
         return {}
     size = int(names["id"].max()) + 1
     sums, counts = np.zeros(size), np.zeros(size, "int64")
-    unions = {int(d): tuple(b.merged[c].to_numpy("int64") for c in ("start", "end")) for d, b in busy.items()}
     for batch in events.batches("SELECT device_id, timestamp, metric_id, value FROM gpu_metrics"):  # one scan
         device, times, metric_ids = (batch[c].to_numpy("int64") for c in ("device_id", "timestamp", "metric_id"))
         values = batch["value"].to_numpy("float64")  # NULL: NaN
         for d in np.unique(device):
-            if int(d) not in unions:
+            union = busy[int(d)].merged if int(d) in busy else None
+            if union is None or union.empty:
                 continue
-            starts, ends = unions[int(d)]
             mine = np.flatnonzero(device == d)
-            index = np.searchsorted(starts, times[mine], side="right") - 1
-            inside = mine[(index >= 0) & (times[mine] < ends[np.maximum(index, 0)]) & ~np.isnan(values[mine])]
+            index = union.positions(times[mine], "start", "right") - 1
+            _, ends, _ = union.at(np.maximum(index, 0))
+            inside = mine[(index >= 0) & (times[mine] < ends) & ~np.isnan(values[mine])]
             metric = metric_ids[inside]
             sums += np.bincount(metric, weights=values[inside], minlength=size)
             counts += np.bincount(metric, minlength=size)

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import cuda, gpu, intervals, kernels
+from sftprof.analysis.spilled import SpilledUnion
 from sftprof.trace.events import EventStore
 
 # A kernel launch that takes longer than this waited for a free slot in the full launch queue (a
@@ -43,16 +44,16 @@ ELEMENTWISE_FAMILY = "elementwise"
 @dataclass(frozen=True)
 class StepClock:
     """The windows gains are measured in (the step ranges, or the whole capture as one), when any GPU
-    ran (`gpu_busy`, disjoint sorted start/end) and when a CPU thread waited for one (`cpu_wait`)."""
+    ran (`gpu_busy`, gpu.all_devices_busy) and when a CPU thread waited for one (`cpu_wait`)."""
 
     starts: np.ndarray
     ends: np.ndarray
     has_steps: bool
-    gpu_busy: pd.DataFrame
+    gpu_busy: SpilledUnion
     cpu_wait: pd.DataFrame
 
     @classmethod
-    def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: pd.DataFrame, cpu_wait: pd.DataFrame) -> StepClock:
+    def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: SpilledUnion, cpu_wait: pd.DataFrame) -> StepClock:
         starts, ends = step_windows(steps, span_ns)
         return cls(starts, ends, bool(len(steps)), gpu_busy, intervals.union(cpu_wait[["start", "end"]]))
 
@@ -101,21 +102,20 @@ class StepClock:
     def idle_in(self, starts, ends) -> np.ndarray:
         """GPU idle inside each window [starts[i], ends[i])."""
         starts, ends = np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64")
-        return (ends - starts) - intervals.covered_ns(self.gpu_busy, starts, ends)
+        return (ends - starts) - self.gpu_busy.covered_ns(starts, ends)
 
     def idle_after(self, starts, ends) -> np.ndarray:
         """For each call [starts[i], ends[i]), the GPU idle that follows it: from when the GPU ran dry
         (or the call began, if later) until the next GPU work starts; 0 where a GPU still ran when
         the call returned, or no work followed in the capture."""
         starts, ends = np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64")
-        busy_starts = self.gpu_busy["start"].to_numpy(dtype="int64")
-        busy_ends = self.gpu_busy["end"].to_numpy(dtype="int64")
-        if not len(busy_starts):
+        busy, n = self.gpu_busy, len(self.gpu_busy)
+        if not n:
             return np.zeros(len(ends), dtype="int64")
-        begun = np.searchsorted(busy_starts, ends, side="right")  # busy stretches starting by the call's end
-        ran_dry = np.where(begun > 0, busy_ends[np.maximum(begun - 1, 0)], np.iinfo("int64").min)
-        follows = begun < len(busy_starts)
-        next_work = busy_starts[np.minimum(begun, len(busy_starts) - 1)]
+        begun = busy.positions(ends, "start", "right")  # busy stretches starting by the call's end
+        ran_dry = np.where(begun > 0, busy.at(np.maximum(begun - 1, 0))[1], np.iinfo("int64").min)
+        follows = begun < n
+        next_work = busy.at(np.minimum(begun, n - 1))[0]
         idle = next_work - np.maximum(ran_dry, starts)
         return np.where(follows & (ran_dry <= ends), np.clip(idle, 0, None), 0)
 
@@ -123,11 +123,12 @@ class StepClock:
         """Per step, the GPU idle time (no device running anything) in stretches longer than
         `longer_than` and up to `at_most`. The stretches are disjoint and in time order already,
         so no union is taken: a launch-bound run has millions of them."""
-        starts = self.gpu_busy["end"].to_numpy(dtype="int64")[:-1]
-        ends = self.gpu_busy["start"].to_numpy(dtype="int64")[1:]
         idle = np.zeros(self.steps, dtype="int64")
-        for i in range(0, len(starts), intervals.CHUNK_ROWS):  # a chunk at a time: no temporary of 80 MB
-            chunk_starts, chunk_ends = starts[i : i + intervals.CHUNK_ROWS], ends[i : i + intervals.CHUNK_ROWS]
+        previous_end = None
+        for busy_starts, busy_ends in self.gpu_busy.chunks():  # the stretch before each interval but the first
+            chunk_starts = busy_ends[:-1] if previous_end is None else np.r_[previous_end, busy_ends[:-1]]
+            chunk_ends = busy_starts[1:] if previous_end is None else busy_starts
+            previous_end = busy_ends[-1]
             lengths = chunk_ends - chunk_starts
             keep = lengths > longer_than
             if at_most is not None:
@@ -230,7 +231,7 @@ def elementwise_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) ->
                          coalesce(name_id IN ({", ".join(str(int(i)) for i in elementwise)}), false) AS chained
                   FROM kernels)"""
     runs = _Runs(totals)
-    for device, _, _, _, windows in gpu.device_windows(events, source):
+    for device, _, _, windows in gpu.device_windows(events, source):
         for lo, hi in windows:
             rows = events.arrays(f"""SELECT start, "end", duration, stream, chained FROM {source}
                                      WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi}""")

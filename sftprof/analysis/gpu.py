@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import intervals
+from sftprof.analysis.spilled import SpilledUnion
 from sftprof.analysis.stats import duration_summary, finish_summary, grouped_medians, grouped_summary
 from sftprof.trace.events import KERNEL_SHAPE, EventStore, with_launch_shapes
 
@@ -65,12 +66,12 @@ def cuda_api_summary(events: EventStore) -> pd.DataFrame:
 @dataclass
 class DeviceBusy:
     """When one GPU was running anything: `merged` is the union of its kernels and memory operations
-    (sorted, disjoint start/end rows), from its `first` operation's start to its `last` one's end.
+    (kept in files: spilled.SpilledUnion), from its `first` operation's start to its `last` one's end.
     `kernel_chunks`: its kernels counted as they streamed by (busy_unions), by the chunk of
     intervals.chunk_edges(first, last, TIMELINE_CHUNKS) each starts in: (all, shorter than
     TINY_KERNEL_NS); None where they were not."""
 
-    merged: pd.DataFrame
+    merged: SpilledUnion
     first: int
     last: int
     kernel_chunks: tuple[np.ndarray, np.ndarray] | None = None
@@ -78,10 +79,10 @@ class DeviceBusy:
 
 @dataclass
 class KernelsBusy:
-    """When one GPU ran kernels: their union (read by position; where memory operations ran, a patch
-    of the operations' union: intervals.PatchedUnion), from its first kernel's start to its last end."""
+    """When one GPU ran kernels: their union (the operations' one where no memory operation ran), from its
+    first kernel's start to its last end."""
 
-    union: intervals.Union
+    union: SpilledUnion
     first: int
     last: int
 
@@ -123,7 +124,7 @@ def _communication_pairs(events: EventStore) -> list[int]:
 def device_windows(events: EventStore, source: str, **frames: pd.DataFrame):
     """Per device of `source` (SQL rows with device_id, start and end), its rows cut into windows of
     about BUSY_WINDOW_ROWS starts, edges at approximate quantiles (so larger traces get larger
-    windows, at most BUSY_MAX_WINDOWS): yields (device, count, first start, last end, [(lo, hi), ...]),
+    windows, at most BUSY_MAX_WINDOWS): yields (device, first start, last end, [(lo, hi), ...]),
     devices in order."""
     quantiles = ", ".join(str(q / BUSY_MAX_WINDOWS) for q in range(1, BUSY_MAX_WINDOWS))
     devices = events.query(
@@ -137,14 +138,14 @@ def device_windows(events: EventStore, source: str, **frames: pd.DataFrame):
         windows = min(-(-int(n) // BUSY_WINDOW_ROWS), BUSY_MAX_WINDOWS)
         inner = [cuts[k * BUSY_MAX_WINDOWS // windows - 1] for k in range(1, windows)]
         edges = np.unique(np.array([first, *inner, last + 1], dtype="int64"))
-        yield device, int(n), int(first), int(last_end), list(zip(edges[:-1], edges[1:], strict=True))
+        yield device, int(first), int(last_end), list(zip(edges[:-1], edges[1:], strict=True))
 
 
 def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) -> BusyUnions:
     """Per device, the union of every kernel and memory operation, of kernels alone and of
     kernels but the collectives (BusyUnions), in one pass. Rows with start <= 0 are dropped, as
     nsys's utilisation rules do. Operations are fetched in windows of start time (device_windows),
-    sorted, and merged a window at a time, so memory holds the merged intervals, not every kernel.
+    sorted, and merged a window at a time into files (spilled.SpilledUnion), so memory holds a window.
     `kernels` False: the first union only (busy_by_device). Without memory operations the first
     two are one."""
     ops = memops.loc[memops["start"] > 0, ["device_id", "start", "end"]].astype("int64")
@@ -156,28 +157,12 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
     split = kernels and len(ops) > 0  # the kernels' union is not the operations' one
     # kernels that start at or before 0 are counted in the timeline (utilisation_timeline), not merged here
     early = events.query("SELECT count(*) AS n FROM kernels WHERE start <= 0")["n"].iat[0]
-    kernel_counts = (
-        dict(
-            events.query("""SELECT device_id::BIGINT AS device_id, count(*) AS n FROM kernels
-                                         WHERE start > 0 GROUP BY ALL""").itertuples(index=False)
-        )
-        if split
-        else {}
-    )
     unions = BusyUnions({}, {}, {} if communication else None)
-    for device, n, first, last, windows in device_windows(events, operations, ops=ops):
+    for device, first, last, windows in device_windows(events, operations, ops=ops):
         chunk_starts, _ = intervals.chunk_edges(first, last, TIMELINE_CHUNKS)
         counted = np.zeros((2, TIMELINE_CHUNKS), dtype="int64")  # kernels, tiny kernels
-        # the merged intervals written in place: their count is at most the operations'
-        kernel_count = kernel_counts.get(device, n)
-        merged = [intervals.RunningUnion(n)]
-        # the kernels' union, where it differs from the operations': inside intervals that hold a copy
-        merged.append(
-            intervals.RunningPatch(merged[0], np.sort(ops.loc[ops["device_id"] == device, "start"].to_numpy()))
-            if split
-            else None
-        )
-        merged.append(intervals.RunningUnion(kernel_count if communication else None))
+        # every operation's union; the kernels' (where it is another); the kernels' but the collectives'
+        merged = [SpilledUnion(), SpilledUnion() if split else None, SpilledUnion() if communication else None]
         first_kernel = None
         for lo, hi in windows:
             window = events.sorted_arrays(
@@ -205,23 +190,19 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
             if communication:
                 own = ~comm.astype(bool)
                 merged[2].add(starts[own], ends[own])
-        every = merged[0].result()
-        end = int(every["end"].iat[-1])
+        every = merged[0].finish()
+        end = every.last_end
         unions.operations[int(device)] = DeviceBusy(
             every, first, end, None if early or end != last else (counted[0], counted[1])
         )
         if first_kernel is None:
             continue
-        if split:
-            kernel_union, last_kernel = merged[1].result(every), merged[1].last_end
-        else:
-            kernel_union, last_kernel = intervals.Union(every["start"].to_numpy(), every["end"].to_numpy()), end
-        unions.kernels[int(device)] = KernelsBusy(kernel_union, first_kernel, last_kernel)
+        kernel_union = merged[1].finish() if split else every
+        unions.kernels[int(device)] = KernelsBusy(kernel_union, first_kernel, kernel_union.last_end)
         if communication:
-            own = merged[2].result()
-            ends = own["end"].to_numpy()
+            own = merged[2].finish()
             unions.not_communication[int(device)] = DeviceBusy(
-                own, int(own["start"].iat[0]) if len(own) else first, int(ends[-1]) if len(own) else first
+                own, own.first_start if len(own) else first, own.last_end if len(own) else first
             )
     return unions
 
@@ -231,24 +212,19 @@ def busy_by_device(events: EventStore, memops: pd.DataFrame) -> dict[int, Device
     return busy_unions(events, memops, kernels=False).operations
 
 
-def all_devices_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
+def all_devices_busy(busy: dict[int, DeviceBusy]) -> SpilledUnion:
     """When any GPU was running anything (union over devices)."""
-    return _union_over_devices([b.merged for b in busy.values()])
+    return SpilledUnion.merged([b.merged for b in busy.values()]) if busy else SpilledUnion().finish()
 
 
 def kernels_busy_in(busy: dict[int, KernelsBusy], starts: np.ndarray, ends: np.ndarray) -> pd.DataFrame:
     """When any GPU ran a kernel, within the windows [starts[i], ends[i]) (the merged kernel intervals
     of every device that overlap one, unioned over devices): a copy's time beside kernels, without
     the kernels' unions whole."""
-    near = (b.union.overlapping(starts, ends) for b in busy.values())
-    return _union_over_devices([pd.DataFrame({"start": s, "end": e}) for s, e in near])
-
-
-def _union_over_devices(merged: list[pd.DataFrame]) -> pd.DataFrame:
-    """The union of each device's merged intervals."""
-    if len(merged) <= 1:  # already a union: not another copy of ten million intervals
-        return merged[0] if merged else intervals.RunningUnion().result()
-    return intervals.union(pd.concat(merged, ignore_index=True))
+    near = [pd.DataFrame({"start": s, "end": e}) for s, e in (b.union.overlapping(starts, ends) for b in busy.values())]
+    if len(near) == 1:  # already a union
+        return near[0]
+    return intervals.union(pd.concat(near, ignore_index=True)) if near else intervals.RunningUnion().result()
 
 
 def gpu_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
@@ -256,7 +232,7 @@ def gpu_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
     rows = []
     for device, b in busy.items():
         span = b.last - b.first
-        busy_ns = intervals.total_length(b.merged)
+        busy_ns = b.merged.total_length()
         rows.append(
             {
                 "device_id": device,

@@ -30,7 +30,7 @@ CAUSES_PER_SOURCE = 5  # rows per gap and per kind of CPU activity
 def idle_gaps(busy: dict[int, DeviceBusy], min_gap_ns: int = IDLE_GAP_NS) -> pd.DataFrame:
     """Stretches longer than `min_gap_ns` in which a device ran nothing, longest first."""
     columns = ["device_id", "start", "end", "duration"]
-    frames = [intervals.gaps(b.merged, min_gap_ns).assign(device_id=device) for device, b in busy.items()]
+    frames = [b.merged.gaps(min_gap_ns).assign(device_id=device) for device, b in busy.items()]
     if not frames:
         return pd.DataFrame(columns=columns)
     gaps = pd.concat(frames, ignore_index=True)[columns]
@@ -47,7 +47,7 @@ def utilisation_timeline(
     frames = []
     for device, b in busy.items():
         starts, ends = intervals.chunk_edges(b.first, b.last, chunks)
-        covered = intervals.covered_ns(b.merged, starts, ends)
+        covered = b.merged.covered_ns(starts, ends)
         if b.kernel_chunks is not None and chunks == gpu.TIMELINE_CHUNKS:
             counts, tiny = b.kernel_chunks
         else:
@@ -75,7 +75,7 @@ def step_utilisation(steps: pd.DataFrame, busy_by_device: dict[int, DeviceBusy])
     for device, b in busy_by_device.items():
         if steps.empty:
             break
-        busy = intervals.covered_ns(b.merged, steps["start"], steps["end"])
+        busy = b.merged.covered_ns(steps["start"], steps["end"])
         frames.append(
             pd.DataFrame(
                 {

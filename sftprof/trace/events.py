@@ -31,6 +31,7 @@ generated columns, made the copy, the slowest part of loading, 10% slower.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import shutil
@@ -121,14 +122,18 @@ class EventStoreError(SftprofError, RuntimeError):
 
 
 def out_of_disk(error: Exception) -> EventStoreError | None:
-    """The error to give for a DuckDB error that says the disk under the store (or its spill folder) is full, a
-    problem of the machine, not of the trace; None for any other error."""
-    if not isinstance(error, duckdb.Error) or "No space left on device" not in str(error):
-        return None  # DuckDB says so in an IO, a transaction or a fatal error, as the write that failed was
+    """The error to give for a DuckDB error or an OSError that says the disk under the store, its spill folder or
+    the busy-time files (analysis.spilled) is full, a problem of the machine, not of the trace; None for any
+    other error."""
+    full = (
+        isinstance(error, duckdb.Error) and "No space left on device" in str(error)  # IO, transaction or fatal
+    ) or (isinstance(error, OSError) and error.errno == errno.ENOSPC)
+    if not full:
+        return None
     return EventStoreError(
         f"no space left on the disk of the temporary folder {tempfile.gettempdir()} for the analysis' database "
-        "(about 30 MB per million kernels, 15 per million NVTX ranges): free space there, or set TMPDIR to a "
-        "folder on a larger disk"
+        "(about 30 MB per million kernels, 15 per million NVTX ranges, 16 per million busy intervals): free "
+        "space there, or set TMPDIR to a folder on a larger disk"
     )
 
 
