@@ -12,7 +12,8 @@ analyses change; cProfile's per-call overhead would distort pandas-heavy code.
 
 --in-turn runs the sections one after another (sftprof runs some side by side) and gives each one's exact
 peak above what the process held when it started: Linux's high-water mark, reset per section. An RSS sampled
-every few milliseconds missed peaks of 70-80 MB that last less than that.
+every few milliseconds missed peaks of 70-80 MB that last less than that. The sections that left 20 MB or more
+held (or let go) are then listed in the order they ran: what each kept for the ones after it.
 """
 
 from __future__ import annotations
@@ -224,6 +225,10 @@ def main(argv=None) -> int:
         print(f"  {'section':24s} {'start':>6s} {'peak above':>10s} {'left':>6s}")
         for name, start, above, left in sorted(peaks, key=lambda p: -(p[1] + p[2]))[:15]:
             print(f"  {name:24s} {start:6.2f} {above:10.2f} {left:+6.2f}")
+        print("  in the order they ran, those that left 20 MB or more held (or let go)")
+        for name, start, above, left in peaks:
+            if abs(left) >= 0.02:
+                print(f"  {name:24s} {start:6.2f} {above:10.2f} {left:+6.2f}")
     inline = phases[1][1] - sum(seconds for _, seconds, _ in analysis_totals.values())
     print(f"\nanalyze() less its sections (negative: sections ran side by side): {inline:.2f} s")
     return 0
