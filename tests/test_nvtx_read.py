@@ -105,7 +105,7 @@ def test_ranges_read_a_page_at_a_time_are_those_read_at_once(tmp_path, monkeypat
     export = _edited(tmp_path, edits)
     try:
         whole = _from_pages(export, {})
-        monkeypatch.setattr(sqlite_pages, "CHUNK_BYTES", 1)
+        monkeypatch.setattr(nsys_sqlite, "NVTX_CHUNK_BYTES", 1)
         paged = _from_pages(export, {})
         chunks = sum(1 for _ in sqlite_pages.raw_columns(export.path, "NVTX_EVENTS", ["start"], chunk_bytes=1))
         sql = _from_sql(export, {})

@@ -382,6 +382,10 @@ def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
 # The ranges as _nvtx_from_pages stages them in the store, before their names are known (label: a text's code,
 # or -2 - the StringIds row of the value that names it, or -1; NULL times: missing, or, for end, still open).
+# NVTX pages decoded at a time: half the other tables' (sqlite_pages.CHUNK_BYTES). A chunk is held three times
+# (decoded, staged, inserted while the next is decoded) beside the copy of kernels and calls: at 60M ranges
+# loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time (ENGINE.md, section 15).
+NVTX_CHUNK_BYTES = 32 << 20
 _NVTX_STAGED = """start BIGINT, "end" BIGINT, style TINYINT, global_tid BIGINT, label INTEGER, domain BIGINT"""
 
 
@@ -474,7 +478,7 @@ def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, droppe
     created, latest = [], {"start": [], "end": []}  # latest times of any event: where open ranges end
     cursor.execute(f"CREATE TABLE nvtx_staged ({_NVTX_STAGED})")
     chunks = sqlite_pages.raw_columns(
-        export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=sqlite_pages.CHUNK_BYTES, text=text
+        export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=NVTX_CHUNK_BYTES, text=text
     )
     inserting, inserted = ThreadPoolExecutor(1), None  # a chunk is copied in while the next one is decoded
     try:
