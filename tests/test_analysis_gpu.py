@@ -467,6 +467,13 @@ def test_copy_rules_follow_nsys_semantics():
     assert memset.title.startswith("1 synchronous cudaMemset") and "Pinned" in memset.evidence
     # the same correlation id in another process is another call: nothing joins
     assert cuda.with_api_calls(ops.assign(pid=8), events).empty
+    # only the operations these rules read are joined to their calls (copy_rule_rows): device-side ones are not
+    device_side = frame(
+        "memops",
+        [memop("DtoD", 61_000, 10, 8, "Device", "Device"), memop("memset", 62_000, 10, 8, None, "Device")],
+    )
+    every = pd.concat([ops, device_side], ignore_index=True)
+    assert rules.copy_rule_rows(every).tolist() == [True] * len(ops) + [False, False]
 
 
 def test_syncs_in_steps_are_counted_per_step():

@@ -128,7 +128,13 @@ SECTIONS: tuple[Section, ...] = (
         beside=True,
     ),
     Section("memop_rows", lambda t: t.memops.assign(copy_kind=memory.copy_kinds(t.memops)), ("tables",), K),
-    Section("copy_calls", cuda.with_api_calls, ("memop_rows", "events"), K, beside=True),
+    Section(
+        "copy_calls",
+        lambda rows, events: cuda.with_api_calls(rows[rules.copy_rule_rows(rows)], events),
+        ("memop_rows", "events"),
+        K,
+        beside=True,
+    ),
     _saved(
         "sync_calls",
         lambda events, t: cuda.sync_calls(events, t.span_ns),

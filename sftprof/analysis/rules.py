@@ -24,7 +24,7 @@ from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
-from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE
+from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, MEMSET_KIND, PAGEABLE
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
@@ -35,6 +35,21 @@ STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captu
 SMALL_SYNC_HTOD_BYTES = 64_000
 # Memsets that block the host: on pinned or managed memory (device-memory memsets run asynchronously).
 HOST_BLOCKING_MEMSET_KINDS = ("Pinned", "Managed")
+
+
+def copy_rule_rows(memops: pd.DataFrame) -> np.ndarray:
+    """Which memory operations (with `copy_kind`) the copy rules read (sync_memcpy, pageable_memcpy, sync_memset,
+    interconnect): those that cross to the host or a peer, touch pageable memory, or set host-visible memory.
+    Only these are joined to their calls: a trainer's device-side memsets and copies are most of 1.5M
+    operations at 10M kernels, and none of these."""
+    return (
+        memops["copy_kind"].isin(INTERCONNECT_KINDS)
+        | (memops["src_kind"] == PAGEABLE)
+        | (memops["dst_kind"] == PAGEABLE)
+        | ((memops["copy_kind"] == MEMSET_KIND) & memops["dst_kind"].isin(HOST_BLOCKING_MEMSET_KINDS))
+    ).to_numpy(bool)
+
+
 # Loading data for longer than this share of the step starves the GPU (and the CPU-side model code).
 DATA_STALL_PCT = 10.0
 # OS calls in which a thread waits for a lock held by another thread. CPython's threading.Lock
