@@ -129,6 +129,7 @@ def windows(request, monkeypatch):
     """Run a test with the default windows and slices, and with ones a few dozen rows long (NVTX windows: 5 ranges)."""
     if request.param:
         monkeypatch.setattr(gpu, "BUSY_WINDOW_ROWS", request.param)
+        monkeypatch.setattr(gains, "CHAIN_WINDOW_ROWS", request.param)
         monkeypatch.setattr(gpu, "BUSY_MAX_WINDOWS", 1_000)
         monkeypatch.setattr(nvtx, "SLICE_KERNELS", request.param)
         monkeypatch.setattr(nvtx, "WINDOW_RANGES", 5)

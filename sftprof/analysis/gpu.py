@@ -121,9 +121,9 @@ def _communication_pairs(events: EventStore) -> list[int]:
     ]
 
 
-def device_windows(events: EventStore, source: str, **frames: pd.DataFrame):
+def device_windows(events: EventStore, source: str, rows: int | None = None, **frames: pd.DataFrame):
     """Per device of `source` (SQL rows with device_id, start and end), its rows cut into windows of
-    about BUSY_WINDOW_ROWS starts, edges at approximate quantiles (so larger traces get larger
+    about `rows` (BUSY_WINDOW_ROWS by default) starts, edges at approximate quantiles (so larger traces get larger
     windows, at most BUSY_MAX_WINDOWS): yields (device, first start, last end, [(lo, hi), ...]),
     devices in order."""
     quantiles = ", ".join(str(q / BUSY_MAX_WINDOWS) for q in range(1, BUSY_MAX_WINDOWS))
@@ -135,7 +135,7 @@ def device_windows(events: EventStore, source: str, **frames: pd.DataFrame):
         **frames,
     )
     for device, n, first, last, last_end, cuts in devices.itertuples(index=False):
-        windows = min(-(-int(n) // BUSY_WINDOW_ROWS), BUSY_MAX_WINDOWS)
+        windows = min(-(-int(n) // (rows or BUSY_WINDOW_ROWS)), BUSY_MAX_WINDOWS)
         inner = [cuts[k * BUSY_MAX_WINDOWS // windows - 1] for k in range(1, windows)]
         edges = np.unique(np.array([first, *inner, last + 1], dtype="int64"))
         yield device, int(first), int(last_end), list(zip(edges[:-1], edges[1:], strict=True))
