@@ -548,8 +548,8 @@ def test_medians_by_bucket_passes_equal_pandas_medians(monkeypatch, buckets, fet
 
 def test_a_union_kept_in_files_answers_as_the_union_in_memory():
     """spilled.SpilledUnion, fed batches as the busy pass feeds it and read back a block at a time, answers
-    every question with what the whole arrays give: rows, positions of times (searchsorted), covered time,
-    gaps, intervals near windows; blocks of 1 to 50 intervals put block edges everywhere."""
+    every question with what the whole arrays give: rows, positions of times (searchsorted), whether a time is
+    covered, covered time, gaps, intervals near windows; blocks of 1 to 50 intervals put block edges everywhere."""
     rng = np.random.default_rng(1)
     for _ in range(150):
         n = int(rng.integers(0, 600))
@@ -568,6 +568,11 @@ def test_a_union_kept_in_files_answers_as_the_union_in_memory():
         for column, values in (("start", union_starts), ("end", union_ends)):
             for side in ("left", "right"):
                 assert (kept.positions(times, column, side) == np.searchsorted(values, times, side=side)).all()
+        index = np.searchsorted(union_starts, times, side="right") - 1
+        inside = (index >= 0) & (times < union_ends[np.maximum(index, 0)])
+        assert (kept.covering(times) == inside).all() and (
+            kept.covering(np.sort(times)) == inside[np.argsort(times)]
+        ).all()
         windows = (times, times + rng.integers(0, 400, len(times)))
         assert (kept.covered_ns(*windows) == intervals.covered_ns(whole, *windows)).all()
         for first in rng.integers(0, len(whole) + 2, 5):

@@ -77,9 +77,7 @@ def metric_means_while_busy(events: EventStore, busy: dict[int, DeviceBusy]) -> 
             if union is None or union.empty:
                 continue
             mine = np.flatnonzero(device == d)
-            index = union.positions(times[mine], "start", "right") - 1
-            _, ends, _ = union.at(np.maximum(index, 0))
-            inside = mine[(index >= 0) & (times[mine] < ends) & ~np.isnan(values[mine])]
+            inside = mine[union.covering(times[mine]) & ~np.isnan(values[mine])]
             metric = metric_ids[inside]
             sums += np.bincount(metric, weights=values[inside], minlength=size)
             counts += np.bincount(metric, minlength=size)
