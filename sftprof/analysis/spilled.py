@@ -28,7 +28,9 @@ _NO_TIMES = np.zeros(0, "int64")
 
 class SpilledUnion:
     """Sorted, disjoint [start, end) intervals, fed in start order by add() (merged as
-    intervals.RunningUnion merges them), then read by position or time once finish() is called."""
+    intervals.RunningUnion merges them), then read by position or time once finish() is called, from one
+    thread at a time: the block cache is not locked (the sections that read busy time run on the main
+    thread, none beside it: registry.Section.beside)."""
 
     def __init__(self, block: int = BLOCK):
         self.block = block
