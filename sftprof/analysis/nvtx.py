@@ -21,7 +21,7 @@ from sftprof.trace.events import EventStore
 NOT_TRACED = "(launching call not traced)"
 SLICE_KERNELS = 1 << 19  # 0.5M: half the peak memory of the launch join at 1M, no slower at 10M kernels
 # Ranges that start in one window of a thread's timeline (ThreadWindows): its ThreadRanges take ~25 MB. 0.5M:
-# NeMo's shape at 10M kernels peaked at 0.98-1.03 GB, against 1.06-1.07 with 1M, in the same time (ENGINE.md 15)
+# NeMo's shape at 10M kernels peaked at 0.98-1.01 GB, against 1.05-1.07 with 1M, in the same time (ENGINE.md 15)
 WINDOW_RANGES = 1 << 19
 FEW_KEYS = 16  # _groups finds up to this many distinct keys a pass each, more by sorting
 
