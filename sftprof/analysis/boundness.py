@@ -73,11 +73,10 @@ def metric_means_while_busy(events: EventStore, busy: dict[int, DeviceBusy]) -> 
         device, times, metric_ids = (batch[c].to_numpy("int64") for c in ("device_id", "timestamp", "metric_id"))
         values = batch["value"].to_numpy("float64")  # NULL: NaN
         for d in np.unique(device):
-            union = busy[int(d)].merged if int(d) in busy else None
-            if union is None or union.empty:
+            if int(d) not in busy:
                 continue
             mine = np.flatnonzero(device == d)
-            inside = mine[union.covering(times[mine]) & ~np.isnan(values[mine])]
+            inside = mine[busy[int(d)].merged.covering(times[mine]) & ~np.isnan(values[mine])]
             metric = metric_ids[inside]
             sums += np.bincount(metric, weights=values[inside], minlength=size)
             counts += np.bincount(metric, minlength=size)

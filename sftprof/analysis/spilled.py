@@ -198,16 +198,23 @@ class SpilledUnion:
         """How many intervals start before `time`."""
         return int(self.positions([time], "start", "left")[0])
 
+    def holes(self):
+        """(starts, ends) of the holes between consecutive intervals, in order, a chunk of intervals at a time."""
+        previous_end = None
+        for starts, ends in self.chunks():
+            if previous_end is None:
+                yield ends[:-1], starts[1:]
+            else:
+                yield np.r_[previous_end, ends[:-1]], starts
+            previous_end = ends[-1]
+
     def gaps(self, min_ns: int = 0) -> pd.DataFrame:
         """The holes between the intervals longer than `min_ns`, longest first."""
-        found_starts, found_ends, previous_end = [], [], None
-        for starts, ends in self.chunks():
-            hole_starts = np.r_[ends[:-1]] if previous_end is None else np.r_[previous_end, ends[:-1]]
-            hole_ends = starts[1:] if previous_end is None else starts
+        found_starts, found_ends = [], []
+        for hole_starts, hole_ends in self.holes():
             longer = hole_ends - hole_starts > min_ns
             found_starts.append(hole_starts[longer])
             found_ends.append(hole_ends[longer])
-            previous_end = ends[-1]
         hole_starts = np.concatenate([*found_starts, _NO_TIMES])
         hole_ends = np.concatenate([*found_ends, _NO_TIMES])
         holes = pd.DataFrame({"start": hole_starts, "end": hole_ends, "duration": hole_ends - hole_starts})
