@@ -398,14 +398,9 @@ class Trace:
             kernels=pd.DataFrame(self.kernels) if self.kernels else None,
             cuda_api=pd.DataFrame(self.calls) if self.calls else None,
             nvtx=_frame("nvtx", self.ranges),
-        )
-        return TraceTables(
-            source_path="built",
-            span_ns=10**9,
-            sources={"cuda", "nvtx"},
-            events=events,
             memops=_frame("memops", self.memops),
         )
+        return TraceTables(source_path="built", span_ns=10**9, sources={"cuda", "nvtx"}, events=events)
 
     def account(self) -> pd.DataFrame:
         return step_accounting(self.tables()).set_index("step")

@@ -238,7 +238,7 @@ def test_size_summary_follows_gpumemsizesum_statistics():
         [memop("HtoD", i * 10, 5, b, "Pinned", "Device") for i, b in enumerate([1, 2, 10, 20])]
         + [memop("memset", 100, 5, 8, None, "Device")],
     )
-    sizes = memory.size_summary(ops).set_index("operation")
+    sizes = memory.size_summary(EventStore.from_frames(memops=ops)).set_index("operation")
     htod = sizes.loc["[CUDA memcpy HtoD]"]
     assert (htod.total_bytes, htod["count"], htod.min_bytes, htod.max_bytes) == (33, 4, 1, 20)
     assert htod.med_bytes == 6.0 and htod.avg_bytes == 8.25  # unrounded, as nsys's bytes
@@ -261,19 +261,22 @@ def test_kind_shares_of_gpu_time_and_pageable_host_memory():
     )
     kernel_ns = gpu.kernel_totals(store(ks))["total_ns"]
     assert kernel_ns == 800
-    shares = memory.kind_share(kernel_ns, ops).set_index("copy_kind")
+    op_store = EventStore.from_frames(memops=ops)
+    memop_ns = memory.totals(op_store)["ns"]
+    assert memop_ns == 200
+    shares = memory.kind_share(kernel_ns, memop_ns, op_store).set_index("copy_kind")
     assert shares["gpu_time_pct"].to_dict() == pytest.approx({"HtoD": 12.0, "DtoD": 4.0, "DtoH": 3.0, "memset": 1.0})
     assert shares.loc["DtoD", "gb_per_s"] == pytest.approx(2_000_000 / 40)  # bytes per ns = GB/s
-    host = memory.host_memory(ops)
+    host = memory.host_memory(op_store)
     assert host[["copy_kind", "host_memory", "instances"]].values.tolist() == [
         ["DtoH", "Pinned", 1],
         ["HtoD", "Pageable", 1],
         ["HtoD", "Pinned", 1],
     ]
-    crossing = memory.interconnect_share(kernel_ns, ops)
+    crossing = memory.interconnect_share(kernel_ns, memop_ns, op_store)
     assert (crossing["count"], crossing["ns"], crossing["gpu_time_pct"]) == (3, 150, 15.0)
     copies = ops.assign(exposed_ns=ops["duration"])  # no kernel runs beside any of them
-    shares = memory.kind_share(kernel_ns, ops)
+    shares = memory.kind_share(kernel_ns, memop_ns, op_store)
     [verdict] = rules.interconnect(shares, host, crossing, 1000, copies, clock(6_000, waits=[(0, 6_000)]))
     assert verdict.gain_pct == pytest.approx(100 * 150 / 6_000)  # HtoD 100 + 20, DtoH 30: not DtoD, not memset
     assert verdict.severity == "info" and verdict.title.endswith("is not the limit")
@@ -286,8 +289,8 @@ def test_kind_shares_of_gpu_time_and_pageable_host_memory():
 
 def test_copy_kind_comes_from_the_operation_name_when_a_loader_lacks_it():
     ops = frame("memops", [memop("HtoD", 0, 1, 1, None, None), memop("memset", 5, 1, 1, None, None)])
-    assert memory.copy_kinds(ops.drop(columns=["copy_kind"])).tolist() == ["HtoD", "memset"]
-    assert memory.copy_kinds(ops.assign(copy_kind=pd.NA)).tolist() == ["HtoD", "memset"]
+    for given in (ops.drop(columns=["copy_kind"]), ops.assign(copy_kind=pd.NA)):
+        assert EventStore.from_frames(memops=given).frame("memops")["copy_kind"].tolist() == ["HtoD", "memset"]
 
 
 # ---------------------------------------------------------------- utilisation and gaps
@@ -319,8 +322,8 @@ def test_gaps_timeline_and_steps_on_two_devices():
         ],
     )
     ops = frame("memops", [memop("HtoD", 2_600_000, 400_000, 1, "Pinned", "Device")])
-    events = store(ks)
-    by_device = gpu.busy_by_device(events, ops)
+    events = EventStore.from_frames(kernels=ks, memops=ops)
+    by_device = gpu.busy_by_device(events)
     gaps = utilisation.idle_gaps(by_device)
     # device 0 busy [1000, 2500), [2.6 ms, 3.0 ms), [5.0 ms, 5.005 ms): gaps 2.5975 ms and 2.0 ms; device 1: none
     assert gaps[["device_id", "start", "end"]].values.tolist() == [[0, 2_500, 2_600_000], [0, 3_000_000, 5_000_000]]
@@ -370,7 +373,7 @@ def test_gap_causes_say_what_the_feeding_thread_did():
         span_ns=4_000_000,
         events=EventStore.from_frames(kernels=ks, cuda_api=calls, nvtx=ranges, osrt=osrt),
     )
-    gaps = utilisation.idle_gaps(gpu.busy_by_device(tables.events, frame("memops", [])))
+    gaps = utilisation.idle_gaps(gpu.busy_by_device(tables.events))
     assert gaps[["start", "end"]].values.tolist() == [[200, 3_000_100]]
     causes = utilisation.gap_causes(gaps, tables, {MAIN: "python (main, tid 7)"})
     found = {(r.source, r.name): r.overlap_ns for r in causes.itertuples()}
@@ -396,7 +399,7 @@ def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
     tiny = frame("kernels", [kernel("k", i * 20_000, 2_000) for i in range(100)])
     busy = pd.DataFrame({"device_id": [0], "span_ns": [99 * 20_000 + 2_000], "busy_ns": [200_000]})
     tiny_events = store(tiny)
-    tiny_busy = gpu.busy_by_device(tiny_events, frame("memops", []))
+    tiny_busy = gpu.busy_by_device(tiny_events)
     timeline = utilisation.utilisation_timeline(tiny_events, tiny_busy)
     launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "instances": [100], "med_ns": [8_000.0]})
     no_steps = pd.DataFrame(columns=["step"])
@@ -442,14 +445,25 @@ def test_copy_rules_follow_nsys_semantics():
             memop("memset", 51_000, 10, 8, None, "Pinned", correlation=6),
         ],
     )
-    events = EventStore.from_frames(
-        cuda_api=frame("cuda_api", calls), nvtx=frame("nvtx", [nvtx_range("data", 0, 100_000)])
+    device_side = frame(
+        "memops",
+        [memop("DtoD", 61_000, 10, 8, "Device", "Device"), memop("memset", 62_000, 10, 8, None, "Device")],
     )
-    copies = cuda.with_api_calls(ops, events)
+    events = EventStore.from_frames(
+        cuda_api=frame("cuda_api", calls),
+        nvtx=frame("nvtx", [nvtx_range("data", 0, 100_000)]),
+        memops=pd.concat([ops, device_side], ignore_index=True),
+    )
+    # only the operations these rules read are joined to their calls: device-side ones are not
+    read = rules.copy_rule_rows(events)
+    pd.testing.assert_frame_equal(read, ops, check_dtype=False)
+    copies = cuda.with_api_calls(read, events)
     copies = copies.assign(
         exposed_ns=copies["duration"]
         - gains.kernel_time_in(
-            gpu.all_devices_busy(gpu.busy_by_device(events, ops.iloc[:0])).frame(), copies["start"], copies["end"]
+            gpu.all_devices_busy(gpu.busy_unions(events, memops=False).operations).frame(),
+            copies["start"],
+            copies["end"],
         )
     )
     labels = {MAIN: "python (main, tid 7)"}
@@ -467,13 +481,6 @@ def test_copy_rules_follow_nsys_semantics():
     assert memset.title.startswith("1 synchronous cudaMemset") and "Pinned" in memset.evidence
     # the same correlation id in another process is another call: nothing joins
     assert cuda.with_api_calls(ops.assign(pid=8), events).empty
-    # only the operations these rules read are joined to their calls (copy_rule_rows): device-side ones are not
-    device_side = frame(
-        "memops",
-        [memop("DtoD", 61_000, 10, 8, "Device", "Device"), memop("memset", 62_000, 10, 8, None, "Device")],
-    )
-    every = pd.concat([ops, device_side], ignore_index=True)
-    assert rules.copy_rule_rows(every).tolist() == [True] * len(ops) + [False, False]
 
 
 def test_syncs_in_steps_are_counted_per_step():
@@ -595,7 +602,7 @@ def test_metric_means_use_only_samples_taken_while_the_gpu_worked():
         }
     )
     events = EventStore.from_frames(kernels=ks, gpu_metrics=samples)
-    means = boundness.metric_means_while_busy(events, gpu.busy_by_device(events, frame("memops", [])))
+    means = boundness.metric_means_while_busy(events, gpu.busy_by_device(events))
     assert means == {"sm issue [throughput %]": 70.0}
 
 

@@ -61,7 +61,7 @@ def query(path: Path, sql: str) -> list[tuple]:
 
 def test_size_summary_equals_gpumemsizesum_in_bytes(h200_capture, h200_tables):
     theirs = {row["Operation"]: row for row in nsys_rows("gpumemsizesum", h200_capture, "Total", "csv:mem=B")}
-    ours = memory.size_summary(h200_tables.memops).set_index("operation")
+    ours = memory.size_summary(h200_tables.events).set_index("operation")
     assert set(theirs) == set(ours.index) and len(ours) == 4
     for operation, row in theirs.items():
         mine = ours.loc[operation]
@@ -87,7 +87,7 @@ def test_megabytes_print_as_nsys_prints_them(h200_capture, h200_tables):
     }
     ours = {
         (r.operation, *(f"{v / memory.MEGABYTE:.3f}" for v in (r.total_bytes, r.avg_bytes, r.med_bytes, r.max_bytes)))
-        for r in memory.size_summary(h200_tables.memops).itertuples()
+        for r in memory.size_summary(h200_tables.events).itertuples()
     }
     assert ours == theirs
 

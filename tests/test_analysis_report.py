@@ -202,7 +202,7 @@ def test_metric_means_read_in_batches_equal_pandas_over_every_sample(monkeypatch
     samples.loc[5, ["timestamp", "device_id", "value"]] = [starts[0], 0, np.nan]  # while device 0 is busy
     kernels = pd.DataFrame({"start": starts, "end": starts + 700, "name": "k", "device_id": np.arange(400) % 2})
     store = EventStore.from_frames(kernels=kernels, gpu_metrics=samples)
-    busy = gpu.busy_by_device(store, pd.DataFrame(columns=["device_id", "start", "end"]))
+    busy = gpu.busy_by_device(store)
     monkeypatch.setattr(events_module, "BATCH_VECTORS", 1)
     means = boundness.metric_means_while_busy(store, busy)
 

@@ -34,14 +34,12 @@ def shifted_window(tables: TraceTables, start: int, end: int) -> TraceTables:
         inside = frame[(frame["start"] >= start) & (frame["end"] <= end)].copy()
         inside[["start", "end"]] -= start
         frames[name] = inside
-    events = EventStore.from_frames(**{name: frames.pop(name) for name in ("kernels", "cuda_api", "nvtx", "osrt")})
     return TraceTables(
         source_path=f"{tables.source_path}[window]",
         span_ns=end - start,
         sources=tables.sources,
         threads=tables.threads,
-        events=events,
-        **frames,
+        events=EventStore.from_frames(**frames),
     )
 
 

@@ -31,7 +31,7 @@ def capture(request, tmp_path_factory) -> Path:
     "report, summarize, name_columns",
     [
         ("gpukernsum", lambda t: gpu.kernel_summary(t.events), ["grid", "block", "kernel"]),
-        ("gpumemtimesum", lambda t: gpu.memop_summary(t.memops), ["operation"]),
+        ("gpumemtimesum", lambda t: gpu.memop_summary(t.events), ["operation"]),
         ("cudaapisum", lambda t: gpu.cuda_api_summary(t.events), ["name"]),
     ],
 )

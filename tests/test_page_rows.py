@@ -1,11 +1,10 @@
 """OS-runtime calls, memory operations and sync events are read by one SQL each, run by DuckDB on the
-table's pages as sqlite_pages decodes them (nsys_sqlite._page_rows), or on the table through DuckDB's
-SQLite reader where the decoder does not read it: both give the same rows, names and rows dropped, on the
-export as captured and on damaged rows."""
+table's pages as sqlite_pages decodes them (nsys_sqlite._page_chunks), a chunk at a time into the event store, or
+on the table through DuckDB's SQLite reader where the decoder does not read it: both give the same rows, names
+and rows dropped, on the export as captured and on damaged rows."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -61,8 +60,8 @@ def _tables(path) -> dict:
         strings, dropped = nsys_sqlite._strings(export), {}
         read = {
             "osrt": _outcome(lambda: _osrt(export, strings, dropped)),
-            "memops": _outcome(lambda: nsys_sqlite._memops(export, 2022, dropped)),
-            "sync": _outcome(lambda: nsys_sqlite._sync(export, dropped)),
+            "memops": _outcome(lambda: _labelled(nsys_sqlite._memops, "memops", export, 2022, dropped=dropped)),
+            "sync": _outcome(lambda: _labelled(nsys_sqlite._sync, "sync", export, dropped=dropped)),
         }
     finally:
         export.close()
@@ -74,6 +73,13 @@ def _osrt(export, strings, dropped) -> pd.DataFrame:
     store = EventStore(on_disk=False)
     nsys_sqlite._osrt(export, strings, store, dropped)
     return store.osrt_frame()
+
+
+def _labelled(copy, table: str, *args, dropped) -> pd.DataFrame:
+    """The memory operations or syncs the loader copies into a store, as the store gives them back."""
+    store = EventStore(on_disk=False)
+    copy(*args, store, dropped)
+    return store.labelled_frame(table)
 
 
 def _not_decoded(*args, **kwargs):
@@ -97,39 +103,3 @@ def test_the_pages_and_the_sqlite_reader_give_the_same_rows(tmp_path, monkeypatc
     assert pages["dropped"] == sql["dropped"]
     if case.startswith("damaged"):
         assert sum(pages["dropped"].values()) >= 1
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_chunks_joined_by_start_are_what_concat_and_a_stable_sort_give(seed):
-    """_by_start joins chunks a column at a time: the same rows, order (ties kept in chunk order, a missing
-    start last), index and dtypes as pd.concat and sort_values(kind="stable"), a nullable column included."""
-    rng = np.random.default_rng(seed)
-    frames = []
-    for rows in rng.integers(0, 50, size=rng.integers(1, 6)):
-        start = pd.array(rng.integers(0, 20, size=rows), dtype="Int64")
-        if rows and seed % 2:
-            start[rng.integers(0, rows)] = pd.NA
-        frames.append(
-            pd.DataFrame(
-                {"start": start, "end": rng.integers(0, 99, size=rows), "kind": rng.integers(-1, 3, size=rows)}
-            )
-        )
-    expected = pd.concat(frames, ignore_index=True).sort_values("start", kind="stable", ignore_index=True)
-    joined = nsys_sqlite._by_start([nsys_sqlite._columns(frame) for frame in frames])
-    pd.testing.assert_frame_equal(joined, expected, check_exact=True)
-
-
-@pytest.mark.parametrize("codes", [[], [-1, -1], [2, 0, -1, 2, 2], [1], [3, 1]], ids=str)
-def test_labels_become_the_categories_that_decoding_every_row_gave(codes):
-    """Memory operations' text columns go from codes straight to categoricals; the categories, their order,
-    their dtype and the codes' dtype are what decoding each row to its label and astype("category") gave,
-    with NA for -1, labels that no row uses left out, and nothing at all."""
-    labels = nsys_sqlite._Labels()
-    for label in ("memset", "[CUDA memcpy DtoH]", "Pinned", "[CUDA memcpy HtoD]"):
-        labels.code(label)
-    frame = pd.DataFrame({"kind": pd.array(codes, dtype="int64"), "other": range(len(codes))})
-    decoded = labels.decode(frame, ["kind"]).astype({"kind": "category"})
-    direct = labels.categories(frame, ["kind"])
-    pd.testing.assert_frame_equal(direct, decoded, check_exact=True)
-    assert direct["kind"].cat.categories.dtype == decoded["kind"].cat.categories.dtype
-    assert direct["kind"].cat.codes.dtype == decoded["kind"].cat.codes.dtype

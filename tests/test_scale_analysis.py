@@ -113,15 +113,12 @@ def random_trace(
         for s, d, dev in zip(op_starts, rng.integers(0, 3_000, memops), rng.choice(devices, memops), strict=True)
     ]
     events = EventStore.from_frames(
-        kernels=kernels, cuda_api=pd.concat([calls, syncs], ignore_index=True), nvtx=_frame("nvtx", nvtx_rows)
-    )
-    return TraceTables(
-        source_path="random",
-        span_ns=span,
-        sources={"cuda", "nvtx"},
-        events=events,
+        kernels=kernels,
+        cuda_api=pd.concat([calls, syncs], ignore_index=True),
+        nvtx=_frame("nvtx", nvtx_rows),
         memops=_frame("memops", ops),
     )
+    return TraceTables(source_path="random", span_ns=span, sources={"cuda", "nvtx"}, events=events)
 
 
 @pytest.fixture(params=[None, 97], ids=["whole", "tiny windows"])
@@ -171,7 +168,7 @@ def test_one_busy_pass_gives_the_three_unions_and_the_timeline_counts(windows):
     kernels = tables.kernels
     kernels = kernels[kernels["start"] > 0]
     comm = kernels["name"].str.contains("nccl")
-    unions = gpu.busy_unions(events, memops)
+    unions = gpu.busy_unions(events)
     for device in (0, 1):
         mine, ops = kernels[kernels["device_id"] == device], memops[memops["device_id"] == device]
         expected = {
@@ -200,10 +197,12 @@ def test_without_collectives_there_is_no_third_union_and_without_copies_two_are_
     names = tables.kernels["name"]
     assert names.str.contains("nccl").any()
     plain = EventStore.from_frames(kernels=tables.kernels[~names.str.contains("nccl")])
-    unions = gpu.busy_unions(plain, tables.memops.iloc[:0])
+    unions = gpu.busy_unions(plain)
     assert unions.not_communication is None
     assert unions.kernels[0].union is unions.operations[0].merged
-    assert list(gpu.busy_by_device(tables.events, tables.memops)) == list(unions.operations)
+    assert list(gpu.busy_by_device(tables.events)) == list(unions.operations)
+    without_copies = gpu.busy_unions(tables.events, memops=False)  # the trace's kernels, collectives among them
+    assert without_copies.kernels[0].union is without_copies.operations[0].merged
 
 
 # ---------------------------------------------------------------- the launch join, shared
@@ -300,7 +299,7 @@ def _shared_equals_own(tables: TraceTables) -> pd.DataFrame:
     projection = nvtx.gpu_time_by_range(events, labels, sums)
     assert sums.finished
     pd.testing.assert_frame_equal(projection, projection_alone)
-    shared = accounting.step_accounting(tables, waits, sums, gpu.busy_unions(events, tables.memops))
+    shared = accounting.step_accounting(tables, waits, sums, gpu.busy_unions(events))
     pd.testing.assert_frame_equal(shared, own)
     assert len(own) and own["kernel_ns"].sum() > 0
     return own
@@ -379,7 +378,6 @@ def test_labels_read_as_codes_are_the_exports_labels():
     assert (memops["operation"] == "[CUDA memset]").sum() == sets == (memops["copy_kind"] == "memset").sum()
     assert memops["src_kind"][memops["copy_kind"] == "memset"].isna().all()
     assert set(memops["dst_kind"].dropna()) <= {"Device", "Pinned", "Pageable"}
-    assert isinstance(memops["operation"].dtype, pd.CategoricalDtype)
     assert set(tables.sync["sync_type"]) <= {"Event sync", "Stream wait sync", "Stream sync", "Context sync", "Unknown"}
 
 

@@ -528,17 +528,13 @@ def _busy_and_idle(
     pids = {(int(tid) >> 24) & 0xFFFFFF for tid in thread_of_step if tid >= 0}
     wait_pids = (waits["global_tid"].to_numpy("int64") >> 24) & 0xFFFFFF
     waited = intervals.union(waits.loc[np.isin(wait_pids, list(pids)), ["start", "end"]]) if len(waits) else empty
-    memops = tables.memops
-    copy_unions = {
-        int(d): intervals.union(ops)
-        for d, ops in memops[memops["device_id"].notna()].astype({"device_id": "int64"}).groupby("device_id")
-    }
     events = tables.events
+    copy_unions = gpu.memop_unions(events)
     nccl = bool((classes["cls"] == COMMUNICATION).any())
     measured: dict[int, _DeviceTime] = {}
     exposed: dict[int, np.ndarray] = {}
     span = (int(starts.min()), int(ends.max()))
-    unions = unions if unions is not None else gpu.busy_unions(events, memops.iloc[:0])
+    unions = unions if unions is not None else gpu.busy_unions(events, memops=False)
     for device, last_end, windows in _union_windows(unions, span):
         copies = _Pieces.cut(copy_unions.get(device, empty), starts, ends)
         time = _DeviceTime(starts, ends, last_end, waited, copies, data)
@@ -658,7 +654,7 @@ def step_accounting(
     copy-only and idle time, the causes of SM idle time, a bound class and its evidence. Empty (with
     the columns) without step ranges. What the caller has already, so that it is not worked out
     twice: `waits`, cuda.host_wait_calls(tables.events); `launches`, a LaunchSums(tables) that
-    nvtx.gpu_time_by_range fed (its `also`); `busy`, gpu.busy_unions(tables.events, tables.memops).
+    nvtx.gpu_time_by_range fed (its `also`); `busy`, gpu.busy_unions(tables.events).
 
     Why: a capture-wide verdict averages a data stall in one step with compute in the next; per step,
     each cost is where it happened, and backward kernels launched from autograd threads are counted

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis.stats import duration_summary, finish_summary
+from sftprof.analysis.stats import finish_summary, grouped_summary
 from sftprof.trace.events import EventStore, sql_in
 
 API_VERSION_SUFFIX = re.compile(r"_v\d+$")
@@ -116,9 +116,9 @@ def sync_calls(events: EventStore, span_ns: int) -> pd.DataFrame:
     return frame[columns].sort_values("total_ns", ascending=False).reset_index(drop=True)
 
 
-def sync_activity(sync: pd.DataFrame) -> pd.DataFrame:
+def sync_activity(events: EventStore) -> pd.DataFrame:
     """CUDA synchronization activity (CUPTI) by kind: event, stream, context syncs and stream waits."""
-    return duration_summary(sync, ["sync_type"])
+    return finish_summary(grouped_summary(events, "sync", ["sync_type"]), ["sync_type"])
 
 
 def with_api_calls(ops: pd.DataFrame, events: EventStore) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from sftprof.analysis import intervals
 from sftprof.analysis.spilled import SpilledUnion
-from sftprof.analysis.stats import duration_summary, finish_summary, grouped_medians, grouped_summary
+from sftprof.analysis.stats import finish_summary, grouped_medians, grouped_summary
 from sftprof.trace.events import KERNEL_SHAPE, EventStore, with_launch_shapes
 
 # Operations fetched at a time to merge into a device's busy time (1M: 0.2 GB less peak RSS than 2M
@@ -47,9 +47,9 @@ def kernel_totals(events: EventStore) -> dict:
     }
 
 
-def memop_summary(memops: pd.DataFrame) -> pd.DataFrame:
+def memop_summary(events: EventStore) -> pd.DataFrame:
     """Memory-operation time by kind, as `nsys stats -r gpumemtimesum`."""
-    return duration_summary(memops, ["operation"])
+    return finish_summary(grouped_summary(events, "memops", ["operation"]), ["operation"])
 
 
 def cuda_api_summary(events: EventStore) -> pd.DataFrame:
@@ -141,24 +141,29 @@ def device_windows(events: EventStore, source: str, rows: int | None = None, **f
         yield device, int(first), int(last_end), list(zip(edges[:-1], edges[1:], strict=True))
 
 
-def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) -> BusyUnions:
+# The memory operations with a device (memop_unions); busy time (busy_unions) leaves out those with start <= 0 too.
+MEMOPS_ON_DEVICES = "memops WHERE device_id IS NOT NULL"
+
+
+def busy_unions(events: EventStore, kernels: bool = True, memops: bool = True) -> BusyUnions:
     """Per device, the union of every kernel and memory operation, of kernels alone and of
     kernels but the collectives (BusyUnions), in one pass. Rows with start <= 0 are dropped, as
     nsys's utilisation rules do. Operations are fetched in windows of start time (device_windows),
     sorted, and merged a window at a time into files (spilled.SpilledUnion), so memory holds a window.
-    `kernels` False: the first union only (busy_by_device). Without memory operations the first
-    two are one."""
-    ops = memops.loc[memops["start"] > 0, ["device_id", "start", "end"]].astype("int64")
+    `kernels` False: the first union only (busy_by_device); `memops` False: kernels only. Without memory
+    operations the first two are one."""
     communication = _communication_pairs(events) if kernels else []
     is_comm = f"{NAME_PAIR_SQL} IN ({', '.join(map(str, communication))})" if communication else "false"
+    busy_ops = f"{MEMOPS_ON_DEVICES} AND start > 0"
+    with_ops = memops and events.count(busy_ops) > 0
+    ops = f'UNION ALL SELECT device_id::BIGINT, start, "end", false, false FROM {busy_ops}' if with_ops else ""
     operations = f"""(SELECT device_id::BIGINT AS device_id, start, "end", true AS kernel, {is_comm} AS comm
-                      FROM kernels WHERE start > 0
-                      UNION ALL SELECT device_id, start, "end", false, false FROM ops)"""
-    split = kernels and len(ops) > 0  # the kernels' union is not the operations' one
+                      FROM kernels WHERE start > 0 {ops})"""
+    split = kernels and with_ops  # the kernels' union is not the operations' one
     # kernels that start at or before 0 are counted in the timeline (utilisation_timeline), not merged here
     early = events.query("SELECT count(*) AS n FROM kernels WHERE start <= 0")["n"].iat[0]
     unions = BusyUnions({}, {}, {} if communication else None)
-    for device, first, last, windows in device_windows(events, operations, ops=ops):
+    for device, first, last, windows in device_windows(events, operations):
         chunk_starts, _ = intervals.chunk_edges(first, last, TIMELINE_CHUNKS)
         counted = np.zeros((2, TIMELINE_CHUNKS), dtype="int64")  # kernels, tiny kernels
         # every operation's union; the kernels' (where it is another); the kernels' but the collectives'
@@ -169,12 +174,11 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
                 "start",
                 f"""SELECT start, "end", kernel, comm FROM {operations}
                                                 WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi}""",
-                ops=ops,
             )
             starts, ends = window["start"], window["end"]
             merged[0].add(starts, ends)
             comm = window["comm"]
-            if len(ops):
+            if with_ops:
                 is_kernel = window["kernel"].astype(bool)
                 starts, ends, comm = starts[is_kernel], ends[is_kernel], comm[is_kernel]
             # the chunk each kernel starts in: the last one starting at or before it (the first, if none)
@@ -207,9 +211,26 @@ def busy_unions(events: EventStore, memops: pd.DataFrame, kernels: bool = True) 
     return unions
 
 
-def busy_by_device(events: EventStore, memops: pd.DataFrame) -> dict[int, DeviceBusy]:
+def busy_by_device(events: EventStore) -> dict[int, DeviceBusy]:
     """Per device, the union of every kernel and memory operation (busy_unions' first)."""
-    return busy_unions(events, memops, kernels=False).operations
+    return busy_unions(events, kernels=False).operations
+
+
+def memop_unions(events: EventStore) -> dict[int, pd.DataFrame]:
+    """Per device, the union of its memory operations (sorted disjoint start, end rows), merged a window
+    at a time (device_windows)."""
+    unions = {}
+    for device, _, _, windows in device_windows(events, f"(SELECT * FROM {MEMOPS_ON_DEVICES})"):
+        merged = intervals.RunningUnion()
+        for lo, hi in windows:
+            window = events.sorted_arrays(
+                "start",
+                f"""SELECT start, "end" FROM {MEMOPS_ON_DEVICES}
+                    AND device_id = {int(device)} AND start >= {lo} AND start < {hi}""",
+            )
+            merged.add(window["start"], window["end"])
+        unions[int(device)] = merged.result()
+    return unions
 
 
 def all_devices_busy(busy: dict[int, DeviceBusy]) -> SpilledUnion:

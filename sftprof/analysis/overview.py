@@ -103,10 +103,16 @@ def top_kernel_by_name(names: pd.DataFrame) -> pd.Series | None:
 
 
 def gpu_findings(
-    tables: TraceTables, kernel_sum: pd.DataFrame, top: pd.Series | None, kernel_ns: int, busy: pd.DataFrame
+    tables: TraceTables,
+    kernel_sum: pd.DataFrame,
+    top: pd.Series | None,
+    kernel_ns: int,
+    memops: dict,
+    busy: pd.DataFrame,
 ) -> list[Finding]:
-    """The top kernel by name, the share of memory operations in GPU time, and each GPU's busy share."""
-    if kernel_sum.empty and tables.memops.empty:
+    """The top kernel by name, the share of memory operations (`memops`: memory.totals) in GPU time, and
+    each GPU's busy share."""
+    if kernel_sum.empty and not memops["count"]:
         how = (
             "the capture traced no CUDA (`cuda` is not in profile.trace)"
             if "cuda" not in tables.sources
@@ -134,7 +140,7 @@ def gpu_findings(
                 f"{shapes} launch shape{'s' if shapes != 1 else ''}).",
             )
         )
-    memop_ns = int(tables.memops["duration"].sum())
+    memop_ns = memops["ns"]
     if kernel_ns + memop_ns:
         share = 100.0 * memop_ns / (kernel_ns + memop_ns)
         findings.append(

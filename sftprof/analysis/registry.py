@@ -34,6 +34,7 @@ from sftprof.analysis import (
     sched,
     utilisation,
 )
+from sftprof.trace.events import MEMSET_KIND
 from sftprof.trace.load import from_nsys
 
 BASE_VALUES = ("tables", "events", "metrics")
@@ -127,11 +128,11 @@ SECTIONS: tuple[Section, ...] = (
         "GPU time projected onto NVTX ranges, as nsys stats nvtx_gpu_proj_sum (emit_nvtx ranges by op, not by call)",
         beside=True,
     ),
-    Section("memop_rows", lambda t: t.memops.assign(copy_kind=memory.copy_kinds(t.memops)), ("tables",), K),
+    Section("memop_totals", memory.totals, ("events",), K),
     Section(
         "copy_calls",
-        lambda rows, events: cuda.with_api_calls(rows[rules.copy_rule_rows(rows)], events),
-        ("memop_rows", "events"),
+        lambda events: cuda.with_api_calls(rules.copy_rule_rows(events), events),
+        ("events",),
         K,
         beside=True,
     ),
@@ -175,7 +176,7 @@ SECTIONS: tuple[Section, ...] = (
     _saved("gemm_precision", kernels.gemm_precision, ("kernel_names",), K, "GEMM time by the precision its name shows"),
     Section("kernel_mix", kernels.kernel_mix, ("kernel_names",), K),
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
-    Section("busy_unions", gpu.busy_unions, ("events", "memop_rows"), B),
+    Section("busy_unions", gpu.busy_unions, ("events",), B),
     Section("busy_by_device", lambda unions: unions.operations, ("busy_unions",), B),
     _saved("gpu_busy", gpu.gpu_busy, ("busy_by_device",), B, "each GPU's busy time: union of kernels and copies"),
     Section("busy_pct", overview.gpu_busy_pct, ("gpu_busy",), B),
@@ -217,12 +218,12 @@ SECTIONS: tuple[Section, ...] = (
     ),
     _saved(
         "memop_kinds",
-        lambda totals, rows: memory.kind_share(totals["total_ns"], rows),
-        ("kernel_totals", "memop_rows"),
+        lambda totals, memops, events: memory.kind_share(totals["total_ns"], memops["ns"], events),
+        ("kernel_totals", "memop_totals", "events"),
         T,
         "memory-operation time by direction and host memory kind, as a share of GPU time",
     ),
-    _saved("host_memory", memory.host_memory, ("memop_rows",), T, "copies by host memory kind (pinned, pageable)"),
+    _saved("host_memory", memory.host_memory, ("events",), T, "copies by host memory kind (pinned, pageable)"),
     Section("cpu_use", lambda events, t: sched.core_use(events, t.span_ns), ("events", "tables"), T),
     _saved(
         "cpu_cores",
@@ -274,14 +275,12 @@ SECTIONS: tuple[Section, ...] = (
     _saved(
         "memops",
         gpu.memop_summary,
-        ("memop_rows",),
+        ("events",),
         F,
         "memory-operation time by kind, as nsys stats cuda_gpu_mem_time_sum",
     ),
-    _saved("memops_by_size", memory.size_summary, ("memop_rows",), F, "memory-operation bytes by kind"),
-    _saved(
-        "sync_activity", lambda t: cuda.sync_activity(t.sync), ("tables",), F, "CUDA synchronization events by kind"
-    ),
+    _saved("memops_by_size", memory.size_summary, ("events",), F, "memory-operation bytes by kind"),
+    _saved("sync_activity", cuda.sync_activity, ("events",), F, "CUDA synchronization events by kind"),
     _saved("step_gpu", utilisation.step_utilisation, ("steps", "busy_by_device"), F, "GPU busy share in each step"),
     _saved(
         "bound_evidence",
@@ -330,9 +329,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "sync_memset",
-        lambda copies, clock, labels: rules.sync_memset(
-            copies[copies["copy_kind"] == memory.MEMSET_KIND], clock, labels
-        ),
+        lambda copies, clock, labels: rules.sync_memset(copies[copies["copy_kind"] == MEMSET_KIND], clock, labels),
         ("copies", "clock", "labels"),
     ),
     Rule(
@@ -375,20 +372,20 @@ RULES: tuple[Rule, ...] = (
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision")),
     Rule(
         "interconnect",
-        lambda kinds, host, totals, rows, copies, clock: rules.interconnect(
+        lambda kinds, host, totals, memops, events, copies, clock: rules.interconnect(
             kinds,
             host,
-            memory.interconnect_share(totals["total_ns"], rows),
-            int(totals["total_ns"] + rows["duration"].sum()),
+            memory.interconnect_share(totals["total_ns"], memops["ns"], events),
+            int(totals["total_ns"] + memops["ns"]),
             copies,
             clock,
         ),
-        ("memop_kinds", "host_memory", "kernel_totals", "memop_rows", "copies", "clock"),
+        ("memop_kinds", "host_memory", "kernel_totals", "memop_totals", "events", "copies", "clock"),
     ),
     Rule(
         "top_kernel, memory_transfer_share, gpu_busy, no_gpu_activity",
-        lambda t, k, top, totals, busy: overview.gpu_findings(t, k, top, totals["total_ns"], busy),
-        ("tables", "kernels", "top_kernel", "kernel_totals", "gpu_busy"),
+        lambda t, k, top, totals, memops, busy: overview.gpu_findings(t, k, top, totals["total_ns"], memops, busy),
+        ("tables", "kernels", "top_kernel", "kernel_totals", "memop_totals", "gpu_busy"),
     ),
     Rule(
         "bound_verdict",

@@ -24,11 +24,11 @@ from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
-from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, MEMSET_KIND, PAGEABLE
+from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
-from sftprof.trace.events import MAX_TIME_NS, EventStore
+from sftprof.trace.events import MAX_TIME_NS, MEMSET_KIND, EventStore, sql_in, sql_text
 
 STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
 # nsys's cuda_memcpy_sync rule skips HtoD copies up to this size: the driver returns before they finish.
@@ -37,17 +37,16 @@ SMALL_SYNC_HTOD_BYTES = 64_000
 HOST_BLOCKING_MEMSET_KINDS = ("Pinned", "Managed")
 
 
-def copy_rule_rows(memops: pd.DataFrame) -> np.ndarray:
-    """Which memory operations (with `copy_kind`) the copy rules read (sync_memcpy, pageable_memcpy, sync_memset,
-    interconnect): those that cross to the host or a peer, touch pageable memory, or set host-visible memory.
-    Only these are joined to their calls: a trainer's device-side memsets and copies are most of 1.5M
-    operations at 10M kernels, and none of these."""
-    return (
-        memops["copy_kind"].isin(INTERCONNECT_KINDS)
-        | (memops["src_kind"] == PAGEABLE)
-        | (memops["dst_kind"] == PAGEABLE)
-        | ((memops["copy_kind"] == MEMSET_KIND) & memops["dst_kind"].isin(HOST_BLOCKING_MEMSET_KINDS))
-    ).to_numpy(bool)
+def copy_rule_rows(events: EventStore) -> pd.DataFrame:
+    """The memory operations the copy rules read (sync_memcpy, pageable_memcpy, sync_memset, interconnect), in
+    tables.py's memops columns: those that cross to the host or a peer, touch pageable memory, or set
+    host-visible memory. Only these are joined to their calls: a trainer's device-side memsets and copies are
+    most of 1.5M operations at 10M kernels, and none of these."""
+    return events.labelled_frame(
+        "memops",
+        f"""{sql_in("copy_kind", INTERCONNECT_KINDS)} OR src_kind = {sql_text(PAGEABLE)} OR dst_kind = {sql_text(PAGEABLE)}
+            OR (copy_kind = {sql_text(MEMSET_KIND)} AND {sql_in("dst_kind", HOST_BLOCKING_MEMSET_KINDS)})""",
+    )
 
 
 # Loading data for longer than this share of the step starves the GPU (and the CPU-side model code).

@@ -1,4 +1,4 @@
-"""The duration summary that every `nsys stats` report prints, computed over a DataFrame.
+"""The duration summary that every `nsys stats` report prints, computed in an EventStore.
 
 Same statistics and rounding as nsys: integer totals, min and max; average, median (mean of
 the two middle values for an even count) and sample standard deviation (0 for one instance)
@@ -12,8 +12,6 @@ import threading
 
 import numpy as np
 import pandas as pd
-
-from sftprof.trace.events import EventStore
 
 SUMMARY_COLUMNS = ["time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns"]
 
@@ -111,35 +109,6 @@ def _pick(events, source: str, on_keys: str, ranges: pd.DataFrame, wanted_range,
     order = np.lexsort((rows["duration"], rows["range"]))
     first = np.searchsorted(rows["range"][order], np.arange(len(ranges)))
     return rows["duration"][order][first[wanted_range] + rank - 1]
-
-
-def duration_summary(rows: pd.DataFrame, keys: list[str], value: str = "duration") -> pd.DataFrame:
-    """One row per distinct `keys` of a pandas table (a missing key is a group of its own), ordered by
-    total time descending (then by key): grouped_summary over the keys' codes, which DuckDB reads where
-    they lie. pandas' median and std copied and sorted every value, +1.9 GB over NeMo's 60M NVTX ranges."""
-    if rows.empty:
-        return pd.DataFrame(columns=SUMMARY_COLUMNS + keys)
-    codes, distinct = {}, {}
-    for number, key in enumerate(keys):
-        column = rows[key]
-        if isinstance(column.dtype, pd.CategoricalDtype):  # the loaders' names: their codes, -1 where missing
-            codes[f"k{number}"], distinct[key] = column.cat.codes.to_numpy(), column.dtype
-        else:
-            codes[f"k{number}"], distinct[key] = pd.factorize(column, use_na_sentinel=False)
-    coded = pd.DataFrame({**codes, "duration": rows[value].to_numpy("int64")}, copy=False)
-    store = EventStore(on_disk=True)  # held to the store's memory limit, spilling into a folder of its own
-    try:
-        summary = grouped_summary(store, "coded", list(codes), coded=coded)
-    finally:
-        store.close()
-    for number, key in enumerate(keys):
-        code, values = summary.pop(f"k{number}").to_numpy("int64"), distinct[key]
-        summary[key] = (
-            pd.Categorical.from_codes(code, dtype=values)
-            if isinstance(values, pd.CategoricalDtype)
-            else values.take(code)
-        )
-    return finish_summary(summary, keys)
 
 
 def finish_summary(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

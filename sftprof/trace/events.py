@@ -1,7 +1,8 @@
-"""Kernels, CUDA API calls, GPU metric samples, CPU context switches and NVTX ranges: the tables that grow
-with a capture's length (tens of millions of rows for minutes of a 7B fine-tuning job; `--gpu-metrics-devices`
-samples some twenty counters 10,000 times a second; `--cpuctxsw` records every switch on every core; NeMo's
-emit_nvtx gives every op call a range, 60M at 10M kernels),
+"""Kernels, CUDA API calls, GPU metric samples, CPU context switches, NVTX ranges, OS-runtime calls, memory
+operations and CUDA synchronizations: the tables that grow with a capture's length (tens of millions of rows
+for minutes of a 7B fine-tuning job; `--gpu-metrics-devices` samples some twenty counters 10,000 times a
+second; `--cpuctxsw` records every switch on every core; NeMo's emit_nvtx gives every op call a range, 60M at
+10M kernels; a memset-heavy trainer makes 1.5M memory operations at 10M kernels),
 kept in DuckDB so that analyses aggregate them in SQL or read them a batch at a time, never every row
 at once.
 
@@ -21,11 +22,16 @@ osrt      start, end, duration, name, name_id, global_tid, pid, tid, row   (OS-r
 nvtx      start, end, duration, name_id, style_id, global_tid, pid, tid   (names and styles as the codes
           of the categories nvtx_categories() gives, NULL: no name; stored as the loader copied them,
           mostly by start; nvtx_frame lists them in NVTX_ORDER)
+memops    start, end, duration, operation, bytes, device_id, stream_id, pid, correlation_id, copy_kind, src_kind,
+          dst_kind, row   (tables.py's columns; labels stored as ids in memop_rows, named by memop_labels; `row`,
+          the order the export lists them in, breaks ties on start)
+sync      start, end, duration, sync_type, device_id, stream_id, pid, correlation_id, row   (as memops: sync_rows,
+          sync_labels)
 kernel_names, api_names, metric_names   id, name   (API names without the `_vNNNN` suffix that nsys
           stats strips; metric names as TARGET_INFO_GPU_METRICS gives them, e.g. "SM Issue [Throughput %]")
-kernels, cuda_api, sched and osrt are views: duration, pid and tid are computed from the rows stored in
-kernel_rows, cuda_api_rows, sched_rows and osrt_rows (as nsys lays out globalTid); nvtx adds duration to
-nvtx_rows. Storing them, or declaring them as
+kernels, cuda_api, sched, osrt, memops and sync are views: duration, pid and tid are computed from the rows
+stored in kernel_rows, cuda_api_rows, sched_rows, osrt_rows, memop_rows and sync_rows (as nsys lays out
+globalTid; labels from their ids); nvtx adds duration to nvtx_rows. Storing them, or declaring them as
 generated columns, made the copy, the slowest part of loading, 10% slower.
 """
 
@@ -34,6 +40,7 @@ from __future__ import annotations
 import errno
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -71,6 +78,13 @@ SCHEMA = {
                     tid INTEGER""",
     "osrt_rows": 'start BIGINT, "end" BIGINT, name_id BIGINT, global_tid BIGINT, "row" BIGINT',
     "osrt_names": "id BIGINT PRIMARY KEY, name VARCHAR",
+    "memop_rows": """start BIGINT, "end" BIGINT, operation_id SMALLINT, bytes BIGINT, device_id BIGINT,
+                     stream_id BIGINT, pid BIGINT, correlation_id BIGINT, copy_kind_id SMALLINT,
+                     src_kind_id SMALLINT, dst_kind_id SMALLINT, "row" BIGINT""",
+    "memop_labels": "id SMALLINT PRIMARY KEY, label VARCHAR",
+    "sync_rows": """start BIGINT, "end" BIGINT, sync_type_id SMALLINT, device_id BIGINT, stream_id BIGINT,
+                   pid BIGINT, correlation_id BIGINT, "row" BIGINT""",
+    "sync_labels": "id SMALLINT PRIMARY KEY, label VARCHAR",
 }
 VIEWS = {
     "kernels": """SELECT *, "end" - start AS duration, ((global_pid >> 24) & 16777215)::INTEGER AS pid
@@ -83,7 +97,29 @@ VIEWS = {
     "osrt": """SELECT r.start, r."end", r."end" - r.start AS duration, n.name, r.name_id, r.global_tid,
                       (r.global_tid >> 24) & 16777215 AS pid, r.global_tid & 16777215 AS tid, r."row"
                FROM osrt_rows r LEFT JOIN osrt_names n ON n.id = r.name_id""",
+    "memops": """SELECT r.start, r."end", r."end" - r.start AS duration, o.label AS operation, r.bytes, r.device_id,
+                        r.stream_id, r.pid, r.correlation_id, k.label AS copy_kind, s.label AS src_kind,
+                        d.label AS dst_kind, r."row"
+                 FROM memop_rows r LEFT JOIN memop_labels o ON o.id = r.operation_id
+                 LEFT JOIN memop_labels k ON k.id = r.copy_kind_id LEFT JOIN memop_labels s ON s.id = r.src_kind_id
+                 LEFT JOIN memop_labels d ON d.id = r.dst_kind_id""",
+    "sync": """SELECT r.start, r."end", r."end" - r.start AS duration, t.label AS sync_type, r.device_id, r.stream_id,
+                      r.pid, r.correlation_id, r."row"
+               FROM sync_rows r LEFT JOIN sync_labels t ON t.id = r.sync_type_id""",
 }
+# Their columns as tables.py lists them (the views add `row`, the order the export lists them in).
+MEMOP_COLUMNS = (
+    'start, "end", duration, operation, bytes, device_id, stream_id, pid, correlation_id, copy_kind, src_kind, dst_kind'
+)
+SYNC_COLUMNS = 'start, "end", duration, sync_type, device_id, stream_id, pid, correlation_id'
+# Their text columns -> the id columns stored (EventStore.add_labelled)
+MEMOP_LABELS = {
+    "operation": "operation_id",
+    "copy_kind": "copy_kind_id",
+    "src_kind": "src_kind_id",
+    "dst_kind": "dst_kind_id",
+}
+SYNC_LABELS = {"sync_type": "sync_type_id"}
 # The order the loaders list NVTX ranges in (a missing name first): ties on start go to the longer range.
 NVTX_ORDER = 'start, "end" DESC, global_tid, coalesce(name_id, -1), style_id'
 NVTX_INSERT_ROWS = 1 << 22  # add_nvtx copies a frame into the store this many rows at a time
@@ -114,6 +150,8 @@ EXPORT_RUNTIME_COLUMNS = ("start", "end", "nameId", "globalTid", "correlationId"
 EXPORT_METRIC_COLUMNS = ("timestamp", "typeId", "metricId", "value")
 # The columns of SCHED_EVENTS that the copy reads.
 EXPORT_SCHED_COLUMNS = ("start", "cpu", "isSchedIn", "globalTid")
+MEMSET_KIND = "memset"  # a memset's copy_kind
+_KIND_IN_OPERATION = re.compile(r"memcpy (\w+)")
 BATCH_VECTORS = 256  # EventStore.batches: rows fetched at a time, in DuckDB vectors of 2,048 (524k rows)
 
 
@@ -157,6 +195,31 @@ def _sqlite_extension() -> Path:
 def _nullable(codes: np.ndarray) -> pd.arrays.IntegerArray:
     """Category codes as ids, NULL where -1 (none)."""
     return pd.arrays.IntegerArray(codes.astype(np.int64), codes < 0)
+
+
+def copy_kind_of(operation) -> str:
+    """A memory operation's copy kind ("HtoD"..., MEMSET_KIND) read from its name as nsys 2022.4 gives it
+    ("[CUDA memcpy HtoD]", "[CUDA memset]"): for a source that names operations only (Kineto)."""
+    text = str(operation)
+    if "memset" in text:
+        return MEMSET_KIND
+    kind = _KIND_IN_OPERATION.search(text)
+    return kind.group(1) if kind else "Unknown"
+
+
+def labelled(frame: pd.DataFrame, columns: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`frame` with each text column of `columns` (text column -> id column) as ids, and the labels they
+    number (id, label): for memop_rows and sync_rows, whose few labels repeat over every row."""
+    texts = [frame[column].astype("object") for column in columns]
+    _, labels = pd.factorize(pd.concat([*texts, pd.Series(dtype=object)]).dropna().astype(str))
+    ids = {label: i for i, label in enumerate(labels)}
+    coded = frame.assign(
+        **{
+            ids_column: text.map(lambda v: ids.get(str(v)) if pd.notna(v) else None).astype("Int16")
+            for text, ids_column in zip(texts, columns.values(), strict=True)
+        }
+    )
+    return coded, pd.DataFrame({"id": np.arange(len(labels), dtype="int16"), "label": list(labels)})
 
 
 def sql_text(value) -> str:
@@ -313,10 +376,22 @@ class EventStore:
         sched: pd.DataFrame | None = None,
         nvtx: pd.DataFrame | None = None,
         osrt: pd.DataFrame | None = None,
+        memops: pd.DataFrame | None = None,
+        sync: pd.DataFrame | None = None,
     ) -> EventStore:
         """From normalized pandas tables (tables.py's columns, names as text): traces small enough
-        to hold in memory (PyTorch profiler traces, tests)."""
+        to hold in memory (PyTorch profiler traces, tests). A memory operation without a copy_kind gets
+        the one its name says (copy_kind_of)."""
         store = cls(on_disk=False)
+        if memops is not None and len(memops):
+            given = memops["copy_kind"] if "copy_kind" in memops else pd.Series(None, index=memops.index, dtype=object)
+            memops = memops.assign(
+                copy_kind=given.astype("object").fillna(memops["operation"].map(copy_kind_of)),
+                **{c: memops[c] if c in memops else None for c in ("src_kind", "dst_kind")},
+            )
+            store.add_labelled("memop", memops, MEMOP_LABELS)
+        if sync is not None and len(sync):
+            store.add_labelled("sync", sync, SYNC_LABELS)
         if osrt is not None and len(osrt):
             codes, names = pd.factorize(osrt["name"])
             store.append(
@@ -370,6 +445,17 @@ class EventStore:
             store._insert("cuda_api_rows", rows)
             store._insert("api_names", pd.DataFrame({"id": range(len(uniques)), "name": list(uniques)}))
         return store
+
+    def add_labelled(self, table: str, rows: pd.DataFrame, columns: dict[str, str]) -> None:
+        """`rows` (tables.py's memops or sync columns, labels as text) into {table}_rows and {table}_labels,
+        numbered in their order."""
+        coded, labels = labelled(rows.reset_index(drop=True), columns)
+        self.append(f"{table}_labels", labels)
+        numbered = coded.assign(**{"row": np.arange(len(coded))})
+        self.append(
+            f"{table}_rows",
+            numbered.assign(**{c: numbered[c] if c in numbered else None for c in STORED_COLUMNS[f"{table}_rows"]}),
+        )
 
     def add_nvtx(self, ranges: pd.DataFrame) -> None:
         """Copy NVTX ranges (tables.py's nvtx columns; names and styles categorical, as the loaders make
@@ -680,6 +766,12 @@ class EventStore:
         return self.query(f"""SELECT start, "end", duration, name, global_tid, pid, tid FROM osrt WHERE {where}
                               ORDER BY start, "row" """)
 
+    def labelled_frame(self, table: str, where: str = "true") -> pd.DataFrame:
+        """The memory operations or synchronizations ("memops", "sync") for which `where` holds (SQL over the
+        view), in tables.py's columns, by start (ties in the export's order)."""
+        columns = MEMOP_COLUMNS if table == "memops" else SYNC_COLUMNS
+        return self.query(f'SELECT {columns} FROM {table} WHERE {where} ORDER BY start, "row"')
+
     def count(self, table: str) -> int:
         return int(self._reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
@@ -704,6 +796,8 @@ class EventStore:
             return self.nvtx_frame()
         if table == "osrt":
             return self.osrt_frame()
+        if table in ("memops", "sync"):
+            return self.labelled_frame(table)
         if table == "gpu_metrics":
             return self.query("""
                 SELECT g.timestamp, g.device_id, n.name AS metric, g.value

@@ -379,8 +379,7 @@ def load_kineto_json(path: str | Path) -> TraceTables:
         span_ns=span_ns,
         sources=sources,
         threads=_threads(events, device_pids - host_pids),
-        memops=memops,
         gpus=_gpus(document),
-        events=EventStore.from_frames(kernels, cuda_api, nvtx=nvtx),
+        events=EventStore.from_frames(kernels, cuda_api, nvtx=nvtx, memops=memops),
         dropped_rows=dropped,
     )

@@ -28,6 +28,7 @@ from sftprof import memory_budget
 from sftprof.trace.events import (
     BATCH_VECTORS,
     MAX_TIME_NS,
+    MEMSET_KIND,
     EventStore,
     frames_visible,
     out_of_disk,
@@ -90,7 +91,6 @@ MEMCPY_KINDS = {
     12: "UVM DtoH",
     13: "UVM DtoD",
 }
-MEMSET_KIND = "memset"
 # Enum labels for files without the ENUM_* table (values are stable across versions).
 MEMORY_KIND_LABELS = {
     0: "Pageable",
@@ -136,8 +136,7 @@ def _rows(export: Export, sql: str) -> pd.DataFrame:
     return export.reader.execute(sql).df()
 
 
-# _page_rows decodes this much of a table's pages at a time: each chunk's rows are held twice while they are
-# split into columns, so a chunk is kept small beside the table (1.5M memory operations fill 60 MB of pages).
+# _page_chunks decodes this much of a table's pages at a time (1.5M memory operations fill 60 MB of pages).
 PAGE_ROWS_CHUNK_BYTES = 8 << 20
 
 
@@ -154,40 +153,6 @@ def _page_chunks(export: Export, table: str, columns: list[str], select: str) ->
         with frames_visible(export.reader, {"page_rows": chunk}):
             rows = _rows(export, select.format(rows="page_rows"))
         yield rows
-
-
-def _page_rows(export: Export, table: str, columns: list[str], select: str) -> list[dict[str, pd.Series]]:
-    """_page_chunks' chunks, each a column -> Series dict (_by_start joins them), or the same SQL run on the
-    table itself where the decoder does not read it."""
-    from sftprof.trace import sqlite_pages
-
-    try:
-        parts = [_columns(rows) for rows in _page_chunks(export, table, columns, select)]
-    except sqlite_pages.Unsupported:
-        parts = []
-    return parts or [_columns(_rows(export, select.format(rows=table)))]
-
-
-def _columns(frame: pd.DataFrame) -> dict[str, pd.Series]:
-    """Each column of `frame` in an array of its own: a DuckDB result holds its integer columns in one
-    block, which no column can let go of alone."""
-    return {name: frame[name].copy() for name in frame.columns}
-
-
-def _by_start(parts: list[dict[str, pd.Series]]) -> pd.DataFrame:
-    """The rows of `parts` (_page_rows' chunks, emptied as they are read) in one frame, in a stable order
-    by start: what concatenating the chunks and sorting them gives, made a column at a time, so that the
-    rows are held once and two columns more (1.5M memory operations, a 105 MB frame: the loader peaked at
-    399 MB, and now at 175)."""
-    names = list(parts[0])
-    columns = {name: pd.concat([part.pop(name) for part in parts], ignore_index=True) for name in names}
-    parts.clear()
-    order = columns["start"].sort_values(kind="stable").index.to_numpy()
-    if (order[1:] > order[:-1]).all():  # nsys writes most tables by start: nothing to move
-        return pd.DataFrame(columns, copy=False)
-    for name in names:
-        columns[name] = columns[name].take(order).reset_index(drop=True)
-    return pd.DataFrame(columns, copy=False)
 
 
 def _metadata(export: Export) -> dict[str, str]:
@@ -239,9 +204,9 @@ def _enum_labels(export: Export, enum_table: str, fallback: dict[int, str]) -> d
 
 
 class _Labels:
-    """Text columns read as small integer codes (an SQL CASE over the code column, as _case) and
-    turned back into labels in pandas: each row then holds a reference to one of a few strings, not
-    a string of its own (at 1.5M memory operations, four such columns took 0.35 GB while they loaded)."""
+    """Text columns read as small integer codes (an SQL CASE over the code column, as _case), stored as
+    such with the labels they number (EventStore's memop_labels, sync_labels): a row holds no string of its
+    own (at 1.5M memory operations, four text columns took 0.35 GB while they loaded)."""
 
     def __init__(self):
         self.labels: list[str] = []
@@ -258,27 +223,6 @@ class _Labels:
 
     def constant(self, label: str | None) -> str:
         return str(-1 if label is None else self.code(label))
-
-    def decode(self, frame: pd.DataFrame, columns) -> pd.DataFrame:
-        """`frame` with each of `columns` (codes) as its labels (NA for -1)."""
-        values = np.array([*self.labels, None], dtype=object)
-        return frame.assign(
-            **{column: pd.Series(values[frame[column].to_numpy("int64")], index=frame.index) for column in columns}
-        )
-
-    def categories(self, frame: pd.DataFrame, columns) -> pd.DataFrame:
-        """`frame` with each of `columns` (codes) as a categorical of its labels (NA for -1): the labels
-        present, sorted, as astype("category") of the decoded labels orders them, found from the codes
-        (no column of strings, no hash of every row: at 1.5M memory operations that took 0.28 GB)."""
-        categorical = {}
-        for column in columns:
-            codes = frame[column].to_numpy("int64")
-            present = np.flatnonzero(np.bincount(codes + 1, minlength=len(self.labels) + 1)[1:])
-            names = sorted(self.labels[code] for code in present)
-            position = np.full(len(self.labels) + 1, -1, dtype="int64")  # by code + 1: -1 stays NA
-            position[present + 1] = [names.index(self.labels[code]) for code in present]
-            categorical[column] = pd.Categorical.from_codes(position[codes + 1], categories=names)
-        return frame.assign(**categorical)
 
 
 def _quote(text: str) -> str:
@@ -710,15 +654,17 @@ def _memcpy_operations(export: Export, release: int) -> dict[int, str]:
     return MEMCPY_OPERATIONS
 
 
-def _memops(export: Export, release: int, dropped) -> pd.DataFrame:
-    parts = []
+def _memops(export: Export, release: int, store: EventStore, dropped) -> None:
+    """Memory copies and sets into `store` (EventStore.memops), a chunk at a time (_copy_labelled): a
+    memset-heavy trainer makes 1.5M at 10M kernels. Their kinds are read as codes (_Labels)."""
     common = (
-        'start, "end", {op} AS operation, bytes, deviceId AS device_id, '
+        'start, "end", {op} AS operation_id, bytes, deviceId AS device_id, '
         "streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid, correlationId AS correlation_id, "
-        "{kind} AS copy_kind, {src} AS src_kind, {dst} AS dst_kind"
+        "{kind} AS copy_kind_id, {src} AS src_kind_id, {dst} AS dst_kind_id"
     )
     memory_kinds = _enum_labels(export, "ENUM_CUDA_MEM_KIND", MEMORY_KIND_LABELS)
     labels = _Labels()
+    parts = []
     if "CUPTI_ACTIVITY_KIND_MEMCPY" in export.tables:
         op = labels.case("copyKind", _memcpy_operations(export, release), MEMCPY_OPERATIONS[0])
         columns = common.format(
@@ -728,7 +674,7 @@ def _memops(export: Export, release: int, dropped) -> pd.DataFrame:
             dst=labels.case("dstKind", memory_kinds),
         )
         read = ["copyKind", "srcKind", "dstKind", *MEMOP_PAGE_COLUMNS]
-        parts.extend(_page_rows(export, "CUPTI_ACTIVITY_KIND_MEMCPY", read, f"SELECT {columns} FROM {{rows}}"))
+        parts.append(("CUPTI_ACTIVITY_KIND_MEMCPY", read, f"SELECT {columns} FROM {{rows}}"))
     if "CUPTI_ACTIVITY_KIND_MEMSET" in export.tables:
         columns = common.format(
             op=labels.constant(MEMSET_OPERATION),
@@ -737,30 +683,59 @@ def _memops(export: Export, release: int, dropped) -> pd.DataFrame:
             dst=labels.case("memKind", memory_kinds),
         )
         read = ["memKind", *MEMOP_PAGE_COLUMNS]
-        parts.extend(_page_rows(export, "CUPTI_ACTIVITY_KIND_MEMSET", read, f"SELECT {columns} FROM {{rows}}"))
-    if not parts:
-        return empty("memops")
-    # A few distinct labels over hundreds of thousands of rows (468k at 10M kernels): read as codes,
-    # held as categories (40 MB instead of 140 MB of strings; they group and compare faster too).
-    rows = valid_rows(_by_start(parts), "memops", dropped)
-    return labels.categories(rows, ("operation", "copy_kind", "src_kind", "dst_kind"))
+        parts.append(("CUPTI_ACTIVITY_KIND_MEMSET", read, f"SELECT {columns} FROM {{rows}}"))
+    _copy_labelled(
+        export, store, "memop", parts, labels, ("operation_id", "copy_kind_id", "src_kind_id", "dst_kind_id")
+    )
+    left_out = store.delete_invalid("memop_rows")
+    if left_out:
+        dropped["memops"] = dropped.get("memops", 0) + left_out
 
 
-def _sync(export: Export, dropped) -> pd.DataFrame:
+def _sync(export: Export, store: EventStore, dropped) -> None:
+    """CUDA synchronizations into `store` (EventStore.sync), a chunk at a time, as _memops."""
     if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" not in export.tables:
-        return empty("sync")
+        return
     sync_types = _enum_labels(export, "ENUM_CUPTI_SYNC_TYPE", SYNC_TYPE_LABELS)
     labels = _Labels()
-    rows = _page_rows(
-        export,
-        "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
-        ["start", "end", "syncType", "deviceId", "streamId", "globalPid", "correlationId"],
-        f"""SELECT start, "end", {labels.case("syncType", sync_types, "Unknown")} AS sync_type,
-                   deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
-                   correlationId AS correlation_id
-            FROM {{rows}}""",
+    select = f"""SELECT start, "end", {labels.case("syncType", sync_types, "Unknown")} AS sync_type_id,
+                        deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
+                        correlationId AS correlation_id FROM {{rows}}"""
+    read = ["start", "end", "syncType", "deviceId", "streamId", "globalPid", "correlationId"]
+    _copy_labelled(
+        export, store, "sync", [("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", read, select)], labels, ("sync_type_id",)
     )
-    return valid_rows(labels.decode(_by_start(rows), ["sync_type"]), "sync", dropped)
+    left_out = store.delete_invalid("sync_rows")
+    if left_out:
+        dropped["sync"] = dropped.get("sync", 0) + left_out
+
+
+def _copy_labelled(
+    export: Export, store: EventStore, table: str, parts, labels: _Labels, coded: tuple[str, ...]
+) -> None:
+    """Each part's rows ((export table, columns read, select FROM {rows}), in order) into {table}_rows,
+    numbered in that order, a page chunk at a time (_page_chunks), or a query over the table where the
+    decoder does not read it; `coded` columns' -1 (no label) as NULL, and `labels` into {table}_labels."""
+    from sftprof.trace import sqlite_pages
+
+    if not parts:
+        return
+    store.append(f"{table}_labels", pd.DataFrame({"id": np.arange(len(labels.labels)), "label": labels.labels}))
+
+    def copy(chunks) -> None:
+        copied = 0
+        for rows in chunks:
+            rows = rows.assign(**{c: rows[c].mask(rows[c] < 0).astype("Int16") for c in coded})
+            store.append(f"{table}_rows", rows.assign(row=np.arange(copied, copied + len(rows))))
+            copied += len(rows)
+
+    try:
+        copy(
+            chunk for export_table, read, select in parts for chunk in _page_chunks(export, export_table, read, select)
+        )
+    except sqlite_pages.Unsupported:
+        store.clear(f"{table}_rows")
+        copy(_rows(export, select.format(rows=export_table)) for export_table, _, select in parts)
 
 
 def _metric_names(export: Export) -> pd.DataFrame | None:
@@ -860,6 +835,8 @@ def _load(export: Export) -> TraceTables:
             try:
                 _nvtx(export, strings, store, dropped)
                 _osrt(export, strings, store, dropped)
+                _memops(export, release, store, dropped)
+                _sync(export, store, dropped)
             except duckdb.Error as exc:  # the copy may have failed first (a full disk), and this for that reason
                 raise _first_failure(exc, events) from None
             loaded = TraceTables(
@@ -867,8 +844,6 @@ def _load(export: Export) -> TraceTables:
                 span_ns=_span_ns(export, dropped),
                 sources=_sources(tables),
                 threads=_threads(export, strings),
-                memops=_memops(export, release, dropped),
-                sync=_sync(export, dropped),
                 gpus=_gpus(export),
                 empty_trace_kinds=_empty_trace_kinds(strings),
                 events=events.result(),
@@ -895,7 +870,9 @@ def _still_empty(loaded: TraceTables, tables: set[str]) -> dict[str, str]:
     (NeMo's data workers, torchrun) says so for every process that did not use X. Only kinds with no rows
     at all in the export recorded nothing."""
     recorded = {
-        "CUDA": bool(loaded.events.count("kernels") or loaded.events.count("cuda_api") or len(loaded.memops)),
+        "CUDA": bool(
+            loaded.events.count("kernels") or loaded.events.count("cuda_api") or loaded.events.count("memop_rows")
+        ),
         "NVTX": bool(loaded.events.count("nvtx_rows")),
         "OSRT": bool(loaded.events.count("osrt_rows")),
     }

@@ -31,8 +31,8 @@ gpus        device_id, name ("NVIDIA H200"), chip_name ("GH100"), sm_count, memo
 Rows whose times are missing, reversed (end < start) or beyond any capture (events.valid_times) are
 left out by the loader and counted in `dropped_rows` (table -> rows), never turned into negative times.
 
-kernels, cuda_api, sched, gpu_metrics, nvtx and osrt grow with the capture (tens of millions of rows), so they live
-in an EventStore (DuckDB, names as ids: see events.py) that analyses query; the others are pandas.
+kernels, cuda_api, sched, gpu_metrics, nvtx, osrt, memops and sync grow with the capture (tens of millions of rows),
+so they live in an EventStore (DuckDB, names as ids: see events.py) that analyses query; the others are pandas.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def valid_rows(frame: pd.DataFrame, table: str, dropped: dict[str, int]) -> pd.D
 @dataclass
 class TraceTables:
     """One capture, normalized. `sources` says which trace sources the capture had; `events` holds
-    its kernels, CUDA API calls, GPU metric samples, context switches, NVTX ranges and OS-runtime calls; `dropped_rows` counts, by table, the rows left out for their times
+    its kernels, CUDA API calls, GPU metric samples, context switches, NVTX ranges, OS-runtime calls, memory
+    operations and synchronizations; `dropped_rows` counts, by table, the rows left out for their times
     (or, for a trace format whose rows can be malformed otherwise, their types); `empty_trace_kinds`
     names the trace kinds the capture says recorded nothing (kind -> the tool's own message)."""
 
@@ -151,8 +152,6 @@ class TraceTables:
     span_ns: int
     sources: set[str] = field(default_factory=set)
     threads: pd.DataFrame = field(default_factory=lambda: empty("threads"))
-    memops: pd.DataFrame = field(default_factory=lambda: empty("memops"))
-    sync: pd.DataFrame = field(default_factory=lambda: empty("sync"))
     gpus: pd.DataFrame = field(default_factory=lambda: empty("gpus"))
     events: EventStore = field(default_factory=EventStore.from_frames)
     dropped_rows: dict[str, int] = field(default_factory=dict)
@@ -162,6 +161,16 @@ class TraceTables:
     def kernels(self) -> pd.DataFrame:
         """Every kernel as one DataFrame: for small traces and tests; analyses query `events`."""
         return self.events.frame("kernels")
+
+    @property
+    def memops(self) -> pd.DataFrame:
+        """Every memory operation as one DataFrame: for small traces and tests; analyses query `events`."""
+        return self.events.frame("memops")
+
+    @property
+    def sync(self) -> pd.DataFrame:
+        """Every CUDA synchronization as one DataFrame: for small traces and tests; analyses query `events`."""
+        return self.events.frame("sync")
 
     @property
     def osrt(self) -> pd.DataFrame:
