@@ -1,8 +1,9 @@
 """The memory an analysis aims to stay under (`sftprof analyze --memory-budget`, the workflow's
 `memory_budget`). Each DuckDB database the analysis opens is held to a share of it; what the
 process peaked at is compared with it when an analysis ends, and a run that went over says so,
-since the tables held in numpy and pandas (the busy unions, NVTX timelines) do not obey it yet
-(benchmarks/ENGINE.md, section 11)."""
+since what the analyses hold in numpy and pandas beside the store (windows of rows; the waits and
+copies joined to their calls, which grow with the capture) does not obey it (benchmarks/ENGINE.md,
+sections 11 and 16)."""
 
 from __future__ import annotations
 

@@ -59,26 +59,31 @@ def name_ids(events: EventStore, keep) -> list[int]:
     return [int(i) for i, name in zip(names["id"], names["name"], strict=True) if keep(str(name))]
 
 
-CALL_COLUMNS = 'a.start, a."end", a.duration, n.name, a.global_tid, a.pid, a.tid, a.correlation_id'
+# tables.py's cuda_api columns, the name as its id: EventStore.named gives it its text (CALL_NAMES)
+CALL_COLUMNS = 'a.start, a."end", a.duration, a.name_id AS name, a.global_tid, a.pid, a.tid, a.correlation_id'
+CALL_NAMES = {"name": "SELECT id, name AS label FROM api_names"}
 
 
 def calls_named(events: EventStore, keep) -> pd.DataFrame:
     """The calls whose name satisfies `keep`, in tables.py's cuda_api columns, by start."""
     ids = name_ids(events, keep) or [-1]
-    return events.query(f"""SELECT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id
-                            WHERE a.name_id IN ({", ".join(map(str, ids))}) ORDER BY a.start""")
+    return events.named(
+        f"""SELECT {CALL_COLUMNS} FROM cuda_api a WHERE a.name_id IN ({", ".join(map(str, ids))}) ORDER BY a.start""",
+        CALL_NAMES,
+    )
 
 
 def calls_during(events: EventStore, windows: pd.DataFrame, threads) -> pd.DataFrame:
     """The calls of `threads` (global_tids) that overlap any [start, end) of `windows`."""
     if windows.empty or not len(threads):
-        return events.query(f"SELECT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id LIMIT 0")
-    return events.query(
+        return events.named(f"SELECT {CALL_COLUMNS} FROM cuda_api a LIMIT 0", CALL_NAMES)
+    return events.named(
         f"""
         SELECT DISTINCT {CALL_COLUMNS} FROM cuda_api a JOIN api_names n ON n.id = a.name_id
         JOIN windows w ON a.start < w."end" AND a."end" > w.start
         WHERE {sql_in("a.global_tid", threads)}
         ORDER BY a.start""",
+        CALL_NAMES,
         windows=windows[["start", "end"]].astype("int64"),
     )
 
