@@ -140,6 +140,14 @@ def valid_rows(frame: pd.DataFrame, table: str, dropped: dict[str, int]) -> pd.D
     return frame[COLUMNS[table]]
 
 
+def _whole_table(table: str, what: str) -> property:
+    """A read-only attribute: the event store's whole `table` as one DataFrame, names as text."""
+    return property(
+        lambda self: self.events.frame(table),
+        doc=f"Every {what} as one DataFrame: for small traces and tests; analyses query `events`.",
+    )
+
+
 @dataclass
 class TraceTables:
     """One capture, normalized. `sources` says which trace sources the capture had; `events` holds
@@ -157,45 +165,14 @@ class TraceTables:
     dropped_rows: dict[str, int] = field(default_factory=dict)
     empty_trace_kinds: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def kernels(self) -> pd.DataFrame:
-        """Every kernel as one DataFrame: for small traces and tests; analyses query `events`."""
-        return self.events.frame("kernels")
-
-    @property
-    def memops(self) -> pd.DataFrame:
-        """Every memory operation as one DataFrame: for small traces and tests; analyses query `events`."""
-        return self.events.frame("memops")
-
-    @property
-    def sync(self) -> pd.DataFrame:
-        """Every CUDA synchronization as one DataFrame: for small traces and tests; analyses query `events`."""
-        return self.events.frame("sync")
-
-    @property
-    def osrt(self) -> pd.DataFrame:
-        """Every OS-runtime call as one DataFrame: for small traces and tests; analyses query `events`."""
-        return self.events.frame("osrt")
-
-    @property
-    def nvtx(self) -> pd.DataFrame:
-        """Every NVTX range as one DataFrame: for small traces and tests; analyses query `events`."""
-        return self.events.frame("nvtx")
-
-    @property
-    def cuda_api(self) -> pd.DataFrame:
-        """Every CUDA API call as one DataFrame: for small traces and tests; analyses query `events`."""
-        return self.events.frame("cuda_api")
-
-    @property
-    def sched(self) -> pd.DataFrame:
-        """Every context switch as one DataFrame: for small traces and tests; analyses query `events`."""
-        return self.events.frame("sched")
-
-    @property
-    def gpu_metrics(self) -> pd.DataFrame:
-        """Every GPU metric sample as one DataFrame: for small traces and tests; analyses read `events`."""
-        return self.events.frame("gpu_metrics")
+    kernels = _whole_table("kernels", "kernel")
+    memops = _whole_table("memops", "memory operation")
+    sync = _whole_table("sync", "CUDA synchronization")
+    osrt = _whole_table("osrt", "OS-runtime call")
+    nvtx = _whole_table("nvtx", "NVTX range")
+    cuda_api = _whole_table("cuda_api", "CUDA API call")
+    sched = _whole_table("sched", "context switch")
+    gpu_metrics = _whole_table("gpu_metrics", "GPU metric sample")
 
     def with_all_columns(self) -> TraceTables:
         """A copy in which every table has every documented column: a loader that does not know a
