@@ -569,7 +569,8 @@ def _joined_by_duckdb(events: EventStore, within: str) -> dict[str, np.ndarray]:
 def _sums_per_key(key: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray):
     """(each key once, ascending: a segment or a thread; its kernels; its GPU time), summed over the rows given.
     Keys come nearly sorted (launches in time order): a stable sort (timsort: near linear on such runs) and sums
-    over runs of equal keys took 0.1 s of the projection at 10M kernels where np.unique's took 0.55 s."""
+    over runs of equal keys, where np.unique's quicksort and np.add.at made the projection's windows take 0.69 s
+    at 10M kernels, not 0.16 s."""
     if not len(key):
         return key, kernels[:0], gpu_ns[:0]
     if not (key[1:] >= key[:-1]).all():

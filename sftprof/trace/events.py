@@ -769,9 +769,12 @@ class EventStore:
     def labelled_frame(self, table: str, where: str = "true") -> pd.DataFrame:
         """The memory operations or synchronizations ("memops", "sync") for which `where` holds (SQL over the
         view), in tables.py's columns, by start (ties in the export's order)."""
-        columns, labels = (MEMOP_COLUMNS, MEMOP_LABELS) if table == "memops" else (SYNC_COLUMNS, SYNC_LABELS)
+        columns, labels, label_table = (
+            (MEMOP_COLUMNS, MEMOP_LABELS, "memop_labels")
+            if table == "memops"
+            else (SYNC_COLUMNS, SYNC_LABELS, "sync_labels")
+        )
         columns = ", ".join(f"coalesce({labels[c]}, -1) AS {c}" if c in labels else c for c in columns.split(", "))
-        label_table = "memop_labels" if table == "memops" else "sync_labels"
         return self.named(
             f'SELECT {columns} FROM {table} WHERE {where} ORDER BY start, "row"',
             dict.fromkeys(labels, f"SELECT id, label FROM {label_table}"),
@@ -782,12 +785,11 @@ class EventStore:
         gives each id. DuckDB makes a Python string of each row's text (72 bytes: 0.12 GB for the four label
         columns of 0.4M copies), where here one of a few repeats."""
         frame = self.query(sql, **frames)
+        known = {label_sql: self.query(label_sql) for label_sql in set(labels.values())}  # each label table once
         for column, label_sql in labels.items():
-            known = self.query(label_sql)
-            ids = frame[column].to_numpy("int64")
-            size = max(int(ids.max(initial=-1)), int(known["id"].max()) if len(known) else -1) + 2
-            text = np.full(size, None, dtype=object)  # the last slot stays None: id -1
-            text[known["id"].to_numpy("int64")] = known["label"].to_numpy(object)
+            ids, ids_known = frame[column].to_numpy("int64"), known[label_sql]["id"].to_numpy("int64")
+            text = np.full(max(ids.max(initial=-1), ids_known.max(initial=-1)) + 2, None, dtype=object)
+            text[ids_known] = known[label_sql]["label"].to_numpy(object)  # the last slot stays None: id -1
             frame[column] = pd.array(text[ids], dtype="str")
         return frame
 
