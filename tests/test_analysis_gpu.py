@@ -56,7 +56,7 @@ def clock(
         steps if steps is not None else pd.DataFrame(),
         span_ns,
         SpilledUnion.of(intervals.union(spans(busy))),
-        spans(waits),
+        SpilledUnion.of(intervals.union(spans(waits))),
     )
 
 
@@ -401,7 +401,7 @@ def test_gap_causes_say_what_the_feeding_thread_did():
         gaps,
         causes,
         pd.DataFrame({"device_id": [0], "span_ns": [3_000_100]}),
-        gains.StepClock.of(pd.DataFrame(), 4_000_000, SpilledUnion.of(busy), busy.iloc[0:0]),
+        gains.StepClock.of(pd.DataFrame(), 4_000_000, SpilledUnion.of(busy), SpilledUnion().finish()),
     )
     assert "python (main, tid 7) in its own code in NVTX `data` for 2.000 ms" in finding.evidence
     assert finding.severity == "warning" and finding.recommendation.startswith("The threads that feed the GPU")
@@ -416,9 +416,7 @@ def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
     timeline = utilisation.utilisation_timeline(tiny_events, tiny_busy)
     launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "instances": [100], "med_ns": [8_000.0]})
     no_steps = pd.DataFrame(columns=["step"])
-    tiny_clock = gains.StepClock.of(
-        no_steps, 99 * 20_000 + 2_000, tiny_busy[0].merged, pd.DataFrame(columns=["start", "end"])
-    )
+    tiny_clock = gains.StepClock.of(no_steps, 99 * 20_000 + 2_000, tiny_busy[0].merged, SpilledUnion().finish())
     [finding] = rules.launch_bound(
         gpu.kernel_totals(tiny_events), launch, busy, timeline, utilisation.idle_gaps(tiny_busy), no_steps, tiny_clock
     )
@@ -515,12 +513,10 @@ def test_syncs_in_steps_are_counted_per_step():
     gpu_runs = clock(
         40_000,
         busy=[(0, 5_000), (5_500, 7_000), (13_500, 20_000)],
-        waits=waits[["start", "end"]].itertuples(index=False),
+        waits=events.query(f'SELECT a.start, a."end" FROM cuda_api a WHERE {waits.where()}').itertuples(index=False),
         steps=steps,
     )
-    [finding] = rules.syncs_in_steps(
-        waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, EventStore.from_frames(), gpu_runs
-    )
+    [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, events, gpu_runs)
     assert "step 1: 2 calls, 0.006 ms; step 2: 1 calls, 0.001 ms" in finding.evidence
     assert "cudaMemcpy" not in finding.evidence
     # Step 1: the GPU still runs when the first call (100-4,100) returns: 0; after the second (6,000-8,000) it
@@ -529,6 +525,71 @@ def test_syncs_in_steps_are_counted_per_step():
     assert finding.gain_pct == pytest.approx(100 * np.median([2_000, 1_000]) / 10_000)
     assert finding.severity == "warning" and finding.title.startswith("2 synchronizing CUDA calls per step")
     assert cuda.sync_calls(events, 100_000).set_index("name").loc["cudaStreamSynchronize", "calls"] == 3
+
+
+def _many_syncs(calls_per_step: int, steps: int) -> tuple[EventStore, pd.DataFrame]:
+    """`steps` steps of 100 µs, each with `calls_per_step` stream syncs of 10 ns (the first step's in NVTX
+    `data`, the rest in `forward`, each on the thread that makes the calls: two threads take turns), and some
+    calls after the last step."""
+    rows, ranges = [], []
+    for step in range(steps):
+        first, tid = step * 100_000, MAIN if step % 2 else AUTOGRAD
+        ranges.append(nvtx_range("data" if step == 0 else "forward", first, first + 90_000, tid))
+        rows += [api("cudaStreamSynchronize_v3020", first + 20 * i, 10, i, tid) for i in range(calls_per_step)]
+    rows += [api("cudaDeviceSynchronize", steps * 100_000 + 50 * i, 20, i) for i in range(10)]  # after the steps
+    calls, ranges = frame("cuda_api", rows), frame("nvtx", ranges)
+    steps_table = pd.DataFrame({"step": range(1, steps + 1), "start": ranges["start"], "end": ranges["end"]})
+    return EventStore.from_frames(cuda_api=calls, nvtx=ranges), steps_table.assign(
+        duration=steps_table["end"] - steps_table["start"]
+    )
+
+
+def test_syncs_in_steps_summed_in_batches_equal_one_batch(monkeypatch):
+    """7,000 syncs: four batches of 2,048 where EventStore.batches fetches one DuckDB vector at a time, with a
+    query for the calls' NVTX ranges between two batches (which once ended the batches' result)."""
+    from sftprof.trace import events as event_store
+
+    events, steps = _many_syncs(1_000, 7)
+    waits = cuda.host_wait_calls(events)
+    busy = [(step * 100_000, step * 100_000 + 5_000) for step in range(7)]
+    waited = events.query(f'SELECT a.start, a."end" FROM cuda_api a WHERE {waits.where()}').itertuples(index=False)
+    runs = clock(800_000, busy=busy, waits=waited, steps=steps)
+    labels = {MAIN: "main", AUTOGRAD: "autograd"}
+    [whole] = rules.syncs_in_steps(waits, steps, labels, events, runs)
+    monkeypatch.setattr(event_store, "BATCH_VECTORS", 1)
+    [batched] = rules.syncs_in_steps(waits, steps, labels, events, runs)
+    assert batched == whole
+    assert whole.title.startswith("1000 synchronizing CUDA calls per step")
+    assert "Calls: cudaStreamSynchronize_v3020 x7000, on autograd, main" in whole.evidence
+    assert "mostly in NVTX `forward` (6000 of 7000)" in whole.evidence
+
+
+def test_a_union_of_calls_merged_in_batches_is_the_union_of_them(monkeypatch):
+    from sftprof.trace import events as event_store
+
+    events, _ = _many_syncs(1_000, 7)
+    monkeypatch.setattr(event_store, "BATCH_VECTORS", 1)
+    union = cuda.calls_union(events, cuda.host_wait_calls(events).where())
+    calls = events.query('SELECT start, "end" FROM cuda_api ORDER BY start')
+    pd.testing.assert_frame_equal(union.frame(), intervals.union(calls).reset_index(drop=True), check_dtype=False)
+    assert len(union) == 7_010  # every call: none overlaps another
+
+
+def test_sync_calls_are_summed_per_name_without_its_version():
+    calls = frame(
+        "cuda_api",
+        [
+            api("cudaStreamSynchronize_v3020", 0, 4_000, 1),
+            api("cudaStreamSynchronize", 10_000, 1_000, 2),
+            api("cudaStreamWaitEvent_v3020", 20_000, 30, 3),
+            api("cudaLaunchKernel", 30_000, 9_000, 4),
+        ],
+    )
+    table = cuda.sync_calls(store(cuda_api=calls), 100_000).set_index("name")
+    assert table.loc["cudaStreamSynchronize", ["calls", "total_ns", "max_ns"]].tolist() == [2, 5_000, 4_000]
+    assert table.loc["cudaStreamSynchronize", "avg_ns"] == 2_500.0
+    assert table.loc["cudaStreamSynchronize", "blocks_host"] and not table.loc["cudaStreamWaitEvent", "blocks_host"]
+    assert list(table.index) == ["cudaStreamSynchronize", "cudaStreamWaitEvent"]  # by time, and no launch
 
 
 # ---------------------------------------------------------------- NVTX projection

@@ -195,7 +195,7 @@ def test_exposed_communication_finding_gain():
         steps,
         1500,
         SpilledUnion().finish(),
-        pd.DataFrame({"start": pd.Series(dtype="int64"), "end": pd.Series(dtype="int64")}),
+        SpilledUnion().finish(),
     )
     [finding] = collectives.exposed_communication(table, steps, clock)
     # exposed per step: 50 (step 7) and 100 (step 8); median 75 over the median step (180 + 320) / 2 = 250

@@ -58,7 +58,7 @@ from sftprof.analysis.findings import ms, pct
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.spilled import SpilledUnion
 from sftprof.analysis.utilisation import IDLE_GAP_NS
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, sql_in
 
 # SMs busy at least this share of a step: the GPU's own work sets the step's pace, and at most a fifth
 # of the step could be won by feeding it better. The line the capture-wide gpu_busy finding draws
@@ -410,7 +410,7 @@ class _DeviceTime:
         steps_start,
         steps_end,
         last_end: int,
-        waited: pd.DataFrame = None,
+        waited: SpilledUnion = None,
         copies: _Pieces = None,
         data: _Pieces = None,
         gaps: bool = True,
@@ -443,12 +443,9 @@ class _DeviceTime:
         docstring), found from the waits' side: a few waits, many gaps."""
         short = gap_ends - gap_starts < SHORT_GAP_NS
         self.short += intervals.covered_ns(_frame(gap_starts[short], gap_ends[short]), self.starts, self.ends)
-        wait_starts, wait_ends = self.waited["start"].to_numpy("int64"), self.waited["end"].to_numpy("int64")
-        near = slice(
-            np.searchsorted(wait_ends, gap_starts[0], side="right"),
-            np.searchsorted(wait_starts, gap_ends[-1], side="left"),
+        wait_starts, wait_ends = self.waited.rows(
+            self.waited.ending_by(int(gap_starts[0])), self.waited.starting_before(int(gap_ends[-1]))
         )
-        wait_starts, wait_ends = wait_starts[near], wait_ends[near]
         if not len(wait_starts):
             return
         # gaps that began during a wait, whole; and the part of every gap during a wait
@@ -507,7 +504,7 @@ def _busy_and_idle(
     result: pd.DataFrame,
     tables,
     sums: LaunchSums,
-    waits: pd.DataFrame,
+    waits: cuda.WaitCalls,
     unions: gpu.BusyUnions | None = None,
 ) -> None:
     """Fill the busy, idle and idle-cause columns of `result` (see the module docstring) from the LaunchSums of
@@ -525,10 +522,9 @@ def _busy_and_idle(
         ]
     )
     # waits of the training processes only: another process's sync does not stall this one
-    pids = {(int(tid) >> 24) & 0xFFFFFF for tid in thread_of_step if tid >= 0}
-    wait_pids = (waits["global_tid"].to_numpy("int64") >> 24) & 0xFFFFFF
-    waited = intervals.union(waits.loc[np.isin(wait_pids, list(pids)), ["start", "end"]]) if len(waits) else empty
+    pids = sorted({(int(tid) >> 24) & 0xFFFFFF for tid in thread_of_step if tid >= 0})
     events = tables.events
+    waited = cuda.calls_union(events, f"{waits.where()} AND {sql_in('a.pid', pids)}")
     copy_unions = gpu.memop_unions(events)
     nccl = bool((classes["cls"] == COMMUNICATION).any())
     measured: dict[int, _DeviceTime] = {}
@@ -648,7 +644,7 @@ def _classify(r: dict) -> tuple[str | None, str]:
 
 
 def step_accounting(
-    tables, waits: pd.DataFrame | None = None, launches: LaunchSums | None = None, busy: gpu.BusyUnions | None = None
+    tables, waits: cuda.WaitCalls | None = None, launches: LaunchSums | None = None, busy: gpu.BusyUnions | None = None
 ) -> pd.DataFrame:
     """One row per training step (COLUMNS, see the module docstring): kernel time by phase, SM-busy,
     copy-only and idle time, the causes of SM idle time, a bound class and its evidence. Empty (with

@@ -7,10 +7,12 @@ Names are matched without their `_vNNNN` suffix (nsys strips only 5-character ve
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from sftprof.analysis.spilled import SpilledUnion
 from sftprof.analysis.stats import finish_summary, grouped_summary
 from sftprof.trace.events import EventStore, sql_in
 
@@ -64,15 +66,6 @@ CALL_COLUMNS = 'a.start, a."end", a.duration, a.name_id AS name, a.global_tid, a
 CALL_NAMES = {"name": "SELECT id, name AS label FROM api_names"}
 
 
-def calls_named(events: EventStore, keep) -> pd.DataFrame:
-    """The calls whose name satisfies `keep`, in tables.py's cuda_api columns, by start."""
-    ids = name_ids(events, keep) or [-1]
-    return events.named(
-        f"""SELECT {CALL_COLUMNS} FROM cuda_api a WHERE a.name_id IN ({", ".join(map(str, ids))}) ORDER BY a.start""",
-        CALL_NAMES,
-    )
-
-
 def calls_during(events: EventStore, windows: pd.DataFrame, threads) -> pd.DataFrame:
     """The calls of `threads` (global_tids) that overlap any [start, end) of `windows`."""
     if windows.empty or not len(threads):
@@ -94,10 +87,51 @@ def calls_by_thread(events: EventStore) -> pd.DataFrame:
                                   sum(duration)::BIGINT AS total_ns FROM cuda_api GROUP BY global_tid""")
 
 
-def host_wait_calls(events: EventStore) -> pd.DataFrame:
+@dataclass(frozen=True)
+class WaitCalls:
+    """The API calls in which the calling thread waits for the GPU (explicit synchronization, synchronous
+    memcpy): which calls of the store they are (`ids`: their name ids), not their rows. A trainer that
+    synchronizes after every launch makes one per kernel (8.5M at 10M kernels: 0.94 GB as a frame), so the
+    analyses ask the store for what they need of them: sums (waited_by_thread), a union (calls_union) or
+    batches (call_batches)."""
+
+    ids: tuple[int, ...]
+
+    def where(self, alias: str = "a") -> str:
+        """SQL that holds for these calls of `cuda_api` (as `alias`)."""
+        return f"{alias}.name_id IN ({', '.join(map(str, self.ids or (-1,)))})"
+
+
+def host_wait_calls(events: EventStore) -> WaitCalls:
     """The API calls in which the calling thread waits for the GPU: explicit synchronization and
     synchronous memcpy."""
-    return calls_named(events, waits_for_gpu)
+    return WaitCalls(tuple(name_ids(events, waits_for_gpu)))
+
+
+def waited_by_thread(events: EventStore, waits: WaitCalls) -> pd.Series:
+    """Per calling thread (global_tid), the time its `waits` took."""
+    summed = events.query(
+        f"SELECT a.global_tid, sum(a.duration)::BIGINT AS duration FROM cuda_api a WHERE {waits.where()} GROUP BY ALL"
+    )
+    return summed.set_index("global_tid")["duration"]
+
+
+def calls_union(events: EventStore, where: str) -> SpilledUnion:
+    """The union of the calls of `cuda_api` (as `a`) for which `where` holds, merged a batch at a time in
+    start order into files (spilled.SpilledUnion): memory holds a batch, whatever their number."""
+    union = SpilledUnion()
+    for batch in events.batches(f'SELECT a.start, a."end" FROM cuda_api a WHERE {where} ORDER BY a.start'):
+        union.add(batch["start"].to_numpy("int64"), batch["end"].to_numpy("int64"))
+    return union.finish()
+
+
+def call_batches(events: EventStore, where: str):
+    """The calls of `cuda_api` (as `a`) for which `where` holds, in tables.py's cuda_api columns, by start, a
+    batch at a time (EventStore.batches): for sums over more calls than memory should hold at once."""
+    known = events.query(CALL_NAMES["name"])
+    text = dict(zip(known["id"].tolist(), known["label"].tolist(), strict=True))
+    for batch in events.batches(f"SELECT {CALL_COLUMNS} FROM cuda_api a WHERE {where} ORDER BY a.start"):
+        yield batch.assign(name=pd.array([text.get(i) for i in batch["name"].tolist()], dtype="str"))
 
 
 def launch_overhead(api_summary: pd.DataFrame) -> pd.DataFrame:
@@ -108,13 +142,20 @@ def launch_overhead(api_summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def sync_calls(events: EventStore, span_ns: int) -> pd.DataFrame:
-    """Synchronization calls: how often, and how long the calling threads were blocked in them."""
+    """Synchronization calls: how often, and how long the calling threads were blocked in them (summed in
+    SQL per name, then per name without its version: one call per launch makes millions)."""
     columns = ["name", "calls", "total_ns", "avg_ns", "max_ns", "capture_pct", "blocks_host"]
-    calls = calls_named(events, lambda name: base_name(name) in STREAM_WAIT_CALLS or waits_for_gpu(name))
-    if calls.empty:
+    ids = name_ids(events, lambda name: base_name(name) in STREAM_WAIT_CALLS or waits_for_gpu(name)) or [-1]
+    by_name = events.query(f"""
+        SELECT n.name AS base, t.calls, t.total_ns, t.max_ns
+        FROM (SELECT name_id, count(*) AS calls, sum(duration)::BIGINT AS total_ns, max(duration) AS max_ns
+              FROM cuda_api WHERE name_id IN ({", ".join(map(str, ids))}) GROUP BY name_id) t
+        JOIN api_names n ON n.id = t.name_id""")
+    if by_name.empty:
         return pd.DataFrame(columns=columns)
-    calls["base"] = calls["name"].map(base_name)
-    frame = calls.groupby("base")["duration"].agg(calls="count", total_ns="sum", avg_ns="mean", max_ns="max")
+    by_name["base"] = by_name["base"].map(base_name)
+    frame = by_name.groupby("base").agg(calls=("calls", "sum"), total_ns=("total_ns", "sum"), max_ns=("max_ns", "max"))
+    frame["avg_ns"] = frame["total_ns"] / frame["calls"]
     frame = frame.reset_index().rename(columns={"base": "name"})
     frame["capture_pct"] = 100.0 * frame["total_ns"] / span_ns if span_ns else float("nan")
     frame["blocks_host"] = ~frame["name"].isin(STREAM_WAIT_CALLS)

@@ -50,12 +50,12 @@ class StepClock:
     ends: np.ndarray
     has_steps: bool
     gpu_busy: SpilledUnion
-    cpu_wait: pd.DataFrame
+    cpu_wait: SpilledUnion
 
     @classmethod
-    def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: SpilledUnion, cpu_wait: pd.DataFrame) -> StepClock:
+    def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: SpilledUnion, cpu_wait: SpilledUnion) -> StepClock:
         starts, ends = step_windows(steps, span_ns)
-        return cls(starts, ends, bool(len(steps)), gpu_busy, intervals.union(cpu_wait[["start", "end"]]))
+        return cls(starts, ends, bool(len(steps)), gpu_busy, cpu_wait)
 
     @property
     def steps(self) -> int:
@@ -83,17 +83,13 @@ class StepClock:
             return f"{amount} over the whole capture (no step ranges) / its {whole}"
         return f"{amount} per step (median of {self.steps}) / {whole} median step"
 
-    def in_steps(self, spans: pd.DataFrame) -> np.ndarray:
-        """Per step, how much of it the union of `spans` (start, end) covers."""
-        return intervals.covered_ns(intervals.union(spans[["start", "end"]]), self.starts, self.ends).astype(float)
-
     def by_step(self, times, amounts) -> np.ndarray:
         """Per step, the sum of the amounts whose time falls inside it (the rest belongs to no step)."""
         return sum_by_window(self.starts, self.ends, times, amounts)
 
     def waited(self) -> np.ndarray:
         """Per step, the time some CPU thread waited for the GPU."""
-        return self.in_steps(self.cpu_wait)
+        return self.cpu_wait.covered_ns(self.starts, self.ends).astype(float)
 
     def gpu_side(self, saved) -> np.ndarray:
         """Per step, what GPU time saved (per step) can take off the step: at most the CPU's wait."""
@@ -155,13 +151,11 @@ def sum_by_window(starts: np.ndarray, ends: np.ndarray, times, amounts) -> np.nd
     return np.bincount(index[inside], weights=amounts[inside], minlength=len(starts)).astype(float)
 
 
-def cpu_waits(events: EventStore, waits: pd.DataFrame) -> pd.DataFrame:
-    """When a CPU thread waited for the GPU (start, end; may overlap): the host-waiting calls
-    (`waits`: cuda.host_wait_calls) and launches longer than LAUNCH_QUEUE_WAIT_NS."""
-    launches = cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS) or [-1]
-    held = events.query(f"""SELECT start, "end" FROM cuda_api WHERE name_id IN ({", ".join(map(str, launches))})
-                            AND duration > {LAUNCH_QUEUE_WAIT_NS}""")
-    return pd.concat([waits[["start", "end"]], held], ignore_index=True).astype("int64")
+def cpu_waits(events: EventStore, waits: cuda.WaitCalls) -> SpilledUnion:
+    """When a CPU thread waited for the GPU: the union of the host-waiting calls (`waits`:
+    cuda.host_wait_calls) and the launches longer than LAUNCH_QUEUE_WAIT_NS."""
+    launches = cuda.WaitCalls(tuple(cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS)))
+    return cuda.calls_union(events, f"{waits.where()} OR ({launches.where()} AND a.duration > {LAUNCH_QUEUE_WAIT_NS})")
 
 
 def kernel_time_in(kernels_busy: pd.DataFrame, starts, ends) -> np.ndarray:

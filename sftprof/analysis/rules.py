@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import intervals
+from sftprof.analysis import cuda, intervals
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
 from sftprof.analysis.cpu import PHASES, osrt_calls
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
@@ -111,13 +111,20 @@ def _gpu_side_reason(clock: StepClock, saved_per_step) -> str:
 
 def _where(events: EventStore, calls: pd.DataFrame) -> str:
     """ "mostly in NVTX `data` (18 of 18)": the innermost ranges that calls (global_tid, start, end) were made in."""
-    names = innermost_ranges(events, calls)
-    if names.empty:
+    return _mostly_in(_range_counts(events, calls), len(calls))
+
+
+def _range_counts(events: EventStore, calls: pd.DataFrame) -> dict:
+    """How many of the calls were made in each innermost range, by name, in the order first met."""
+    return innermost_ranges(events, calls).value_counts(sort=False).to_dict()
+
+
+def _mostly_in(counts: dict, calls: int) -> str:
+    if not counts:
         return "outside NVTX ranges"
     # on a tie, the name met first in the calls' order
-    names = names.value_counts(sort=False)
-    names = names.sort_values(ascending=False, kind="stable")
-    return f"mostly in NVTX `{names.index[0]}` ({names.iloc[0]} of {len(calls)})"
+    names = pd.Series(counts).sort_values(ascending=False, kind="stable")
+    return f"mostly in NVTX `{names.index[0]}` ({names.iloc[0]} of {calls})"
 
 
 def _api_spans(ops: pd.DataFrame) -> pd.DataFrame:
@@ -132,7 +139,11 @@ def _api_named(ops: pd.DataFrame, pattern: re.Pattern) -> pd.Series:
 
 
 def _threads(calls: pd.DataFrame, labels: dict) -> str:
-    return ", ".join(sorted({labels.get(tid, f"tid {int(tid) & 0xFFFFFF}") for tid in calls["global_tid"]}))
+    return _thread_names(calls["global_tid"], labels)
+
+
+def _thread_names(tids, labels: dict) -> str:
+    return ", ".join(sorted({labels.get(tid, f"tid {int(tid) & 0xFFFFFF}") for tid in tids}))
 
 
 # ---------------------------------------------------------------- the trace itself
@@ -336,23 +347,41 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return np.where(inside, steps["step"].to_numpy()[np.maximum(index, 0)], -1)
 
 
+def _count_into(counts: dict, more: dict) -> None:
+    """Add `more`'s counts to `counts`, names new to it after the others (the order first met)."""
+    for name, n in more.items():
+        counts[name] = counts.get(name, 0) + n
+
+
 def syncs_in_steps(
-    waits: pd.DataFrame, steps: pd.DataFrame, labels: dict, events: EventStore, clock: StepClock
+    waits: cuda.WaitCalls, steps: pd.DataFrame, labels: dict, events: EventStore, clock: StepClock
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
-    cuda.host_wait_calls) inside the `step N` ranges, per step. Synchronous copies and sets have
-    their own rules."""
-    waits = waits[waits["name"].map(base_name).isin(HOST_SYNC_CALLS)]
-    if steps.empty or waits.empty:
+    cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
+    trainer that synchronizes after every launch makes millions. Synchronous copies and sets have their own
+    rules."""
+    if steps.empty:
         return []
+    explicit = set(cuda.name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS))
     steps = steps.sort_values("start")
-    waits = waits.assign(step=_step_of(waits["start"].to_numpy(), steps))
-    waits = waits[waits["step"] >= 0]
-    if waits.empty:
+    found, per_step, names, tids, ranges = 0, [], {}, set(), {}
+    costs = np.zeros((3, clock.steps))  # waited, idle, lost per step: _sync_costs
+    for batch in cuda.call_batches(events, cuda.WaitCalls(tuple(i for i in waits.ids if i in explicit)).where()):
+        batch = batch.assign(step=_step_of(batch["start"].to_numpy(), steps))
+        batch = batch[batch["step"] >= 0]
+        if batch.empty:
+            continue
+        found += len(batch)
+        per_step.append(batch.groupby("step")["duration"].agg(["count", "sum"]))
+        costs += np.stack(_sync_costs(batch, clock))
+        _count_into(names, batch["name"].value_counts(sort=False).to_dict())
+        _count_into(ranges, _range_counts(events, batch))
+        tids.update(batch["global_tid"].tolist())
+    if not found:
         return []
-    per_step = waits.groupby("step")["duration"].agg(["count", "sum"])
-    waited, idle, lost = _sync_costs(waits, clock)
-    calls = ", ".join(f"{name} x{n}" for name, n in waits["name"].value_counts().items())
+    per_step = pd.concat(per_step).groupby(level=0).sum()
+    waited, idle, lost = costs
+    calls = ", ".join(f"{name} x{n}" for name, n in pd.Series(names).sort_values(ascending=False).items())
     listed = "; ".join(
         f"step {step}: {int(r['count'])} calls, {_ms(r['sum'])}" for step, r in per_step.head(STEPS_LISTED).iterrows()
     )
@@ -361,9 +390,10 @@ def syncs_in_steps(
     return [
         _gained(
             "sync_in_steps",
-            f"{len(waits) / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
+            f"{found / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
             "step in them",
-            f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(waits, labels)}, {_where(events, waits)}. "
+            f"Inside the step ranges: {listed}. Calls: {calls}, on {_thread_names(tids, labels)}, "
+            f"{_mostly_in(ranges, found)}. "
             f"After them the GPU idles {_median_ms(idle)} per step until new work arrives.",
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "

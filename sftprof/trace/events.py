@@ -713,10 +713,10 @@ class EventStore:
 
     def batches(self, sql: str, **frames: pd.DataFrame) -> Iterator[pd.DataFrame]:
         """The result of `sql` a batch of rows at a time (BATCH_VECTORS), in its order: for sums
-        over more rows than memory should hold at once."""
-        reader = self._reader()
-        with frames_visible(reader, frames):
-            result = reader.execute(sql)
+        over more rows than memory should hold at once. Through a cursor of its own: a query the
+        caller runs between two batches (on its thread's cursor) would end this one's result."""
+        with self.con.cursor() as cursor, frames_visible(cursor, frames):
+            result = cursor.execute(sql)
             while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
                 yield batch
 
