@@ -126,12 +126,18 @@ def calls_union(events: EventStore, where: str) -> SpilledUnion:
 
 
 def call_batches(events: EventStore, where: str):
-    """The calls of `cuda_api` (as `a`) for which `where` holds, in tables.py's cuda_api columns, by start, a
-    batch at a time (EventStore.batches): for sums over more calls than memory should hold at once."""
-    known = events.query(CALL_NAMES["name"])
-    text = dict(zip(known["id"].tolist(), known["label"].tolist(), strict=True))
-    for batch in events.batches(f"SELECT {CALL_COLUMNS} FROM cuda_api a WHERE {where} ORDER BY a.start"):
-        yield batch.assign(name=pd.array([text.get(i) for i in batch["name"].tolist()], dtype="str"))
+    """The calls of `cuda_api` (as `a`) for which `where` holds (start, end, duration, global_tid, and name_id:
+    call_names gives their text), by start, a batch at a time (EventStore.batches): for sums over more calls
+    than memory should hold at once."""
+    yield from events.batches(
+        f'SELECT a.start, a."end", a.duration, a.global_tid, a.name_id FROM cuda_api a WHERE {where} ORDER BY a.start'
+    )
+
+
+def call_names(events: EventStore) -> dict[int, str]:
+    """Each call name id's text (a few dozen)."""
+    names = events.used_names("cuda_api")
+    return dict(zip(names["id"].tolist(), names["name"].tolist(), strict=True))
 
 
 def launch_overhead(api_summary: pd.DataFrame) -> pd.DataFrame:

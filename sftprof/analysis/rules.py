@@ -374,14 +374,16 @@ def syncs_in_steps(
         found += len(batch)
         per_step.append(batch.groupby("step")["duration"].agg(["count", "sum"]))
         costs += np.stack(_sync_costs(batch, clock))
-        _count_into(names, batch["name"].value_counts(sort=False).to_dict())
+        _count_into(names, batch["name_id"].value_counts(sort=False).to_dict())
         _count_into(ranges, _range_counts(events, batch))
-        tids.update(batch["global_tid"].tolist())
+        tids.update(np.unique(batch["global_tid"].to_numpy("int64")).tolist())
     if not found:
         return []
     per_step = pd.concat(per_step).groupby(level=0).sum()
     waited, idle, lost = costs
-    calls = ", ".join(f"{name} x{n}" for name, n in pd.Series(names).sort_values(ascending=False).items())
+    text = cuda.call_names(events)
+    names = pd.Series({text[name_id]: n for name_id, n in names.items()})
+    calls = ", ".join(f"{name} x{n}" for name, n in names.sort_values(ascending=False).items())
     listed = "; ".join(
         f"step {step}: {int(r['count'])} calls, {_ms(r['sum'])}" for step, r in per_step.head(STEPS_LISTED).iterrows()
     )
