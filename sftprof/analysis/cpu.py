@@ -190,10 +190,10 @@ def application_threads(tables, api_threads: pd.DataFrame) -> pd.DataFrame:
     return threads[~threads["thread_name"].astype(str).str.match(PROFILER_THREAD)].reset_index(drop=True)
 
 
-def thread_summary(tables, waits, api_threads: pd.DataFrame) -> pd.DataFrame:
+def thread_summary(tables, waits: cuda.WaitCalls, api_threads: pd.DataFrame) -> pd.DataFrame:
     """Per application thread: OS-runtime time inside the capture, the call it blocks in most,
     CUDA API and NVTX activity, and the time it waited for the GPU in synchronizing CUDA calls
-    (`waits`: cuda.host_wait_calls, a cuda.WaitCalls; `api_threads`: cuda.calls_by_thread)."""
+    (`waits`: cuda.host_wait_calls; `api_threads`: cuda.calls_by_thread)."""
     threads = application_threads(tables, api_threads)
     by_call = _osrt_by_thread_and_call(tables.events, tables.span_ns, threads["global_tid"])
     gpu_wait = cuda.waited_by_thread(tables.events, waits)

@@ -91,7 +91,7 @@ def calls_by_thread(events: EventStore) -> pd.DataFrame:
 class WaitCalls:
     """The API calls in which the calling thread waits for the GPU (explicit synchronization, synchronous
     memcpy): which calls of the store they are (`ids`: their name ids), not their rows. A trainer that
-    synchronizes after every launch makes one per kernel (8.5M at 10M kernels: 0.94 GB as a frame), so the
+    synchronizes after every launch makes one per kernel (8.6M at 10M kernels: 0.94 GB as a frame), so the
     analyses ask the store for what they need of them: sums (waited_by_thread), a union (calls_union) or
     batches (call_batches)."""
 

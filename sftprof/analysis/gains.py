@@ -23,7 +23,7 @@ import pandas as pd
 
 from sftprof.analysis import cuda, gpu, intervals, kernels
 from sftprof.analysis.spilled import SpilledUnion
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, sql_in
 
 # A kernel launch that takes longer than this waited for a free slot in the full launch queue (a
 # launch costs the CPU 5-30 µs, up to ~120 µs under tracing; the queue holds ~1,000 launches).
@@ -154,8 +154,8 @@ def sum_by_window(starts: np.ndarray, ends: np.ndarray, times, amounts) -> np.nd
 def cpu_waits(events: EventStore, waits: cuda.WaitCalls) -> SpilledUnion:
     """When a CPU thread waited for the GPU: the union of the host-waiting calls (`waits`:
     cuda.host_wait_calls) and the launches longer than LAUNCH_QUEUE_WAIT_NS."""
-    launches = cuda.WaitCalls(tuple(cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS)))
-    return cuda.calls_union(events, f"{waits.where()} OR ({launches.where()} AND a.duration > {LAUNCH_QUEUE_WAIT_NS})")
+    launches = sql_in("a.name_id", cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS))
+    return cuda.calls_union(events, f"{waits.where()} OR ({launches} AND a.duration > {LAUNCH_QUEUE_WAIT_NS})")
 
 
 def kernel_time_in(kernels_busy: pd.DataFrame, starts, ends) -> np.ndarray:
