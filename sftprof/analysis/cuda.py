@@ -99,7 +99,7 @@ class WaitCalls:
 
     def where(self, alias: str = "a") -> str:
         """SQL that holds for these calls of `cuda_api` (as `alias`)."""
-        return f"{alias}.name_id IN ({', '.join(map(str, self.ids or (-1,)))})"
+        return sql_in(f"{alias}.name_id", self.ids)
 
 
 def host_wait_calls(events: EventStore) -> WaitCalls:
@@ -151,11 +151,11 @@ def sync_calls(events: EventStore, span_ns: int) -> pd.DataFrame:
     """Synchronization calls: how often, and how long the calling threads were blocked in them (summed in
     SQL per name, then per name without its version: one call per launch makes millions)."""
     columns = ["name", "calls", "total_ns", "avg_ns", "max_ns", "capture_pct", "blocks_host"]
-    ids = name_ids(events, lambda name: base_name(name) in STREAM_WAIT_CALLS or waits_for_gpu(name)) or [-1]
+    ids = name_ids(events, lambda name: base_name(name) in STREAM_WAIT_CALLS or waits_for_gpu(name))
     by_name = events.query(f"""
         SELECT n.name AS base, t.calls, t.total_ns, t.max_ns
         FROM (SELECT name_id, count(*) AS calls, sum(duration)::BIGINT AS total_ns, max(duration) AS max_ns
-              FROM cuda_api WHERE name_id IN ({", ".join(map(str, ids))}) GROUP BY name_id) t
+              FROM cuda_api WHERE {sql_in("name_id", ids)} GROUP BY name_id) t
         JOIN api_names n ON n.id = t.name_id""")
     if by_name.empty:
         return pd.DataFrame(columns=columns)

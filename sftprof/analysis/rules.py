@@ -138,11 +138,8 @@ def _api_named(ops: pd.DataFrame, pattern: re.Pattern) -> pd.Series:
     return ops["api"].isin([name for name in ops["api"].unique() if pattern.search(name)])
 
 
-def _threads(calls: pd.DataFrame, labels: dict) -> str:
-    return _thread_names(calls["global_tid"], labels)
-
-
-def _thread_names(tids, labels: dict) -> str:
+def _threads(tids, labels: dict) -> str:
+    """The threads (global_tids) by their labels, each once."""
     return ", ".join(sorted({labels.get(tid, f"tid {int(tid) & 0xFFFFFF}") for tid in tids}))
 
 
@@ -224,7 +221,7 @@ def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, events: Ev
             f"{len(sync)} synchronous cudaMemcpy calls block the CPU for {_ms(blocked)}",
             f"{kinds} copies ({sync['bytes'].sum() / MEGABYTE:,.3f} MB, {_ms(sync['duration'].sum())} on the GPU, "
             f"{_ms(sync['exposed_ns'].sum())} of it with no kernel running) were issued with "
-            f"{', '.join(sorted(set(sync['api'])))}, not an Async call: {_threads(sync, labels)} waited {_ms(blocked)} "
+            f"{', '.join(sorted(set(sync['api'])))}, not an Async call: {_threads(sync['global_tid'], labels)} waited {_ms(blocked)} "
             f"in them, {_where(events, _api_spans(sync))}. HtoD copies of at most {SMALL_SYNC_HTOD_BYTES:,} bytes are left "
             "out, as in nsys's cuda_memcpy_sync rule: they return early.",
             "Copy with cudaMemcpyAsync from pinned memory and synchronize only where the data is needed (PyTorch: "
@@ -256,7 +253,7 @@ def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, events
             f"{len(pageable)} asynchronous copies use pageable host memory, so they are not asynchronous",
             f"{sizes} copies ({pageable['bytes'].sum() / MEGABYTE:,.3f} MB, median {pageable['bytes'].median():,.0f} B) "
             f"read or write pageable memory: the driver stages them through a pinned buffer while the CPU waits. "
-            f"Their API calls took {_ms(api_ns)} on {_threads(pageable, labels)}, {_where(events, calls)}; the copies ran "
+            f"Their API calls took {_ms(api_ns)} on {_threads(pageable['global_tid'], labels)}, {_where(events, calls)}; the copies ran "
             f"{_ms(pageable['exposed_ns'].sum())} with no kernel beside them, and the GPU idled {_ms(staging.sum())} "
             "while the CPU staged them.",
             "Pin the host buffers: DataLoader(pin_memory=True) or tensor.pin_memory(), then .to('cuda', "
@@ -281,7 +278,7 @@ def sync_memset(sets: pd.DataFrame, clock: StepClock, labels: dict) -> list[Find
             "sync_memset",
             f"{len(blocking)} synchronous cudaMemset calls on host-visible memory block the CPU for {_ms(blocked)}",
             f"{', '.join(sorted(set(blocking['api'])))} on {', '.join(sorted(set(blocking['dst_kind'])))} memory "
-            f"({blocking['bytes'].sum() / MEGABYTE:,.3f} MB) by {_threads(blocking, labels)}.",
+            f"({blocking['bytes'].sum() / MEGABYTE:,.3f} MB) by {_threads(blocking['global_tid'], labels)}.",
             "Use cudaMemsetAsync on a stream, or clear device memory instead of pinned/managed memory.",
             clock,
             lost,
@@ -366,7 +363,7 @@ def syncs_in_steps(
     steps = steps.sort_values("start")
     found, per_step, names, tids, ranges = 0, [], {}, set(), {}
     costs = np.zeros((3, clock.steps))  # waited, idle, lost per step: _sync_costs
-    for batch in cuda.call_batches(events, cuda.WaitCalls(tuple(i for i in waits.ids if i in explicit)).where()):
+    for batch in cuda.call_batches(events, sql_in("a.name_id", [i for i in waits.ids if i in explicit])):
         batch = batch.assign(step=_step_of(batch["start"].to_numpy(), steps))
         batch = batch[batch["step"] >= 0]
         if batch.empty:
@@ -394,7 +391,7 @@ def syncs_in_steps(
             "sync_in_steps",
             f"{found / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
             "step in them",
-            f"Inside the step ranges: {listed}. Calls: {calls}, on {_thread_names(tids, labels)}, "
+            f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(tids, labels)}, "
             f"{_mostly_in(ranges, found)}. "
             f"After them the GPU idles {_median_ms(idle)} per step until new work arrives.",
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
