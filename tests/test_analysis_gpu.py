@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from sftprof.analysis import boundness, cuda, gains, gpu, intervals, kernels, memory, nvtx, rules, utilisation
 from sftprof.analysis.spilled import SpilledUnion
+from sftprof.trace import events as events_module
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
 
@@ -275,7 +278,7 @@ def test_kind_shares_of_gpu_time_and_pageable_host_memory():
     ]
     crossing = memory.interconnect_share(kernel_ns, memop_ns, op_store)
     assert (crossing["count"], crossing["ns"], crossing["gpu_time_pct"]) == (3, 150, 15.0)
-    copies = ops.assign(exposed_ns=ops["duration"])  # no kernel runs beside any of them
+    copies = memory.CopyCalls(op_store, gpu.busy_unions(op_store).kernels)  # no kernel runs beside any of them
     shares = memory.kind_share(kernel_ns, memop_ns, op_store)
     [verdict] = rules.interconnect(shares, host, crossing, 1000, copies, clock(6_000, waits=[(0, 6_000)]))
     assert verdict.gain_pct == pytest.approx(100 * 150 / 6_000)  # HtoD 100 + 20, DtoH 30: not DtoD, not memset
@@ -465,18 +468,11 @@ def test_copy_rules_follow_nsys_semantics():
         nvtx=frame("nvtx", [nvtx_range("data", 0, 100_000)]),
         memops=pd.concat([ops, device_side], ignore_index=True),
     )
-    # only the operations these rules read are joined to their calls: device-side ones are not
-    read = rules.copy_rule_rows(events)
-    pd.testing.assert_frame_equal(read, ops, check_dtype=False)
-    copies = cuda.with_api_calls(read, events)
-    copies = copies.assign(
-        exposed_ns=copies["duration"]
-        - gains.kernel_time_in(
-            gpu.all_devices_busy(gpu.busy_unions(events, memops=False).operations).frame(),
-            copies["start"],
-            copies["end"],
-        )
-    )
+    # each rule reads its operations with their calls, and no device-side one
+    copies = memory.CopyCalls(events, gpu.busy_unions(events).kernels)
+    wheres = (rules.SYNC_MEMCPY_ROWS, rules.PAGEABLE_ROWS, rules.BLOCKING_MEMSET_ROWS, rules.CROSSING_ROWS)
+    read = pd.concat([ops for where in wheres for ops in copies.batches(where, re.compile(""))])
+    assert set(read["start"]) == set(ops["start"]) and (read["api_start"] < read["start"]).all()
     labels = {MAIN: "python (main, tid 7)"}
     capture = clock(1_000_000, busy=ops[["start", "end"]].itertuples(index=False))
     [sync] = rules.sync_memcpy(copies, capture, labels, events)
@@ -488,10 +484,57 @@ def test_copy_rules_follow_nsys_semantics():
     assert pageable.title.startswith("1 asynchronous copies use pageable") and pageable.severity == "info"
     # the copy (100 ns, no kernel beside it) and the GPU idle during the rest of its 3 µs API call
     assert pageable.gain_pct == pytest.approx(100 * (100 + 3_000 - 100) / 1_000_000)
-    [memset] = rules.sync_memset(copies[copies["copy_kind"] == "memset"], capture, labels)
+    [memset] = rules.sync_memset(copies, capture, labels)
     assert memset.title.startswith("1 synchronous cudaMemset") and "Pinned" in memset.evidence
     # the same correlation id in another process is another call: nothing joins
-    assert cuda.with_api_calls(ops.assign(pid=8), events).empty
+    elsewhere = EventStore.from_frames(cuda_api=frame("cuda_api", calls), memops=ops.assign(pid=8))
+    assert not list(memory.CopyCalls(elsewhere, {}).batches("true", re.compile("")))
+    assert len(next(memory.CopyCalls(elsewhere, {}).batches("true"))) == len(ops)
+
+
+def test_copy_rules_sum_their_operations_a_batch_at_a_time(monkeypatch):
+    """The copy rules read thousands of operations in batches of 2,048 and say what they say when one
+    batch holds them all: counts, bytes, the exact median size, threads and ranges."""
+    n, sizes = 3_000, [4_096 * (1 + k % 7) for k in range(3_000)]
+    calls, ops = [], []
+    for k in range(n):
+        at = 10_000 * k
+        calls += [
+            api("cudaMemcpy", at, 3_000, 2 * k + 1),
+            api("cudaMemcpyAsync", at + 5_000, 2_000, 2 * k + 2, AUTOGRAD),
+        ]
+        ops += [
+            memop("DtoH", at + 1_000, 500, 8, "Device", "Pinned", correlation=2 * k + 1),
+            memop("HtoD", at + 5_500, 700, sizes[k], "Pageable", "Device", correlation=2 * k + 2),
+        ]
+    events = EventStore.from_frames(
+        cuda_api=frame("cuda_api", calls),
+        nvtx=frame("nvtx", [nvtx_range("data", 0, 10_000 * n)]),
+        memops=frame("memops", ops),
+    )
+    copies = memory.CopyCalls(events, gpu.busy_unions(events).kernels)
+    capture = clock(10_000 * n, busy=[(op["start"], op["end"]) for op in ops])
+    labels = {MAIN: "python (main, tid 7)", AUTOGRAD: "pt_autograd_0 (tid 9)"}
+    shares = memory.kind_share(0, 3_600_000, events)
+    crossing = memory.interconnect_share(0, 3_600_000, events)
+
+    def findings():
+        return [
+            *rules.sync_memcpy(copies, capture, labels, events),
+            *rules.pageable_memcpy(copies, capture, labels, events),
+            *rules.interconnect(shares, memory.host_memory(events), crossing, 3_600_000, copies, capture),
+        ]
+
+    whole = findings()
+    monkeypatch.setattr(events_module, "BATCH_VECTORS", 1)
+    assert len(list(copies.batches(rules.CROSSING_ROWS))) == 3  # 6,000 operations
+    assert findings() == whole
+    sync, pageable, _ = whole
+    assert (
+        sync.title.startswith(f"{n} synchronous cudaMemcpy calls")
+        and f"mostly in NVTX `data` ({n} of {n})" in sync.evidence
+    )
+    assert f"median {np.median(sizes):,.0f} B" in pageable.evidence and "pt_autograd_0" in pageable.evidence
 
 
 def test_syncs_in_steps_are_counted_per_step():
@@ -683,6 +726,7 @@ def test_metric_means_use_only_samples_taken_while_the_gpu_worked():
 _TWO_THREADS = """
 import threading
 import numpy as np, pandas as pd
+from sftprof.trace import events as events_module
 from sftprof.trace.events import EventStore
 events = EventStore.from_frames(kernels=pd.DataFrame({"start": [1, 2], "end": [3, 4], "name": ["a", "b"], "device_id": 0}))
 results = {}

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sftprof.analysis import analyze, cuda, nvtx
+from sftprof.analysis import analyze, nvtx
 from sftprof.analysis.stats import sqlite_round
 from sftprof.capture import nsys
 from sftprof.trace import load_trace, sqlite_pages
@@ -139,13 +139,14 @@ def test_memory_sizes_equal_cuda_gpu_mem_size_sum(name):
 
 
 def _gpu_ops_by_range(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every kernel and memory operation with the NVTX ranges its launching call lies in, as sftprof
-    assigns them (cuda.with_api_calls, nvtx.enclosing_ranges): (operations, (call, range) pairs)."""
+    """Every kernel and memory operation with the NVTX ranges its launching call lies in (the call joined on
+    (pid, correlation_id), its ranges as sftprof assigns them, nvtx.enclosing_ranges): (operations, (call,
+    range) pairs)."""
     t = tables(name)
     columns = ["start", "end", "pid", "correlation_id"]
     ops = pd.concat([t.kernels[columns].assign(kernel=True), t.memops[columns].assign(kernel=False)], ignore_index=True)
-    calls = cuda.with_api_calls(ops, t.events)
-    calls = calls.assign(op_start=calls["start"], op_end=calls["end"], start=calls["api_start"], end=calls["api_end"])
+    calls = ops.merge(t.cuda_api[[*columns, "global_tid"]], on=["pid", "correlation_id"], suffixes=("", "_call"))
+    calls = calls.assign(op_start=calls["start"], op_end=calls["end"], start=calls["start_call"], end=calls["end_call"])
     return calls, nvtx.enclosing_ranges(t.events, calls)
 
 

@@ -8,13 +8,14 @@ these paths)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import accounting, cpu, cuda, gains, gpu, intervals, nvtx, spilled, stats, utilisation
+from sftprof.analysis import accounting, cpu, cuda, gains, gpu, intervals, memory, nvtx, spilled, stats, utilisation
 from sftprof.trace import load_trace
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS, TraceTables
@@ -382,14 +383,18 @@ def test_labels_read_as_codes_are_the_exports_labels():
 
 
 def test_copies_with_their_calls_keep_the_operations_order_and_names():
+    """CopyCalls.batches gives what a join of the whole tables gives, in the operations' order."""
     tables = load_trace(FIXTURES / "h200_sft_clean.sqlite").with_all_columns()
-    copies = cuda.with_api_calls(tables.memops, tables.events)
+    copies = memory.CopyCalls(tables.events, {})
+    joined = pd.concat(copies.batches("true", re.compile("^cu")), ignore_index=True)
     calls = tables.cuda_api
     expected = tables.memops.merge(calls, on=["pid", "correlation_id"], suffixes=("", "_call"))
-    assert len(copies) == len(expected) > 1_000
-    assert copies["start"].tolist() == expected["start"].tolist()
-    assert copies["api"].tolist() == [cuda.base_name(n) for n in expected["name"]]
-    assert copies["api_start"].tolist() == expected["start_call"].tolist()
+    assert len(joined) == len(expected) > 1_000
+    assert joined["start"].tolist() == expected["start"].tolist()
+    assert joined["api"].tolist() == [cuda.base_name(n) for n in expected["name"]]
+    assert joined["api_start"].tolist() == expected["start_call"].tolist()
+    assert joined["copy_kind"].tolist() == expected["copy_kind"].tolist()
+    assert (joined["exposed_ns"] == joined["duration"]).all()  # no kernels given
 
 
 def test_kernel_classes_by_name_or_by_name_pair():

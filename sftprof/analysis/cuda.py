@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from sftprof.analysis.spilled import SpilledUnion
@@ -171,46 +170,3 @@ def sync_calls(events: EventStore, span_ns: int) -> pd.DataFrame:
 def sync_activity(events: EventStore) -> pd.DataFrame:
     """CUDA synchronization activity (CUPTI) by kind: event, stream, context syncs and stream waits."""
     return finish_summary(grouped_summary(events, "sync", ["sync_type"]), ["sync_type"])
-
-
-def with_api_calls(ops: pd.DataFrame, events: EventStore) -> pd.DataFrame:
-    """GPU operations (memory operations: a few per step) with the API call that issued them (`api`
-    name, `api_start`, `api_end`, `api_duration`, `global_tid`): correlation ids are unique only
-    within a process, so the join is on (pid, correlation_id), as nsys's own scripts do.
-
-    The join brings back numbers only (the call's name as an id): each row then refers to one of a
-    few name strings, and the operations are taken once, in their order (1.5M memsets at 10M kernels)."""
-    keyed = ops.dropna(subset=["pid", "correlation_id"]).astype({"pid": "int64", "correlation_id": "int64"})
-    joined = events.sorted_arrays(  # in the operations' order
-        "row",
-        """
-        SELECT o.row, a.start AS api_start, a."end" AS api_end, a.duration AS api_duration, a.global_tid, a.name_id
-        FROM ops o JOIN cuda_api a ON a.pid = o.pid AND a.correlation_id = o.correlation_id
-        JOIN api_names n ON n.id = a.name_id""",
-        ops=pd.DataFrame(  # let go once joined
-            {
-                "row": np.arange(len(keyed)),
-                "pid": keyed["pid"].to_numpy(),
-                "correlation_id": keyed["correlation_id"].to_numpy(),
-            }
-        ),
-    )
-    rows = joined.pop("row")
-    every = len(rows) == len(keyed) and (rows == np.arange(len(rows))).all()  # each operation once, as nsys writes them
-    matched = keyed.reset_index(drop=True) if every else keyed.iloc[rows].reset_index(drop=True)
-    del rows
-    ids = np.unique(joined["name_id"])
-    names = events.query(f"SELECT id, name FROM api_names WHERE id IN ({', '.join(map(str, ids.tolist() or [-1]))})")
-    base = dict(zip(names["id"].tolist(), names["name"].map(lambda name: base_name(str(name))), strict=True))
-    api = (
-        np.array([base[i] for i in ids.tolist()], dtype=object)[np.searchsorted(ids, joined["name_id"])]
-        if len(ids)
-        else np.zeros(0)
-    )  # no calls: the dtype pandas gave the empty column before
-    return matched.assign(
-        api_start=joined["api_start"],
-        api_end=joined["api_end"],
-        api_duration=joined["api_duration"],
-        global_tid=joined["global_tid"],
-        api=api,
-    )

@@ -7,10 +7,19 @@ link (INTERCONNECT_KINDS) say anything about the interconnect; DtoD and memset s
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
 import pandas as pd
 
+from sftprof.analysis import intervals
+from sftprof.analysis.cuda import base_name, call_names, name_ids
+from sftprof.analysis.gpu import KernelsBusy, kernels_busy_in
 from sftprof.analysis.stats import grouped_summary
-from sftprof.trace.events import EventStore, sql_in
+from sftprof.trace import events as store
+from sftprof.trace.events import EventStore, labelled_columns, sql_in
 
 MEGABYTE = 1e6  # nsys stats prints memory sizes in MB of 1000^2 bytes, with 3 decimals
 # Copies over PCIe / NVLink-C2C (host) or NVLink / PCIe (peer GPUs).
@@ -92,3 +101,71 @@ def interconnect_share(kernel_ns: int, memop_ns: int, events: EventStore) -> dic
         "count": int(row["n"].iat[0]),
         "gpu_time_pct": 100.0 * ns / gpu_ns if gpu_ns else 0.0,
     }
+
+
+@dataclass(frozen=True)
+class CopyCalls:
+    """The memory operations as the copy rules read them: each with `exposed_ns`, its time with no kernel
+    running on any GPU (`kernels`: gpu.BusyUnions.kernels), and, where asked, the API call that issued it. A
+    rule names the operations it reads in SQL and sums them a batch at a time (`batches`): a trainer may set
+    pinned memory millions of times."""
+
+    events: EventStore
+    kernels: dict[int, KernelsBusy]
+
+    def batches(self, where: str, calls: re.Pattern | None = None) -> Iterator[pd.DataFrame]:
+        """The operations (`m`, the memops view) for which `where` holds, by start (ties in the export's
+        order), in tables.py's memops columns with `exposed_ns`, a window of about a batch of starts
+        (events.BATCH_VECTORS) at a time: each window is a query of its own, so DuckDB holds one window's
+        sort and join, never the whole selection's while the caller queries between windows. With `calls`:
+        only the operations issued by an API call whose name (without its version) matches it, joined on
+        (pid, correlation_id) as nsys's own scripts do (correlation ids are unique only within a process),
+        with the call's `api` name, `api_start`, `api_end`, `api_duration` and `global_tid`."""
+        names = call_names(self.events) if calls is not None else {}
+        # each call name id as its name without version: codes into `bases`
+        bases = sorted({base_name(name) for name in names.values()})
+        codes = np.full(max(names, default=-1) + 1, -1, dtype="int64")
+        codes[list(names)] = [bases.index(base_name(name)) for name in names.values()]
+        labels = labelled_columns("memops")[1]
+        for lo, hi in self._windows(where):
+            batch = self.events.named(self._sql(f"({where}) AND m.start >= {lo} AND m.start < {hi}", calls), labels)
+            if batch.empty:
+                continue
+            if calls is not None:
+                batch["api"] = pd.Categorical.from_codes(codes[batch.pop("name_id").to_numpy("int64")], bases)
+            starts, ends = batch["start"].to_numpy("int64"), batch["end"].to_numpy("int64")
+            beside = intervals.covered_ns(kernels_busy_in(self.kernels, starts, ends), starts, ends)
+            yield batch.assign(exposed_ns=batch["duration"].to_numpy("int64") - beside)
+
+    def _windows(self, where: str) -> list[tuple[int, int]]:
+        """[lo, hi) start windows that cut the operations for which `where` holds into about batch-sized
+        parts, at exact quantiles of their starts."""
+        rows = store.BATCH_VECTORS * store.VECTOR_ROWS
+        n, first, last = self.events.query(f"SELECT count(*), min(start), max(start) FROM memops m WHERE {where}").iloc[
+            0
+        ]
+        if not n:
+            return []
+        windows = -(-int(n) // rows)
+        cuts = []
+        if windows > 1:
+            quantiles = ", ".join(str(k / windows) for k in range(1, windows))
+            cuts = self.events.query(f"SELECT quantile_disc(start, [{quantiles}]) AS q FROM memops m WHERE {where}")
+            cuts = list(cuts["q"].iat[0])
+        edges = np.unique(np.array([first, *cuts, last + 1], dtype="int64"))
+        return list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
+
+    def median_bytes(self, where: str, calls: re.Pattern | None = None) -> float:
+        """The median size of the operations `batches(where, calls)` gives (NaN for none)."""
+        median = self.events.query(f"SELECT median(bytes) AS b FROM ({self._sql(where, calls)})")["b"].iat[0]
+        return float("nan") if pd.isna(median) else float(median)
+
+    def _sql(self, where: str, calls: re.Pattern | None) -> str:
+        columns = labelled_columns("memops", "m")[0]
+        joined = ""
+        if calls is not None:
+            ids = name_ids(self.events, lambda name: bool(calls.search(base_name(name))))
+            columns += ', a.start AS api_start, a."end" AS api_end, a.duration AS api_duration, a.global_tid, a.name_id'
+            joined = f"""JOIN cuda_api a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+                         AND {sql_in("a.name_id", ids)}"""
+        return f'SELECT {columns} FROM memops m {joined} WHERE {where} ORDER BY m.start, m."row"'

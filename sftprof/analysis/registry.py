@@ -34,7 +34,6 @@ from sftprof.analysis import (
     sched,
     utilisation,
 )
-from sftprof.trace.events import MEMSET_KIND
 from sftprof.trace.load import from_nsys
 
 BASE_VALUES = ("tables", "events", "metrics")
@@ -73,13 +72,6 @@ def _feeders(labels: dict, api_threads: pd.DataFrame) -> dict:
     """The labelled threads that launch GPU work."""
     launching = set(api_threads["global_tid"])
     return {tid: label for tid, label in labels.items() if tid in launching}
-
-
-def _exposed_copies(copy_calls: pd.DataFrame, unions: gpu.BusyUnions) -> pd.DataFrame:
-    """Memory operations with their API call and `exposed_ns`: a copy's time with no kernel running."""
-    starts, ends = copy_calls["start"].to_numpy("int64"), copy_calls["end"].to_numpy("int64")
-    kernels_busy = gpu.kernels_busy_in(unions.kernels, starts, ends)
-    return copy_calls.assign(exposed_ns=copy_calls["duration"] - gains.kernel_time_in(kernels_busy, starts, ends))
 
 
 def _device_name(tables) -> str | None:
@@ -129,13 +121,6 @@ SECTIONS: tuple[Section, ...] = (
         beside=True,
     ),
     Section("memop_totals", memory.totals, ("events",), K),
-    Section(
-        "copy_calls",
-        lambda events: cuda.with_api_calls(rules.copy_rule_rows(events), events),
-        ("events",),
-        K,
-        beside=True,
-    ),
     _saved(
         "sync_calls",
         lambda events, t: cuda.sync_calls(events, t.span_ns),
@@ -235,7 +220,7 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "sched_traced", lambda t, events: "cpuctxsw" in t.sources or events.count("sched") > 0, ("tables", "events"), T
     ),
-    Section("copies", _exposed_copies, ("copy_calls", "busy_unions"), T),
+    Section("copies", lambda events, unions: memory.CopyCalls(events, unions.kernels), ("events", "busy_unions"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
         "step_accounting",
@@ -329,7 +314,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "sync_memset",
-        lambda copies, clock, labels: rules.sync_memset(copies[copies["copy_kind"] == MEMSET_KIND], clock, labels),
+        rules.sync_memset,
         ("copies", "clock", "labels"),
     ),
     Rule(

@@ -9,7 +9,7 @@ so that a reader knows it was looked for and what it costs.
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,7 @@ from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
 from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
-from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE
+from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
@@ -35,18 +35,6 @@ STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captu
 SMALL_SYNC_HTOD_BYTES = 64_000
 # Memsets that block the host: on pinned or managed memory (device-memory memsets run asynchronously).
 HOST_BLOCKING_MEMSET_KINDS = ("Pinned", "Managed")
-
-
-def copy_rule_rows(events: EventStore) -> pd.DataFrame:
-    """The memory operations the copy rules read (sync_memcpy, pageable_memcpy, sync_memset, interconnect), in
-    tables.py's memops columns: those that cross to the host or a peer, touch pageable memory, or set
-    host-visible memory. Only these are joined to their calls: a trainer's device-side memsets and copies are
-    most of 1.5M operations at 10M kernels, and none of these."""
-    return events.labelled_frame(
-        "memops",
-        f"""{sql_in("copy_kind", INTERCONNECT_KINDS)} OR src_kind = {sql_text(PAGEABLE)} OR dst_kind = {sql_text(PAGEABLE)}
-            OR (copy_kind = {sql_text(MEMSET_KIND)} AND {sql_in("dst_kind", HOST_BLOCKING_MEMSET_KINDS)})""",
-    )
 
 
 # Loading data for longer than this share of the step starves the GPU (and the CPU-side model code).
@@ -109,11 +97,6 @@ def _gpu_side_reason(clock: StepClock, saved_per_step) -> str:
     return f"it saves {_median_ms(saved_per_step)} of GPU time per step"
 
 
-def _where(events: EventStore, calls: pd.DataFrame) -> str:
-    """ "mostly in NVTX `data` (18 of 18)": the innermost ranges that calls (global_tid, start, end) were made in."""
-    return _mostly_in(_range_counts(events, calls), len(calls))
-
-
 def _range_counts(events: EventStore, calls: pd.DataFrame) -> dict:
     """How many of the calls were made in each innermost range, by name, in the order first met."""
     return innermost_ranges(events, calls).value_counts(sort=False).to_dict()
@@ -128,14 +111,8 @@ def _mostly_in(counts: dict, calls: int) -> str:
 
 
 def _api_spans(ops: pd.DataFrame) -> pd.DataFrame:
-    """The API calls of GPU operations joined to them (cuda.with_api_calls), as (global_tid, start, end)."""
+    """The API calls of GPU operations joined to them (memory.CopyCalls.batches), as (global_tid, start, end)."""
     return ops[["global_tid", "api_start", "api_end"]].set_axis(["global_tid", "start", "end"], axis=1)
-
-
-def _api_named(ops: pd.DataFrame, pattern: re.Pattern) -> pd.Series:
-    """Which rows' `api` matches `pattern`, tested once per distinct name: a long capture has hundreds of
-    thousands of memory operations and a handful of API names."""
-    return ops["api"].isin([name for name in ops["api"].unique() if pattern.search(name)])
 
 
 def _threads(tids, labels: dict) -> str:
@@ -205,25 +182,70 @@ def _sync_reason(waited, lost) -> str:
 # ---------------------------------------------------------------- memory copies and sets
 
 
-def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, events: EventStore) -> list[Finding]:
-    """Host<->device copies through the synchronous cudaMemcpy API (copies joined to their API call,
-    with `exposed_ns`: the copy's time not overlapped by kernels)."""
-    sync = copies[_api_named(copies, SYNC_MEMCPY_CALL) & copies["copy_kind"].isin(["HtoD", "DtoH"])]
-    sync = sync[~((sync["copy_kind"] == "HtoD") & (sync["bytes"] <= SMALL_SYNC_HTOD_BYTES))]
-    if sync.empty:
+# The operations each copy rule reads (SQL over memory.CopyCalls' `m`): copies through a synchronous
+# cudaMemcpy, but HtoD ones small enough that the driver returns early, as nsys's cuda_memcpy_sync rule does
+SYNC_MEMCPY_ROWS = f"m.copy_kind IN ('HtoD', 'DtoH') AND NOT (m.copy_kind = 'HtoD' AND coalesce(m.bytes <= {SMALL_SYNC_HTOD_BYTES}, false))"
+PAGEABLE_ROWS = f"m.src_kind = {sql_text(PAGEABLE)} OR m.dst_kind = {sql_text(PAGEABLE)}"
+BLOCKING_MEMSET_ROWS = f"m.copy_kind = {sql_text(MEMSET_KIND)} AND {sql_in('m.dst_kind', HOST_BLOCKING_MEMSET_KINDS)}"
+CROSSING_ROWS = sql_in("m.copy_kind", INTERCONNECT_KINDS)
+
+
+@dataclass
+class _CopySums:
+    """What a copy rule says of its operations (memory.CopyCalls.batches), summed a batch at a time; with
+    `events`, the NVTX ranges their calls were made in too."""
+
+    events: EventStore | None = None
+    count: int = 0
+    bytes: float = 0.0
+    duration: int = 0
+    exposed_ns: int = 0
+    api_duration: int = 0
+    kinds: dict = field(default_factory=dict)  # copy_kind: operations, in the order first met
+    apis: set = field(default_factory=set)
+    dst_kinds: set = field(default_factory=set)
+    tids: set = field(default_factory=set)
+    ranges: dict = field(default_factory=dict)  # _range_counts of their calls
+
+    def add(self, ops: pd.DataFrame) -> None:
+        self.count += len(ops)
+        self.bytes += float(ops["bytes"].sum())
+        self.duration += int(ops["duration"].sum())
+        self.exposed_ns += int(ops["exposed_ns"].sum())
+        _count_into(self.kinds, ops["copy_kind"].value_counts(sort=False).to_dict())
+        self.dst_kinds.update(ops["dst_kind"].dropna().unique())
+        if "api" in ops:
+            self.api_duration += int(ops["api_duration"].sum())
+            self.apis.update(ops["api"].unique())
+            self.tids.update(np.unique(ops["global_tid"].to_numpy("int64")).tolist())
+        if self.events is not None:
+            _count_into(self.ranges, _range_counts(self.events, _api_spans(ops)))
+
+    def by_kind(self) -> str:
+        """ "3 HtoD, 1 DtoH": operations per copy kind, the most first."""
+        kinds = pd.Series(self.kinds, dtype="int64").sort_values(ascending=False, kind="stable")
+        return ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+
+
+def sync_memcpy(copies: CopyCalls, clock: StepClock, labels: dict, events: EventStore) -> list[Finding]:
+    """Host<->device copies through the synchronous cudaMemcpy API, but HtoD ones small enough to return early
+    (SYNC_MEMCPY_ROWS)."""
+    sync, costs = _CopySums(events), np.zeros((3, clock.steps))  # waited, idle, lost per step: _sync_costs
+    for ops in copies.batches(SYNC_MEMCPY_ROWS, SYNC_MEMCPY_CALL):
+        sync.add(ops)
+        costs += np.stack(_sync_costs(_api_spans(ops), clock, ops["exposed_ns"]))
+    if not sync.count:
         return []
-    blocked = int(sync["api_duration"].sum())
-    waited, _, lost = _sync_costs(_api_spans(sync), clock, sync["exposed_ns"])
-    kinds = ", ".join(f"{n} {kind}" for kind, n in sync["copy_kind"].value_counts().items())
+    waited, _, lost = costs
     return [
         _gained(
             "sync_memcpy",
-            f"{len(sync)} synchronous cudaMemcpy calls block the CPU for {_ms(blocked)}",
-            f"{kinds} copies ({sync['bytes'].sum() / MEGABYTE:,.3f} MB, {_ms(sync['duration'].sum())} on the GPU, "
-            f"{_ms(sync['exposed_ns'].sum())} of it with no kernel running) were issued with "
-            f"{', '.join(sorted(set(sync['api'])))}, not an Async call: {_threads(sync['global_tid'], labels)} waited {_ms(blocked)} "
-            f"in them, {_where(events, _api_spans(sync))}. HtoD copies of at most {SMALL_SYNC_HTOD_BYTES:,} bytes are left "
-            "out, as in nsys's cuda_memcpy_sync rule: they return early.",
+            f"{sync.count} synchronous cudaMemcpy calls block the CPU for {_ms(sync.api_duration)}",
+            f"{sync.by_kind()} copies ({sync.bytes / MEGABYTE:,.3f} MB, {_ms(sync.duration)} on the GPU, "
+            f"{_ms(sync.exposed_ns)} of it with no kernel running) were issued with "
+            f"{', '.join(sorted(sync.apis))}, not an Async call: {_threads(sync.tids, labels)} waited "
+            f"{_ms(sync.api_duration)} in them, {_mostly_in(sync.ranges, sync.count)}. HtoD copies of at most "
+            f"{SMALL_SYNC_HTOD_BYTES:,} bytes are left out, as in nsys's cuda_memcpy_sync rule: they return early.",
             "Copy with cudaMemcpyAsync from pinned memory and synchronize only where the data is needed (PyTorch: "
             "DataLoader(pin_memory=True), tensor.to('cuda', non_blocking=True); read results with one .item() or "
             ".cpu() per logging interval, not per step).",
@@ -235,27 +257,27 @@ def sync_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, events: Ev
     ]
 
 
-def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, events: EventStore) -> list[Finding]:
+def pageable_memcpy(copies: CopyCalls, clock: StepClock, labels: dict, events: EventStore) -> list[Finding]:
     """cudaMemcpyAsync from or to pageable host memory: staged through a pinned buffer, so not asynchronous."""
-    pageable = copies[
-        _api_named(copies, ASYNC_MEMCPY_CALL) & ((copies["src_kind"] == PAGEABLE) | (copies["dst_kind"] == PAGEABLE))
-    ]
-    if pageable.empty:
+    pageable, staging, lost = _CopySums(events), 0.0, np.zeros(clock.steps)
+    for ops in copies.batches(PAGEABLE_ROWS, ASYNC_MEMCPY_CALL):
+        pageable.add(ops)
+        calls = _api_spans(ops)
+        staged = clock.idle_in(calls["start"], calls["end"])
+        staging += float(staged.sum())
+        lost += clock.by_step(calls["start"], ops["exposed_ns"].to_numpy(dtype=float) + staged)
+    if not pageable.count:
         return []
-    api_ns = int(pageable["api_duration"].sum())
-    calls = _api_spans(pageable)
-    staging = clock.idle_in(calls["start"], calls["end"])
-    lost = clock.by_step(calls["start"], pageable["exposed_ns"].to_numpy(dtype=float) + staging)
-    sizes = ", ".join(f"{n} {kind}" for kind, n in pageable["copy_kind"].value_counts().items())
+    median = copies.median_bytes(PAGEABLE_ROWS, ASYNC_MEMCPY_CALL)
     return [
         _gained(
             "pageable_memcpy",
-            f"{len(pageable)} asynchronous copies use pageable host memory, so they are not asynchronous",
-            f"{sizes} copies ({pageable['bytes'].sum() / MEGABYTE:,.3f} MB, median {pageable['bytes'].median():,.0f} B) "
+            f"{pageable.count} asynchronous copies use pageable host memory, so they are not asynchronous",
+            f"{pageable.by_kind()} copies ({pageable.bytes / MEGABYTE:,.3f} MB, median {median:,.0f} B) "
             f"read or write pageable memory: the driver stages them through a pinned buffer while the CPU waits. "
-            f"Their API calls took {_ms(api_ns)} on {_threads(pageable['global_tid'], labels)}, {_where(events, calls)}; the copies ran "
-            f"{_ms(pageable['exposed_ns'].sum())} with no kernel beside them, and the GPU idled {_ms(staging.sum())} "
-            "while the CPU staged them.",
+            f"Their API calls took {_ms(pageable.api_duration)} on {_threads(pageable.tids, labels)}, "
+            f"{_mostly_in(pageable.ranges, pageable.count)}; the copies ran {_ms(pageable.exposed_ns)} with no kernel "
+            f"beside them, and the GPU idled {_ms(staging)} while the CPU staged them.",
             "Pin the host buffers: DataLoader(pin_memory=True) or tensor.pin_memory(), then .to('cuda', "
             "non_blocking=True), so the copy overlaps GPU work instead of holding the CPU.",
             clock,
@@ -266,19 +288,22 @@ def pageable_memcpy(copies: pd.DataFrame, clock: StepClock, labels: dict, events
     ]
 
 
-def sync_memset(sets: pd.DataFrame, clock: StepClock, labels: dict) -> list[Finding]:
+def sync_memset(copies: CopyCalls, clock: StepClock, labels: dict) -> list[Finding]:
     """cudaMemset (not Async) on pinned or managed memory, which blocks the host."""
-    blocking = sets[_api_named(sets, SYNC_MEMSET_CALL) & sets["dst_kind"].isin(HOST_BLOCKING_MEMSET_KINDS)]
-    if blocking.empty:
+    blocking, costs = _CopySums(), np.zeros((3, clock.steps))
+    for ops in copies.batches(BLOCKING_MEMSET_ROWS, SYNC_MEMSET_CALL):
+        blocking.add(ops)
+        costs += np.stack(_sync_costs(_api_spans(ops), clock, ops["exposed_ns"]))
+    if not blocking.count:
         return []
-    blocked = int(blocking["api_duration"].sum())
-    waited, _, lost = _sync_costs(_api_spans(blocking), clock, blocking["exposed_ns"])
+    waited, _, lost = costs
     return [
         _gained(
             "sync_memset",
-            f"{len(blocking)} synchronous cudaMemset calls on host-visible memory block the CPU for {_ms(blocked)}",
-            f"{', '.join(sorted(set(blocking['api'])))} on {', '.join(sorted(set(blocking['dst_kind'])))} memory "
-            f"({blocking['bytes'].sum() / MEGABYTE:,.3f} MB) by {_threads(blocking['global_tid'], labels)}.",
+            f"{blocking.count} synchronous cudaMemset calls on host-visible memory block the CPU for "
+            f"{_ms(blocking.api_duration)}",
+            f"{', '.join(sorted(blocking.apis))} on {', '.join(sorted(blocking.dst_kinds))} memory "
+            f"({blocking.bytes / MEGABYTE:,.3f} MB) by {_threads(blocking.tids, labels)}.",
             "Use cudaMemsetAsync on a stream, or clear device memory instead of pinned/managed memory.",
             clock,
             lost,
@@ -293,15 +318,17 @@ def interconnect(
     host_memory: pd.DataFrame,
     crossing: dict,
     gpu_ns: int,
-    copies: pd.DataFrame,
+    copies: CopyCalls,
     clock: StepClock,
 ) -> list[Finding]:
-    """The interconnect verdict: what would hiding host<->device and peer copies under kernels save
-    (`copies` with `exposed_ns`), and so do they limit the step?"""
+    """The interconnect verdict: what would hiding host<->device and peer copies under kernels save, and so do
+    they limit the step? (CROSSING_ROWS: every such copy, whichever call issued it.)"""
     if kind_share.empty:
         return []
-    crossing_copies = copies[copies["copy_kind"].isin(INTERCONNECT_KINDS)]
-    exposed = clock.by_step(crossing_copies["start"], crossing_copies["exposed_ns"])
+    crossing_copies, exposed = _CopySums(), np.zeros(clock.steps)
+    for ops in copies.batches(CROSSING_ROWS):
+        crossing_copies.add(ops)
+        exposed += clock.by_step(ops["start"], ops["exposed_ns"])
     lost = clock.gpu_side(exposed)
     limits = severity_of(clock.share(lost)) == "warning"
     parts = "; ".join(
@@ -319,7 +346,7 @@ def interconnect(
             + ("can limit the step" if limits else "is not the limit"),
             f"Shares of the {_ms(gpu_ns)} of GPU time (kernels + memory operations): {parts}. Crossing PCIe/NVLink: "
             f"{crossing['count']} copies, {crossing['bytes'] / MEGABYTE:,.3f} MB, {_ms(crossing['ns'])}, "
-            f"{_ms(crossing_copies['exposed_ns'].sum())} of it with no kernel running; {pageable} of {host_copies} host "
+            f"{_ms(crossing_copies.exposed_ns)} of it with no kernel running; {pageable} of {host_copies} host "
             "copies use pageable memory.",
             "Overlap transfers with compute (pinned memory, non_blocking copies on a side stream, prefetch the next "
             "batch) or move less (keep tensors on the GPU, offload less)."

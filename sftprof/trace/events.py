@@ -152,7 +152,8 @@ EXPORT_METRIC_COLUMNS = ("timestamp", "typeId", "metricId", "value")
 EXPORT_SCHED_COLUMNS = ("start", "cpu", "isSchedIn", "globalTid")
 MEMSET_KIND = "memset"  # a memset's copy_kind
 _KIND_IN_OPERATION = re.compile(r"memcpy (\w+)")
-BATCH_VECTORS = 256  # EventStore.batches: rows fetched at a time, in DuckDB vectors of 2,048 (524k rows)
+VECTOR_ROWS = 2048  # DuckDB's vector
+BATCH_VECTORS = 256  # EventStore.batches: rows fetched at a time, in vectors (524k rows)
 
 
 class EventStoreError(SftprofError, RuntimeError):
@@ -220,6 +221,21 @@ def labelled(frame: pd.DataFrame, columns: dict[str, str]) -> tuple[pd.DataFrame
         }
     )
     return coded, pd.DataFrame({"id": np.arange(len(labels), dtype="int16"), "label": list(labels)})
+
+
+def labelled_columns(table: str, alias: str = "") -> tuple[str, dict[str, str]]:
+    """The memory operations' or synchronizations' ("memops", "sync") columns in tables.py's order, as SQL
+    over the view (as `alias`, if given) with each label as its id, and the labels for EventStore.named."""
+    columns, labels, label_table = (
+        (MEMOP_COLUMNS, MEMOP_LABELS, "memop_labels")
+        if table == "memops"
+        else (SYNC_COLUMNS, SYNC_LABELS, "sync_labels")
+    )
+    prefix = f"{alias}." if alias else ""
+    sql = ", ".join(
+        f"coalesce({prefix}{labels[c]}, -1) AS {c}" if c in labels else f"{prefix}{c}" for c in columns.split(", ")
+    )
+    return sql, dict.fromkeys(labels, f"SELECT id, label FROM {label_table}")
 
 
 def sql_text(value) -> str:
@@ -769,16 +785,8 @@ class EventStore:
     def labelled_frame(self, table: str, where: str = "true") -> pd.DataFrame:
         """The memory operations or synchronizations ("memops", "sync") for which `where` holds (SQL over the
         view), in tables.py's columns, by start (ties in the export's order)."""
-        columns, labels, label_table = (
-            (MEMOP_COLUMNS, MEMOP_LABELS, "memop_labels")
-            if table == "memops"
-            else (SYNC_COLUMNS, SYNC_LABELS, "sync_labels")
-        )
-        columns = ", ".join(f"coalesce({labels[c]}, -1) AS {c}" if c in labels else c for c in columns.split(", "))
-        return self.named(
-            f'SELECT {columns} FROM {table} WHERE {where} ORDER BY start, "row"',
-            dict.fromkeys(labels, f"SELECT id, label FROM {label_table}"),
-        )
+        columns, labels = labelled_columns(table)
+        return self.named(f'SELECT {columns} FROM {table} WHERE {where} ORDER BY start, "row"', labels)
 
     def named(self, sql: str, labels: dict[str, str], **frames: pd.DataFrame) -> pd.DataFrame:
         """`sql`'s result with each column of `labels`, ids (-1: none), replaced by the text its SQL (id, label)
