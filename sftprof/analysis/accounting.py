@@ -331,7 +331,7 @@ def _intersect(merged: pd.DataFrame, starts, ends) -> tuple[np.ndarray, np.ndarr
 class _Pieces:
     """Intervals cut to the steps' windows, each piece with its step's row: what is summed per step.
     Kept in order of start, with the latest end so far, so that a window of busy time meets only the
-    pieces it can cover (_DeviceTime's batches each meet a few of 0.4M copy pieces at 10M kernels)."""
+    pieces it can cover (_DeviceTime's batches each meet a few of the step thread's data ranges)."""
 
     def __init__(self, start: np.ndarray = _EMPTY, end: np.ndarray = _EMPTY, row: np.ndarray = _EMPTY):
         if len(start) and not (start[1:] >= start[:-1]).all():
@@ -374,6 +374,28 @@ class _Pieces:
         return np.bincount(self.row[near], weights=covered, minlength=n).astype("int64")
 
 
+class _CopyTime:
+    """One device's copy time (the union of its memory operations, spilled.SpilledUnion) inside the steps'
+    windows: per step, its length, and how much of it a window of busy time covers, reading only the
+    copies near that window (a trainer may set memory millions of times)."""
+
+    def __init__(self, union: SpilledUnion, steps_start: np.ndarray, steps_end: np.ndarray):
+        self.union, self.starts, self.ends = union, steps_start, steps_end
+
+    def lengths(self, n: int) -> np.ndarray:
+        """Per step, the copies' total length in it."""
+        return self.union.covered_ns(self.starts, self.ends)
+
+    def covered(self, merged: pd.DataFrame, n: int) -> np.ndarray:
+        """Per step, how much of its copy time `merged` (sorted disjoint) covers."""
+        if merged.empty or self.union.empty:
+            return np.zeros(n, "int64")
+        lo, hi = int(merged["start"].iat[0]), int(merged["end"].iat[-1])
+        copy_starts, copy_ends = self.union.rows(self.union.ending_by(lo), self.union.starting_before(hi))
+        both_starts, both_ends, _ = _intersect(merged, copy_starts, copy_ends)  # sorted and disjoint
+        return intervals.covered_ns(_frame(both_starts, both_ends), self.starts, self.ends)
+
+
 class _Settled:
     """The union of intervals arriving in start order, a window at a time: each window hands back the
     merged intervals that no later interval can extend (all but the last), so memory holds one window.
@@ -403,7 +425,7 @@ class _Settled:
 class _DeviceTime:
     """Per-step sums over one device's settled busy intervals (kernel union), fed in time order: SM busy
     time, and, with `gaps`, the time its SM gaps were sync, short, and kernels overlapped copies or
-    data ranges (`copies`, `data`: _Pieces)."""
+    data ranges (`copies`: _CopyTime, `data`: _Pieces)."""
 
     def __init__(
         self,
@@ -411,7 +433,7 @@ class _DeviceTime:
         steps_end,
         last_end: int,
         waited: SpilledUnion = None,
-        copies: _Pieces = None,
+        copies: _CopyTime = None,
         data: _Pieces = None,
         gaps: bool = True,
     ):
@@ -512,7 +534,7 @@ def _busy_and_idle(
     classes, thread_of_step = sums.classes, sums.thread_of_step
     n = len(result)
     starts, ends = result["start"].to_numpy("int64"), result["end"].to_numpy("int64")
-    empty = intervals.RunningUnion().result()
+    no_copies = SpilledUnion().finish()
     # the step thread's data ranges inside its steps
     data_ranges = sums.marked[sums.marked["name"] == cpu.PHASES[0]]
     data = _Pieces.joined(
@@ -532,7 +554,7 @@ def _busy_and_idle(
     span = (int(starts.min()), int(ends.max()))
     unions = unions if unions is not None else gpu.busy_unions(events, memops=False)
     for device, last_end, windows in _union_windows(unions, span):
-        copies = _Pieces.cut(copy_unions.get(device, empty), starts, ends)
+        copies = _CopyTime(copy_unions.get(device, no_copies), starts, ends)
         time = _DeviceTime(starts, ends, last_end, waited, copies, data)
         settled = _Settled()
         without_nccl = (_DeviceTime(starts, ends, last_end, gaps=False), _Settled()) if nccl else None
@@ -548,7 +570,7 @@ def _busy_and_idle(
             exposed[device] = time.sm - without_nccl[0].sm
     for device, union in copy_unions.items():  # a device with copies and no kernels
         if device not in measured:
-            time = _DeviceTime(starts, ends, -_FAR, waited, _Pieces.cut(union, starts, ends), data)
+            time = _DeviceTime(starts, ends, -_FAR, waited, _CopyTime(union, starts, ends), data)
             time.close()
             measured[device] = time
     devices = sorted(measured)

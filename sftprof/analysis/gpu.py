@@ -216,12 +216,12 @@ def busy_by_device(events: EventStore) -> dict[int, DeviceBusy]:
     return busy_unions(events, kernels=False).operations
 
 
-def memop_unions(events: EventStore) -> dict[int, pd.DataFrame]:
-    """Per device, the union of its memory operations (sorted disjoint start, end rows), merged a window
-    at a time (device_windows)."""
+def memop_unions(events: EventStore) -> dict[int, SpilledUnion]:
+    """Per device, the union of its memory operations, merged a window at a time (device_windows) into
+    files (spilled.SpilledUnion): a trainer may set memory millions of times."""
     unions = {}
     for device, _, _, windows in device_windows(events, f"(SELECT * FROM {MEMOPS_ON_DEVICES})"):
-        merged = intervals.RunningUnion()
+        merged = SpilledUnion()
         for lo, hi in windows:
             window = events.sorted_arrays(
                 "start",
@@ -229,7 +229,7 @@ def memop_unions(events: EventStore) -> dict[int, pd.DataFrame]:
                     AND device_id = {int(device)} AND start >= {lo} AND start < {hi}""",
             )
             merged.add(window["start"], window["end"])
-        unions[int(device)] = merged.result()
+        unions[int(device)] = merged.finish()
     return unions
 
 
