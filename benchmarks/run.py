@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/run.py                      # 1M and 4M kernels
     .venv/bin/python benchmarks/run.py --large              # and 16M
     .venv/bin/python benchmarks/run.py --sizes 20k --out /tmp/bench.csv
-    .venv/bin/python benchmarks/run.py --sizes 10M --every-shape   # every real capture's shape, one table
+    .venv/bin/python benchmarks/run.py --sizes 10M --every-shape   # every real capture's shape and the edited ones
 
 For each shape (the seed export replicated: --seed, repeatable, or --every-shape) and size: generate
 the export (benchmarks/generate_export.py; cached by seed and size in the work dir), then run on that
@@ -23,7 +23,9 @@ writes the same as CSV. See benchmarks/README.md for the columns and the targets
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import hashlib
 import io
 import json
 import lzma
@@ -31,6 +33,7 @@ import math
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -60,6 +63,25 @@ REAL_SHAPES = (
     FIXTURES / "nemo" / "h200_nemo_lora_llama2_7b.sqlite.xz",  # emit_nvtx: 6 NVTX ranges per kernel
     FIXTURES / "nsys2025" / "h200_sft_clean_metrics.sqlite",  # GPU metrics and context switches
 )
+# Shapes no committed capture has, each made from one by SQL run on a copy (ENGINE.md sections 17 and 18),
+# replicated by --every-shape after the real ones: a trainer that synchronizes after every launch (one driver
+# call renamed: 8.6M synchronizations at 10M kernels); one that sets pinned memory with cudaMemset and copies
+# to pageable memory (1.4M blocking memsets and 0.13M pageable copies at 10M). New names only: a name the seed
+# already holds would be listed twice by nsys stats.
+EDITED_SHAPES = {
+    "sync_per_launch": (
+        DEFAULT_SEED,
+        ("UPDATE StringIds SET value = 'cudaDeviceSynchronize_v3020' WHERE value = 'cuKernelGetName'",),
+    ),
+    "host_copies": (
+        FIXTURES / "h200_sft_clean.sqlite",
+        (
+            "UPDATE CUPTI_ACTIVITY_KIND_MEMSET SET memKind = 1",
+            "UPDATE StringIds SET value = 'cudaMemset_v3020' WHERE value = 'cudaMemsetAsync_v3020'",
+            "UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET copyKind = 2, dstKind = 0 WHERE copyKind = 8",
+        ),
+    ),
+}
 LARGE_SIZE = 16_000_000
 GENERATOR_VERSION = 1  # bump when generate_export.py writes different files: the cache is then rebuilt
 # Targets at 10M kernels: issue 22's time and memory (the budget `sftprof analyze` runs under by default), the
@@ -227,6 +249,27 @@ def unpacked(seed: Path, workdir: Path) -> Path:
         partial = path.with_name(path.name + ".partial")
         with lzma.open(seed) as packed, partial.open("wb") as out:
             shutil.copyfileobj(packed, out)
+        partial.replace(path)
+    return path
+
+
+def edited(name: str, workdir: Path) -> Path:
+    """The seed of EDITED_SHAPES[name], edited, written once into the work dir (its name holds a digest of the
+    seed and the edits, so a change to either writes a new one)."""
+    seed, edits = EDITED_SHAPES[name]
+    digest = hashlib.sha256(seed.read_bytes() + "\n".join(edits).encode()).hexdigest()[:8]
+    path = workdir / f"{seed.stem}-{name}-{digest}.sqlite"
+    if not path.exists():
+        partial = path.with_name(path.name + ".partial")
+        shutil.copyfile(seed, partial)
+        try:
+            with contextlib.closing(sqlite3.connect(partial)) as con, con:
+                for edit in edits:
+                    if not con.execute(edit).rowcount:
+                        raise SystemExit(f"{name}: {edit!r} changed no row of {seed}")
+        except BaseException:
+            partial.unlink()
+            raise
         partial.replace(path)
     return path
 
@@ -460,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=Path, action="append", help="the real export to replicate (repeat for several shapes)"
     )
     shapes.add_argument(
-        "--every-shape", action="store_true", help="replicate every real capture's shape (REAL_SHAPES), in one table"
+        "--every-shape",
+        action="store_true",
+        help="replicate every real capture's shape (REAL_SHAPES) and the edited ones (EDITED_SHAPES), in one table",
     )
     parser.add_argument("--out", type=Path, help="write the results as CSV too")
     parser.add_argument(
@@ -488,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine(args.nsys)}", flush=True)
     seeds = [
         unpacked(seed, args.workdir) for seed in (REAL_SHAPES if args.every_shape else args.seed or [DEFAULT_SEED])
-    ]
+    ] + ([edited(name, args.workdir) for name in EDITED_SHAPES] if args.every_shape else [])
     try:
         for seed in seeds:
             for size in sizes:

@@ -5,6 +5,7 @@ table. No timing is asserted: CI machines are too noisy for that."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -198,6 +199,28 @@ def test_every_real_shape_is_there_and_a_packed_one_is_unpacked_once(tmp_path):
     assert seed.parent == tmp_path and seed.read_bytes()[:16] == b"SQLite format 3\x00"
     made = seed.stat().st_mtime_ns
     assert run.unpacked(packed, tmp_path) == seed and seed.stat().st_mtime_ns == made
+
+
+def test_edited_shapes_are_written_once_and_say_when_an_edit_misses(tmp_path, monkeypatch):
+    import run
+
+    syncs = run.edited("sync_per_launch", tmp_path)
+    made = syncs.stat().st_mtime_ns
+    assert run.edited("sync_per_launch", tmp_path) == syncs and syncs.stat().st_mtime_ns == made
+    with sqlite3.connect(syncs) as con:
+        [(calls,)] = con.execute(
+            """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+               WHERE s.value = 'cudaDeviceSynchronize_v3020'"""
+        )
+        [(launches,)] = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    assert calls > launches / 2  # about one per launch
+    copies = run.edited("host_copies", tmp_path)
+    with sqlite3.connect(copies) as con:
+        assert {kind for (kind,) in con.execute("SELECT DISTINCT memKind FROM CUPTI_ACTIVITY_KIND_MEMSET")} == {1}
+    monkeypatch.setitem(run.EDITED_SHAPES, "nothing", (run.DEFAULT_SEED, ("UPDATE StringIds SET value = 'x' WHERE 0",)))
+    with pytest.raises(SystemExit, match="changed no row"):
+        run.edited("nothing", tmp_path)
+    assert not list(tmp_path.glob("*nothing*"))  # nor its partial copy
 
 
 @pytest.mark.parametrize("peak, shown", [(1.004, 1.01), (1.0, 1.0), (0.996, 1.0), (0.95000000001, 0.95), (6.551, 6.56)])
