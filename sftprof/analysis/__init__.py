@@ -47,7 +47,7 @@ def analyze(
     (padding) and model facts (MFU).
 
     Sections marked `beside` (heavy, needing little computed here: the CUDA API summary, the NVTX
-    projection, memory operations' calls, sync calls, elementwise chains) run on a second thread
+    projection, sync calls, elementwise chains) run on a second thread
     beside the rest: DuckDB and numpy release the GIL, and one analysis alone leaves part of a core idle."""
     tables = tables.with_all_columns()
     values = {"tables": tables, "events": tables.events, "metrics": metrics or RunMetrics()}
