@@ -79,6 +79,6 @@ def overrun() -> str | None:
         return None
     return (
         f"peak memory {used / 2**30:.2f} GB went over the memory budget of {_budget / 2**30:.2f} GB: "
-        "what the analyses hold beside the database (a window of each GPU's busy time, at most 1/64 of it, and "
-        "tables per step) grows with the export, and analyses run side by side (docs/USAGE.md, Memory)"
+        "what the analyses hold beside the database (windows of about 1M rows, tables per step and per name) is "
+        "not held to it, and analyses run side by side (docs/USAGE.md, Memory)"
     )

@@ -171,9 +171,25 @@ def test_busy_time_merged_window_by_window_equals_the_union_of_every_operation(h
     whole = intervals.union(operations[operations["start"] > 0])
     monkeypatch.setattr(gpu, "BUSY_WINDOW_ROWS", 50)
     [windowed] = gpu.busy_by_device(h200_tables.events).values()
-    assert len(operations) // 50 > gpu.BUSY_MAX_WINDOWS  # so every window edge is used
+    assert len(operations) // 50 > 80  # windows of about 50 starts: many edges
     pd.testing.assert_frame_equal(windowed.merged.frame(), whole)
     assert (windowed.first, windowed.last) == (operations["start"].min(), whole["end"].max())
+
+
+def test_device_windows_hold_about_the_rows_asked_for_however_many_rows():
+    """Windows are cut so that each holds about `rows` starts, with no cap on their number: memory holds a
+    window whatever the capture's length."""
+    rng = np.random.default_rng(3)
+    starts = np.sort(rng.integers(0, 10**12, 300_000))
+    ops = pd.DataFrame({"device_id": np.repeat([0, 1], [200_000, 100_000]), "start": starts, "end": starts + 5})
+    found = list(gpu.device_windows(EventStore.from_frames(), "ops", 1_000, ops=ops))
+    assert [device for device, *_ in found] == [0, 1]
+    for device, first, last_end, windows in found:
+        mine = ops[ops["device_id"] == device]
+        assert (first, last_end) == (mine["start"].min(), mine["end"].max())
+        counts = [((mine["start"] >= lo) & (mine["start"] < hi)).sum() for lo, hi in windows]
+        assert sum(counts) == len(mine) and len(windows) == len(mine) // 1_000
+        assert max(counts) < 1_500
 
 
 def test_intervals_merged_in_batches_equal_the_union_at_once():

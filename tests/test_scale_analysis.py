@@ -128,7 +128,6 @@ def windows(request, monkeypatch):
     if request.param:
         monkeypatch.setattr(gpu, "BUSY_WINDOW_ROWS", request.param)
         monkeypatch.setattr(gains, "CHAIN_WINDOW_ROWS", request.param)
-        monkeypatch.setattr(gpu, "BUSY_MAX_WINDOWS", 1_000)
         monkeypatch.setattr(nvtx, "SLICE_KERNELS", request.param)
         monkeypatch.setattr(nvtx, "WINDOW_RANGES", 5)
     return request.param

@@ -15,7 +15,6 @@ from sftprof.trace.events import KERNEL_SHAPE, EventStore, with_launch_shapes
 # Operations fetched at a time to merge into a device's busy time (1M: 0.2 GB less peak RSS than 2M
 # at 10M kernels, with the launch join's slices beside it, and no slower).
 BUSY_WINDOW_ROWS = 1 << 20
-BUSY_MAX_WINDOWS = 64  # per device: windows are cut at 1/64 quantiles, so larger traces get larger windows
 # Kernels shorter than this take less time on the GPU than their launch takes on the CPU
 # (cudaLaunchKernel costs ~5-10 µs): many of them in a row leave the GPU waiting for launches.
 TINY_KERNEL_NS = 10_000
@@ -123,20 +122,25 @@ def _communication_pairs(events: EventStore) -> list[int]:
 
 def device_windows(events: EventStore, source: str, rows: int | None = None, **frames: pd.DataFrame):
     """Per device of `source` (SQL rows with device_id, start and end), its rows cut into windows of
-    about `rows` (BUSY_WINDOW_ROWS by default) starts, edges at approximate quantiles (so larger traces get larger
-    windows, at most BUSY_MAX_WINDOWS): yields (device, first start, last end, [(lo, hi), ...]),
-    devices in order."""
-    quantiles = ", ".join(str(q / BUSY_MAX_WINDOWS) for q in range(1, BUSY_MAX_WINDOWS))
+    about `rows` (BUSY_WINDOW_ROWS by default) starts, edges at approximate quantiles, however many rows:
+    yields (device, first start, last end, [(lo, hi), ...]), devices in order."""
+    rows = rows or BUSY_WINDOW_ROWS
     devices = events.query(
         f"""
-        SELECT device_id, count(*) AS n, min(start) AS first, max(start) AS last, max("end") AS last_end,
-               approx_quantile(start, [{quantiles}]) AS cuts
+        SELECT device_id, count(*) AS n, min(start) AS first, max(start) AS last, max("end") AS last_end
         FROM {source} GROUP BY device_id ORDER BY device_id""",
         **frames,
     )
-    for device, n, first, last, last_end, cuts in devices.itertuples(index=False):
-        windows = min(-(-int(n) // (rows or BUSY_WINDOW_ROWS)), BUSY_MAX_WINDOWS)
-        inner = [cuts[k * BUSY_MAX_WINDOWS // windows - 1] for k in range(1, windows)]
+    for device, n, first, last, last_end in devices.itertuples(index=False):
+        windows = -(-int(n) // rows)
+        inner = []
+        if windows > 1:
+            quantiles = ", ".join(str(k / windows) for k in range(1, windows))
+            inner = events.query(
+                f"""SELECT approx_quantile(start, [{quantiles}]) AS cuts FROM {source}
+                    WHERE device_id IS NOT DISTINCT FROM {"NULL" if pd.isna(device) else int(device)}""",
+                **frames,
+            )["cuts"].iat[0]
         edges = np.unique(np.array([first, *inner, last + 1], dtype="int64"))
         yield device, int(first), int(last_end), list(zip(edges[:-1], edges[1:], strict=True))
 
