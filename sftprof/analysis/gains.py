@@ -158,12 +158,6 @@ def cpu_waits(events: EventStore, waits: cuda.WaitCalls) -> SpilledUnion:
     return cuda.calls_union(events, f"{waits.where()} OR ({launches} AND a.duration > {LAUNCH_QUEUE_WAIT_NS})")
 
 
-def kernel_time_in(kernels_busy: pd.DataFrame, starts, ends) -> np.ndarray:
-    """Per window, how much of it some kernel covers; `kernels_busy`: the union of every kernel on
-    any device (gpu.busy_by_device without memory operations, then gpu.all_devices_busy)."""
-    return intervals.covered_ns(kernels_busy, np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64"))
-
-
 def _names(events: EventStore) -> pd.DataFrame:
     """Every kernel name id with its names and family (kernels.KERNEL_FAMILIES): a few dozen rows."""
     names = events.used_names("kernels")

@@ -141,17 +141,15 @@ class CopyCalls:
         """[lo, hi) start windows that cut the operations for which `where` holds into about batch-sized
         parts, at exact quantiles of their starts."""
         rows = store.BATCH_VECTORS * store.VECTOR_ROWS
-        n, first, last = self.events.query(f"SELECT count(*), min(start), max(start) FROM memops m WHERE {where}").iloc[
-            0
-        ]
+        selected = f"FROM memops m WHERE {where}"
+        n, first, last = self.events.query(f"SELECT count(*), min(start), max(start) {selected}").iloc[0]
         if not n:
             return []
         windows = -(-int(n) // rows)
         cuts = []
         if windows > 1:
             quantiles = ", ".join(str(k / windows) for k in range(1, windows))
-            cuts = self.events.query(f"SELECT quantile_disc(start, [{quantiles}]) AS q FROM memops m WHERE {where}")
-            cuts = list(cuts["q"].iat[0])
+            cuts = list(self.events.query(f"SELECT quantile_disc(start, [{quantiles}]) AS q {selected}")["q"].iat[0])
         edges = np.unique(np.array([first, *cuts, last + 1], dtype="int64"))
         return list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
 
