@@ -122,9 +122,8 @@ def _communication_pairs(events: EventStore) -> list[int]:
 
 def device_windows(events: EventStore, source: str, rows: int | None = None, **frames: pd.DataFrame):
     """Per device of `source` (SQL rows with device_id, start and end), its rows cut into windows of
-    about `rows` (BUSY_WINDOW_ROWS by default) starts, edges at approximate quantiles, however many rows:
-    yields (device, first start, last end, [(lo, hi), ...]), devices in order."""
-    rows = rows or BUSY_WINDOW_ROWS
+    about `rows` (BUSY_WINDOW_ROWS by default) starts (start_windows): yields (device, first start, last end,
+    [(lo, hi), ...]), devices in order."""
     devices = events.query(
         f"""
         SELECT device_id, count(*) AS n, min(start) AS first, max(start) AS last, max("end") AS last_end
@@ -132,17 +131,25 @@ def device_windows(events: EventStore, source: str, rows: int | None = None, **f
         **frames,
     )
     for device, n, first, last, last_end in devices.itertuples(index=False):
-        windows = -(-int(n) // rows)
-        inner = []
-        if windows > 1:
-            quantiles = ", ".join(str(k / windows) for k in range(1, windows))
-            inner = events.query(
-                f"""SELECT approx_quantile(start, [{quantiles}]) AS cuts FROM {source}
-                    WHERE device_id IS NOT DISTINCT FROM {"NULL" if pd.isna(device) else int(device)}""",
-                **frames,
-            )["cuts"].iat[0]
-        edges = np.unique(np.array([first, *inner, last + 1], dtype="int64"))
-        yield device, int(first), int(last_end), list(zip(edges[:-1], edges[1:], strict=True))
+        device_rows = f"FROM {source} WHERE device_id IS NOT DISTINCT FROM {'NULL' if pd.isna(device) else int(device)}"
+        windows = start_windows(events, device_rows, n, first, last, rows or BUSY_WINDOW_ROWS, **frames)
+        yield device, int(first), int(last_end), windows
+
+
+def start_windows(
+    events: EventStore, selection: str, n: int, first: int, last: int, rows: int, **frames: pd.DataFrame
+) -> list[tuple[int, int]]:
+    """[lo, hi) windows of start time that cut the `n` rows of `selection` (SQL from FROM on; their starts
+    `first` to `last`) into about `rows` each, edges at approximate quantiles, however many rows: so that
+    memory holds a window."""
+    windows = -(-int(n) // rows)
+    inner = []
+    if windows > 1:
+        quantiles = ", ".join(str(k / windows) for k in range(1, windows))
+        inner = events.query(f"SELECT approx_quantile(start, [{quantiles}]) AS cuts {selection}", **frames)
+        inner = inner["cuts"].iat[0]
+    edges = np.unique(np.array([first, *inner, last + 1], dtype="int64"))
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
 
 
 # The memory operations with a device (memop_unions); busy time (busy_unions) leaves out those with start <= 0 too.

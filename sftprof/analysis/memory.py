@@ -16,7 +16,7 @@ import pandas as pd
 
 from sftprof.analysis import intervals
 from sftprof.analysis.cuda import base_name, call_names, name_ids
-from sftprof.analysis.gpu import KernelsBusy, kernels_busy_in
+from sftprof.analysis.gpu import KernelsBusy, kernels_busy_in, start_windows
 from sftprof.analysis.stats import grouped_summary
 from sftprof.trace import events as store
 from sftprof.trace.events import EventStore, labelled_columns, sql_in
@@ -138,20 +138,11 @@ class CopyCalls:
             yield batch.assign(exposed_ns=batch["duration"].to_numpy("int64") - beside)
 
     def _windows(self, where: str) -> list[tuple[int, int]]:
-        """[lo, hi) start windows that cut the operations for which `where` holds into about batch-sized
-        parts, at exact quantiles of their starts."""
+        """Windows of start time that cut the operations for which `where` holds into about a batch each."""
+        selection = f"FROM memops m WHERE {where}"
+        n, first, last = self.events.query(f"SELECT count(*), min(start), max(start) {selection}").iloc[0]
         rows = store.BATCH_VECTORS * store.VECTOR_ROWS
-        selected = f"FROM memops m WHERE {where}"
-        n, first, last = self.events.query(f"SELECT count(*), min(start), max(start) {selected}").iloc[0]
-        if not n:
-            return []
-        windows = -(-int(n) // rows)
-        cuts = []
-        if windows > 1:
-            quantiles = ", ".join(str(k / windows) for k in range(1, windows))
-            cuts = list(self.events.query(f"SELECT quantile_disc(start, [{quantiles}]) AS q {selected}")["q"].iat[0])
-        edges = np.unique(np.array([first, *cuts, last + 1], dtype="int64"))
-        return list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
+        return start_windows(self.events, selection, n, first, last, rows) if n else []
 
     def median_bytes(self, where: str, calls: re.Pattern | None = None) -> float:
         """The median size of the operations `batches(where, calls)` gives (NaN for none)."""

@@ -184,7 +184,10 @@ def _sync_reason(waited, lost) -> str:
 
 # The operations each copy rule reads (SQL over memory.CopyCalls' `m`): copies through a synchronous
 # cudaMemcpy, but HtoD ones small enough that the driver returns early, as nsys's cuda_memcpy_sync rule does
-SYNC_MEMCPY_ROWS = f"m.copy_kind IN ('HtoD', 'DtoH') AND NOT (m.copy_kind = 'HtoD' AND coalesce(m.bytes <= {SMALL_SYNC_HTOD_BYTES}, false))"
+SYNC_MEMCPY_ROWS = (
+    f"{sql_in('m.copy_kind', ('HtoD', 'DtoH'))} "
+    f"AND NOT (m.copy_kind = 'HtoD' AND coalesce(m.bytes <= {SMALL_SYNC_HTOD_BYTES}, false))"
+)
 PAGEABLE_ROWS = f"m.src_kind = {sql_text(PAGEABLE)} OR m.dst_kind = {sql_text(PAGEABLE)}"
 BLOCKING_MEMSET_ROWS = f"m.copy_kind = {sql_text(MEMSET_KIND)} AND {sql_in('m.dst_kind', HOST_BLOCKING_MEMSET_KINDS)}"
 CROSSING_ROWS = sql_in("m.copy_kind", INTERCONNECT_KINDS)
@@ -325,9 +328,9 @@ def interconnect(
     they limit the step? (CROSSING_ROWS: every such copy, whichever call issued it.)"""
     if kind_share.empty:
         return []
-    crossing_copies, exposed = _CopySums(), np.zeros(clock.steps)
+    exposed_ns, exposed = 0, np.zeros(clock.steps)
     for ops in copies.batches(CROSSING_ROWS):
-        crossing_copies.add(ops)
+        exposed_ns += int(ops["exposed_ns"].sum())
         exposed += clock.by_step(ops["start"], ops["exposed_ns"])
     lost = clock.gpu_side(exposed)
     limits = severity_of(clock.share(lost)) == "warning"
@@ -346,7 +349,7 @@ def interconnect(
             + ("can limit the step" if limits else "is not the limit"),
             f"Shares of the {_ms(gpu_ns)} of GPU time (kernels + memory operations): {parts}. Crossing PCIe/NVLink: "
             f"{crossing['count']} copies, {crossing['bytes'] / MEGABYTE:,.3f} MB, {_ms(crossing['ns'])}, "
-            f"{_ms(crossing_copies.exposed_ns)} of it with no kernel running; {pageable} of {host_copies} host "
+            f"{_ms(exposed_ns)} of it with no kernel running; {pageable} of {host_copies} host "
             "copies use pageable memory.",
             "Overlap transfers with compute (pinned memory, non_blocking copies on a side stream, prefetch the next "
             "batch) or move less (keep tensors on the GPU, offload less)."
