@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.trace import events, sqlite_pages
+from sftprof.trace import sqlite_pages
 from sftprof.trace.events import EXPORT_KERNEL_COLUMNS
 from sftprof.trace.load import load_trace
 
@@ -47,9 +47,9 @@ EDGES = [
 ]
 
 
-def decoded(path, table, columns, chunk_bytes=sqlite_pages.CHUNK_BYTES, threads=1) -> pd.DataFrame:
+def decoded(path, table, columns, chunk_bytes=sqlite_pages.CHUNK_BYTES) -> pd.DataFrame:
     """Every chunk copied (the decoder reuses its buffers), as one frame with NULLs as <NA>."""
-    chunks = [chunk.copy() for chunk in sqlite_pages.int_columns(path, table, columns, chunk_bytes, threads)]
+    chunks = [chunk.copy() for chunk in sqlite_pages.int_columns(path, table, columns, chunk_bytes)]
     return pd.concat(chunks, ignore_index=True).astype("Int64") if chunks else pd.DataFrame(columns=columns)
 
 
@@ -70,7 +70,7 @@ def make_table(path: Path, rows: list[tuple], page_size: int = 4096, columns: in
 
 @pytest.mark.parametrize("export", NSYS_EXPORTS, ids=lambda p: p.stem)
 def test_nsys_exports_decode_as_sqlite_reads_them(export):
-    # 4-page chunks: many chunks, so reused buffers and chunk edges are exercised; 3 threads split them
+    # 4-page chunks: many chunks, so reused buffers and chunk edges are exercised
     for table, columns in (
         ("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLUMNS),
         ("CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end", "nameId", "globalTid", "correlationId"]),
@@ -78,12 +78,10 @@ def test_nsys_exports_decode_as_sqlite_reads_them(export):
         expected = sqlite_rows(export, table, columns)
         assert len(expected) > 100
         pd.testing.assert_frame_equal(decoded(export, table, columns, chunk_bytes=4 * 4096), expected)
-        pd.testing.assert_frame_equal(decoded(export, table, columns, chunk_bytes=7 * 4096, threads=3), expected)
 
 
-@pytest.mark.parametrize("threads", [1, 4])
 @pytest.mark.parametrize("page_size", [512, 4096, 65536])
-def test_every_integer_width_null_and_deep_btrees(tmp_path, page_size, threads):
+def test_every_integer_width_null_and_deep_btrees(tmp_path, page_size):
     rng = random.Random(page_size)
     rows = [
         tuple(rng.choice(EDGES) if rng.random() < 0.7 else rng.randint(-(2**63), 2**63 - 1) for _ in range(6))
@@ -94,7 +92,7 @@ def test_every_integer_width_null_and_deep_btrees(tmp_path, page_size, threads):
     make_table(path, rows, page_size, extra_sql="DELETE FROM t WHERE rowid % 7 = 3;")
     columns = ["c5", "c0", "c3"]  # out of order, and not every column
     pd.testing.assert_frame_equal(
-        decoded(path, "t", columns, chunk_bytes=3 * page_size, threads=threads), sqlite_rows(path, "t", columns)
+        decoded(path, "t", columns, chunk_bytes=3 * page_size), sqlite_rows(path, "t", columns)
     )
 
 
@@ -193,9 +191,8 @@ def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
     else:
         make_table(path, rows, columns=3)
         table = "missing"
-    for threads in (1, 3):  # split among threads, a damaged page is still found whichever thread reads it
-        with pytest.raises(sqlite_pages.Unsupported):
-            decoded(path, table, columns, threads=threads)
+    with pytest.raises(sqlite_pages.Unsupported):
+        decoded(path, table, columns)
 
 
 def test_a_leaf_claiming_more_cells_than_fit_is_unsupported_before_arrays_are_sized_by_it(tmp_path):
@@ -271,8 +268,7 @@ def _cut(text: str) -> str:
     return _EMIT_NVTX_SUFFIX.sub("", text)
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_text_codes_cut_as_the_pattern_does_and_name_each_text_once(tmp_path, threads):
+def test_text_codes_cut_as_the_pattern_does_and_name_each_text_once(tmp_path):
     """Seeded random texts made of the markers' own pieces, digits and multi-byte characters: each code
     names the text the regex cut leaves (nsys_sqlite.EMIT_NVTX_NUMBERING), one code per distinct name, in
     small chunks so names recur across them; NULL is -1."""
@@ -287,7 +283,7 @@ def test_text_codes_cut_as_the_pattern_does_and_name_each_text_once(tmp_path, th
     codes = sqlite_pages.TextCodes("text", CUT_BEFORE)
     chunks = [
         (values[0].copy(), code, cut)
-        for values, _, code, cut in sqlite_pages.raw_columns(path, "t", ["n"], 4 * 4096, text=codes, threads=threads)
+        for values, _, code, cut in sqlite_pages.raw_columns(path, "t", ["n"], 4096, text=codes)
     ]
     numbers, text_codes, text_cut = (np.concatenate(column) for column in zip(*chunks))
     names = [name.decode("utf-8") for name in codes.names()]
@@ -311,30 +307,3 @@ def test_a_text_column_it_cannot_read_as_text_is_unsupported(tmp_path, case):
         conn.executemany("INSERT INTO t VALUES (?, ?)", [(1, "a"), (2, value)])
     with pytest.raises(sqlite_pages.Unsupported):
         list(sqlite_pages.raw_columns(path, "t", ["n"], text=sqlite_pages.TextCodes("text", CUT_BEFORE)))
-
-
-@pytest.mark.parametrize("export", ["h200_tiny_llama_bf16.sqlite", "nsys2025/h200_sft_clean_metrics.sqlite"])
-def test_more_cores_decode_each_table_on_more_threads_into_the_same_tables(monkeypatch, export):
-    """On 16 cores (none held back) each copied table and the NVTX ranges are decoded by several threads, in
-    small chunks so that every chunk is split: every table the store holds is as one thread gives it."""
-    export = FIXTURES / export
-    expected = load_trace(export)
-    asked = []
-    raw_columns = sqlite_pages.raw_columns
-
-    def small_chunks(*args, **kwargs):
-        asked.append(kwargs.get("threads", 1))
-        return raw_columns(*args, **{**kwargs, "chunk_bytes": 8 * 4096})
-
-    monkeypatch.setattr(events, "usable_cores", lambda: 16)
-    monkeypatch.setattr(events, "MAX_THREADS", 16)
-    monkeypatch.setattr(sqlite_pages, "raw_columns", small_chunks)
-    split = load_trace(export)
-    assert sum(threads > 1 for threads in asked) == (
-        5 if "metrics" in export.name else 3
-    )  # kernels, calls, NVTX (metrics, switches)
-    # DuckDB ran on one thread per copy while they ran, and has every thread again for the analyses
-    assert split.events.con.execute("SELECT current_setting('threads')").fetchone()[0] == 16
-    for table in ("kernels", "cuda_api", "nvtx", "gpu_metrics", "sched"):
-        rows = expected.events.frame(table)
-        pd.testing.assert_frame_equal(in_full_order(split.events.frame(table)), in_full_order(rows))

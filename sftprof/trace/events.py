@@ -286,22 +286,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def duckdb_threads() -> int:
-    """DuckDB's threads: the usable cores, at most MAX_THREADS."""
-    return min(usable_cores(), MAX_THREADS)
-
-
-def decode_threads(copies: int) -> int:
-    """Threads to decode each of `copies` tables copied side by side with, on DuckDB's threads less one
-    for what loads beside them: 1 on 2 cores, 3 per table for two tables on 8 or more."""
-    return max(1, (duckdb_threads() - 1) // max(copies, 1))
-
-
 def bound(con: duckdb.DuckDBPyConnection, spill_folder: str | None) -> None:
     """Hold DuckDB to its share of the memory budget and to the usable cores, at most MAX_THREADS; what
     does not fit spills into `spill_folder` (a private temporary folder: DuckDB's default for an in-memory
     database is `.tmp` in the working directory)."""
-    settings = {"threads": duckdb_threads(), "memory_limit": memory_budget.duckdb_limit()}
+    settings = {"threads": min(usable_cores(), MAX_THREADS), "memory_limit": memory_budget.duckdb_limit()}
     if spill_folder:
         settings["temp_directory"] = spill_folder
     for name, value in settings.items():
@@ -342,21 +331,15 @@ def frames_visible(con, frames: dict[str, pd.DataFrame]):
 
 
 def _copy_rows(
-    cursor: duckdb.DuckDBPyConnection,
-    path: Path,
-    table: str,
-    export_table: str,
-    columns: tuple[str, ...],
-    insert: str,
-    threads: int = 1,
+    cursor: duckdb.DuckDBPyConnection, path: Path, table: str, export_table: str, columns: tuple[str, ...], insert: str
 ) -> None:
     """Run `insert` (INSERT INTO `table` ... FROM {rows}) over `columns` of the export's
-    `export_table`: decoded from the file's pages a chunk at a time by `threads` threads (sqlite_pages),
-    or, when the file holds something that decoder does not read, through DuckDB's SQLite reader."""
+    `export_table`: decoded from the file's pages a chunk at a time (sqlite_pages), or, when the file
+    holds something that decoder does not read, through DuckDB's SQLite reader."""
     from sftprof.trace import sqlite_pages  # imports numba (0.4 s): only when an export is read
 
     try:
-        for chunk in sqlite_pages.int_columns(path, export_table, list(columns), threads=threads):
+        for chunk in sqlite_pages.int_columns(path, export_table, list(columns)):
             with frames_visible(cursor, {"export_rows": chunk}):
                 cursor.execute(insert.format(rows="export_rows"))
     except sqlite_pages.Unsupported:
@@ -565,12 +548,11 @@ class EventStore:
             present,
             strings,
             metrics,
-            lambda cursor, table, export_table, columns, insert, threads: _copy_rows(
-                cursor, path, table, export_table, columns, insert, threads
+            lambda cursor, table, export_table, columns, insert: _copy_rows(
+                cursor, path, table, export_table, columns, insert
             ),
             load_sqlite_extension,
             store,
-            frames=True,
         )
 
     @classmethod
@@ -588,7 +570,7 @@ class EventStore:
             set(scans),
             strings,
             metrics,
-            lambda cursor, table, export_table, columns, insert, threads: cursor.execute(
+            lambda cursor, table, export_table, columns, insert: cursor.execute(
                 insert.format(rows=scans[export_table])
             ),
             store=store,
@@ -603,20 +585,16 @@ class EventStore:
         copy_rows,
         prepare=lambda con: None,
         store: EventStore | None = None,
-        frames: bool = False,
     ) -> EventStore:
         """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys export,
         whatever its format (`present`: its table names; `strings`: its StringIds as id, value; `metrics`:
         the distinct type_id, metric_id, name of its TARGET_INFO_GPU_METRICS, None without it;
-        `copy_rows(cursor, table, export_table, columns, insert, threads)` runs `insert` over the export
-        table's `columns`, named in `{rows}`, decoding with `threads` threads where it decodes), leaving out
-        rows whose times are not valid (valid_times_sql), counted in `dropped_rows` by table. A sample's device is its typeId's low byte (nsys's own recipes read
+        `copy_rows(cursor, table, export_table, columns, insert)` runs `insert` over the export table's
+        `columns`, named in `{rows}`), leaving out rows whose times are not valid (valid_times_sql),
+        counted in `dropped_rows` by table. A sample's device is its typeId's low byte (nsys's own recipes read
         typeId as <hardware:8><VM:8><source:16><event tag:24><GPU:8>); a sample whose (typeId, metricId) names
         no metric is left out, one that two names share is kept under each. Into `store` where given (its
-        caller copies other tables into it meanwhile, and checkpoints it once they are in), else a new one.
-        `frames`: copy_rows inserts frames it decoded (not a scan DuckDB runs itself): DuckDB then has one
-        thread per copy while they run: beside the decoding threads, more made the analysis slower (on 16 cores,
-        10M kernels: 17.4 s with 2, 21.6-22.3 s with 8; benchmarks/ENGINE.md section 19)."""
+        caller copies other tables into it meanwhile, and checkpoints it once they are in), else a new one."""
         owned = store is None
         store = cls(on_disk=True) if owned else store
         con = store.con
@@ -684,16 +662,9 @@ class EventStore:
                 FROM {rows} r JOIN api_name_of n ON n.raw_id = r.nameId""",
                 )
             )
-        # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor. The
-        # cores beyond one per copy and one for the loads beside them decode pages (decode_threads).
-        threads = decode_threads(len(copies))
-        if frames:
-            con.execute(f"SET threads = {min(max(len(copies), 1), duckdb_threads())}")
-        try:
-            with ThreadPoolExecutor(len(copies) or 1) as pool:
-                list(pool.map(lambda copy: copy_rows(con.cursor(), *copy, threads), copies))
-        finally:
-            con.execute(f"SET threads = {duckdb_threads()}")
+        # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
+        with ThreadPoolExecutor(len(copies) or 1) as pool:
+            list(pool.map(lambda copy: copy_rows(con.cursor(), *copy), copies))
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
         if metrics is not None:

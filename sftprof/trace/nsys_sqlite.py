@@ -30,7 +30,6 @@ from sftprof.trace.events import (
     MAX_TIME_NS,
     MEMSET_KIND,
     EventStore,
-    decode_threads,
     frames_visible,
     out_of_disk,
     valid_times_sql,
@@ -423,12 +422,7 @@ def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, droppe
     created, latest = [], {"start": [], "end": []}  # latest times of any event: where open ranges end
     cursor.execute(f"CREATE TABLE nvtx_staged ({_NVTX_STAGED})")
     chunks = sqlite_pages.raw_columns(
-        export.path,
-        "NVTX_EVENTS",
-        NVTX_PAGE_COLUMNS,
-        chunk_bytes=NVTX_CHUNK_BYTES,
-        text=text,
-        threads=decode_threads(2),  # a share as one of the kernels' and calls' copies beside it
+        export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=NVTX_CHUNK_BYTES, text=text
     )
     inserting, inserted = ThreadPoolExecutor(1), None  # a chunk is copied in while the next one is decoded
     try:

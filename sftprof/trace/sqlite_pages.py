@@ -20,8 +20,6 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
 from pathlib import Path
 
 import numba
@@ -43,19 +41,16 @@ class Unsupported(Exception):
 
 
 @numba.njit(cache=True, nogil=True)  # compiled on first use, then loaded from numba's cache
-def _decode(
-    pages, first_page, end_page, first_row, page_size, usable, slot, out, missing, text_slot, text_at, text_size
-):
-    """Decode every cell of the leaf pages `first_page` to `end_page` (exclusive) of `pages` (concatenated)
-    into `out` from its row `first_row` on (one row per wanted column; `slot[c]` is column c's row, or
-    -1) and `missing` (NULLs); for the column
+def _decode(pages, page_size, usable, slot, out, missing, text_slot, text_at, text_size):
+    """Decode every cell of the leaf pages in `pages` (concatenated) into `out` (one row per
+    wanted column; `slot[c]` is column c's row, or -1) and `missing` (NULLs); for the column
     `text_slot` (or none, -1), where its text starts in `pages` and its length in bytes (-1: NULL)
     into `text_at`/`text_size`. Columns not read are skipped whatever they hold. Returns the number
-    of records decoded, or -1 for a page that is not a table leaf, -2 for a record that overflows its page,
+    of records, or -1 for a page that is not a table leaf, -2 for a record that overflows its page,
     -3 for a value of another type than the column is read as, -4 for a cell outside its page (every
     offset is checked: compiled code does not check its indexes)."""
-    row = first_row
-    for base in range(first_page * page_size, end_page * page_size, page_size):
+    row = 0
+    for base in range(0, len(pages), page_size):
         if pages[base] != TABLE_LEAF:
             return -1
         cells = (np.int64(pages[base + 3]) << 8) | pages[base + 4]
@@ -146,7 +141,7 @@ def _decode(
                         out[target, row] = value
                 body += size
             row += 1
-    return row - first_row
+    return row
 
 
 @numba.njit(cache=True, nogil=True)
@@ -271,22 +266,6 @@ class TextCodes:
         ]
 
 
-def _decode_runs(pool, threads: int, pages, cells: np.ndarray, page_size: int, usable: int, slot, out, missing, *text):
-    """_decode of a chunk's `pages` (`cells`: each page's count) as up to `threads` runs of pages, each into
-    its own rows, on `pool` (None: here, in turn). Returns None, or the first run's code that decoded
-    other than its pages' cells (_decode's error, or a count that damage left short)."""
-    rows_before = np.concatenate(([0], np.cumsum(cells)))
-    bounds = np.unique(np.linspace(0, len(cells), min(threads, len(cells)) + 1).astype(np.int64))
-
-    def decode(first: int, end: int) -> int | None:
-        decoded = _decode(pages, first, end, rows_before[first], page_size, usable, slot, out, missing, *text)
-        return decoded if decoded != rows_before[end] - rows_before[first] else None
-
-    runs = [(int(first), int(end)) for first, end in pairwise(bounds)]
-    codes = pool.map(lambda run: decode(*run), runs) if pool else (decode(*run) for run in runs)
-    return next((code for code in codes if code is not None), None)
-
-
 def _read_into(handle: int, buffer, offset: int) -> None:
     if os.preadv(handle, [buffer], offset) != len(buffer):
         raise Unsupported("the file ends inside a page")
@@ -365,12 +344,12 @@ def _runs(pages: np.ndarray) -> list[tuple[int, int]]:
 
 
 def int_columns(
-    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES, threads: int = 1
+    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES
 ) -> Iterator[pd.DataFrame]:
     """The table's `columns`, in rowid order, as DataFrames of the rows of `chunk_bytes` of leaf
     pages each; int64 columns, or nullable Int64 where a chunk holds NULLs. A chunk's arrays are
-    reused for the next one: use (or copy) each chunk before asking for the next. `threads`: as raw_columns."""
-    for values, missing, _, _ in raw_columns(path, table, columns, chunk_bytes=chunk_bytes, threads=threads):
+    reused for the next one: use (or copy) each chunk before asking for the next."""
+    for values, missing, _, _ in raw_columns(path, table, columns, chunk_bytes):
         yield pd.DataFrame(
             {
                 name: pd.arrays.IntegerArray(values[i], missing[i]) if missing[i].any() else values[i]
@@ -381,25 +360,17 @@ def int_columns(
 
 
 def raw_columns(
-    path: str | Path,
-    table: str,
-    columns: list[str],
-    chunk_bytes: int = CHUNK_BYTES,
-    text: TextCodes | None = None,
-    threads: int = 1,
+    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES, text: TextCodes | None = None
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]:
     """What int_columns reads, as arrays: per chunk, the values (int64, 0 for NULL) and NULLs, one row per
     column, views of buffers reused for the next chunk; with `text`, that text column too, as codes (int32,
-    -1 for NULL) and whether each was cut (see TextCodes), fresh arrays. `threads`: a chunk's pages are
-    decoded by up to this many threads, each a run of them into its own rows (the decoder releases the GIL),
-    in the same buffers: more cores, no more memory."""
+    -1 for NULL) and whether each was cut (see TextCodes), fresh arrays."""
     path = Path(path)
     for suffix in ("-journal", "-wal"):
         if Path(f"{path}{suffix}").exists():
             raise Unsupported(f"{path.name}{suffix} exists: SQLite would replay it")
     root, slot = _table(path, table, columns, text.column if text else None)
     handle = os.open(path, os.O_RDONLY)
-    pool = ThreadPoolExecutor(threads - 1) if threads > 1 else None
     try:
         header = _read(handle, 0, 100)
         if header[:16] != HEADER or header[18] != 1 or header[19] != 1:
@@ -437,20 +408,16 @@ def raw_columns(
                 if text:
                     text_at, text_size = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
             missing[:, :rows] = False
-            wrong = _decode_runs(
-                pool, threads, pages[:size], cells, page_size, usable, slot, out, missing, text_slot, text_at, text_size
-            )
-            if wrong is not None:
+            decoded = _decode(pages[:size], page_size, usable, slot, out, missing, text_slot, text_at, text_size)
+            if decoded != rows:
                 raise Unsupported(
                     {
                         -1: "a page that is not a table leaf",
                         -2: "a record larger than its page",
                         -3: "a value that is not an integer",
-                    }.get(wrong, "a damaged page")
+                    }.get(decoded, "a damaged page")
                 )
             codes, cut = text.encode(pages[:size], text_at, text_size, rows) if text else (None, None)
             yield out[:, :rows], missing[:, :rows], codes, cut
     finally:
         os.close(handle)
-        if pool:
-            pool.shutdown()
