@@ -67,15 +67,15 @@ def _rank_paths(capture_dir: Path, output_name: str, record: dict) -> tuple[Path
     return metrics, rank.RANK_DIR_PATTERN.format(rank=record["rank"])
 
 
-def analyze_capture(capture_dir: str | Path, sqlite_dir: str | Path, output_name: str, out_dir: str | Path) -> None:
-    """The workflow's analyze step: every profiled rank of one capture folder, each into its own folder of
-    OUT_DIR, which appears whole or not at all."""
-    capture_dir, sqlite_dir = Path(capture_dir), Path(sqlite_dir)
+def analyze_capture(capture_dir: str | Path, export_dir: str | Path, output_name: str, out_dir: str | Path) -> None:
+    """The workflow's analyze step: every profiled rank of one capture folder (its export in EXPORT_DIR), each
+    into its own folder of OUT_DIR, which appears whole or not at all."""
+    capture_dir, export_dir = Path(capture_dir), Path(export_dir)
     with atomic_dir(out_dir) as partial:
         for record in rank.profiled_records(capture_dir):
             metrics, folder = _rank_paths(capture_dir, output_name, record)
             analysis = analyze_trace(
-                sqlite_dir / rank.SQLITE_PATTERN.format(rank=record["rank"]),
+                rank.find_export(export_dir, record["rank"]),
                 metrics if metrics.exists() else None,
                 lambda step, n=record["rank"]: log.info("rank %d: %s", n, step),
             )
@@ -169,7 +169,7 @@ def _write_ranks(result, out_dir: Path, html: Path, title: str, rank_links: dict
 
 def cross_rank_capture(
     capture_dir: str | Path,
-    sqlite_dir: str | Path,
+    export_dir: str | Path,
     analysis_dir: str | Path,
     output_name: str,
     out_dir: str | Path,
@@ -182,7 +182,7 @@ def cross_rank_capture(
     `report_html` (render_capture's anchors)."""
     from sftprof.analysis.ranks import analyze_ranks
 
-    capture_dir, sqlite_dir, analysis_dir = Path(capture_dir), Path(sqlite_dir), Path(analysis_dir)
+    capture_dir, export_dir, analysis_dir = Path(capture_dir), Path(export_dir), Path(analysis_dir)
     records = rank.profiled_records(capture_dir)
     inputs = []
     for record in records:
@@ -192,7 +192,7 @@ def cross_rank_capture(
                 record,
                 results.load(analysis_dir / folder),
                 metrics,
-                sqlite_dir / rank.SQLITE_PATTERN.format(rank=record["rank"]),
+                rank.find_export(export_dir, record["rank"]),
             )
         )
     result = analyze_ranks(inputs)
@@ -202,12 +202,14 @@ def cross_rank_capture(
 
 
 def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
-    """A rank's trace in a capture folder (its export rankN.sqlite, else the report its record names,
-    exported on loading) and its trainer metrics (*.rankN.metrics.jsonl, where there is one)."""
+    """A rank's trace in a capture folder (its export rankN.sqlite or rankN.parquetdir, else the report its
+    record names, exported on loading) and its trainer metrics (*.rankN.metrics.jsonl, where there is one)."""
     from sftprof.analysis.ranks import RanksError
 
-    candidates = [folder / rank.SQLITE_PATTERN.format(rank=record["rank"]), folder / record["report"]]
-    trace = next((path for path in candidates if path.is_file()), None)
+    candidates = [rank.find_export(folder, record["rank"]), folder / record["report"]]
+    trace = next(
+        (path for path in candidates if (path.is_dir() if path.suffix == ".parquetdir" else path.is_file())), None
+    )
     if trace is None:
         raise RanksError(
             f"{folder}: rank {record['rank']}'s record names {record['report']}, and neither it nor "

@@ -17,6 +17,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from sftprof import layout
+
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -121,7 +123,8 @@ def demo_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_sqlite(demo_run) -> Path:
-    return demo_run / "results" / "demo" / "steady" / "sqlite" / "rank0.sqlite"
+    """The demo's export: SQLite, which the nsys here (2022.4) writes."""
+    return demo_run / layout.EXPORT_DIR.format(experiment="demo", window="steady") / "rank0.sqlite"
 
 
 @pytest.fixture(scope="session", autouse=True)

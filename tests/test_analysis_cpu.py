@@ -36,7 +36,7 @@ def planted(tmp_path_factory) -> dict:
     analyses = {}
     for mode in ("clean", "data_starved", "lock"):
         report = nsys.run_profile(CAPTURE_OPTIONS, [sys.executable, str(PLANTED), mode], folder / mode, io.StringIO())
-        analyses[mode] = analyze(load_trace(nsys.export_sqlite(report, folder / f"{mode}.sqlite")))
+        analyses[mode] = analyze(load_trace(nsys.export_report(report, folder / f"{mode}.sqlite")))
     return analyses
 
 

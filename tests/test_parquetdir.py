@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import duckdb
 import pandas as pd
 import pytest
 
-from sftprof.capture import nsys
+from sftprof import pipeline
+from sftprof.capture import nsys, steps
 from sftprof.pipeline import ANALYSIS_DIR, analyze_into
 from sftprof.trace import load_trace
 from sftprof.trace.load import clock_origin
@@ -124,6 +126,83 @@ def test_export_argv_writes_a_parquetdir_as_the_fixtures_was():
     ]
     with pytest.raises(ValueError, match="sftprof reads sqlite, parquetdir"):
         nsys.export_argv("r.nsys-rep", "r.csv", kind="csv")
+
+
+# ---------------------------------------------------------------- the workflow's choice of format
+
+HELP_2025 = FIXTURES / "export_help.txt"  # `nsys export --help` of 2025.3.1, saved on the H200
+
+
+def test_each_release_lists_its_export_types():
+    """2025.3.1 (saved) writes parquetdir; the real 2022.4 here does not, so the workflow exports SQLite."""
+    assert {"sqlite", "arrowdir", "parquetdir"} <= nsys.export_types(HELP_2025.read_text())
+    here = subprocess.run(["nsys", "export", "--help"], capture_output=True, text=True).stdout
+    assert "sqlite" in nsys.export_types(here) and "parquetdir" not in nsys.export_types(here)
+    assert nsys.export_kind("nsys") == "sqlite"
+    assert nsys.export_kind(str(FIXTURES / "no-such-nsys")) == "sqlite"
+
+
+def _nsys_2025(folder: Path, damage: bool = False) -> Path:
+    """An nsys that answers `export --help` as 2025.3.1 does and "exports" the committed parquetdir of
+    h200_sft_clean (its real 2025.3.1 export); with `damage`, with its kernel table cut short."""
+    folder.mkdir()
+    cut = 'truncate -s 100 "$out/CUPTI_ACTIVITY_KIND_KERNEL.parquet"\n' if damage else ""
+    script = folder / "nsys"
+    script.write_text(
+        f'#!/bin/sh\nif [ "$1 $2" = "export --help" ]; then cat "{HELP_2025}"; exit 0; fi\n'
+        f'out=${{4#--output=}}\nmkdir -p "$out" && tar xJf "{FIXTURES / NAME}.parquetdir.tar.xz" -C "$out" '
+        f"--strip-components=1\n{cut}"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _capture_folder(folder: Path) -> Path:
+    """A capture folder as the profile step leaves it: rank 0's record, report and the trainer's metrics."""
+    folder.mkdir()
+    shutil.copy(FIXTURES / f"{NAME}.nsys-rep", folder / "profile.nsys-rep")
+    shutil.copy(FIXTURES / f"{NAME}.metrics.jsonl", folder / "profile.rank0.metrics.jsonl")
+    record = {"rank": 0, "world_size": 1, "host": "h", "node": 0, "slurm_job_id": None, "report": "profile.nsys-rep"}
+    (folder / "rank0.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_the_export_step_writes_a_parquetdir_where_nsys_can_and_analyze_reads_it(tmp_path, monkeypatch):
+    """The workflow's export and analyze steps (steps.export_capture, pipeline.analyze_capture) with an nsys
+    that writes parquetdir: rank0.parquetdir, analysed as its SQLite export is. The real 2025.3.1 did the
+    same in the workflow on the H200 (tests/gpu_programs/workflow_export.sh, docs/NSYS.md)."""
+    fake = _nsys_2025(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    capture = _capture_folder(tmp_path / "capture")
+    steps.export_capture(capture, tmp_path / "export", None)
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["rank0.parquetdir"]
+    pipeline.analyze_capture(capture, tmp_path / "export", "profile", tmp_path / "analysis")
+    (sqlite_export := tmp_path / "sqlite").mkdir()
+    shutil.copy(FIXTURES / f"{NAME}.sqlite", sqlite_export / "rank0.sqlite")
+    pipeline.analyze_capture(capture, sqlite_export, "profile", tmp_path / "analysis_sqlite")
+    saved = [
+        {p.name: p.read_bytes() for p in (tmp_path / out / "rank0").iterdir()}
+        for out in ("analysis", "analysis_sqlite")
+    ]
+    summaries = [json.loads(files.pop("analysis.json")) for files in saved]
+    assert saved[0] == saved[1] and len(saved[0]) > 20
+    assert [summary.pop("source_path") for summary in summaries] == [
+        str(tmp_path / "export" / "rank0.parquetdir"),
+        str(sqlite_export / "rank0.sqlite"),
+    ]
+    assert summaries[0] == summaries[1] and summaries[0]["headline"]["kernels"] == 2852
+
+
+def test_a_parquetdir_export_cut_short_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    fake = _nsys_2025(tmp_path / "bin", damage=True)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    capture = _capture_folder(tmp_path / "capture")
+    with pytest.raises(nsys.NsysError) as error:
+        steps.export_capture(capture, tmp_path / "export", None)
+    message = str(error.value)
+    assert "\n" not in message and "is not a complete export" in message
+    assert "CUPTI_ACTIVITY_KIND_KERNEL.parquet" in message and "Is the disk of" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "capture"]  # no export, no partial folder
 
 
 # ---------------------------------------------------------------- hostile folders

@@ -47,7 +47,7 @@ def test_changed_window_reruns_profile_and_downstream_only(demo_run, tmp_path):
 
     # (`--list-changes params` is not used: Snakemake 9.27 lists unchanged outputs there too.)
     dry_run = snakemake(workdir, "-n")
-    assert planned_jobs(dry_run) == {"profile_sft": 1, "export_sqlite": 1, "analyze": 1, "render_report": 1, "all": 1}
+    assert planned_jobs(dry_run) == {"profile_sft": 1, "export_capture": 1, "analyze": 1, "render_report": 1, "all": 1}
     assert "params changed" in dry_run.stdout.lower() or "params have changed" in dry_run.stdout.lower()
 
 

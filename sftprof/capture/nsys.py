@@ -1,4 +1,4 @@
-"""Nsight Systems: build `nsys profile` command lines, run them safely, export to SQLite.
+"""Nsight Systems: build `nsys profile` command lines, run them safely, export to SQLite or Parquet.
 
 This module is the one place that knows nsys's option names. It also handles what nsys does
 wrong in practice, each seen on real installs:
@@ -31,7 +31,6 @@ from typing import IO
 
 from sftprof.capture.sft.annotate import CAPTURE_RANGE_NAME
 from sftprof.errors import SftprofError
-from sftprof.io import atomic_path
 
 REPORT_SUFFIX = ".nsys-rep"
 RAW_SUFFIX = ".qdstrm"
@@ -400,7 +399,30 @@ def _reap_run(token: str, grace_s: float = 2.0) -> None:
     _kill(_run_processes(token))
 
 
-EXPORT_TYPES = ("sqlite", "parquetdir")  # what sftprof reads; parquetdir: nsys 2024 and later
+# What sftprof reads, by the suffix nsys is given: one SQLite file, or (nsys 2024 and later) a folder
+# of one TABLE.parquet per table.
+EXPORT_SUFFIXES = {"sqlite": ".sqlite", "parquetdir": ".parquetdir"}
+# `nsys export --help`'s --type option, from its own line up to the next option (other options' text
+# names --type too): 2022.4 lists "Possible values are: sqlite, hdf, text, arrow, json, info.", 2025.3.1
+# "sqlite, hdf, text, json, info, arrow, arrowdir, and parquetdir." over two lines.
+_EXPORT_TYPE_HELP = re.compile(r"^\s*(?:-t,\s*)?--type=(.*?)(?=^\s*-{1,2}\w|\Z)", re.S | re.M)
+
+
+def export_types(help_text: str) -> set[str]:
+    """The export types `nsys export --help` lists (its --type option's "Possible values are: ...")."""
+    option = _EXPORT_TYPE_HELP.search(help_text)
+    values = re.search(r"Possible values are:?\s*([^.]*)", option.group(1)) if option else None
+    return set(re.findall(r"[a-z]+", values.group(1))) - {"and", "or"} if values else set()
+
+
+def export_kind(nsys: str, prefix: Sequence[str] = ()) -> str:
+    """parquetdir where this nsys (run after `prefix`) writes it, else sqlite. A parquetdir is a third of
+    the SQLite file's size and is analysed faster, with identical results (docs/NSYS.md)."""
+    try:
+        result = subprocess.run([*prefix, nsys, "export", "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "sqlite"  # the export itself then says what is wrong with this nsys
+    return "parquetdir" if "parquetdir" in export_types(result.stdout + result.stderr) else "sqlite"
 
 
 def export_argv(
@@ -409,8 +431,8 @@ def export_argv(
     """`nsys export --type=KIND` of `report` into `output`, run after `prefix` (a container's exec
     prefix, or nothing). 2022.4 and 2025.3 both write `output` as named when it ends in .sqlite;
     2025.3 writes the folder `output` when it ends in .parquetdir (one TABLE.parquet per table)."""
-    if kind not in EXPORT_TYPES:
-        raise ValueError(f"export type {kind!r}: sftprof reads {', '.join(EXPORT_TYPES)}")
+    if kind not in EXPORT_SUFFIXES:
+        raise ValueError(f"export type {kind!r}: sftprof reads {', '.join(EXPORT_SUFFIXES)}")
     return [*prefix, nsys, "export", f"--type={kind}", "--force-overwrite=true", f"--output={output}", str(report)]
 
 
@@ -426,23 +448,29 @@ def newer_report_message(report: str | Path, nsys: str, prefix: Sequence[str], s
     )
 
 
-def export_sqlite(
-    report: str | Path, sqlite_path: str | Path, *, nsys: str | None = None, prefix: Sequence[str] = ()
+def export_report(
+    report: str | Path, output: str | Path, *, nsys: str | None = None, prefix: Sequence[str] = ()
 ) -> Path:
-    """`nsys export --type=sqlite`, written atomically to `sqlite_path`, and only once it opens
-    as a whole export: on a full disk nsys exits 0 and leaves an empty or truncated file.
+    """`nsys export` into `output`, of the type its suffix names (EXPORT_SUFFIXES: a .sqlite file or a
+    .parquetdir folder), put in place only once it opens as a whole export: on a full disk nsys exits 0
+    and leaves an empty or truncated file.
 
     `nsys`: the nsys that captured the report, run after `prefix` (a container's exec prefix, where
     the capture ran in that container: its nsys is then the image's, "nsys" on its PATH); by
     default the one on PATH, as run_profile uses. An older release refuses a newer one's report:
     the NsysError says so, and what to do."""
+    from sftprof.trace.nsys_export import ParquetExport
     from sftprof.trace.nsys_sqlite import TraceFormatError, check_export
 
+    output = Path(output)
+    kind = next((kind for kind, suffix in EXPORT_SUFFIXES.items() if output.suffix == suffix), None)
+    if kind is None:
+        raise ValueError(f"{output}: an export's name ends in {' or '.join(EXPORT_SUFFIXES.values())}")
     nsys = nsys or ("nsys" if prefix else find_nsys())
-    sqlite_path = Path(sqlite_path)
-    with atomic_path(sqlite_path) as tmp:
-        tmp.unlink()
-        result = subprocess.run(export_argv(report, tmp, nsys, prefix), capture_output=True, text=True)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.{secrets.token_hex(4)}.partial{output.suffix}")
+    try:
+        result = subprocess.run(export_argv(report, tmp, nsys, prefix, kind), capture_output=True, text=True)
         said = nsys_messages(f"{result.stdout}\n{result.stderr}")
         if result.returncode != 0 or not tmp.exists():
             refusal = next((line for line in said if NEWER_REPORT.search(line)), None)
@@ -452,11 +480,26 @@ def export_sqlite(
                 f"nsys export failed on {report} (exit {result.returncode}): {'; '.join(said)[-2000:] or 'no message'}"
             )
         try:
-            check_export(tmp)
+            if kind == "sqlite":
+                check_export(tmp)
+            else:
+                ParquetExport(tmp).close()  # reads every table's footer: a table cut short is refused
         except TraceFormatError as error:
             last = said[-1:] or ["no message"]
             raise NsysError(
                 f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
-                f"Is the disk of {sqlite_path.parent} full?"
+                f"Is the disk of {output.parent} full?"
             ) from None
-    return sqlite_path
+        if kind == "parquetdir" and output.is_dir() and not output.is_symlink():
+            shutil.rmtree(output)  # an earlier export of the same report
+        os.replace(tmp, output)
+    finally:
+        _remove(tmp)
+    return output
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

@@ -27,11 +27,23 @@ RECORD_PATTERN = "rank{rank}.json"
 RECORD_GLOB = "rank*.json"
 # The trainer's metrics file, per rank, beside the reports.
 METRICS_PATTERN = "{output_name}.rank{{rank}}.metrics.jsonl"
-# Per-rank names in the export and analysis folders of a window.
-SQLITE_PATTERN = "rank{rank}.sqlite"
+# Per-rank names in the export and analysis folders of a window: rankN.sqlite or rankN.parquetdir
+# (export_path), and rankN/.
 RANK_DIR_PATTERN = "rank{rank}"
 # Each job gets its own rendezvous port, so two jobs sharing a node do not collide.
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 20000
+
+
+def export_path(folder: str | Path, rank_number: int, kind: str = "sqlite") -> Path:
+    """Where rank `rank_number`'s export of type `kind` (nsys.EXPORT_SUFFIXES) goes in `folder`."""
+    return Path(folder) / (RANK_DIR_PATTERN.format(rank=rank_number) + nsys.EXPORT_SUFFIXES[kind])
+
+
+def find_export(folder: str | Path, rank_number: int) -> Path:
+    """Rank `rank_number`'s export in `folder`, of whichever type is there (the SQLite path, which
+    errors then name, where none is)."""
+    paths = [export_path(folder, rank_number, kind) for kind in nsys.EXPORT_SUFFIXES]
+    return next((path for path in paths if path.exists()), paths[0])
 
 
 def first_host(nodelist: str) -> str:

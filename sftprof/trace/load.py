@@ -25,11 +25,11 @@ def from_nsys(path: str | Path) -> bool:
 
 def sqlite_for_report(report: Path) -> Path:
     """Export a .nsys-rep once; reuse the export beside it while it is newer than the report."""
-    from sftprof.capture.nsys import export_sqlite
+    from sftprof.capture.nsys import export_report
 
     sqlite_path = report.with_suffix(".sqlite")
     if not sqlite_path.exists() or sqlite_path.stat().st_mtime < report.stat().st_mtime:
-        export_sqlite(report, sqlite_path)
+        export_report(report, sqlite_path)
     return sqlite_path
 
 

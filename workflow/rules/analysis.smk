@@ -1,10 +1,11 @@
-rule export_sqlite:
-    """`nsys export --type=sqlite` of every rank's report: the input of every analysis."""
+rule export_capture:
+    """`nsys export` of every rank's report, the input of every analysis: as a parquetdir where the
+    nsys that captured writes one (2024 and later), else as SQLite."""
     input:
         capture=layout.CAPTURE_DIR,
         image=export_image,
     output:
-        sqlite=directory(layout.SQLITE_DIR),
+        export=directory(layout.EXPORT_DIR),
     log:
         f"{layout.LOG_DIR}/{{window}}/export.log",
     conda:
@@ -16,14 +17,14 @@ rule export_sqlite:
             experiment(wc)["container"] if config["results_from"] == "here" else None
         ),
     script:
-        "../scripts/export_sqlite.py"
+        "../scripts/export.py"
 
 
 rule analyze:
     """Normalized tables -> summaries and findings, per profiled rank (CSV tables + analysis.json)."""
     input:
         capture=layout.CAPTURE_DIR,
-        sqlite=rules.export_sqlite.output.sqlite,
+        export=rules.export_capture.output.export,
     output:
         analysis=directory(layout.ANALYSIS_DIR),
     log:
@@ -122,7 +123,7 @@ rule cross_rank:
     """
     input:
         capture=layout.CAPTURE_DIR,
-        sqlite=rules.export_sqlite.output.sqlite,
+        export=rules.export_capture.output.export,
         analysis=rules.analyze.output.analysis,
     output:
         tables=directory(f"{layout.WINDOW_DIR}/ranks"),

@@ -286,7 +286,7 @@ def hub_checkpoint_manifest(wildcards):
 if config["local_analysis"]:
 
     localrules:
-        export_sqlite,
+        export_capture,
         analyze,
         render_report,
         cross_rank,
