@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -289,6 +292,23 @@ def test_ranges_containing_calls_side_by_side(monkeypatch):
     assert len(alone) > 1_000
     for each in found:
         pd.testing.assert_series_equal(each, alone)
+
+
+def test_standard_deviation_is_exact_whatever_order_the_rows_come_in():
+    """grouped_summary's stddev is the sample standard deviation of the exact variance (statistics.stdev on
+    Fractions, to the last bit or one), the same for the rows in any order: DuckDB's stddev_samp differed in the 16th digit
+    between a capture's SQLite and parquetdir exports, which store rows in different orders."""
+    rng = np.random.default_rng(11)
+    values = rng.integers(0, 10**10, 200_000)  # squares beyond 64 bits: up to 10 s in ns
+    orders = [values, values[::-1].copy(), np.random.default_rng(3).permutation(values)]
+    orders = [pd.DataFrame({"name": "one", "duration": each}) for each in orders]
+    spreads = [
+        grouped_summary(EventStore(on_disk=False), "rows", ["name"], rows=each)["stddev_ns"].iat[0] for each in orders
+    ]
+    exact = float(statistics.stdev([Fraction(int(v)) for v in values]))
+    assert spreads[0] == spreads[1] == spreads[2] and abs(spreads[0] - exact) <= math.ulp(exact)
+    one = grouped_summary(EventStore(on_disk=False), "rows", ["name"], rows=orders[0].iloc[:1])
+    assert np.isnan(one["stddev_ns"].iat[0])
 
 
 def test_summary_over_a_pandas_table_equals_pandas_own_groupby():

@@ -7,8 +7,10 @@ rounded to 0.1 by SQLite's round(), which rounds halves away from zero, unlike P
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -26,10 +28,14 @@ def sqlite_round(values: pd.Series, digits: int = 1) -> pd.Series:
 
 
 # The same statistics in SQL, for tables held in an EventStore, but the median (grouped_summary): every
-# one of these is a running aggregate, which keeps a few numbers per group whatever the rows.
+# one of these is a running aggregate, which keeps a few numbers per group whatever the rows. The
+# standard deviation comes from exact integer sums (text: pandas would make floats of 128-bit integers),
+# not stddev_samp, whose floating-point result depends on the order rows arrive in: the same capture
+# through SQLite and parquetdir differed in the 16th digit.
 SQL_AGGREGATES = (
-    "sum(duration)::BIGINT AS total_ns, count(*) AS instances, "
-    "min(duration) AS min_ns, max(duration) AS max_ns, stddev_samp(duration) AS stddev_ns"
+    "sum(duration)::BIGINT AS total_ns, count(*) AS instances, min(duration) AS min_ns, max(duration) AS max_ns, "
+    "count(duration) AS n_values, sum(duration)::VARCHAR AS sum_values, "
+    "sum(duration::HUGEINT * duration::HUGEINT)::VARCHAR AS sum_squares"
 )
 # The exact median in bounded memory (grouped_medians): DuckDB's median() keeps every value of every
 # group while it runs (+1.15 GB over 88M CUDA API calls), so values are counted by bucket of their
@@ -46,7 +52,20 @@ def grouped_summary(events, source: str, keys: list[str], **frames: pd.DataFrame
     group = f"{', '.join(keys)}, " if keys else ""
     summary = events.query(f"SELECT {group}{SQL_AGGREGATES} FROM {source} {'GROUP BY ALL' if keys else ''}", **frames)
     summary = summary[summary["instances"] > 0].reset_index(drop=True)
-    return summary.assign(med_ns=grouped_medians(events, source, keys, summary, **frames))
+    moments = zip(summary.pop("n_values"), summary.pop("sum_values"), summary.pop("sum_squares"))
+    stddev = [_sample_stddev(int(n), total, squares) for n, total, squares in moments]
+    return summary.assign(
+        stddev_ns=np.array(stddev, dtype="float64"), med_ns=grouped_medians(events, source, keys, summary, **frames)
+    )
+
+
+def _sample_stddev(n: int, total: str, squares: str) -> float:
+    """The sample standard deviation of n integers from their sum and sum of squares (as text), exactly
+    (Python's integers), rounded once: NaN for fewer than two, as stddev_samp's NULL."""
+    if n < 2:
+        return math.nan
+    total_value = int(total)
+    return math.sqrt(Fraction(n * int(squares) - total_value * total_value, n * (n - 1)))
 
 
 def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame, **frames: pd.DataFrame) -> np.ndarray:
