@@ -17,7 +17,8 @@ from sftprof.errors import SftprofError
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `path`; rename it into place only if the block succeeds."""
+    """Yield a temporary sibling of `path`; rename it into place only if the block succeeds. The block may
+    put a folder in the temporary's place (nsys writes a parquetdir so): it then replaces a folder at `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial" + path.suffix, dir=path.parent)
@@ -26,9 +27,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.chmod(tmp, 0o644)  # mkstemp makes 0600; finished files get the usual permissions
     try:
         yield tmp
+        if tmp.is_dir() and not tmp.is_symlink() and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # os.replace puts a folder only where none is, or an empty one
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        if os.path.lexists(tmp):
+            _remove(tmp)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

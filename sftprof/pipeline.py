@@ -19,7 +19,7 @@ from sftprof.io import atomic_dir
 from sftprof.report import RankReport, write_html
 from sftprof.trace import load_trace
 from sftprof.trace.events import out_of_disk
-from sftprof.trace.load import clock_origin, from_nsys
+from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys
 from sftprof.trace.metrics import read_metrics
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
@@ -208,7 +208,7 @@ def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
 
     candidates = [rank.find_export(folder, record["rank"]), folder / record["report"]]
     trace = next(
-        (path for path in candidates if (path.is_dir() if path.suffix == ".parquetdir" else path.is_file())), None
+        (path for path in candidates if (path.is_dir() if path.suffix == PARQUETDIR_SUFFIX else path.is_file())), None
     )
     if trace is None:
         raise RanksError(

@@ -31,6 +31,7 @@ from typing import IO
 
 from sftprof.capture.sft.annotate import CAPTURE_RANGE_NAME
 from sftprof.errors import SftprofError
+from sftprof.io import atomic_path
 
 REPORT_SUFFIX = ".nsys-rep"
 RAW_SUFFIX = ".qdstrm"
@@ -88,6 +89,12 @@ def find_nsys() -> str:
     if path is None:
         raise NsysError(f"`nsys` is not on PATH. {INSTALL_HINT}")
     return path
+
+
+def nsys_after(prefix: Sequence[str]) -> str:
+    """The nsys to run after `prefix`: a container's exec prefix runs the image's ("nsys" on its PATH);
+    no prefix, the one on this PATH."""
+    return "nsys" if prefix else find_nsys()
 
 
 def parse_version(text: str) -> tuple[str, int] | None:
@@ -466,10 +473,9 @@ def export_report(
     kind = next((kind for kind, suffix in EXPORT_SUFFIXES.items() if output.suffix == suffix), None)
     if kind is None:
         raise ValueError(f"{output}: an export's name ends in {' or '.join(EXPORT_SUFFIXES.values())}")
-    nsys = nsys or ("nsys" if prefix else find_nsys())
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.{secrets.token_hex(4)}.partial{output.suffix}")
-    try:
+    nsys = nsys or nsys_after(prefix)
+    with atomic_path(output) as tmp:
+        tmp.unlink()  # nsys writes the file, or the folder, itself
         result = subprocess.run(export_argv(report, tmp, nsys, prefix, kind), capture_output=True, text=True)
         said = nsys_messages(f"{result.stdout}\n{result.stderr}")
         if result.returncode != 0 or not tmp.exists():
@@ -490,16 +496,4 @@ def export_report(
                 f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
                 f"Is the disk of {output.parent} full?"
             ) from None
-        if kind == "parquetdir" and output.is_dir() and not output.is_symlink():
-            shutil.rmtree(output)  # an earlier export of the same report
-        os.replace(tmp, output)
-    finally:
-        _remove(tmp)
     return output
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)

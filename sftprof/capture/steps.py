@@ -121,7 +121,7 @@ def export_capture(capture_dir: str | Path, export_dir: str | Path, container_se
     if container_settings and container_settings["runtime"] != "none":
         image = container.image_file(container_settings)
         prefix = container.exec_prefix(container_settings, image, os.getcwd())
-    nsys_path = "nsys" if prefix else nsys.find_nsys()
+    nsys_path = nsys.nsys_after(prefix)
     kind = nsys.export_kind(nsys_path, prefix)
     with atomic_dir(export_dir) as partial:
         for record in rank.profiled_records(capture_dir):

@@ -21,20 +21,7 @@ tar xJf "$pack/site312.tar.xz" -C "$W/site"
 export PYTHONPATH=$repo PYTHONUNBUFFERED=1
 T=$dest/timings.txt
 { date -u; nproc; "$N" --version; python3 --version; } > "$T" 2>&1
-# timed NAME CMD...: wall seconds and the peak RSS of the command's processes, one line in timings.txt.
-timed() {
-  local name=$1; shift
-  python3 - "$dest/$name.log" "$@" <<'PY' | tee -a "$T"
-import resource, subprocess, sys, time
-log, command = sys.argv[1], sys.argv[2:]
-start = time.monotonic()
-with open(log, "w") as out:
-    rc = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
-wall = time.monotonic() - start
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6
-print(f"{log.rsplit('/', 1)[-1][:-4]}: rc={rc} wall_s={wall:.1f} peak_rss_gb={rss:.2f}")
-PY
-}
+. "$repo/tests/gpu_programs/timed.sh"
 analyze() { timed "$1" env PYTHONPATH="$W/site:$repo" python3 -c 'import sys; from sftprof.cli import main; sys.exit(main())' analyze "$2" -o "$3"; }
 
 python3 tests/gpu_programs/nsys2025_cases.py "$W/in" --device cuda > "$dest/inputs.log" 2>&1 || { tail "$dest/inputs.log"; exit 1; }

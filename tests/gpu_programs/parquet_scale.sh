@@ -12,19 +12,7 @@ export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_L
 export PYTHONPATH=$site:$(pwd) PYTHONUNBUFFERED=1
 W=/tmp/pqscale; rm -rf $W; mkdir -p $W
 T=$dest/timings.txt; { date -u; nproc; "$N" --version; python3 --version; } > "$T" 2>&1
-# timed NAME CMD...: wall seconds and peak RSS of the command, one line in timings.txt.
-timed() {
-  local name=$1; shift
-  python3 - "$dest/$name.log" "$@" <<'PY' | tee -a "$T"
-import resource, subprocess, sys, time
-log, command = sys.argv[1], sys.argv[2:]
-start = time.monotonic()
-with open(log, "w") as out:
-    rc = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6
-print(f"{log.rsplit('/', 1)[-1][:-4]}: rc={rc} wall_s={time.monotonic() - start:.1f} peak_rss_gb={rss:.2f}")
-PY
-}
+. tests/gpu_programs/timed.sh
 timed generate python3 benchmarks/generate_export.py "$kernels" -o $W/x.sqlite
 timed to_parquet python3 benchmarks/to_parquetdir.py $W/x.sqlite $W/x.parquetdir
 analyze=(python3 -c 'import sys; from sftprof.cli import main; sys.exit(main())' analyze)
