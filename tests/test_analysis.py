@@ -214,6 +214,28 @@ def test_intervals_merged_in_batches_equal_the_union_at_once():
     assert int((at_once["end"] - at_once["start"]).sum()) == covered.sum()
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_search_among_ordered_needles_answers_as_numpy_does(side):
+    """search_ordered gallops from its last answer: needles in order, nearly in order, in no order, repeated,
+    beyond either end, and an empty haystack must all get np.searchsorted's positions."""
+    rng = np.random.default_rng(3)
+    haystack = np.sort(rng.integers(0, 10_000, 2_000))  # with repeats
+    ordered = np.sort(rng.integers(-50, 10_050, 3_000))
+    cases = {
+        "ordered": ordered,
+        "nearly ordered": ordered + rng.integers(-40, 40, len(ordered)),
+        "no order": rng.integers(-50, 10_050, 3_000),
+        "descending": ordered[::-1].copy(),
+        "values of the haystack": np.sort(rng.choice(haystack, 500)),
+        "int32": ordered.astype(np.int32),
+        "none": np.empty(0, np.int64),
+    }
+    for name, needles in cases.items():
+        for hay in (haystack, haystack[:1], haystack[:0], np.full(9, 5_000)):
+            expected = np.searchsorted(hay, needles, side=side)
+            assert (intervals.search_ordered(hay, needles, side) == expected).all(), (name, len(hay))
+
+
 @pytest.mark.parametrize("window, left_open", [(None, False), (1, False), (7, False), (7, True)])
 def test_ranges_containing_calls_equal_a_brute_force_check(monkeypatch, window, left_open):
     """nvtx finds the ranges around each call by cutting each thread's timeline at range edges;

@@ -178,7 +178,7 @@ class _Timeline:
 
     def place(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(step, phase) open at each time (ranges open at t: start <= t < end)."""
-        at = np.searchsorted(self.seg_starts, times, side="right") - 1
+        at = intervals.search_ordered(self.seg_starts, times, side="right") - 1
         known = np.maximum(at, 0)
         return np.where(at >= 0, self.seg_step[known], -1), np.where(at >= 0, self.seg_phase[known], len(cpu.PHASES))
 

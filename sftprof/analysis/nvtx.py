@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis.intervals import CHUNK_ROWS
+from sftprof.analysis.intervals import CHUNK_ROWS, search_ordered
 from sftprof.trace.events import EventStore
 
 NOT_TRACED = "(launching call not traced)"
@@ -34,7 +34,7 @@ def _place(seg_starts: np.ndarray, seg_ends: np.ndarray, starts: np.ndarray, end
     """Calls (starts, ends) among one thread's sorted segments: the segment each starts in (`known`,
     valid where the call starts in one), which calls lie strictly inside it, and which touch its
     edge (start or end where a range does)."""
-    at = np.searchsorted(seg_starts, starts, side="right") - 1
+    at = search_ordered(seg_starts, starts, side="right") - 1
     known = np.maximum(at, 0)
     strictly_inside = (at >= 0) & (starts > seg_starts[known]) & (ends < seg_ends[known])
     return known, strictly_inside, (at >= 0) & ~strictly_inside
@@ -121,8 +121,8 @@ class ThreadRanges:
             rows, starts, ends = rows[order], starts[order], ends[order]
         self.rows = rows
         # segment numbers as int32 (a thread would need 2^31 range edges): 60M ranges hold 0.5 GB less
-        self.first = np.searchsorted(self.bounds, starts).astype(np.int32)
-        self.last = np.searchsorted(self.bounds, ends).astype(np.int32)
+        self.first = search_ordered(self.bounds, starts).astype(np.int32)
+        self.last = search_ordered(self.bounds, ends).astype(np.int32)
 
     @classmethod
     def of(cls, ranges: pd.DataFrame) -> ThreadRanges:
@@ -133,9 +133,9 @@ class ThreadRanges:
     def queries(self, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For calls (starts, ends): which start in a segment (`valid`), and for those the segment
         and the least `last` of a range that contains the call (the query _sweep answers)."""
-        segment = np.searchsorted(self.bounds, starts, side="right") - 1
+        segment = search_ordered(self.bounds, starts, side="right") - 1
         valid = segment >= 0
-        return valid, segment[valid], np.searchsorted(self.bounds, ends[valid])
+        return valid, segment[valid], search_ordered(self.bounds, ends[valid])
 
     def _sweep(self, segment: np.ndarray, need: np.ndarray, enclosing: bool):
         """_sweep's answers and the order it took the queries in: None where they came sorted by segment (the
@@ -444,8 +444,8 @@ class _RangeSums:
         self.add_outside(tid, int(kernels[~ranged].sum()), int(gpu_ns[~ranged].sum()))
         running_kernels, running_ns = np.r_[0, np.cumsum(kernels)], np.r_[0, np.cumsum(gpu_ns)]
         for i in range(0, len(timeline.rows), CHUNK_ROWS):  # a chunk of ranges at a time
-            lo = np.searchsorted(used, timeline.first[i : i + CHUNK_ROWS])
-            hi = np.searchsorted(used, timeline.last[i : i + CHUNK_ROWS])
+            lo = search_ordered(used, timeline.first[i : i + CHUNK_ROWS])
+            hi = search_ordered(used, timeline.last[i : i + CHUNK_ROWS])
             self._add(
                 self.inclusive,
                 timeline.rows[i : i + CHUNK_ROWS],
@@ -453,7 +453,7 @@ class _RangeSums:
                 running_ns[hi] - running_ns[lo],
             )
         if on_edge.any():
-            segment, need = known[on_edge], np.searchsorted(timeline.bounds, ends[on_edge])
+            segment, need = known[on_edge], search_ordered(timeline.bounds, ends[on_edge])
             edge_ns, ones = durations[on_edge], np.ones(int(on_edge.sum()), "int64")
             inner = timeline.innermost(segment, need)
             ranged = inner >= 0
@@ -544,7 +544,7 @@ def _matched(kernels: dict, calls: dict, lo: int, step: int) -> dict[str, np.nda
         if (sorted_keys[1:] == sorted_keys[:-1]).any() or step >= 1 << _KEY_SHIFT:
             return None
         kernel_keys = np.where(kernels["pid"] >= 0, (kernels["pid"] << _KEY_SHIFT) | kernel_offsets, -1)
-        at = np.minimum(np.searchsorted(sorted_keys, kernel_keys), len(sorted_keys) - 1)
+        at = np.minimum(search_ordered(sorted_keys, kernel_keys), len(sorted_keys) - 1)
         found = sorted_keys[at] == kernel_keys
         call = order[at]
     if found.any():
