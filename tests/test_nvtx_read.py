@@ -116,6 +116,38 @@ def test_ranges_read_a_page_at_a_time_are_those_read_at_once(tmp_path, monkeypat
     pd.testing.assert_frame_equal(paged, sql)
 
 
+@pytest.mark.parametrize("named_first", [True, False])
+def test_a_domain_named_before_or_after_its_ranges_names_them_alike(tmp_path, monkeypatch, named_first):
+    """Ranges are written once, coded as they are read: a range in a domain its process named is `DOMAIN:NAME`,
+    whether the domain was named pages before its ranges or pages after them (the table is then read again)."""
+    create = (
+        f"INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (-5, 75, 'late', {THREAD}, 7)"
+    )
+    edits = ([create] if named_first else []) + ["INSERT INTO NVTX_EVENTS SELECT * FROM NVTX_EVENTS"] * 6
+    early = "(SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY rowid LIMIT 40)"
+    edits += [f"UPDATE NVTX_EVENTS SET domainId = 7 WHERE rowid IN {early}"] + ([] if named_first else [create])
+    export = _edited(tmp_path, edits)
+    reads = []
+    monkeypatch.setattr(nsys_sqlite, "_read_nvtx", _counted(nsys_sqlite._read_nvtx, reads))
+    try:
+        monkeypatch.setattr(nsys_sqlite, "NVTX_CHUNK_BYTES", 1)
+        pages = _from_pages(export, {})
+        sql = _from_sql(export, {})
+    finally:
+        export.close()
+    pd.testing.assert_frame_equal(pages, sql)
+    assert (pages["name"].astype(str).str.startswith("late:")).sum() == 40
+    assert len(reads) == (1 if named_first else 2)
+
+
+def _counted(function, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+
+    return counted
+
+
 @pytest.mark.parametrize(
     "case, edits",
     [

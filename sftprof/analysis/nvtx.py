@@ -238,7 +238,7 @@ class ThreadWindows:
             within += f" AND start < {int(self.window_starts[window + 1])}"
         return self.events.arrays(f"""
             SELECT start, "end", coalesce(name_id, {self.missing_name}) AS name, coalesce(style_id, -1) AS style
-            FROM nvtx_rows WHERE global_tid = {self.tid} AND {within}""")
+            FROM nvtx WHERE global_tid = {self.tid} AND {within}""")
 
     def walk(self) -> WindowWalk:
         return WindowWalk(self)

@@ -31,8 +31,9 @@ kernel_names, api_names, metric_names   id, name   (API names without the `_vNNN
           stats strips; metric names as TARGET_INFO_GPU_METRICS gives them, e.g. "SM Issue [Throughput %]")
 kernels, cuda_api, sched, osrt, memops and sync are views: duration, pid and tid are computed from the rows
 stored in kernel_rows, cuda_api_rows, sched_rows, osrt_rows, memop_rows and sync_rows (as nsys lays out
-globalTid; labels from their ids); nvtx adds duration to nvtx_rows. Storing them, or declaring them as
-generated columns, made the copy, the slowest part of loading, 10% slower.
+globalTid; labels from their ids); nvtx adds duration to nvtx_rows, and, where the page reader wrote each range
+once with codes of its own for names and styles (name_nvtx), maps them to their ids. Storing them, or declaring
+them as generated columns, made the copy, the slowest part of loading, 10% slower.
 """
 
 from __future__ import annotations
@@ -493,10 +494,28 @@ class EventStore:
                 rows.assign(name_id=_nullable(codes["name"][part]), style_id=_nullable(codes["style"][part])),
             )
 
-    def name_nvtx(self, names: list, styles: list) -> None:
+    def name_nvtx(self, names: list, styles: list, coded: tuple | None = None) -> None:
         """The NVTX names and styles that the rows' name_id and style_id number (a loader that copied the rows
-        itself)."""
+        itself). `coded`: where the rows hold the loader's own codes instead (the page reader writes each range
+        once, before the names are known): (name codes, the name id of each, -1 for none; style codes, in
+        the order of `styles`), through which the nvtx view then maps them."""
         self._nvtx_categories = (list(names), list(styles))
+        if coded is None:
+            return
+        codes, name_ids, style_codes = coded
+        mapped = pd.DataFrame({"code": codes, "name_id": pd.arrays.IntegerArray(name_ids, name_ids < 0)})
+        style_ids = " ".join(f"WHEN {int(code)} THEN {i}" for i, code in enumerate(style_codes))
+        with self.con.cursor() as cursor, frames_visible(cursor, {"mapped": mapped}):
+            cursor.execute(
+                "CREATE OR REPLACE TABLE nvtx_name_codes AS SELECT code::INTEGER AS code, name_id::INTEGER AS name_id "
+                "FROM mapped"
+            )
+            cursor.execute(f"""
+                CREATE OR REPLACE VIEW nvtx AS
+                SELECT r.start, r."end", n.name_id,
+                       (CASE r.style_id {style_ids or "WHEN NULL THEN NULL"} END)::TINYINT AS style_id,
+                       r.global_tid, r.pid, r.tid, r."end" - r.start AS duration
+                FROM nvtx_rows r LEFT JOIN nvtx_name_codes n ON n.code = r.name_id""")
 
     def clear(self, table: str) -> None:
         """No rows in `table`: a loader's copy given up part way (its own cursor, as append)."""
@@ -513,7 +532,8 @@ class EventStore:
         """No NVTX ranges: a loader's copy given up part way."""
         self.clear("nvtx_rows")
         with self.con.cursor() as cursor:
-            cursor.execute("DROP TABLE IF EXISTS nvtx_staged")
+            cursor.execute(f"CREATE OR REPLACE VIEW nvtx AS {VIEWS['nvtx']}")
+            cursor.execute("DROP TABLE IF EXISTS nvtx_name_codes")
         self._nvtx_categories = ([], [])
 
     def append(self, table: str, frame: pd.DataFrame) -> None:

@@ -29,6 +29,7 @@ from sftprof.trace.events import (
     BATCH_VECTORS,
     MAX_TIME_NS,
     MEMSET_KIND,
+    STORED_COLUMNS,
     EventStore,
     frames_visible,
     out_of_disk,
@@ -46,6 +47,7 @@ from sftprof.trace.tables import COLUMNS, TraceTables, empty, gpu_rows, valid_ro
 
 # NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
 NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
+NVTX_STYLES = sorted(set(NVTX_RANGE_STYLES.values()))  # style ids number these
 # torch.autograd.profiler.emit_nvtx (on under NeMo's NsysCallback) names each op's range once per call:
 # "aten::mm, seq = 12, op_id = 345, sizes = [...]". The numbering is cut as ranges are read, so that a
 # name says which op; otherwise every range has a name of its own (60M at 10M kernels), and so do the
@@ -324,13 +326,10 @@ def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
 
 
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
-# The ranges as _nvtx_from_pages stages them in the store, before their names are known (label: a text's code,
-# or -2 - the StringIds row of the value that names it, or -1; NULL times: missing, or, for end, still open).
 # NVTX pages decoded at a time: half the other tables' (sqlite_pages.CHUNK_BYTES). A chunk is held three times
-# (decoded, staged, inserted while the next is decoded) beside the copy of kernels and calls: at 60M ranges
-# loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time (ENGINE.md, section 15).
+# (decoded, made into rows, inserted while the next is decoded) beside the copy of kernels and calls: at 60M
+# ranges loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time (ENGINE.md, 15).
 NVTX_CHUNK_BYTES = 32 << 20
-_NVTX_STAGED = """start BIGINT, "end" BIGINT, style TINYINT, global_tid BIGINT, label INTEGER, domain BIGINT"""
 
 
 def _kept(values: np.ndarray, missing: np.ndarray, keep: np.ndarray):
@@ -341,10 +340,12 @@ def _kept(values: np.ndarray, missing: np.ndarray, keep: np.ndarray):
 
 def _nvtx_from_pages(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> None:
     """What _coded_names gives, read from NVTX_EVENTS' pages (sqlite_pages) in one pass and copied into `store`
-    a chunk at a time, so that no more than a chunk of ranges is held: each event's text as the code of its
-    name with emit_nvtx's numbering cut, only the ranges kept; then names from StringIds (textId) and domains
-    (eventType 75, by domain and process) as _nvtx_ranges joins them, worked out once per distinct label,
-    domain and process, and given to the ranges in the store. Unsupported, so that the caller reads the
+    a chunk at a time, so that no more than a chunk of ranges is held. Each range is written once, before
+    the names are known (a domain may be named after its ranges, and name ids follow the names' order): its
+    name_id holds a code of what names it (_NameCodes), its style_id the style's place in NVTX_RANGE_STYLES'
+    sorted styles, and an open range no end. Then names from StringIds (textId) and domains (eventType 75, by
+    domain and process), as _nvtx_ranges joins them, are worked out once per code, and the store's nvtx
+    view maps codes to name and style ids (EventStore.name_nvtx). Unsupported, so that the caller reads the
     table through DuckDB, for what this does not read exactly as that SQL does: another format, text not in
     UTF-8, a range without a thread, a domain named twice in one process, an id twice in StringIds."""
     from sftprof.trace import sqlite_pages
@@ -352,12 +353,81 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame, store: EventStore, d
     if not isinstance(export, SqliteExport):
         raise sqlite_pages.Unsupported("not an SQLite export")
     with store.con.cursor() as cursor:  # its own: the store's other tables are copied in meanwhile
-        _stage_nvtx(export, strings, store, dropped, cursor)
+        _copy_nvtx(export, strings, store, dropped, cursor)
 
 
-def _staged_chunk(values, missing, text_code, text_cut, ids, valued, style_of, created, latest) -> pd.DataFrame:
-    """One chunk of NVTX_EVENTS' decoded columns as the ranges _NVTX_STAGED holds; the domains it creates go to
-    `created`, its latest times to `latest`."""
+_PAIR_SHIFT = 24  # a (domain, pid) pair as one int64: domain << 24 | pid, for domain ids below 2^39
+
+
+class _NameCodes:
+    """What names a range, as one code. A range outside a domain, or in one its process has not named, is named
+    by its label alone (a text's code, or -2 - the StringIds row of the value that names it, or -1: none): its
+    code is the label. In a domain its process named, the name is `DOMAIN:NAME`: each (label, domain, pid) met
+    gets a code of its own, below every label's. `named`: the (domain, pid) pairs named so far (a chunk's
+    creations are added before its ranges are coded); `plain_pairs`: the pairs of ranges coded by label, of
+    which none may turn out named (then the table is read again with every named pair known)."""
+
+    def __init__(self, strings: int, named: np.ndarray | None = None):
+        self.first = -3 - strings  # below -2 - the last StringIds row
+        self.named = np.empty(0, np.int64) if named is None else np.unique(named)
+        self.in_domain: dict[tuple[int, int], int] = {}  # (pair, label) -> code
+        self.plain_pairs = np.empty(0, np.int64)
+
+    @staticmethod
+    def pairs(domain: np.ndarray, pid: np.ndarray) -> np.ndarray:
+        from sftprof.trace import sqlite_pages
+
+        if len(domain) and (domain.min() < 0 or domain.max() >= 1 << (63 - _PAIR_SHIFT)):
+            raise sqlite_pages.Unsupported("a domain id out of range")
+        return (domain.astype(np.int64) << _PAIR_SHIFT) | pid
+
+    def add_named(self, pairs: np.ndarray) -> None:
+        self.named = np.union1d(self.named, pairs)
+
+    def of(self, label: np.ndarray, domain: np.ndarray, has_domain: np.ndarray, pid: np.ndarray) -> np.ndarray:
+        from sftprof.trace import sqlite_pages
+
+        code = label.astype(np.int64)
+        at = np.flatnonzero(has_domain)
+        if len(at):
+            pair = self.pairs(domain[at], pid[at])
+            keyed = np.isin(pair, self.named)
+            plain = pair[~keyed]
+            if len(plain):  # its distinct values: most ranges share one pair (the default domain's)
+                others = plain[plain != plain[0]]
+                self.plain_pairs = np.union1d(self.plain_pairs, np.r_[plain[:1], np.unique(others)])
+            if keyed.any():
+                at = at[keyed]
+                which, keys = pd.factorize(
+                    (np.searchsorted(self.named, pair[keyed]) << 32) | (label[at].astype(np.int64) + (1 << 31))
+                )
+                codes = []
+                for key in keys.tolist():
+                    named = (int(self.named[key >> 32]), (key & 0xFFFFFFFF) - (1 << 31))  # (pair, label)
+                    if named not in self.in_domain:
+                        self.in_domain[named] = self.first - len(self.in_domain)
+                    codes.append(self.in_domain[named])
+                code[at] = np.asarray(codes, dtype=np.int64)[which]
+        if code.min(initial=0) < np.iinfo(np.int32).min:
+            raise sqlite_pages.Unsupported("more names than an INTEGER numbers")
+        return code.astype(np.int32)
+
+    def parts(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(label, domain, in_domain, pid) of each code (in_domain: a named domain's)."""
+        in_domain = codes <= self.first
+        label, domain, pid = codes.astype(np.int64), np.zeros(len(codes), np.int64), np.zeros(len(codes), np.int64)
+        if in_domain.any():
+            listed = np.zeros((len(self.in_domain), 2), np.int64)  # at first - code: pair, label
+            for (pair, base), code in self.in_domain.items():
+                listed[self.first - code] = pair, base
+            pair, label[in_domain] = listed[self.first - codes[in_domain]].T
+            domain[in_domain], pid[in_domain] = pair >> _PAIR_SHIFT, pair & ((1 << _PAIR_SHIFT) - 1)
+        return label, domain, in_domain, pid
+
+
+def _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, codes, created, latest) -> pd.DataFrame:
+    """One chunk of NVTX_EVENTS' decoded columns as nvtx_rows (name_id: _NameCodes' code; style_id: the style's
+    place; end NULL while open); the domains it creates go to `created`, its latest times to `latest`."""
     from sftprof.trace import sqlite_pages
 
     start, end, kind, thread, text_id, domain = values  # NVTX_PAGE_COLUMNS
@@ -367,6 +437,8 @@ def _staged_chunk(values, missing, text_code, text_cut, ids, valued, style_of, c
     kind = np.where(missing[2], -1, kind)  # NULL: no event type, not a range
     is_created = kind == NVTX_DOMAIN_CREATE
     if is_created.any():
+        named = is_created & (text_code >= 0) & ~missing[5] & ~missing[3]
+        codes.add_named(codes.pairs(domain[named], (thread[named] >> 24) & 0xFFFFFF))
         created.append(
             pd.DataFrame(
                 {
@@ -388,92 +460,94 @@ def _staged_chunk(values, missing, text_code, text_cut, ids, valued, style_of, c
         named = found >= 0
         named[named] = valued[found[named]]
         text_code[with_id[named]] = -2 - found[named]  # text_code is the chunk's own
+    thread = thread[is_range]
+    pid = (thread >> 24) & 0xFFFFFF
     return pd.DataFrame(  # copies: the decoder reuses its arrays while this chunk is copied in
         {
             "start": _kept(start, missing[0], is_range),
             "end": _kept(end, missing[1], is_range),
-            "style": style[is_range],
-            "global_tid": thread[is_range],
-            "label": text_code[is_range].astype(np.int32),
-            "domain": _kept(domain, missing[5], is_range),
+            "name_id": codes.of(text_code[is_range], domain[is_range], ~missing[5][is_range], pid),
+            "style_id": style[is_range],
+            "global_tid": thread,
+            "pid": pid.astype(np.int32),
+            "tid": (thread & 0xFFFFFF).astype(np.int32),
         },
         copy=False,
     )
 
 
-def _insert_staged(cursor, staged: pd.DataFrame) -> None:
-    with frames_visible(cursor, {"staged": staged}):
-        cursor.execute("INSERT INTO nvtx_staged SELECT * FROM staged")
+_NVTX_COLUMNS = ", ".join(f'"{c}"' for c in STORED_COLUMNS["nvtx_rows"])
 
 
-def _stage_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped, cursor) -> None:
-    """_nvtx_from_pages through `cursor`."""
+def _insert_rows(cursor, rows: pd.DataFrame) -> None:
+    with frames_visible(cursor, {"incoming": rows}):
+        cursor.execute(f"INSERT INTO nvtx_rows ({_NVTX_COLUMNS}) SELECT {_NVTX_COLUMNS} FROM incoming")
+
+
+def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped, cursor) -> None:
+    """_nvtx_from_pages through `cursor`: once, or, where a domain was named after ranges in it were coded
+    by their labels alone (_NameCodes), again with every named domain known."""
     from sftprof.trace import sqlite_pages
 
     ids = pd.Index(strings["id"])
     if not ids.is_unique:
         raise sqlite_pages.Unsupported("StringIds holds an id twice")
+    codes, text, created, last = _read_nvtx(export, strings, ids, cursor, None)
+    try:
+        text_names = [name.decode("utf-8") for name in text.names()]
+    except UnicodeDecodeError:
+        raise sqlite_pages.Unsupported("text not in UTF-8") from None
+    domains = _domain_names(pd.concat(created) if created else None, text_names)
+    named = codes.pairs(domains["domainId"].to_numpy(np.int64), domains["pid"].to_numpy(np.int64))
+    if np.isin(codes.plain_pairs, named).any():
+        store.clear_nvtx()
+        codes, text, created, last = _read_nvtx(export, strings, ids, cursor, named)
+    # every code once (names of ranges whose times are not valid too, as the SQL route lists them)
+    used = np.sort(cursor.execute("SELECT DISTINCT name_id FROM nvtx_rows").fetchnumpy()["name_id"].astype(np.int32))
+    label, domain, in_domain, pid = codes.parts(used)
+    names, name_ids = _range_names(
+        label.astype(np.int32), domain, in_domain, pid << 24, domains, text_names, strings["value"]
+    )
+    used_styles = sorted(
+        int(style) for style in cursor.execute("SELECT DISTINCT style_id FROM nvtx_rows").fetchnumpy()["style_id"]
+    )
+    # an open range ends at the latest time of any event; with none, it stays open, and is left out as not valid
+    if last is not None:
+        cursor.execute(f'UPDATE nvtx_rows SET "end" = {last} WHERE "end" IS NULL')
+    left_out = store.delete_invalid("nvtx_rows")
+    if left_out:
+        dropped["nvtx"] = dropped.get("nvtx", 0) + left_out
+    store.name_nvtx(names, [NVTX_STYLES[style] for style in used_styles], coded=(used, name_ids, used_styles))
+
+
+def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, cursor, named: np.ndarray | None):
+    """One pass over NVTX_EVENTS' pages into nvtx_rows (`named`: the (domain, pid) pairs named, where known):
+    its _NameCodes, TextCodes, the domain creations and the latest time of any event (None: no time)."""
+    from sftprof.trace import sqlite_pages
+
     valued = strings["value"].notna().to_numpy()
     text = sqlite_pages.TextCodes("text", tuple(f", {key} = ".encode() for key in EMIT_NVTX_KEYS))
-    styles = sorted(set(NVTX_RANGE_STYLES.values()))
     style_of = np.full(max(NVTX_RANGE_STYLES) + 2, -1, dtype=np.int8)  # the last: any other event type
     for event_type, style in NVTX_RANGE_STYLES.items():
-        style_of[event_type] = styles.index(style)
-    created, latest = [], {"start": [], "end": []}  # latest times of any event: where open ranges end
-    cursor.execute(f"CREATE TABLE nvtx_staged ({_NVTX_STAGED})")
+        style_of[event_type] = NVTX_STYLES.index(style)
+    codes, created, latest = _NameCodes(len(strings), named), [], {"start": [], "end": []}
     chunks = sqlite_pages.raw_columns(
         export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=NVTX_CHUNK_BYTES, text=text
     )
     inserting, inserted = ThreadPoolExecutor(1), None  # a chunk is copied in while the next one is decoded
     try:
         for values, missing, text_code, text_cut in chunks:
-            staged = _staged_chunk(values, missing, text_code, text_cut, ids, valued, style_of, created, latest)
+            rows = _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, codes, created, latest)
             if inserted is not None:
                 inserted.result()
-            inserted = inserting.submit(_insert_staged, cursor, staged)
-            del staged
+            inserted = inserting.submit(_insert_rows, cursor, rows)
+            del rows
         if inserted is not None:
             inserted.result()
     finally:
         inserting.shutdown()
-    try:
-        text_names = [name.decode("utf-8") for name in text.names()]
-    except UnicodeDecodeError:
-        raise sqlite_pages.Unsupported("text not in UTF-8") from None
-    domains = _domain_names(pd.concat(created) if created else None, text_names)
-    # each distinct label, domain and process once: names are worked out for these, not for every range
-    labels = cursor.execute("""
-        SELECT label, domain IS NOT NULL AS in_domain, coalesce(domain, 0) AS domain,
-               (global_tid >> 24) & 16777215 AS pid
-        FROM nvtx_staged GROUP BY ALL""").df()
-    names, code = _range_names(
-        labels["label"].to_numpy(np.int32),
-        labels["domain"].to_numpy(np.int64),
-        labels["in_domain"].to_numpy(bool),
-        labels["pid"].to_numpy(np.int64) << 24,
-        domains,
-        text_names,
-        strings["value"],
-    )
-    used = [int(s) for s in cursor.execute("SELECT DISTINCT style FROM nvtx_staged ORDER BY style").df()["style"]]
-    # an open range ends at the latest time of any event; with none, it stays open, and is left out as not valid
-    last = max(max(latest["start"]), max(latest["end"])) if latest["start"] and latest["end"] else "NULL"
-    renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
-    with frames_visible(cursor, {"label_names": labels.assign(name_id=code)}):
-        staged_n = cursor.execute("SELECT count(*) FROM nvtx_staged").fetchone()[0]
-        kept = cursor.execute(f"""
-            INSERT INTO nvtx_rows
-            SELECT * FROM (
-                SELECT s.start, coalesce(s."end", {last}) AS "end", nullif(n.name_id, -1),
-                       CASE s.style {renumbered} END, s.global_tid,
-                       ((s.global_tid >> 24) & 16777215)::INTEGER, (s.global_tid & 16777215)::INTEGER
-                FROM nvtx_staged s JOIN label_names n ON n.label = s.label AND n.in_domain = (s.domain IS NOT NULL)
-                     AND n.domain = coalesce(s.domain, 0) AND n.pid = (s.global_tid >> 24) & 16777215)
-            WHERE {valid_times_sql()}""").fetchone()[0]  # an INSERT returns how many rows it added
-    cursor.execute("DROP TABLE nvtx_staged")
-    if staged_n > kept:
-        dropped["nvtx"] = dropped.get("nvtx", 0) + int(staged_n - kept)
-    store.name_nvtx(names, [styles[style] for style in used])
+    last = max(max(latest["start"]), max(latest["end"])) if latest["start"] and latest["end"] else None
+    return codes, text, created, last
 
 
 def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.DataFrame:
@@ -579,7 +653,7 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
     distinct name fetched once, and the ranges copied into `store` a batch at a time with their names' and
     styles' codes, those whose times are not valid left out and counted."""
     reader = export.reader
-    styles = sorted(set(NVTX_RANGE_STYLES.values()))
+    styles = NVTX_STYLES
     style_codes = " ".join(f"WHEN '{style}' THEN {code}" for code, style in enumerate(styles))
     numbering = _quote(f"(?s){EMIT_NVTX_NUMBERING}")
     try:
