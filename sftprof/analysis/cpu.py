@@ -79,11 +79,11 @@ def marked_ranges(events) -> pd.DataFrame:
 
 def nvtx_threads(events) -> pd.DataFrame:
     """Each thread with NVTX ranges: global_tid, pid, tid and how many ranges, in the order of its first range
-    in the table (NVTX_ORDER)."""
+    in the table (NVTX_ORDER). From the rows stored, as no name is needed (the nvtx view may map names)."""
     return events.query("""
-        WITH firsts AS (SELECT global_tid, min(start) AS first, count(*) AS ranges FROM nvtx GROUP BY global_tid)
+        WITH firsts AS (SELECT global_tid, min(start) AS first, count(*) AS ranges FROM nvtx_rows GROUP BY global_tid)
         SELECT n.global_tid, any_value(n.pid) AS pid, any_value(n.tid) AS tid, any_value(f.ranges) AS ranges
-        FROM nvtx n JOIN firsts f ON n.global_tid = f.global_tid AND n.start = f.first
+        FROM nvtx_rows n JOIN firsts f ON n.global_tid = f.global_tid AND n.start = f.first
         GROUP BY n.global_tid ORDER BY any_value(f.first), max(n."end") DESC, n.global_tid""")
 
 

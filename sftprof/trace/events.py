@@ -497,8 +497,9 @@ class EventStore:
     def name_nvtx(self, names: list, styles: list, coded: tuple | None = None) -> None:
         """The NVTX names and styles that the rows' name_id and style_id number (a loader that copied the rows
         itself). `coded`: where the rows hold the loader's own codes instead (the page reader writes each range
-        once, before the names are known): (name codes, the name id of each, -1 for none; style codes, in
-        the order of `styles`), through which the nvtx view then maps them."""
+        once, before the names are known): (every name code the rows use, the name id of each, -1 for none;
+        style codes, in the order of `styles`), through which the nvtx view then maps them (an inner join:
+        a third of a left join's time over NeMo's 60M ranges)."""
         self._nvtx_categories = (list(names), list(styles))
         if coded is None:
             return
@@ -515,7 +516,7 @@ class EventStore:
                 SELECT r.start, r."end", n.name_id,
                        (CASE r.style_id {style_ids or "WHEN NULL THEN NULL"} END)::TINYINT AS style_id,
                        r.global_tid, r.pid, r.tid, r."end" - r.start AS duration
-                FROM nvtx_rows r LEFT JOIN nvtx_name_codes n ON n.code = r.name_id""")
+                FROM nvtx_rows r JOIN nvtx_name_codes n ON n.code = r.name_id""")  # every code: no row lost
 
     def clear(self, table: str) -> None:
         """No rows in `table`: a loader's copy given up part way (its own cursor, as append)."""
