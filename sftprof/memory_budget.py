@@ -18,6 +18,10 @@ DEFAULT = "1GB"
 # kernels against 512 MB (ENGINE.md, section 11).
 DUCKDB_SHARE = 8
 MIN_DUCKDB_BYTES = 64 * 2**20  # a 1M-kernel copy ran out at 16 MiB, not at 32 (ENGINE.md, section 11)
+# DuckDB's share a thread: each thread aggregates and sorts in memory of its own. With 8 threads in 128 MiB
+# (the GPU machine's 16 cores), the exact median's histogram over NeMo's 60M NVTX ranges ran out; with 4 it
+# did not (ENGINE.md, section 21).
+DUCKDB_THREAD_BYTES = 32 * 2**20
 MAX_BYTES = 2**50  # 1 PB: more than any machine has, and far from float and DuckDB limits
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r" *(\d+(?:\.\d+)?) *([KMGT]?)(?:I?B)? *\Z", re.IGNORECASE)
@@ -53,9 +57,18 @@ def current() -> int:
     return _budget
 
 
+def _duckdb_bytes() -> int:
+    return max(_budget // DUCKDB_SHARE, MIN_DUCKDB_BYTES)
+
+
 def duckdb_limit() -> str:
     """DuckDB's memory_limit setting for one database."""
-    return f"{max(_budget // DUCKDB_SHARE, MIN_DUCKDB_BYTES) // 2**20}MiB"
+    return f"{_duckdb_bytes() // 2**20}MiB"
+
+
+def duckdb_threads(cores: int) -> int:
+    """DuckDB's threads for one database: `cores`, or as many as its share of the budget holds."""
+    return max(1, min(cores, _duckdb_bytes() // DUCKDB_THREAD_BYTES))
 
 
 def exceeded(error: Exception) -> MemoryBudgetError:

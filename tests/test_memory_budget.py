@@ -57,9 +57,14 @@ def test_each_database_is_held_to_its_share(budget):
     assert _limit(EventStore(on_disk=False).con) == _limit(reference) != _limit(store.con)
 
 
-@pytest.mark.parametrize("usable, threads", [(2, 2), (16, 8)])
-def test_each_database_runs_on_the_cores_the_process_may_use(monkeypatch, usable, threads):
-    """Not the machine's: `srun -c 2` or taskset on a node of many cores gives the process two."""
+@pytest.mark.parametrize(
+    "usable, size, threads", [(2, "1GB", 2), (16, "1GB", 4), (16, "4GB", 8), (72, "64GB", 8), (3, "512MB", 2)]
+)
+def test_each_database_runs_on_the_cores_the_process_may_use(budget, monkeypatch, usable, size, threads):
+    """Not the machine's: `srun -c 2` or taskset on a node of many cores gives the process two. At most
+    MAX_THREADS, and as many as the database's share of the budget holds (DUCKDB_THREAD_BYTES each): 8 threads
+    in the default budget's 128 MiB ran out on NeMo's 60M NVTX ranges."""
+    budget.use(budget.parse(size))
     monkeypatch.setattr(os, "cpu_count", lambda: 72)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(usable)), raising=False)
     store = EventStore(on_disk=False)

@@ -288,10 +288,13 @@ def usable_cores() -> int:
 
 
 def bound(con: duckdb.DuckDBPyConnection, spill_folder: str | None) -> None:
-    """Hold DuckDB to its share of the memory budget and to the usable cores, at most MAX_THREADS; what
-    does not fit spills into `spill_folder` (a private temporary folder: DuckDB's default for an in-memory
-    database is `.tmp` in the working directory)."""
-    settings = {"threads": min(usable_cores(), MAX_THREADS), "memory_limit": memory_budget.duckdb_limit()}
+    """Hold DuckDB to its share of the memory budget and to the usable cores, at most MAX_THREADS and as many as
+    that share holds; what does not fit spills into `spill_folder` (a private temporary folder: DuckDB's default
+    for an in-memory database is `.tmp` in the working directory)."""
+    settings = {
+        "threads": memory_budget.duckdb_threads(min(usable_cores(), MAX_THREADS)),
+        "memory_limit": memory_budget.duckdb_limit(),
+    }
     if spill_folder:
         settings["temp_directory"] = spill_folder
     for name, value in settings.items():
