@@ -164,6 +164,8 @@ def _counted(function, calls: list):
             [f"UPDATE NVTX_EVENTS SET text = CAST(X'66ff6f' AS TEXT) WHERE rowid = {RANGE.format(1)}"],
         ),
         ("a range without a thread", [f"UPDATE NVTX_EVENTS SET globalTid = NULL WHERE rowid = {RANGE.format(1)}"]),
+        ("a domain id below 0", [f"UPDATE NVTX_EVENTS SET domainId = -3 WHERE rowid = {RANGE.format(1)}"]),
+        ("a domain id from 2^39", [f"UPDATE NVTX_EVENTS SET domainId = {2**39} WHERE rowid = {RANGE.format(1)}"]),
         (
             "a name too long for its page",
             [f"UPDATE NVTX_EVENTS SET text = printf('%.9000c', 'n') WHERE rowid = {RANGE.format(1)}"],

@@ -347,7 +347,8 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame, store: EventStore, d
     domain and process), as _nvtx_ranges joins them, are worked out once per code, and the store's nvtx
     view maps codes to name and style ids (EventStore.name_nvtx). Unsupported, so that the caller reads the
     table through DuckDB, for what this does not read exactly as that SQL does: another format, text not in
-    UTF-8, a range without a thread, a domain named twice in one process, an id twice in StringIds."""
+    UTF-8, a range without a thread, a domain named twice in one process, an id twice in StringIds, a domain id
+    below 0 or from 2^39 on (nsys numbers domains from 0)."""
     from sftprof.trace import sqlite_pages
 
     if not isinstance(export, SqliteExport):
