@@ -504,7 +504,7 @@ class EventStore:
         style codes, in the order of `styles`), through which the nvtx view then maps them (an inner join:
         a third of a left join's time over NeMo's 60M ranges)."""
         self._nvtx_categories = (list(names), list(styles))
-        if coded is None:
+        if coded is None or not len(coded[0]):  # no rows: nothing to map
             return
         codes, name_ids, style_codes = coded
         mapped = pd.DataFrame({"code": codes, "name_id": pd.arrays.IntegerArray(name_ids, name_ids < 0)})
@@ -517,7 +517,7 @@ class EventStore:
             cursor.execute(f"""
                 CREATE OR REPLACE VIEW nvtx AS
                 SELECT r.start, r."end", n.name_id,
-                       (CASE r.style_id {style_ids or "WHEN NULL THEN NULL"} END)::TINYINT AS style_id,
+                       (CASE r.style_id {style_ids} END)::TINYINT AS style_id,
                        r.global_tid, r.pid, r.tid, r."end" - r.start AS duration
                 FROM nvtx_rows r JOIN nvtx_name_codes n ON n.code = r.name_id""")  # every code: no row lost
 

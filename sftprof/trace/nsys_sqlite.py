@@ -29,7 +29,6 @@ from sftprof.trace.events import (
     BATCH_VECTORS,
     MAX_TIME_NS,
     MEMSET_KIND,
-    STORED_COLUMNS,
     EventStore,
     frames_visible,
     out_of_disk,
@@ -477,14 +476,6 @@ def _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, cod
     )
 
 
-_NVTX_COLUMNS = ", ".join(f'"{c}"' for c in STORED_COLUMNS["nvtx_rows"])
-
-
-def _insert_rows(cursor, rows: pd.DataFrame) -> None:
-    with frames_visible(cursor, {"incoming": rows}):
-        cursor.execute(f"INSERT INTO nvtx_rows ({_NVTX_COLUMNS}) SELECT {_NVTX_COLUMNS} FROM incoming")
-
-
 def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped, cursor) -> None:
     """_nvtx_from_pages through `cursor`: once, or, where a domain was named after ranges in it were coded
     by their labels alone (_NameCodes), again with every named domain known."""
@@ -493,7 +484,7 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     ids = pd.Index(strings["id"])
     if not ids.is_unique:
         raise sqlite_pages.Unsupported("StringIds holds an id twice")
-    codes, text, created, last = _read_nvtx(export, strings, ids, cursor, None)
+    codes, text, created, last = _read_nvtx(export, strings, ids, store, None)
     try:
         text_names = [name.decode("utf-8") for name in text.names()]
     except UnicodeDecodeError:
@@ -502,7 +493,7 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     named = codes.pairs(domains["domainId"].to_numpy(np.int64), domains["pid"].to_numpy(np.int64))
     if np.isin(codes.plain_pairs, named).any():
         store.clear_nvtx()
-        codes, text, created, last = _read_nvtx(export, strings, ids, cursor, named)
+        codes, text, created, last = _read_nvtx(export, strings, ids, store, named)
     # every code once (names of ranges whose times are not valid too, as the SQL route lists them)
     used = np.sort(cursor.execute("SELECT DISTINCT name_id FROM nvtx_rows").fetchnumpy()["name_id"].astype(np.int32))
     label, domain, in_domain, pid = codes.parts(used)
@@ -521,7 +512,7 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     store.name_nvtx(names, [NVTX_STYLES[style] for style in used_styles], coded=(used, name_ids, used_styles))
 
 
-def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, cursor, named: np.ndarray | None):
+def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: EventStore, named: np.ndarray | None):
     """One pass over NVTX_EVENTS' pages into nvtx_rows (`named`: the (domain, pid) pairs named, where known):
     its _NameCodes, TextCodes, the domain creations and the latest time of any event (None: no time)."""
     from sftprof.trace import sqlite_pages
@@ -541,7 +532,7 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, cursor, nam
             rows = _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, codes, created, latest)
             if inserted is not None:
                 inserted.result()
-            inserted = inserting.submit(_insert_rows, cursor, rows)
+            inserted = inserting.submit(store.append, "nvtx_rows", rows)
             del rows
         if inserted is not None:
             inserted.result()
