@@ -80,8 +80,15 @@ def test_nsys_exports_decode_as_sqlite_reads_them(export):
         pd.testing.assert_frame_equal(decoded(export, table, columns, chunk_bytes=4 * 4096), expected)
 
 
+@pytest.fixture(params=[1, 3], ids=["1 thread", "3 threads"])
+def threads(request, monkeypatch):
+    """Chunks decoded in turn, or cut into parts decoded side by side (sqlite_pages.Parts)."""
+    monkeypatch.setattr(sqlite_pages, "usable_cores", lambda: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("page_size", [512, 4096, 65536])
-def test_every_integer_width_null_and_deep_btrees(tmp_path, page_size):
+def test_every_integer_width_null_and_deep_btrees(tmp_path, page_size, threads):
     rng = random.Random(page_size)
     rows = [
         tuple(rng.choice(EDGES) if rng.random() < 0.7 else rng.randint(-(2**63), 2**63 - 1) for _ in range(6))
@@ -268,7 +275,7 @@ def _cut(text: str) -> str:
     return _EMIT_NVTX_SUFFIX.sub("", text)
 
 
-def test_text_codes_cut_as_the_pattern_does_and_name_each_text_once(tmp_path):
+def test_text_codes_cut_as_the_pattern_does_and_name_each_text_once(tmp_path, threads):
     """Seeded random texts made of the markers' own pieces, digits and multi-byte characters: each code
     names the text the regex cut leaves (nsys_sqlite.EMIT_NVTX_NUMBERING), one code per distinct name, in
     small chunks so names recur across them; NULL is -1."""
@@ -307,3 +314,19 @@ def test_a_text_column_it_cannot_read_as_text_is_unsupported(tmp_path, case):
         conn.executemany("INSERT INTO t VALUES (?, ?)", [(1, "a"), (2, value)])
     with pytest.raises(sqlite_pages.Unsupported):
         list(sqlite_pages.raw_columns(path, "t", ["n"], text=sqlite_pages.TextCodes("text", CUT_BEFORE)))
+
+
+def test_a_text_that_shares_its_hash_with_another_name_is_found():
+    """Two names with one hash (forced here: FNV-1a's 64 bits rarely meet): the second text is given the first
+    name's code, and the check of every text against its code's name fails, so the caller reads another way."""
+    pages = np.frombuffer(b"aten::mmaten::mv", dtype=np.uint8)
+    text_at, lengths = np.array([0, 8]), np.array([8, 8])
+    slots, hashes = np.full(8, -1, np.int64), np.zeros(2, np.int64)
+    names, offsets, codes = np.zeros(16, np.uint8), np.zeros(3, np.int64), np.empty(2, np.int64)
+    for digests, count, same in (([7, 7], 1, False), ([7, 9], 2, True)):
+        slots[:] = -1
+        assert (
+            sqlite_pages._intern(pages, text_at, lengths, np.array(digests), 2, slots, hashes, names, offsets, 0, codes)
+            == count
+        )
+        assert sqlite_pages._verify(pages, text_at, lengths, codes, names, offsets, 0, 2) is same

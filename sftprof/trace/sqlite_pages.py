@@ -20,17 +20,21 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numba
 import numpy as np
 import pandas as pd
 
-from sftprof.trace.events import read_only_uri
+from sftprof.trace.events import read_only_uri, usable_cores
 
 # Pages decoded and inserted at a time: 64 MiB, ~1M kernels or ~2.4M API calls. DuckDB pays per
 # INSERT: at 10M kernels, 16 MiB chunks took 15 s to copy, 64 MiB 9.4 s, 128 MiB 9.7 s.
 CHUNK_BYTES = 64 << 20
+# Threads that decode a chunk's pages, a part each: NeMo's 12M NVTX ranges decoded in 0.58 s on 2 threads
+# against 0.92 s on one (ENGINE.md, section 22).
+MAX_DECODE_THREADS = 4
 HEADER = b"SQLite format 3\x00"
 TABLE_INTERIOR, TABLE_LEAF = 0x05, 0x0D
 INTERIOR_HEADER = 12  # bytes: type, first free block, cells, cell content start, fragmented bytes, rightmost child
@@ -41,16 +45,15 @@ class Unsupported(Exception):
 
 
 @numba.njit(cache=True, nogil=True)  # compiled on first use, then loaded from numba's cache
-def _decode(pages, page_size, usable, slot, out, missing, text_slot, text_at, text_size):
-    """Decode every cell of the leaf pages in `pages` (concatenated) into `out` (one row per
-    wanted column; `slot[c]` is column c's row, or -1) and `missing` (NULLs); for the column
-    `text_slot` (or none, -1), where its text starts in `pages` and its length in bytes (-1: NULL)
-    into `text_at`/`text_size`. Columns not read are skipped whatever they hold. Returns the number
-    of records, or -1 for a page that is not a table leaf, -2 for a record that overflows its page,
+def _decode(pages, first, stop, row, page_size, usable, slot, out, missing, text_slot, text_at, text_size):
+    """Decode every cell of the leaf pages at bytes [first, stop) of `pages` (concatenated) into `out` from
+    column `row` on (one row per wanted column; `slot[c]` is column c's row, or -1) and `missing` (NULLs);
+    for the column `text_slot` (or none, -1), where its text starts in `pages` and its length in bytes (-1:
+    NULL) into `text_at`/`text_size`. Columns not read are skipped whatever they hold. Returns the row after
+    the last record, or -1 for a page that is not a table leaf, -2 for a record that overflows its page,
     -3 for a value of another type than the column is read as, -4 for a cell outside its page (every
     offset is checked: compiled code does not check its indexes)."""
-    row = 0
-    for base in range(0, len(pages), page_size):
+    for base in range(first, stop, page_size):
         if pages[base] != TABLE_LEAF:
             return -1
         cells = (np.int64(pages[base + 3]) << 8) | pages[base + 4]
@@ -145,22 +148,18 @@ def _decode(pages, page_size, usable, slot, out, missing, text_slot, text_at, te
 
 
 @numba.njit(cache=True, nogil=True)
-def _intern(pages, text_at, text_size, rows, cut_before, slots, hashes, names, offsets, count, codes, was_cut):
-    """Give each of the `rows` texts (at `text_at`, `text_size` bytes in `pages`) the code of its name:
-    the text cut at the first of the `cut_before` markers (rows of bytes, 0-padded) that an ASCII digit
-    follows. New names are appended to `names` (their ends in `offsets`, their FNV-1a hashes in `hashes`)
-    and found again through `slots`, an open-addressing table of codes (-1: free) indexed by hash, each hit
-    checked byte for byte. Returns the number of names, or -1 where two names share a hash (the caller
-    reads the table another way). Plain arrays, not a numba dict: that one is compiled anew in each process."""
-    mask = len(slots) - 1  # a power of two, at least twice the names there can be
-    for row in range(rows):
+def _measure(pages, text_at, text_size, lo, hi, cut_before, lengths, digests):
+    """For the texts of rows [lo, hi) (at `text_at`, `text_size` bytes in `pages`; -1: NULL) the length of
+    its name, the text cut at the first of the `cut_before` markers (rows of bytes, 0-padded) that an ASCII
+    digit follows, and the name's FNV-1a hash, found in the same pass. Rows apart: run on several threads."""
+    for row in range(lo, hi):
         size = text_size[row]
         if size < 0:
-            codes[row], was_cut[row] = -1, False
+            lengths[row], digests[row] = -1, 0
             continue
         start = text_at[row]
         length = size
-        digest = np.uint64(14695981039346656037)  # FNV-1a over the bytes before the cut, in the same pass
+        digest = np.uint64(14695981039346656037)
         for i in range(size):
             byte = pages[start + i]
             if byte == 44:  # ","
@@ -177,28 +176,53 @@ def _intern(pages, text_at, text_size, rows, cut_before, slots, hashes, names, o
                 if length < size:
                     break
             digest = (digest ^ np.uint64(byte)) * np.uint64(1099511628211)
-        key = np.int64(digest)
+        lengths[row], digests[row] = length, np.int64(digest)
+
+
+@numba.njit(cache=True, nogil=True)
+def _intern(pages, text_at, lengths, digests, rows, slots, hashes, names, offsets, count, codes):
+    """Give each of the `rows` names (_measure's lengths and hashes) the code of the first name met with its
+    hash: new ones are appended to `names` (their ends in `offsets`, their hashes in `hashes`) and found again
+    through `slots`, an open-addressing table of codes (-1: free) indexed by hash. Returns the number of
+    names. A text that shares a hash with another name gets its code: _verify finds it. Plain arrays, not a
+    numba dict: that one is compiled anew in each process."""
+    mask = len(slots) - 1  # a power of two, at least twice the names there can be
+    for row in range(rows):
+        length = lengths[row]
+        if length < 0:
+            codes[row] = -1
+            continue
+        key = digests[row]
         slot = key & mask
         while slots[slot] >= 0 and hashes[slots[slot]] != key:
             slot = (slot + 1) & mask
         code = slots[slot]
         if code < 0:
             code = count
-            first = offsets[count]
+            first, start = offsets[count], text_at[row]
             names[first : first + length] = pages[start : start + length]
             offsets[count + 1] = first + length
             hashes[count] = key
             slots[slot] = code
             count += 1
-        else:
-            first = offsets[code]
-            if offsets[code + 1] - first != length:
-                return -1
-            for i in range(length):
-                if names[first + i] != pages[start + i]:
-                    return -1
-        codes[row], was_cut[row] = code, length < size
+        codes[row] = code
     return count
+
+
+@numba.njit(cache=True, nogil=True)
+def _verify(pages, text_at, lengths, codes, names, offsets, lo, hi):
+    """Whether the name of each of rows [lo, hi) is, byte for byte, the name of its code. Rows apart."""
+    for row in range(lo, hi):
+        code = codes[row]
+        if code < 0:
+            continue
+        first, start, length = offsets[code], text_at[row], lengths[row]
+        if offsets[code + 1] - first != length:
+            return False
+        for i in range(length):
+            if names[first + i] != pages[start + i]:
+                return False
+    return True
 
 
 @numba.njit(cache=True, nogil=True)
@@ -246,19 +270,20 @@ class TextCodes:
             size = 1 << int(2 * (self._count + rows)).bit_length()
             self._slots = _rehash(self._hashes, self._count, size)
 
-    def encode(self, pages, text_at, text_size, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """Codes (int32, -1 for NULL) and whether each text was cut, for a chunk's `rows` texts."""
+    def encode(self, pages, text_at, text_size, rows: int, parts: Parts) -> tuple[np.ndarray, np.ndarray]:
+        """Codes (int32, -1 for NULL) and whether each text was cut, for a chunk's `rows` texts: the names
+        measured and checked in `parts`, given codes in turn."""
         sizes = text_size[:rows]
         self._room(rows, int(sizes[sizes > 0].sum()))
-        codes, was_cut = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.bool_)
-        count = _intern(
-            pages, text_at, text_size, rows, self._cut_before, self._slots, self._hashes, self._names,
-            self._offsets, self._count, codes, was_cut,
-        )  # fmt: skip
-        if count < 0:
+        lengths, digests, codes = np.empty(rows, np.int64), np.empty(rows, np.int64), np.empty(rows, np.int64)
+        edges, cut_before, names, offsets = parts.edges(rows), self._cut_before, self._names, self._offsets
+        parts.run(lambda lo, hi: _measure(pages, text_at, text_size, lo, hi, cut_before, lengths, digests), edges)
+        self._count = _intern(
+            pages, text_at, lengths, digests, rows, self._slots, self._hashes, names, offsets, self._count, codes
+        )
+        if not all(parts.run(lambda lo, hi: _verify(pages, text_at, lengths, codes, names, offsets, lo, hi), edges)):
             raise Unsupported(f"two {self.column} values share a hash")
-        self._count = count
-        return codes.astype(np.int32), was_cut
+        return codes.astype(np.int32), (lengths >= 0) & (lengths < sizes)
 
     def names(self) -> list[bytes]:
         return [
@@ -337,6 +362,50 @@ def _leaves(handle: int, root: int, page_size: int, usable: int) -> np.ndarray:
         level = np.array(children, dtype=np.int64)
 
 
+class Parts:
+    """Work on consecutive items (pages, rows) cut into parts of about the same size, run side by side on threads
+    of its own (the compiled loops release the GIL), or in turn where it has one thread. Close it when done."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
+
+    def edges(self, count: int) -> list[int]:
+        return sorted({count * part // self.threads for part in range(self.threads + 1)})
+
+    def run(self, work, edges: list[int]) -> list:
+        """work(lo, hi) for each pair of consecutive `edges`."""
+        pairs = list(zip(edges[:-1], edges[1:]))
+        if self._pool is None or len(pairs) < 2:
+            return [work(lo, hi) for lo, hi in pairs]
+        return list(self._pool.map(lambda pair: work(*pair), pairs))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+def _decode_chunk(parts: Parts, pages, cells, page_size, usable, slot, out, missing, text_slot, text_at, text_size):
+    """_decode of a chunk's pages (`cells` records each) in parts; Unsupported where one fails."""
+    page_edges = parts.edges(len(cells))
+    row_at = dict(zip(page_edges, np.r_[0, np.cumsum(cells)][page_edges].tolist()))
+
+    def decode(first: int, stop: int) -> int:
+        args = (page_size, usable, slot, out, missing, text_slot, text_at, text_size)
+        ends = _decode(pages, first * page_size, stop * page_size, row_at[first], *args)
+        return ends - row_at[stop] if ends >= 0 else ends  # 0: every record of the pages decoded
+
+    failed = [decoded for decoded in parts.run(decode, page_edges) if decoded != 0]
+    if failed:
+        raise Unsupported(
+            {
+                -1: "a page that is not a table leaf",
+                -2: "a record larger than its page",
+                -3: "a value that is not an integer",
+            }.get(failed[0], "a damaged page")
+        )
+
+
 def _runs(pages: np.ndarray) -> list[tuple[int, int]]:
     """Consecutive page numbers grouped as (first, count): one read each."""
     breaks = np.flatnonzero(np.diff(pages) != 1) + 1
@@ -371,6 +440,7 @@ def raw_columns(
             raise Unsupported(f"{path.name}{suffix} exists: SQLite would replay it")
     root, slot = _table(path, table, columns, text.column if text else None)
     handle = os.open(path, os.O_RDONLY)
+    parts = Parts(min(usable_cores(), MAX_DECODE_THREADS))
     try:
         header = _read(handle, 0, 100)
         if header[:16] != HEADER or header[18] != 1 or header[19] != 1:
@@ -408,16 +478,9 @@ def raw_columns(
                 if text:
                     text_at, text_size = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
             missing[:, :rows] = False
-            decoded = _decode(pages[:size], page_size, usable, slot, out, missing, text_slot, text_at, text_size)
-            if decoded != rows:
-                raise Unsupported(
-                    {
-                        -1: "a page that is not a table leaf",
-                        -2: "a record larger than its page",
-                        -3: "a value that is not an integer",
-                    }.get(decoded, "a damaged page")
-                )
-            codes, cut = text.encode(pages[:size], text_at, text_size, rows) if text else (None, None)
+            _decode_chunk(parts, pages, cells, page_size, usable, slot, out, missing, text_slot, text_at, text_size)
+            codes, cut = text.encode(pages[:size], text_at, text_size, rows, parts) if text else (None, None)
             yield out[:, :rows], missing[:, :rows], codes, cut
     finally:
         os.close(handle)
+        parts.close()
