@@ -385,6 +385,19 @@ class Parts:
             self._pool.shutdown()
 
 
+def _read_pages(parts: Parts, handle: int, pages: np.ndarray, numbers: np.ndarray, page_size: int) -> int:
+    """Pages `numbers` into `pages`, in order, in parts (a read releases the GIL); returns the bytes read."""
+
+    def read(lo: int, hi: int) -> None:
+        at = lo * page_size
+        for start, count in _runs(numbers[lo:hi]):
+            _read_into(handle, pages[at : at + count * page_size], (start - 1) * page_size)
+            at += count * page_size
+
+    parts.run(read, parts.edges(len(numbers)))
+    return len(numbers) * page_size
+
+
 def _decode_chunk(parts: Parts, pages, cells, page_size, usable, slot, out, missing, text_slot, text_at, text_size):
     """_decode of a chunk's pages (`cells` records each) in parts; Unsupported where one fails."""
     page_edges = parts.edges(len(cells))
@@ -461,10 +474,7 @@ def raw_columns(
         text_at, text_size = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         text_slot = int(np.flatnonzero(slot == len(columns))[0]) if text else -1
         for first in range(0, len(leaves), pages_per_chunk):
-            size = 0
-            for start, count in _runs(leaves[first : first + pages_per_chunk]):
-                _read_into(handle, pages[size : size + count * page_size], (start - 1) * page_size)
-                size += count * page_size
+            size = _read_pages(parts, handle, pages, leaves[first : first + pages_per_chunk], page_size)
             headers = pages[:size].reshape(-1, page_size)
             cells = (headers[:, 3].astype(np.int64) << 8) | headers[:, 4]
             if (cells > (page_size - 8) // 6).any():  # SQLite's own bound (MX_CELL): before sizing `out` by it
