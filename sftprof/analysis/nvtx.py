@@ -10,6 +10,8 @@ in the innermost range, so that they add up to the kernel time.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -499,6 +501,16 @@ def launch_slices(events: EventStore):
         yield _unlaunched(_with_pid(rest))
 
 
+def _one_ahead(items: Iterator) -> Iterator:
+    """`items`, the next one fetched on a thread of its own while this one is used (DuckDB and numpy release
+    the GIL): the launch join's fetches and matching overlap the windows' sums."""
+    with ThreadPoolExecutor(1, thread_name_prefix="ahead") as fetching:
+        following = fetching.submit(next, items, None)
+        while (item := following.result()) is not None:
+            following = fetching.submit(next, items, None)
+            yield item
+
+
 def _with_pid(kernels: dict) -> dict[str, np.ndarray]:
     """The kernels' pid from global_pid (as the kernels view computes it; -1 for none), name ids as int64."""
     global_pid = kernels.pop("global_pid")
@@ -599,7 +611,7 @@ def gpu_time_by_range(events: EventStore, thread_labels: dict, also=None) -> pd.
     walks = {tid: thread.walk() for tid, thread in windows.items()}
     names = range_names(events)
     sums = _RangeSums(len(names))
-    for launches in launch_slices(events):
+    for launches in _one_ahead(launch_slices(events)):
         if also is not None:
             also.add(launches)
         launched = launches["launch_tid"] >= 0
