@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -330,7 +329,6 @@ NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domain
 # (decoded, made into rows, inserted while the next is decoded) beside the copy of kernels and calls: at 60M
 # ranges loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time (ENGINE.md, 15).
 NVTX_CHUNK_BYTES = 32 << 20
-NVTX_INSERTS = 2
 
 
 def _kept(values: np.ndarray, missing: np.ndarray, keep: np.ndarray):
@@ -528,17 +526,16 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: Even
     chunks = sqlite_pages.raw_columns(
         export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=NVTX_CHUNK_BYTES, text=text
     )
-    # chunks are copied in while the next ones are decoded, NVTX_INSERTS at a time (each through a cursor of its own)
-    inserting, inserted = ThreadPoolExecutor(NVTX_INSERTS), deque()
+    inserting, inserted = ThreadPoolExecutor(1), None  # a chunk is copied in while the next one is decoded
     try:
         for values, missing, text_code, text_cut in chunks:
             rows = _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, codes, created, latest)
-            if len(inserted) == NVTX_INSERTS:
-                inserted.popleft().result()
-            inserted.append(inserting.submit(store.append, "nvtx_rows", rows))
+            if inserted is not None:
+                inserted.result()
+            inserted = inserting.submit(store.append, "nvtx_rows", rows)
             del rows
-        while inserted:
-            inserted.popleft().result()
+        if inserted is not None:
+            inserted.result()
     finally:
         inserting.shutdown()
     last = max(max(latest["start"]), max(latest["end"])) if latest["start"] and latest["end"] else None
