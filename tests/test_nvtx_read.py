@@ -95,8 +95,9 @@ def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
 
 
 def test_ranges_read_a_page_at_a_time_are_those_read_at_once(tmp_path, monkeypatch):
-    """Ranges over many pages, read and copied into the store a page a chunk, NULLs in some chunks only (half
-    way, a range without a domain; the last range left open)."""
+    """Ranges over many pages, read a page a chunk and copied into the store a few chunks at a time (the last
+    batch a part of one), NULLs in some chunks only (half way, a range without a domain; the last range left
+    open)."""
     edits = ["INSERT INTO NVTX_EVENTS SELECT * FROM NVTX_EVENTS"] * 7  # 128 times the rows
     last = "(SELECT max(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"
     middle = "(SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY rowid LIMIT 1 OFFSET 1500)"
@@ -106,6 +107,7 @@ def test_ranges_read_a_page_at_a_time_are_those_read_at_once(tmp_path, monkeypat
     try:
         whole = _from_pages(export, {})
         monkeypatch.setattr(nsys_sqlite, "NVTX_CHUNK_BYTES", 1)
+        monkeypatch.setattr(nsys_sqlite, "NVTX_INSERT_ROWS", 250)
         paged = _from_pages(export, {})
         chunks = sum(1 for _ in sqlite_pages.raw_columns(export.path, "NVTX_EVENTS", ["start"], chunk_bytes=1))
         sql = _from_sql(export, {})

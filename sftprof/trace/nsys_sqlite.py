@@ -329,6 +329,10 @@ NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domain
 # (decoded, made into rows, inserted while the next is decoded) beside the copy of kernels and calls: at 60M
 # ranges loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time (ENGINE.md, 15).
 NVTX_CHUNK_BYTES = 32 << 20
+# NVTX ranges inserted at a time (a few chunks): DuckDB pays per INSERT, the more so the more threads it has. On
+# the GPU machine's 16 cores 12M of NeMo's ranges went in in 2.1-2.2 s a chunk at a time, 1.0-1.1 s four at a time
+# (ENGINE.md, section 22).
+NVTX_INSERT_ROWS = 1 << 20
 
 
 def _kept(values: np.ndarray, missing: np.ndarray, keep: np.ndarray):
@@ -526,14 +530,22 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: Even
     chunks = sqlite_pages.raw_columns(
         export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=NVTX_CHUNK_BYTES, text=text
     )
-    inserting, inserted = ThreadPoolExecutor(1), None  # a chunk is copied in while the next one is decoded
+    inserting, inserted, held = ThreadPoolExecutor(1), None, []  # rows are copied in while the next are decoded
+
+    def insert(rows: list[pd.DataFrame], previous: Future | None) -> Future:
+        if previous is not None:
+            previous.result()
+        return inserting.submit(store.append, "nvtx_rows", pd.concat(rows, ignore_index=True))
+
     try:
         for values, missing, text_code, text_cut in chunks:
-            rows = _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, codes, created, latest)
-            if inserted is not None:
-                inserted.result()
-            inserted = inserting.submit(store.append, "nvtx_rows", rows)
-            del rows
+            held.append(
+                _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, codes, created, latest)
+            )
+            if sum(map(len, held)) >= NVTX_INSERT_ROWS:
+                inserted, held = insert(held, inserted), []
+        if held:
+            inserted = insert(held, inserted)
         if inserted is not None:
             inserted.result()
     finally:
