@@ -371,6 +371,7 @@ class Parts:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
 
     def edges(self, count: int) -> list[int]:
+        """Where to cut `count` items: one part a thread, none empty."""
         return sorted({count * part // self.threads for part in range(self.threads + 1)})
 
     def run(self, work, edges: list[int]) -> list:
