@@ -156,7 +156,7 @@ def damage_root(path: Path, case: str) -> None:
         "no such table",
     ],
 )
-def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case):
+def test_what_it_does_not_decode_is_unsupported_not_misread(tmp_path, case, threads):
     path = tmp_path / "t.sqlite"
     rows = [(i, i * 3, -i) for i in range(2000)]
     table, columns = "t", ["c1", "c2"]
