@@ -325,13 +325,13 @@ def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
 
 
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
-# NVTX pages decoded at a time: half the other tables' (sqlite_pages.CHUNK_BYTES). A chunk is held three times
-# (decoded, made into rows, inserted while the next is decoded) beside the copy of kernels and calls: at 60M
-# ranges loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time (ENGINE.md, 15).
+# NVTX pages decoded at a time: half the other tables' (sqlite_pages.CHUNK_BYTES), beside the copy of kernels and
+# calls: at 60M ranges loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time
+# (ENGINE.md, 15).
 NVTX_CHUNK_BYTES = 32 << 20
-# NVTX ranges inserted at a time (a few chunks): DuckDB pays per INSERT, the more so the more threads it has. On
-# the GPU machine's 16 cores 12M of NeMo's ranges went in in 2.1-2.2 s a chunk at a time, 1.0-1.1 s four at a time
-# (ENGINE.md, section 22).
+# NVTX ranges inserted at a time (a few chunks' rows, held while the batch before is inserted: loading peaked
+# 0.05 GiB higher at 60M): DuckDB pays per INSERT, the more so the more threads it has. On the GPU machine's 16
+# cores 12M of NeMo's ranges went in in 2.1-2.2 s a chunk at a time, 1.0-1.1 s four at a time (ENGINE.md, 22).
 NVTX_INSERT_ROWS = 1 << 20
 
 
