@@ -45,6 +45,10 @@ EDITS = {
     ],
     "ranges left open": [f'UPDATE NVTX_EVENTS SET "end" = NULL WHERE rowid IN ({RANGE.format(0)}, {RANGE.format(8)})'],
     "no range ever ends": ['UPDATE NVTX_EVENTS SET "end" = NULL'],
+    "marks, no range": [  # events, none of them a range: nothing to copy, by either route
+        f"INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid) VALUES (5, 34, 'a mark', {THREAD})",
+        "DELETE FROM NVTX_EVENTS WHERE eventType IN (59, 60)",
+    ],
     "damaged values": [  # NOT NULL is taken off the schema first, as a hostile file may have it
         f"UPDATE NVTX_EVENTS SET start = NULL WHERE rowid = {RANGE.format(2)}",
         f"UPDATE NVTX_EVENTS SET eventType = NULL WHERE rowid = {RANGE.format(3)}",
@@ -90,6 +94,8 @@ def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
         assert "mine:only in mine" in set(pages["name"]) and "only in mine" not in pages["name"].cat.categories
     if case == "no range ever ends":
         assert pages.empty and dropped_pages["nvtx"] > 0
+    if case == "marks, no range":
+        assert pages.empty and not dropped_pages
     if case == "damaged values":
         assert dropped_pages["nvtx"] == 4  # NULL start, end at 2^63 - 1, start at -(2^63 - 1), end before start
 

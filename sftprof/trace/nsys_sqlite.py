@@ -677,14 +677,16 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
         renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
         reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
         total = reader.execute("SELECT count(*) FROM nvtx_rows").fetchone()[0]
-        result = reader.execute(f"""
-            SELECT r.start, r."end", coalesce(n.code, -1) AS name_id, CASE r.style {renumbered} END AS style_id,
-                   r.global_tid, r.pid, r.tid
-            FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}""")
         kept = 0
-        while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
-            store.append("nvtx_rows", batch.assign(name_id=batch["name_id"].mask(batch["name_id"] < 0).astype("Int32")))
-            kept += len(batch)
+        if used:  # a range, so a style: a CASE needs a WHEN (events that are none of them ranges leave none)
+            result = reader.execute(f"""
+                SELECT r.start, r."end", coalesce(n.code, -1) AS name_id, CASE r.style {renumbered} END AS style_id,
+                       r.global_tid, r.pid, r.tid
+                FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}""")
+            while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
+                batch = batch.assign(name_id=batch["name_id"].mask(batch["name_id"] < 0).astype("Int32"))
+                store.append("nvtx_rows", batch)
+                kept += len(batch)
     finally:
         reader.unregister("nvtx_names")
         reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows; DROP TABLE IF EXISTS temp.nvtx_events")
