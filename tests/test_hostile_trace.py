@@ -73,8 +73,9 @@ def left_out(path: Path) -> dict[str, int]:
         f"+ (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE {bad})",
         "sync": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION WHERE {bad}",
         "osrt": f"SELECT count(*) FROM OSRT_API WHERE eventClass = 27 AND {bad}",
-        # an NVTX range without an end is open to the capture's end, not damaged
-        "nvtx": f"SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60, 70, 71) AND (start IS NULL OR {out_of_range})",
+        # an NVTX range without an end is open to the capture's end, not damaged; an event without a type is
+        "nvtx": "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IS NULL "
+        f"OR (eventType IN (59, 60, 70, 71) AND (start IS NULL OR {out_of_range}))",
         # a context switch without its thread or core pairs with nothing
         "sched": f"SELECT count(*) FROM SCHED_EVENTS WHERE start IS NULL OR abs(start) > {2**53} "
         "OR globalTid IS NULL OR cpu IS NULL",
@@ -173,6 +174,7 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             f'UPDATE NVTX_EVENTS SET start = "end" + 1000000000 WHERE {steps} AND rowid % 2 = 0',
             # NULL times
             "UPDATE NVTX_EVENTS SET start = NULL WHERE rowid % 7 = 0",
+            "UPDATE NVTX_EVENTS SET eventType = NULL WHERE rowid % 11 IN (0, 5)",
             "UPDATE OSRT_API SET start = NULL WHERE rowid % 5 = 1",
             'UPDATE OSRT_API SET "end" = NULL WHERE rowid % 5 = 2',
             "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = NULL WHERE rowid % 3 = 1",
@@ -192,6 +194,9 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             "UPDATE StringIds SET value = CAST(x'41ff42' AS TEXT) WHERE id % 7 = 1",  # not UTF-8
             "UPDATE NVTX_EVENTS SET text = x'00ff10' WHERE text = 'forward'",
             "UPDATE NVTX_EVENTS SET text = 'step 99999999999999999999' WHERE text = 'step 4'",
+            # read by sqlite3 (text not in UTF-8): events without a type counted there too
+            "UPDATE NVTX_EVENTS SET eventType = NULL WHERE rowid % 13 = 2",
+            not_null_off=("NVTX_EVENTS",),
         ),
         "sched": export_copy(
             tmp_path,

@@ -42,7 +42,7 @@ from sftprof.trace.nsys_export import (
     connect_sqlite,
     one_line,
 )
-from sftprof.trace.tables import COLUMNS, TraceTables, empty, gpu_rows, valid_rows
+from sftprof.trace.tables import COLUMNS, TraceTables, count_dropped, empty, gpu_rows, valid_rows
 
 # NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
 NVTX_RANGE_STYLES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
@@ -314,6 +314,8 @@ def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
     except (duckdb.InvalidInputException, duckdb.TypeMismatchException):
         store.clear_nvtx()
     rows = valid_rows(export.query(_nvtx_ranges("NVTX_EVENTS")), "nvtx", dropped)
+    untyped = export.query("SELECT count(*) AS n FROM NVTX_EVENTS WHERE eventType IS NULL")["n"].iloc[0]
+    count_dropped(dropped, "nvtx", int(untyped))
     codes, names = pd.factorize(rows["name"])
     cut = [_EMIT_NVTX_SUFFIX.sub("", name) for name in names]
     categories = sorted(set(cut))
@@ -488,7 +490,7 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     ids = pd.Index(strings["id"])
     if not ids.is_unique:
         raise sqlite_pages.Unsupported("StringIds holds an id twice")
-    codes, text, created, last = _read_nvtx(export, strings, ids, store, None)
+    codes, text, created, last, untyped = _read_nvtx(export, strings, ids, store, None)
     try:
         text_names = [name.decode("utf-8") for name in text.names()]
     except UnicodeDecodeError:
@@ -497,7 +499,7 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     named = codes.pairs(domains["domainId"].to_numpy(np.int64), domains["pid"].to_numpy(np.int64))
     if np.isin(codes.plain_pairs, named).any():
         store.clear_nvtx()
-        codes, text, created, last = _read_nvtx(export, strings, ids, store, named)
+        codes, text, created, last, untyped = _read_nvtx(export, strings, ids, store, named)
     # every code once (names of ranges whose times are not valid too, as the SQL route lists them)
     used = np.sort(cursor.execute("SELECT DISTINCT name_id FROM nvtx_rows").fetchnumpy()["name_id"].astype(np.int32))
     label, domain, in_domain, pid = codes.parts(used)
@@ -510,15 +512,14 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     # an open range ends at the latest time of any event; with none, it stays open, and is left out as not valid
     if last is not None:
         cursor.execute(f'UPDATE nvtx_rows SET "end" = {last} WHERE "end" IS NULL')
-    left_out = store.delete_invalid("nvtx_rows")
-    if left_out:
-        dropped["nvtx"] = dropped.get("nvtx", 0) + left_out
+    count_dropped(dropped, "nvtx", store.delete_invalid("nvtx_rows") + untyped)
     store.name_nvtx(names, [NVTX_STYLES[style] for style in used_styles], coded=(used, name_ids, used_styles))
 
 
 def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: EventStore, named: np.ndarray | None):
     """One pass over NVTX_EVENTS' pages into nvtx_rows (`named`: the (domain, pid) pairs named, where known):
-    its _NameCodes, TextCodes, the domain creations and the latest time of any event (None: no time)."""
+    its _NameCodes, TextCodes, the domain creations, the latest time of any event (None: no time) and the
+    number of events without an event type (nsys writes none: damage, left out and counted)."""
     from sftprof.trace import sqlite_pages
 
     valued = strings["value"].notna().to_numpy()
@@ -527,6 +528,7 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: Even
     for event_type, style in NVTX_RANGE_STYLES.items():
         style_of[event_type] = NVTX_STYLES.index(style)
     codes, created, latest = _NameCodes(len(strings), named), [], {"start": [], "end": []}
+    untyped = 0
     chunks = sqlite_pages.raw_columns(
         export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=NVTX_CHUNK_BYTES, text=text
     )
@@ -539,6 +541,7 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: Even
 
     try:
         for values, missing, text_code, text_cut in chunks:
+            untyped += int(np.count_nonzero(missing[2]))
             held.append(
                 _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, codes, created, latest)
             )
@@ -551,7 +554,7 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: Even
     finally:
         inserting.shutdown()
     last = max(max(latest["start"]), max(latest["end"])) if latest["start"] and latest["end"] else None
-    return codes, text, created, last
+    return codes, text, created, last, untyped
 
 
 def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.DataFrame:
@@ -671,6 +674,7 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
                     CASE style {style_codes} ELSE -1 END AS style)
                 FROM ({_nvtx_ranges("temp.nvtx_events")})"""
         )
+        untyped = reader.execute("SELECT count(*) FROM temp.nvtx_events WHERE eventType IS NULL").fetchone()[0]
         reader.execute("DROP TABLE temp.nvtx_events")
         names = sorted(_rows(export, "SELECT DISTINCT name FROM nvtx_rows WHERE name IS NOT NULL")["name"])
         used = sorted(_rows(export, "SELECT DISTINCT style FROM nvtx_rows")["style"].astype(int))
@@ -690,8 +694,7 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
     finally:
         reader.unregister("nvtx_names")
         reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows; DROP TABLE IF EXISTS temp.nvtx_events")
-    if total > kept:
-        dropped["nvtx"] = dropped.get("nvtx", 0) + int(total - kept)
+    count_dropped(dropped, "nvtx", int(total - kept) + int(untyped))
     store.name_nvtx(names, [styles[style] for style in used])
 
 
@@ -721,9 +724,7 @@ def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
             store.clear("osrt_rows")
             calls = _rows(export, select.format(rows="OSRT_API"))
             store.append("osrt_rows", calls.assign(row=np.arange(len(calls))))
-    left_out = store.delete_invalid("osrt_rows")
-    if left_out:
-        dropped["osrt"] = dropped.get("osrt", 0) + left_out
+    count_dropped(dropped, "osrt", store.delete_invalid("osrt_rows"))
 
 
 def _memcpy_operations(export: Export, release: int) -> dict[int, str]:
@@ -767,9 +768,7 @@ def _memops(export: Export, release: int, store: EventStore, dropped) -> None:
     _copy_labelled(
         export, store, "memop", parts, labels, ("operation_id", "copy_kind_id", "src_kind_id", "dst_kind_id")
     )
-    left_out = store.delete_invalid("memop_rows")
-    if left_out:
-        dropped["memops"] = dropped.get("memops", 0) + left_out
+    count_dropped(dropped, "memops", store.delete_invalid("memop_rows"))
 
 
 def _sync(export: Export, store: EventStore, dropped) -> None:
@@ -785,9 +784,7 @@ def _sync(export: Export, store: EventStore, dropped) -> None:
     _copy_labelled(
         export, store, "sync", [("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", read, select)], labels, ("sync_type_id",)
     )
-    left_out = store.delete_invalid("sync_rows")
-    if left_out:
-        dropped["sync"] = dropped.get("sync", 0) + left_out
+    count_dropped(dropped, "sync", store.delete_invalid("sync_rows"))
 
 
 def _copy_labelled(

@@ -119,6 +119,12 @@ def gpu_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values("device_id").reset_index(drop=True)
 
 
+def count_dropped(dropped: dict[str, int], table: str, rows: int) -> None:
+    """Count `rows` of `table` left out as damaged in `dropped` (TraceTables.dropped_rows), if any."""
+    if rows:
+        dropped[table] = dropped.get(table, 0) + rows
+
+
 def valid_rows(frame: pd.DataFrame, table: str, dropped: dict[str, int]) -> pd.DataFrame:
     """`frame` (`table`'s rows as a loader read them) without the rows whose times are not valid
     (events.valid_times), counted in `dropped[table]`; times as int64, and `duration` computed here,
@@ -126,7 +132,7 @@ def valid_rows(frame: pd.DataFrame, table: str, dropped: dict[str, int]) -> pd.D
     times = [column for column in ("start", "end", "timestamp") if column in COLUMNS[table]]
     keep = valid_times(*(frame[column] for column in times))
     if not keep.all():
-        dropped[table] = dropped.get(table, 0) + int((~keep).sum())
+        count_dropped(dropped, table, int((~keep).sum()))
         frame = frame[keep].reset_index(drop=True)
     # int64 columns as they are: to_numeric copies (60M NVTX ranges: 1 GB while loading)
     frame = frame.assign(
