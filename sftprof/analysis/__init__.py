@@ -7,7 +7,7 @@ renders what it returns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -38,6 +38,20 @@ def _value(values: dict, name: str):
     return value
 
 
+def _next_ready(values: dict, pending: list):
+    """The first of `pending` whose inputs are all computed; where none is, the first, once those of its inputs
+    still computed beside are done (what any section waits for is computed beside, or waits for it)."""
+    while True:
+        for section in pending:
+            if all(name in values and not _running(values[name]) for name in section.inputs):
+                return section
+        wait([values[name] for name in pending[0].inputs if _running(values[name])], return_when=FIRST_COMPLETED)
+
+
+def _running(value) -> bool:
+    return isinstance(value, Future) and not value.done()
+
+
 def analyze(
     tables: TraceTables, progress: Callable[[str], None] = lambda step: None, metrics: RunMetrics | None = None
 ) -> Analysis:
@@ -48,15 +62,19 @@ def analyze(
 
     Sections marked `beside` (heavy, needing little computed here: the CUDA API summary, the NVTX
     projection, sync calls, elementwise chains) run on a second thread
-    beside the rest: DuckDB and numpy release the GIL, and one analysis alone leaves part of a core idle."""
+    beside the rest: DuckDB and numpy release the GIL, and one analysis alone leaves part of a core idle.
+    The rest run here, each the first listed whose inputs are ready: a section that needs one still being
+    computed beside waits, and those after it that do not go first (_next_ready)."""
     tables = tables.with_all_columns()
     values = {"tables": tables, "events": tables.events, "metrics": metrics or RunMetrics()}
-    stage = None
+    pending, reached = list(SECTIONS), 0
     with ThreadPoolExecutor(1) as beside:
-        for section in SECTIONS:
-            if section.stage != stage:
-                stage = section.stage
+        while pending:
+            section = _next_ready(values, pending)
+            pending.remove(section)
+            for stage in STAGES[reached : STAGES.index(section.stage) + 1]:  # each once, in order
                 progress(stage)
+                reached += 1
             args = [_value(values, name) for name in section.inputs]
             values[section.name] = beside.submit(section.compute, *args) if section.beside else section.compute(*args)
         for name in list(values):
