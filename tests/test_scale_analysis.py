@@ -506,6 +506,33 @@ def test_projection_is_the_same_whatever_the_slices_of_the_launch_join(monkeypat
     assert len(outside) >= 2 and outside["kernels"].sum() > 0
 
 
+def test_threads_projected_side_by_side_sum_as_one_at_a_time(monkeypatch):
+    """Launching threads that each hold ranges (here the autograd thread too, with names of its own) are
+    projected side by side where there are cores: the table is the one a single worker gives."""
+    tables = random_trace()
+    autograd = tables.nvtx.assign(
+        name=tables.nvtx["name"].astype(str) + " (autograd)", global_tid=AUTOGRAD, tid=AUTOGRAD & 0xFFFFFF
+    )
+    events = EventStore.from_frames(
+        kernels=tables.kernels, cuda_api=tables.cuda_api, nvtx=pd.concat([tables.nvtx, autograd], ignore_index=True)
+    )
+    monkeypatch.setattr(nvtx, "SLICE_KERNELS", 97)
+    monkeypatch.setattr(nvtx, "usable_cores", lambda: 1)
+    alone = nvtx.gpu_time_by_range(events, {})
+    monkeypatch.setattr(nvtx, "usable_cores", lambda: 16)
+    side_by_side = nvtx.gpu_time_by_range(events, {})
+    pd.testing.assert_frame_equal(side_by_side, alone)
+    # every kernel the autograd thread launched went to its ranges' names or its row outside them
+    launched = events.query(f"""SELECT count(*) AS n FROM kernels k JOIN cuda_api a
+                                ON a.pid = k.pid AND a.correlation_id = k.correlation_id
+                                WHERE a.global_tid = {AUTOGRAD}""")
+    ranged = alone["range"].str.endswith(" (autograd)")
+    outside = alone["range"] == nvtx._outside(f"tid {AUTOGRAD & 0xFFFFFF}")
+    assert alone.loc[ranged | outside, "kernels"].sum() == launched["n"].iloc[0] > alone.loc[outside, "kernels"].sum()
+    assert alone.loc[~ranged & ~outside, "kernels"].sum() > 0
+    assert alone["kernels"].sum() == len(tables.kernels)
+
+
 @pytest.mark.parametrize("buckets, fetched", [(4, 0), (64, 50), (1 << 21, 1 << 20)])
 def test_medians_by_bucket_passes_equal_pandas_medians(monkeypatch, buckets, fetched):
     """The bounded median (stats.grouped_medians), whatever the passes it takes before it fetches, equals

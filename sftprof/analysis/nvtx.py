@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis.intervals import CHUNK_ROWS, search_ordered
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, usable_cores
 
 NOT_TRACED = "(launching call not traced)"
 SLICE_KERNELS = 1 << 19  # 0.5M: half the peak memory of the launch join at 1M, no slower at 10M kernels
@@ -26,6 +26,9 @@ SLICE_KERNELS = 1 << 19  # 0.5M: half the peak memory of the launch join at 1M, 
 # NeMo's shape at 10M kernels peaked at 0.98-1.01 GB, against 1.05-1.07 with 1M, in the same time (ENGINE.md 15)
 WINDOW_RANGES = 1 << 19
 FEW_KEYS = 16  # _groups finds up to this many distinct keys a pass each, more by sorting
+# Launching threads projected side by side, a core in four at most: NeMo's main and autograd threads each hold
+# 30M ranges at 10M kernels, and the other sections, DuckDB and the launch join want the other cores.
+MAX_PROJECTION_THREADS = 4
 
 
 def _outside(thread: str) -> str:
@@ -422,6 +425,24 @@ class _RangeSums:
         self.inclusive = np.zeros((2, names), "int64")
         self.outside: dict[int, list[int]] = {}
 
+    def add(self, other: _RangeSums) -> None:
+        """Another thread's sums (threads are summed apart, side by side)."""
+        self.exclusive += other.exclusive
+        self.inclusive += other.inclusive
+        for tid, (kernels, gpu_ns) in other.outside.items():
+            self.add_outside(tid, kernels, gpu_ns)
+
+    def add_thread(self, thread: ThreadWindows | None, walk: WindowWalk | None, tid: int, starts, ends, durations):
+        """One thread's launches of a slice (`thread`, `walk`: its ranges; None where it has none)."""
+        if thread is None:
+            self.add_outside(tid, len(starts), int(durations.sum()))
+            return
+        for timeline, at in _by_window(walk, starts):
+            if timeline is None:  # before the thread's first range
+                self.add_outside(tid, len(at), int(durations[at].sum()))
+            else:
+                self.add_window(tid, timeline, starts[at], ends[at], durations[at])
+
     @staticmethod
     def _add(into: np.ndarray, codes: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray) -> None:
         np.add.at(into[0], codes, kernels)
@@ -610,27 +631,35 @@ def gpu_time_by_range(events: EventStore, thread_labels: dict, also=None) -> pd.
     windows = thread_windows(events)
     walks = {tid: thread.walk() for tid, thread in windows.items()}
     names = range_names(events)
-    sums = _RangeSums(len(names))
-    for launches in _one_ahead(launch_slices(events)):
-        if also is not None:
-            also.add(launches)
-        launched = launches["launch_tid"] >= 0
-        tids, starts, ends, durations = (
-            launches[c][launched] for c in ("launch_tid", "launch_start", "launch_end", "duration")
-        )
-        for tid, rows in _groups(tids):
-            thread = windows.get(int(tid))
-            if thread is None:
-                sums.add_outside(int(tid), len(rows), int(durations[rows].sum()))
-                continue
-            for timeline, positions in _by_window(walks[int(tid)], starts[rows]):
-                at = rows[positions]
-                if timeline is None:  # before the thread's first range
-                    sums.add_outside(int(tid), len(at), int(durations[at].sum()))
-                else:
-                    sums.add_window(int(tid), timeline, starts[at], ends[at], durations[at])
+    by_thread: dict[int, _RangeSums] = {}
+    workers = min(MAX_PROJECTION_THREADS, max(1, usable_cores() // 4))
+    with ThreadPoolExecutor(workers, thread_name_prefix="projection") as projecting:
+        for launches in _one_ahead(launch_slices(events)):
+            if also is not None:
+                also.add(launches)
+            launched = launches["launch_tid"] >= 0
+            tids, starts, ends, durations = (
+                launches[c][launched] for c in ("launch_tid", "launch_start", "launch_end", "duration")
+            )
+            threads = [
+                projecting.submit(
+                    by_thread.setdefault(int(tid), _RangeSums(len(names))).add_thread,
+                    windows.get(int(tid)),
+                    walks.get(int(tid)),
+                    int(tid),
+                    starts[rows],
+                    ends[rows],
+                    durations[rows],
+                )
+                for tid, rows in _groups(tids)
+            ]
+            for thread in threads:  # a thread's walk goes one slice at a time
+                thread.result()
     if also is not None:
         also.finish()
+    sums = _RangeSums(len(names))
+    for thread_sums in by_thread.values():
+        sums.add(thread_sums)
 
     def outside(tid) -> str:
         return _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}"))
