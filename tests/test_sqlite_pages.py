@@ -3,7 +3,6 @@ and Unsupported, never a wrong value, for anything it does not decode."""
 
 from __future__ import annotations
 
-import functools
 import random
 import sqlite3
 from pathlib import Path
@@ -81,15 +80,11 @@ def test_nsys_exports_decode_as_sqlite_reads_them(export):
         pd.testing.assert_frame_equal(decoded(export, table, columns, chunk_bytes=4 * 4096), expected)
 
 
-@pytest.fixture(params=[(1, False), (3, False), (3, True)], ids=["1 thread", "3 threads", "3 threads, ahead"])
+@pytest.fixture(params=[1, 3], ids=["1 thread", "3 threads"])
 def threads(request, monkeypatch):
-    """Chunks decoded in turn, or cut into parts decoded side by side (sqlite_pages.Parts), and each chunk
-    decoded while the one before is used (raw_columns' `ahead`, into buffers taken in turn)."""
-    cores, ahead = request.param
-    monkeypatch.setattr(sqlite_pages, "usable_cores", lambda: cores)
-    if ahead:
-        monkeypatch.setattr(sqlite_pages, "raw_columns", functools.partial(sqlite_pages.raw_columns, ahead=True))
-    return cores
+    """Chunks decoded in turn, or cut into parts decoded side by side (sqlite_pages.Parts)."""
+    monkeypatch.setattr(sqlite_pages, "usable_cores", lambda: request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("page_size", [512, 4096, 65536])

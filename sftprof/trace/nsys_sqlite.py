@@ -327,10 +327,10 @@ def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
 
 
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
-# NVTX pages decoded at a time, beside the copy of kernels and calls: at 60M ranges loading peaked at 0.95 GB
-# with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time (ENGINE.md, 15). Each chunk is decoded while the
-# one before is made into rows, so two are held: 16 MiB each peaks as one of 32 did (NeMo's shape, 12M ranges).
-NVTX_CHUNK_BYTES = 16 << 20
+# NVTX pages decoded at a time: half the other tables' (sqlite_pages.CHUNK_BYTES), beside the copy of kernels and
+# calls: at 60M ranges loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time
+# (ENGINE.md, 15).
+NVTX_CHUNK_BYTES = 32 << 20
 # NVTX ranges inserted at a time (a few chunks' rows, held while the batch before is inserted: loading peaked
 # 0.05 GiB higher at 60M): DuckDB pays per INSERT, the more so the more threads it has. On the GPU machine's 16
 # cores 12M of NeMo's ranges went in in 2.1-2.2 s a chunk at a time, 1.0-1.1 s four at a time (ENGINE.md, 22).
@@ -530,7 +530,7 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: Even
     codes, created, latest = _NameCodes(len(strings), named), [], {"start": [], "end": []}
     untyped = 0
     chunks = sqlite_pages.raw_columns(
-        export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=NVTX_CHUNK_BYTES, text=text, ahead=True
+        export.path, "NVTX_EVENTS", NVTX_PAGE_COLUMNS, chunk_bytes=NVTX_CHUNK_BYTES, text=text
     )
     inserting, inserted, held = ThreadPoolExecutor(1), None, []  # rows are copied in while the next are decoded
 

@@ -442,37 +442,12 @@ def int_columns(
         )
 
 
-class _Buffers:
-    """One buffer of pages and one of columns, reused for chunk after chunk: fresh arrays of this size would cost
-    a page fault per 4 KiB on each chunk. The columns grow to the most rows a chunk has held."""
-
-    def __init__(self, page_bytes: int, columns: int, text: bool):
-        self.pages, self.text = np.empty(page_bytes, dtype=np.uint8), text
-        self.out, self.missing = np.empty((columns, 0), dtype=np.int64), np.empty((columns, 0), dtype=np.bool_)
-        self.text_at, self.text_size = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-
-    def hold(self, rows: int) -> None:
-        if rows > self.out.shape[1]:
-            self.out = np.empty((len(self.out), rows), dtype=np.int64)
-            self.missing = np.empty((len(self.out), rows), dtype=np.bool_)
-            if self.text:
-                self.text_at, self.text_size = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
-        self.missing[:, :rows] = False
-
-
 def raw_columns(
-    path: str | Path,
-    table: str,
-    columns: list[str],
-    chunk_bytes: int = CHUNK_BYTES,
-    text: TextCodes | None = None,
-    ahead: bool = False,
+    path: str | Path, table: str, columns: list[str], chunk_bytes: int = CHUNK_BYTES, text: TextCodes | None = None
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]:
     """What int_columns reads, as arrays: per chunk, the values (int64, 0 for NULL) and NULLs, one row per
-    column, views of buffers reused once the next chunk is asked for; with `text`, that text column too, as
-    codes (int32, -1 for NULL) and whether each was cut (see TextCodes), fresh arrays. `ahead`: each chunk is
-    decoded on a thread while the caller works on the one before, into a second set of buffers (a chunk's
-    worth more memory)."""
+    column, views of buffers reused for the next chunk; with `text`, that text column too, as codes (int32,
+    -1 for NULL) and whether each was cut (see TextCodes), fresh arrays."""
     path = Path(path)
     for suffix in ("-journal", "-wal"):
         if Path(f"{path}{suffix}").exists():
@@ -493,43 +468,30 @@ def raw_columns(
             raise Unsupported("a page size SQLite does not write")
         leaves = _leaves(handle, root, page_size, usable)
         pages_per_chunk = max(chunk_bytes // page_size, 1)
+        # One buffer of pages and one of columns, reused for every chunk: fresh arrays of this size
+        # would cost a page fault per 4 KiB on each chunk.
+        pages = np.empty(min(pages_per_chunk, len(leaves)) * page_size, dtype=np.uint8)
+        out, missing = np.empty((len(columns), 0), dtype=np.int64), np.empty((len(columns), 0), dtype=np.bool_)
+        text_at, text_size = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         text_slot = int(np.flatnonzero(slot == len(columns))[0]) if text else -1
-
-        def decode(first: int, into: _Buffers):
-            """Chunk `first`'s rows, decoded into `into`; None for no rows (an empty table is one leaf with none)."""
-            size = _read_pages(parts, handle, into.pages, leaves[first : first + pages_per_chunk], page_size)
-            headers = into.pages[:size].reshape(-1, page_size)
+        for first in range(0, len(leaves), pages_per_chunk):
+            size = _read_pages(parts, handle, pages, leaves[first : first + pages_per_chunk], page_size)
+            headers = pages[:size].reshape(-1, page_size)
             cells = (headers[:, 3].astype(np.int64) << 8) | headers[:, 4]
             if (cells > (page_size - 8) // 6).any():  # SQLite's own bound (MX_CELL): before sizing `out` by it
                 raise Unsupported("a page with more cells than fit in it")
             rows = int(cells.sum())
-            if not rows:
-                return None
-            into.hold(rows)
-            _decode_chunk(
-                parts, into.pages, cells, page_size, usable, slot, into.out, into.missing, text_slot, into.text_at,
-                into.text_size,
-            )  # fmt: skip
-            codes, cut = (
-                text.encode(into.pages[:size], into.text_at, into.text_size, rows, parts) if text else (None, None)
-            )
-            return into.out[:, :rows], into.missing[:, :rows], codes, cut
-
-        page_bytes = min(pages_per_chunk, len(leaves)) * page_size
-        buffers = [_Buffers(page_bytes, len(columns), text is not None) for _ in range(2 if ahead else 1)]
-        firsts = range(0, len(leaves), pages_per_chunk)
-        if not ahead:
-            yield from filter(None, (decode(first, buffers[0]) for first in firsts))
-            return
-        with ThreadPoolExecutor(1, thread_name_prefix="decode") as decoding:  # in order: text codes follow it
-            decoded = None
-            for i, first in enumerate(firsts):  # chunk i into the buffers chunk i - 2 was in: the caller is done
-                following = decoding.submit(decode, first, buffers[i % 2])
-                if decoded is not None and (chunk := decoded.result()) is not None:
-                    yield chunk
-                decoded = following
-            if decoded is not None and (chunk := decoded.result()) is not None:
-                yield chunk
+            if not rows:  # an empty table is one leaf with no cells
+                continue
+            if rows > out.shape[1]:
+                out = np.empty((len(columns), rows), dtype=np.int64)
+                missing = np.empty((len(columns), rows), dtype=np.bool_)
+                if text:
+                    text_at, text_size = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
+            missing[:, :rows] = False
+            _decode_chunk(parts, pages, cells, page_size, usable, slot, out, missing, text_slot, text_at, text_size)
+            codes, cut = text.encode(pages[:size], text_at, text_size, rows, parts) if text else (None, None)
+            yield out[:, :rows], missing[:, :rows], codes, cut
     finally:
         os.close(handle)
         parts.close()
