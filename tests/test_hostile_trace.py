@@ -72,7 +72,9 @@ def left_out(path: Path) -> dict[str, int]:
         "memops": f"SELECT (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE {bad}) "
         f"+ (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE {bad})",
         "sync": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION WHERE {bad}",
-        "osrt": f"SELECT count(*) FROM OSRT_API WHERE eventClass = 27 AND {bad}",
+        # a call with no event class, or a name StringIds does not hold, is damaged too
+        "osrt": "SELECT count(*) FROM OSRT_API WHERE (eventClass = 27 OR eventClass IS NULL) AND "
+        f"({bad} OR eventClass IS NULL OR nameId IS NULL OR nameId NOT IN (SELECT id FROM StringIds))",
         # an NVTX range without an end is open to the capture's end, not damaged; an event without a type is
         "nvtx": "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IS NULL "
         f"OR (eventType IN (59, 60, 70, 71) AND (start IS NULL OR {out_of_range}))",
@@ -177,6 +179,9 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             "UPDATE NVTX_EVENTS SET eventType = NULL WHERE rowid % 11 IN (0, 5)",
             "UPDATE OSRT_API SET start = NULL WHERE rowid % 5 = 1",
             'UPDATE OSRT_API SET "end" = NULL WHERE rowid % 5 = 2',
+            "UPDATE OSRT_API SET eventClass = NULL WHERE rowid % 11 = 4",
+            "UPDATE OSRT_API SET nameId = NULL WHERE rowid % 11 = 6",
+            "UPDATE OSRT_API SET nameId = 987654321 WHERE rowid % 11 = 7",
             "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = NULL WHERE rowid % 3 = 1",
             # times near 2^63
             f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = {INT64_MAX - 1000}, "end" = {INT64_MAX} WHERE rowid % 5 = 0',

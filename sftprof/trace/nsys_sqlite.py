@@ -710,8 +710,12 @@ def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
     if "OSRT_API" not in export.tables:
         return
     store.append("osrt_names", strings.drop_duplicates("id").rename(columns={"value": "name"}))
-    select = f"""SELECT o.start, o."end", o.nameId AS name_id, o.globalTid AS global_tid
-                 FROM {{rows}} o SEMI JOIN string_ids s ON s.id = o.nameId WHERE o.eventClass = {OSRT_CALL_CLASS}"""
+    # a call with no event class or a name that StringIds does not hold is damage (nsys writes neither): its
+    # start is made NULL, so that it is left out as not valid and counted
+    select = f"""SELECT CASE WHEN o.eventClass IS NULL OR NOT EXISTS (SELECT 1 FROM string_ids s WHERE s.id = o.nameId)
+                             THEN NULL ELSE o.start END AS start,
+                        o."end", o.nameId AS name_id, o.globalTid AS global_tid
+                 FROM {{rows}} o WHERE o.eventClass = {OSRT_CALL_CLASS} OR o.eventClass IS NULL"""
     with frames_visible(export.reader, {"string_ids": strings[["id"]]}):
         try:
             copied = 0
