@@ -68,7 +68,8 @@ def left_out(path: Path) -> dict[str, int]:
     bad = f'(start IS NULL OR "end" IS NULL OR {out_of_range})'
     queries = {
         "kernels": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE {bad}",
-        "cuda_api": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE {bad}",
+        "cuda_api": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE {bad} "
+        "OR nameId IS NULL OR nameId NOT IN (SELECT id FROM StringIds)",
         "memops": f"SELECT (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE {bad}) "
         f"+ (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE {bad})",
         "sync": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION WHERE {bad}",
@@ -170,6 +171,7 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             # end before start
             'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start - 100000000 WHERE rowid % 3 = 0',
             'UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET "end" = start - 1 WHERE rowid % 3 = 0',
+            "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET nameId = 987654321 WHERE rowid % 13 = 1",
             'UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET "end" = start - 100000000',
             'UPDATE CUPTI_ACTIVITY_KIND_SYNCHRONIZATION SET "end" = start - 5',
             'UPDATE OSRT_API SET "end" = start - 100000000 WHERE rowid % 5 = 0',

@@ -675,6 +675,8 @@ class EventStore:
                 )
             )
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
+            # a call whose name StringIds does not hold is damage (nsys writes none): its start is made NULL, so
+            # that it is left out as not valid and counted
             copies.append(
                 (
                     "cuda_api_rows",
@@ -682,8 +684,9 @@ class EventStore:
                     EXPORT_RUNTIME_COLUMNS,
                     """
                 INSERT INTO cuda_api_rows (start, "end", name_id, global_tid, correlation_id)
-                SELECT r.start, r."end", n.name_id, r.globalTid, r.correlationId
-                FROM {rows} r JOIN api_name_of n ON n.raw_id = r.nameId""",
+                SELECT CASE WHEN n.raw_id IS NULL THEN NULL ELSE r.start END, r."end", n.name_id, r.globalTid,
+                       r.correlationId
+                FROM {rows} r LEFT JOIN api_name_of n ON n.raw_id = r.nameId""",
                 )
             )
         # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
