@@ -619,9 +619,10 @@ def gpu_time_by_range(events: EventStore, thread_labels: dict, also=None) -> pd.
 
     Kernels are joined to their launches a slice at a time (launch_slices); each thread's launches are
     summed window by window of its ranges (ThreadWindows, _RangeSums.add_window), so that neither the
-    launches nor the whole timelines are held. `also`: another tally of the same join
-    (accounting.LaunchSums), fed every slice as it passes (`also.add`) and closed at the end
-    (`also.finish`), so that the kernels are joined to their launches once for both."""
+    launches nor the whole timelines are held; a slice's threads side by side (MAX_PROJECTION_THREADS).
+    `also`: another tally of the same join (accounting.LaunchSums), fed every slice as it passes
+    (`also.add`) and closed at the end (`also.finish`), so that the kernels are joined to their launches
+    once for both."""
     columns = ["range", "kernels", "gpu_ns", "gpu_pct", "inclusive_kernels", "inclusive_gpu_ns"]
     totals = events.query("SELECT count(*) AS n, coalesce(sum(duration), 0)::BIGINT AS ns FROM kernels").iloc[0]
     if not totals["n"]:
