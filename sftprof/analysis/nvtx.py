@@ -9,6 +9,7 @@ in the innermost range, so that they add up to the kernel time.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -418,19 +419,15 @@ def innermost_ranges(events: EventStore, calls: pd.DataFrame) -> pd.Series:
 class _RangeSums:
     """Kernels and their GPU time summed by range name as windows of launches pass: `exclusive` in the
     innermost range that holds a launch, `inclusive` in every range that does, `outside` per thread for
-    launches in no range. Nothing is kept per launch, per segment or per range."""
+    launches in no range. Nothing is kept per launch, per segment or per range. Threads add to it side by
+    side: each addition holds a lock, so that one set of sums serves them all (integer sums: the same in
+    any order)."""
 
     def __init__(self, names: int):
         self.exclusive = np.zeros((2, names), "int64")  # kernels, GPU ns
         self.inclusive = np.zeros((2, names), "int64")
         self.outside: dict[int, list[int]] = {}
-
-    def add(self, other: _RangeSums) -> None:
-        """Another thread's sums (threads are summed apart, side by side)."""
-        self.exclusive += other.exclusive
-        self.inclusive += other.inclusive
-        for tid, (kernels, gpu_ns) in other.outside.items():
-            self.add_outside(tid, kernels, gpu_ns)
+        self._lock = threading.Lock()
 
     def add_thread(self, thread: ThreadWindows | None, walk: WindowWalk | None, tid: int, starts, ends, durations):
         """One thread's launches of a slice (`thread`, `walk`: its ranges; None where it has none)."""
@@ -443,15 +440,16 @@ class _RangeSums:
             else:
                 self.add_window(tid, timeline, starts[at], ends[at], durations[at])
 
-    @staticmethod
-    def _add(into: np.ndarray, codes: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray) -> None:
-        np.add.at(into[0], codes, kernels)
-        np.add.at(into[1], codes, gpu_ns)
+    def _add(self, into: np.ndarray, codes: np.ndarray, kernels: np.ndarray, gpu_ns: np.ndarray) -> None:
+        with self._lock:
+            np.add.at(into[0], codes, kernels)
+            np.add.at(into[1], codes, gpu_ns)
 
     def add_outside(self, tid: int, kernels: int, gpu_ns: int) -> None:
         if kernels:
-            held = self.outside.setdefault(tid, [0, 0])
-            held[0], held[1] = held[0] + int(kernels), held[1] + int(gpu_ns)
+            with self._lock:
+                held = self.outside.setdefault(tid, [0, 0])
+                held[0], held[1] = held[0] + int(kernels), held[1] + int(gpu_ns)
 
     def add_window(self, tid: int, timeline: ThreadRanges, starts, ends, durations) -> None:
         """Launches (their calls' starts and ends, their kernels' durations) that start in one window
@@ -632,7 +630,7 @@ def gpu_time_by_range(events: EventStore, thread_labels: dict, also=None) -> pd.
     windows = thread_windows(events)
     walks = {tid: thread.walk() for tid, thread in windows.items()}
     names = range_names(events)
-    by_thread: dict[int, _RangeSums] = {}
+    sums = _RangeSums(len(names))
     workers = min(MAX_PROJECTION_THREADS, max(1, usable_cores() // 4))
     with ThreadPoolExecutor(workers, thread_name_prefix="projection") as projecting:
         for launches in _one_ahead(launch_slices(events)):
@@ -644,7 +642,7 @@ def gpu_time_by_range(events: EventStore, thread_labels: dict, also=None) -> pd.
             )
             threads = [
                 projecting.submit(
-                    by_thread.setdefault(int(tid), _RangeSums(len(names))).add_thread,
+                    sums.add_thread,
                     windows.get(int(tid)),
                     walks.get(int(tid)),
                     int(tid),
@@ -658,9 +656,6 @@ def gpu_time_by_range(events: EventStore, thread_labels: dict, also=None) -> pd.
                 thread.result()
     if also is not None:
         also.finish()
-    sums = _RangeSums(len(names))
-    for thread_sums in by_thread.values():
-        sums.add(thread_sums)
 
     def outside(tid) -> str:
         return _outside(thread_labels.get(tid, f"tid {int(tid) & 0xFFFFFF}"))
