@@ -79,6 +79,7 @@ def test_switches_default_to_the_loop_as_it_was(experiment):
         "fused_optimizer": False,
         "loss_every": 1,
         "compile": False,
+        "ddp_overlap": True,
     }
 
 
@@ -92,6 +93,7 @@ def test_switches_default_to_the_loop_as_it_was(experiment):
         ("loss_every", 0),
         ("loss_every", 2.0),
         ("compile", None),
+        ("ddp_overlap", "off"),
     ],
 )
 def test_bad_switch_values_name_their_key(key, value):
@@ -141,7 +143,8 @@ def test_metrics_hold_step_facts_and_the_run_facts_once(run_sft, experiment):
         run["fused_optimizer"],
         run["loss_every"],
         run["compile"],
-    ) == ("max_length", 1, False, False, 1, False)
+        run["ddp_overlap"],
+    ) == ("max_length", 1, False, False, 1, False, None)
 
 
 def test_longest_padding_computes_fewer_positions_for_the_same_loss(run_sft):

@@ -112,6 +112,8 @@ def _nemo_demo() -> dict:
 @pytest.mark.parametrize("backend", ["torch", "nemo"])
 def test_every_remedy_sets_only_what_its_backend_reads_and_validates(backend):
     demo = _nemo_demo() if backend == "nemo" else copy.deepcopy(SMALL_DEMO)
+    if backend == "torch":  # the run that ddp-overlap answers: DDP's overlap, on by default, turned off
+        demo["experiments"]["demo"]["sft"]["ddp_overlap"] = False
     remedies = {by[backend].variant: by[backend] for by in suggest.REMEDIES.values() if backend in by}
     demo["experiments"]["demo"]["variants"] = {name: remedy.overrides for name, remedy in remedies.items()}
     checked = config.validate(demo)
@@ -449,3 +451,15 @@ def test_every_remedy_answers_a_finding_the_analysis_can_raise():
     raised = {rule_id for rule in registry.RULES for rule_id in rule.name.split()}
     assert set(suggest.REMEDIES) <= raised
     assert {backend for by in suggest.REMEDIES.values() for backend in by} == {"torch", "nemo"}
+
+
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_exposed_communication_suggests_ddp_overlap_only_to_a_run_without_it(overlapped):
+    """A remedy the run's facts say it already had would measure nothing: it is left out, with a reason."""
+    analysis = Analysis("ranks", 0, [], findings=[_finding("exposed_communication", 20.0)])
+    run = {"backend": "torch", "ddp_overlap": overlapped}
+    names = [name for name, *_ in suggest.suggest(analysis, run=run)]
+    assert names == ([] if overlapped else ["ddp-overlap"])
+    assert bool(suggest.ruled_out(analysis, run)) == overlapped
+    if overlapped:
+        assert "is what the run already did" in suggest.ruled_out(analysis, run)[0]

@@ -125,6 +125,23 @@ ARCHITECTURES = {
         },
         "nemo": "Llama3Config8B",
     },
+    # Llama 3.2 1B: the published config also has llama3 rope scaling (factor 32), left out here: it
+    # changes the rotary frequencies' values, not a shape or a kernel.
+    "llama3.2-1b": {
+        "hf": {
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "tie_word_embeddings": True,
+        },
+        "nemo": "Llama32Config1B",
+    },
 }
 MODEL_FACTS = "sftprof-model.json"
 
@@ -146,11 +163,10 @@ def hf_config(name: str):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        **architecture(name)["hf"],
+        **{"tie_word_embeddings": False, **architecture(name)["hf"]},
         pad_token_id=SPECIAL_TOKENS["<pad>"],
         bos_token_id=SPECIAL_TOKENS["<s>"],
         eos_token_id=SPECIAL_TOKENS["</s>"],
-        tie_word_embeddings=False,
     )
 
 

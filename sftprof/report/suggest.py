@@ -81,8 +81,12 @@ REMEDIES = {
     "memory_bound_kernel_mix": {
         "torch": Remedy("compiled", {"sft": {"compile": True}}, "torch.compile fuses chains of elementwise kernels"),
     },
-    # The built-in loop's DDP already overlaps its bucketed all-reduce with the backward pass.
     "exposed_communication": {
+        "torch": Remedy(
+            "ddp-overlap",
+            {"sft": {"ddp_overlap": True}},
+            "all-reduce gradient buckets during the backward pass (DDP), not after it",
+        ),
         "nemo": Remedy(
             "overlap-grad-reduce",
             {"sft": {"nemo": {"overlap_grad_reduce": True}}},
@@ -102,12 +106,15 @@ def _remedies(analysis: Analysis, run: dict):
 
 
 def _ruled_out(remedy: Remedy, run: dict) -> str | None:
-    """Why the run's own stack cannot take the remedy, or None: a NeMo knob the backend refuses without
-    Transformer Engine (nemo_backend.NEEDS_TRANSFORMER_ENGINE), on a run whose metrics say it had none. It
-    would fail, or test nothing."""
+    """Why the run cannot take the remedy, or None: a NeMo knob the backend refuses without Transformer
+    Engine (nemo_backend.NEEDS_TRANSFORMER_ENGINE), on a run whose metrics say it had none; or switches the
+    run's facts say were already set so. It would fail, or test nothing."""
     knobs = set(remedy.overrides.get("sft", {}).get("nemo", {})) & set(nemo_backend.NEEDS_TRANSFORMER_ENGINE)
     if knobs and run.get("layer_spec") == nemo_backend.LOCAL_SPEC:
         return f"needs Transformer Engine, which the run lacked (layer_spec {nemo_backend.LOCAL_SPEC})"
+    switches = {key: value for key, value in remedy.overrides.get("sft", {}).items() if key != "nemo"}
+    if switches and all(run.get(key) == value for key, value in switches.items()):
+        return "is what the run already did"
     return None
 
 

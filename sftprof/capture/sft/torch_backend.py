@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100  # label value that cross-entropy skips
 # The `sft` keys only this backend reads (sftprof.capture.sft.backend_settings leaves them out for nemo).
-SWITCHES = ("padding", "pad_to_multiple_of", "pin_memory", "fused_optimizer", "loss_every", "compile")
+SWITCHES = ("padding", "pad_to_multiple_of", "pin_memory", "fused_optimizer", "loss_every", "compile", "ddp_overlap")
 
 
 class SeqLengthError(SftprofError, ValueError):
@@ -235,7 +235,7 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
-def run_facts(model, sft: dict, device: str, optimizer, pin_memory: bool) -> dict:
+def run_facts(model, sft: dict, device: str, optimizer, pin_memory: bool, distributed: bool = False) -> dict:
     """What the run computed with, for an MFU estimate: model FLOPs per token are about
     6 x parameters (less the embedding lookup) plus 12 x num_layers x hidden_size x padded length.
     Switches are as they took effect (pin_memory is off on CPU)."""
@@ -262,6 +262,7 @@ def run_facts(model, sft: dict, device: str, optimizer, pin_memory: bool) -> dic
         "fused_optimizer": bool(optimizer.defaults["fused"]),
         "loss_every": sft["loss_every"],
         "compile": sft["compile"],
+        "ddp_overlap": sft["ddp_overlap"] if distributed else None,  # None: one rank, nothing to all-reduce
         "device_name": device_name(device),
     }
 
@@ -286,6 +287,36 @@ def _data_parallel(model, device: str):
         return model
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return DistributedDataParallel(model)
+
+
+# DDP's default bucket (DistributedDataParallel's bucket_cap_mb=25): with sft.ddp_overlap off the
+# gradients travel in buckets of the same size, so only when they travel changes.
+GRADIENT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def all_reduce_gradients(model, bucket_bytes: int = GRADIENT_BUCKET_BYTES) -> int:
+    """Average every gradient over the ranks, after the backward pass, in buckets of about
+    `bucket_bytes` (last parameters first, as DDP orders them); return the number of all-reduces."""
+    import torch
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    gradients = [p.grad for p in model.parameters() if p.grad is not None]
+    buckets: list[list] = [[]]
+    size = 0
+    for gradient in reversed(gradients):
+        if size >= bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(gradient)
+        size += gradient.numel() * gradient.element_size()
+    for bucket in filter(None, buckets):
+        flat = torch.cat([gradient.reshape(-1) for gradient in bucket])
+        dist.all_reduce(flat)  # a sum: gloo has no average
+        flat.div_(world_size)
+        for gradient, reduced in zip(bucket, flat.split([gradient.numel() for gradient in bucket])):
+            gradient.copy_(reduced.view_as(gradient))
+    return sum(1 for bucket in buckets if bucket)
 
 
 def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Path, sft: dict, window: dict) -> dict:
@@ -334,7 +365,7 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
     capture = CaptureWindow(window["capture_range"], window.get("start_step"), window.get("end_step"), annotator)
     use_bf16 = sft["precision"] == "bf16"
     clock = StepClock(device)
-    facts = run_facts(model, sft, device, optimizer, pin_memory)
+    facts = run_facts(model, sft, device, optimizer, pin_memory, distributed=dist.is_initialized())
     log.info(
         "rank %d training on %s, NVTX via %s, %d examples; run: %s",
         rank,
@@ -355,9 +386,15 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
             micro_losses = []
             with annotator.range(f"step {step}"):
                 for micro in range(sft["grad_accum_steps"]):
-                    # Gradients are all-reduced once per step, on its last micro-batch.
+                    # Gradients are all-reduced once per step, on its last micro-batch: during its
+                    # backward pass (DDP), or after it with ddp_overlap off.
                     last = micro == sft["grad_accum_steps"] - 1
-                    sync = contextlib.nullcontext() if last or not hasattr(trained, "no_sync") else trained.no_sync()
+                    reduce_in_backward = last and sft["ddp_overlap"]
+                    sync = (
+                        contextlib.nullcontext()
+                        if reduce_in_backward or not hasattr(trained, "no_sync")
+                        else trained.no_sync()
+                    )
                     with annotator.range("data"):
                         drawn = batches.next()
                         length = padded_length(drawn, sft["padding"], sft["pad_to_multiple_of"])
@@ -367,6 +404,8 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
                             loss = trained(**batch.tensors).loss / sft["grad_accum_steps"]
                         with annotator.range("backward"):
                             loss.backward()
+                            if last and not sft["ddp_overlap"] and dist.is_initialized():
+                                all_reduce_gradients(model)
                     record.add(batch)
                     micro_losses.append(loss.detach())
                 with annotator.range("optimizer"):
