@@ -124,6 +124,41 @@ def test_exposed_time_by_hand():
     assert collectives.exposed_per_step(collective_table(events, steps)).to_dict() == {7: 50, 8: 100}
 
 
+def test_blocking_time_counts_only_what_launched_compute_waited_for():
+    """Device 0, launches traced: an all-reduce [1100,1300) with the next gemm launched at 1250 (it waits
+    [1250,1300)); one [1400,1500) whose next gemm is launched at 1550, after it ended (the GPU would have
+    idled anyway: nothing blocked); one [1800,1900) that nothing follows (unknown: counted whole)."""
+    rows = [
+        (1000, 1100, "gemm", 0, 1, 900),
+        (1100, 1300, AR, 0, 2, 950),
+        (1300, 1400, "gemm", 0, 3, 1250),
+        (1400, 1500, AR, 0, 4, 1260),
+        (1600, 1700, "gemm", 0, 5, 1550),
+        (1800, 1900, AR, 0, 6, 1560),
+    ]
+    frame = pd.DataFrame(rows, columns=["start", "end", "name", "device_id", "correlation_id", "launch"])
+    kernels = frame.drop(columns="launch").assign(short_name=frame["name"].str.split("(").str[0], pid=5)
+    calls = pd.DataFrame(
+        {
+            "start": frame["launch"],
+            "end": frame["launch"] + 5,
+            "name": "cudaLaunchKernel",
+            "global_tid": (5 << 24) | 7,  # nsys's layout: the pid above the tid
+            "pid": 5,
+            "tid": 7,
+            "correlation_id": frame["correlation_id"],
+        }
+    ).assign(duration=5)
+    events = EventStore.from_frames(kernels=kernels, cuda_api=calls)
+    steps = pd.DataFrame({"step": [1, 2], "start": [1000, 1550], "end": [1550, 2000]})
+    table = collective_table(events, steps)
+    whole = table[table["step"].isna() & (table["kind"] == ALL)].iloc[0]
+    assert whole[["busy_ns", "exposed_ns", "blocking_ns"]].tolist() == [400, 400, 150]
+    by_step = table[table["step"].notna() & (table["kind"] == ALL)].set_index("step")
+    assert by_step["blocking_ns"].to_dict() == {1: 50, 2: 100}
+    assert collectives.exposed_per_step(table, "blocking_ns").to_dict() == {1: 50, 2: 100}
+
+
 def test_exposed_time_matches_an_independent_count_on_a_timeline():
     """Random kernels on two devices and several streams; every number against a boolean timeline."""
     rng = np.random.default_rng(7)

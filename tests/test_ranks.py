@@ -252,7 +252,7 @@ def test_cli_refuses_ranks_without_common_steps(tmp_path):
 
 def _rank(number, node, own, waiting, data=None, kernel_ns=None, comm=None, run=None) -> RankInput:
     """A rank whose steps 1..n take own + waiting; its waiting is in backward sync waits (or, with `comm`,
-    in NCCL all-reduce time: busy per step)."""
+    in NCCL all-reduce time: (busy, exposed, blocking) per step)."""
     n = len(own)
     data = data if data is not None else [5 * MS] * n
     duration = [o + w for o, w in zip(own, waiting, strict=True)]
@@ -286,8 +286,9 @@ def _rank(number, node, own, waiting, data=None, kernel_ns=None, comm=None, run=
                     "time_ns": busy,
                     "busy_ns": busy,
                     "exposed_ns": exposed,
+                    "blocking_ns": blocking,
                 }
-                for s, (busy, exposed) in zip(range(1, n + 1), comm, strict=True)
+                for s, (busy, exposed, blocking) in zip(range(1, n + 1), comm, strict=True)
                 for kind in ("all", "all_reduce")
             ]
         )
@@ -349,10 +350,15 @@ def test_two_slow_ranks_are_named_together():
 
 def test_nccl_waiting_exposed_time_and_bus_bandwidth():
     """Waiting inside NCCL kernels: rank 1 arrives last, so its all-reduce is the transfer (8 ms) and the
-    others' kernels spin 40 ms longer; 3 ms of each all-reduce has no compute beside it on every rank."""
+    others' kernels spin 40 ms longer; 3 ms of each all-reduce has no compute beside it on every rank, and
+    compute waits for 2 ms of that on every rank."""
     run = {"parameters": 1_000_000, "weight_dtype": "float32"}
     own = {0: [60 * MS] * 4, 1: [100 * MS] * 4, 2: [60 * MS] * 4}
-    comm = {0: [(48 * MS, 43 * MS)] * 4, 1: [(8 * MS, 3 * MS)] * 4, 2: [(48 * MS, 45 * MS)] * 4}
+    comm = {
+        0: [(48 * MS, 43 * MS, 30 * MS)] * 4,
+        1: [(8 * MS, 3 * MS, 2 * MS)] * 4,
+        2: [(48 * MS, 45 * MS, 40 * MS)] * 4,
+    }
     inputs = [
         _rank(
             r,
@@ -370,8 +376,9 @@ def test_nccl_waiting_exposed_time_and_bus_bandwidth():
     steps = result.tables["rank_steps"].set_index(["step", "rank"])
     assert steps.loc[(1, 0), "waiting_ns"] == 40 * MS and steps.loc[(1, 1), "waiting_ns"] == 0
     assert findings["straggler"].title.startswith("Rank 1 (node 0")
-    # exposed: the least exposed rank's 3 ms of a 100 ms job step
-    assert findings["exposed_communication"].gain_pct == pytest.approx(3.0)
+    # the gain: the least blocked rank's 2 ms of a 100 ms job step; the evidence names the 3 ms exposed too
+    assert findings["exposed_communication"].gain_pct == pytest.approx(2.0)
+    assert "3.00 ms on the least exposed rank" in findings["exposed_communication"].evidence
     assert findings["exposed_communication"].severity == "info"
     bandwidth = result.tables["rank_collectives"].set_index(["step", "kind"]).loc[(1, "all_reduce")]
     assert bandwidth["busy_min_ns"] == 8 * MS and bandwidth["bytes"] == 4_000_000

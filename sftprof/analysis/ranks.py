@@ -142,13 +142,14 @@ def _waits(rank: RankInput) -> pd.DataFrame:
 
 
 def _comm(rank: RankInput) -> pd.DataFrame:
-    """step x kind -> NCCL busy and exposed time, on the device with the most in the step."""
+    """step x kind -> NCCL busy, exposed and blocking time, on the device with the most in the step."""
+    columns = ["busy_ns", "exposed_ns", "blocking_ns"]
     table = rank.tables.get("collectives", pd.DataFrame())
     if table.empty:
-        return pd.DataFrame(columns=["step", "kind", "busy_ns", "exposed_ns"])
+        return pd.DataFrame(columns=["step", "kind", *columns])
     table = table.assign(step=_number(table["step"])).dropna(subset=["step"])
     table = table.assign(step=table["step"].astype("int64"))
-    return table.groupby(["step", "kind"], as_index=False)[["busy_ns", "exposed_ns"]].max()
+    return table.groupby(["step", "kind"], as_index=False)[columns].max()
 
 
 def _kernel_ns(rank: RankInput) -> pd.Series:
@@ -232,6 +233,7 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
 
     comm_busy = comm_frame(collectives.ALL, "busy_ns")
     comm_exposed = comm_frame(collectives.ALL, "exposed_ns")
+    comm_blocking = comm_frame(collectives.ALL, "blocking_ns")
     comm_waiting = comm_busy.sub(comm_busy.min(axis=1), axis=0)
     total_waiting = sum(waiting[p] for p in WAITING_PHASES) + comm_waiting
     own = duration - total_waiting
@@ -253,7 +255,7 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
     slow_steps = (excess >= STRAGGLER_MIN_PCT / 100.0 * step_ns).mean()
     slow = [r for r in ids if step_ns and slow_steps[r] >= STRAGGLER_STEPS_SHARE]
     findings = _stragglers(inputs, slow, own, own_phase, excess, kernel, step_ns)
-    findings += _exposed(inputs, comm_exposed, tables["rank_collectives"], step_ns, has_nccl)
+    findings += _exposed(comm_exposed, comm_blocking, tables["rank_collectives"], step_ns, has_nccl)
     findings += _unmeasured(inputs, comm)
     findings = ranked(findings)
     gains = {f.title: f.gain_pct for f in findings if f.rule == "straggler"}
@@ -553,12 +555,12 @@ def _unmeasured(inputs, comm) -> list[Finding]:
     ]
 
 
-def _exposed(inputs, comm_exposed, rank_collectives, step_ns, has_nccl) -> list[Finding]:
-    """Exposed communication every rank suffers (the least any rank had in a step): the transfer that
-    overlapping could hide; waiting beyond it belongs to the straggler."""
+def _exposed(comm_exposed, comm_blocking, rank_collectives, step_ns, has_nccl) -> list[Finding]:
+    """Communication every rank's compute waits for (the least any rank had in a step: collectives.py's
+    blocking time), which overlapping could hide; waiting beyond it belongs to the straggler."""
     if not has_nccl or not step_ns:
         return []
-    shared = comm_exposed.min(axis=1)
+    shared = comm_blocking.min(axis=1)
     gain = _share(shared, step_ns)
     bandwidth = rank_collectives.dropna(subset=["busbw_gbps"])
     bus = (
@@ -573,12 +575,14 @@ def _exposed(inputs, comm_exposed, rank_collectives, step_ns, has_nccl) -> list[
         Finding(
             rule="exposed_communication",
             severity=severity_of(gain),
-            title=f"Collectives run with no compute beside them for {gain:.1f}% of the median job step on every rank",
+            title=f"Compute waits for collectives for {gain:.1f}% of the median job step on every rank",
             evidence=(
-                f"Per step (median), NCCL kernels run {kinds or 'no time'} on the median rank; exposed with no "
-                f"compute kernel beside them: {ms(float(shared.median()), 2)} on the least exposed rank, "
-                f"{ms(float(comm_exposed.max(axis=1).median()), 2)} on the most (the difference is waiting "
-                f"for a straggler).{bus}"
+                f"Per step (median), NCCL kernels run {kinds or 'no time'} on the median rank; with no compute "
+                f"kernel beside them: {ms(float(comm_exposed.min(axis=1).median()), 2)} on the least exposed rank, "
+                f"{ms(float(comm_exposed.max(axis=1).median()), 2)} on the most (the difference is waiting for a "
+                f"straggler); of that, with the next compute kernel already launched and waiting: "
+                f"{ms(float(shared.median()), 2)} on the least blocked rank (the rest ran while the host had "
+                f"not launched more work, and cost the step nothing).{bus}"
             ),
             recommendation=(
                 "Overlap communication with compute (DDP gradient bucketing, bucket_cap_mb; FSDP "
@@ -588,7 +592,7 @@ def _exposed(inputs, comm_exposed, rank_collectives, step_ns, has_nccl) -> list[
             ),
             gain_pct=gain,
             gain_basis=(
-                f"median over steps of the least exposed rank's exposed collective time / {ms(step_ns)} median job step"
+                f"median over steps of the least blocked rank's blocking collective time / {ms(step_ns)} median job step"
             ),
         )
     ]

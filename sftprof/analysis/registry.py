@@ -235,8 +235,9 @@ SECTIONS: tuple[Section, ...] = (
         collectives.collective_table,
         ("events", "steps"),
         N,
-        "NCCL collective kernels per step, device and kind (all-reduce, reduce-scatter, ...): time, and time "
-        "exposed with no compute kernel beside them (rows without a step: the whole capture)",
+        "NCCL collective kernels per step, device and kind (all-reduce, reduce-scatter, ...): time, time "
+        "exposed with no compute kernel beside them, and of that the time blocking compute, whose next kernel "
+        "was already launched (rows without a step: the whole capture)",
     ),
     _saved(
         "step_waits",
