@@ -14,9 +14,11 @@ so the step takes as long on every rank and a slow rank's extra time shows on th
 waiting: on the training thread's synchronization calls (step_waits: gloo, MPI, c10d work waits;
 waits inside `data` ranges are the rank's own input pipeline and are not counted) and in NCCL kernel
 time (collectives). A rank's *waiting* in a step is its wait beyond the least any rank waited there
-(per phase for the OS waits, per step for NCCL busy time): the rank that arrived last waited for the
-transfer only. Its *own* time is its step time less that waiting: the time it would take if no rank
-had to wait for another.
+(per phase for the OS waits, per step for NCCL time with no compute kernel beside it): the rank that
+arrived last waited for the transfer only. NCCL time with compute beside it is not waiting (the rank
+was working), and where NCCL runs, one wait shows both on the GPU and as the host's wait for it, so the
+larger of the two counts, not their sum. Its *own* time is its step time less that waiting: the time it
+would take if no rank had to wait for another.
 
 The straggler model (STRAGGLER_*). A rank is slow when its own time exceeds the median of the other
 ranks' by STRAGGLER_MIN_PCT of the median step or more, in STRAGGLER_STEPS_SHARE of the common steps. The job
@@ -220,7 +222,7 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
     waiting = {
         p: wait_ns[p].sub(wait_ns[p].min(axis=1), axis=0) if p in WAITING_PHASES else wait_ns[p] * 0 for p in OWN_PHASES
     }
-    # ... and NCCL busy time beyond the least any rank spent (per step)
+    # ... and NCCL time with no compute beside it (exposed) beyond the least any rank had (per step)
     comm = {r: _comm(by_rank[r]) for r in ids}
     has_nccl = any(not c.empty for c in comm.values())
 
@@ -234,8 +236,10 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
     comm_busy = comm_frame(collectives.ALL, "busy_ns")
     comm_exposed = comm_frame(collectives.ALL, "exposed_ns")
     comm_blocking = comm_frame(collectives.ALL, "blocking_ns")
-    comm_waiting = comm_busy.sub(comm_busy.min(axis=1), axis=0)
-    total_waiting = sum(waiting[p] for p in WAITING_PHASES) + comm_waiting
+    comm_waiting = comm_exposed.sub(comm_exposed.min(axis=1), axis=0)
+    # One wait for a slower rank shows twice where NCCL runs: the GPU sits in the collective, and the host then
+    # waits for the GPU (a synchronizing call, the autograd thread in backward). The larger of the two counts.
+    total_waiting = np.maximum(sum(waiting[p] for p in WAITING_PHASES), comm_waiting)
     own = duration - total_waiting
     own_phase = {p: phase_ns[p] - waiting[p] for p in OWN_PHASES}
     excess = own - _of_others(own)
