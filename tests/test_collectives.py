@@ -2,8 +2,8 @@
 
 NCCL kernels cannot be made on this CPU machine: the names below are real ones, quoted from NCCL's
 sources and from traces in public issues (each with where it comes from), and the kernel timelines
-are synthetic, checked against an independent count on a boolean timeline. The real 2-GPU capture
-is issue 19's.
+are synthetic, checked against an independent count on a boolean timeline. Real 2-GPU captures are
+checked in test_nccl_ranks.py.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ nsys (README.md there): `clean`, and `slow_rank1` with a 50 ms sleep per micro-b
 path. tests/fixtures/ranks/four_*/ holds three 4-rank captures, each one srun job step on the loopback
 Slurm: `four_clean`, `four_slow_data_rank2` (100 ms sleep per micro-batch in rank 2's data path) and
 `four_busy_rank3` (busy loops pinned to rank 3's core). NCCL cannot run here: the NCCL paths (waiting in
-collective kernels, exposed time, bus bandwidth) are tested on synthetic per-rank tables below; the real
-2-GPU capture is issue 19's.
+collective kernels, exposed time, bus bandwidth) are tested on synthetic per-rank tables below, and on
+real 2-GPU captures in test_nccl_ranks.py.
 """
 
 from __future__ import annotations
