@@ -101,6 +101,7 @@ WAIT_PHASES = (*cpu.PHASES, OTHER_PHASE)
 COLLECTIVE_COLUMNS = ["step", "device_id", "kind", "kernels", "time_ns", "busy_ns", "exposed_ns", "blocking_ns"]
 WAIT_COLUMNS = ["step", "phase", "waits", "wait_ns"]
 _EMPTY = np.zeros(0, dtype="int64")
+UNKNOWN_LAUNCH = np.iinfo("int64").min  # a launch not known: the exposed piece counts whole
 
 
 def collective_kind(name) -> str | None:
@@ -183,23 +184,34 @@ def blocking_pieces(
     starts, ends = exposed
     if not len(starts):
         return intervals.RunningUnion().result()
-    launches = events.query(
-        f"""
-        WITH compute AS (SELECT start, correlation_id, pid FROM kernels
-                         WHERE device_id = {int(device)} AND start > 0
-                           AND {NAME_PAIR_SQL} NOT IN (SELECT pair FROM comm)),
-             next AS (SELECT p.i, p.piece_start, k.start AS next_start
-                      FROM pieces p ASOF LEFT JOIN (SELECT DISTINCT start FROM compute) k ON p.piece_end <= k.start)
-        SELECT n.i, min(coalesce(a.start, n.piece_start)) AS launch
-        FROM next n
-        LEFT JOIN compute k ON k.start = n.next_start
-        LEFT JOIN cuda_api a ON a.correlation_id = k.correlation_id AND a.pid = k.pid
-        GROUP BY n.i""",
-        pieces=pd.DataFrame({"i": np.arange(len(starts)), "piece_start": starts, "piece_end": ends}),
+    # Three queries, each join built on its small side (the pieces, the kernels that follow them), so that a
+    # capture of millions of kernels and launch calls streams through DuckDB's share of the memory budget.
+    compute = f"""(SELECT start, correlation_id, pid FROM kernels WHERE device_id = {int(device)} AND start > 0
+                  AND {NAME_PAIR_SQL} NOT IN (SELECT pair FROM comm))"""
+    following = events.query(
+        f"""SELECT p.i, k.start AS next_start
+            FROM pieces p ASOF LEFT JOIN (SELECT start FROM {compute}) k ON p.piece_end <= k.start""",
+        pieces=pd.DataFrame({"i": np.arange(len(starts)), "piece_end": ends}),
+        comm=collective_pairs,
+    ).dropna()
+    kernels = events.query(
+        f"SELECT c.* FROM {compute} c SEMI JOIN following f ON c.start = f.next_start",
+        following=following[["next_start"]].astype("int64").drop_duplicates(),
         comm=collective_pairs,
     )
-    launch = np.full(len(starts), np.iinfo("int64").max)
-    launch[launches["i"].to_numpy("int64")] = launches["launch"].to_numpy("int64")
+    calls = events.query(
+        """SELECT a.correlation_id, a.pid, min(a.start) AS launch
+           FROM cuda_api a SEMI JOIN kernels k ON a.correlation_id = k.correlation_id AND a.pid = k.pid
+           GROUP BY a.correlation_id, a.pid""",
+        kernels=kernels[["correlation_id", "pid"]],
+    )
+    # a kernel whose launch call is not traced makes its start's launch unknown; of kernels starting
+    # together, the earliest launched
+    launched = kernels.merge(calls, on=["correlation_id", "pid"], how="left")
+    by_start = launched["launch"].fillna(UNKNOWN_LAUNCH).astype("int64").groupby(launched["start"]).min()
+    launch = np.full(len(starts), UNKNOWN_LAUNCH)
+    found = following["next_start"].astype("int64").map(by_start)
+    launch[following["i"].to_numpy("int64")] = found.fillna(UNKNOWN_LAUNCH).astype("int64").to_numpy()
     begin = np.maximum(starts, launch)
     keep = begin < ends
     return pd.DataFrame({"start": begin[keep], "end": ends[keep]})
