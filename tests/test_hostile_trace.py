@@ -68,17 +68,19 @@ def left_out(path: Path) -> dict[str, int]:
     bad = f'(start IS NULL OR "end" IS NULL OR {out_of_range})'
     queries = {
         "kernels": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE {bad}",
+        # a call without its thread, or with a name StringIds does not hold, is damaged too
         "cuda_api": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE {bad} "
-        "OR nameId IS NULL OR nameId NOT IN (SELECT id FROM StringIds)",
+        "OR nameId IS NULL OR nameId NOT IN (SELECT id FROM StringIds) OR globalTid IS NULL",
         "memops": f"SELECT (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE {bad}) "
         f"+ (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE {bad})",
         "sync": f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION WHERE {bad}",
         # a call with no event class, or a name StringIds does not hold, is damaged too
         "osrt": "SELECT count(*) FROM OSRT_API WHERE (eventClass = 27 OR eventClass IS NULL) AND "
         f"({bad} OR eventClass IS NULL OR nameId IS NULL OR nameId NOT IN (SELECT id FROM StringIds))",
-        # an NVTX range without an end is open to the capture's end, not damaged; an event without a type is
+        # an NVTX range without an end is open to the capture's end, not damaged; an event without a type is,
+        # and so is a range without its thread
         "nvtx": "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IS NULL "
-        f"OR (eventType IN (59, 60, 70, 71) AND (start IS NULL OR {out_of_range}))",
+        f"OR (eventType IN (59, 60, 70, 71) AND (start IS NULL OR {out_of_range} OR globalTid IS NULL))",
         # a context switch without its thread or core pairs with nothing
         "sched": f"SELECT count(*) FROM SCHED_EVENTS WHERE start IS NULL OR abs(start) > {2**53} "
         "OR globalTid IS NULL OR cpu IS NULL",
@@ -179,6 +181,9 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             # NULL times
             "UPDATE NVTX_EVENTS SET start = NULL WHERE rowid % 7 = 0",
             "UPDATE NVTX_EVENTS SET eventType = NULL WHERE rowid % 11 IN (0, 5)",
+            # no thread: a step range among them once broke the step accounting
+            "UPDATE NVTX_EVENTS SET globalTid = NULL WHERE rowid % 17 = 3",
+            "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = NULL WHERE rowid % 17 = 2",
             "UPDATE OSRT_API SET start = NULL WHERE rowid % 5 = 1",
             'UPDATE OSRT_API SET "end" = NULL WHERE rowid % 5 = 2',
             "UPDATE OSRT_API SET eventClass = NULL WHERE rowid % 11 = 4",
@@ -203,6 +208,7 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             "UPDATE NVTX_EVENTS SET text = 'step 99999999999999999999' WHERE text = 'step 4'",
             # read by sqlite3 (text not in UTF-8): events without a type counted there too
             "UPDATE NVTX_EVENTS SET eventType = NULL WHERE rowid % 13 = 2",
+            "UPDATE NVTX_EVENTS SET globalTid = NULL WHERE rowid % 13 = 5",
             not_null_off=("NVTX_EVENTS",),
         ),
         "sched": export_copy(

@@ -134,8 +134,8 @@ def dropped_rows(dropped: dict[str, int]) -> list[Finding]:
             "warning",
             f"{sum(dropped.values()):,} trace rows left out as damaged",
             f"Left out, by table: {parts}. A start or end time is missing, the end comes before the start, a time "
-            f"lies beyond ±{MAX_TIME_NS / 86_400e9:.0f} days, a field has the wrong type, or an event has no type or "
-            "names a string the export does not hold. Every number in this "
+            f"lies beyond ±{MAX_TIME_NS / 86_400e9:.0f} days, a field has the wrong type, or an event has no type, "
+            "names a string the export does not hold or, as a call or range, no thread. Every number in this "
             "report is computed without them.",
             "The trace file was damaged or edited: export or record it again.",
         )

@@ -699,7 +699,8 @@ class EventStore:
         # Once, after the copy (whichever reader made it): one scan of two columns, nothing on the decoder's path.
         for table, rows, valid in (
             ("kernels", "kernel_rows", valid_times_sql()),
-            ("cuda_api", "cuda_api_rows", valid_times_sql()),
+            # a call names its thread, or no thread or process can be said to have made it
+            ("cuda_api", "cuda_api_rows", f"{valid_times_sql()} AND global_tid IS NOT NULL"),
             ("gpu_metrics", "gpu_metrics", valid_times_sql("timestamp", "timestamp")),
             # a switch names its thread and core, or it pairs with nothing
             (

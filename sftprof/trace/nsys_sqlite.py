@@ -299,10 +299,13 @@ def _nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
     if "NVTX_EVENTS" not in export.tables:
         return
     try:
-        return _nvtx_from_pages(export, strings, store, dropped)
+        _nvtx_from_pages(export, strings, store, dropped)
     except sqlite_pages.Unsupported:
         store.clear_nvtx()
-    _nvtx_by_sql(export, store, dropped)
+        _nvtx_by_sql(export, store, dropped)
+    # a range names its thread, or no thread can be said to have pushed it (a step range with none broke the
+    # step accounting): left out and counted, whichever route read it
+    count_dropped(dropped, "nvtx", store.delete_invalid("nvtx_rows", "global_tid IS NOT NULL"))
 
 
 def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
