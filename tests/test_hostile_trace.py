@@ -236,6 +236,14 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
             not_null_off=("GPU_METRICS", "SCHED_EVENTS"),
             source=FIXTURE.parent / "nsys2025" / "h200_sft_clean_metrics.sqlite",
         ),
+        # ranges pushed with no message: not damage (they once stopped the gap causes with a traceback)
+        "nameless": export_copy(
+            tmp_path,
+            "nameless.sqlite",
+            "UPDATE NVTX_EVENTS SET text = NULL, textId = NULL WHERE rowid % 7 = 3",
+            not_null_off=("NVTX_EVENTS",),
+            source=FIXTURE.with_name("h200_sft_clean.sqlite"),
+        ),
         **{name: export_copy(tmp_path, f"{name}.sqlite") for name in ("plain", "a?b#c%41")},
     }
     expected = {name: left_out(path) for name, path in cases.items()}

@@ -130,6 +130,7 @@ def _leaf_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
 
 # The source label of the time a thread spent in none of its traced calls: running its own code.
 OWN_CODE = "own code (no traced call)"
+UNNAMED_RANGE = "(unnamed range)"  # an NVTX range pushed with no message (text and textId NULL)
 
 
 def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAINED) -> pd.DataFrame:
@@ -177,7 +178,8 @@ def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAI
                         "gap": rank,
                         "gap_row": gap,
                         "calls": pd.NA,
-                        "name": "/".join(ranges.sort_values("start")["name"]) or "(no NVTX range)",
+                        "name": "/".join(ranges.sort_values("start")["name"].astype(object).fillna(UNNAMED_RANGE))
+                        or "(no NVTX range)",
                         "overlap_ns": gap.duration - in_calls,
                     }
                 )
