@@ -11,6 +11,7 @@ successful capture of the `lock` plant with `--cpuctxsw=process-tree`.
 from __future__ import annotations
 
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -51,7 +52,9 @@ def test_a_starved_data_path_is_named(planted):
     assert stall.severity == "warning"
     share = float(stall.title.split("takes ")[1].split("%")[0])
     assert 40 < share < 80  # 40 ms of sleep (more on a loaded machine) in a ~72 ms step
-    assert "clock_nanosleep" in stall.evidence and "python (main, tid" in stall.evidence
+    # the main thread, by the last name nsys recorded for it: under load nsys 2022.4 can miss the rename at
+    # exec and keep its launcher's name (seen once, in a fresh clone's run beside other work)
+    assert "clock_nanosleep" in stall.evidence and re.search(r"(python|nsys-launcher) \(main, tid", stall.evidence)
     assert "num_workers" in stall.recommendation
     assert "lock_wait" not in found
 
