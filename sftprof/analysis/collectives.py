@@ -149,9 +149,12 @@ def collective_kernels(events: EventStore) -> pd.DataFrame:
     return kernels.astype(columns)
 
 
-def compute_beside(events: EventStore, device: int, spans: pd.DataFrame) -> pd.DataFrame:
+def compute_beside(
+    events: EventStore, device: int, spans: pd.DataFrame, collective_pairs: pd.DataFrame
+) -> pd.DataFrame:
     """The union of one device's other (compute) kernels where they overlap `spans` (sorted, disjoint
-    start/end: a union of collective kernels), fetched by a range join so that only those come back."""
+    start/end: a union of collective kernels), fetched by a range join so that only those come back;
+    `collective_pairs`: _collective_pairs, found once per table."""
     if spans.empty:
         return intervals.RunningUnion().result()
     rows = events.query(
@@ -160,7 +163,7 @@ def compute_beside(events: EventStore, device: int, spans: pd.DataFrame) -> pd.D
                                       WHERE device_id = {int(device)} AND start > 0
                                         AND {NAME_PAIR_SQL} NOT IN (SELECT pair FROM comm)) k, spans s
         WHERE k.start < s."end" AND k."end" > s.start""",
-        comm=_collective_pairs(events),
+        comm=collective_pairs,
         spans=spans,
     )
     return intervals.union(rows.drop_duplicates())
@@ -173,25 +176,21 @@ def _collective_pairs(events: EventStore) -> pd.DataFrame:
     return comm.astype("int64")
 
 
-def blocking_pieces(
-    events: EventStore, device: int, exposed: tuple[np.ndarray, np.ndarray], collective_pairs: pd.DataFrame
-) -> pd.DataFrame:
-    """Of each exposed piece [start, end) (sorted, disjoint), the part during which the device's next
-    compute kernel had been launched (its launch call had begun) and so waited: [max(start, launch), end).
-    Of kernels that start together next, the earliest launched.
-    Where that launch is unknown (no compute kernel follows in the capture, or its call is not traced) the
-    piece counts whole, as exposed."""
-    starts, ends = exposed
-    if not len(starts):
-        return intervals.RunningUnion().result()
-    # Three queries, each join built on its small side (the pieces, the kernels that follow them), so that a
+def next_launches(events: EventStore, device: int, times: np.ndarray, collective_pairs: pd.DataFrame) -> np.ndarray:
+    """For each time in `times`, when the launch call of the device's first compute kernel starting at or after
+    it began (of kernels that start together, the earliest launched); UNKNOWN_LAUNCH where none follows in the
+    capture or its call is not traced."""
+    launch = np.full(len(times), UNKNOWN_LAUNCH)
+    if not len(times):
+        return launch
+    # Three queries, each join built on its small side (the times, the kernels that follow them), so that a
     # capture of millions of kernels and launch calls streams through DuckDB's share of the memory budget.
     compute = f"""(SELECT start, correlation_id, pid FROM kernels WHERE device_id = {int(device)} AND start > 0
                   AND {NAME_PAIR_SQL} NOT IN (SELECT pair FROM comm))"""
     following = events.query(
         f"""SELECT p.i, k.start AS next_start
             FROM pieces p ASOF LEFT JOIN (SELECT start FROM {compute}) k ON p.piece_end <= k.start""",
-        pieces=pd.DataFrame({"i": np.arange(len(starts)), "piece_end": ends}),
+        pieces=pd.DataFrame({"i": np.arange(len(times)), "piece_end": times}),
         comm=collective_pairs,
     ).dropna()
     kernels = events.query(
@@ -205,13 +204,19 @@ def blocking_pieces(
            GROUP BY a.correlation_id, a.pid""",
         kernels=kernels[["correlation_id", "pid"]],
     )
-    # a kernel whose launch call is not traced makes its start's launch unknown; of kernels starting
-    # together, the earliest launched
+    # a kernel whose launch call is not traced makes its start's launch unknown
     launched = kernels.merge(calls, on=["correlation_id", "pid"], how="left")
     by_start = launched["launch"].fillna(UNKNOWN_LAUNCH).astype("int64").groupby(launched["start"]).min()
-    launch = np.full(len(starts), UNKNOWN_LAUNCH)
     found = following["next_start"].astype("int64").map(by_start)
     launch[following["i"].to_numpy("int64")] = found.fillna(UNKNOWN_LAUNCH).astype("int64").to_numpy()
+    return launch
+
+
+def blocking_pieces(exposed: tuple[np.ndarray, np.ndarray], launch: np.ndarray) -> pd.DataFrame:
+    """Of each exposed piece [start, end) (sorted, disjoint), the part during which the device's next compute
+    kernel had been launched (`launch`, per piece: next_launches of its end) and so waited:
+    [max(start, launch), end). Where that launch is unknown the piece counts whole, as exposed."""
+    starts, ends = exposed
     begin = np.maximum(starts, launch)
     keep = begin < ends
     return pd.DataFrame({"start": begin[keep], "end": ends[keep]})
@@ -280,14 +285,20 @@ def collective_table(events: EventStore, steps: pd.DataFrame) -> pd.DataFrame:
     collective_pairs = _collective_pairs(events)
     for device, on_device in kernels.groupby("device_id", sort=True):
         everything = intervals.union(on_device[["start", "end"]])
-        compute = compute_beside(events, int(device), everything)
+        compute = compute_beside(events, int(device), everything, collective_pairs)
         span = (int(everything["start"].iat[0]), int(everything["end"].iat[-1]))
         groups = [(ALL, on_device)] + [(k, on_device[on_device["kind"] == k]) for k in KINDS]
+        groups = [(kind, group) for kind, group in groups if not group.empty]
+        merged_of = {
+            kind: everything if kind == ALL else intervals.union(group[["start", "end"]]) for kind, group in groups
+        }
+        exposed_of = {kind: uncovered(merged, compute) for kind, merged in merged_of.items()}
+        # one lookup of the next compute kernel's launch for every kind's exposed pieces together
+        ends = np.unique(np.concatenate([piece_ends for _, piece_ends in exposed_of.values()]))
+        launches = next_launches(events, int(device), ends, collective_pairs)
         for kind, group in groups:
-            if group.empty:
-                continue
-            merged = everything if kind == ALL else intervals.union(group[["start", "end"]])
-            blocking = blocking_pieces(events, int(device), uncovered(merged, compute), collective_pairs)
+            merged, exposed_pieces = merged_of[kind], exposed_of[kind]
+            blocking = blocking_pieces(exposed_pieces, launches[np.searchsorted(ends, exposed_pieces[1])])
             busy, exposed = exposed_in(merged, compute, [span[0]], [span[1]])
             rows.append(
                 {
