@@ -291,6 +291,17 @@ def as_nsys_rows(summary, name_columns) -> set[tuple]:
 TRAINING_TID = (7 << 24) | 7
 
 
+def merged(rows) -> list[list[int]]:
+    """The union of (start, end) rows, plainly: tests' own count, apart from sftprof's interval code."""
+    out = []
+    for start, end in sorted(rows):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return out
+
+
 def nvtx_range(name: str, start: int, end: int, tid: int = TRAINING_TID) -> dict:
     return {
         "start": start,

@@ -40,7 +40,7 @@ from sftprof.trace.events import EventStore
 from sftprof.trace.tables import COLUMNS as TABLE_COLUMNS
 from sftprof.trace.tables import TraceTables
 
-from conftest import TRAINING_TID, nvtx_range
+from conftest import TRAINING_TID, merged, nvtx_range
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = (
@@ -80,17 +80,6 @@ RANGES = """
 def steps_of(capture: str) -> dict[int, tuple[int, int]]:
     rows = query(capture, RANGES + " SELECT name, start, \"end\" FROM ranges WHERE name LIKE 'step %'")
     return {int(name.split()[1]): (start, end) for name, start, end in rows}
-
-
-def merged(rows) -> list[list[int]]:
-    """The union of (start, end) rows, plainly."""
-    out = []
-    for start, end in sorted(rows):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
-    return out
 
 
 def overlap(intervals_, start: int, end: int) -> int:

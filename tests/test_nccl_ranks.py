@@ -27,6 +27,8 @@ from sftprof.report import suggest
 from sftprof.text import read_csv
 from sftprof.trace.metrics import read_metrics
 
+from conftest import merged
+
 FIXTURES = Path(__file__).parent / "fixtures" / "ranks"
 sys.path.insert(0, str(FIXTURES))
 import make_nccl_captures  # noqa: E402  (the plant's sleep)
@@ -83,16 +85,6 @@ def test_collectives_are_found_by_kind_as_nsys_counted_them(analysed, case):
     assert ("broadcast" in kinds) == (case != "nccl_no_overlap")
 
 
-def _union(spans):
-    merged = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
 def _independent_exposed_and_blocking(export: Path) -> tuple[int, int]:
     """From the export alone: the time NCCL kernels run with no other kernel on the GPU (exposed), and of
     it the time after the launch call of the next other kernel began (blocking; of kernels starting together,
@@ -108,10 +100,10 @@ def _independent_exposed_and_blocking(export: Path) -> tuple[int, int]:
         FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName""").fetchall()
     db.close()
     rows = [(start, end, nccl, launched.get((correlation, pid))) for start, end, nccl, correlation, pid in kernels]
-    comm = _union([(s, e) for s, e, nccl, _ in rows if nccl])
+    comm = merged([(s, e) for s, e, nccl, _ in rows if nccl])
     compute = sorted((s, e, launch) for s, e, nccl, launch in rows if not nccl)
     compute_starts = [c[0] for c in compute]
-    covered = _union([(s, e) for s, e, _ in compute])
+    covered = merged([(s, e) for s, e, _ in compute])
     covered_ends = [e for _, e in covered]
     exposed = blocking = 0
     for start, end in comm:
