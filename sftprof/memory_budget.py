@@ -22,6 +22,12 @@ MIN_DUCKDB_BYTES = 64 * 2**20  # a 1M-kernel copy ran out at 16 MiB, not at 32 (
 # (the GPU machine's 16 cores), the exact median's histogram over NeMo's 60M NVTX ranges ran out; with 4 it
 # did not (ENGINE.md, section 21).
 DUCKDB_THREAD_BYTES = 32 * 2**20
+# The most groups a GROUP BY over rows that grow with the capture may make. Up to about there each DuckDB thread
+# aggregates into a table of its own whose size does not grow with the rows; beyond it the rows themselves are
+# partitioned and held, so memory grows with them: counting 30M-120M random values into 2^15 buckets ran out of
+# a 128 MiB share with 4 or 8 threads, on this VM and on the GPU machine alike, and 2^14 did not (ENGINE.md,
+# section 24). On NeMo's 12M NVTX ranges the median's 2^21 buckets ran out on any machine of 4 cores or more.
+DUCKDB_GROUPS = 1 << 14
 MAX_BYTES = 2**50  # 1 PB: more than any machine has, and far from float and DuckDB limits
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r" *(\d+(?:\.\d+)?) *([KMGT]?)(?:I?B)? *\Z", re.IGNORECASE)

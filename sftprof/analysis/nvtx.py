@@ -18,6 +18,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from sftprof import memory_budget
 from sftprof.analysis.intervals import CHUNK_ROWS, search_ordered
 from sftprof.trace.events import EventStore, usable_cores
 
@@ -316,7 +317,7 @@ def _containing_one(starts: np.ndarray, ends: np.ndarray, call_starts: np.ndarra
 
 
 # window_cuts counts the starts of a thread by this many buckets of its time, to cut it into windows
-WINDOW_BUCKETS = 1 << 16
+WINDOW_BUCKETS = memory_budget.DUCKDB_GROUPS
 
 
 def window_cuts(events: EventStore, tid: int, count: int, first: int, last: int) -> np.ndarray:

@@ -15,6 +15,8 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
+from sftprof import memory_budget
+
 SUMMARY_COLUMNS = ["time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns"]
 
 _rounders = threading.local()  # an SQLite connection per thread: analyses run on two
@@ -46,7 +48,7 @@ SQL_AGGREGATES = (
 # group while it runs (+1.15 GB over 88M CUDA API calls), so values are counted by bucket of their
 # range instead, a pass at a time, each pass narrowing every wanted rank's range to one bucket, until
 # the values left in those ranges are few enough to fetch and pick from.
-MEDIAN_BUCKET_ROWS = 1 << 21  # the most (range, bucket) counts one pass may bring back
+MEDIAN_BUCKET_ROWS = memory_budget.DUCKDB_GROUPS  # the most (range, bucket) counts one query may make
 MEDIAN_FETCH_ROWS = 1 << 20  # values left in the wanted ranges that are fetched, not counted again
 
 
@@ -92,15 +94,23 @@ def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame, 
         if ranges["n"].sum() <= MEDIAN_FETCH_ROWS:
             values = _pick(events, source, on_keys, ranges, wanted_range, rank, frames)
             break
-        bits = max(int(MEDIAN_BUCKET_ROWS // len(ranges)).bit_length() - 1, 1)  # 2**bits buckets a range
+        part = max(MEDIAN_BUCKET_ROWS // 2, 1)  # the ranges one query counts, each in 2 buckets at least
+        bits = max(int(MEDIAN_BUCKET_ROWS // min(len(ranges), part)).bit_length() - 1, 1)  # 2**bits buckets a range
         # the bit length of each range's widest offset (frexp's exponent), less the bits of a bucket number
         width_bits = np.frexp((ranges["top"] - ranges["base"]).to_numpy("float64"))[1]
         shift = np.maximum(width_bits - bits, 0).astype("int64")
-        histogram = events.query(
-            f"""SELECT r.range, (t.duration - r.base) >> r.shift AS bucket, count(*) AS n
-                FROM {source} t JOIN ranges r ON {on_keys} GROUP BY ALL ORDER BY range, bucket""",
-            ranges=ranges.assign(range=np.arange(len(ranges)), shift=shift),
-            **frames,
+        numbered = ranges.assign(range=np.arange(len(ranges)), shift=shift)
+        histogram = pd.concat(
+            [
+                events.query(
+                    f"""SELECT r.range, (t.duration - r.base) >> r.shift AS bucket, count(*) AS n
+                        FROM {source} t JOIN ranges r ON {on_keys} GROUP BY ALL ORDER BY range, bucket""",
+                    ranges=numbered.iloc[first : first + part],
+                    **frames,
+                )
+                for first in range(0, len(ranges), part)
+            ],
+            ignore_index=True,
         )
         ranges, wanted_range, rank = _narrow(ranges, shift, histogram, wanted_range, rank)
     lo, hi = values[0::2].astype("float64"), values[1::2].astype("float64")
