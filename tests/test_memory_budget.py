@@ -4,6 +4,8 @@ too-small share reported as what it is (not as a damaged export)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import duckdb
 import pytest
@@ -125,3 +127,44 @@ def test_the_config_defaults_the_budget_and_refuses_a_bad_one(tmp_path):
     assert config.validate(dict(base))["memory_budget"] == memory_budget.DEFAULT
     with pytest.raises(config.ConfigError, match="^config key memory_budget: memory budget '100MB' is below 512MB$"):
         config.validate({**base, "memory_budget": "100MB"})
+
+
+_COUNT_HEAPS = """
+import ctypes, sys, tempfile, threading
+import numpy as np
+from sftprof import memory_budget
+if sys.argv[1] == "budget":
+    memory_budget.use(memory_budget.parse("1GB"))
+held = threading.Barrier(8)  # every thread holds its heap until all have one: an ended thread's is reused
+def allocate():
+    data = np.ones(1000)  # numpy's data: malloc
+    held.wait()
+    del data
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+with tempfile.NamedTemporaryFile(suffix=".xml") as report:
+    stream = libc.fopen(report.name.encode(), b"w")
+    libc.malloc_info(0, ctypes.c_void_p(stream))
+    libc.fclose(ctypes.c_void_p(stream))
+    print(open(report.name).read().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="glibc's malloc (Linux)")
+def test_a_budget_holds_threads_to_two_malloc_heaps():
+    """Eight threads that allocate get a malloc heap each (glibc allows 8 a core), and two in all once a budget
+    is set: each heap keeps what its thread freed, which had taken a 16-core run 0.1-0.2 GiB over the budget."""
+    heaps = {
+        setting: int(
+            subprocess.run(
+                [sys.executable, "-c", _COUNT_HEAPS, setting], capture_output=True, text=True, check=True, cwd=REPO
+            ).stdout
+        )
+        for setting in ("default", "budget")
+    }
+    assert heaps["budget"] <= memory_budget.MALLOC_ARENAS < heaps["default"]
