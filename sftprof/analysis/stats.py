@@ -95,10 +95,16 @@ def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame, 
             values = _pick(events, source, on_keys, ranges, wanted_range, rank, frames)
             break
         part = max(MEDIAN_BUCKET_ROWS // 2, 1)  # the ranges one query counts, each in 2 buckets at least
-        bits = max(int(MEDIAN_BUCKET_ROWS // min(len(ranges), part)).bit_length() - 1, 1)  # 2**bits buckets a range
         # the bit length of each range's widest offset (frexp's exponent), less the bits of a bucket number
-        width_bits = np.frexp((ranges["top"] - ranges["base"]).to_numpy("float64"))[1]
-        shift = np.maximum(width_bits - bits, 0).astype("int64")
+        width_bits = np.frexp((ranges["top"] - ranges["base"]).to_numpy("float64"))[1].astype("int64")
+        counts = ranges["n"].to_numpy("int64")
+        bits = np.concatenate(
+            [
+                _bucket_bits(width_bits[first : first + part], counts[first : first + part])
+                for first in range(0, len(ranges), part)
+            ]
+        )
+        shift = np.maximum(width_bits - bits, 0)
         numbered = ranges.assign(range=np.arange(len(ranges)), shift=shift)
         histogram = pd.concat(
             [
@@ -115,6 +121,26 @@ def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame, 
         ranges, wanted_range, rank = _narrow(ranges, shift, histogram, wanted_range, rank)
     lo, hi = values[0::2].astype("float64"), values[1::2].astype("float64")
     return lo + (hi - lo) * 0.5
+
+
+def _bucket_bits(width_bits: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Bits of bucket number for each range one query counts, so that the buckets it can fill, at most its count
+    each, come to MEDIAN_BUCKET_ROWS at most: a range that cannot fill its share is counted value by value (all
+    its width's bits: settled in one pass), the others share what is left evenly, 2 buckets at least. NeMo's
+    1,300 NVTX names, most of them with few calls, had 6 buckets a range when shared evenly: 5.3 s for the
+    medians of 60M ranges, against 3.4 s with 2^21 buckets in all."""
+    groups = np.minimum(np.ldexp(1.0, width_bits), counts)  # what each range fills when counted value by value
+    bits = np.zeros(len(counts), "int64")
+    left = MEDIAN_BUCKET_ROWS
+    for place, i in enumerate(np.argsort(groups, kind="stable")):
+        share = left // (len(counts) - place)
+        if groups[i] <= share:
+            bits[i], used = width_bits[i], int(groups[i])
+        else:
+            bits[i] = min(max(share.bit_length() - 1, 1), width_bits[i])
+            used = 1 << int(bits[i])
+        left -= used
+    return bits
 
 
 def _narrow(ranges: pd.DataFrame, shift: np.ndarray, histogram: pd.DataFrame, wanted_range, rank):
