@@ -576,6 +576,22 @@ def test_medians_by_bucket_passes_equal_pandas_medians(monkeypatch, buckets, fet
     assert everything["med_ns"].iat[0] == float(np.median(durations))
 
 
+def test_median_buckets_a_query_can_fill_stay_within_the_cap():
+    """However ranges' widths and counts fall, the buckets one query can fill (at most a range's count each) come
+    to stats.MEDIAN_BUCKET_ROWS at most, no range is split finer than its width, and a range with few values is
+    counted value by value."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        ranges = int(rng.integers(1, stats.MEDIAN_BUCKET_ROWS // 2 + 1))
+        width_bits = rng.integers(0, 45, ranges)
+        counts = np.maximum(rng.lognormal(4, 4, ranges).astype("int64"), 1)
+        bits = stats._bucket_bits(width_bits, counts)
+        assert np.minimum(np.ldexp(1.0, bits), counts).sum() <= stats.MEDIAN_BUCKET_ROWS
+        assert (bits <= width_bits).all() and (bits[width_bits > 0] >= 1).all()
+        few = counts <= stats.MEDIAN_BUCKET_ROWS // ranges
+        assert (bits[few] == width_bits[few]).all()
+
+
 def test_medians_of_many_spread_values_fit_the_share_on_four_threads(monkeypatch):
     """Counting 6M values spread over 2^40 into buckets stays in a 128 MiB DuckDB share with 4 threads (any
     machine of 4 cores or more at the 1 GB default): with 2^21 buckets a pass the histogram ran out of it, as
