@@ -23,10 +23,12 @@ from sftprof.analysis.intervals import CHUNK_ROWS, search_ordered
 from sftprof.trace.events import EventStore, usable_cores
 
 NOT_TRACED = "(launching call not traced)"
-SLICE_KERNELS = 1 << 19  # 0.5M: half the peak memory of the launch join at 1M, no slower at 10M kernels
-# Ranges that start in one window of a thread's timeline (ThreadWindows): its ThreadRanges take ~25 MB. 0.5M:
-# NeMo's shape at 10M kernels peaked at 0.98-1.01 GB, against 1.05-1.07 with 1M, in the same time (ENGINE.md 15)
-WINDOW_RANGES = 1 << 19
+# Kernels joined to their launches a slice at a time, and ranges that start in one window of a thread's timeline
+# (ThreadWindows, ~12 MB of ThreadRanges): 0.25M each. The projection alone over NeMo's 10M export held 159 MiB at
+# its peak (tracemalloc) with two workers, against 317 MiB at 0.5M each, and the trainer's 4M export 89-100 MiB
+# against 176-205, in the same time (ENGINE.md 24; at 1M NeMo's shape peaked higher for no gain, sections 8, 15).
+SLICE_KERNELS = 1 << 18
+WINDOW_RANGES = 1 << 18
 FEW_KEYS = 16  # _groups finds up to this many distinct keys a pass each, more by sorting
 # Launching threads projected side by side, a core in four at most: NeMo's main and autograd threads each hold
 # 30M ranges at 10M kernels, and the other sections, DuckDB and the launch join want the other cores.
