@@ -285,7 +285,10 @@ def test_windows_are_cut_where_a_window_of_ranges_has_started(monkeypatch):
     """nvtx.window_cuts starts a new window where WINDOW_RANGES ranges would have started in the last one; only
     a bucket of time in which more start than that (here 40 ranges at one time) makes a larger window."""
     monkeypatch.setattr(nvtx, "WINDOW_RANGES", 10)
-    starts = np.sort(np.random.default_rng(8).integers(0, 10**9, 500))
+    # 500 distinct points 2^16 ns apart, in under 2^29 ns: under WINDOW_BUCKETS (2^14) buckets of 2^15 ns or less,
+    # no two share a bucket, so every window but the crowded one holds exactly WINDOW_RANGES
+    assert nvtx.WINDOW_BUCKETS >= 1 << 14
+    starts = np.sort(np.random.default_rng(8).choice(1 << 13, 500, replace=False)).astype("int64") << 16
     starts[100:140] = starts[100]
     ranges = pd.DataFrame({"start": starts, "end": starts + 5, "name": "r", "style": "PushPop"})
     events = EventStore.from_frames(nvtx=ranges.assign(global_tid=7, pid=0, tid=7))

@@ -63,7 +63,8 @@ def test_a_starved_data_path_is_named(planted):
 def test_a_thread_blocked_in_a_lock_is_named(planted):
     found = _rules(planted["lock"])
     lock = found["lock_wait"]
-    assert lock.severity == "warning" and lock.title.startswith("python (main, tid")
+    # the main thread under either name nsys 2022.4 records for it (it can miss the rename at exec)
+    assert lock.severity == "warning" and re.match(r"(python|nsys-launcher) \(main, tid", lock.title)
     assert "sem_wait" in lock.evidence and "in NVTX `optimizer`" in lock.evidence
     waited = float(lock.title.split("locks ")[1].split("%")[0])
     assert 15 < waited < 60  # ~19 ms of a ~52 ms step
