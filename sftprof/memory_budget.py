@@ -21,7 +21,8 @@ DUCKDB_SHARE = 8
 MIN_DUCKDB_BYTES = 64 * 2**20  # a 1M-kernel copy ran out at 16 MiB, not at 32 (ENGINE.md, section 11)
 # DuckDB's share a thread: each thread aggregates and sorts in memory of its own. With 8 threads in 128 MiB
 # (the GPU machine's 16 cores), the exact median's histogram over NeMo's 60M NVTX ranges ran out; with 4 it
-# did not (ENGINE.md, section 21).
+# did not (ENGINE.md, section 21). Its 2^21 groups were the cause, and with other values 4 threads ran out too:
+# DUCKDB_GROUPS below now bounds them (section 24).
 DUCKDB_THREAD_BYTES = 32 * 2**20
 # The most groups a GROUP BY over rows that grow with the capture may make. Up to about there each DuckDB thread
 # aggregates into a table of its own whose size does not grow with the rows; beyond it the rows themselves are

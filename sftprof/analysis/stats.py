@@ -98,26 +98,20 @@ def grouped_medians(events, source: str, keys: list[str], groups: pd.DataFrame, 
         # the bit length of each range's widest offset (frexp's exponent), less the bits of a bucket number
         width_bits = np.frexp((ranges["top"] - ranges["base"]).to_numpy("float64"))[1].astype("int64")
         counts = ranges["n"].to_numpy("int64")
-        bits = np.concatenate(
-            [
-                _bucket_bits(width_bits[first : first + part], counts[first : first + part])
-                for first in range(0, len(ranges), part)
-            ]
-        )
-        shift = np.maximum(width_bits - bits, 0)
-        numbered = ranges.assign(range=np.arange(len(ranges)), shift=shift)
-        histogram = pd.concat(
-            [
+        shifts, histograms = [], []
+        for first in range(0, len(ranges), part):
+            these = slice(first, first + part)
+            shift = np.maximum(width_bits[these] - _bucket_bits(width_bits[these], counts[these]), 0)
+            histograms.append(
                 events.query(
                     f"""SELECT r.range, (t.duration - r.base) >> r.shift AS bucket, count(*) AS n
                         FROM {source} t JOIN ranges r ON {on_keys} GROUP BY ALL ORDER BY range, bucket""",
-                    ranges=numbered.iloc[first : first + part],
+                    ranges=ranges.iloc[these].assign(range=np.arange(first, first + len(shift)), shift=shift),
                     **frames,
                 )
-                for first in range(0, len(ranges), part)
-            ],
-            ignore_index=True,
-        )
+            )
+            shifts.append(shift)
+        shift, histogram = np.concatenate(shifts), pd.concat(histograms, ignore_index=True)
         ranges, wanted_range, rank = _narrow(ranges, shift, histogram, wanted_range, rank)
     lo, hi = values[0::2].astype("float64"), values[1::2].astype("float64")
     return lo + (hi - lo) * 0.5
