@@ -3,6 +3,7 @@ and Unsupported, never a wrong value, for anything it does not decode."""
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 from pathlib import Path
@@ -114,6 +115,30 @@ def test_rows_written_before_a_column_was_added_read_as_null(tmp_path):
     frame = decoded(path, "t", ["c0", "c2"])
     assert frame["c0"].tolist() == [1, 3, 5]
     assert frame["c2"].isna().tolist() == [True, True, False] and frame["c2"].iloc[2] == 7
+
+
+@pytest.mark.parametrize("count", [1, 5, 64])
+def test_leaves_are_listed_as_asked_for_a_few_parents_at_a_time(tmp_path, monkeypatch, count):
+    path = tmp_path / "t.sqlite"
+    make_table(path, [(i, -i) for i in range(30_000)], page_size=512, columns=2)  # three levels deep
+    with sqlite3.connect(path) as conn:
+        in_order = [
+            page
+            for (page,) in conn.execute(
+                "SELECT pageno FROM dbstat WHERE name = 't' AND pagetype = 'leaf' ORDER BY path"
+            )
+        ]
+    root = sqlite_pages._table(path, "t", ["c0"])[0]
+    monkeypatch.setattr(sqlite_pages, "LEAF_PARENTS", 2)  # the leaves' parents, two at a time: many batches to cut
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        listed = list(sqlite_pages._leaves(handle, root, 512, 512, count))
+    finally:
+        os.close(handle)
+    assert len(in_order) > 2 * count * 2
+    assert [len(leaves) for leaves in listed[:-1]] == [count] * (len(listed) - 1) and 0 < len(listed[-1]) <= count
+    assert np.concatenate(listed).tolist() == in_order
+    pd.testing.assert_frame_equal(decoded(path, "t", ["c1"], chunk_bytes=count * 512), sqlite_rows(path, "t", ["c1"]))
 
 
 def test_empty_table_yields_nothing(tmp_path):

@@ -331,9 +331,9 @@ def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
 
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
 # NVTX pages decoded at a time: half the other tables' (sqlite_pages.CHUNK_BYTES), beside the copy of kernels and
-# calls: at 60M ranges loading peaked at 0.95 GB with 64 MiB, 0.82 with 32 and 0.81 with 16, in the same time
-# (ENGINE.md, 15).
-NVTX_CHUNK_BYTES = 32 << 20
+# calls: loading NeMo's 20M export (120M ranges) peaked at 0.74-0.78 GiB with 16 MiB, 0.82 with 32, in the same time
+# (ENGINE.md, sections 15 and 25).
+NVTX_CHUNK_BYTES = 16 << 20
 # NVTX ranges inserted at a time (a few chunks' rows, held while the batch before is inserted: loading peaked
 # 0.05 GiB higher at 60M): DuckDB pays per INSERT, the more so the more threads it has. On the GPU machine's 16
 # cores 12M of NeMo's ranges went in in 2.1-2.2 s a chunk at a time, 1.0-1.1 s four at a time (ENGINE.md, 22).

@@ -29,15 +29,18 @@ import pandas as pd
 
 from sftprof.trace.events import read_only_uri, usable_cores
 
-# Pages decoded and inserted at a time: 64 MiB, ~1M kernels or ~2.4M API calls. DuckDB pays per
-# INSERT: at 10M kernels, 16 MiB chunks took 15 s to copy, 64 MiB 9.4 s, 128 MiB 9.7 s.
-CHUNK_BYTES = 64 << 20
+# Pages decoded and inserted at a time: 32 MiB, ~0.4M kernels or ~1.2M API calls, held with their decoded columns
+# (about 3x the pages' size for kernels) while they are inserted. DuckDB pays per INSERT: loading the trainer's 10M
+# export took 6.3-7.5 s with 32 MiB and peaked at 0.56-0.58 GiB, against 7.2-8.2 s and 0.74-0.76 with 64 MiB and
+# 8.1-9.0 s with 16 (ENGINE.md, section 25).
+CHUNK_BYTES = 32 << 20
 # Threads that decode a chunk's pages, a part each: NeMo's 12M NVTX ranges decoded in 0.58 s on 2 threads
 # against 0.92 s on one (ENGINE.md, section 22).
 MAX_DECODE_THREADS = 4
 HEADER = b"SQLite format 3\x00"
 TABLE_INTERIOR, TABLE_LEAF = 0x05, 0x0D
 INTERIOR_HEADER = 12  # bytes: type, first free block, cells, cell content start, fragmented bytes, rightmost child
+LEAF_PARENTS = 256  # interior pages whose children (leaves) are listed at a time: about 100K leaves at 4 KiB pages
 
 
 class Unsupported(Exception):
@@ -326,40 +329,69 @@ def _table(path: Path, table: str, columns: list[str], text: str | None = None) 
     return int(root[0]), slot
 
 
-def _leaves(handle: int, root: int, page_size: int, usable: int) -> np.ndarray:
-    """The table's leaf pages in rowid order. All leaves of a b-tree are at the same depth, so the
-    walk reads the interior pages level by level (a few hundred for millions of rows) and stops at
-    the first level whose pages are leaves (the decoder checks each of them). Every page number and
-    cell pointer is checked, and no page is visited twice, so a damaged b-tree (a page that is its own
-    child, a pointer out of its page) raises Unsupported rather than looping or reading elsewhere."""
-    level, seen, pages_in_file = np.array([root], dtype=np.int64), set(), os.fstat(handle).st_size // page_size
-    while True:
-        if level.min() < 2 or level.max() > pages_in_file:
+def _children(handle: int, numbers: np.ndarray, page_size: int, usable: int) -> np.ndarray:
+    """The child pages of interior pages `numbers`, in order; Unsupported where one is not an interior table page
+    or a cell pointer is out of its page."""
+    children = []
+    for number in numbers.tolist():
+        page = np.frombuffer(_read(handle, (number - 1) * page_size, page_size), dtype=np.uint8)
+        if page[0] != TABLE_INTERIOR:
+            raise Unsupported(f"page {number} is not a table b-tree page (a WITHOUT ROWID table?)")
+        cells = int(page[3]) << 8 | int(page[4])
+        pointers = page[INTERIOR_HEADER : INTERIOR_HEADER + 2 * cells].view(">u2").astype(np.int64)
+        # a cell is a 4-byte child page number, then its key (a varint)
+        if (
+            INTERIOR_HEADER + 2 * cells > usable
+            or (pointers < INTERIOR_HEADER + 2 * cells).any()
+            or (pointers > usable - 5).any()
+        ):
+            raise Unsupported(f"page {number}: a cell pointer out of its page")
+        left = np.stack([page[pointers + k].astype(np.int64) for k in range(4)])
+        children.append((left[0] << 24) | (left[1] << 16) | (left[2] << 8) | left[3])
+        children.append(np.array([int.from_bytes(page[8:12].tobytes(), "big")], dtype=np.int64))  # rightmost
+    return np.concatenate(children) if children else np.empty(0, dtype=np.int64)
+
+
+def _leaves(handle: int, root: int, page_size: int, usable: int, count: int) -> Iterator[np.ndarray]:
+    """The table's leaf pages in rowid order, `count` at a time (the last fewer). All leaves of a b-tree are at the
+    same depth, so the walk reads the interior pages level by level (a few thousand at 100M rows) down to the
+    leaves' parents, whose children it lists as they are asked for: a table's leaf numbers are never held whole
+    (5.6M at NeMo's 240M NVTX ranges). The decoder checks that each is a leaf. Every page number and cell pointer
+    is checked, and no interior page is visited twice, so a damaged b-tree (a page that is its own child, a pointer
+    out of its page) raises Unsupported rather than looping or reading elsewhere."""
+    pages_in_file = os.fstat(handle).st_size // page_size
+
+    def in_file(level: np.ndarray) -> np.ndarray:
+        if len(level) and (level.min() < 2 or level.max() > pages_in_file):
             raise Unsupported("a damaged b-tree (a child page out of the file)")
-        if _read(handle, (level[0] - 1) * page_size, 1)[0] == TABLE_LEAF:
-            return level
-        interior = set(level.tolist())  # the interior levels are small: a few hundred pages at 10M rows
+        return level
+
+    def is_leaf(number: int) -> bool:
+        return _read(handle, (number - 1) * page_size, 1)[0] == TABLE_LEAF
+
+    level, seen = in_file(np.array([root], dtype=np.int64)), set()
+    if is_leaf(root):
+        yield level
+        return
+    while True:
+        interior = set(level.tolist())
         if len(interior) < len(level) or seen & interior:
             raise Unsupported("a damaged b-tree (an interior page reached twice)")
         seen |= interior
-        children = []
-        for number in level.tolist():
-            page = np.frombuffer(_read(handle, (number - 1) * page_size, page_size), dtype=np.uint8)
-            if page[0] != TABLE_INTERIOR:
-                raise Unsupported(f"page {number} is not a table b-tree page (a WITHOUT ROWID table?)")
-            cells = int(page[3]) << 8 | int(page[4])
-            pointers = page[INTERIOR_HEADER : INTERIOR_HEADER + 2 * cells].view(">u2").astype(np.int64)
-            # a cell is a 4-byte child page number, then its key (a varint)
-            if (
-                INTERIOR_HEADER + 2 * cells > usable
-                or (pointers < INTERIOR_HEADER + 2 * cells).any()
-                or (pointers > usable - 5).any()
-            ):
-                raise Unsupported(f"page {number}: a cell pointer out of its page")
-            left = np.stack([page[pointers + k].astype(np.int64) for k in range(4)])
-            children.extend(((left[0] << 24) | (left[1] << 16) | (left[2] << 8) | left[3]).tolist())
-            children.append(int.from_bytes(page[8:12].tobytes(), "big"))  # the rightmost child
-        level = np.array(children, dtype=np.int64)
+        if is_leaf(int(in_file(_children(handle, level[:1], page_size, usable))[0])):
+            break
+        level = in_file(_children(handle, level, page_size, usable))
+    # `level` holds the leaves' parents: their children, a few hundred parents at a time, cut into `count`s
+    held = np.empty(0, dtype=np.int64)
+    for first in range(0, len(level), LEAF_PARENTS):
+        held = np.concatenate(
+            [held, in_file(_children(handle, level[first : first + LEAF_PARENTS], page_size, usable))]
+        )
+        while len(held) >= count:
+            yield held[:count]
+            held = held[count:]
+    if len(held):
+        yield held
 
 
 class Parts:
@@ -466,16 +498,17 @@ def raw_columns(
         usable = page_size - header[20]
         if page_size & (page_size - 1) or not 512 <= page_size <= 65536 or usable < 480:
             raise Unsupported("a page size SQLite does not write")
-        leaves = _leaves(handle, root, page_size, usable)
         pages_per_chunk = max(chunk_bytes // page_size, 1)
-        # One buffer of pages and one of columns, reused for every chunk: fresh arrays of this size
-        # would cost a page fault per 4 KiB on each chunk.
-        pages = np.empty(min(pages_per_chunk, len(leaves)) * page_size, dtype=np.uint8)
+        pages = np.empty(0, dtype=np.uint8)
         out, missing = np.empty((len(columns), 0), dtype=np.int64), np.empty((len(columns), 0), dtype=np.bool_)
         text_at, text_size = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         text_slot = int(np.flatnonzero(slot == len(columns))[0]) if text else -1
-        for first in range(0, len(leaves), pages_per_chunk):
-            size = _read_pages(parts, handle, pages, leaves[first : first + pages_per_chunk], page_size)
+        for leaves in _leaves(handle, root, page_size, usable, pages_per_chunk):
+            # One buffer of pages and one of columns, reused for every chunk (the first chunk is the largest):
+            # fresh arrays of this size would cost a page fault per 4 KiB on each chunk.
+            if len(pages) < len(leaves) * page_size:
+                pages = np.empty(len(leaves) * page_size, dtype=np.uint8)
+            size = _read_pages(parts, handle, pages, leaves, page_size)
             headers = pages[:size].reshape(-1, page_size)
             cells = (headers[:, 3].astype(np.int64) << 8) | headers[:, 4]
             if (cells > (page_size - 8) // 6).any():  # SQLite's own bound (MX_CELL): before sizing `out` by it
