@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import collectives
+from sftprof.analysis import collectives, cpu
 from sftprof.analysis.collectives import ALL, NCCL_PATTERNS, collective_kind, collective_table, step_waits
 from sftprof.analysis.gains import StepClock
 from sftprof.analysis.spilled import SpilledUnion
@@ -274,11 +274,48 @@ def test_step_waits_by_phase():
             ("pthread_mutex_lock", 60, 70, 1),  # a lock: lock_waits' business
         ]
     )
-    table = step_waits(nvtx, osrt).set_index(["step", "phase"])
+    events = EventStore.from_frames(osrt=osrt)
+    table = step_waits(nvtx, events).set_index(["step", "phase"])
     assert sorted(table.index.get_level_values("phase").unique()) == sorted(collectives.WAIT_PHASES)
     assert table.loc[(5, "data"), ["waits", "wait_ns"]].tolist() == [1, 5]
     assert table.loc[(5, "forward"), ["waits", "wait_ns"]].tolist() == [2, 15]
     assert table.loc[(5, "backward"), "wait_ns"] == 0 and table.loc[(5, "other"), "wait_ns"] == 4
     assert table.loc[(6, "backward"), ["waits", "wait_ns"]].tolist() == [1, 10]
     assert table["wait_ns"].sum() == 34
-    assert step_waits(_nvtx([("data", 0, 5, 1)]), osrt).empty
+    assert step_waits(_nvtx([("data", 0, 5, 1)]), events).empty
+
+
+def test_step_waits_read_in_batches_sum_as_each_call_placed_alone(monkeypatch):
+    """Random steps, phases and waits, the waits read 2048 at a time: each table cell equals the sum over the
+    calls placed one by one (the latest step and phase started at the call's start, open then; cut at their end)."""
+    rng = np.random.default_rng(7)
+    ranges, calls = [], []
+    for step in range(40):
+        start = step * 1000
+        ranges.append((f"step {step}", start, start + 900, 1))
+        cut = np.sort(rng.choice(np.arange(start + 1, start + 900), 5, replace=False))
+        for name, lo, hi in zip(cpu.PHASES, cut[:-1], cut[1:]):
+            ranges.append((name, int(lo), int(hi) - int(rng.integers(0, 20)), 1))
+    names = sorted(collectives.SYNC_WAIT_CALLS)[:3] + ["pthread_mutex_lock"]
+    for at in rng.integers(-500, 41_000, 9000):
+        calls.append((str(rng.choice(names)), int(at), int(at + rng.integers(0, 300)), 1))
+    monkeypatch.setattr("sftprof.trace.events.BATCH_VECTORS", 1)
+    table = step_waits(_nvtx(ranges), EventStore.from_frames(osrt=_osrt(calls))).set_index(["step", "phase"])
+    expected = {}
+    steps = [r for r in ranges if r[0].startswith("step")]
+    phases = sorted((r for r in ranges if not r[0].startswith("step")), key=lambda r: r[1])
+    for name, start, end, _ in calls:
+        step = max((r for r in steps if r[1] <= start), key=lambda r: r[1], default=None)
+        if name not in collectives.SYNC_WAIT_CALLS or step is None or start >= step[2]:
+            continue
+        phase = max((r for r in phases if r[1] <= start), key=lambda r: r[1], default=None)
+        label, limit = collectives.OTHER_PHASE, step[2]
+        if phase is not None and start < phase[2]:
+            label, limit = phase[0], min(limit, phase[2])
+        key = (int(step[0].split()[1]), label)
+        count, total = expected.get(key, (0, 0))
+        expected[key] = (count + 1, total + max(min(end, limit) - start, 0))
+    assert len(expected) > 100
+    for key, (count, total) in expected.items():
+        assert table.loc[key, ["waits", "wait_ns"]].tolist() == [count, total]
+    assert table["waits"].sum() == sum(count for count, _ in expected.values())

@@ -38,7 +38,7 @@ import pandas as pd
 from sftprof.analysis import cpu, intervals
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gpu import NAME_PAIR_SQL, is_communication
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, sql_in
 
 # Collective kinds, in the order tables list them. `generic`: ncclDevKernel_Generic, which runs any
 # operation; `other`: an NCCL kernel no pattern names. ALL: every collective kernel together.
@@ -416,14 +416,15 @@ def _step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def step_waits(nvtx: pd.DataFrame, osrt: pd.DataFrame) -> pd.DataFrame:
+def step_waits(nvtx: pd.DataFrame, events) -> pd.DataFrame:
     """Per step and phase (data, forward, backward, optimizer, other: inside the step, outside every
     phase range): how often and how long the training thread (its process's thread with the most step
     ranges) blocked in synchronization calls
     (SYNC_WAIT_CALLS: c10d/gloo/MPI waits on condition variables, futexes, sockets), each call placed by
     its start in the innermost phase range open on that thread and cut at that range's end. Needs the
-    OS-runtime trace (osrt); empty without step ranges. `nvtx`: the step and phase ranges at least
-    (cpu.marked_ranges)."""
+    OS-runtime trace (the store's osrt); empty without step ranges. `nvtx`: the step and phase ranges at least
+    (cpu.marked_ranges). The calls are read a batch at a time (EventStore.batches) and summed into a table per
+    step: a trainer waits millions of times (NeMo's shape, 1.9M at 40M kernels)."""
     steps = _step_ranges(nvtx)
     if len(steps):  # each process's training thread: the one with the most step ranges (as accounting)
         counts = steps.groupby("global_tid").size().rename("n").reset_index()
@@ -432,37 +433,40 @@ def step_waits(nvtx: pd.DataFrame, osrt: pd.DataFrame) -> pd.DataFrame:
         steps = steps[steps["global_tid"].isin(training["global_tid"])]
     if steps.empty:
         return pd.DataFrame({c: pd.Series(dtype="object" if c == "phase" else "int64") for c in WAIT_COLUMNS})
-    grid = pd.MultiIndex.from_product([sorted(steps["step"].unique()), WAIT_PHASES], names=["step", "phase"])
-    waits = pd.DataFrame({"waits": 0, "wait_ns": 0}, index=grid)
-    calls = osrt[osrt["name"].isin(SYNC_WAIT_CALLS)] if len(osrt) else osrt
+    step_numbers = np.sort(steps["step"].unique()).astype("int64")
+    waits = np.zeros((len(step_numbers), len(WAIT_PHASES)), dtype="int64")
+    wait_ns = np.zeros_like(waits)
+    other = WAIT_PHASES.index(OTHER_PHASE)
     phases = nvtx[nvtx["name"].isin(cpu.PHASES)]
     for tid, thread_steps in steps.groupby("global_tid"):
         thread_steps = thread_steps.sort_values("start")
-        on_thread = calls[calls["global_tid"] == tid]
-        if on_thread.empty:
-            continue
-        call_start = on_thread["start"].to_numpy("int64")
-        call_end = on_thread["end"].to_numpy("int64")
         s_start, s_end = thread_steps["start"].to_numpy("int64"), thread_steps["end"].to_numpy("int64")
-        at = np.searchsorted(s_start, call_start, side="right") - 1
-        inside = (at >= 0) & (call_start < s_end[np.maximum(at, 0)])
-        call_start, call_end, at = call_start[inside], call_end[inside], at[inside]
-        limit = s_end[at]
-        phase_name = np.full(len(at), OTHER_PHASE, dtype=object)
+        s_row = np.searchsorted(step_numbers, thread_steps["step"].to_numpy("int64"))
         thread_phases = phases[phases["global_tid"] == tid].sort_values("start")
-        if len(thread_phases) and len(at):
-            p_start, p_end = thread_phases["start"].to_numpy("int64"), thread_phases["end"].to_numpy("int64")
-            p = np.searchsorted(p_start, call_start, side="right") - 1
-            in_phase = (p >= 0) & (call_start < p_end[np.maximum(p, 0)])
-            phase_name[in_phase] = thread_phases["name"].to_numpy()[p[in_phase]]
-            limit = np.where(in_phase, np.minimum(limit, p_end[np.maximum(p, 0)]), limit)
-        length = np.clip(np.minimum(call_end, limit) - call_start, 0, None)
-        sums = (
-            pd.DataFrame(
-                {"step": thread_steps["step"].to_numpy("int64")[at], "phase": phase_name, "waits": 1, "wait_ns": length}
-            )
-            .groupby(["step", "phase"])
-            .sum()
-        )
-        waits = waits.add(sums.reindex(grid, fill_value=0), fill_value=0)
-    return waits.astype("int64").reset_index()[WAIT_COLUMNS]
+        p_start, p_end = thread_phases["start"].to_numpy("int64"), thread_phases["end"].to_numpy("int64")
+        p_column = np.array([WAIT_PHASES.index(name) for name in thread_phases["name"]], dtype="int64")
+        calls = f"""SELECT start, "end" FROM osrt
+                    WHERE global_tid = {int(tid)} AND {sql_in("name", sorted(SYNC_WAIT_CALLS))}"""
+        for batch in events.batches(calls):
+            call_start, call_end = batch["start"].to_numpy("int64"), batch["end"].to_numpy("int64")
+            at = np.searchsorted(s_start, call_start, side="right") - 1
+            inside = (at >= 0) & (call_start < s_end[np.maximum(at, 0)])
+            call_start, call_end, at = call_start[inside], call_end[inside], at[inside]
+            limit = s_end[at]
+            column = np.full(len(at), other, dtype="int64")
+            if len(p_start) and len(at):
+                p = np.searchsorted(p_start, call_start, side="right") - 1
+                in_phase = (p >= 0) & (call_start < p_end[np.maximum(p, 0)])
+                column[in_phase] = p_column[p[in_phase]]
+                limit = np.where(in_phase, np.minimum(limit, p_end[np.maximum(p, 0)]), limit)
+            length = np.clip(np.minimum(call_end, limit) - call_start, 0, None)
+            np.add.at(waits, (s_row[at], column), 1)
+            np.add.at(wait_ns, (s_row[at], column), length)
+    return pd.DataFrame(
+        {
+            "step": np.repeat(step_numbers, len(WAIT_PHASES)),
+            "phase": np.tile(np.array(WAIT_PHASES, dtype=object), len(step_numbers)),
+            "waits": waits.ravel(),
+            "wait_ns": wait_ns.ravel(),
+        }
+    )[WAIT_COLUMNS]

@@ -241,7 +241,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     _saved(
         "step_waits",
-        lambda marked, events: collectives.step_waits(marked, cpu.osrt_calls(events, collectives.SYNC_WAIT_CALLS)),
+        collectives.step_waits,
         ("marked", "events"),
         N,
         "per step and phase: the training thread's time blocked in synchronization calls (gloo, MPI, c10d waits)",
