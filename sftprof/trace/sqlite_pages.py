@@ -30,9 +30,10 @@ import pandas as pd
 from sftprof.trace.events import read_only_uri, usable_cores
 
 # Pages decoded and inserted at a time: 32 MiB, ~0.4M kernels or ~1.2M API calls, held with their decoded columns
-# (about 3x the pages' size for kernels) while they are inserted. DuckDB pays per INSERT: loading the trainer's 10M
-# export took 6.3-7.5 s with 32 MiB and peaked at 0.56-0.58 GiB, against 7.2-8.2 s and 0.74-0.76 with 64 MiB and
-# 8.1-9.0 s with 16 (ENGINE.md, section 25).
+# (about 1.5x the pages' size for kernels) while they are inserted. DuckDB pays per INSERT, more with more threads:
+# loading the trainer's 10M export peaked at 0.56-0.58 GiB on this VM's 2 cores in 6.3-7.5 s, against 0.74-0.76 in
+# 7.2-8.2 s with 64 MiB; on the GPU machine's 16 cores 0.70-0.74 GiB in 9.0-9.6 s, against 0.83-0.88 in 5.9-6.4 s.
+# The budget comes first (ENGINE.md, section 25).
 CHUNK_BYTES = 32 << 20
 # Threads that decode a chunk's pages, a part each: NeMo's 12M NVTX ranges decoded in 0.58 s on 2 threads
 # against 0.92 s on one (ENGINE.md, section 22).
