@@ -677,11 +677,8 @@ def data_stall(
         return []
     data = marked[marked["name"] == DATA_PHASE]
     merged = intervals.union(data)
-    calls = osrt_calls(events, threads=data["global_tid"])
-    calls = calls.assign(inside=intervals.covered_ns(merged, calls["start"], calls["end"]))
-    calls = calls[calls["inside"] > 0]
-    in_calls = int(intervals.covered_ns(intervals.union(calls), merged["start"], merged["end"]).sum())
-    top = calls.groupby("name")["inside"].agg(["count", "sum"]).sort_values("sum", ascending=False).head(3)
+    top, in_calls = _calls_inside(events, merged, data["global_tid"])
+    top = top.sort_values("sum", ascending=False).head(3)
     doing = ", ".join(f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)" for name, r in top.iterrows())
     idle = clock.idle_in(merged["start"], merged["end"])
     lost = clock.by_step(merged["start"], idle)
@@ -710,6 +707,30 @@ def data_stall(
             "the GPU kept running queued work through most of the data loading",
         )
     ]
+
+
+def _calls_inside(events: EventStore, merged: pd.DataFrame, threads) -> tuple[pd.DataFrame, int]:
+    """The OS-runtime calls of `threads` inside the disjoint sorted `merged`: per call name (by name) their count
+    and time inside it (`sum`), and how much of it some call covers. Read by start a batch at a time (a thread
+    can make millions), their union handed over as it settles."""
+    per_name: dict[str, list[int]] = {}
+    calls_union, in_calls = intervals.RunningUnion(), 0
+    for batch in events.batches(f'''SELECT start, "end", name FROM osrt WHERE {sql_in("global_tid", threads)}
+                                   ORDER BY start, "row"'''):
+        inside = intervals.covered_ns(merged, batch["start"], batch["end"])
+        kept = batch[inside > 0].assign(inside=inside[inside > 0])
+        calls_union.add(kept["start"].to_numpy("int64"), kept["end"].to_numpy("int64"))
+        in_calls += int(intervals.covered_ns(merged, *calls_union.take_final()).sum())
+        for name, count, total in kept.groupby("name")["inside"].agg(["count", "sum"]).itertuples():
+            sums = per_name.setdefault(name, [0, 0])
+            sums[0], sums[1] = sums[0] + int(count), sums[1] + int(total)
+    if calls_union.open_interval is not None:
+        in_calls += int(intervals.covered_ns(merged, *([value] for value in calls_union.open_interval))[0])
+    names = sorted(per_name)
+    return pd.DataFrame(
+        {"count": [per_name[n][0] for n in names], "sum": [per_name[n][1] for n in names]},
+        index=pd.Index(names, name="name"),
+    ), in_calls
 
 
 def lock_waits(
