@@ -200,3 +200,24 @@ def test_core_use_read_in_batches_equals_the_runs_summed_whole(monkeypatch):
     assert use.cores["threads"].tolist() == runs.groupby("cpu")["global_tid"].nunique().tolist()
     assert np.allclose(use.timeline["busy_pct"], timeline)
     assert use.running.sort_index().to_dict() == runs.groupby("global_tid")["duration"].sum().to_dict()
+
+
+@pytest.mark.parametrize("fixture", ["cpu_lock_sched", "h200_sft_data_stall"])
+def test_calls_read_a_row_at_a_time_give_the_same_findings(fixture, monkeypatch):
+    """The lock-wait, data-stall and step-wait sums read the store's rows in batches (EventStore.batches): with
+    every batch cut into single rows, each finding and the step waits are as with whole batches."""
+    path = Path(__file__).parent / "fixtures" / f"{fixture}.sqlite"
+    whole = analyze(load_trace(path))
+    batches = EventStore.batches
+
+    def row_by_row(self, sql, **frames):
+        for batch in batches(self, sql, **frames):
+            yield from (batch.iloc[[i]] for i in range(len(batch)))
+
+    monkeypatch.setattr(EventStore, "batches", row_by_row)
+    cut = analyze(load_trace(path))
+    assert {f.rule for f in whole.findings} & PROBLEMS
+    assert [(f.rule, f.title, f.evidence, f.gain_pct) for f in cut.findings] == [
+        (f.rule, f.title, f.evidence, f.gain_pct) for f in whole.findings
+    ]
+    pd.testing.assert_frame_equal(cut.tables["step_waits"], whole.tables["step_waits"])

@@ -29,14 +29,6 @@ def osrt_summary(events) -> pd.DataFrame:
     return finish_summary(grouped_summary(events, "osrt", ["name"]), ["name"])
 
 
-def osrt_calls(events, names=None, threads=None) -> pd.DataFrame:
-    """The OS-runtime calls (tables.py's osrt columns, by start) named one of `names`, made on one of
-    `threads` (global_tids); None: any."""
-    where = [sql_in("name", names) if names is not None else "true"]
-    where += [sql_in("global_tid", threads) if threads is not None else "true"]
-    return events.osrt_frame(" AND ".join(where))
-
-
 def _in_capture_sql(span_ns: int) -> str:
     """SQL: a call's time inside [0, span] (a call can start before the capture or end after it)."""
     return f'greatest(least("end", {int(span_ns)}) - greatest(start, 0), 0)' if span_ns else "duration"

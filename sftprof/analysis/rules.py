@@ -16,7 +16,7 @@ import pandas as pd
 
 from sftprof.analysis import cuda, intervals
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
-from sftprof.analysis.cpu import PHASES, osrt_calls
+from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
@@ -733,6 +733,39 @@ def _calls_inside(events: EventStore, merged: pd.DataFrame, threads) -> tuple[pd
     ), in_calls
 
 
+def _lock_waits_in_steps(events: EventStore, training, steps: pd.DataFrame, marked: pd.DataFrame, clock: StepClock):
+    """The lock calls (LOCK_WAIT_CALLS) of the `training` threads, their time inside the steps and outside the
+    `data` ranges (`waited`): per thread and call name (by both) their count and waited time (`sum`), per thread
+    its longest wait (the first of equal ones by start) as a one-row frame, and per step the GPU idle during
+    them, at most the waits themselves. Read by start a batch at a time: a thread can make millions."""
+    in_steps, in_data = intervals.union(steps), intervals.union(marked[marked["name"] == DATA_PHASE])
+    sums: dict[tuple, list[int]] = {}
+    longest: dict = {}
+    lost = np.zeros(len(clock.starts))
+    where = f"{sql_in('name', sorted(LOCK_WAIT_CALLS))} AND {sql_in('global_tid', training)}"
+    for batch in events.batches(f'''SELECT start, "end", duration, name, global_tid, pid, tid FROM osrt
+                                   WHERE {where} ORDER BY start, "row"'''):
+        waited = intervals.covered_ns(in_steps, batch["start"], batch["end"]) - intervals.covered_ns(
+            in_data, batch["start"], batch["end"]
+        )
+        batch = batch.assign(waited=waited)[waited > 0]
+        for (tid, name), count, total in (
+            batch.groupby(["global_tid", "name"])["waited"].agg(["count", "sum"]).itertuples()
+        ):
+            tally = sums.setdefault((tid, name), [0, 0])
+            tally[0], tally[1] = tally[0] + int(count), tally[1] + int(total)
+        for tid, thread_waits in batch.groupby("global_tid"):
+            top = thread_waits.loc[[thread_waits["waited"].idxmax()]]
+            if tid not in longest or top["waited"].iloc[0] > longest[tid]["waited"].iloc[0]:
+                longest[tid] = top
+        idle = np.minimum(clock.idle_in(batch["start"], batch["end"]), batch["waited"].to_numpy())
+        lost += clock.by_step(batch["start"], idle)
+    keys = sorted(sums)
+    index = pd.MultiIndex.from_tuples(keys, names=["global_tid", "name"]) if keys else None
+    table = pd.DataFrame({"count": [sums[k][0] for k in keys], "sum": [sums[k][1] for k in keys]}, index=index)
+    return table, longest, lost
+
+
 def lock_waits(
     steps: pd.DataFrame,
     marked: pd.DataFrame,
@@ -744,30 +777,23 @@ def lock_waits(
     """Training threads waiting for locks inside the steps. Waits inside `data` ranges are waits for
     data (a queue from loader workers) and belong to data_stall. `marked`: cpu.marked_ranges."""
     training = threads.loc[threads["role"] != "", "global_tid"]
-    waits = osrt_calls(events, names=LOCK_WAIT_CALLS, threads=training)
-    if steps.empty or waits.empty:
+    if steps.empty:
         return []
-    in_steps = intervals.covered_ns(intervals.union(steps), waits["start"], waits["end"])
-    in_data = intervals.covered_ns(intervals.union(marked[marked["name"] == DATA_PHASE]), waits["start"], waits["end"])
-    waits = waits.assign(waited=in_steps - in_data)
-    waits = waits[waits["waited"] > 0]
+    sums, longest, lost = _lock_waits_in_steps(events, training, steps, marked, clock)
+    if sums.empty:
+        return []
     step_ns = int(steps["duration"].sum())
-    per_thread = waits.groupby("global_tid")["waited"].sum().sort_values(ascending=False)
-    if per_thread.empty or _pct(per_thread.iloc[0], step_ns) < LOCK_WAIT_MIN_PCT:
+    per_thread = sums.groupby("global_tid")["sum"].sum().sort_values(ascending=False)
+    if _pct(per_thread.iloc[0], step_ns) < LOCK_WAIT_MIN_PCT:
         return []
     parts = []
     for tid, waited in per_thread.items():
-        thread_waits = waits[waits["global_tid"] == tid]
-        calls = ", ".join(
-            f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)"
-            for name, r in thread_waits.groupby("name")["waited"].agg(["count", "sum"]).iterrows()
-        )
+        calls = ", ".join(f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)" for name, r in sums.loc[tid].iterrows())
         parts.append(f"{labels.get(tid, tid)} {_ms(waited)} ({_pct(waited, step_ns):.1f}% of step time): {calls}")
     worst_tid = per_thread.index[0]
-    longest = waits.loc[[waits.loc[waits["global_tid"] == worst_tid, "waited"].idxmax()]]
+    longest = longest[worst_tid]
     where = innermost_ranges(events, longest)
     place = f" in NVTX `{where.iloc[0]}`" if len(where) else ""
-    idle = np.minimum(clock.idle_in(waits["start"], waits["end"]), waits["waited"].to_numpy())
     return [
         _gained(
             "lock_wait",
@@ -779,7 +805,7 @@ def lock_waits(
             "the critical section, hand work over through a queue without holding the lock, or move that work out "
             "of the step.",
             clock,
-            clock.by_step(waits["start"], idle),
+            lost,
             "GPU idle during the lock waits, at most the waits themselves"
             if clock.has_gpu
             else "the lock waits themselves (no GPU work in the capture)",
