@@ -416,7 +416,7 @@ def _step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def step_waits(nvtx: pd.DataFrame, events) -> pd.DataFrame:
+def step_waits(nvtx: pd.DataFrame, events: EventStore) -> pd.DataFrame:
     """Per step and phase (data, forward, backward, optimizer, other: inside the step, outside every
     phase range): how often and how long the training thread (its process's thread with the most step
     ranges) blocked in synchronization calls

@@ -709,11 +709,23 @@ def data_stall(
     ]
 
 
+# No calls summed yet (_summed).
+_NO_SUMS = pd.DataFrame({"count": pd.Series(dtype="int64"), "sum": pd.Series(dtype="int64")})
+
+
+def _summed(total: pd.DataFrame, batch: pd.DataFrame) -> pd.DataFrame:
+    """A batch's count and sum per key (its index) added to those of the batches before, by key: a few rows
+    per call name, however many calls are read."""
+    if total.empty:
+        return batch
+    return pd.concat([total, batch]).groupby(level=batch.index.names).sum()
+
+
 def _calls_inside(events: EventStore, merged: pd.DataFrame, threads) -> tuple[pd.DataFrame, int]:
     """The OS-runtime calls of `threads` inside the disjoint sorted `merged`: per call name (by name) their count
     and time inside it (`sum`), and how much of it some call covers. Read by start a batch at a time (a thread
     can make millions), their union handed over as it settles."""
-    per_name: dict[str, list[int]] = {}
+    sums = _NO_SUMS
     calls_union, in_calls = intervals.RunningUnion(), 0
     for batch in events.batches(f'''SELECT start, "end", name FROM osrt WHERE {sql_in("global_tid", threads)}
                                    ORDER BY start, "row"'''):
@@ -721,16 +733,10 @@ def _calls_inside(events: EventStore, merged: pd.DataFrame, threads) -> tuple[pd
         kept = batch[inside > 0].assign(inside=inside[inside > 0])
         calls_union.add(kept["start"].to_numpy("int64"), kept["end"].to_numpy("int64"))
         in_calls += int(intervals.covered_ns(merged, *calls_union.take_final()).sum())
-        for name, count, total in kept.groupby("name")["inside"].agg(["count", "sum"]).itertuples():
-            sums = per_name.setdefault(name, [0, 0])
-            sums[0], sums[1] = sums[0] + int(count), sums[1] + int(total)
+        sums = _summed(sums, kept.groupby("name")["inside"].agg(["count", "sum"]))
     if calls_union.open_interval is not None:
         in_calls += int(intervals.covered_ns(merged, *([value] for value in calls_union.open_interval))[0])
-    names = sorted(per_name)
-    return pd.DataFrame(
-        {"count": [per_name[n][0] for n in names], "sum": [per_name[n][1] for n in names]},
-        index=pd.Index(names, name="name"),
-    ), in_calls
+    return sums, in_calls
 
 
 def _lock_waits_in_steps(events: EventStore, training, steps: pd.DataFrame, marked: pd.DataFrame, clock: StepClock):
@@ -739,7 +745,7 @@ def _lock_waits_in_steps(events: EventStore, training, steps: pd.DataFrame, mark
     its longest wait (the first of equal ones by start) as a one-row frame, and per step the GPU idle during
     them, at most the waits themselves. Read by start a batch at a time: a thread can make millions."""
     in_steps, in_data = intervals.union(steps), intervals.union(marked[marked["name"] == DATA_PHASE])
-    sums: dict[tuple, list[int]] = {}
+    sums = _NO_SUMS
     longest: dict = {}
     lost = np.zeros(len(clock.starts))
     where = f"{sql_in('name', sorted(LOCK_WAIT_CALLS))} AND {sql_in('global_tid', training)}"
@@ -749,21 +755,14 @@ def _lock_waits_in_steps(events: EventStore, training, steps: pd.DataFrame, mark
             in_data, batch["start"], batch["end"]
         )
         batch = batch.assign(waited=waited)[waited > 0]
-        for (tid, name), count, total in (
-            batch.groupby(["global_tid", "name"])["waited"].agg(["count", "sum"]).itertuples()
-        ):
-            tally = sums.setdefault((tid, name), [0, 0])
-            tally[0], tally[1] = tally[0] + int(count), tally[1] + int(total)
+        sums = _summed(sums, batch.groupby(["global_tid", "name"])["waited"].agg(["count", "sum"]))
         for tid, thread_waits in batch.groupby("global_tid"):
             top = thread_waits.loc[[thread_waits["waited"].idxmax()]]
             if tid not in longest or top["waited"].iloc[0] > longest[tid]["waited"].iloc[0]:
                 longest[tid] = top
         idle = np.minimum(clock.idle_in(batch["start"], batch["end"]), batch["waited"].to_numpy())
         lost += clock.by_step(batch["start"], idle)
-    keys = sorted(sums)
-    index = pd.MultiIndex.from_tuples(keys, names=["global_tid", "name"]) if keys else None
-    table = pd.DataFrame({"count": [sums[k][0] for k in keys], "sum": [sums[k][1] for k in keys]}, index=index)
-    return table, longest, lost
+    return sums, longest, lost
 
 
 def lock_waits(
