@@ -5,6 +5,8 @@ and rows dropped, on the export as captured and on damaged rows."""
 
 from __future__ import annotations
 
+import inspect
+
 import pandas as pd
 import pytest
 
@@ -12,7 +14,9 @@ from sftprof.trace import nsys_sqlite, sqlite_pages
 from sftprof.trace.events import EventStore
 from sftprof.trace.nsys_export import SqliteExport
 
-from conftest import edited_export
+from conftest import REPO, edited_export
+
+FIXTURES = REPO / "tests" / "fixtures"
 
 ROW = "(SELECT rowid FROM {table} {where} ORDER BY rowid LIMIT 1 OFFSET {n})"
 CALL = {"table": "OSRT_API", "where": f"WHERE eventClass = {nsys_sqlite.OSRT_CALL_CLASS}"}
@@ -103,3 +107,29 @@ def test_the_pages_and_the_sqlite_reader_give_the_same_rows(tmp_path, monkeypatc
     assert pages["dropped"] == sql["dropped"]
     if case.startswith("damaged"):
         assert sum(pages["dropped"].values()) >= 1
+
+
+def test_page_reads_lists_what_the_loader_decodes(monkeypatch):
+    """benchmarks/floor.py decodes nsys_sqlite.PAGE_READS as the floor under loading: it must be what load_trace
+    decodes, table for table, with the same columns and chunks, on a capture that has every such table."""
+    from sftprof.trace import load_trace
+
+    export = FIXTURES / "nsys2025" / "h200_sft_clean_metrics.sqlite"
+    decoded, raw_columns = set(), sqlite_pages.raw_columns
+    signature = inspect.signature(raw_columns)
+
+    def recording(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        table, columns, chunk = call.arguments["table"], call.arguments["columns"], call.arguments["chunk_bytes"]
+        decoded.add((table, tuple(columns), chunk, call.arguments["text"] is not None))
+        return raw_columns(*args, **kwargs)
+
+    monkeypatch.setattr(sqlite_pages, "raw_columns", recording)
+    load_trace(export)
+    listed = {
+        (table, tuple(columns), chunk or sqlite_pages.CHUNK_BYTES, table == "NVTX_EVENTS")
+        for table, columns, chunk in nsys_sqlite.PAGE_READS
+    }
+    assert len(decoded) == len(nsys_sqlite.PAGE_READS)
+    assert decoded == listed

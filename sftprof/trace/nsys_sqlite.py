@@ -27,6 +27,10 @@ import pandas as pd
 from sftprof import memory_budget
 from sftprof.trace.events import (
     BATCH_VECTORS,
+    EXPORT_KERNEL_COLUMNS,
+    EXPORT_METRIC_COLUMNS,
+    EXPORT_RUNTIME_COLUMNS,
+    EXPORT_SCHED_COLUMNS,
     MAX_TIME_NS,
     MEMSET_KIND,
     EventStore,
@@ -519,6 +523,13 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     store.name_nvtx(names, [NVTX_STYLES[style] for style in used_styles], coded=(used, name_ids, used_styles))
 
 
+def nvtx_text_codes():
+    """NVTX_EVENTS' text read as codes (sqlite_pages.TextCodes), emit_nvtx's numbering cut off (EMIT_NVTX_KEYS)."""
+    from sftprof.trace import sqlite_pages
+
+    return sqlite_pages.TextCodes("text", tuple(f", {key} = ".encode() for key in EMIT_NVTX_KEYS))
+
+
 def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: EventStore, named: np.ndarray | None):
     """One pass over NVTX_EVENTS' pages into nvtx_rows (`named`: the (domain, pid) pairs named, where known):
     its _NameCodes, TextCodes, the domain creations, the latest time of any event (None: no time) and the
@@ -526,7 +537,7 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: Even
     from sftprof.trace import sqlite_pages
 
     valued = strings["value"].notna().to_numpy()
-    text = sqlite_pages.TextCodes("text", tuple(f", {key} = ".encode() for key in EMIT_NVTX_KEYS))
+    text = nvtx_text_codes()
     style_of = np.full(max(NVTX_RANGE_STYLES) + 2, -1, dtype=np.int8)  # the last: any other event type
     for event_type, style in NVTX_RANGE_STYLES.items():
         style_of[event_type] = NVTX_STYLES.index(style)
@@ -701,8 +712,25 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
     store.name_nvtx(names, [styles[style] for style in used])
 
 
-# The columns a memory operation's query reads besides its kinds (_memops).
+# The columns each copy below decodes from the export's pages (_page_chunks).
+OSRT_PAGE_COLUMNS = ["start", "end", "nameId", "globalTid", "eventClass"]
 MEMOP_PAGE_COLUMNS = ["start", "end", "bytes", "deviceId", "streamId", "globalPid", "correlationId"]
+MEMCPY_PAGE_COLUMNS = ["copyKind", "srcKind", "dstKind", *MEMOP_PAGE_COLUMNS]
+MEMSET_PAGE_COLUMNS = ["memKind", *MEMOP_PAGE_COLUMNS]
+SYNC_PAGE_COLUMNS = ["start", "end", "syncType", "deviceId", "streamId", "globalPid", "correlationId"]
+# Every table the loader decodes from an SQLite export's pages: its columns and the bytes of pages a chunk (None:
+# sqlite_pages.CHUNK_BYTES); NVTX_EVENTS' text too, as nvtx_text_codes. benchmarks/floor.py decodes them all.
+PAGE_READS = (
+    ("CUPTI_ACTIVITY_KIND_KERNEL", list(EXPORT_KERNEL_COLUMNS), None),
+    ("CUPTI_ACTIVITY_KIND_RUNTIME", list(EXPORT_RUNTIME_COLUMNS), None),
+    ("GPU_METRICS", list(EXPORT_METRIC_COLUMNS), None),
+    ("SCHED_EVENTS", list(EXPORT_SCHED_COLUMNS), None),
+    ("NVTX_EVENTS", NVTX_PAGE_COLUMNS, NVTX_CHUNK_BYTES),
+    ("OSRT_API", OSRT_PAGE_COLUMNS, PAGE_ROWS_CHUNK_BYTES),
+    ("CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_PAGE_COLUMNS, PAGE_ROWS_CHUNK_BYTES),
+    ("CUPTI_ACTIVITY_KIND_MEMSET", MEMSET_PAGE_COLUMNS, PAGE_ROWS_CHUNK_BYTES),
+    ("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", SYNC_PAGE_COLUMNS, PAGE_ROWS_CHUNK_BYTES),
+)
 
 
 def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> None:
@@ -722,9 +750,7 @@ def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
     with frames_visible(export.reader, {"string_ids": strings[["id"]]}):
         try:
             copied = 0
-            for calls in _page_chunks(
-                export, "OSRT_API", ["start", "end", "nameId", "globalTid", "eventClass"], select
-            ):
+            for calls in _page_chunks(export, "OSRT_API", OSRT_PAGE_COLUMNS, select):
                 store.append("osrt_rows", calls.assign(row=np.arange(copied, copied + len(calls))))
                 copied += len(calls)
         except sqlite_pages.Unsupported:
@@ -761,8 +787,7 @@ def _memops(export: Export, release: int, store: EventStore, dropped) -> None:
             src=labels.case("srcKind", memory_kinds),
             dst=labels.case("dstKind", memory_kinds),
         )
-        read = ["copyKind", "srcKind", "dstKind", *MEMOP_PAGE_COLUMNS]
-        parts.append(("CUPTI_ACTIVITY_KIND_MEMCPY", read, f"SELECT {columns} FROM {{rows}}"))
+        parts.append(("CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_PAGE_COLUMNS, f"SELECT {columns} FROM {{rows}}"))
     if "CUPTI_ACTIVITY_KIND_MEMSET" in export.tables:
         columns = common.format(
             op=labels.constant(MEMSET_OPERATION),
@@ -770,8 +795,7 @@ def _memops(export: Export, release: int, store: EventStore, dropped) -> None:
             src=labels.constant(None),
             dst=labels.case("memKind", memory_kinds),
         )
-        read = ["memKind", *MEMOP_PAGE_COLUMNS]
-        parts.append(("CUPTI_ACTIVITY_KIND_MEMSET", read, f"SELECT {columns} FROM {{rows}}"))
+        parts.append(("CUPTI_ACTIVITY_KIND_MEMSET", MEMSET_PAGE_COLUMNS, f"SELECT {columns} FROM {{rows}}"))
     _copy_labelled(
         export, store, "memop", parts, labels, ("operation_id", "copy_kind_id", "src_kind_id", "dst_kind_id")
     )
@@ -787,9 +811,13 @@ def _sync(export: Export, store: EventStore, dropped) -> None:
     select = f"""SELECT start, "end", {labels.case("syncType", sync_types, "Unknown")} AS sync_type_id,
                         deviceId AS device_id, streamId AS stream_id, ((globalPid >> 24) & 16777215) AS pid,
                         correlationId AS correlation_id FROM {{rows}}"""
-    read = ["start", "end", "syncType", "deviceId", "streamId", "globalPid", "correlationId"]
     _copy_labelled(
-        export, store, "sync", [("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", read, select)], labels, ("sync_type_id",)
+        export,
+        store,
+        "sync",
+        [("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", SYNC_PAGE_COLUMNS, select)],
+        labels,
+        ("sync_type_id",),
     )
     count_dropped(dropped, "sync", store.delete_invalid("sync_rows"))
 
