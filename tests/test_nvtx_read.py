@@ -4,14 +4,17 @@ dropped; and the SQL route, never a different answer, for what the page route do
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+
 import pandas as pd
 import pytest
 
 from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, read_only_uri
 from sftprof.trace.nsys_export import SqliteExport
 
-from conftest import edited_export
+from conftest import REPO, edited_export
 
 RANGE = "(SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY rowid LIMIT 1 OFFSET {})"
 THREAD = "(SELECT globalTid FROM NVTX_EVENTS WHERE eventType = 59 LIMIT 1)"
@@ -191,3 +194,18 @@ def test_what_the_page_route_does_not_read_goes_the_sql_way(tmp_path, case, edit
         export.close()
     ranges = load_trace(export.path).nvtx  # loads, by DuckDB (or sqlite3 for the bytes DuckDB refuses)
     assert len(ranges) and ranges["name"].dtype == "category"
+
+
+@pytest.mark.parametrize("capture", ["h200_sft_data_stall.sqlite", "nsys2025/h200_sft_clean_metrics.sqlite"])
+def test_a_ranges_pid_and_tid_are_its_threads(capture):
+    """The store keeps a range's global_tid only; its pid is the process nsys lists for that thread (PROCESSES,
+    by globalPid), its tid the global_tid's low 24 bits, for every thread with ranges."""
+    path = REPO / "tests" / "fixtures" / capture
+    ranges = load_trace(path).nvtx
+    with contextlib.closing(sqlite3.connect(read_only_uri(path), uri=True)) as con:
+        pids = dict(con.execute("SELECT globalPid, pid FROM PROCESSES"))
+    threads = ranges[["global_tid", "pid", "tid"]].drop_duplicates()
+    assert len(threads) >= 2
+    for global_tid, pid, tid in threads.itertuples(index=False):
+        assert pid == pids[global_tid >> 24 << 24]
+        assert tid == global_tid & 0xFFFFFF and 0 < tid < 1 << 24

@@ -31,7 +31,7 @@ kernel_names, api_names, metric_names   id, name   (API names without the `_vNNN
           stats strips; metric names as TARGET_INFO_GPU_METRICS gives them, e.g. "SM Issue [Throughput %]")
 kernels, cuda_api, sched, osrt, memops and sync are views: duration, pid and tid are computed from the rows
 stored in kernel_rows, cuda_api_rows, sched_rows, osrt_rows, memop_rows and sync_rows (as nsys lays out
-globalTid; labels from their ids); nvtx adds duration to nvtx_rows, and, where the page reader wrote each range
+globalTid; labels from their ids); nvtx adds duration, pid and tid to nvtx_rows, and, where the page reader wrote each range
 once with codes of its own for names and styles (name_nvtx), maps them to their ids. Storing them, or declaring
 them as generated columns, made the copy, the slowest part of loading, 10% slower.
 """
@@ -64,6 +64,9 @@ MAX_TIME_NS = 2**53
 MAX_THREADS = 8  # a login node is shared: do not take all its cores
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 KERNEL_NAME_IDS = ("name_id", "short_name_id", "mangled_name_id")
+# An NVTX range's pid and tid, from its global_tid as every loader lays it out (pid << 24 | tid), in the views: not
+# stored, since NVTX ranges are the most numerous rows (NeMo's 60M at 10M kernels) and DuckDB pays per value inserted.
+NVTX_THREAD = "((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid"
 SCHEMA = {
     "kernel_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, short_name_id INTEGER, mangled_name_id INTEGER,
                       device_id INTEGER, stream_id INTEGER, global_pid BIGINT, correlation_id BIGINT,
@@ -75,8 +78,7 @@ SCHEMA = {
     "gpu_metrics": "timestamp BIGINT, device_id INTEGER, metric_id INTEGER, value DOUBLE",
     "metric_names": "id INTEGER PRIMARY KEY, name VARCHAR",
     "sched_rows": "start BIGINT, cpu BIGINT, is_sched_in BOOLEAN, global_tid BIGINT",
-    "nvtx_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, style_id TINYINT, global_tid BIGINT, pid INTEGER,
-                    tid INTEGER""",
+    "nvtx_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, style_id TINYINT, global_tid BIGINT""",
     "osrt_rows": 'start BIGINT, "end" BIGINT, name_id BIGINT, global_tid BIGINT, "row" BIGINT',
     "osrt_names": "id BIGINT PRIMARY KEY, name VARCHAR",
     "memop_rows": """start BIGINT, "end" BIGINT, operation_id SMALLINT, bytes BIGINT, device_id BIGINT,
@@ -94,7 +96,8 @@ VIEWS = {
                           (global_tid & 16777215)::INTEGER AS tid FROM cuda_api_rows""",
     "sched": """SELECT *, ((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid
                 FROM sched_rows""",
-    "nvtx": """SELECT *, "end" - start AS duration FROM nvtx_rows""",
+    "nvtx": f"""SELECT start, "end", name_id, style_id, global_tid, {NVTX_THREAD}, "end" - start AS duration
+                FROM nvtx_rows""",
     "osrt": """SELECT r.start, r."end", r."end" - r.start AS duration, n.name, r.name_id, r.global_tid,
                       (r.global_tid >> 24) & 16777215 AS pid, r.global_tid & 16777215 AS tid, r."row"
                FROM osrt_rows r LEFT JOIN osrt_names n ON n.id = r.name_id""",
@@ -491,7 +494,7 @@ class EventStore:
         self.name_nvtx(categories["name"], categories["style"])
         for lo in range(0, len(ranges), NVTX_INSERT_ROWS):
             part = slice(lo, lo + NVTX_INSERT_ROWS)
-            rows = ranges.iloc[part][["start", "end", "global_tid", "pid", "tid"]]
+            rows = ranges.iloc[part][["start", "end", "global_tid"]]
             self.append(
                 "nvtx_rows",
                 rows.assign(name_id=_nullable(codes["name"][part]), style_id=_nullable(codes["style"][part])),
@@ -518,7 +521,7 @@ class EventStore:
                 CREATE OR REPLACE VIEW nvtx AS
                 SELECT r.start, r."end", n.name_id,
                        (CASE r.style_id {style_ids} END)::TINYINT AS style_id,
-                       r.global_tid, r.pid, r.tid, r."end" - r.start AS duration
+                       r.global_tid, {NVTX_THREAD}, r."end" - r.start AS duration
                 FROM nvtx_rows r JOIN nvtx_name_codes n ON n.code = r.name_id""")  # every code: no row lost
 
     def clear(self, table: str) -> None:

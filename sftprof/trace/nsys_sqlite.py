@@ -474,16 +474,15 @@ def _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, cod
         named[named] = valued[found[named]]
         text_code[with_id[named]] = -2 - found[named]  # text_code is the chunk's own
     thread = thread[is_range]
-    pid = (thread >> 24) & 0xFFFFFF
     return pd.DataFrame(  # copies: the decoder reuses its arrays while this chunk is copied in
         {
             "start": _kept(start, missing[0], is_range),
             "end": _kept(end, missing[1], is_range),
-            "name_id": codes.of(text_code[is_range], domain[is_range], ~missing[5][is_range], pid),
+            "name_id": codes.of(
+                text_code[is_range], domain[is_range], ~missing[5][is_range], (thread >> 24) & 0xFFFFFF
+            ),
             "style_id": style[is_range],
             "global_tid": thread,
-            "pid": pid.astype(np.int32),
-            "tid": (thread & 0xFFFFFF).astype(np.int32),
         },
         copy=False,
     )
@@ -699,7 +698,7 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
         if used:  # a range, so a style: a CASE needs a WHEN (events that are none of them ranges leave none)
             result = reader.execute(f"""
                 SELECT r.start, r."end", coalesce(n.code, -1) AS name_id, CASE r.style {renumbered} END AS style_id,
-                       r.global_tid, r.pid, r.tid
+                       r.global_tid
                 FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}""")
             while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
                 batch = batch.assign(name_id=batch["name_id"].mask(batch["name_id"] < 0).astype("Int32"))
