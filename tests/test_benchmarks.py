@@ -4,6 +4,7 @@ table. No timing is asserted: CI machines are too noisy for that."""
 
 from __future__ import annotations
 
+import csv
 import shutil
 import sqlite3
 import subprocess
@@ -115,6 +116,37 @@ def test_benchmark_runs_and_prints_its_table(tmp_path):
     assert metrics > 100_000 and switches > 100, other
     assert (tmp_path / "results.csv").exists()
     assert not list(tmp_path.glob("*.sqlite"))  # without --keep the run cleans up what it made
+
+
+@needs_nsys
+def test_floor_measures_each_step_against_nsys_stats(small_export, tmp_path):
+    """benchmarks/floor.py: decode, load, analyze and nsys stats on one file, each row's wall time over the same
+    run's nsys stats; the decoder reads every row of the tables it lists (its children print them)."""
+    out = tmp_path / "floor.csv"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "floor.py"), "--runs", "1", "--out", str(out), str(small_export)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with out.open() as f:
+        rows = {row["step"]: row for row in csv.DictReader(f)}
+    assert list(rows) == ["decode", "load", "analyze", "nsys"]
+    assert float(rows["nsys"]["wall / nsys"]) == 1.0
+    for row in rows.values():
+        assert float(row["wall_s"]) > 0 and float(row["peak_rss_gb"]) > 0
+        assert float(row["wall / nsys"]) > 0
+    decoded = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "floor.py"), "--child", "decode", str(small_export)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    with sqlite3.connect(small_export) as con:
+        kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert f"CUPTI_ACTIVITY_KIND_KERNEL: {kernels:,} rows" in decoded
 
 
 def test_emit_nvtx_calls_keep_numbers_of_their_own_in_every_replica(tmp_path):
