@@ -9,7 +9,7 @@ import pandas as pd
 
 from sftprof.analysis import cuda
 from sftprof.analysis.stats import finish_summary, grouped_summary
-from sftprof.trace.events import NVTX_THREAD, sql_in
+from sftprof.trace.events import THREAD_IDS, sql_in
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
 PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
@@ -74,7 +74,7 @@ def nvtx_threads(events) -> pd.DataFrame:
     in the table (NVTX_ORDER). From the rows stored, as no name is needed (the nvtx view may map names)."""
     return events.query(f"""
         WITH firsts AS (SELECT global_tid, min(start) AS first, count(*) AS ranges FROM nvtx_rows GROUP BY global_tid)
-        SELECT global_tid, {NVTX_THREAD}, ranges FROM (
+        SELECT global_tid, {THREAD_IDS}, ranges FROM (
             SELECT n.global_tid, any_value(f.ranges) AS ranges, any_value(f.first) AS first, max(n."end") AS last
             FROM nvtx_rows n JOIN firsts f ON n.global_tid = f.global_tid AND n.start = f.first
             GROUP BY n.global_tid)

@@ -64,9 +64,9 @@ MAX_TIME_NS = 2**53
 MAX_THREADS = 8  # a login node is shared: do not take all its cores
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 KERNEL_NAME_IDS = ("name_id", "short_name_id", "mangled_name_id")
-# An NVTX range's pid and tid, from its global_tid as every loader lays it out (pid << 24 | tid), in the views: not
-# stored, since NVTX ranges are the most numerous rows (NeMo's 60M at 10M kernels) and DuckDB pays per value inserted.
-NVTX_THREAD = "((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid"
+# A row's pid and tid, from its global_tid as every loader lays it out (pid << 24 | tid): computed in the views, not
+# stored, since DuckDB pays per value inserted (NVTX ranges are the most numerous rows: NeMo's 60M at 10M kernels).
+THREAD_IDS = "((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid"
 SCHEMA = {
     "kernel_rows": """start BIGINT, "end" BIGINT, name_id INTEGER, short_name_id INTEGER, mangled_name_id INTEGER,
                       device_id INTEGER, stream_id INTEGER, global_pid BIGINT, correlation_id BIGINT,
@@ -92,11 +92,9 @@ SCHEMA = {
 VIEWS = {
     "kernels": """SELECT *, "end" - start AS duration, ((global_pid >> 24) & 16777215)::INTEGER AS pid
                   FROM kernel_rows""",
-    "cuda_api": """SELECT *, "end" - start AS duration, ((global_tid >> 24) & 16777215)::INTEGER AS pid,
-                          (global_tid & 16777215)::INTEGER AS tid FROM cuda_api_rows""",
-    "sched": """SELECT *, ((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid
-                FROM sched_rows""",
-    "nvtx": f"""SELECT start, "end", name_id, style_id, global_tid, {NVTX_THREAD}, "end" - start AS duration
+    "cuda_api": f"""SELECT *, "end" - start AS duration, {THREAD_IDS} FROM cuda_api_rows""",
+    "sched": f"""SELECT *, {THREAD_IDS} FROM sched_rows""",
+    "nvtx": f"""SELECT start, "end", name_id, style_id, global_tid, {THREAD_IDS}, "end" - start AS duration
                 FROM nvtx_rows""",
     "osrt": """SELECT r.start, r."end", r."end" - r.start AS duration, n.name, r.name_id, r.global_tid,
                       (r.global_tid >> 24) & 16777215 AS pid, r.global_tid & 16777215 AS tid, r."row"
@@ -521,7 +519,7 @@ class EventStore:
                 CREATE OR REPLACE VIEW nvtx AS
                 SELECT r.start, r."end", n.name_id,
                        (CASE r.style_id {style_ids} END)::TINYINT AS style_id,
-                       r.global_tid, {NVTX_THREAD}, r."end" - r.start AS duration
+                       r.global_tid, {THREAD_IDS}, r."end" - r.start AS duration
                 FROM nvtx_rows r JOIN nvtx_name_codes n ON n.code = r.name_id""")  # every code: no row lost
 
     def clear(self, table: str) -> None:
