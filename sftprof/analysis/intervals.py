@@ -52,17 +52,15 @@ class RunningUnion:
         self._ends.append(merged_ends[:-1])
         self._open = (merged_starts[-1], merged_ends[-1])
 
-    def take_final(self) -> tuple[np.ndarray, np.ndarray]:
+    def take_final(self, last: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The merged intervals no later batch can extend, since the last call, handed over: what is
-        kept is the open interval only."""
+        kept is the open interval only. `last`: no batch is to come, so the open interval is handed over too."""
         starts, ends = self._starts, self._ends
+        if last and self._open is not None:
+            starts, ends = [*starts, np.array([self._open[0]], "int64")], [*ends, np.array([self._open[1]], "int64")]
+            self._open = None
         self._starts, self._ends = [], []
         return np.concatenate([*starts, _NO_TIMES]), np.concatenate([*ends, _NO_TIMES])
-
-    @property
-    def open_interval(self) -> tuple[int, int] | None:
-        """The last merged interval (start, end), which the next batch may extend; None before any."""
-        return self._open
 
     def result(self) -> pd.DataFrame:
         """Sorted, disjoint start/end rows."""

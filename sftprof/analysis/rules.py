@@ -734,8 +734,7 @@ def _calls_inside(events: EventStore, merged: pd.DataFrame, threads) -> tuple[pd
         calls_union.add(kept["start"].to_numpy("int64"), kept["end"].to_numpy("int64"))
         in_calls += int(intervals.covered_ns(merged, *calls_union.take_final()).sum())
         sums = _summed(sums, kept.groupby("name")["inside"].agg(["count", "sum"]))
-    if calls_union.open_interval is not None:
-        in_calls += int(intervals.covered_ns(merged, *([value] for value in calls_union.open_interval))[0])
+    in_calls += int(intervals.covered_ns(merged, *calls_union.take_final(last=True)).sum())
     return sums, in_calls
 
 

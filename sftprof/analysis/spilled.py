@@ -50,9 +50,7 @@ class SpilledUnion:
 
     def finish(self) -> SpilledUnion:
         """Write the last interval; the union is read-only from here on."""
-        opened = self._merging.open_interval
-        if opened is not None:
-            self._write(np.array([opened[0]], "int64"), np.array([opened[1]], "int64"))
+        self._write(*self._merging.take_final(last=True))
         self._merging = None
         for file in self._files:
             file.flush()
