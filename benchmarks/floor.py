@@ -130,6 +130,9 @@ def main() -> int:
     if args.child:
         {"decode": decode, "load": load}[args.child](args.files[0])
         return 0
+    missing = [str(path) for path in args.files if not path.is_file()]
+    if missing:
+        raise SystemExit(f"no such file: {', '.join(missing)}")
     nsys = shutil.which(args.nsys)
     version = nsys_tool.nsys_version(nsys) if nsys else None
     if version is None:
