@@ -64,18 +64,18 @@ def metric_means_while_busy(events: EventStore, busy: dict[int, DeviceBusy]) -> 
     Samples are read a batch at a time and summed by metric: twenty counters sampled at 10 kHz make 12M
     rows a minute (20M as one frame: 100 s and 6.2 GB, benchmarks/ENGINE.md section 10). A sample without
     a value counts for nothing."""
-    names = events.used_names("gpu_metrics")
+    names = events.query("SELECT id, name FROM metric_names")
     if names.empty:
         return {}
     size = int(names["id"].max()) + 1
     sums, counts = np.zeros(size), np.zeros(size, "int64")
-    for batch in events.batches("SELECT device_id, timestamp, metric_id, value FROM gpu_metrics"):  # one scan
-        device, times, metric_ids = (batch[c].to_numpy("int64") for c in ("device_id", "timestamp", "metric_id"))
-        values = batch["value"].to_numpy("float64")  # NULL: NaN
-        for d in np.unique(device):
+    for batch in events.metric_batches():  # one pass
+        device, times, metric_ids, values = (batch[c] for c in ("device_id", "timestamp", "metric_id", "value"))
+        first, last = (device.min(), device.max()) if len(device) else (0, -1)
+        for d in [first] if first == last else np.unique(device):  # a batch of one device (a rank's): no sort
             if int(d) not in busy:
                 continue
-            mine = np.flatnonzero(device == d)
+            mine = np.arange(len(device)) if first == last else np.flatnonzero(device == d)
             inside = mine[busy[int(d)].merged.covering(times[mine]) & ~np.isnan(values[mine])]
             metric = metric_ids[inside]
             sums += np.bincount(metric, weights=values[inside], minlength=size)

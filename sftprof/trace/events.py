@@ -15,7 +15,8 @@ as ids (benchmarks/ENGINE.md has the measurements behind these choices).
 kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_id, stream_id,
           global_pid, pid, correlation_id, grid_x, grid_y, grid_z, block_x, block_y, block_z
 cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
-gpu_metrics timestamp, device_id, metric_id, value
+gpu_metrics timestamp, device_id, metric_id, value   (empty where the samples stay in an SQLite export's pages,
+          gpu_samples; metric_batches reads them from either)
 sched     start, cpu, is_sched_in, global_tid, pid, tid   (a thread switched onto or off a core)
 osrt      start, end, duration, name, name_id, global_tid, pid, tid, row   (OS-runtime calls: names from
           osrt_names by id; `row`, the order the export lists them in, breaks ties on start)
@@ -150,6 +151,8 @@ EXPORT_KERNEL_COLUMNS = (
 EXPORT_RUNTIME_COLUMNS = ("start", "end", "nameId", "globalTid", "correlationId")
 # The columns of GPU_METRICS that the copy reads (nsys 2023+: 2022.4 keeps metrics in GENERIC_EVENTS, not read).
 EXPORT_METRIC_COLUMNS = ("timestamp", "typeId", "metricId", "value")
+# A GPU metric sample as EventStore.metric_batches gives it, a column each.
+METRIC_SAMPLE = ("device_id", "timestamp", "metric_id", "value")
 # The columns of SCHED_EVENTS that the copy reads.
 EXPORT_SCHED_COLUMNS = ("start", "cpu", "isSchedIn", "globalTid")
 MEMSET_KIND = "memset"  # a memset's copy_kind
@@ -367,6 +370,7 @@ class EventStore:
         self._names: dict[str, pd.DataFrame] = {}  # used_names, by table
         self._names_lock = threading.Lock()
         self._nvtx_categories: tuple[list, list] = ([], [])  # NVTX names and styles, by name_id and style_id
+        self._samples = None  # GPU metric samples left in the export (gpu_samples.PageSamples), if they were
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
         bound(self.con, self._folder)
         self.con.execute("SET preserve_insertion_order = false")
@@ -568,7 +572,10 @@ class EventStore:
     ) -> EventStore:
         """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys SQLite export
         (`present`: its table names; `strings`: its StringIds as id, value; `metrics`: its metric names, as
-        _from_nsys says, and `store`); each table read by _copy_rows."""
+        _from_nsys says, and `store`); each table read by _copy_rows, but for the GPU metric samples, which stay in
+        the export (gpu_samples)."""
+        from sftprof.trace.gpu_samples import PageSamples  # imports numba: only when an export is read
+
         return cls._from_nsys(
             present,
             strings,
@@ -578,6 +585,7 @@ class EventStore:
             ),
             load_sqlite_extension,
             store,
+            read_samples=lambda named: PageSamples.read(path, named),
         )
 
     @classmethod
@@ -610,6 +618,7 @@ class EventStore:
         copy_rows,
         prepare=lambda con: None,
         store: EventStore | None = None,
+        read_samples=None,
     ) -> EventStore:
         """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys export,
         whatever its format (`present`: its table names; `strings`: its StringIds as id, value; `metrics`:
@@ -619,7 +628,9 @@ class EventStore:
         counted in `dropped_rows` by table. A sample's device is its typeId's low byte (nsys's own recipes read
         typeId as <hardware:8><VM:8><source:16><event tag:24><GPU:8>); a sample whose (typeId, metricId) names
         no metric is left out, one that two names share is kept under each. Into `store` where given (its
-        caller copies other tables into it meanwhile, and checkpoints it once they are in), else a new one."""
+        caller copies other tables into it meanwhile, and checkpoints it once they are in), else a new one.
+        `read_samples(metrics)`, where given, leaves the samples in the export (gpu_samples.PageSamples, or None:
+        they are copied after all)."""
         owned = store is None
         store = cls(on_disk=True) if owned else store
         con = store.con
@@ -630,17 +641,17 @@ class EventStore:
             with frames_visible(con, {"named": named}):
                 con.execute("CREATE TABLE metric_of AS SELECT type_id, metric_id, id FROM named")
                 con.execute("INSERT INTO metric_names SELECT id, name FROM named")
-            copies.append(
-                (
-                    "gpu_metrics",
-                    "GPU_METRICS",
-                    EXPORT_METRIC_COLUMNS,
-                    """
+            metric_copy = (
+                "gpu_metrics",
+                "GPU_METRICS",
+                EXPORT_METRIC_COLUMNS,
+                """
                 INSERT INTO gpu_metrics (timestamp, device_id, metric_id, value)
                 SELECT r.timestamp, (r.typeId & 255)::INTEGER, m.id, r.value
                 FROM {rows} r JOIN metric_of m ON m.type_id = r.typeId AND m.metric_id = r.metricId""",
-                )
             )
+            if read_samples is None:
+                copies.append(metric_copy)
         if "SCHED_EVENTS" in present:
             copies.append(
                 (
@@ -691,8 +702,12 @@ class EventStore:
                 )
             )
         # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
-        with ThreadPoolExecutor(len(copies) or 1) as pool:
+        with ThreadPoolExecutor(len(copies) + 1) as pool:
+            samples = pool.submit(read_samples, named) if read_samples and metrics is not None else None
             list(pool.map(lambda copy: copy_rows(con.cursor(), *copy), copies))
+            store._samples = samples.result() if samples else None
+        if samples and store._samples is None:
+            copy_rows(con.cursor(), *metric_copy)
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
         if metrics is not None:
@@ -713,6 +728,8 @@ class EventStore:
             dropped = store.delete_invalid(rows, valid)
             if dropped:
                 store.dropped_rows[table] = int(dropped)
+        if store._samples is not None and store._samples.dropped:
+            store.dropped_rows["gpu_metrics"] = store._samples.dropped
         if owned:
             store.checkpoint()
         return store
@@ -767,15 +784,13 @@ class EventStore:
 
     def used_names(self, table: str) -> pd.DataFrame:
         """The names the rows of `table` use, worked out once per store (one scan of the table; several
-        analyses ask): for "cuda_api" and "gpu_metrics", id and name; for "kernels", each distinct name_id and
+        analyses ask): for "cuda_api", id and name; for "kernels", each distinct name_id and
         short_name_id (-1 for NULL) with their `name` and `short_name` (None where unknown). A few
         dozen rows, whatever the trace size. Safe from several threads."""
         with self._names_lock:
             if table not in self._names:
                 if table == "cuda_api":
                     sql = "SELECT id, name FROM api_names WHERE id IN (SELECT DISTINCT name_id FROM cuda_api)"
-                elif table == "gpu_metrics":
-                    sql = "SELECT id, name FROM metric_names WHERE id IN (SELECT DISTINCT metric_id FROM gpu_metrics)"
                 elif table == "kernels":
                     sql = """SELECT coalesce(t.name_id, -1)::BIGINT AS name_id,
                                     coalesce(t.short_name_id, -1)::BIGINT AS short_name_id,
@@ -831,7 +846,19 @@ class EventStore:
         return frame
 
     def count(self, table: str) -> int:
+        if table == "gpu_metrics" and self._samples is not None:
+            return self._samples.rows
         return int(self._reader().execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    def metric_batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """The GPU metric samples a batch at a time, as device_id, timestamp, metric_id (int64) and value
+        (float64, NaN for none): from the export's pages where the loader left them there, else from the store.
+        Each batch's arrays may be reused for the next."""
+        if self._samples is not None:
+            yield from self._samples.batches()
+            return
+        for batch in self.batches(f"SELECT {', '.join(METRIC_SAMPLE)} FROM gpu_metrics"):
+            yield {name: batch[name].to_numpy("float64" if name == "value" else "int64") for name in METRIC_SAMPLE}
 
     def frame(self, table: str) -> pd.DataFrame:
         """A whole table with its names as text, in tables.py's columns: for small traces and tests
@@ -857,7 +884,18 @@ class EventStore:
         if table in ("memops", "sync"):
             return self.labelled_frame(table)
         if table == "gpu_metrics":
-            return self.query("""
-                SELECT g.timestamp, g.device_id, n.name AS metric, g.value
-                FROM gpu_metrics g LEFT JOIN metric_names n ON n.id = g.metric_id ORDER BY g.timestamp""")
+            samples = pd.concat(
+                [pd.DataFrame(batch).copy() for batch in self.metric_batches()]
+                or [
+                    pd.DataFrame(
+                        {name: np.empty(0, "float64" if name == "value" else "int64") for name in METRIC_SAMPLE}
+                    )
+                ]
+            )
+            return self.query(
+                """SELECT g.timestamp, g.device_id::INTEGER AS device_id, n.name AS metric, g.value::DOUBLE AS value
+                   FROM samples g LEFT JOIN metric_names n ON n.id = g.metric_id
+                   ORDER BY g.timestamp, g.device_id, n.name, g.value""",
+                samples=samples,
+            )
         raise KeyError(table)

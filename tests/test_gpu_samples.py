@@ -1,0 +1,109 @@
+"""GPU metric samples left in an nsys SQLite export (gpu_samples.PageSamples): read as the copy into the event
+store would hold them, copied where the pages or ids do not suit the page reader, and refused in one line once
+the file has changed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sftprof.analysis import boundness, gpu
+from sftprof.trace import gpu_samples, load_trace, sqlite_pages
+from sftprof.trace.nsys_export import TraceFormatError
+
+CAPTURE = Path(__file__).parent / "fixtures" / "nsys2025" / "h200_sft_clean_metrics.sqlite"
+
+
+def _copied(monkeypatch, path: Path):
+    """The export loaded with its samples copied into the store, as before they were left in the export."""
+    with monkeypatch.context() as patch:
+        patch.setattr(gpu_samples.PageSamples, "read", classmethod(lambda cls, path, metrics: None))
+        return load_trace(path)
+
+
+def _in_store(tables) -> int:
+    return int(tables.events.query("SELECT count(*) AS n FROM gpu_metrics")["n"].iloc[0])
+
+
+def _assert_same_samples(left, right) -> None:
+    pd.testing.assert_frame_equal(left.events.frame("gpu_metrics"), right.events.frame("gpu_metrics"), check_exact=True)
+    assert left.events.count("gpu_metrics") == right.events.count("gpu_metrics")
+    assert left.dropped_rows == right.dropped_rows
+    means = [
+        boundness.metric_means_while_busy(tables.events, gpu.busy_by_device(tables.events)) for tables in (left, right)
+    ]
+    assert means[0] == means[1] and len(means[0]) > 10
+
+
+def _with_metric_row(tmp_path: Path, metric_id: int, copy_of: int) -> Path:
+    """The capture with one more TARGET_INFO_GPU_METRICS row: `metric_id` named as metric `copy_of` is."""
+    path = tmp_path / "named.sqlite"
+    shutil.copyfile(CAPTURE, path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            """INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId, sourceId, typeName, ?, metricName || ' (again)'
+               FROM TARGET_INFO_GPU_METRICS WHERE metricId = ?""",
+            (metric_id, copy_of),
+        )
+    return path
+
+
+def test_samples_stay_in_the_export_and_read_as_the_copy_would(monkeypatch):
+    left, copied = load_trace(CAPTURE), _copied(monkeypatch, CAPTURE)
+    assert _in_store(left) == 0 and left.events.count("gpu_metrics") == _in_store(copied) > 30_000
+    _assert_same_samples(left, copied)
+
+
+def test_a_pair_two_names_share_counts_under_each(monkeypatch, tmp_path):
+    path = _with_metric_row(tmp_path, metric_id=3, copy_of=3)
+    left, copied = load_trace(path), _copied(monkeypatch, path)
+    assert _in_store(left) == 0
+    with sqlite3.connect(path) as conn:
+        (shared,) = conn.execute("SELECT count(*) FROM GPU_METRICS WHERE metricId = 3").fetchone()
+    assert left.events.count("gpu_metrics") == load_trace(CAPTURE).events.count("gpu_metrics") + shared
+    _assert_same_samples(left, copied)
+
+
+def test_a_metric_id_beyond_the_lookup_is_copied(monkeypatch, tmp_path):
+    path = _with_metric_row(tmp_path, metric_id=gpu_samples.MAX_METRIC_ID, copy_of=3)
+    left, copied = load_trace(path), _copied(monkeypatch, path)
+    assert _in_store(left) == _in_store(copied) > 30_000
+    _assert_same_samples(left, copied)
+
+
+def test_pages_the_reader_does_not_decode_are_copied(monkeypatch):
+    raw_columns = sqlite_pages.raw_columns
+
+    def refuses_metrics(path, table, *args, **kwargs):
+        if table == "GPU_METRICS":
+            raise sqlite_pages.Unsupported("a value that is not an integer")
+        return raw_columns(path, table, *args, **kwargs)
+
+    expected = load_trace(CAPTURE)
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_pages, "raw_columns", refuses_metrics)
+        copied = load_trace(CAPTURE)
+    assert _in_store(copied) == expected.events.count("gpu_metrics") > 30_000
+    _assert_same_samples(expected, copied)
+
+
+@pytest.mark.parametrize("change", ["rewritten", "touched", "removed"])
+def test_a_file_changed_after_loading_is_refused_in_one_line(tmp_path, change):
+    path = tmp_path / "capture.sqlite"
+    shutil.copyfile(CAPTURE, path)
+    tables = load_trace(path)
+    assert sum(len(batch["timestamp"]) for batch in tables.events.metric_batches()) > 30_000
+    if change == "rewritten":
+        path.write_bytes(b"\x1b[31mnot a capture\n" * 100)
+    elif change == "touched":
+        os.utime(path, ns=(0, 0))
+    else:
+        path.unlink()
+    with pytest.raises(TraceFormatError, match="changed since it was loaded") as refused:
+        list(tables.events.metric_batches())
+    assert "\n" not in str(refused.value)
