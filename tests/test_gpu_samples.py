@@ -1,14 +1,16 @@
-"""GPU metric samples left in an nsys SQLite export (gpu_samples.PageSamples): read as the copy into the event
-store would hold them, copied where the pages or ids do not suit the page reader, and refused in one line once
-the file has changed."""
+"""GPU metric samples left in an nsys export (gpu_samples: PageSamples for SQLite, ScanSamples for a parquetdir):
+read as the copy into the event store would hold them, copied where the pages or ids do not suit the page reader,
+and refused in one line once the file has changed."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sqlite3
+import tarfile
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 import pytest
 
@@ -19,10 +21,20 @@ from sftprof.trace.nsys_export import TraceFormatError
 CAPTURE = Path(__file__).parent / "fixtures" / "nsys2025" / "h200_sft_clean_metrics.sqlite"
 
 
+@pytest.fixture(scope="module")
+def parquetdir(tmp_path_factory) -> Path:
+    """The same capture's parquetdir export (nsys 2025.3.1's own), extracted."""
+    folder = tmp_path_factory.mktemp("parquetdir")
+    with tarfile.open(CAPTURE.with_suffix(".parquetdir.tar.xz")) as tar:
+        tar.extractall(folder, filter="data")
+    return folder / CAPTURE.with_suffix(".parquetdir").name
+
+
 def _copied(monkeypatch, path: Path):
     """The export loaded with its samples copied into the store, as before they were left in the export."""
     with monkeypatch.context() as patch:
         patch.setattr(gpu_samples.PageSamples, "read", classmethod(lambda cls, path, metrics: None))
+        patch.setattr(gpu_samples, "ScanSamples", lambda cursor, scan, file: None)
         return load_trace(path)
 
 
@@ -53,8 +65,10 @@ def _with_metric_row(tmp_path: Path, metric_id: int, copy_of: int) -> Path:
     return path
 
 
-def test_samples_stay_in_the_export_and_read_as_the_copy_would(monkeypatch):
-    left, copied = load_trace(CAPTURE), _copied(monkeypatch, CAPTURE)
+@pytest.mark.parametrize("export", ["sqlite", "parquetdir"])
+def test_samples_stay_in_the_export_and_read_as_the_copy_would(monkeypatch, request, export):
+    path = CAPTURE if export == "sqlite" else request.getfixturevalue("parquetdir")
+    left, copied = load_trace(path), _copied(monkeypatch, path)
     assert _in_store(left) == 0 and left.events.count("gpu_metrics") == _in_store(copied) > 30_000
     _assert_same_samples(left, copied)
 
@@ -92,11 +106,17 @@ def test_pages_the_reader_does_not_decode_are_copied(monkeypatch):
     _assert_same_samples(expected, copied)
 
 
+@pytest.mark.parametrize("export", ["sqlite", "parquetdir"])
 @pytest.mark.parametrize("change", ["rewritten", "touched", "removed"])
-def test_a_file_changed_after_loading_is_refused_in_one_line(tmp_path, change):
-    path = tmp_path / "capture.sqlite"
-    shutil.copyfile(CAPTURE, path)
-    tables = load_trace(path)
+def test_a_file_changed_after_loading_is_refused_in_one_line(request, tmp_path, export, change):
+    if export == "sqlite":
+        path = loaded = tmp_path / "capture.sqlite"
+        shutil.copyfile(CAPTURE, path)
+    else:
+        loaded = tmp_path / "capture.parquetdir"
+        shutil.copytree(request.getfixturevalue("parquetdir"), loaded)
+        path = loaded / "GPU_METRICS.parquet"
+    tables = load_trace(loaded)
     assert sum(len(batch["timestamp"]) for batch in tables.events.metric_batches()) > 30_000
     if change == "rewritten":
         path.write_bytes(b"\x1b[31mnot a capture\n" * 100)
@@ -107,3 +127,29 @@ def test_a_file_changed_after_loading_is_refused_in_one_line(tmp_path, change):
     with pytest.raises(TraceFormatError, match="changed since it was loaded") as refused:
         list(tables.events.metric_batches())
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("export", ["sqlite", "parquetdir"])
+def test_samples_whose_times_are_not_valid_are_counted_as_the_copy_counts_them(monkeypatch, request, tmp_path, export):
+    if export == "sqlite":
+        path = tmp_path / "damaged.sqlite"
+        shutil.copyfile(CAPTURE, path)
+        with sqlite3.connect(path) as conn:
+            rows = conn.execute("SELECT * FROM GPU_METRICS WHERE rowid % 100 = 0").fetchall()
+            for row in rows:  # rawTimestamp, timestamp, typeId, metricId, value
+                timestamp = None if row[3] == 2 else 2**60 if row[3] == 3 else row[1]
+                conn.execute("INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?, ?)", (row[0], timestamp, *row[2:]))
+    else:
+        path = tmp_path / "damaged.parquetdir"
+        shutil.copytree(request.getfixturevalue("parquetdir"), path)
+        table = path / "GPU_METRICS.parquet"
+        damaged = f"""SELECT * REPLACE (CASE WHEN metricId = 2 THEN NULL WHEN metricId = 3 THEN {2**60} ELSE timestamp END
+                      AS timestamp) FROM GPU_METRICS WHERE rowid % 100 = 0"""
+        with duckdb.connect() as con:
+            con.execute(f"CREATE VIEW GPU_METRICS AS SELECT *, row_number() OVER () AS rowid FROM '{table}'")
+            con.execute(f"""CREATE TABLE both_ AS SELECT * EXCLUDE (rowid) FROM GPU_METRICS
+                            UNION ALL SELECT * EXCLUDE (rowid) FROM ({damaged})""")
+            con.execute(f"COPY both_ TO '{table}' (FORMAT parquet)")
+    left, copied = load_trace(path), _copied(monkeypatch, path)
+    assert left.dropped_rows["gpu_metrics"] > 20
+    _assert_same_samples(left, copied)

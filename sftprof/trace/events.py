@@ -585,7 +585,7 @@ class EventStore:
             ),
             load_sqlite_extension,
             store,
-            read_samples=lambda named: PageSamples.read(path, named),
+            read_samples=lambda cursor, named: PageSamples.read(path, named),
         )
 
     @classmethod
@@ -595,10 +595,14 @@ class EventStore:
         strings: pd.DataFrame,
         metrics: pd.DataFrame | None,
         store: EventStore | None = None,
+        files: dict[str, Path] | None = None,
     ) -> EventStore:
         """The same from an nsys parquetdir export (`scans`: each of its tables -> the DuckDB subquery that
-        reads it, nsys_export.ParquetExport.scans): one INSERT ... SELECT per table, which DuckDB runs
-        on every core it is given."""
+        reads it, nsys_export.ParquetExport.scans; `files`: each table's file): one INSERT ... SELECT per table,
+        which DuckDB runs on every core it is given, but for the GPU metric samples, which DuckDB reads from
+        their file when they are asked for (gpu_samples.ScanSamples)."""
+        from sftprof.trace.gpu_samples import ScanSamples
+
         return cls._from_nsys(
             set(scans),
             strings,
@@ -607,6 +611,9 @@ class EventStore:
                 insert.format(rows=scans[export_table])
             ),
             store=store,
+            read_samples=lambda cursor, named: ScanSamples(cursor, scans["GPU_METRICS"], files["GPU_METRICS"])
+            if files
+            else None,
         )
 
     @classmethod
@@ -629,8 +636,8 @@ class EventStore:
         typeId as <hardware:8><VM:8><source:16><event tag:24><GPU:8>); a sample whose (typeId, metricId) names
         no metric is left out, one that two names share is kept under each. Into `store` where given (its
         caller copies other tables into it meanwhile, and checkpoints it once they are in), else a new one.
-        `read_samples(metrics)`, where given, leaves the samples in the export (gpu_samples.PageSamples, or None:
-        they are copied after all)."""
+        `read_samples(cursor, metrics)`, where given, leaves the samples in the export (gpu_samples: PageSamples or
+        ScanSamples; None: they are copied after all)."""
         owned = store is None
         store = cls(on_disk=True) if owned else store
         con = store.con
@@ -703,15 +710,13 @@ class EventStore:
             )
         # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
         with ThreadPoolExecutor(len(copies) + 1) as pool:
-            samples = pool.submit(read_samples, named) if read_samples and metrics is not None else None
+            samples = pool.submit(read_samples, con.cursor(), named) if read_samples and metrics is not None else None
             list(pool.map(lambda copy: copy_rows(con.cursor(), *copy), copies))
             store._samples = samples.result() if samples else None
         if samples and store._samples is None:
             copy_rows(con.cursor(), *metric_copy)
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
-        if metrics is not None:
-            con.execute("DROP TABLE metric_of")
         # Once, after the copy (whichever reader made it): one scan of two columns, nothing on the decoder's path.
         for table, rows, valid in (
             ("kernels", "kernel_rows", valid_times_sql()),
@@ -855,9 +860,13 @@ class EventStore:
         (float64, NaN for none): from the export's pages where the loader left them there, else from the store.
         Each batch's arrays may be reused for the next."""
         if self._samples is not None:
-            yield from self._samples.batches()
-            return
-        for batch in self.batches(f"SELECT {', '.join(METRIC_SAMPLE)} FROM gpu_metrics"):
+            yield from self._samples.batches(self)
+        else:
+            yield from self.sample_batches(f"SELECT {', '.join(METRIC_SAMPLE)} FROM gpu_metrics")
+
+    def sample_batches(self, sql: str) -> Iterator[dict[str, np.ndarray]]:
+        """batches(sql), whose columns are METRIC_SAMPLE's, as metric_batches gives them."""
+        for batch in self.batches(sql):
             yield {name: batch[name].to_numpy("float64" if name == "value" else "int64") for name in METRIC_SAMPLE}
 
     def frame(self, table: str) -> pd.DataFrame:

@@ -1,5 +1,5 @@
-"""An nsys SQLite export's GPU metric samples, decoded from the file's pages each time they are read and
-never copied into the event store.
+"""An nsys export's GPU metric samples, read from the export each time they are asked for, never copied into
+the event store: from an SQLite export's pages (PageSamples), or by DuckDB from a parquetdir's file (ScanSamples).
 
 Why: one analysis reads them (the metrics' means while each GPU was busy, boundness.py), in one pass, and
 `--gpu-metrics-devices` samples some twenty counters 10,000 times a second: 107M samples at 10M kernels
@@ -7,8 +7,8 @@ of the trainer's shape. Copying them into DuckDB took 9 s there, more than loadi
 pass over the pages takes about 2 s (benchmarks/ENGINE.md, section 27).
 
 Loading reads the samples once: to count those whose times are not valid (dropped_rows, as the copy
-counts them) and to know that every page decodes. A file whose pages this reader does not decode gets
-None from `read`, and its samples are copied as before. A file changed after it was loaded (its size,
+counts them) and, for SQLite, to know that every page decodes: a file whose pages this reader does not decode
+gets None from `PageSamples.read`, and its samples are copied as before. A file changed after it was loaded (its size,
 modification time or inode) is a TraceFormatError when the samples are read again, not another capture's
 samples read as this one's.
 """
@@ -20,12 +20,13 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import numba
 import numpy as np
 import pandas as pd
 
 from sftprof.trace import sqlite_pages
-from sftprof.trace.events import EXPORT_METRIC_COLUMNS, MAX_TIME_NS, METRIC_SAMPLE
+from sftprof.trace.events import EXPORT_METRIC_COLUMNS, MAX_TIME_NS, METRIC_SAMPLE, out_of_disk, valid_times_sql
 from sftprof.trace.nsys_export import TraceFormatError, one_line
 
 # A metric id at or beyond this is looked up in no table: nsys numbers a type's metrics from 0 (about 20 of
@@ -65,6 +66,16 @@ def _select(values, missing, types, lookup, device, time, metric, value):  # pra
     return written, dropped
 
 
+def _version(path: Path) -> tuple[int, int, int]:
+    """What says a file is the one loaded: its size, modification time and inode."""
+    status = os.stat(path)
+    return status.st_size, status.st_mtime_ns, status.st_ino
+
+
+def _changed(path: Path, error: Exception) -> TraceFormatError:
+    return TraceFormatError(f"{path}: changed since it was loaded ({one_line(error)})")
+
+
 class PageSamples:
     """GPU_METRICS as (device_id, timestamp, metric_id, value) batches, valid rows only, decoded anew on
     every pass. `metrics`: type_id, metric_id and the store's id of every metric name (TARGET_INFO_GPU_METRICS);
@@ -72,7 +83,7 @@ class PageSamples:
 
     def __init__(self, path: Path, metrics: pd.DataFrame):
         self.path = Path(path).resolve()
-        self._version = self._file_version()
+        self._version = _version(self.path)
         self._types = np.unique(metrics["type_id"].to_numpy("int64"))
         kind = np.searchsorted(self._types, metrics["type_id"].to_numpy("int64"))
         metric = metrics["metric_id"].to_numpy("int64")
@@ -95,18 +106,15 @@ class PageSamples:
             return None
         return samples
 
-    def batches(self) -> Iterator[dict[str, np.ndarray]]:
-        """Every valid sample, a chunk of pages at a time, as arrays reused for the next batch."""
+    def batches(self, store=None) -> Iterator[dict[str, np.ndarray]]:
+        """Every valid sample, a chunk of pages at a time, as arrays reused for the next batch (`store`: unused,
+        as ScanSamples.batches takes it)."""
         try:
-            if self._file_version() != self._version:
+            if _version(self.path) != self._version:
                 raise sqlite_pages.Unsupported("another size, time or inode")
             yield from self._decoded()
         except (sqlite_pages.Unsupported, sqlite3.Error, OSError) as exc:
-            raise TraceFormatError(f"{self.path}: changed since it was loaded ({one_line(exc)})") from None
-
-    def _file_version(self) -> tuple[int, int, int]:
-        status = os.stat(self.path)
-        return status.st_size, status.st_mtime_ns, status.st_ino
+            raise out_of_disk(exc) or _changed(self.path, exc) from None
 
     def _decoded(self) -> Iterator[dict[str, np.ndarray]]:
         dropped, outputs = 0, None
@@ -118,3 +126,31 @@ class PageSamples:
             dropped += left_out
             yield dict(zip(METRIC_SAMPLE, (column[:written] for column in outputs), strict=True))
         self.dropped = dropped
+
+
+class ScanSamples:
+    """A parquetdir's GPU_METRICS, read by DuckDB from its file (`scan`: the subquery that reads it) on every pass,
+    named through the store's metric_of table as the copy names them. Counted at loading through `cursor`, one
+    scan of three columns."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, scan: str, file: Path):
+        self.path = Path(file).resolve()
+        self._version = _version(self.path)
+        valid = valid_times_sql("r.timestamp", "r.timestamp")
+        named = f"{scan} r JOIN metric_of m ON m.type_id = r.typeId AND m.metric_id = r.metricId"
+        self._sql = f"""SELECT (r.typeId & 255) AS device_id, r.timestamp, m.id AS metric_id, r.value::DOUBLE AS value
+                        FROM {named} WHERE {valid}"""
+        self.rows, self.dropped = cursor.execute(
+            f"SELECT count(*) FILTER ({valid}), count(*) FILTER (NOT {valid}) FROM {named}"
+        ).fetchone()
+
+    def batches(self, store) -> Iterator[dict[str, np.ndarray]]:
+        """Every valid sample, a batch of the store's at a time."""
+        try:
+            if _version(self.path) != self._version:
+                raise OSError("another size, time or inode")
+            yield from store.sample_batches(self._sql)
+        except duckdb.OutOfMemoryException:
+            raise  # not the file: the budget (pipeline.analyze_trace says so)
+        except (duckdb.Error, OSError) as exc:
+            raise out_of_disk(exc) or _changed(self.path, exc) from None

@@ -167,6 +167,7 @@ class ParquetExport:
             if file.is_symlink() or not file.is_file():
                 raise TraceFormatError(f"{path}: {file.name} is not a regular file (nsys writes only files)")
         self.tables = set(files)
+        self.files = files
         self._columns: dict[str, set[str]] = {}
         self.scans: dict[str, str] = {}  # table -> a DuckDB subquery that reads it, in any connection
         self._spill = tempfile.TemporaryDirectory(prefix="sftprof-reader-")
@@ -214,7 +215,7 @@ class ParquetExport:
         return self._con
 
     def event_store(self, strings: pd.DataFrame, metrics: pd.DataFrame | None, store: EventStore) -> EventStore:
-        return EventStore.from_nsys_parquet(self.scans, strings, metrics, store)
+        return EventStore.from_nsys_parquet(self.scans, strings, metrics, store, self.files)
 
     def close(self) -> None:
         self._con.close()
