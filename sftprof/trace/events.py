@@ -15,8 +15,8 @@ as ids (benchmarks/ENGINE.md has the measurements behind these choices).
 kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_id, stream_id,
           global_pid, pid, correlation_id, grid_x, grid_y, grid_z, block_x, block_y, block_z
 cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
-gpu_metrics timestamp, device_id, metric_id, value   (empty where the samples stay in an SQLite export's pages,
-          gpu_samples; metric_batches reads them from either)
+gpu_metrics timestamp, device_id, metric_id, value   (empty where the samples stay in the export, an SQLite
+          export's pages or a parquetdir's file, gpu_samples; metric_batches reads them from either)
 sched     start, cpu, is_sched_in, global_tid, pid, tid   (a thread switched onto or off a core)
 osrt      start, end, duration, name, name_id, global_tid, pid, tid, row   (OS-runtime calls: names from
           osrt_names by id; `row`, the order the export lists them in, breaks ties on start)
@@ -370,7 +370,7 @@ class EventStore:
         self._names: dict[str, pd.DataFrame] = {}  # used_names, by table
         self._names_lock = threading.Lock()
         self._nvtx_categories: tuple[list, list] = ([], [])  # NVTX names and styles, by name_id and style_id
-        self._samples = None  # GPU metric samples left in the export (gpu_samples.PageSamples), if they were
+        self._samples = None  # GPU metric samples left in the export (gpu_samples), if they were
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
         bound(self.con, self._folder)
         self.con.execute("SET preserve_insertion_order = false")
@@ -857,7 +857,7 @@ class EventStore:
 
     def metric_batches(self) -> Iterator[dict[str, np.ndarray]]:
         """The GPU metric samples a batch at a time, as device_id, timestamp, metric_id (int64) and value
-        (float64, NaN for none): from the export's pages where the loader left them there, else from the store.
+        (float64, NaN for none): from the export where the loader left them there, else from the store.
         Each batch's arrays may be reused for the next."""
         if self._samples is not None:
             yield from self._samples.batches(self)
