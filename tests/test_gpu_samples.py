@@ -83,6 +83,21 @@ def test_a_pair_two_names_share_counts_under_each(monkeypatch, tmp_path):
     _assert_same_samples(left, copied)
 
 
+def test_samples_of_a_second_gpu_are_named_and_kept_apart(monkeypatch, tmp_path):
+    """Another typeId (GPU 1: its low byte) with its own metric names, interleaved with GPU 0's samples."""
+    path = tmp_path / "two_gpus.sqlite"
+    shutil.copyfile(CAPTURE, path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("""INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId + 1, sourceId, typeName, metricId,
+                        metricName || ' (GPU 1)' FROM TARGET_INFO_GPU_METRICS""")
+        conn.execute("""INSERT INTO GPU_METRICS SELECT rawTimestamp, timestamp + 1, typeId + 1, metricId, value + 1
+                        FROM GPU_METRICS""")
+    left, copied = load_trace(path), _copied(monkeypatch, path)
+    assert set(left.events.frame("gpu_metrics")["device_id"]) == {0, 1}
+    assert left.events.count("gpu_metrics") == 2 * load_trace(CAPTURE).events.count("gpu_metrics")
+    _assert_same_samples(left, copied)
+
+
 def test_a_metric_id_beyond_the_lookup_is_copied(monkeypatch, tmp_path):
     path = _with_metric_row(tmp_path, metric_id=gpu_samples.MAX_METRIC_ID, copy_of=3)
     left, copied = load_trace(path), _copied(monkeypatch, path)
@@ -130,21 +145,27 @@ def test_a_file_changed_after_loading_is_refused_in_one_line(request, tmp_path, 
 
 
 @pytest.mark.parametrize("export", ["sqlite", "parquetdir"])
-def test_samples_whose_times_are_not_valid_are_counted_as_the_copy_counts_them(monkeypatch, request, tmp_path, export):
+def test_samples_whose_times_are_not_valid_or_without_a_value_are_read_as_the_copy_reads_them(
+    monkeypatch, request, tmp_path, export
+):
     if export == "sqlite":
         path = tmp_path / "damaged.sqlite"
         shutil.copyfile(CAPTURE, path)
         with sqlite3.connect(path) as conn:
             rows = conn.execute("SELECT * FROM GPU_METRICS WHERE rowid % 100 = 0").fetchall()
-            for row in rows:  # rawTimestamp, timestamp, typeId, metricId, value
-                timestamp = None if row[3] == 2 else 2**60 if row[3] == 3 else row[1]
-                conn.execute("INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?, ?)", (row[0], timestamp, *row[2:]))
+            for raw, timestamp, type_id, metric_id, value in rows:
+                timestamp = None if metric_id == 2 else 2**60 if metric_id == 3 else timestamp
+                value = None if metric_id == 4 else value  # kept, counted for nothing
+                conn.execute(
+                    "INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?, ?)", (raw, timestamp, type_id, metric_id, value)
+                )
     else:
         path = tmp_path / "damaged.parquetdir"
         shutil.copytree(request.getfixturevalue("parquetdir"), path)
         table = path / "GPU_METRICS.parquet"
         damaged = f"""SELECT * REPLACE (CASE WHEN metricId = 2 THEN NULL WHEN metricId = 3 THEN {2**60} ELSE timestamp END
-                      AS timestamp) FROM GPU_METRICS WHERE rowid % 100 = 0"""
+                      AS timestamp, CASE WHEN metricId = 4 THEN NULL ELSE value END AS value)
+                      FROM GPU_METRICS WHERE rowid % 100 = 0"""
         with duckdb.connect() as con:
             con.execute(f"CREATE VIEW GPU_METRICS AS SELECT *, row_number() OVER () AS rowid FROM '{table}'")
             con.execute(f"""CREATE TABLE both_ AS SELECT * EXCLUDE (rowid) FROM GPU_METRICS
@@ -152,4 +173,5 @@ def test_samples_whose_times_are_not_valid_are_counted_as_the_copy_counts_them(m
             con.execute(f"COPY both_ TO '{table}' (FORMAT parquet)")
     left, copied = load_trace(path), _copied(monkeypatch, path)
     assert left.dropped_rows["gpu_metrics"] > 20
+    assert left.events.frame("gpu_metrics")["value"].isna().sum() > 10
     _assert_same_samples(left, copied)
