@@ -151,11 +151,14 @@ def test_samples_whose_times_are_not_valid_or_without_a_value_are_read_as_the_co
     if export == "sqlite":
         path = tmp_path / "damaged.sqlite"
         shutil.copyfile(CAPTURE, path)
-        with sqlite3.connect(path) as conn:
+        with sqlite3.connect(path) as conn:  # the table without its NOT NULLs, as an edited file may have it
+            conn.execute("CREATE TABLE edited AS SELECT * FROM GPU_METRICS")
+            conn.execute("DROP TABLE GPU_METRICS")
+            conn.execute("ALTER TABLE edited RENAME TO GPU_METRICS")
             rows = conn.execute("SELECT * FROM GPU_METRICS WHERE rowid % 100 = 0").fetchall()
             for raw, timestamp, type_id, metric_id, value in rows:
-                timestamp = None if metric_id == 2 else 2**60 if metric_id == 3 else timestamp
-                value = None if metric_id == 4 else value  # kept, counted for nothing
+                timestamp = None if metric_id == 1 else 2**60 if metric_id == 3 else timestamp
+                value = None if metric_id == 5 else value  # kept, counted for nothing
                 conn.execute(
                     "INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?, ?)", (raw, timestamp, type_id, metric_id, value)
                 )
@@ -163,8 +166,8 @@ def test_samples_whose_times_are_not_valid_or_without_a_value_are_read_as_the_co
         path = tmp_path / "damaged.parquetdir"
         shutil.copytree(request.getfixturevalue("parquetdir"), path)
         table = path / "GPU_METRICS.parquet"
-        damaged = f"""SELECT * REPLACE (CASE WHEN metricId = 2 THEN NULL WHEN metricId = 3 THEN {2**60} ELSE timestamp END
-                      AS timestamp, CASE WHEN metricId = 4 THEN NULL ELSE value END AS value)
+        damaged = f"""SELECT * REPLACE (CASE WHEN metricId = 1 THEN NULL WHEN metricId = 3 THEN {2**60} ELSE timestamp END
+                      AS timestamp, CASE WHEN metricId = 5 THEN NULL ELSE value END AS value)
                       FROM GPU_METRICS WHERE rowid % 100 = 0"""
         with duckdb.connect() as con:
             con.execute(f"CREATE VIEW GPU_METRICS AS SELECT *, row_number() OVER () AS rowid FROM '{table}'")
@@ -172,6 +175,6 @@ def test_samples_whose_times_are_not_valid_or_without_a_value_are_read_as_the_co
                             UNION ALL SELECT * EXCLUDE (rowid) FROM ({damaged})""")
             con.execute(f"COPY both_ TO '{table}' (FORMAT parquet)")
     left, copied = load_trace(path), _copied(monkeypatch, path)
-    assert left.dropped_rows["gpu_metrics"] > 20
+    assert _in_store(left) == 0 and left.dropped_rows["gpu_metrics"] > 20
     assert left.events.frame("gpu_metrics")["value"].isna().sum() > 10
     _assert_same_samples(left, copied)
