@@ -105,6 +105,21 @@ def test_a_metric_id_beyond_the_lookup_is_copied(monkeypatch, tmp_path):
     _assert_same_samples(left, copied)
 
 
+def test_metric_names_without_their_ids_are_copied(monkeypatch, tmp_path):
+    """An edited TARGET_INFO_GPU_METRICS (its NOT NULLs gone) with a name of no type and one of no metric id."""
+    path = tmp_path / "unnamed.sqlite"
+    shutil.copyfile(CAPTURE, path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE edited AS SELECT * FROM TARGET_INFO_GPU_METRICS")
+        conn.execute("DROP TABLE TARGET_INFO_GPU_METRICS")
+        conn.execute("ALTER TABLE edited RENAME TO TARGET_INFO_GPU_METRICS")
+        conn.execute("INSERT INTO TARGET_INFO_GPU_METRICS VALUES (NULL, 0, '', 3, 'no type')")
+        conn.execute("INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId, 0, '', NULL, 'no id' FROM GPU_METRICS LIMIT 1")
+    left, copied = load_trace(path), _copied(monkeypatch, path)
+    assert _in_store(left) == _in_store(copied) == load_trace(CAPTURE).events.count("gpu_metrics")
+    _assert_same_samples(left, copied)
+
+
 def test_pages_the_reader_does_not_decode_are_copied(monkeypatch):
     raw_columns = sqlite_pages.raw_columns
 
@@ -177,4 +192,30 @@ def test_samples_whose_times_are_not_valid_or_without_a_value_are_read_as_the_co
     left, copied = load_trace(path), _copied(monkeypatch, path)
     assert _in_store(left) == 0 and left.dropped_rows["gpu_metrics"] > 20
     assert left.events.frame("gpu_metrics")["value"].isna().sum() > 10
+    _assert_same_samples(left, copied)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "typeId = NULL",
+        "metricId = NULL",
+        "metricId = -1",
+        f"metricId = {1 << 40}",
+        "typeId = typeId + 7",
+        "value = NULL",
+    ],
+)
+def test_edited_samples_are_read_as_the_copy_reads_them(monkeypatch, tmp_path, edit):
+    """Every 50th sample edited (the table's NOT NULLs gone first): a sample of no named metric is left out and not
+    counted, one without a value is kept, as the copy's join has them."""
+    path = tmp_path / "edited.sqlite"
+    shutil.copyfile(CAPTURE, path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE edited AS SELECT * FROM GPU_METRICS")
+        conn.execute("DROP TABLE GPU_METRICS")
+        conn.execute("ALTER TABLE edited RENAME TO GPU_METRICS")
+        assert conn.execute(f"UPDATE GPU_METRICS SET {edit} WHERE rowid % 50 = 0").rowcount > 500
+    left, copied = load_trace(path), _copied(monkeypatch, path)
+    assert _in_store(left) == 0
     _assert_same_samples(left, copied)

@@ -94,9 +94,12 @@ class PageSamples:
 
     @classmethod
     def read(cls, path: Path, metrics: pd.DataFrame) -> PageSamples | None:
-        """The samples, counted in one pass; None where the pages or the metric ids do not suit this reader."""
-        ids = metrics["metric_id"]
-        if len(metrics) == 0 or ids.min() < 0 or ids.max() >= MAX_METRIC_ID:
+        """The samples, counted in one pass; None where the pages or the metric ids do not suit this reader (ids
+        that are not all integers, as in an edited TARGET_INFO_GPU_METRICS, are matched by the copy's join)."""
+        ids = metrics[["type_id", "metric_id"]]
+        if len(metrics) == 0 or not all(pd.api.types.is_integer_dtype(kind) for kind in ids.dtypes):
+            return None
+        if ids["metric_id"].min() < 0 or ids["metric_id"].max() >= MAX_METRIC_ID:
             return None
         samples = cls(path, metrics)
         try:
