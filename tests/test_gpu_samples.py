@@ -120,6 +120,24 @@ def test_metric_names_without_their_ids_are_copied(monkeypatch, tmp_path):
     _assert_same_samples(left, copied)
 
 
+@pytest.mark.parametrize("limit", ["MAX_TYPES", "MAX_LOOKUP"])
+def test_more_names_than_the_lookup_holds_are_copied(monkeypatch, tmp_path, limit):
+    """A second type (GPU 1) named as the first is, against limits lowered to one type, or to a lookup of less
+    than two names for each of the first type's 22 metric ids."""
+    path = tmp_path / "many.sqlite"
+    shutil.copyfile(CAPTURE, path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("""INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId + 1, sourceId, typeName, metricId,
+                        metricName || ' (GPU 1)' FROM TARGET_INFO_GPU_METRICS""")
+    expected = load_trace(path)
+    assert _in_store(expected) == 0
+    monkeypatch.setattr(gpu_samples, limit, 1 if limit == "MAX_TYPES" else 2 * 22 - 1)
+    left, copied = load_trace(path), _copied(monkeypatch, path)
+    assert _in_store(left) == _in_store(copied) > 30_000
+    _assert_same_samples(left, copied)
+    _assert_same_samples(left, expected)
+
+
 def test_pages_the_reader_does_not_decode_are_copied(monkeypatch):
     raw_columns = sqlite_pages.raw_columns
 

@@ -32,6 +32,10 @@ from sftprof.trace.nsys_export import TraceFormatError, one_line
 # A metric id at or beyond this is looked up in no table: nsys numbers a type's metrics from 0 (about 20 of
 # them); an export naming one beyond it has its samples copied instead.
 MAX_METRIC_ID = 1 << 16
+# Metric types (a GPU's each) looked through per sample, and the lookup's entries: beyond them an edited export's
+# names would cost more time or memory than its copy, which is made instead.
+MAX_TYPES = 64
+MAX_LOOKUP = 1 << 22
 
 
 @numba.njit(cache=True, nogil=True)
@@ -100,6 +104,9 @@ class PageSamples:
         if len(metrics) == 0 or not all(pd.api.types.is_integer_dtype(kind) for kind in ids.dtypes):
             return None
         if ids["metric_id"].min() < 0 or ids["metric_id"].max() >= MAX_METRIC_ID:
+            return None
+        types, names_per_pair = ids["type_id"].nunique(), int(ids.value_counts().max())
+        if types > MAX_TYPES or names_per_pair * types * (int(ids["metric_id"].max()) + 1) > MAX_LOOKUP:
             return None
         samples = cls(path, metrics)
         try:
