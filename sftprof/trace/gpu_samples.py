@@ -80,6 +80,16 @@ def _changed(path: Path, error: Exception) -> TraceFormatError:
     return TraceFormatError(f"{path}: changed since it was loaded ({one_line(error)})")
 
 
+def _check_unchanged(path: Path, loaded: tuple[int, int, int]) -> None:
+    """Before a pass: the file is still the one loaded (`loaded`: its _version then), or a TraceFormatError."""
+    try:
+        now = _version(path)
+    except OSError as exc:
+        raise _changed(path, exc) from None
+    if now != loaded:
+        raise _changed(path, ValueError("another size, time or inode"))
+
+
 class PageSamples:
     """GPU_METRICS as (device_id, timestamp, metric_id, value) batches, valid rows only, decoded anew on
     every pass. `metrics`: type_id, metric_id and the store's id of every metric name (TARGET_INFO_GPU_METRICS);
@@ -119,9 +129,8 @@ class PageSamples:
     def batches(self, store=None) -> Iterator[dict[str, np.ndarray]]:
         """Every valid sample, a chunk of pages at a time, as arrays reused for the next batch (`store`: unused,
         as ScanSamples.batches takes it)."""
+        _check_unchanged(self.path, self._version)
         try:
-            if _version(self.path) != self._version:
-                raise sqlite_pages.Unsupported("another size, time or inode")
             yield from self._decoded()
         except (sqlite_pages.Unsupported, sqlite3.Error, OSError) as exc:
             raise out_of_disk(exc) or _changed(self.path, exc) from None
@@ -156,9 +165,8 @@ class ScanSamples:
 
     def batches(self, store) -> Iterator[dict[str, np.ndarray]]:
         """Every valid sample, a batch of the store's at a time."""
+        _check_unchanged(self.path, self._version)
         try:
-            if _version(self.path) != self._version:
-                raise OSError("another size, time or inode")
             yield from store.sample_batches(self._sql)
         except duckdb.OutOfMemoryException:
             raise  # not the file: the budget (pipeline.analyze_trace says so)
