@@ -30,6 +30,18 @@ def parquetdir(tmp_path_factory) -> Path:
     return folder / CAPTURE.with_suffix(".parquetdir").name
 
 
+def _capture_copy(path: Path, loosened: str | None = None) -> Path:
+    """The capture copied to `path`; with `loosened`, that table rebuilt without its NOT NULLs, in its row order, as an
+    edited file may have it."""
+    shutil.copyfile(CAPTURE, path)
+    if loosened:
+        with sqlite3.connect(path) as conn:
+            conn.execute(f"CREATE TABLE edited AS SELECT * FROM {loosened}")
+            conn.execute(f"DROP TABLE {loosened}")
+            conn.execute(f"ALTER TABLE edited RENAME TO {loosened}")
+    return path
+
+
 def _copied(monkeypatch, path: Path):
     """The export loaded with its samples copied into the store, as before they were left in the export."""
     with monkeypatch.context() as patch:
@@ -54,8 +66,7 @@ def _assert_same_samples(left, right) -> None:
 
 def _with_metric_row(tmp_path: Path, metric_id: int, copy_of: int) -> Path:
     """The capture with one more TARGET_INFO_GPU_METRICS row: `metric_id` named as metric `copy_of` is."""
-    path = tmp_path / "named.sqlite"
-    shutil.copyfile(CAPTURE, path)
+    path = _capture_copy(tmp_path / "named.sqlite")
     with sqlite3.connect(path) as conn:
         conn.execute(
             """INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId, sourceId, typeName, ?, metricName || ' (again)'
@@ -85,8 +96,7 @@ def test_a_pair_two_names_share_counts_under_each(monkeypatch, tmp_path):
 
 def test_samples_of_a_second_gpu_are_named_and_kept_apart(monkeypatch, tmp_path):
     """Another typeId (GPU 1: its low byte) with its own metric names, interleaved with GPU 0's samples."""
-    path = tmp_path / "two_gpus.sqlite"
-    shutil.copyfile(CAPTURE, path)
+    path = _capture_copy(tmp_path / "two_gpus.sqlite")
     with sqlite3.connect(path) as conn:
         conn.execute("""INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId + 1, sourceId, typeName, metricId,
                         metricName || ' (GPU 1)' FROM TARGET_INFO_GPU_METRICS""")
@@ -107,12 +117,8 @@ def test_a_metric_id_beyond_the_lookup_is_copied(monkeypatch, tmp_path):
 
 def test_metric_names_without_their_ids_are_copied(monkeypatch, tmp_path):
     """An edited TARGET_INFO_GPU_METRICS (its NOT NULLs gone) with a name of no type and one of no metric id."""
-    path = tmp_path / "unnamed.sqlite"
-    shutil.copyfile(CAPTURE, path)
+    path = _capture_copy(tmp_path / "unnamed.sqlite", loosened="TARGET_INFO_GPU_METRICS")
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE edited AS SELECT * FROM TARGET_INFO_GPU_METRICS")
-        conn.execute("DROP TABLE TARGET_INFO_GPU_METRICS")
-        conn.execute("ALTER TABLE edited RENAME TO TARGET_INFO_GPU_METRICS")
         conn.execute("INSERT INTO TARGET_INFO_GPU_METRICS VALUES (NULL, 0, '', 3, 'no type')")
         conn.execute("INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId, 0, '', NULL, 'no id' FROM GPU_METRICS LIMIT 1")
     left, copied = load_trace(path), _copied(monkeypatch, path)
@@ -124,8 +130,7 @@ def test_metric_names_without_their_ids_are_copied(monkeypatch, tmp_path):
 def test_more_names_than_the_lookup_holds_are_copied(monkeypatch, tmp_path, limit):
     """A second type (GPU 1) named as the first is, against limits lowered to one type, or to a lookup of less
     than two names for each of the first type's 22 metric ids."""
-    path = tmp_path / "many.sqlite"
-    shutil.copyfile(CAPTURE, path)
+    path = _capture_copy(tmp_path / "many.sqlite")
     with sqlite3.connect(path) as conn:
         conn.execute("""INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId + 1, sourceId, typeName, metricId,
                         metricName || ' (GPU 1)' FROM TARGET_INFO_GPU_METRICS""")
@@ -158,8 +163,7 @@ def test_pages_the_reader_does_not_decode_are_copied(monkeypatch):
 @pytest.mark.parametrize("change", ["rewritten", "touched", "removed"])
 def test_a_file_changed_after_loading_is_refused_in_one_line(request, tmp_path, export, change):
     if export == "sqlite":
-        path = loaded = tmp_path / "capture.sqlite"
-        shutil.copyfile(CAPTURE, path)
+        path = loaded = _capture_copy(tmp_path / "capture.sqlite")
     else:
         loaded = tmp_path / "capture.parquetdir"
         shutil.copytree(request.getfixturevalue("parquetdir"), loaded)
@@ -182,12 +186,8 @@ def test_samples_whose_times_are_not_valid_or_without_a_value_are_read_as_the_co
     monkeypatch, request, tmp_path, export
 ):
     if export == "sqlite":
-        path = tmp_path / "damaged.sqlite"
-        shutil.copyfile(CAPTURE, path)
-        with sqlite3.connect(path) as conn:  # the table without its NOT NULLs, as an edited file may have it
-            conn.execute("CREATE TABLE edited AS SELECT * FROM GPU_METRICS")
-            conn.execute("DROP TABLE GPU_METRICS")
-            conn.execute("ALTER TABLE edited RENAME TO GPU_METRICS")
+        path = _capture_copy(tmp_path / "damaged.sqlite", loosened="GPU_METRICS")
+        with sqlite3.connect(path) as conn:
             rows = conn.execute("SELECT * FROM GPU_METRICS WHERE rowid % 100 = 0").fetchall()
             for raw, timestamp, type_id, metric_id, value in rows:
                 timestamp = None if metric_id == 1 else 2**60 if metric_id == 3 else timestamp
@@ -227,12 +227,8 @@ def test_samples_whose_times_are_not_valid_or_without_a_value_are_read_as_the_co
 def test_edited_samples_are_read_as_the_copy_reads_them(monkeypatch, tmp_path, edit):
     """Every 50th sample edited (the table's NOT NULLs gone first): a sample of no named metric is left out and not
     counted, one without a value is kept, as the copy's join has them."""
-    path = tmp_path / "edited.sqlite"
-    shutil.copyfile(CAPTURE, path)
+    path = _capture_copy(tmp_path / "edited.sqlite", loosened="GPU_METRICS")
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE edited AS SELECT * FROM GPU_METRICS")
-        conn.execute("DROP TABLE GPU_METRICS")
-        conn.execute("ALTER TABLE edited RENAME TO GPU_METRICS")
         assert conn.execute(f"UPDATE GPU_METRICS SET {edit} WHERE rowid % 50 = 0").rowcount > 500
     left, copied = load_trace(path), _copied(monkeypatch, path)
     assert _in_store(left) == 0
