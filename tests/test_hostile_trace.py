@@ -37,6 +37,17 @@ FUZZED_TABLES = {
     "ThreadNames": 1,
     "sqlite_schema": 1,
 }
+# A second file to corrupt: the real capture with GPU metrics and context switches, whose metric samples
+# gpu_samples reads from the pages (names looked up by TARGET_INFO_GPU_METRICS), and fewer cases of it.
+METRICS_FIXTURE = FIXTURE.parent / "nsys2025" / "h200_sft_clean_metrics.sqlite"
+FUZZ_FILES = {
+    "plant": (FIXTURE, FUZZED_TABLES, FUZZ_CASES),
+    "metrics": (
+        METRICS_FIXTURE,
+        {"GPU_METRICS": 3, "TARGET_INFO_GPU_METRICS": 2, "SCHED_EVENTS": 1, "CUPTI_ACTIVITY_KIND_KERNEL": 1},
+        FUZZ_CASES // 2,
+    ),
+}
 INT64_MAX = 2**63 - 1
 
 
@@ -97,9 +108,9 @@ def left_out(path: Path) -> dict[str, int]:
     }
 
 
-def small_pages_export(path: Path) -> Path:
-    """The fixture rewritten with 512-byte pages: b-trees of interior pages over hundreds of leaves."""
-    shutil.copy(FIXTURE, path)
+def small_pages_export(path: Path, source: Path = FIXTURE) -> Path:
+    """`source` rewritten with 512-byte pages: b-trees of interior pages over hundreds of leaves."""
+    shutil.copy(source, path)
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA page_size = 512")
         conn.execute("VACUUM")
@@ -271,11 +282,12 @@ def test_damaged_values_are_left_out_and_named_and_odd_names_open_the_right_file
 # ---------------------------------------------------------------- the fuzzer
 
 
-def corrupt(data: bytearray, pages: list[tuple[int, str, str]], rng: random.Random, page_size: int = 512) -> str:
-    """One random damage to one b-tree page (a header field, a cell pointer, a child page number, a varint
-    or random bytes); says what it did."""
-    weights = [FUZZED_TABLES.get(table, 0) for _, table, _ in pages]
-    number, table, kind = rng.choices(pages, weights)[0]
+def corrupt(
+    data: bytearray, pages: list[tuple[int, str, str]], rng: random.Random, weights: dict, page_size: int = 512
+) -> str:
+    """One random damage to one b-tree page of a table `weights` names (table: weight): a header field, a cell
+    pointer, a child page number, a varint or random bytes; says what it did."""
+    number, table, kind = rng.choices(pages, [weights.get(table, 0) for _, table, _ in pages])[0]
     base, header = (number - 1) * page_size, 12 if kind == "internal" else 8
     cells = int.from_bytes(data[base + 3 : base + 5], "big")
 
@@ -303,9 +315,9 @@ def corrupt(data: bytearray, pages: list[tuple[int, str, str]], rng: random.Rand
     return f"{table} page {number} ({kind}): {what}"
 
 
-def fuzz(base: Path, folder: Path, seed: int, cases: int) -> None:
-    """The child process: `cases` corruptions of `base`, each loaded and analysed in turn; one JSON line
-    per case on stdout. A case that runs past CASE_TIMEOUT_S ends the process with every thread's stack."""
+def fuzz(base: Path, folder: Path, seed: int, cases: int, weights: dict) -> None:
+    """The child process: `cases` corruptions of `base` (pages of the tables `weights` names, as corrupt picks
+    them), each loaded and analysed in turn; one JSON line per case on stdout. A case that runs past CASE_TIMEOUT_S ends the process with every thread's stack."""
     import faulthandler
     import traceback
 
@@ -316,7 +328,7 @@ def fuzz(base: Path, folder: Path, seed: int, cases: int) -> None:
     rng, pristine, pages = random.Random(seed), base.read_bytes(), btree_pages(base)
     for case in range(cases):
         data = bytearray(pristine)
-        damage = [corrupt(data, pages, rng) for _ in range(rng.randint(1, 3))]
+        damage = [corrupt(data, pages, rng, weights) for _ in range(rng.randint(1, 3))]
         path = folder / f"case{case}.sqlite"
         path.write_bytes(bytes(data))
         print(json.dumps({"case": case, "damage": damage}), flush=True)
@@ -342,19 +354,21 @@ def fuzz(base: Path, folder: Path, seed: int, cases: int) -> None:
         print(json.dumps(outcome), flush=True)
 
 
-def test_fuzzed_btree_pages_are_refused_or_loaded_sanely(tmp_path, record_property):
-    base = small_pages_export(tmp_path / "base.sqlite")
+@pytest.mark.parametrize("fuzzed", FUZZ_FILES)
+def test_fuzzed_btree_pages_are_refused_or_loaded_sanely(tmp_path, record_property, fuzzed):
+    source, _, cases = FUZZ_FILES[fuzzed]
+    base = small_pages_export(tmp_path / "base.sqlite", source)
     result = subprocess.run(
-        [sys.executable, __file__, base, tmp_path, str(FUZZ_SEED), str(FUZZ_CASES)],
+        [sys.executable, __file__, base, tmp_path, str(FUZZ_SEED), str(cases), fuzzed],
         capture_output=True,
         text=True,
-        timeout=FUZZ_CASES * CASE_TIMEOUT_S,
+        timeout=cases * CASE_TIMEOUT_S,
     )
-    record_property("hostile_inputs", FUZZ_CASES)
+    record_property("hostile_inputs", cases)
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     damage = {line["case"]: line["damage"] for line in lines if "damage" in line}
     outcomes = [line for line in lines if "outcome" in line]
-    assert len(outcomes) == FUZZ_CASES, (
+    assert len(outcomes) == cases, (
         f"case {max(damage)} ({damage[max(damage)]}) did not finish:\n{result.stderr[-4000:]}"
     )
     bad = [
@@ -370,4 +384,4 @@ def test_fuzzed_btree_pages_are_refused_or_loaded_sanely(tmp_path, record_proper
 
 
 if __name__ == "__main__":
-    fuzz(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    fuzz(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), FUZZ_FILES[sys.argv[5]][1])
