@@ -317,7 +317,8 @@ def corrupt(
 
 def fuzz(base: Path, folder: Path, seed: int, cases: int, weights: dict) -> None:
     """The child process: `cases` corruptions of `base` (pages of the tables `weights` names, as corrupt picks
-    them), each loaded and analysed in turn; one JSON line per case on stdout. A case that runs past CASE_TIMEOUT_S ends the process with every thread's stack."""
+    them), each loaded and analysed in turn; one JSON line per case on stdout. A case that runs past
+    CASE_TIMEOUT_S ends the process with every thread's stack."""
     import faulthandler
     import traceback
 
