@@ -1,6 +1,7 @@
 """NVTX ranges read from the export's pages into the event store (nsys_sqlite._nvtx_from_pages) against the
-SQL route (_coded_names, DuckDB) on the same file: the same rows, names, styles and order, the same rows
-dropped; and the SQL route, never a different answer, for what the page route does not read."""
+SQL route (_coded_names, DuckDB) on the same file, and on the same tables as a parquetdir: the same rows, names,
+styles and order, the same rows dropped; and the SQL route, never a different answer, for what the page route
+does not read."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
 from sftprof.trace.events import EventStore, read_only_uri
-from sftprof.trace.nsys_export import SqliteExport
+from sftprof.trace.nsys_export import ParquetExport, SqliteExport
 
 from conftest import REPO, edited_export
 
@@ -74,24 +75,38 @@ def _from_pages(export: SqliteExport, dropped: dict) -> pd.DataFrame:
     return store.nvtx_frame()
 
 
-def _from_sql(export: SqliteExport, dropped: dict) -> pd.DataFrame:
-    """The ranges the SQL route (_coded_names, a batch at a time) copies into a store, as it gives them back."""
+def _from_sql(export: SqliteExport | ParquetExport, dropped: dict) -> pd.DataFrame:
+    """The ranges the SQL route (_coded_names) copies into a store, as it gives them back."""
     store = EventStore(on_disk=False)
     nsys_sqlite._nvtx_by_sql(export, store, dropped)
     return store.nvtx_frame()
+
+
+def _as_parquetdir(export: SqliteExport, folder) -> ParquetExport:
+    """The export's NVTX_EVENTS and StringIds as a parquetdir (the tables the NVTX ranges are read from)."""
+    folder.mkdir()
+    for table in ("NVTX_EVENTS", "StringIds"):
+        export.reader.execute(f"COPY (SELECT * FROM {table}) TO '{folder / table}.parquet' (FORMAT parquet)")
+    return ParquetExport(folder)
 
 
 @pytest.mark.parametrize("case", EDITS)
 def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
     export = _edited(tmp_path, EDITS[case])
     try:
-        dropped_pages, dropped_sql = {}, {}
+        dropped_pages, dropped_sql, dropped_parquet = {}, {}, {}
         pages = _from_pages(export, dropped_pages)
         sql = _from_sql(export, dropped_sql)
+        parquet = _as_parquetdir(export, tmp_path / "export.parquetdir")
+        try:
+            from_parquet = _from_sql(parquet, dropped_parquet)
+        finally:
+            parquet.close()
     finally:
         export.close()
     pd.testing.assert_frame_equal(pages, sql)
-    assert dropped_pages == dropped_sql
+    pd.testing.assert_frame_equal(pages, from_parquet)
+    assert dropped_pages == dropped_sql == dropped_parquet
     if case == "domains and registered strings":  # the edits reached the names
         assert {"mine:aten::add", "cut", "aten::add"} <= set(pages["name"].dropna()) and pages["name"].isna().sum() == 1
         assert "mine:only in mine" in set(pages["name"]) and "only in mine" not in pages["name"].cat.categories

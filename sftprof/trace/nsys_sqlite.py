@@ -262,8 +262,9 @@ def _threads(export: Export, strings: pd.DataFrame) -> pd.DataFrame:
     return threads.sort_values("global_tid", kind="stable")[COLUMNS["threads"]].reset_index(drop=True)
 
 
-def _nvtx_ranges(source: str) -> str:
-    """The ranges in NVTX_EVENTS (or a copy of its rows, `source`), as nsys stats selects and names them."""
+def _nvtx_ranges(source: str, strings: str = "StringIds") -> str:
+    """The ranges in NVTX_EVENTS (or a copy of its rows, `source`), as nsys stats selects and names them
+    (`strings`: the StringIds table, or a query that reads it)."""
     types = ",".join(map(str, NVTX_RANGE_STYLES))
     style = " ".join(f"WHEN {code} THEN '{name}'" for code, name in NVTX_RANGE_STYLES.items())
     # SQLite's max(a, b) is NULL when either is: so is this CASE, which DuckDB runs too.
@@ -283,7 +284,7 @@ def _nvtx_ranges(source: str) -> str:
         FROM {source} ne
         LEFT JOIN domains d ON ne.domainId = d.id
              AND ((ne.globalTid >> 24) & 16777215) = ((d.globalTid >> 24) & 16777215)
-        LEFT JOIN StringIds sid ON ne.textId = sid.id
+        LEFT JOIN {strings} sid ON ne.textId = sid.id
         WHERE ne.eventType IN ({types})"""
 
 
@@ -668,46 +669,54 @@ def _range_names(label, domain, in_domain, global_tid, domains, text_names: list
 
 
 def _coded_names(export: Export, store: EventStore, dropped) -> None:
-    """The events copied into DuckDB in one scan of the export (the ranges' query reads them three
-    times), the ranges made from them with emit_nvtx's numbering cut from their names; then each
-    distinct name fetched once, and the ranges copied into `store` a batch at a time with their names' and
-    styles' codes, those whose times are not valid left out and counted."""
-    reader = export.reader
+    """The ranges with emit_nvtx's numbering cut from their names, in two passes of DuckDB: the names and styles
+    used, then the ranges, their names joined to codes, copied into `store`, those whose times are not valid left
+    out and counted. A parquetdir is read from its files by the store's own connection, which inserts the ranges
+    (NeMo's 60M ranges at 10M kernels: 51 s through temporary tables of their text, 26 s so; ENGINE.md section 28);
+    an SQLite export's events are copied into its reader first (the ranges' query reads them three times a pass),
+    and the ranges copied into the store a batch at a time."""
     styles = NVTX_STYLES
     style_codes = " ".join(f"WHEN '{style}' THEN {code}" for code, style in enumerate(styles))
     numbering = _quote(f"(?s){EMIT_NVTX_NUMBERING}")
+    on_sqlite = isinstance(export, SqliteExport)
+    con = export.reader if on_sqlite else store.con.cursor()
     try:
-        reader.execute(
-            """CREATE TEMP TABLE nvtx_events AS SELECT start, "end", eventType, text, globalTid, textId, domainId
-               FROM NVTX_EVENTS"""  # every event: an open range ends at the last of them (maxts)
-        )
-        reader.execute(
-            f"""CREATE TEMP TABLE nvtx_rows AS SELECT * REPLACE (
-                    CASE WHEN contains(name, ' = ') THEN regexp_replace(name, {numbering}, '') ELSE name END AS name,
-                    CASE style {style_codes} ELSE -1 END AS style)
-                FROM ({_nvtx_ranges("temp.nvtx_events")})"""
-        )
-        untyped = reader.execute("SELECT count(*) FROM temp.nvtx_events WHERE eventType IS NULL").fetchone()[0]
-        reader.execute("DROP TABLE temp.nvtx_events")
-        names = sorted(_rows(export, "SELECT DISTINCT name FROM nvtx_rows WHERE name IS NOT NULL")["name"])
-        used = sorted(_rows(export, "SELECT DISTINCT style FROM nvtx_rows")["style"].astype(int))
-        renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
-        reader.register("nvtx_names", pd.DataFrame({"name": names, "code": np.arange(len(names), dtype="int32")}))
-        total = reader.execute("SELECT count(*) FROM nvtx_rows").fetchone()[0]
-        kept = 0
+        if on_sqlite:
+            con.execute(
+                """CREATE TEMP TABLE nvtx_events AS SELECT start, "end", eventType, text, globalTid, textId, domainId
+                   FROM NVTX_EVENTS"""  # every event: an open range ends at the last of them (maxts)
+            )
+            source, strings = "temp.nvtx_events", "StringIds"
+        else:
+            source, strings = export.scans["NVTX_EVENTS"], export.scans["StringIds"]
+        untyped = con.execute(f"SELECT count(*) FROM {source} WHERE eventType IS NULL").fetchone()[0]
+        ranges = f"""SELECT * REPLACE (
+                         CASE WHEN contains(name, ' = ') THEN regexp_replace(name, {numbering}, '') ELSE name END AS name,
+                         CASE style {style_codes} ELSE -1 END AS style)
+                     FROM ({_nvtx_ranges(source, strings)})"""
+        kinds = con.execute(f"SELECT name, style, count(*) AS n FROM ({ranges}) GROUP BY ALL").df()
+        names = sorted(set(kinds["name"].dropna()))
+        used = sorted(set(kinds["style"].astype(int)))
+        total, kept = int(kinds["n"].sum()), 0
         if used:  # a range, so a style: a CASE needs a WHEN (events that are none of them ranges leave none)
-            result = reader.execute(f"""
-                SELECT r.start, r."end", coalesce(n.code, -1) AS name_id, CASE r.style {renumbered} END AS style_id,
-                       r.global_tid
-                FROM nvtx_rows r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}""")
-            while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
-                batch = batch.assign(name_id=batch["name_id"].mask(batch["name_id"] < 0).astype("Int32"))
-                store.append("nvtx_rows", batch)
-                kept += len(batch)
+            renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
+            coded = f"""SELECT r.start, r."end", n.code AS name_id, CASE r.style {renumbered} END AS style_id, r.global_tid
+                        FROM ({ranges}) r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}"""
+            codes = pd.DataFrame({"name": pd.Series(names, dtype=object), "code": np.arange(len(names), dtype="int32")})
+            if not on_sqlite:
+                kept = store.insert_select("nvtx_rows", coded, nvtx_names=codes)
+            else:
+                with frames_visible(con, {"nvtx_names": codes}):
+                    result = con.execute(coded)
+                    while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
+                        store.append("nvtx_rows", batch.assign(name_id=batch["name_id"].astype("Int32")))
+                        kept += len(batch)
     finally:
-        reader.unregister("nvtx_names")
-        reader.execute("DROP TABLE IF EXISTS temp.nvtx_rows; DROP TABLE IF EXISTS temp.nvtx_events")
-    count_dropped(dropped, "nvtx", int(total - kept) + int(untyped))
+        if on_sqlite:
+            con.execute("DROP TABLE IF EXISTS temp.nvtx_events")
+        else:
+            con.close()
+    count_dropped(dropped, "nvtx", total - kept + int(untyped))
     store.name_nvtx(names, [styles[style] for style in used])
 
 
