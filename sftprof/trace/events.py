@@ -552,11 +552,11 @@ class EventStore:
         with self.con.cursor() as cursor, frames_visible(cursor, {"incoming": frame}):
             cursor.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM incoming")
 
-    def insert_select(self, table: str, select: str, **frames: pd.DataFrame) -> int:
-        """Add the rows of `select` (SQL giving the table's stored columns, keyword frames visible to it) to `table`,
-        through a cursor of its own, as append; how many."""
+    def insert_select(self, table: str, select: str, cursor: duckdb.DuckDBPyConnection, **frames: pd.DataFrame) -> int:
+        """Add the rows of `select` (SQL giving the table's stored columns; keyword frames visible to it) to `table`,
+        through `cursor`, one of this store's (`select` may read its temporary tables); how many."""
         columns = ", ".join(f'"{c}"' for c in STORED_COLUMNS[table])
-        with self.con.cursor() as cursor, frames_visible(cursor, frames):
+        with frames_visible(cursor, frames):
             return int(
                 cursor.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM ({select})").fetchone()[0]
             )

@@ -26,7 +26,6 @@ import pandas as pd
 
 from sftprof import memory_budget
 from sftprof.trace.events import (
-    BATCH_VECTORS,
     EXPORT_KERNEL_COLUMNS,
     EXPORT_METRIC_COLUMNS,
     EXPORT_RUNTIME_COLUMNS,
@@ -35,7 +34,9 @@ from sftprof.trace.events import (
     MEMSET_KIND,
     EventStore,
     frames_visible,
+    load_sqlite_extension,
     out_of_disk,
+    sql_text,
     valid_times_sql,
 )
 from sftprof.trace.nsys_export import (
@@ -669,24 +670,25 @@ def _range_names(label, domain, in_domain, global_tid, domains, text_names: list
 
 
 def _coded_names(export: Export, store: EventStore, dropped) -> None:
-    """The ranges with emit_nvtx's numbering cut from their names, in two passes of DuckDB: the names and styles
-    used, then the ranges, their names joined to codes, copied into `store`, those whose times are not valid left
-    out and counted. A parquetdir is read from its files by the store's own connection, which inserts the ranges
-    (NeMo's 60M ranges at 10M kernels: 51 s through temporary tables of their text, 26 s so; ENGINE.md section 28);
-    an SQLite export's events are copied into its reader first (the ranges' query reads them three times a pass),
-    and the ranges copied into the store a batch at a time."""
+    """The ranges with emit_nvtx's numbering cut from their names, read by the store's own connection in two
+    passes: the names and styles used, then the ranges, their names joined to codes, inserted into the store, those
+    whose times are not valid left out and counted. A parquetdir is read where it lies; an SQLite export's events
+    are first copied (the ranges' query reads them three times a pass, each a walk of the file). Through
+    temporary tables of every range's text and a copy a batch at a time, NeMo's 60M ranges at 10M kernels took
+    51 s from a parquetdir and 67 s from SQLite, 1.4 GB at the peak; so, 26 and 51 s, 0.3 GB (ENGINE.md section 28)."""
     styles = NVTX_STYLES
     style_codes = " ".join(f"WHEN '{style}' THEN {code}" for code, style in enumerate(styles))
     numbering = _quote(f"(?s){EMIT_NVTX_NUMBERING}")
-    on_sqlite = isinstance(export, SqliteExport)
-    con = export.reader if on_sqlite else store.con.cursor()
+    con = store.con.cursor()
     try:
-        if on_sqlite:
+        if isinstance(export, SqliteExport):
+            load_sqlite_extension(con)
+            file = sql_text(export.path.resolve())
             con.execute(
-                """CREATE TEMP TABLE nvtx_events AS SELECT start, "end", eventType, text, globalTid, textId, domainId
-                   FROM NVTX_EVENTS"""  # every event: an open range ends at the last of them (maxts)
+                f"""CREATE TEMP TABLE nvtx_events AS SELECT start, "end", eventType, text, globalTid, textId, domainId
+                    FROM sqlite_scan({file}, 'NVTX_EVENTS')"""  # every event: an open range ends at the last (maxts)
             )
-            source, strings = "temp.nvtx_events", "StringIds"
+            source, strings = "temp.nvtx_events", f"sqlite_scan({file}, 'StringIds')"
         else:
             source, strings = export.scans["NVTX_EVENTS"], export.scans["StringIds"]
         untyped = con.execute(f"SELECT count(*) FROM {source} WHERE eventType IS NULL").fetchone()[0]
@@ -700,22 +702,16 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
         total, kept = int(kinds["n"].sum()), 0
         if used:  # a range, so a style: a CASE needs a WHEN (events that are none of them ranges leave none)
             renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
-            coded = f"""SELECT r.start, r."end", n.code AS name_id, CASE r.style {renumbered} END AS style_id, r.global_tid
-                        FROM ({ranges}) r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}"""
             codes = pd.DataFrame({"name": pd.Series(names, dtype=object), "code": np.arange(len(names), dtype="int32")})
-            if not on_sqlite:
-                kept = store.insert_select("nvtx_rows", coded, nvtx_names=codes)
-            else:
-                with frames_visible(con, {"nvtx_names": codes}):
-                    result = con.execute(coded)
-                    while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
-                        store.append("nvtx_rows", batch.assign(name_id=batch["name_id"].astype("Int32")))
-                        kept += len(batch)
+            kept = store.insert_select(
+                "nvtx_rows",
+                f"""SELECT r.start, r."end", n.code AS name_id, CASE r.style {renumbered} END AS style_id, r.global_tid
+                    FROM ({ranges}) r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}""",
+                con,
+                nvtx_names=codes,
+            )
     finally:
-        if on_sqlite:
-            con.execute("DROP TABLE IF EXISTS temp.nvtx_events")
-        else:
-            con.close()
+        con.close()  # its temporary table with it
     count_dropped(dropped, "nvtx", total - kept + int(untyped))
     store.name_nvtx(names, [styles[style] for style in used])
 
