@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/run.py --large              # and 16M
     .venv/bin/python benchmarks/run.py --sizes 20k --out /tmp/bench.csv
     .venv/bin/python benchmarks/run.py --sizes 10M --every-shape   # every real capture's shape and the edited ones
+    .venv/bin/python benchmarks/run.py --sizes 1M --every-shape --parquetdir   # and each export as a parquetdir
 
 For each shape (the seed export replicated: --seed, repeatable, or --every-shape) and size: generate
 the export (benchmarks/generate_export.py; cached by seed and size in the work dir), then run on that
@@ -16,8 +17,10 @@ same file, one after the other, each as a child process timed on its own:
 Wall time, CPU time (user + system) and peak RSS come from wait4() on the child: the peak is
 the largest resident set of the child or any process under it, what /usr/bin/time -v reports.
 Then sftprof's kernel, memory-operation and CUDA API tables are checked row by row against what
-nsys printed (`agree`), and nsys's kernel instances against N. Prints a markdown table; --out
-writes the same as CSV. See benchmarks/README.md for the columns and the targets.
+nsys printed (`agree`), and nsys's kernel instances against N. With --parquetdir the export is also
+written as a parquetdir (to_parquetdir.py, not timed), the route the workflow takes for nsys 2024 and later,
+and `sftprof analyze` is timed on it too and its saved files compared with the SQLite's. Prints a markdown
+table; --out writes the same as CSV. See benchmarks/README.md for the columns and the targets.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 from generate_export import DEFAULT_SEED, format_count, generate, parse_count, row_counts  # noqa: E402
+from to_parquetdir import main as write_parquetdir  # noqa: E402
 
 from sftprof import memory_budget  # noqa: E402
 from sftprof.capture import nsys as nsys_tool  # noqa: E402
@@ -308,7 +312,14 @@ def _rounded_up(gb: float) -> float:
 
 
 def run_size(
-    size: int, workdir: Path, seed: Path, timeout: float, created: list[Path], nsys_path: str, release: int
+    size: int,
+    workdir: Path,
+    seed: Path,
+    timeout: float,
+    created: list[Path],
+    nsys_path: str,
+    release: int,
+    parquetdir: bool = False,
 ) -> dict:
     export, gen_s = export_for(size, workdir, seed, created)
     counts = row_counts(export)
@@ -355,7 +366,52 @@ def run_size(
     }
     if sections and instances != size:
         row["agree"] = f"nsys counted {instances:,} kernels, not {size:,}; " + row["agree"]
+    if parquetdir:
+        row.update(run_parquetdir(export, out_dir, nsys["wall_s"], timeout, created, progress))
     return row
+
+
+def run_parquetdir(export: Path, out_dir: Path, nsys_wall_s: float, timeout: float, created: list, progress: str):
+    """`sftprof analyze` on the export written as a parquetdir: its time, peak, ratio to `nsys stats` on the
+    SQLite, and whether its saved files are the SQLite's (`same`: yes, or the first that differ)."""
+    folder = export.with_suffix(".parquetdir")
+    shutil.rmtree(folder, ignore_errors=True)
+    created.append(folder)
+    print(f"[{progress}] writing {folder.name} ...", file=sys.stderr, flush=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        write_parquetdir(export, folder)
+    print(f"[{progress}] sftprof analyze {folder.name} ...", file=sys.stderr, flush=True)
+    command = [*sftprof_command(), "analyze", str(folder), "-o", str(out_dir / "parquetdir")]
+    run = measure(command, out_dir / "parquetdir.out", out_dir / "parquetdir.err", timeout, f"[{progress}] parquetdir")
+    ok = run["rc"] == 0 and (out_dir / "parquetdir" / "report.html").exists()
+    sqlite_saved = out_dir / "sftprof" / "analysis"
+    return {
+        "parquetdir_status": "ok" if ok else _failure(run, out_dir / "parquetdir.err"),
+        "parquetdir_wall_s": round(run["wall_s"], 1),
+        "parquetdir_rss_gb": _rounded_up(run["peak_rss_gb"]),
+        "parquetdir_ratio": round(run["wall_s"] / nsys_wall_s, 3) if nsys_wall_s else "",
+        "parquetdir_same": saved_differences(sqlite_saved, out_dir / "parquetdir" / "analysis") if ok else "n/a",
+    }
+
+
+def saved_differences(one: Path, other: Path) -> str:
+    """`yes` where two analyses saved the same files with the same bytes (analysis.json but the path it names),
+    else the first few that differ."""
+    if not one.is_dir():
+        return "n/a"
+
+    def content(path: Path) -> bytes | dict:
+        if path.name != "analysis.json":
+            return path.read_bytes()
+        return {key: value for key, value in json.loads(path.read_text()).items() if key != "source_path"}
+
+    names = sorted({p.name for p in one.iterdir()} | {p.name for p in other.iterdir()})
+    differ = [
+        n
+        for n in names
+        if not (one / n).is_file() or not (other / n).is_file() or content(one / n) != content(other / n)
+    ]
+    return "yes" if not differ else "differ: " + ", ".join(differ[:3]) + (" ..." if len(differ) > 3 else "")
 
 
 def _failure(m: dict, stderr: Path) -> str:
@@ -388,6 +444,12 @@ COLUMNS = (  # (header, key)
     ("nsys time / anchor", "nsys_vs_anchor"),
     ("rows / anchor", "rows_vs_anchor"),
     ("agree", "agree"),
+)
+PARQUETDIR_COLUMNS = (  # with --parquetdir
+    ("parquetdir wall s", "parquetdir_wall_s"),
+    ("parquetdir peak RSS GB", "parquetdir_rss_gb"),
+    ("parquetdir time ratio", "parquetdir_ratio"),
+    ("parquetdir files as SQLite's", "parquetdir_same"),
 )
 
 
@@ -427,11 +489,13 @@ def _cell(row: dict, key: str) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
+    columns = COLUMNS + (PARQUETDIR_COLUMNS if any("parquetdir_status" in r for r in rows) else ())
+    text = ("shape", "size", "agree", "parquetdir_same")
     lines = [
-        "| " + " | ".join(h for h, _ in COLUMNS) + " |",
-        "|" + "|".join("---" if k in ("shape", "size", "agree") else "---:" for _, k in COLUMNS) + "|",
+        "| " + " | ".join(h for h, _ in columns) + " |",
+        "|" + "|".join("---" if k in text else "---:" for _, k in columns) + "|",
     ]
-    lines += ["| " + " | ".join(_cell(r, k) for _, k in COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r, k) for _, k in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -450,6 +514,8 @@ def verdicts(rows: list[dict]) -> list[str]:
             f"{'met' if time_ok else 'NOT met'}), peak RSS {r['sftprof_rss_gb']} GB (target <= "
             f"{TARGET_RSS_GB:g}: {'met' if rss_ok else 'NOT met'})"
         )
+        if "parquetdir_status" in r:
+            out.append(_parquetdir_verdict(r))
     large = [r for r in rows if r["kernels"] >= LARGE_SIZE and r.get("sftprof_vs_anchor") != ""]
     for r in large:
         ok = r["sftprof_vs_anchor"] <= TARGET_LINEARITY
@@ -458,6 +524,18 @@ def verdicts(rows: list[dict]) -> list[str]:
             f"the rows (target <= {TARGET_LINEARITY:g}x: {'met' if ok else 'NOT met'})"
         )
     return out
+
+
+def _parquetdir_verdict(r: dict) -> str:
+    if r["parquetdir_status"] != "ok":
+        return f"{r['shape']} {r['size']} as a parquetdir: sftprof {r['parquetdir_status']}"
+    time_ok = r["parquetdir_wall_s"] <= r["nsys_wall_s"] * TARGET_TIME_RATIO
+    return (
+        f"{r['shape']} {r['size']} as a parquetdir: time {r['parquetdir_ratio']}x nsys stats on the SQLite "
+        f"({'met' if time_ok else 'NOT met'}), peak RSS {r['parquetdir_rss_gb']} GB "
+        f"({'met' if r['parquetdir_rss_gb'] <= TARGET_RSS_GB else 'NOT met'}), saved files as SQLite's: "
+        f"{r['parquetdir_same']}"
+    )
 
 
 def _remove(paths: list[Path]) -> None:
@@ -507,6 +585,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="replicate every real capture's shape (REAL_SHAPES) and the edited ones (EDITED_SHAPES), in one table",
     )
+    parser.add_argument(
+        "--parquetdir",
+        action="store_true",
+        help="also analyse each export written as a parquetdir (the workflow's route for nsys 2024+), in the same table",
+    )
     parser.add_argument("--out", type=Path, help="write the results as CSV too")
     parser.add_argument(
         "--keep",
@@ -538,7 +621,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             for size in sizes:
                 made = len(created)
-                rows.append(run_size(size, args.workdir, seed, args.timeout, created, args.nsys, version[1]))
+                rows.append(
+                    run_size(size, args.workdir, seed, args.timeout, created, args.nsys, version[1], args.parquetdir)
+                )
                 print(f"  done: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
                 if not args.keep:  # one export on disk at a time: at 10M kernels they are 2-8 GiB each
                     _remove(created[made:])
@@ -560,7 +645,12 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-    failed = [r for r in rows if r["nsys_status"] != "ok" or r["sftprof_status"] != "ok"]
+    statuses = ("nsys_status", "sftprof_status", "parquetdir_status")
+    failed = [
+        r
+        for r in rows
+        if any(r.get(key, "ok") != "ok" for key in statuses) or r.get("parquetdir_same", "yes") not in ("yes", "n/a")
+    ]
     return 1 if failed else 0
 
 

@@ -102,6 +102,7 @@ def test_benchmark_runs_and_prints_its_table(tmp_path):
             str(tmp_path),
             "--out",
             str(tmp_path / "results.csv"),
+            "--parquetdir",
         ],
         capture_output=True,
         text=True,
@@ -109,13 +110,19 @@ def test_benchmark_runs_and_prints_its_table(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| shape | size | kernels | runtime | osrt | nvtx | GPU metrics | switches | sftprof wall s |" in proc.stdout
-    row = next(line for line in proc.stdout.splitlines() if line.startswith("| h200_tiny_llama_bf16 | 20k |"))
-    assert row.endswith("| yes |"), row  # sftprof's summaries equal nsys stats' on the same file
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| shape |")).split("|")
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| h200_tiny_llama_bf16 | 20k |")).split(
+        "|"
+    )
+    cell = dict(zip((h.strip() for h in header), (c.strip() for c in row), strict=True))
+    assert cell["agree"] == "yes", row  # sftprof's summaries equal nsys stats' on the same file
+    # the same export as a parquetdir: analysed, and every saved file as the SQLite's
+    assert cell["parquetdir files as SQLite's"] == "yes" and float(cell["parquetdir wall s"]) > 0, row
     other = next(line for line in proc.stdout.splitlines() if line.startswith("| h200_sft_clean_metrics | 20k |"))
     metrics, switches = (int(cell.replace(",", "")) for cell in other.split("|")[7:9])
     assert metrics > 100_000 and switches > 100, other
     assert (tmp_path / "results.csv").exists()
-    assert not list(tmp_path.glob("*.sqlite"))  # without --keep the run cleans up what it made
+    assert not list(tmp_path.glob("*.sqlite")) and not list(tmp_path.glob("*.parquetdir"))  # without --keep: cleaned
 
 
 @needs_nsys
