@@ -26,6 +26,7 @@ import pandas as pd
 
 from sftprof import memory_budget
 from sftprof.trace.events import (
+    BATCH_VECTORS,
     EXPORT_KERNEL_COLUMNS,
     EXPORT_METRIC_COLUMNS,
     EXPORT_RUNTIME_COLUMNS,
@@ -140,6 +141,15 @@ def _rows(export: Export, sql: str) -> pd.DataFrame:
     """A query over the tables that grow with the capture, read by DuckDB (vectorized: several
     times faster than sqlite3's row tuples)."""
     return export.reader.execute(sql).df()
+
+
+def _query_chunks(export: Export, sql: str) -> Iterator[pd.DataFrame]:
+    """`sql` over the export's tables, read by DuckDB, a batch of rows at a time (BATCH_VECTORS) in the order it
+    gives them: where the page decoder does not read a table (a parquetdir's, every one), what is held is a batch,
+    not the table (NeMo's 40M export as a parquetdir peaked at 1.58 GiB holding its 17M OS-runtime calls whole)."""
+    result = export.reader.execute(sql)
+    while len(batch := result.fetch_df_chunk(BATCH_VECTORS)):
+        yield batch
 
 
 # _page_chunks decodes this much of a table's pages at a time (1.5M memory operations fill 60 MB of pages).
@@ -738,8 +748,8 @@ PAGE_READS = (
 
 
 def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> None:
-    """OS-runtime calls into `store` (EventStore.osrt), a chunk at a time (_page_chunks): NeMo's data workers
-    make 4M calls at 10M kernels. Their names are StringIds' (the first value of an id given twice)."""
+    """OS-runtime calls into `store` (EventStore.osrt), a chunk at a time (_page_chunks, else _query_chunks): NeMo's
+    data workers make 4M calls at 10M kernels. Their names are StringIds' (the first value of an id given twice)."""
     from sftprof.trace import sqlite_pages
 
     if "OSRT_API" not in export.tables:
@@ -751,16 +761,19 @@ def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
                              THEN NULL ELSE o.start END AS start,
                         o."end", o.nameId AS name_id, o.globalTid AS global_tid
                  FROM {{rows}} o WHERE o.eventClass = {OSRT_CALL_CLASS} OR o.eventClass IS NULL"""
+
+    def copy(chunks) -> None:
+        copied = 0
+        for calls in chunks:
+            store.append("osrt_rows", calls.assign(row=np.arange(copied, copied + len(calls))))
+            copied += len(calls)
+
     with frames_visible(export.reader, {"string_ids": strings[["id"]]}):
         try:
-            copied = 0
-            for calls in _page_chunks(export, "OSRT_API", OSRT_PAGE_COLUMNS, select):
-                store.append("osrt_rows", calls.assign(row=np.arange(copied, copied + len(calls))))
-                copied += len(calls)
+            copy(_page_chunks(export, "OSRT_API", OSRT_PAGE_COLUMNS, select))
         except sqlite_pages.Unsupported:
             store.clear("osrt_rows")
-            calls = _rows(export, select.format(rows="OSRT_API"))
-            store.append("osrt_rows", calls.assign(row=np.arange(len(calls))))
+            copy(_query_chunks(export, select.format(rows="OSRT_API")))
     count_dropped(dropped, "osrt", store.delete_invalid("osrt_rows"))
 
 
@@ -830,8 +843,9 @@ def _copy_labelled(
     export: Export, store: EventStore, table: str, parts, labels: _Labels, coded: tuple[str, ...]
 ) -> None:
     """Each part's rows ((export table, columns read, select FROM {rows}), in order) into {table}_rows,
-    numbered in that order, a page chunk at a time (_page_chunks), or a query over the table where the
-    decoder does not read it; `coded` columns' -1 (no label) as NULL, and `labels` into {table}_labels."""
+    numbered in that order, a page chunk at a time (_page_chunks), or a batch of a query over the table where the
+    decoder does not read it (_query_chunks); `coded` columns' -1 (no label) as NULL, and `labels` into
+    {table}_labels."""
     from sftprof.trace import sqlite_pages
 
     if not parts:
@@ -851,7 +865,11 @@ def _copy_labelled(
         )
     except sqlite_pages.Unsupported:
         store.clear(f"{table}_rows")
-        copy(_rows(export, select.format(rows=export_table)) for export_table, _, select in parts)
+        copy(
+            chunk
+            for export_table, _, select in parts
+            for chunk in _query_chunks(export, select.format(rows=export_table))
+        )
 
 
 def _metric_names(export: Export) -> pd.DataFrame | None:
