@@ -748,10 +748,8 @@ PAGE_READS = (
 
 
 def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> None:
-    """OS-runtime calls into `store` (EventStore.osrt), a chunk at a time (_page_chunks, else _query_chunks): NeMo's
-    data workers make 4M calls at 10M kernels. Their names are StringIds' (the first value of an id given twice)."""
-    from sftprof.trace import sqlite_pages
-
+    """OS-runtime calls into `store` (EventStore.osrt), a chunk at a time (_copy_numbered): NeMo's data workers
+    make 4M calls at 10M kernels. Their names are StringIds' (the first value of an id given twice)."""
     if "OSRT_API" not in export.tables:
         return
     store.append("osrt_names", strings.drop_duplicates("id").rename(columns={"value": "name"}))
@@ -761,19 +759,8 @@ def _osrt(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
                              THEN NULL ELSE o.start END AS start,
                         o."end", o.nameId AS name_id, o.globalTid AS global_tid
                  FROM {{rows}} o WHERE o.eventClass = {OSRT_CALL_CLASS} OR o.eventClass IS NULL"""
-
-    def copy(chunks) -> None:
-        copied = 0
-        for calls in chunks:
-            store.append("osrt_rows", calls.assign(row=np.arange(copied, copied + len(calls))))
-            copied += len(calls)
-
     with frames_visible(export.reader, {"string_ids": strings[["id"]]}):
-        try:
-            copy(_page_chunks(export, "OSRT_API", OSRT_PAGE_COLUMNS, select))
-        except sqlite_pages.Unsupported:
-            store.clear("osrt_rows")
-            copy(_query_chunks(export, select.format(rows="OSRT_API")))
+        _copy_numbered(export, store, "osrt_rows", [("OSRT_API", OSRT_PAGE_COLUMNS, select)])
     count_dropped(dropped, "osrt", store.delete_invalid("osrt_rows"))
 
 
@@ -842,21 +829,30 @@ def _sync(export: Export, store: EventStore, dropped) -> None:
 def _copy_labelled(
     export: Export, store: EventStore, table: str, parts, labels: _Labels, coded: tuple[str, ...]
 ) -> None:
-    """Each part's rows ((export table, columns read, select FROM {rows}), in order) into {table}_rows,
-    numbered in that order, a page chunk at a time (_page_chunks), or a batch of a query over the table where the
-    decoder does not read it (_query_chunks); `coded` columns' -1 (no label) as NULL, and `labels` into
-    {table}_labels."""
-    from sftprof.trace import sqlite_pages
-
+    """Each part's rows ((export table, columns read, select FROM {rows}), in order) into {table}_rows, as
+    _copy_numbered copies them, `coded` columns' -1 (no label) as NULL; and `labels` into {table}_labels."""
     if not parts:
         return
     store.append(f"{table}_labels", pd.DataFrame({"id": np.arange(len(labels.labels)), "label": labels.labels}))
+    _copy_numbered(
+        export,
+        store,
+        f"{table}_rows",
+        parts,
+        lambda rows: rows.assign(**{c: rows[c].mask(rows[c] < 0).astype("Int16") for c in coded}),
+    )
+
+
+def _copy_numbered(export: Export, store: EventStore, table: str, parts, prepare=lambda rows: rows) -> None:
+    """Each part's rows ((export table, columns read, select FROM {rows}), in order) into `table`, each made by
+    `prepare` and numbered in that order (`row`): a page chunk at a time (_page_chunks), or, where the decoder does
+    not read a table, a batch of the query over it at a time (_query_chunks)."""
+    from sftprof.trace import sqlite_pages
 
     def copy(chunks) -> None:
         copied = 0
         for rows in chunks:
-            rows = rows.assign(**{c: rows[c].mask(rows[c] < 0).astype("Int16") for c in coded})
-            store.append(f"{table}_rows", rows.assign(row=np.arange(copied, copied + len(rows))))
+            store.append(table, prepare(rows).assign(row=np.arange(copied, copied + len(rows))))
             copied += len(rows)
 
     try:
@@ -864,7 +860,7 @@ def _copy_labelled(
             chunk for export_table, read, select in parts for chunk in _page_chunks(export, export_table, read, select)
         )
     except sqlite_pages.Unsupported:
-        store.clear(f"{table}_rows")
+        store.clear(table)
         copy(
             chunk
             for export_table, _, select in parts
