@@ -4,6 +4,7 @@ real data prep, model creation, SFT steps under the real nsys, export, analysis 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import re
@@ -79,6 +80,16 @@ def edited_export(tmp_path: Path, table: str, edits: list[str]) -> Path:
         for edit in edits:
             con.execute(edit)
     return path
+
+
+def as_parquetdir(sqlite: Path, folder: Path) -> Path:
+    """An SQLite export written as a parquetdir at `folder`, every table, by benchmarks/to_parquetdir.py (DuckDB's
+    stand-in for `nsys export --type=parquetdir`)."""
+    spec = importlib.util.spec_from_file_location("to_parquetdir", REPO / "benchmarks" / "to_parquetdir.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(sqlite, folder)
+    return folder
 
 
 def snakemake_argv(workdir: Path, *args: str) -> list[str]:

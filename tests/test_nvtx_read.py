@@ -15,7 +15,7 @@ from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
 from sftprof.trace.events import EventStore, read_only_uri
 from sftprof.trace.nsys_export import ParquetExport, SqliteExport
 
-from conftest import REPO, edited_export
+from conftest import REPO, as_parquetdir, edited_export
 
 RANGE = "(SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY rowid LIMIT 1 OFFSET {})"
 THREAD = "(SELECT globalTid FROM NVTX_EVENTS WHERE eventType = 59 LIMIT 1)"
@@ -82,14 +82,6 @@ def _from_sql(export: SqliteExport | ParquetExport, dropped: dict) -> pd.DataFra
     return store.nvtx_frame()
 
 
-def _as_parquetdir(export: SqliteExport, folder) -> ParquetExport:
-    """The export's NVTX_EVENTS and StringIds as a parquetdir (the tables the NVTX ranges are read from)."""
-    folder.mkdir()
-    for table in ("NVTX_EVENTS", "StringIds"):
-        export.reader.execute(f"COPY (SELECT * FROM {table}) TO '{folder / table}.parquet' (FORMAT parquet)")
-    return ParquetExport(folder)
-
-
 @pytest.mark.parametrize("case", EDITS)
 def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
     export = _edited(tmp_path, EDITS[case])
@@ -97,7 +89,7 @@ def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, case):
         dropped_pages, dropped_sql, dropped_parquet = {}, {}, {}
         pages = _from_pages(export, dropped_pages)
         sql = _from_sql(export, dropped_sql)
-        parquet = _as_parquetdir(export, tmp_path / "export.parquetdir")
+        parquet = ParquetExport(as_parquetdir(export.path, tmp_path / "export.parquetdir"))
         try:
             from_parquet = _from_sql(parquet, dropped_parquet)
         finally:

@@ -24,10 +24,9 @@ from sftprof.capture import nsys, steps
 from sftprof.pipeline import ANALYSIS_DIR, analyze_into
 from sftprof.trace import load_trace, nsys_sqlite
 from sftprof.trace.load import clock_origin
-from sftprof.trace.nsys_export import SqliteExport
 from sftprof.trace.nsys_sqlite import TraceFormatError
 
-from conftest import assert_refused, run_sftprof, tree_state
+from conftest import as_parquetdir, assert_refused, run_sftprof, tree_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nsys2025"
 NAME = "h200_sft_clean"
@@ -80,14 +79,7 @@ def test_tables_read_a_batch_at_a_time_equal_the_sqlite_exports(tmp_path, monkey
     sqlite = tmp_path / "nemo.sqlite"
     with lzma.open(FIXTURES.parent / "nemo" / "h200_nemo_lora_llama2_7b.sqlite.xz") as packed:
         sqlite.write_bytes(packed.read())
-    folder = tmp_path / "nemo.parquetdir"
-    folder.mkdir()
-    export = SqliteExport(sqlite)  # as benchmarks/to_parquetdir.py writes one
-    try:
-        for table in sorted(export.tables):
-            export.reader.execute(f"""COPY (SELECT * FROM "{table}") TO '{folder / table}.parquet' (FORMAT parquet)""")
-    finally:
-        export.close()
+    folder = as_parquetdir(sqlite, tmp_path / "nemo.parquetdir")
     monkeypatch.setattr(nsys_sqlite, "BATCH_VECTORS", 1)
     from_sqlite, batched = load_trace(sqlite), load_trace(folder)
     try:
