@@ -311,6 +311,11 @@ def attach_export(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     con.execute(f"ATTACH {sql_text(Path(path).resolve())} AS export (TYPE sqlite, READ_ONLY)")
 
 
+def sqlite_scan(path: Path, table: str) -> str:
+    """The DuckDB table function that reads `table` of the SQLite export at `path` (load_sqlite_extension first)."""
+    return f"sqlite_scan({sql_text(Path(path).resolve())}, {sql_text(table)})"
+
+
 def _launch_shape(x, y, z) -> str | None:
     if any(pd.isna(v) for v in (x, y, z)):
         return None
@@ -352,7 +357,7 @@ def _copy_rows(
                 cursor.execute(insert.format(rows="export_rows"))
     except sqlite_pages.Unsupported:
         cursor.execute(f"DELETE FROM {table}")
-        cursor.execute(insert.format(rows=f"sqlite_scan({sql_text(Path(path).resolve())}, {sql_text(export_table)})"))
+        cursor.execute(insert.format(rows=sqlite_scan(path, export_table)))
 
 
 class EventStore:

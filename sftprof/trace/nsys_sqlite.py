@@ -37,7 +37,7 @@ from sftprof.trace.events import (
     frames_visible,
     load_sqlite_extension,
     out_of_disk,
-    sql_text,
+    sqlite_scan,
     valid_times_sql,
 )
 from sftprof.trace.nsys_export import (
@@ -693,12 +693,11 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
     try:
         if isinstance(export, SqliteExport):
             load_sqlite_extension(con)
-            file = sql_text(export.path.resolve())
             con.execute(
                 f"""CREATE TEMP TABLE nvtx_events AS SELECT start, "end", eventType, text, globalTid, textId, domainId
-                    FROM sqlite_scan({file}, 'NVTX_EVENTS')"""  # every event: an open range ends at the last (maxts)
+                    FROM {sqlite_scan(export.path, "NVTX_EVENTS")}"""  # every event: an open range ends at the last
             )
-            source, strings = "temp.nvtx_events", f"sqlite_scan({file}, 'StringIds')"
+            source, strings = "temp.nvtx_events", sqlite_scan(export.path, "StringIds")
         else:
             source, strings = export.scans["NVTX_EVENTS"], export.scans["StringIds"]
         untyped = con.execute(f"SELECT count(*) FROM {source} WHERE eventType IS NULL").fetchone()[0]
