@@ -58,6 +58,80 @@ def test_a_run_leaves_an_unrelated_process_of_the_same_command_line_running(tmp_
         stranger.wait()
 
 
+def fake_nsys(folder: Path, says: str, failures: int) -> Path:
+    """An `nsys` ahead of the real one on PATH that prints `says` and exits 1 its first `failures`
+    times, as nsys 2022.4 does when its agent cannot start, then runs the real one. Each call
+    appends a line to the returned file."""
+    calls, said, script = folder / "calls", folder / "says", folder / "nsys"
+    said.write_text(says + "\n")
+    script.write_text(
+        textwrap.dedent(f"""\
+            #!/bin/bash
+            echo call >> {calls}
+            if [ "$(wc -l < {calls})" -le {failures} ]; then cat {said}; exit 1; fi
+            exec {nsys.find_nsys()} "$@"
+        """)
+    )
+    script.chmod(0o755)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "says, failures, runs",
+    [
+        ("Agent launcher failed.", 1, 2),  # started again, and the second works
+        ("End of file", 2, 3),
+        ("End of file\nthe program said this", 1, 1),  # the program ran: its failure is its own
+    ],
+)
+def test_an_nsys_that_could_not_start_is_started_again(tmp_path, monkeypatch, says, failures, runs):
+    monkeypatch.setattr(nsys, "START_RETRY_S", 0.0)
+    calls = fake_nsys(tmp_path, says, failures)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    log = io.StringIO()
+    if runs > failures:
+        report = nsys.run_profile(OPTIONS, PROGRAM, tmp_path / "run", log, {"SLEEP_S": "0.1"})
+        assert report.stat().st_size > 0 and "finished" in log.getvalue()
+        assert log.getvalue().count("starting it again") == failures
+    else:
+        with pytest.raises(nsys.NsysError, match="the program said this"):
+            nsys.run_profile(OPTIONS, PROGRAM, tmp_path / "run", log, {"SLEEP_S": "0.1"})
+        assert "starting it again" not in log.getvalue()
+    assert len(calls.read_text().splitlines()) == runs
+
+
+def test_an_nsys_that_never_starts_is_an_error_after_the_last_attempt(tmp_path, monkeypatch):
+    monkeypatch.setattr(nsys, "START_RETRY_S", 0.0)
+    calls = fake_nsys(tmp_path, "Agent launcher failed.", 99)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(nsys.NsysError, match="(?s)exited with 1.*Agent launcher failed"):
+        nsys.run_profile(OPTIONS, PROGRAM, tmp_path / "run", io.StringIO(), {"SLEEP_S": "0.1"})
+    assert len(calls.read_text().splitlines()) == nsys.START_ATTEMPTS
+
+
+def test_a_rank_ended_by_slurm_leaves_nothing_running(tmp_path):
+    """Slurm ends a task with SIGTERM (time limit, scancel, another task failing): the rank's nsys,
+    agent and program go with it, or they burn the node's cores and stall later captures."""
+    marker = f"sftprof-sigterm-{os.getpid()}"
+    program = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)", marker]
+    before = nsys.running_agent_pids()
+    rank = subprocess.Popen(
+        [sys.executable, "-m", "sftprof.capture.rank", "--profiled-ranks=0", f"--capture-dir={tmp_path}", "--"]
+        + nsys.profile_argv(OPTIONS, tmp_path / "ended", program),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    for line in rank.stdout:
+        if line.strip() == "started":
+            break
+    rank.terminate()
+    assert rank.wait(timeout=60) == 143
+    running = [argv for _, argv in nsys._processes() if marker.encode() in argv]
+    assert running == [] and nsys.running_agent_pids() <= before
+    assert not (tmp_path / "rank0.json").exists()
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 256 KiB tmpfs: too small for any export."""

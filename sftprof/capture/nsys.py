@@ -4,7 +4,9 @@ This module is the one place that knows nsys's option names. It also handles wha
 wrong in practice, each seen on real installs:
 - a capture left as NAME.qdstrm because QdstrmImporter was not found (exit code still 0);
 - output diverted to /tmp/nsys-report-XXXX.qdstrm because the target existed (exit code 0);
-- `nsys --start-agent` processes left behind that burn a core each and stall later captures.
+- `nsys --start-agent` processes left behind that burn a core each and stall later captures;
+- an agent that does not start when two ranks start nsys on one node (it exits 1, having said only
+  "Agent launcher failed." or "End of file"): started again.
 
 Two releases are checked on real captures, 2022.4 (Debian's) and 2025.3 (tests/fixtures/nsys2025):
 their messages (the progress bars, "Generating '...qdstrm'", "Generated:"), the stats report names
@@ -44,6 +46,11 @@ INSTALL_HINT = (
 PER_RANK_OUTPUT = ".%q{SLURM_JOB_ID}.%q{SLURM_NODEID}.%q{SLURM_PROCID}.%h"
 # How long output may keep coming after nsys has exited before what is left is killed.
 OUTPUT_GRACE_S = 10.0
+# All that nsys 2022.4 says when its agent does not start, the program never run: "End of file"
+# was seen with two ranks starting nsys on one node, 3 runs in 40 on 2 cores under load.
+START_FAILURES = {"End of file", "Agent launcher failed."}
+START_ATTEMPTS = 3
+START_RETRY_S = 2.0  # times the attempt: 2 s, then 4 s
 # Set to a fresh random value for each profiled run: what carries it in its environment is that
 # run's, and only that is reaped after nsys exits.
 RUN_TOKEN = "SFTPROF_RUN_TOKEN"
@@ -328,7 +335,8 @@ def run_profile(
     `output` may hold nsys's %q{VAR} and %h expansions (see output_pattern). nsys's own output
     is copied to `log` and echoed to stdout. What this run started and left behind (nsys's
     process group, the program, the `--start-agent` helper) is killed before returning; it is
-    found by a token in its environment, so other runs on the node are never touched.
+    found by a token in its environment, so other runs on the node are never touched. An nsys
+    that could not start (START_FAILURES) is started again, up to START_ATTEMPTS times.
     """
     nsys = find_nsys()
     token = secrets.token_hex(16)
@@ -336,8 +344,33 @@ def run_profile(
     base = expand_output(str(output), env)
     base.parent.mkdir(parents=True, exist_ok=True)
     argv = profile_argv(options, output, app_argv, nsys)
-    log.write("[sftprof] " + shlex.join(argv) + "\n")
-    log.flush()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        log.write("[sftprof] " + shlex.join(argv) + "\n")
+        log.flush()
+        returncode, captured = _run_nsys(argv, env, log, token)
+        said = set(nsys_messages("".join(captured)))
+        started = not said or not said <= START_FAILURES or report_path(base).exists()
+        if returncode == 0 or started or attempt == START_ATTEMPTS:
+            break
+        log.write(f"[sftprof] nsys could not start ({'; '.join(sorted(said))}); starting it again\n")
+        time.sleep(START_RETRY_S * attempt)
+    output = "".join(captured)
+    if returncode != 0:
+        # nsys's import progress bar can print dozens of lines after the program's last words.
+        program_lines = [line for line in captured if not _PROGRESS_LINE.match(line)]
+        tail = "".join(program_lines[-15:])
+        partial = report_path(base)
+        kept = f" A report of the failed run is kept at {partial} for inspection." if partial.exists() else ""
+        raise NsysError(
+            f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} Last output:\n{tail}"
+        )
+    capture_range = any(o.startswith("--capture-range=") and o != "--capture-range=none" for o in options)
+    return _collect_report(base, output, nsys, log, capture_range)
+
+
+def _run_nsys(argv: list[str], env: dict[str, str], log: IO[str], token: str) -> tuple[int, list[str]]:
+    """Run `nsys profile` to its end, copying its output to `log` and stdout; kill what it left
+    (the run that `token` marks); return its exit status and its lines."""
     captured: list[str] = []
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
@@ -366,18 +399,7 @@ def run_profile(
         _reap_run(token)
         reader.join(timeout=OUTPUT_GRACE_S)
     log.flush()
-    output = "".join(captured)
-    if returncode != 0:
-        # nsys's import progress bar can print dozens of lines after the program's last words.
-        program_lines = [line for line in captured if not _PROGRESS_LINE.match(line)]
-        tail = "".join(program_lines[-15:])
-        partial = report_path(base)
-        kept = f" A report of the failed run is kept at {partial} for inspection." if partial.exists() else ""
-        raise NsysError(
-            f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} Last output:\n{tail}"
-        )
-    capture_range = any(o.startswith("--capture-range=") and o != "--capture-range=none" for o in options)
-    return _collect_report(base, output, nsys, log, capture_range)
+    return returncode, captured
 
 
 def _run_processes(token: str) -> set[int]:

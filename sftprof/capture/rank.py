@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -187,7 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum: int, frame) -> None:
+    """Slurm ends a task (time limit, scancel, another task failing) with SIGTERM: unwind, so that
+    what the rank started is killed (run_profile's cleanup), not left behind on the node."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = build_parser().parse_args(argv)
     profile_argv = args.profile_argv[1:] if args.profile_argv[:1] == ["--"] else args.profile_argv
     nsys_env = dict(item.split("=", 1) for item in args.env)
