@@ -179,10 +179,6 @@ def _counted(function, calls: list):
                 f"UPDATE NVTX_EVENTS SET domainId = 7 WHERE rowid = {RANGE.format(1)}",
             ],
         ),
-        (
-            "text not in UTF-8",
-            [f"UPDATE NVTX_EVENTS SET text = CAST(X'66ff6f' AS TEXT) WHERE rowid = {RANGE.format(1)}"],
-        ),
         ("a range without a thread", [f"UPDATE NVTX_EVENTS SET globalTid = NULL WHERE rowid = {RANGE.format(1)}"]),
         ("a domain id below 0", [f"UPDATE NVTX_EVENTS SET domainId = -3 WHERE rowid = {RANGE.format(1)}"]),
         ("a domain id from 2^39", [f"UPDATE NVTX_EVENTS SET domainId = {2**39} WHERE rowid = {RANGE.format(1)}"]),
@@ -201,6 +197,33 @@ def test_what_the_page_route_does_not_read_goes_the_sql_way(tmp_path, case, edit
         export.close()
     ranges = load_trace(export.path).nvtx  # loads, by DuckDB (or sqlite3 for the bytes DuckDB refuses)
     assert len(ranges) and ranges["name"].dtype == "category"
+
+
+def test_text_not_in_utf8_is_read_from_pages_as_sqlite3_reads_it(tmp_path):
+    """DuckDB refuses such text and sqlite3 (the SQL route's last resort) holds every range at once; the pages
+    read it as sqlite3 does, the bytes replaced: two names that then read alike are one name, by either route."""
+    export = _edited(
+        tmp_path,
+        [
+            f"UPDATE NVTX_EVENTS SET text = CAST(X'66ff6f' AS TEXT), textId = NULL WHERE rowid = {RANGE.format(1)}",
+            f"UPDATE NVTX_EVENTS SET text = CAST(X'66fe6f' AS TEXT), textId = NULL WHERE rowid = {RANGE.format(2)}",
+            # an emit_nvtx name, cut at its numbering, and a domain's name
+            f"UPDATE NVTX_EVENTS SET text = CAST(X'ff' AS TEXT) || ', seq = 3, op_id = 4', textId = NULL WHERE rowid = {RANGE.format(3)}",
+            f"INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (-5, 75, CAST(X'64ff' AS TEXT), {THREAD}, 7)",
+            f"UPDATE NVTX_EVENTS SET domainId = 7 WHERE rowid = {RANGE.format(4)}",
+        ],
+    )
+    try:
+        dropped_pages, dropped_sql = {}, {}
+        pages = _from_pages(export, dropped_pages)
+        sql = _from_sql(export, dropped_sql)
+    finally:
+        export.close()
+    pd.testing.assert_frame_equal(pages, sql)
+    assert dropped_pages == dropped_sql
+    names = pages["name"].astype(str)
+    assert (names == "f\ufffdo").sum() == 2 and (names == "\ufffd").sum() == 1
+    assert names.str.startswith("d\ufffd:").sum() == 1
 
 
 @pytest.mark.parametrize("capture", ["h200_sft_data_stall.sqlite", "nsys2025/h200_sft_clean_metrics.sqlite"])

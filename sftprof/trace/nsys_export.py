@@ -52,7 +52,7 @@ def one_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _text(value: bytes) -> str:
+def sqlite_text(value: bytes) -> str:
     """Text as SQLite returns it, whatever bytes the export holds (an application's NVTX names need not be UTF-8)."""
     return value.decode("utf-8", errors="replace")
 
@@ -64,7 +64,7 @@ def connect_sqlite(path: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(read_only_uri(path), uri=True)
     except sqlite3.Error as exc:
         raise TraceFormatError(f"{path}: cannot open ({one_line(exc)})") from None
-    conn.text_factory = _text
+    conn.text_factory = sqlite_text
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # the latter: SQLite's message quotes damaged bytes

@@ -47,6 +47,7 @@ from sftprof.trace.nsys_export import (
     TraceFormatError,
     connect_sqlite,
     one_line,
+    sqlite_text,
 )
 from sftprof.trace.tables import COLUMNS, TraceTables, count_dropped, empty, gpu_rows, valid_rows
 
@@ -326,7 +327,8 @@ def _nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
 
 def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
     """The ranges that _nvtx_from_pages does not read, into `store`: through DuckDB a batch at a time
-    (_coded_names), or, for text not in UTF-8, through sqlite3 (held whole: an odd or damaged export)."""
+    (_coded_names), or, for text not in UTF-8 in an export whose pages were not read either, through
+    sqlite3 (held whole: an odd and damaged export)."""
     try:
         return _coded_names(export, store, dropped)
     # SQLite holds any bytes in a TEXT column, DuckDB refuses what is not UTF-8 text: read those as SQLite gives them
@@ -370,9 +372,10 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame, store: EventStore, d
     sorted styles, and an open range no end. Then names from StringIds (textId) and domains (eventType 75, by
     domain and process), as _nvtx_ranges joins them, are worked out once per code, and the store's nvtx
     view maps codes to name and style ids (EventStore.name_nvtx). Unsupported, so that the caller reads the
-    table through DuckDB, for what this does not read exactly as that SQL does: another format, text not in
-    UTF-8, a range without a thread, a domain named twice in one process, an id twice in StringIds, a domain id
-    below 0 or from 2^39 on (nsys numbers domains from 0)."""
+    table through DuckDB, for what this does not read exactly as that SQL does: another format, a range
+    without a thread, a domain named twice in one process, an id twice in StringIds, a domain id below 0 or
+    from 2^39 on (nsys numbers domains from 0). Text not in UTF-8, which DuckDB refuses, is read here as
+    sqlite3 reads it."""
     from sftprof.trace import sqlite_pages
 
     if not isinstance(export, SqliteExport):
@@ -509,10 +512,8 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     if not ids.is_unique:
         raise sqlite_pages.Unsupported("StringIds holds an id twice")
     codes, text, created, last, untyped = _read_nvtx(export, strings, ids, store, None)
-    try:
-        text_names = [name.decode("utf-8") for name in text.names()]
-    except UnicodeDecodeError:
-        raise sqlite_pages.Unsupported("text not in UTF-8") from None
+    # as sqlite3 reads them: bytes that are not UTF-8 replaced (names that then read alike are one name)
+    text_names = [sqlite_text(name) for name in text.names()]
     domains = _domain_names(pd.concat(created) if created else None, text_names)
     named = codes.pairs(domains["domainId"].to_numpy(np.int64), domains["pid"].to_numpy(np.int64))
     if np.isin(codes.plain_pairs, named).any():
