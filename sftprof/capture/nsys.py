@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -361,6 +362,13 @@ def run_profile(
         tail = "".join(program_lines[-15:])
         partial = report_path(base)
         kept = f" A report of the failed run is kept at {partial} for inspection." if partial.exists() else ""
+        if not started:
+            raise NsysError(
+                f"nsys could not start its agent ({START_ATTEMPTS} attempts; it said: {'; '.join(sorted(said))}). "
+                "Look for `nsys --start-agent` processes left on this node and end them; if none, move "
+                f"{Path(tempfile.gettempdir()) / 'nvidia'} aside (nsys's session state, seen damaged after "
+                "agents were killed) and run again."
+            )
         raise NsysError(
             f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} Last output:\n{tail}"
         )
