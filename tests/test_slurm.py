@@ -42,7 +42,8 @@ def slurm_config(ranks: int = 1, profiled: list[int] | None = None) -> dict:
     experiment["sft"].update({"steps": 4, "num_threads": 1})
     experiment["profile"]["windows"]["steady"] = {"capture_range": "nvtx", "start_step": 1, "end_step": 2}
     experiment["profile"]["ranks"] = profiled or list(range(ranks))
-    experiment["slurm"] = {"ntasks_per_node": ranks, "cpus_per_task": 1, "time": "0:10:00"}
+    # A job takes about a minute on CI's 2 cores; the limit bounds what a hung rank costs CI (one took 10 min).
+    experiment["slurm"] = {"ntasks_per_node": ranks, "cpus_per_task": 1, "time": "0:05:00"}
     return config
 
 
