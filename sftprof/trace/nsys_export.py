@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import tempfile
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 
@@ -95,6 +96,13 @@ class SqliteExport:
             return pd.read_sql_query(sql, self.conn)
         except pd.errors.DatabaseError as exc:  # pandas wraps SQLite's error in one that quotes the whole query
             raise (exc.__cause__ or exc) from None
+
+    def query_batches(self, sql: str, rows: int) -> Iterator[pd.DataFrame]:
+        """The result of `sql` through sqlite3 (text as sqlite_text reads it), `rows` rows at a time."""
+        cursor = self.conn.execute(sql)
+        names = [column[0] for column in cursor.description]
+        while batch := cursor.fetchmany(rows):
+            yield pd.DataFrame.from_records(batch, columns=names)
 
     def columns(self, table: str) -> set[str]:
         return {row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")}

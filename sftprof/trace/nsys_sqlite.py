@@ -326,25 +326,47 @@ def _nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
 
 
 def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
-    """The ranges that _nvtx_from_pages does not read, into `store`: through DuckDB a batch at a time
-    (_coded_names), or, for text not in UTF-8 in an export whose pages were not read either, through
-    sqlite3 (held whole: an odd and damaged export)."""
+    """The ranges that _nvtx_from_pages does not read, into `store`: through DuckDB (_coded_names), or, for
+    text not in UTF-8 (which DuckDB refuses) in an export whose pages were not read either, through sqlite3."""
     try:
         return _coded_names(export, store, dropped)
     # SQLite holds any bytes in a TEXT column, DuckDB refuses what is not UTF-8 text: read those as SQLite gives them
     except (duckdb.InvalidInputException, duckdb.TypeMismatchException):
+        if not isinstance(export, SqliteExport):
+            raise
         store.clear_nvtx()
-    rows = valid_rows(export.query(_nvtx_ranges("NVTX_EVENTS")), "nvtx", dropped)
+    _nvtx_through_sqlite3(export, store, dropped)
+
+
+# Ranges fetched by sqlite3 at a time, as Python tuples of a few hundred bytes: NeMo's 2M export (12M ranges)
+# peaked at 1.63 GB a million at a time, 0.79 GB at this, in 42-44 s either way (ENGINE.md, 29).
+SQLITE3_BATCH_ROWS = 1 << 17
+
+
+def _nvtx_through_sqlite3(export: SqliteExport, store: EventStore, dropped) -> None:
+    """_nvtx_ranges read by sqlite3 (text as sqlite_text reads it) a batch at a time, so that no more than a
+    batch is held: each range is stored with a code of its name, emit_nvtx's numbering cut, numbered as the
+    names are met; the names are sorted and the codes mapped to them once, at the end (EventStore.name_nvtx)."""
+    codes: dict[str | None, int] = {}
+    style_ids = {style: i for i, style in enumerate(NVTX_STYLES)}
+    used_styles: set[int] = set()
+    for batch in export.query_batches(_nvtx_ranges("NVTX_EVENTS"), SQLITE3_BATCH_ROWS):
+        # names and styles coded before the rows whose times are not valid go: the SQL routes list their names too
+        raw, met = pd.factorize(batch["name"])  # each distinct name of the batch cut once; -1: no name
+        met_codes = [codes.setdefault(_EMIT_NVTX_SUFFIX.sub("", str(name)), len(codes)) for name in met]
+        name_codes = np.array([*met_codes, codes.setdefault(None, len(codes))], dtype=np.int32)[raw]
+        styles = batch["style"].map(style_ids)
+        used_styles.update(styles.unique().tolist())
+        rows = valid_rows(batch.assign(name=name_codes, style=styles), "nvtx", dropped)
+        stored = rows[["start", "end", "global_tid"]]
+        store.append("nvtx_rows", stored.assign(name_id=rows["name"], style_id=rows["style"]))
     untyped = export.query("SELECT count(*) AS n FROM NVTX_EVENTS WHERE eventType IS NULL")["n"].iloc[0]
     count_dropped(dropped, "nvtx", int(untyped))
-    codes, names = pd.factorize(rows["name"])
-    cut = [_EMIT_NVTX_SUFFIX.sub("", name) for name in names]
-    categories = sorted(set(cut))
-    code_of = {name: code for code, name in enumerate(categories)}
-    codes = np.array([code_of[name] for name in cut] + [-1], dtype="int32")[codes]  # -1 (none) stays -1
-    store.add_nvtx(
-        rows.assign(name=pd.Categorical.from_codes(codes, categories), style=rows["style"].astype("category"))
-    )
+    names = sorted(name for name in codes if name is not None)
+    name_id = {name: i for i, name in enumerate(names)} | {None: -1}
+    styles = sorted(used_styles)
+    coded = (np.array(list(codes.values()), dtype=np.int64), np.array([name_id[n] for n in codes], dtype=np.int64))
+    store.name_nvtx(names, [NVTX_STYLES[style] for style in styles], coded=(*coded, styles))
 
 
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
