@@ -57,17 +57,24 @@ def _rank(rank: int, port: int, results) -> None:
     dist.destroy_process_group()
 
 
-def test_gradients_reduced_after_backward_equal_ddps_on_every_rank():
+def _two_ranks(target, *args, timeout: float) -> list:
+    """Run `target(rank, port, *args, results)` as ranks 0 and 1 in spawned processes; what each put in
+    `results`, by rank, once both have exited cleanly."""
     context = torch.multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    processes = [context.Process(target=_rank, args=(rank, port, results)) for rank in range(2)]
+    processes = [context.Process(target=target, args=(rank, port, *args, results)) for rank in range(2)]
     for process in processes:
         process.start()
-    got = sorted(results.get(timeout=120) for _ in processes)
+    got = sorted(results.get(timeout=timeout) for _ in processes)
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0
+    return got
+
+
+def test_gradients_reduced_after_backward_equal_ddps_on_every_rank():
+    got = _two_ranks(_rank, timeout=120)
     (_, buckets0, ddp0, after0), (_, buckets1, ddp1, after1) = got
     assert buckets0 == buckets1 == 2
     for ddp, after in ((ddp0, after0), (ddp1, after1)):
@@ -118,16 +125,5 @@ def test_trainer_frees_ddp_before_its_process_group(tmp_path, ddp_overlap):
     create_tiny_llama(experiment["model"], tmp_path / "model")
     write_jsonl(tmp_path / "training.jsonl", [to_sft_example(record) for record in generate_sample(16, seed=0)])
     settings = {**experiment["sft"], "steps": 2, "seq_length": 128, "num_threads": 1, "ddp_overlap": ddp_overlap}
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = _free_port()
-    processes = [
-        context.Process(target=_train_rank, args=(rank, port, str(tmp_path), settings, results)) for rank in range(2)
-    ]
-    for process in processes:
-        process.start()
-    got = sorted(results.get(timeout=180) for _ in processes)
-    for process in processes:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    got = _two_ranks(_train_rank, str(tmp_path), settings, timeout=180)
     assert got == [(0, 2, [0]), (1, 2, [0])]
