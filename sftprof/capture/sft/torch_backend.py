@@ -430,7 +430,7 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
         # DDP's Reducer goes first, while the group is still registered: freed from the Reducer
         # (with the GIL held), the gloo group's destructor joins a worker thread that may need
         # the GIL to free its last all-reduce, and the rank hangs at exit (seen under load, 1
-        # run in 8 on 2 cores). Freed by destroy_process_group, the group lets go of the GIL.
+        # run in 11 on 2 cores). Freed by destroy_process_group, the group lets go of the GIL.
         del trained, loss
         if sft["compile"]:
             torch._dynamo.reset()  # its caches hold the compiled module
