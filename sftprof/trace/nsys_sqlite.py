@@ -415,13 +415,17 @@ class _NameCodes:
     code is the label. In a domain its process named, the name is `DOMAIN:NAME`: each (label, domain, pid) met
     gets a code of its own, below every label's. `named`: the (domain, pid) pairs named so far (a chunk's
     creations are added before its ranges are coded); `plain_pairs`: the pairs of ranges coded by label, of
-    which none may turn out named (then the table is read again with every named pair known)."""
+    which none may turn out named (then the table is read again with every named pair known); `used`: every
+    code handed out."""
 
     def __init__(self, strings: int, named: np.ndarray | None = None):
         self.first = -3 - strings  # below -2 - the last StringIds row
         self.named = np.empty(0, np.int64) if named is None else np.unique(named)
         self.in_domain: dict[tuple[int, int], int] = {}  # (pair, label) -> code
         self.plain_pairs = np.empty(0, np.int64)
+        # the codes handed out, marked as they are: code c at [c] of the first, at [-1 - c] of the second. Asking
+        # the store for its distinct codes ran out of DuckDB's share where each range had a name of its own (6M)
+        self._handed_out = [np.zeros(0, bool), np.zeros(0, bool)]
 
     @staticmethod
     def pairs(domain: np.ndarray, pid: np.ndarray) -> np.ndarray:
@@ -460,7 +464,20 @@ class _NameCodes:
                 code[at] = np.asarray(codes, dtype=np.int64)[which]
         if code.min(initial=0) < np.iinfo(np.int32).min:
             raise sqlite_pages.Unsupported("more names than an INTEGER numbers")
+        below = code < 0
+        for side, at in enumerate((code[~below], -1 - code[below])):
+            marks = self._handed_out[side]
+            if len(at) and at.max() >= len(marks):
+                grown = np.zeros(max(int(at.max()) + 1, 2 * len(marks)), bool)
+                grown[: len(marks)] = marks
+                self._handed_out[side] = marks = grown
+            marks[at] = True
         return code.astype(np.int32)
+
+    def used(self) -> np.ndarray:
+        """Every code handed out, once, in ascending order."""
+        above, below = (np.flatnonzero(marks) for marks in self._handed_out)
+        return np.concatenate([-1 - below[::-1], above]).astype(np.int32)
 
     def parts(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(label, domain, in_domain, pid) of each code (in_domain: a named domain's)."""
@@ -541,8 +558,7 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
     if np.isin(codes.plain_pairs, named).any():
         store.clear_nvtx()
         codes, text, created, last, untyped = _read_nvtx(export, strings, ids, store, named)
-    # every code once (names of ranges whose times are not valid too, as the SQL route lists them)
-    used = np.sort(cursor.execute("SELECT DISTINCT name_id FROM nvtx_rows").fetchnumpy()["name_id"].astype(np.int32))
+    used = codes.used()  # every code once (names of ranges whose times are not valid too, as the SQL route lists)
     label, domain, in_domain, pid = codes.parts(used)
     names, name_ids = _range_names(
         label.astype(np.int32), domain, in_domain, pid << 24, domains, text_names, strings["value"]
