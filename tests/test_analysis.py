@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 
 from sftprof.analysis import analyze, gpu, intervals, nvtx
-from sftprof.analysis.stats import finish_summary, grouped_summary
+from sftprof.analysis.stats import finish_summary, grouped_summary, sqlite_round
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import TraceTables
 
@@ -33,6 +34,32 @@ def test_summary_statistics_follow_nsys_conventions():
     assert summary.loc["b"].stddev_ns == 0.0  # one instance: 0, not NaN
     assert list(summary.index) == ["a", "b"]  # by total time, descending
     assert summary["time_pct"].tolist() == [82.5, 17.5]
+
+
+def test_rounding_in_one_statement_equals_sqlite_round_of_each_value():
+    """nsys rounds its summaries with SQLite's round(); sftprof rounds every distinct value in one statement, and
+    leaves integers below 2^52 as they are: the same doubles as a round() per value, whatever the value."""
+    rng = np.random.default_rng(7)
+    edges = [math.nan, -0.0, 0.0, 0.05, 0.15, 0.25, 0.45, 2.5, -2.5, 1e300, -1e20, math.inf, -math.inf]
+    edges += [2.0**52 - 1, 2.0**52, 2.0**52 + 2, -(2.0**52) + 1, 4503599627370495.5, 1e15 + 0.5, 123456789.05]
+    values = np.concatenate(
+        [
+            rng.random(5000) * 1e6,
+            np.round(rng.random(500) * 1e4, 2) + 0.05,  # halves at the rounded digit
+            rng.integers(-(2**53), 2**53, 500).astype(float),
+            rng.integers(0, 10**7, 500) + 0.5,
+            edges,
+        ]
+    )
+    series = pd.Series(values, index=np.arange(len(values)) * 3)
+    rounded = sqlite_round(series)
+    con = sqlite3.connect(":memory:")
+    each = [con.execute("SELECT round(?, 1)", (float(value),)).fetchone()[0] for value in values]
+    expected = np.array([math.nan if value is None else value for value in each])
+    got = rounded.to_numpy()
+    same = (got.view("int64") == expected.view("int64")) | (np.isnan(got) & np.isnan(expected))
+    assert same.all(), values[~same]
+    assert rounded.index.equals(series.index)
 
 
 def test_busy_time_is_the_union_over_streams_not_the_sum():

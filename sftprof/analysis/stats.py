@@ -23,10 +23,23 @@ _rounders = threading.local()  # an SQLite connection per thread: analyses run o
 
 
 def sqlite_round(values: pd.Series, digits: int = 1) -> pd.Series:
-    """SQLite's round(), value by value (summaries have one row per name, so this is cheap)."""
+    """SQLite's round() of each value (NaN stays NaN), in one statement over the distinct values: a summary has
+    a row per name, and names that carry an id each (3M NVTX names) took 74 s at a statement per value."""
     if not hasattr(_rounders, "con"):
         _rounders.con = sqlite3.connect(":memory:")
-    return values.map(lambda v: _rounders.con.execute("SELECT round(?, ?)", (float(v), digits)).fetchone()[0])
+        _rounders.con.execute("CREATE TEMP TABLE rounding (value REAL)")
+    con = _rounders.con
+    floats = values.to_numpy("float64", copy=True)
+    # an integer below 2^52 prints as itself and ".0..." and reads back as itself (SQLite returns any larger
+    # value as it is); -0.0 comes back as 0.0. Medians, totals and a single call's average are such integers.
+    to_round = ~((floats == np.floor(floats)) & (np.abs(floats) < 2.0**52) & ~((floats == 0) & np.signbit(floats)))
+    bits, where = np.unique(floats[to_round].view("int64"), return_inverse=True)  # distinct doubles
+    con.execute("DELETE FROM rounding")
+    con.executemany("INSERT INTO rounding (rowid, value) VALUES (?, ?)", enumerate(bits.view("float64").tolist()))
+    rounded = con.execute("SELECT round(value, ?) FROM rounding ORDER BY rowid", (digits,)).fetchall()
+    distinct = np.array([value for (value,) in rounded], dtype="float64")  # NULL (a NaN bound): NaN
+    floats[to_round] = distinct[where.reshape(-1)]
+    return pd.Series(floats, index=values.index, dtype="float64")
 
 
 # The same statistics in SQL, for tables held in an EventStore, but the median (grouped_summary): every
