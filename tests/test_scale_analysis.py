@@ -576,6 +576,38 @@ def test_medians_by_bucket_passes_equal_pandas_medians(monkeypatch, buckets, fet
     assert everything["med_ns"].iat[0] == float(np.median(durations))
 
 
+def test_many_groups_of_few_values_are_summed_in_slices_and_their_medians_fetched_in_batches(monkeypatch):
+    """Names an application writes can give every range a name of its own. Such groups are summed a slice of
+    their codes at a time (memory_budget.summary_groups a slice), and their medians fetched a batch
+    of MEDIAN_FETCH_ROWS values at a time rather than counted MEDIAN_BUCKET_ROWS / 2 groups a query. The summary
+    equals the one-query summary and pandas' medians, in fewer queries than groups / (MEDIAN_BUCKET_ROWS / 2)."""
+    rng = np.random.default_rng(17)
+    sizes = np.concatenate([np.ones(2000, "int64"), rng.integers(2, 6, 3000), [300, 41]])  # the last: counted
+    names = np.repeat(np.arange(len(sizes)), sizes)
+    durations = rng.integers(0, 10**9, len(names))
+    durations[:3000] = rng.integers(0, 3, 3000)  # ties
+    frame = pd.DataFrame({"name_id": pd.array(names, "Int64"), "style_id": names % 2, "duration": durations})
+    frame.loc[frame.index[-3:], "name_id"] = pd.NA  # ranges with no name: a group of their own, in one slice
+    events = EventStore(on_disk=False)
+    whole = stats.grouped_summary(events, "rows", ["name_id", "style_id"], rows=frame)
+    monkeypatch.setattr(stats, "MEDIAN_BUCKET_ROWS", 64)
+    monkeypatch.setattr(stats, "MEDIAN_FETCH_ROWS", 500)
+    monkeypatch.setattr(stats.memory_budget, "summary_groups", lambda: 700)
+    queries = []
+    query = EventStore.query
+    monkeypatch.setattr(EventStore, "query", lambda self, sql, **f: queries.append(sql) or query(self, sql, **f))
+    parted = stats.grouped_summary(events, "rows", ["name_id", "style_id"], coded=("name_id", len(sizes)), rows=frame)
+    assert sum("GROUP BY ALL" in sql and "WHERE name_id" in sql for sql in queries) == -(-len(sizes) // 700) > 1
+    key = ["name_id", "style_id"]
+    pd.testing.assert_frame_equal(
+        parted.sort_values(key).reset_index(drop=True), whole.sort_values(key).reset_index(drop=True)
+    )
+    expected = frame.groupby(["name_id", "style_id"], dropna=False)["duration"].median().to_numpy("float64")
+    assert len(parted) == len(sizes) + 1
+    assert (parted.sort_values(key)["med_ns"].to_numpy() == expected).all()
+    assert len(queries) < 3000 / 32  # one pass of the groups of 2 to 5 values, counted 32 a query, is more
+
+
 def test_median_buckets_a_query_can_fill_stay_within_the_cap():
     """However ranges' widths and counts fall, the buckets one query can fill (at most a range's count each) come
     to stats.MEDIAN_BUCKET_ROWS at most, no range is split finer than its width, and a range with few values is

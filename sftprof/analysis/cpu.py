@@ -54,8 +54,9 @@ def _osrt_threads(events) -> pd.DataFrame:
 
 def nvtx_summary(events) -> pd.DataFrame:
     """NVTX range time by name and style, as `nsys stats -r nvtxsum`: summed by the store, by their codes."""
-    summary = grouped_summary(events, "nvtx", ["name_id", "style_id"])
-    for column, categories in zip(("name", "style"), events.nvtx_categories(), strict=True):
+    names, styles = events.nvtx_categories()  # an application's own names: each range may have one of its own
+    summary = grouped_summary(events, "nvtx", ["name_id", "style_id"], coded=("name_id", len(names)))
+    for column, categories in zip(("name", "style"), (names, styles), strict=True):
         codes = summary.pop(f"{column}_id").fillna(-1).to_numpy("int64")
         summary[column] = pd.Categorical.from_codes(codes, categories)
     return finish_summary(summary, ["name", "style"])
