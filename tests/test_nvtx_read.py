@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 
+import duckdb
 import pandas as pd
 import pytest
 
@@ -89,10 +90,14 @@ def _through_sqlite3(export: SqliteExport, dropped: dict) -> pd.DataFrame:
     return store.nvtx_frame()
 
 
+def _out_of_memory(*args):
+    raise duckdb.OutOfMemoryException("Out of Memory Error: as DuckDB's share runs out")
+
+
 @pytest.mark.parametrize("case", EDITS)
 def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, monkeypatch, case):
     """By every route: the pages, DuckDB over the SQLite file and over a parquetdir, and sqlite3 a few
-    ranges a batch."""
+    ranges a batch; and by DuckDB where its share cannot group every name at once (names a slice at a time)."""
     export = _edited(tmp_path, EDITS[case])
     try:
         dropped_pages, dropped_sql, dropped_parquet, dropped_sqlite3 = {}, {}, {}, {}
@@ -105,12 +110,17 @@ def test_ranges_read_from_pages_are_those_sql_reads(tmp_path, monkeypatch, case)
             from_parquet = _from_sql(parquet, dropped_parquet)
         finally:
             parquet.close()
+        monkeypatch.setattr(nsys_sqlite, "_range_kinds", _out_of_memory)  # too many names to group at once
+        monkeypatch.setattr(nsys_sqlite.memory_budget, "summary_groups", lambda: 2)
+        dropped_sliced = {}
+        sliced = _from_sql(export, dropped_sliced)
     finally:
         export.close()
     pd.testing.assert_frame_equal(pages, sql)
     pd.testing.assert_frame_equal(pages, from_parquet)
     pd.testing.assert_frame_equal(pages, through_sqlite3)
-    assert dropped_pages == dropped_sql == dropped_parquet == dropped_sqlite3
+    pd.testing.assert_frame_equal(pages, sliced)
+    assert dropped_pages == dropped_sql == dropped_parquet == dropped_sqlite3 == dropped_sliced
     if case == "domains and registered strings":  # the edits reached the names
         assert {"mine:aten::add", "cut", "aten::add"} <= set(pages["name"].dropna()) and pages["name"].isna().sum() == 1
         assert "mine:only in mine" in set(pages["name"]) and "only in mine" not in pages["name"].cat.categories

@@ -718,13 +718,20 @@ def _range_names(label, domain, in_domain, global_tid, domains, text_names: list
     return names, code
 
 
+def _range_kinds(con: duckdb.DuckDBPyConnection, ranges: str) -> pd.DataFrame:
+    """Each name and style of `ranges` with how many (n), in one GROUP BY."""
+    return con.execute(f"SELECT name, style, count(*) AS n FROM ({ranges}) GROUP BY ALL").df()
+
+
 def _coded_names(export: Export, store: EventStore, dropped) -> None:
     """The ranges with emit_nvtx's numbering cut from their names, read by the store's own connection in two
     passes: the names and styles used, then the ranges, their names joined to codes, inserted into the store, those
     whose times are not valid left out and counted. A parquetdir is read where it lies; an SQLite export's events
     are first copied (the ranges' query reads them three times a pass, each a walk of the file). Through
     temporary tables of every range's text and a copy a batch at a time, NeMo's 60M ranges at 10M kernels took
-    51 s from a parquetdir and 67 s from SQLite, 1.4 GB at the peak; so, 26 and 51 s, 0.3 GB (ENGINE.md section 28)."""
+    51 s from a parquetdir and 67 s from SQLite, 1.4 GB at the peak; so, 26 and 51 s, 0.3 GB (ENGINE.md section 28).
+    Where the names are more than DuckDB's share groups at once (1.2M names, one a range, ran out), the ranges are
+    cut once into a temporary table, and their names listed and joined a slice of their hash at a time."""
     styles = NVTX_STYLES
     style_codes = " ".join(f"WHEN '{style}' THEN {code}" for code, style in enumerate(styles))
     numbering = _quote(f"(?s){EMIT_NVTX_NUMBERING}")
@@ -744,20 +751,41 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
                          CASE WHEN contains(name, ' = ') THEN regexp_replace(name, {numbering}, '') ELSE name END AS name,
                          CASE style {style_codes} ELSE -1 END AS style)
                      FROM ({_nvtx_ranges(source, strings)})"""
-        kinds = con.execute(f"SELECT name, style, count(*) AS n FROM ({ranges}) GROUP BY ALL").df()
+        slices = 1  # of the names' hash, each read and joined apart
+        try:
+            kinds = _range_kinds(con, ranges)
+        except duckdb.OutOfMemoryException:  # more names than DuckDB's share groups: each range may have its own
+            con.execute(f"CREATE TEMP TABLE nvtx_named AS {ranges}")  # cut once, then read a slice at a time
+            ranges = "SELECT * FROM temp.nvtx_named"
+            kinds = con.execute(
+                f"SELECT style, count(*) AS n, approx_count_distinct(name) AS names FROM ({ranges}) GROUP BY ALL"
+            ).df()
+            slices = 1 + int(kinds["names"].sum() * 1.25) // memory_budget.summary_groups()  # HyperLogLog: +-2%
+            kinds = pd.concat(
+                [kinds]
+                + [
+                    con.execute(f"SELECT DISTINCT name FROM ({ranges}) WHERE hash(name) % {slices} = {part}").df()
+                    for part in range(slices)
+                ]
+            )
         names = sorted(set(kinds["name"].dropna()))
-        used = sorted(set(kinds["style"].astype(int)))
+        used = sorted(set(kinds["style"].dropna().astype(int)))
         total, kept = int(kinds["n"].sum()), 0
         if used:  # a range, so a style: a CASE needs a WHEN (events that are none of them ranges leave none)
             renumbered = " ".join(f"WHEN {style} THEN {i}" for i, style in enumerate(used))
             codes = pd.DataFrame({"name": pd.Series(names, dtype=object), "code": np.arange(len(names), dtype="int32")})
-            kept = store.insert_select(
-                "nvtx_rows",
-                f"""SELECT r.start, r."end", n.code AS name_id, CASE r.style {renumbered} END AS style_id, r.global_tid
-                    FROM ({ranges}) r LEFT JOIN nvtx_names n ON n.name = r.name WHERE {valid_times_sql()}""",
-                con,
-                nvtx_names=codes,
-            )
+            for part in range(slices):
+                sliced = f"hash(name) % {slices} = {part}" if slices > 1 else "true"
+                kept += store.insert_select(
+                    "nvtx_rows",
+                    f"""SELECT r.start, r."end", n.code AS name_id, CASE r.style {renumbered} END AS style_id,
+                            r.global_tid
+                        FROM (SELECT * FROM ({ranges}) WHERE {sliced}) r
+                        LEFT JOIN (SELECT * FROM nvtx_names WHERE {sliced}) n ON n.name = r.name
+                        WHERE {valid_times_sql()}""",
+                    con,
+                    nvtx_names=codes,
+                )
     finally:
         con.close()  # its temporary table with it
     count_dropped(dropped, "nvtx", total - kept + int(untyped))
