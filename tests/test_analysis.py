@@ -193,6 +193,44 @@ def test_thread_blocking_is_a_finding_only_above_the_threshold():
     assert io_bound.recommendation.startswith("write on a training thread")
 
 
+def test_thread_summary_of_many_threads_sums_each_threads_calls_and_names_its_longest():
+    """OS-runtime calls on 300 threads (a node's thread pools): each thread's count, time and longest call, as
+    the rows give them; a tie goes to the first name, and a thread whose calls have no name has no top call."""
+    from sftprof.analysis import cpu, cuda
+
+    rng = np.random.default_rng(3)
+    pid, rows = 4242, 6000
+    tids = rng.integers(1, 301, rows)
+    starts = rng.integers(0, 900_000_000, rows)
+    osrt = pd.DataFrame(
+        {
+            "start": starts,
+            "end": starts + rng.integers(1, 1_000_000, rows),
+            "global_tid": (pid << 24) | tids,
+            "name": rng.choice(["read", "write", "poll", "futex"], rows),
+        }
+    )
+    tie = pd.DataFrame({"start": [10, 20], "end": [10**6 + 10, 10**6 + 20], "name": ["write", "poll"]})
+    unnamed = pd.DataFrame({"start": [5], "end": [50], "name": [None]})
+    osrt = pd.concat(
+        [osrt, tie.assign(global_tid=(pid << 24) | 999), unnamed.assign(global_tid=(pid << 24) | 998)],
+        ignore_index=True,
+    )
+    tables = TraceTables(source_path="test", span_ns=10**9, events=EventStore.from_frames(osrt=osrt))
+    summary = cpu.thread_summary(tables, cuda.host_wait_calls(tables.events), cuda.calls_by_thread(tables.events))
+    summary = summary.set_index("tid")
+    durations = osrt.assign(tid=osrt["global_tid"] & 0xFFFFFF, duration=osrt["end"] - osrt["start"])
+    per_call = durations.groupby(["tid", "name"])["duration"].sum()
+    assert len(summary) == 302
+    assert summary["osrt_calls"].to_dict() == durations.groupby("tid").size().to_dict()
+    assert summary["osrt_ns"].to_dict() == durations.groupby("tid")["duration"].sum().to_dict()
+    longest = per_call.groupby("tid").max()
+    assert summary["top_osrt_ns"].drop(998).to_dict() == longest.to_dict()
+    for tid in summary.index.drop([998, 999]):
+        assert per_call[(tid, summary.at[tid, "top_osrt_call"])] == longest[tid]
+    assert summary.at[999, "top_osrt_call"] == "poll" and summary.at[998, "top_osrt_call"] == ""
+
+
 def test_busy_time_merged_window_by_window_equals_the_union_of_every_operation(h200_tables, monkeypatch):
     """busy_by_device fetches each device's operations in windows of start times; an operation may
     run on past its window's end into the next ones."""

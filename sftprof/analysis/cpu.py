@@ -192,32 +192,38 @@ def thread_summary(tables, waits: cuda.WaitCalls, api_threads: pd.DataFrame) -> 
     threads = application_threads(tables, api_threads)
     by_call = _osrt_by_thread_and_call(tables.events, tables.span_ns, threads["global_tid"])
     gpu_wait = cuda.waited_by_thread(tables.events, waits)
-    api_by_tid = api_threads.set_index("global_tid")[["calls", "total_ns"]].set_axis(["count", "sum"], axis=1)
+    api_by_tid = api_threads.set_index("global_tid")[["calls", "total_ns"]]
     nvtx_by_tid = nvtx_threads(tables.events).set_index("global_tid")["ranges"]
-    rows = []
-    for thread in threads.itertuples():
-        calls = by_call[by_call["global_tid"] == thread.global_tid]
-        per_call = calls[calls["name"].notna()].set_index("name")["in_capture"].sort_values(ascending=False)
-        api = api_by_tid.loc[thread.global_tid] if thread.global_tid in api_by_tid.index else {"count": 0, "sum": 0}
-        waited = int(gpu_wait.get(thread.global_tid, 0))
-        rows.append(
-            {
-                "global_tid": thread.global_tid,
-                "pid": thread.pid,
-                "tid": thread.tid,
-                "thread_name": thread.thread_name,
-                "role": thread_role(thread.pid, thread.tid, thread.thread_name),
-                "osrt_calls": int(calls["calls"].sum()),
-                "osrt_ns": int(calls["in_capture"].sum()),
-                "top_osrt_call": per_call.index[0] if len(per_call) else "",
-                "top_osrt_ns": int(per_call.iloc[0]) if len(per_call) else 0,
-                "cuda_api_calls": int(api["count"]),
-                "cuda_api_ns": int(api["sum"]),
-                "gpu_wait_ns": waited,
-                "gpu_wait_pct": 100.0 * waited / tables.span_ns if tables.span_ns else 0.0,
-                "nvtx_ranges": int(nvtx_by_tid.get(thread.global_tid, 0)),
-            }
-        )
+    # each thread's figures looked up once, not a filter of every thread's rows per thread: 10k threads took 4.4 s
+    osrt = by_call.groupby("global_tid")[["calls", "in_capture"]].sum()
+    top = (  # the call a thread spent most time in, ties to the first name
+        by_call[by_call["name"].notna()]
+        .sort_values(["global_tid", "in_capture", "name"], ascending=[True, False, True], kind="stable")
+        .drop_duplicates("global_tid")
+        .set_index("global_tid")
+    )
+    tid = threads["global_tid"]
+
+    def per_thread(values: pd.Series, missing=0) -> list:
+        return [missing if pd.isna(value) else value for value in tid.map(values)]
+
+    waited = [int(gpu_wait.get(thread, 0)) for thread in tid]
+    rows = {
+        "global_tid": tid.tolist(),
+        "pid": threads["pid"].tolist(),
+        "tid": threads["tid"].tolist(),
+        "thread_name": threads["thread_name"].tolist(),
+        "role": [thread_role(*thread) for thread in zip(threads["pid"], threads["tid"], threads["thread_name"])],
+        "osrt_calls": [int(value) for value in per_thread(osrt["calls"])],
+        "osrt_ns": [int(value) for value in per_thread(osrt["in_capture"])],
+        "top_osrt_call": per_thread(top["name"], ""),
+        "top_osrt_ns": [int(value) for value in per_thread(top["in_capture"])],
+        "cuda_api_calls": [int(value) for value in per_thread(api_by_tid["calls"])],
+        "cuda_api_ns": [int(value) for value in per_thread(api_by_tid["total_ns"])],
+        "gpu_wait_ns": waited,
+        "gpu_wait_pct": [100.0 * value / tables.span_ns if tables.span_ns else 0.0 for value in waited],
+        "nvtx_ranges": [int(value) for value in per_thread(nvtx_by_tid)],
+    }
     columns = [
         "global_tid",
         "pid",
