@@ -9,9 +9,12 @@ import contextlib
 import sqlite3
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pytest
 
+from sftprof.analysis import analyze
+from sftprof.trace import events as events_module
 from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
 from sftprof.trace.events import EventStore, read_only_uri
 from sftprof.trace.nsys_export import ParquetExport, SqliteExport
@@ -261,3 +264,32 @@ def test_a_ranges_pid_and_tid_are_its_threads(capture):
     for global_tid, pid, tid in threads.itertuples(index=False):
         assert pid == pids[global_tid >> 24 << 24]
         assert tid == global_tid & 0xFFFFFF and 0 < tid < 1 << 24
+
+
+def test_ranges_of_many_threads_are_laid_out_by_thread_and_read_alike(tmp_path, monkeypatch):
+    """Ranges of more threads than NVTX_THREADS_APART are stored by thread and start (the analyses read a thread's
+    ranges a window at a time), and every table and finding is what the ranges as loaded give."""
+    spread = "UPDATE NVTX_EVENTS SET globalTid = (globalTid >> 24 << 24) | (1000 + rowid % 24)"
+    path = edited_export(tmp_path, "NVTX_EVENTS", ["INSERT INTO NVTX_EVENTS SELECT * FROM NVTX_EVENTS"] * 6 + [spread])
+
+    def stored(tables) -> dict[str, np.ndarray]:
+        tables.events.con.execute("SET threads = 1")  # a scan on one thread gives the rows as they are stored
+        rows = tables.events.con.execute("SELECT global_tid, start FROM nvtx_rows").fetchnumpy()
+        events_module.bound(tables.events.con, None)  # its threads again
+        return rows
+
+    def by_thread(rows) -> bool:
+        return (np.lexsort((rows["start"], rows["global_tid"])) == np.arange(len(rows["start"]))).all()
+
+    monkeypatch.setattr(events_module, "NVTX_THREADS_APART", 10**9)
+    loaded = load_trace(path)
+    assert not by_thread(stored(loaded))
+    as_loaded = analyze(loaded)
+    monkeypatch.setattr(events_module, "NVTX_THREADS_APART", 16)
+    tables = load_trace(path)
+    rows = stored(tables)
+    assert len(np.unique(rows["global_tid"])) == 24 and len(rows["start"]) > 1_000 and by_thread(rows)
+    laid_out = analyze(tables)
+    assert laid_out.tables.keys() == as_loaded.tables.keys() and laid_out.findings == as_loaded.findings
+    for name, table in as_loaded.tables.items():
+        pd.testing.assert_frame_equal(laid_out.tables[name], table, obj=name)
