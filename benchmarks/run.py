@@ -70,8 +70,10 @@ REAL_SHAPES = (
 # Shapes no committed capture has, each made from one by SQL run on a copy (ENGINE.md sections 17 and 18),
 # replicated by --every-shape after the real ones: a trainer that synchronizes after every launch (one driver
 # call renamed: 8.6M synchronizations at 10M kernels); one that sets pinned memory with cudaMemset and copies
-# to pageable memory (1.4M blocking memsets and 0.13M pageable copies at 10M). New names only: a name the seed
-# already holds would be listed twice by nsys stats.
+# to pageable memory (1.4M blocking memsets and 0.13M pageable copies at 10M); one whose ranges, CUDA calls and
+# OS-runtime calls are spread over 200 threads of its process (ENGINE.md section 31). New names only: a name the
+# seed already holds would be listed twice by nsys stats.
+_SPREAD = "UPDATE {} SET globalTid = (globalTid >> 24 << 24) | (100000 + rowid % 200) WHERE globalTid IS NOT NULL"
 EDITED_SHAPES = {
     "sync_per_launch": (
         DEFAULT_SEED,
@@ -84,6 +86,10 @@ EDITED_SHAPES = {
             "UPDATE StringIds SET value = 'cudaMemset_v3020' WHERE value = 'cudaMemsetAsync_v3020'",
             "UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET copyKind = 2, dstKind = 0 WHERE copyKind = 8",
         ),
+    ),
+    "many_threads": (
+        DEFAULT_SEED,
+        tuple(_SPREAD.format(table) for table in ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "OSRT_API")),
     ),
 }
 LARGE_SIZE = 16_000_000
