@@ -204,8 +204,9 @@ def thread_summary(tables, waits: cuda.WaitCalls, api_threads: pd.DataFrame) -> 
     )
     tid = threads["global_tid"]
 
-    def per_thread(values: pd.Series, missing=0) -> list:
-        return [missing if pd.isna(value) else value for value in tid.map(values)]
+    def per_thread(values: pd.Series) -> list[int]:
+        """Each thread's value in `values` (indexed by global_tid), 0 where it has none."""
+        return [0 if pd.isna(value) else int(value) for value in tid.map(values)]
 
     waited = [int(gpu_wait.get(thread, 0)) for thread in tid]
     rows = {
@@ -214,15 +215,15 @@ def thread_summary(tables, waits: cuda.WaitCalls, api_threads: pd.DataFrame) -> 
         "tid": threads["tid"].tolist(),
         "thread_name": threads["thread_name"].tolist(),
         "role": [thread_role(*thread) for thread in zip(threads["pid"], threads["tid"], threads["thread_name"])],
-        "osrt_calls": [int(value) for value in per_thread(osrt["calls"])],
-        "osrt_ns": [int(value) for value in per_thread(osrt["in_capture"])],
-        "top_osrt_call": per_thread(top["name"], ""),
-        "top_osrt_ns": [int(value) for value in per_thread(top["in_capture"])],
-        "cuda_api_calls": [int(value) for value in per_thread(api_by_tid["calls"])],
-        "cuda_api_ns": [int(value) for value in per_thread(api_by_tid["total_ns"])],
+        "osrt_calls": per_thread(osrt["calls"]),
+        "osrt_ns": per_thread(osrt["in_capture"]),
+        "top_osrt_call": ["" if pd.isna(name) else name for name in tid.map(top["name"])],
+        "top_osrt_ns": per_thread(top["in_capture"]),
+        "cuda_api_calls": per_thread(api_by_tid["calls"]),
+        "cuda_api_ns": per_thread(api_by_tid["total_ns"]),
         "gpu_wait_ns": waited,
         "gpu_wait_pct": [100.0 * value / tables.span_ns if tables.span_ns else 0.0 for value in waited],
-        "nvtx_ranges": [int(value) for value in per_thread(nvtx_by_tid)],
+        "nvtx_ranges": per_thread(nvtx_by_tid),
     }
     columns = [
         "global_tid",

@@ -167,16 +167,12 @@ def gap_causes(gaps: pd.DataFrame, tables, feeders: dict, top: int = GAPS_EXPLAI
             ]
         # each thread's calls and ranges in the gap found once, not a filter of every thread's per thread (5,000
         # threads feeding the GPU took 14 s)
-        calls = dict(tuple(pd.concat([found["CUDA API"], found["OS runtime"]]).groupby("global_tid")))
-        leaves = found["NVTX range"]
+        calls = pd.concat([found["CUDA API"], found["OS runtime"]])
+        calls_of, leaves = dict(tuple(calls.groupby("global_tid"))), found["NVTX range"]
         ranges_of = dict(tuple(leaves.groupby("global_tid")))
         for tid in feeders:
-            thread_calls = calls.get(tid)
-            in_calls = (
-                0
-                if thread_calls is None
-                else int(intervals.covered_ns(intervals.union(thread_calls), [gap.start], [gap.end])[0])
-            )
+            thread_calls = intervals.union(calls_of.get(tid, calls.iloc[:0]))
+            in_calls = int(intervals.covered_ns(thread_calls, [gap.start], [gap.end])[0])
             ranges = ranges_of.get(tid, leaves.iloc[:0])
             if gap.duration - in_calls > 0:
                 rows.append(
