@@ -37,9 +37,11 @@ def _cmd_analyze(args) -> int:
 
     from sftprof import pipeline
     from sftprof.analysis import STEPS
+    from sftprof.step_names import step_pattern
     from sftprof.trace.metrics import read_metrics
 
-    read_metrics(args.metrics)  # a bad metrics file and a bad budget are refused before any work
+    read_metrics(args.metrics)  # a bad metrics file, step pattern or budget is refused before any work
+    step_pattern(args.step_range)
     _use_memory_budget(args)
     for report in map(Path, args.reports):
         stem = report.name.split(".")[0]
@@ -64,7 +66,7 @@ def _cmd_analyze(args) -> int:
                 bar.update(task, advance=1, description=f"{shown}: {name}")
 
             analysis = pipeline.analyze_into(
-                report, out_dir, args.metrics, args.title or f"sftprof: {report.name}", step
+                report, out_dir, args.metrics, args.title or f"sftprof: {report.name}", step, args.step_range
             )
         _print_summary(report, analysis, out_dir / pipeline.ANALYSIS_DIR, out_dir / pipeline.REPORT_HTML)
     _note_overrun()
@@ -281,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--metrics", help="the trainer's metrics .jsonl, to add the run's step times")
     analyze.add_argument("--title", help="report title")
+    analyze.add_argument(
+        "--step-range",
+        metavar="REGEX",
+        help="the regular expression the loop's NVTX step ranges match, its first group the step number "
+        "(default: step N, iteration N, iter N, train_step N, global_step N in any case, or ProfilerStep#N); "
+        "without step ranges, steps are inferred from the kernel sequence that repeats",
+    )
     _add_memory_budget(analyze)
     analyze.set_defaults(handler=_cmd_analyze)
 

@@ -27,14 +27,18 @@ log = logging.getLogger(__name__)
 
 
 def analyze_trace(
-    trace: str | Path, metrics: str | Path | None = None, progress: Callable[[str], None] = lambda step: None
+    trace: str | Path,
+    metrics: str | Path | None = None,
+    progress: Callable[[str], None] = lambda step: None,
+    step_range: str | None = None,
 ) -> Analysis:
-    """Load one trace (nsys .sqlite/.nsys-rep, Kineto JSON) and analyze it with the trainer's metrics."""
+    """Load one trace (nsys .sqlite/.nsys-rep, Kineto JSON) and analyze it with the trainer's metrics;
+    `step_range`: the step ranges' pattern where the default does not know them (cpu.step_pattern)."""
     run_metrics = read_metrics(metrics)  # a bad metrics file is refused before any work
     try:
         tables = load_trace(trace)
         try:
-            return analyze(tables, progress=progress, metrics=run_metrics)
+            return analyze(tables, progress=progress, metrics=run_metrics, step_range=step_range)
         finally:
             tables.events.close()  # its temporary database: as large as the trace's kernels and calls
     except duckdb.OutOfMemoryException as exc:
@@ -52,9 +56,10 @@ def analyze_into(
     metrics: str | Path | None,
     title: str,
     progress: Callable[[str], None] = lambda step: None,
+    step_range: str | None = None,
 ) -> Analysis:
     """`sftprof analyze`: OUT_DIR/analysis/ and OUT_DIR/report.html, which appear together or not at all."""
-    analysis = analyze_trace(trace, metrics, progress)
+    analysis = analyze_trace(trace, metrics, progress, step_range)
     progress("writing tables and HTML")
     with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML)) as partial:
         results.save(analysis, partial / ANALYSIS_DIR)
@@ -67,9 +72,15 @@ def _rank_paths(capture_dir: Path, output_name: str, record: dict) -> tuple[Path
     return metrics, rank.RANK_DIR_PATTERN.format(rank=record["rank"])
 
 
-def analyze_capture(capture_dir: str | Path, export_dir: str | Path, output_name: str, out_dir: str | Path) -> None:
+def analyze_capture(
+    capture_dir: str | Path,
+    export_dir: str | Path,
+    output_name: str,
+    out_dir: str | Path,
+    step_range: str | None = None,
+) -> None:
     """The workflow's analyze step: every profiled rank of one capture folder (its export in EXPORT_DIR), each
-    into its own folder of OUT_DIR, which appears whole or not at all."""
+    into its own folder of OUT_DIR, which appears whole or not at all. `step_range`: config key step_range."""
     capture_dir, export_dir = Path(capture_dir), Path(export_dir)
     with atomic_dir(out_dir) as partial:
         for record in rank.profiled_records(capture_dir):
@@ -78,6 +89,7 @@ def analyze_capture(capture_dir: str | Path, export_dir: str | Path, output_name
                 rank.find_export(export_dir, record["rank"]),
                 metrics if metrics.exists() else None,
                 lambda step, n=record["rank"]: log.info("rank %d: %s", n, step),
+                step_range,
             )
             results.save(analysis, partial / folder)
             for finding in analysis.findings:

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import boundness, cuda, gains, gpu, intervals, kernels, memory, nvtx, rules, utilisation
+from sftprof.analysis import analyze, boundness, cuda, gains, gpu, intervals, kernels, memory, nvtx, rules, utilisation
+from sftprof.analysis import idle as idle_causes
 from sftprof.analysis.spilled import SpilledUnion
 from sftprof.trace import events as events_module
 from sftprof.trace.events import EventStore
@@ -399,41 +400,46 @@ def test_gap_causes_say_what_the_feeding_thread_did():
         ("NVTX range", "data"): 1_999_800,  # the innermost range; `step 1` contains it
         (utilisation.OWN_CODE, "data"): 2_999_900 - 1_000_000 - 50,
     }
-    busy = intervals.union(ks[["start", "end"]])
-    [finding] = rules.idle_gaps(
-        gaps,
-        causes,
-        pd.DataFrame({"device_id": [0], "span_ns": [3_000_100]}),
-        gains.StepClock.of(pd.DataFrame(), 4_000_000, SpilledUnion.of(busy), SpilledUnion().finish()),
-    )
-    assert "python (main, tid 7) in its own code in NVTX `data` for 2.000 ms" in finding.evidence
-    assert finding.severity == "warning" and finding.recommendation.startswith("The threads that feed the GPU")
-    assert finding.gain_pct == pytest.approx(100 * (3_000_100 - 200) / 4_000_000, abs=1e-3)  # the gap, of the capture
+    result = analyze(tables)
+    idle = result.tables["idle_causes"]
+    assert {(r.cause, r.source, r.name, r.range): r.idle_ns for r in idle.itertuples()} == {
+        # kernel a's launch was not traced: no thread to name
+        ("unattributed", "none", idle_causes.UNKNOWN_THREAD, idle_causes.NO_RANGE): 100,
+        # b was launched at 3.00005 ms and started 50 ns later: queued on the GPU
+        ("queued", "GPU", "launched before the GPU started it", idle_causes.NO_RANGE): 50,
+        ("host overhead", "CUDA API", "cudaLaunchKernel", "step 1"): 50,
+        ("OS call", "OS runtime", "read", "data"): 1_000_000,
+        # own code in a gap over 1 ms, cut where `data` ends
+        ("host work", "own code", "data", "data"): 499_800 + 500_000,
+        ("host work", "own code", "step 1", "step 1"): 1_000_000,
+        # after b, nothing follows: the thread that launched b; a gap under 1 ms
+        ("host overhead", "own code", "step 1", "step 1"): 999_800,
+    }
+    assert idle["idle_ns"].sum() == 4_000_000 - 200  # every idle nanosecond of the step, once
+    found = {f.rule: f for f in result.findings}
+    assert found["host_work"].gain_pct == pytest.approx(100 * 1_000_000 / 4_000_000, abs=1e-3)  # not the data range's
+    assert "`step 1` 1.000 ms" in found["host_work"].evidence
 
 
-def test_launch_bound_needs_tiny_kernels_and_an_idle_gpu():
-    tiny = frame("kernels", [kernel("k", i * 20_000, 2_000) for i in range(100)])
-    busy = pd.DataFrame({"device_id": [0], "span_ns": [99 * 20_000 + 2_000], "busy_ns": [200_000]})
-    tiny_events = store(tiny)
-    tiny_busy = gpu.busy_by_device(tiny_events)
-    timeline = utilisation.utilisation_timeline(tiny_events, tiny_busy)
-    launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "instances": [100], "med_ns": [8_000.0]})
-    no_steps = pd.DataFrame(columns=["step"])
-    tiny_clock = gains.StepClock.of(no_steps, 99 * 20_000 + 2_000, tiny_busy[0].merged, SpilledUnion().finish())
-    [finding] = rules.launch_bound(
-        gpu.kernel_totals(tiny_events), launch, busy, timeline, utilisation.idle_gaps(tiny_busy), no_steps, tiny_clock
+def test_launch_bound_is_the_idle_while_the_host_launches_late():
+    """Kernels of 2 µs every 20 µs, each launched by an 8 µs call that returns 5 µs before it starts: the GPU
+    idles 18 µs in each gap, 13 of them while the host ran its own code or the launch, 5 queued."""
+    ks = frame("kernels", [kernel("k", i * 20_000, 2_000, correlation=i + 1) for i in range(100)])
+    calls = frame("cuda_api", [api("cudaLaunchKernel", i * 20_000 - 13_000, 8_000, i + 1) for i in range(1, 100)])
+    ranges = frame("nvtx", [nvtx_range("step 1", 2_000, 99 * 20_000 + 2_000)])  # from the first kernel's end
+    tables = TraceTables(
+        source_path="t", span_ns=2_000_000, events=EventStore.from_frames(kernels=ks, cuda_api=calls, nvtx=ranges)
     )
-    assert "100% of kernels run under 10 µs" in finding.title and "8.0 µs (median cudaLaunchKernel" in finding.evidence
-    # the short gaps between kernels; the first kernel starts at 0 and is left out, as nsys's rules do
-    assert finding.gain_pct == pytest.approx(100 * 98 * 18_000 / (99 * 20_000 + 2_000), abs=1e-3)
-    big = frame("kernels", [kernel("k", i * 20_000, 19_000) for i in range(100)])
-    busy_big = busy.assign(busy_ns=1_900_000)
-    assert (
-        rules.launch_bound(
-            gpu.kernel_totals(store(big)), launch, busy_big, timeline, busy.iloc[0:0], no_steps, tiny_clock
-        )
-        == []
-    )
+    result = analyze(tables)
+    idle = result.tables["idle_causes"].groupby(["cause", "source"])["idle_ns"].sum().to_dict()
+    assert idle == {
+        ("host overhead", "CUDA API"): 99 * 8_000,
+        ("host overhead", "own code"): 99 * 5_000,
+        ("queued", "GPU"): 99 * 5_000,
+    }
+    [finding] = [f for f in result.findings if f.rule == "launch_bound"]
+    assert finding.severity == "warning"
+    assert finding.gain_pct == pytest.approx(100 * 13_000 / 20_000, abs=1e-3)
 
 
 # ---------------------------------------------------------------- CUDA API: copies, syncs

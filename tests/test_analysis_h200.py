@@ -14,7 +14,9 @@ the gains themselves are checked in test_gains.py):
   with cudaMemcpyAsync (the trainer does not pin); they cost ~0.2% of the step, hence info.
 - sync_in_steps (info): 14 cudaStreamSynchronize per step (`.item()` reads); the GPU had run dry
   before each, so they cost ~0.2% of the step.
-- gpu_idle_gaps (info): four gaps of 1.0-1.2 ms at step boundaries, under 2% of the step.
+- copy_calls, host_work, thread_wait (info): the other causes of the GPU's idle time (idle_causes), each
+  1-2% of the step: memcpy/memset calls, the optimizer range's own code in gaps over 1 ms, and the
+  autograd thread's pthread_cond_wait.
 - empty_trace_kind (info): cuDNN was traced, and nsys says it collected nothing.
 Not fired, with the evidence of absence: sync_memcpy and sync_memset (all copies and sets are Async),
 fp32_gemm (bf16 tensorop GEMMs are present), data_stall (data is <5% of step time), lock_wait (the
@@ -219,7 +221,9 @@ FIRES = {
     "foreach_optimizer": "info",
     "pageable_memcpy": "info",
     "sync_in_steps": "info",
-    "gpu_idle_gaps": "info",
+    "copy_calls": "info",
+    "host_work": "info",
+    "thread_wait": "info",
     "interconnect": "info",
     "nvtx_gpu_time": "info",
     "empty_trace_kind": "info",
@@ -269,7 +273,8 @@ def test_findings_name_their_numbers(result):
     assert "18 of 42 host copies use pageable memory" in found["interconnect"].evidence
     assert "mostly in NVTX `data` (18 of 18)" in found["pageable_memcpy"].evidence
     assert "step 4: 14 calls" in found["sync_in_steps"].evidence
-    assert "own code in NVTX `optimizer/data`" in found["gpu_idle_gaps"].evidence
+    assert "`forward`" in found["launch_bound"].evidence and "`cudaLaunchKernel`" in found["launch_bound"].evidence
+    assert "`optimizer`" in found["host_work"].evidence and "`pthread_cond_wait`" in found["thread_wait"].evidence
     assert (
         found["bound_verdict"].title.startswith("Host-bound")
         and "--gpu-metrics-device=all" in found["bound_verdict"].evidence

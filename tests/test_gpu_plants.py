@@ -76,7 +76,8 @@ PROBLEM_RULES = {
     "data_stall",
     "lock_wait",
     "fp32_gemm",
-    "gpu_idle_gaps",
+    "allocator_churn",
+    "unfused_attention",
 }
 
 

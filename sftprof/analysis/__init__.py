@@ -14,6 +14,7 @@ import pandas as pd
 
 from sftprof.analysis.findings import Finding, ranked
 from sftprof.analysis.registry import RULES, SECTIONS, STAGES
+from sftprof.step_names import step_pattern
 from sftprof.trace.metrics import RunMetrics
 from sftprof.trace.tables import TraceTables
 
@@ -53,12 +54,16 @@ def _running(value) -> bool:
 
 
 def analyze(
-    tables: TraceTables, progress: Callable[[str], None] = lambda step: None, metrics: RunMetrics | None = None
+    tables: TraceTables,
+    progress: Callable[[str], None] = lambda step: None,
+    metrics: RunMetrics | None = None,
+    step_range: str | None = None,
 ) -> Analysis:
     """Every analysis of one capture; `progress(step)` is called as each stage of them starts.
     `metrics`: the trainer's metrics of the same run, where there are any: its precision (kernel names
     often do not tell it, and advice must not offer a run what it already has), token counts
-    (padding) and model facts (MFU).
+    (padding) and model facts (MFU). `step_range`: the regular expression the loop's step ranges are
+    named by, where step_names.STEP_RANGE does not know them.
 
     Sections marked `beside` (heavy, needing little computed here: the CUDA API summary, the NVTX
     projection, sync calls, elementwise chains) run on a second thread
@@ -66,7 +71,12 @@ def analyze(
     The rest run here, each the first listed whose inputs are ready: a section that needs one still being
     computed beside waits, and those after it that do not go first (_next_ready)."""
     tables = tables.with_all_columns()
-    values = {"tables": tables, "events": tables.events, "metrics": metrics or RunMetrics()}
+    values = {
+        "tables": tables,
+        "events": tables.events,
+        "metrics": metrics or RunMetrics(),
+        "step_pattern": step_pattern(step_range),
+    }
     pending, reached = list(SECTIONS), 0
     with ThreadPoolExecutor(1) as beside:
         while pending:
@@ -99,6 +109,7 @@ def _headline(v: dict, findings: list[Finding]) -> dict:
     return {
         "capture_s": tables.span_ns / 1e9,
         "steps_captured": len(steps),
+        "steps_found_by": v["found_steps"].how,
         "median_step_ms": float(steps["duration"].median()) / 1e6 if len(steps) else None,
         "kernels": totals["count"],
         "application_threads": len(v["threads"]),

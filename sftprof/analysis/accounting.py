@@ -207,11 +207,10 @@ def _timelines(ranges: pd.DataFrame, step_rows: pd.Series) -> dict[int, _Timelin
 
 
 def _step_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
-    """nvtx index label of each step range -> its row in `steps` (cpu.step_table's rows: the ranges
-    matching cpu.STEP_RANGE with the same start and end; the first where two threads have one)."""
-    codes, distinct = pd.factorize(ranges["name"])  # matched once per distinct name
-    matches = np.r_[pd.Series(distinct, dtype=object).astype(str).str.match(cpu.STEP_RANGE).to_numpy(bool), False]
-    step_ranges = ranges[matches[codes]]  # code -1 (no name): the False at the end
+    """nvtx index label of each step range -> its row in `steps` (cpu.step_table's rows: the step ranges
+    (cpu.step_ranges) with the same start and end; the first where two threads have one). Steps inferred
+    from the GPU timeline match none."""
+    step_ranges = cpu.step_ranges(ranges)
     rows = pd.Series(np.arange(len(steps)), index=pd.MultiIndex.from_arrays([steps["start"], steps["end"]]))
     rows = rows[~rows.index.duplicated()]
     found = (
@@ -232,9 +231,9 @@ class LaunchSums:
     Built from the NVTX ranges alone (the steps, each thread's timeline) and the kernel names. `marked`:
     cpu.marked_ranges(tables.events), where the caller has it; kept for step_accounting's data ranges."""
 
-    def __init__(self, tables, marked: pd.DataFrame | None = None):
+    def __init__(self, tables, marked: pd.DataFrame | None = None, steps: pd.DataFrame | None = None):
         self.marked = ranges = cpu.marked_ranges(tables.events) if marked is None else marked
-        self.steps = cpu.step_table(ranges).reset_index(drop=True)
+        self.steps = (cpu.step_table(ranges) if steps is None else steps).reset_index(drop=True)
         self.n = n = len(self.steps)
         self.finished = False
         phases = len(cpu.PHASES) + 1
@@ -245,12 +244,14 @@ class LaunchSums:
         self.training_thread: dict[int, int] = {}
         if not n:
             return
+        self.classes = _name_classes(tables.events)
         step_rows = _step_ranges(ranges, self.steps)
+        if step_rows.empty:  # steps inferred from the GPU timeline: kernels placed by their own start
+            return
         self.thread_of_step[step_rows.to_numpy()] = ranges.loc[step_rows.index, "global_tid"].to_numpy("int64")
         # each process's training thread: the one with the most steps (a rank has one)
         for tid in pd.Series(self.thread_of_step[self.thread_of_step >= 0]).value_counts().index:
             self.training_thread.setdefault(int(tid) >> 24 & 0xFFFFFF, int(tid))
-        self.classes = _name_classes(tables.events)
         self.timelines = _timelines(ranges, step_rows)
 
     def add(self, k: dict[str, np.ndarray]) -> None:
@@ -269,7 +270,12 @@ class LaunchSums:
             process = np.where(launch_tid >= 0, (launch_tid >> 24) & 0xFFFFFF, k["pid"])
             for pid, tid in self.training_thread.items():  # a process without one: its kernels stay unplaced
                 placer[unplaced & (process == pid)] = tid
-        if len(self.timelines) == 1 and (placer == next(iter(self.timelines))).all():  # one thread places all
+        if not self.timelines:  # no step ranges: the step whose window the kernel starts in, no phase
+            starts, ends = self.steps["start"].to_numpy("int64"), self.steps["end"].to_numpy("int64")
+            step = np.searchsorted(starts, k["start"], side="right") - 1
+            step = np.where((step >= 0) & (k["start"] < ends[np.maximum(step, 0)]), step, -1)
+            phase = np.full(len(step), len(cpu.PHASES), dtype="int64")
+        elif len(self.timelines) == 1 and (placer == next(iter(self.timelines))).all():  # one thread places all
             step, phase = next(iter(self.timelines.values())).place(at)
         else:
             step = np.full(len(placer), -1, dtype="int64")
@@ -546,7 +552,8 @@ def _busy_and_idle(
     # waits of the training processes only: another process's sync does not stall this one
     pids = sorted({(int(tid) >> 24) & 0xFFFFFF for tid in thread_of_step if tid >= 0})
     events = tables.events
-    waited = cuda.calls_union(events, f"{waits.where()} AND {sql_in('a.pid', pids)}")
+    # steps inferred from the GPU timeline have no thread: every process's waits
+    waited = cuda.calls_union(events, f"{waits.where()} AND {sql_in('a.pid', pids)}" if pids else waits.where())
     copy_unions = gpu.memop_unions(events)
     nccl = bool((classes["cls"] == COMMUNICATION).any())
     measured: dict[int, _DeviceTime] = {}

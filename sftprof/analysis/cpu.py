@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import cuda
+from sftprof.analysis import cuda, step_inference
 from sftprof.analysis.stats import finish_summary, grouped_summary
+from sftprof.step_names import STEP_RANGE
 from sftprof.trace.events import THREAD_IDS, sql_in
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
 PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
-# A training step's range: the trainer's NVTX `step N` (or `domain:step N`), or the PyTorch
-# profiler's `ProfilerStep#N` (torch.profiler's step()), used only where no `step N` range exists.
-# Up to 18 digits: every such number fits int64; a longer one names no training step.
-STEP_RANGE = re.compile(r"^(?:(?:.*:)?step (\d{1,18})|ProfilerStep#(\d{1,18}))$")
 # The trainer's phase ranges inside each step (sftprof.capture.sft.torch_backend).
 PHASES = ("data", "forward", "backward", "optimizer")
 # The name of a thread that left events but has no ThreadNames row (e.g. a Python thread: CPython
@@ -62,12 +60,17 @@ def nvtx_summary(events) -> pd.DataFrame:
     return finish_summary(summary, ["name", "style"])
 
 
-def marked_ranges(events) -> pd.DataFrame:
-    """The NVTX ranges that the step analyses read, in tables.py's nvtx columns: the steps (STEP_RANGE) and the
-    phases (PHASES), a few per step, where the store can hold millions of others (NeMo's emit_nvtx)."""
+def marked_ranges(events, pattern: re.Pattern = STEP_RANGE) -> pd.DataFrame:
+    """The NVTX ranges that the step analyses read, in tables.py's nvtx columns, with `step` (the step's
+    number; NA for a phase): the step ranges (`pattern`) and the phases (PHASES), a few per step, where the
+    store can hold millions of others (NeMo's emit_nvtx)."""
     names = pd.Series(events.nvtx_categories()[0], dtype=object).astype(str)
-    wanted = np.flatnonzero(names.str.match(STEP_RANGE) | names.isin(PHASES))
-    return events.nvtx_frame(sql_in("name_id", wanted))
+    wanted = np.flatnonzero(names.str.contains(pattern) | names.isin(PHASES))
+    ranges = events.nvtx_frame(sql_in("name_id", wanted))
+    found = step_ranges(ranges, pattern)
+    step = pd.Series(pd.NA, index=ranges.index, dtype="Int64")
+    step[found.index] = found["step"].to_numpy("int64")
+    return ranges.assign(step=step)
 
 
 def nvtx_threads(events) -> pd.DataFrame:
@@ -82,11 +85,14 @@ def nvtx_threads(events) -> pd.DataFrame:
         ORDER BY first, last DESC, global_tid""")
 
 
-def step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
-    """The NVTX ranges whose name holds a step number (STEP_RANGE), with it as `step`, matched once per
-    distinct name used: a capture of NeMo's emit_nvtx holds millions of ranges, so nothing as long as the
-    table is made but a mask. `ProfilerStep#N` counts only where no name is `step N`: a loop with both
-    marks the same steps twice."""
+def step_ranges(nvtx: pd.DataFrame, pattern: re.Pattern = STEP_RANGE) -> pd.DataFrame:
+    """The NVTX ranges whose name holds a step number (`pattern`; marked_ranges' `step` where the frame has
+    it), with it as `step`, matched once per distinct name used: a capture of NeMo's emit_nvtx holds
+    millions of ranges, so nothing as long as the table is made but a mask. The pattern's first group that
+    matches any name wins: `ProfilerStep#N` counts only where no name is `step N` (a loop with both marks
+    the same steps twice)."""
+    if "step" in nvtx.columns:
+        return nvtx[nvtx["step"].notna()].astype({"step": "int64"})
     names = nvtx["name"]
     if isinstance(names.dtype, pd.CategoricalDtype):  # the loaders' names: codes, and each name once
         codes, distinct = names.cat.codes.to_numpy(), names.cat.categories
@@ -95,8 +101,8 @@ def step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
     used = np.zeros(len(distinct) + 1, dtype=bool)  # the last for code -1 (no name)
     used[codes] = True  # not a bincount: it counts in an int64 copy of the codes (60M ranges: +0.5 GB)
     used = used[:-1]
-    match = pd.Series(np.asarray(distinct, dtype=object)[used], dtype=object).astype(str).str.extract(STEP_RANGE)
-    found = (match[0] if match[0].notna().any() else match[1]).astype("Int64")
+    match = pd.Series(np.asarray(distinct, dtype=object)[used], dtype=object).astype(str).str.extract(pattern)
+    found = next((match[c] for c in match.columns if match[c].notna().any()), match[0]).astype("Int64")
     numbered = np.flatnonzero(used)[found.notna().to_numpy()]
     number = np.zeros(len(distinct), dtype="int64")
     number[numbered] = found.dropna().to_numpy("int64")
@@ -106,9 +112,9 @@ def step_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:
     return nvtx.iloc[rows].assign(step=number[codes[rows]])
 
 
-def step_table(nvtx: pd.DataFrame) -> pd.DataFrame:
+def step_table(nvtx: pd.DataFrame, pattern: re.Pattern = STEP_RANGE) -> pd.DataFrame:
     """One row per step range (step_ranges), with the time of each phase range nested inside it."""
-    steps = step_ranges(nvtx)
+    steps = step_ranges(nvtx, pattern)
     columns = ["step", "start", "end", "duration", *(f"{phase}_ns" for phase in PHASES), "other_ns"]
     if steps.empty:
         return pd.DataFrame(columns=columns)
@@ -129,6 +135,37 @@ def step_table(nvtx: pd.DataFrame) -> pd.DataFrame:
         frame[f"{phase}_ns"] = phase_ns[phase].astype("int64")
     frame["other_ns"] = frame["duration"] - phase_ns.sum(axis=1)
     return frame[columns]
+
+
+@dataclass(frozen=True)
+class FoundSteps:
+    """The steps of a capture (step_table's columns) and how they were found, for the report."""
+
+    table: pd.DataFrame
+    how: str
+
+
+def training_steps(marked: pd.DataFrame, events) -> FoundSteps:
+    """The step ranges (marked_ranges' `step`); where there are none, the steps the GPU timeline repeats
+    (step_inference: a stock Hugging Face, Lightning or Megatron loop names no steps); else none, and
+    every gain is a share of the whole capture."""
+    table = step_table(marked)
+    if len(table):
+        example = str(step_ranges(marked)["name"].iloc[0])
+        return FoundSteps(table, f"{len(table)} NVTX step ranges (named like {example!r})")
+    inferred = step_inference.infer_steps(events)
+    if inferred is None:
+        return FoundSteps(table, "no step ranges and no repeating kernel sequence: the capture counts as one step")
+    found = inferred.table[["step", "start", "end", "duration"]].copy()
+    for phase in PHASES:
+        found[f"{phase}_ns"] = 0
+    found["other_ns"] = found["duration"]
+    return FoundSteps(found, inferred.how)
+
+
+def found_table(found: FoundSteps) -> pd.DataFrame:
+    """One row per step (training_steps): from its range, or inferred, with its phases' CPU time."""
+    return found.table
 
 
 def phase_ranges(nvtx: pd.DataFrame) -> pd.DataFrame:

@@ -5,8 +5,9 @@ marked `saved` are the result tables (analysis/NAME.csv) the report and `compare
 are intermediates. A Rule turns values into findings. `analyze` walks SECTIONS in order, then
 RULES; docs/ANALYSES.md is generated from both (`python -m sftprof.analysis`).
 
-Three values exist before any section: `tables` (the loader's TraceTables), `events` (its
-kernels and CUDA API calls) and `metrics` (the trainer's RunMetrics, possibly empty).
+Four values exist before any section: `tables` (the loader's TraceTables), `events` (its
+kernels and CUDA API calls), `metrics` (the trainer's RunMetrics, possibly empty) and
+`step_pattern` (the regular expression step ranges are named by, cpu.step_pattern).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from sftprof.analysis import (
     cpu,
     cuda,
     efficiency,
+    excess,
     gains,
     gpu,
+    idle,
     kernels,
     memory,
     nvtx,
@@ -36,7 +39,7 @@ from sftprof.analysis import (
 )
 from sftprof.trace.load import from_nsys
 
-BASE_VALUES = ("tables", "events", "metrics")
+BASE_VALUES = ("tables", "events", "metrics", "step_pattern")
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,11 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section("labels", cpu.thread_labels, ("threads",), K),
     # filled by nvtx_gpu's join of kernels to their launches, for step_accounting: one join for both
-    Section("marked", cpu.marked_ranges, ("events",), K),
-    Section("launch_sums", accounting.LaunchSums, ("tables", "marked"), K),
+    Section("marked", cpu.marked_ranges, ("events", "step_pattern"), K),
+    # the step ranges, or steps inferred from the GPU timeline where there are none
+    Section("found_steps", cpu.training_steps, ("marked", "events"), K),
+    _saved("steps", cpu.found_table, ("found_steps",), K, "each captured step and its phases' CPU time"),
+    Section("launch_sums", accounting.LaunchSums, ("tables", "marked", "steps"), K),
     _saved(
         "nvtx_gpu",
         nvtx.gpu_time_by_range,
@@ -129,8 +135,6 @@ SECTIONS: tuple[Section, ...] = (
         "synchronizing CUDA calls: count, time and where they were made",
         beside=True,
     ),
-    # the step ranges: the elementwise chains are summed per step as they are found
-    _saved("steps", cpu.step_table, ("marked",), K, "each captured step and its phases' CPU time"),
     Section(
         "chains",
         lambda events, steps, t: gains.elementwise_chains(events, steps, t.span_ns),
@@ -161,6 +165,7 @@ SECTIONS: tuple[Section, ...] = (
     _saved("gemm_precision", kernels.gemm_precision, ("kernel_names",), K, "GEMM time by the precision its name shows"),
     Section("kernel_mix", kernels.kernel_mix, ("kernel_names",), K),
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
+    Section("attention_runs", excess.unfused_attention, ("events",), K),
     Section("busy_unions", gpu.busy_unions, ("events",), B),
     Section("busy_by_device", lambda unions: unions.operations, ("busy_unions",), B),
     _saved("gpu_busy", gpu.gpu_busy, ("busy_by_device",), B, "each GPU's busy time: union of kernels and copies"),
@@ -194,6 +199,14 @@ SECTIONS: tuple[Section, ...] = (
         T,
     ),
     Section("feeders", _feeders, ("labels", "api_threads"), T),
+    _saved(
+        "idle_causes",
+        idle.idle_causes,
+        ("events", "clock", "steps"),
+        T,
+        "per step, every nanosecond of GPU idle time by what the thread feeding the GPU was doing: CUDA call, "
+        "OS call, or its own code by innermost NVTX range",
+    ),
     _saved(
         "gap_causes",
         utilisation.gap_causes,
@@ -338,11 +351,10 @@ RULES: tuple[Rule, ...] = (
         rules.lock_waits,
         ("steps", "marked", "events", "threads", "labels", "clock"),
     ),
-    Rule("gpu_idle_gaps", rules.idle_gaps, ("gpu_gaps", "gap_causes", "gpu_busy", "clock")),
     Rule(
-        "launch_bound",
-        rules.launch_bound,
-        ("kernel_totals", "launch_overhead", "gpu_busy", "gpu_timeline", "gpu_gaps", "steps", "clock"),
+        ", ".join(cause.rule for cause in idle.CAUSES),
+        idle.idle_findings,
+        ("idle_causes", "clock", "steps"),
     ),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),
     Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
@@ -355,7 +367,8 @@ RULES: tuple[Rule, ...] = (
         ),
         ("padded", "token_ns", "clock"),
     ),
-    Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision")),
+    Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
+    Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "kernel_families", "clock")),
     Rule(
         "interconnect",
         lambda kinds, host, totals, memops, events, copies, clock: rules.interconnect(

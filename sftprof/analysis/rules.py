@@ -18,16 +18,16 @@ from sftprof.analysis import cuda, intervals
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
 from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
+from sftprof.analysis.efficiency import peak_for
+from sftprof.analysis.excess import precision_ratio
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
-from sftprof.analysis.gpu import TINY_KERNEL_NS
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
-from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT, OWN_CODE
 from sftprof.trace.events import MAX_TIME_NS, MEMSET_KIND, EventStore, sql_in, sql_text
 
 STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
@@ -56,11 +56,8 @@ LOCK_WAIT_CALLS = {
 # Lock waits of the most blocked training thread below this share of step time are not worth a finding.
 LOCK_WAIT_MIN_PCT = 5.0
 DATA_PHASE = PHASES[0]
-# Launch-bound needs most kernels to be tiny (TINY_KERNEL_NS), not a few.
-LAUNCH_BOUND_TINY_PCT = 50.0
-# A GEMM moved from fp32/tf32 to bf16 takes at most this share of its time: bf16 tensor cores run at
-# twice the tf32 rate (A100, H100, dense) and move half the bytes; fp32 SIMT GEMMs gain more.
-BF16_GEMM_TIME_SHARE = 0.5
+# A memory-bound kernel moved from fp32 to bf16 values moves half the bytes: half its time.
+HALF_BYTES_SHARE = 0.5
 
 
 def _median_ms(per_step) -> str:
@@ -439,107 +436,6 @@ def syncs_in_steps(
 # ---------------------------------------------------------------- GPU utilisation
 
 
-def idle_gaps(gaps: pd.DataFrame, causes: pd.DataFrame, busy: pd.DataFrame, clock: StepClock) -> list[Finding]:
-    """GPU gaps longer than IDLE_GAP_NS, with what the CPU threads did during the longest."""
-    if gaps.empty:
-        return []
-    spans = busy.set_index("device_id")["span_ns"]
-    devices = [
-        f"GPU {device}: {len(device_gaps)} gaps, {_ms(device_gaps['duration'].sum())} "
-        f"({_pct(device_gaps['duration'].sum(), spans.get(device, 0)):.1f}% of its active span)"
-        for device, device_gaps in gaps.groupby("device_id")
-    ]
-    longest = gaps.iloc[0]
-    first = causes[causes["gap"] == 1]
-    explained = []
-    for row in first.head(6).itertuples():
-        what = (
-            f"in its own code in NVTX `{row.name}`"
-            if row.source == OWN_CODE
-            else f"in NVTX `{row.name}`"
-            if row.source == "NVTX range"
-            else f"in {row.name} ({row.source})"
-        )
-        explained.append(f"{row.thread} {what} for {_ms(row.overlap_ns)}")
-    own_code = first[first["source"] == OWN_CODE]
-    # Own code for at least half the longest gap: the CPU was busy, not blocked.
-    advice = (
-        "The threads that feed the GPU were running their own code (Python) rather than waiting in a call: "
-        "move that work off the critical path (prefetch the next batch during the step, a fused optimizer, "
-        "fewer Python-side ops between launches) or capture the step in a CUDA graph."
-        if not own_code.empty and own_code["overlap_ns"].max() >= 0.5 * longest["duration"]
-        else "Remove the blocking calls listed from the training loop, or overlap them with GPU work."
-    )
-    lost = clock.idle_in_steps(IDLE_GAP_NS)
-    return [
-        _gained(
-            "gpu_idle_gaps",
-            f"{len(gaps)} GPU idle gaps over {IDLE_GAP_NS / 1e6:g} ms, {_ms(gaps['duration'].sum())} in all",
-            "; ".join(devices) + f". Longest {_ms(longest['duration'])} at "
-            f"{longest['start'] / 1e6:,.3f} ms: " + ("; ".join(explained) or "no traced CPU activity") + ".",
-            advice,
-            clock,
-            lost,
-            f"GPU idle (no device busy) in gaps over {IDLE_GAP_NS / 1e6:g} ms inside the steps",
-            f"they come to {_median_ms(lost)} per step",
-        )
-    ]
-
-
-def launch_bound(
-    kernels: dict,
-    launch: pd.DataFrame,
-    busy: pd.DataFrame,
-    timeline: pd.DataFrame,
-    gaps: pd.DataFrame,
-    steps: pd.DataFrame,
-    clock: StepClock,
-) -> list[Finding]:
-    """Many tiny kernels while the GPU is mostly idle: the CPU cannot launch work fast enough.
-    `kernels`: gpu.kernel_totals."""
-    if not kernels["count"] or busy.empty:
-        return []
-    tiny_pct = _pct(kernels["tiny"], kernels["count"])
-    busy_pct = _pct(busy["busy_ns"].sum(), busy["span_ns"].sum())
-    if busy_pct >= LOW_UTILISATION_PCT or tiny_pct < LAUNCH_BOUND_TINY_PCT:
-        return []
-    low_chunks = int((timeline["busy_pct"] < LOW_UTILISATION_PCT).sum())
-    in_gaps = _pct(gaps["duration"].sum(), busy["span_ns"].sum() - busy["busy_ns"].sum())
-    median_ns = kernels["median_ns"]
-    launch_cost = ""
-    if not launch.empty:
-        usual = launch.sort_values("instances").iloc[-1]
-        launch_cost = (
-            f"; a launch costs the CPU {usual['med_ns'] / 1e3:.1f} µs (median {usual['name']}, "
-            f"{usual['instances']:,} calls)"
-            + (
-                ", so the GPU finishes a typical kernel before the CPU has issued the next"
-                if usual["med_ns"] > median_ns
-                else ""
-            )
-        )
-    per_step = f" {kernels['count'] / len(steps):,.0f} kernels per step." if len(steps) else ""
-    lost = clock.idle_in_steps(at_most=IDLE_GAP_NS)
-    return [
-        _gained(
-            "launch_bound",
-            f"Launch-bound: {tiny_pct:.0f}% of kernels run under {TINY_KERNEL_NS / 1e3:g} µs and the GPU is busy "
-            f"{busy_pct:.1f}% of its span",
-            f"{kernels['count']:,} kernels, median {median_ns / 1e3:.1f} µs{launch_cost}. {low_chunks} of {len(timeline)} "
-            f"time chunks are under {LOW_UTILISATION_PCT:.0f}% busy, and only {in_gaps:.0f}% of the idle time is in gaps "
-            f"over {IDLE_GAP_NS / 1e6:g} ms: the rest is short waits between kernels.{per_step}",
-            "Cut the CPU cost per unit of GPU work: capture the step in CUDA graphs (torch.compile(mode="
-            "'reduce-overhead'), torch.cuda.graphs), fuse small ops (torch.compile), use a fused optimizer "
-            "(AdamW(fused=True)), and give each kernel more work (larger micro-batch or sequence length, fewer "
-            "accumulation steps).",
-            clock,
-            lost,
-            f"GPU idle in the gaps of at most {IDLE_GAP_NS / 1e6:g} ms between kernels inside the steps",
-            f"the short gaps come to {_median_ms(lost)} per step",
-        )
-    ]
-
-
 # ---------------------------------------------------------------- kernel mix and precision
 
 ELEMENTWISE_MODEL = (
@@ -607,29 +503,45 @@ def foreach_optimizer(foreach: pd.DataFrame, clock: StepClock) -> list[Finding]:
     ]
 
 
-def fp32_gemm(precision: pd.DataFrame, clock: StepClock, run_precision: str | None = None) -> list[Finding]:
+def fp32_gemm(
+    precision: pd.DataFrame,
+    clock: StepClock,
+    run_precision: str | None = None,
+    device_name: str | None = None,
+    families: pd.DataFrame | None = None,
+) -> list[Finding]:
     """Most GEMM time in fp32/tf32, no bf16/fp16/fp8 GEMM in the capture, and a run that does not report
-    half precision (`run_precision`, e.g. the trainer's "bfloat16"): mixed precision is off."""
+    half precision (`run_precision`, e.g. the trainer's "bfloat16"): mixed precision is off. bf16 would run
+    each GEMM at the GPU's bf16 rate (its datasheet's ratio to fp32 or tf32, excess.precision_ratio: 14.8x
+    fp32 on an H100 or H200), and move half the bytes in the memory-bound kernels (`families`)."""
     if precision.empty or precision["precision"].isin(HALF_PRECISIONS).any() or half_precision(run_precision):
         return []
     full = precision[precision["precision"].isin(FULL_PRECISIONS)]
     if full.empty or full["time_pct"].sum() < FP32_GEMM_MIN_PCT:
         return []
+    peak = peak_for(device_name)
+    ratios = {p: precision_ratio(peak, p) for p in full["precision"]}
     parts = ", ".join(
-        f"{r.precision} {r.time_pct:.1f}% of GEMM time ({r.instances} kernels)" for r in full.itertuples()
+        f"{r.precision} {r.time_pct:.1f}% of GEMM time ({r.instances} kernels, bf16 {ratios[r.precision]:.1f}x faster)"
+        for r in full.itertuples()
     )
-    saved = np.full(clock.steps, BF16_GEMM_TIME_SHARE * full["total_ns"].sum() / clock.steps)
+    gemm_saved = sum(r.total_ns * (1 - 1 / ratios[r.precision]) for r in full.itertuples())
+    streaming = families[families["family"].isin(MEMORY_BOUND_FAMILIES)] if families is not None else None
+    streaming_ns = float(streaming["total_ns"].sum()) if streaming is not None and len(streaming) else 0.0
+    saved = np.full(clock.steps, (gemm_saved + HALF_BYTES_SHARE * streaming_ns) / clock.steps)
+    gpu = peak.gpu if peak is not None else "an unknown GPU (bf16 taken as 2x, as against tf32)"
     return [
         _gained(
             "fp32_gemm",
             "GEMMs run in fp32: no bf16, fp16 or fp8 GEMM in the capture",
-            f"By kernel name: {parts}; e.g. {full.iloc[0]['top_kernel'][:120]}.",
-            "Train in mixed precision: torch.autocast('cuda', dtype=torch.bfloat16) or bf16 weights; FP8 with "
+            f"By kernel name: {parts}; e.g. {full.iloc[0]['top_kernel'][:120]}. Memory-bound kernels "
+            f"{_ms(streaming_ns / clock.steps)} per step, moving 4-byte values.",
+            "Train in mixed precision: bf16 weights or torch.autocast('cuda', dtype=torch.bfloat16); FP8 with "
             "Transformer Engine on Hopper; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True).",
             clock,
             clock.gpu_side(saved),
-            f"{BF16_GEMM_TIME_SHARE:.0%} of the fp32/tf32 GEMM time (bf16 tensor cores run at twice the tf32 rate), "
-            "spread evenly over the steps, at most the CPU's wait for the GPU",
+            f"each fp32/tf32 GEMM at the bf16 rate of {gpu} by its datasheet, and the memory-bound kernels moving "
+            f"half the bytes; spread evenly over the steps, at most the CPU's wait for the GPU",
             _gpu_side_reason(clock, saved),
         )
     ]

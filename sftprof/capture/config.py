@@ -19,6 +19,7 @@ import yaml
 
 from sftprof import memory_budget
 from sftprof.errors import SftprofError
+from sftprof.step_names import step_pattern
 from sftprof.untrusted import CONTROL_CHARACTER
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")  # package data: a wheel validates too
@@ -325,6 +326,11 @@ def check_cross_field_rules(config: dict) -> None:
     for name in config["run"]:
         if name not in config["experiments"]:
             raise ConfigError(f"config key run: experiment {name!r} is not defined under experiments")
+    if config.get("step_range") is not None:
+        try:
+            step_pattern(config["step_range"])
+        except SftprofError as error:
+            raise ConfigError(f"config key step_range: {error}") from None
     try:
         memory_budget.parse(config["memory_budget"])
     except memory_budget.MemoryBudgetError as error:

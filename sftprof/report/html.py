@@ -132,6 +132,8 @@ def _rank_context(part: RankReport, anchor: str) -> dict:
         "anchor": anchor,
         "analysis": part.analysis,
         "ranked": _ranked(part.analysis.findings),
+        "top": next((f for f in part.analysis.findings if f.rule not in CAPTURE_NOTES and f.gain_pct), None),
+        "steps_found_by": part.analysis.headline.get("steps_found_by"),
         "notes": [f for f in part.analysis.findings if f.rule in CAPTURE_NOTES],
         "findings": [f for f in part.analysis.findings if f.rule not in CAPTURE_NOTES],
         "verdict": findings.get("bound_verdict"),

@@ -33,6 +33,7 @@ rule analyze:
         "../envs/sftprof.yaml"
     params:
         output_name=lambda wc: experiment(wc)["profile"]["output_name"],
+        step_range=config["step_range"],
     script:
         "../scripts/analyze.py"
 

@@ -1,0 +1,410 @@
+"""Every nanosecond of GPU idle time inside the steps, attributed to what the thread feeding the GPU did then.
+
+A rule that looks for one symptom (gaps over 1 ms, a `data` range) sees nothing it did not expect. Here
+the idle time of each step (no device runs a kernel or a memory operation: gains.StepClock's union) is
+cut into pieces, and each piece goes to exactly one cause, so the causes of a step add up to its idle time:
+
+- the work that ended the idle stretch: the next kernel or memory operation. Where its launching call (a
+  launch, an async copy or set) had returned before, the GPU had it queued and the time is `queued` (the
+  GPU's own latency to start it, or a wait on another stream's event); otherwise the host had not yet
+  launched it, and the time up to the launch belongs to the launching thread;
+- what that thread was doing, in order of precedence: inside a CUDA API call (by name: allocation, free,
+  synchronization, copies, launches), else inside an OS-runtime call (by name; lock, condition and poll
+  waits are waiting for another thread or process), else running its own code, named by the innermost
+  NVTX range open on it (or none); pieces are cut at the thread's NVTX range boundaries, so each is in
+  one innermost range;
+- own code and launches in gaps shorter than HOST_GAP_NS are host overhead between launches (Python and
+  framework dispatch); in longer gaps, own code is work on the critical path (input preparation, logging).
+
+Findings (idle_findings) are the largest causes; a cause's gain is its median share of the step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sftprof.analysis import cuda, nvtx
+from sftprof.analysis.findings import Finding, ms, pct, severity_of
+from sftprof.analysis.gains import StepClock
+from sftprof.trace.events import EventStore
+
+# Gaps up to this long are the host's per-launch overhead (a launch costs the CPU 5-30 µs, Python op dispatch
+# tens more); longer ones are work the CPU did instead of feeding the GPU. utilisation.IDLE_GAP_NS's 1 ms.
+HOST_GAP_NS = 1_000_000
+ALLOCATION_CALL = re.compile(
+    r"^cu(?:da)?(?:Malloc|Free|MemAlloc|MemFree|MemCreate|MemRelease|MemMap|MemUnmap|MemSetAccess|MemAddress"
+    r"|HostAlloc|MallocHost|FreeHost|HostRegister|HostUnregister|MemPool|DeviceGraphMemTrim)"
+)
+# OS calls in which a thread waits for another thread or process (a DataLoader queue, a lock, an event).
+WAIT_CALL = re.compile(
+    r"^(?:pthread_(?:cond_(?:timed)?wait|mutex_(?:timed)?lock|rwlock_\w*lock|join|barrier_wait)|sem_(?:timed)?wait"
+    r"|futex|poll|ppoll|epoll_p?wait|select|pselect6?|wait4?|waitpid)$"
+)
+NO_RANGE = "(no NVTX range)"
+UNNAMED_RANGE = "(unnamed range)"  # an NVTX range pushed with no message
+UNKNOWN_THREAD = "(no CUDA call traced)"
+# Causes, each with the remedy a finding offers (rules.idle_causes).
+ALLOCATION, SYNCHRONIZATION, COPY, HOST_OVERHEAD, HOST_WORK, THREAD_WAIT, OS_CALL, UNATTRIBUTED, QUEUED = (
+    "allocation",
+    "synchronization",
+    "copy",
+    "host overhead",
+    "host work",
+    "waiting for another thread",
+    "OS call",
+    "unattributed",
+    "queued",
+)
+CAUSE_NAMES = (ALLOCATION, SYNCHRONIZATION, COPY, HOST_OVERHEAD, HOST_WORK, THREAD_WAIT, OS_CALL, UNATTRIBUTED, QUEUED)
+COLUMNS = ["step", "cause", "source", "name", "range", "idle_ns", "pieces"]
+STEPS_A_BATCH = 32  # steps whose calls are fetched at once: memory holds their calls, not the capture's
+
+
+def call_cause(name: str) -> str:
+    """The cause of idle time spent inside a CUDA API call of this name (long gaps)."""
+    base = cuda.base_name(name)
+    if ALLOCATION_CALL.search(base):
+        return ALLOCATION
+    if cuda.waits_for_gpu(base):
+        return SYNCHRONIZATION
+    if base.startswith(("cudaMemcpy", "cuMemcpy", "cudaMemset", "cuMemset")):
+        return COPY
+    return HOST_OVERHEAD
+
+
+def _overlaps(a_start, a_end, b_start, b_end):
+    """Every overlapping pair of sorted disjoint intervals a and sorted disjoint intervals b: (start, end,
+    index in a, index in b), found by binary search."""
+    if not len(a_start) or not len(b_start):
+        empty = np.empty(0, "int64")
+        return empty, empty, empty, empty
+    first = np.searchsorted(a_end, b_start, side="right")
+    last = np.searchsorted(a_start, b_end, side="left")
+    counts = np.maximum(last - first, 0)
+    b_index = np.repeat(np.arange(len(b_start)), counts)
+    a_index = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    starts = np.maximum(a_start[a_index], b_start[b_index])
+    ends = np.minimum(a_end[a_index], b_end[b_index])
+    keep = ends > starts
+    return starts[keep], ends[keep], a_index[keep], b_index[keep]
+
+
+def _disjoint(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Calls of one thread in start order, each cut where the next begins (nested calls: the outer keeps the
+    time before the inner one only), and their positions in the input."""
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    ends = np.minimum(ends, np.r_[starts[1:], np.iinfo("int64").max])
+    keep = ends > starts
+    return starts[keep], ends[keep], order[keep]
+
+
+def _minus(p_start, p_end, p_row, c_start, c_end):
+    """Pieces (sorted disjoint) less the sorted disjoint intervals c: what is left of each, with its row."""
+    if not len(c_start) or not len(p_start):
+        return p_start, p_end, p_row
+    holes_start = np.r_[np.iinfo("int64").min, c_end]
+    holes_end = np.r_[c_start, np.iinfo("int64").max]
+    starts, ends, _, b = _overlaps(holes_start, holes_end, p_start, p_end)
+    return starts, ends, p_row[b]
+
+
+def _split(starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray):
+    """Intervals cut at every time of sorted `cuts` strictly inside them: (starts, ends, the input's position
+    of each)."""
+    if not len(cuts):
+        return starts, ends, np.arange(len(starts))
+    first = np.searchsorted(cuts, starts, side="right")
+    last = np.searchsorted(cuts, ends, side="left")
+    inside = np.maximum(last - first, 0)
+    position = np.repeat(np.arange(len(starts)), inside + 1)
+    offset = np.arange(len(position)) - np.repeat(np.cumsum(inside + 1) - (inside + 1), inside + 1)
+    left = np.where(offset == 0, starts[position], cuts[np.minimum(first[position] + offset - 1, len(cuts) - 1)])
+    at_end = offset == inside[position]
+    right = np.where(at_end, ends[position], cuts[np.minimum(first[position] + offset, len(cuts) - 1)])
+    return left, right, position
+
+
+def _idle_pieces(clock: StepClock, rows: np.ndarray):
+    """The GPU's idle time inside steps `rows`: (starts, ends, step row), in time order."""
+    busy = clock.gpu_busy
+    starts, ends = clock.starts[rows], clock.ends[rows]
+    lo, hi = int(starts.min()), int(ends.max())
+    if busy.empty:
+        b_start, b_end = np.empty(0, "int64"), np.empty(0, "int64")
+    else:
+        b_start, b_end = busy.rows(busy.ending_by(lo), busy.starting_before(hi))
+    idle_start, idle_end, row = _minus(starts, ends, rows, b_start, b_end)
+    order = np.argsort(idle_start, kind="stable")
+    return idle_start[order], idle_end[order], row[order]
+
+
+def _gap_lengths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For each idle piece, the length of the whole gap it belongs to (pieces that touch form one gap)."""
+    new_gap = np.r_[True, starts[1:] > ends[:-1]]
+    gap = np.cumsum(new_gap) - 1
+    length = np.bincount(gap, weights=ends - starts)
+    return length[gap]
+
+
+class _NextWork:
+    """For each idle piece, the GPU work that ended it: the first kernel or memory operation starting at or after
+    the piece's end, when its launching call (a launch, an async copy or set) returned, and on which thread.
+    Work launched before the idle began was queued: the GPU, not the host, took time to start it."""
+
+    def __init__(self, events: EventStore, lo: int, hi: int):
+        def launched(table: str, pid: str, where: str, last: str = "") -> dict:
+            return events.arrays(f"""
+                SELECT o.start, coalesce(a."end", o.start) AS launched, coalesce(a.global_tid, -1) AS tid
+                FROM (SELECT start, correlation_id, {pid} AS pid FROM {table} WHERE {where} {last}) o
+                LEFT JOIN cuda_api a ON a.correlation_id = o.correlation_id AND a.pid = o.pid""")
+
+        parts = []
+        for table, pid in (("kernels", "pid"), ("memops", "pid")):
+            parts.append(launched(table, pid, f"start >= {lo} AND start <= {hi}"))
+            parts.append(launched(table, pid, f"start > {hi}", "ORDER BY start LIMIT 1"))
+        starts = np.concatenate([p["start"] for p in parts]).astype("int64")
+        order = np.argsort(starts, kind="stable")
+        self.starts = starts[order]
+        self.launched = np.concatenate([p["launched"] for p in parts]).astype("int64")[order]
+        self.tids = np.concatenate([p["tid"] for p in parts]).astype("int64")[order]
+
+    def after(self, piece_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(when the next work's launch returned, its launching thread) for each piece end. Where no work
+        follows in the capture, the whole piece is the thread's that launched the last work before it."""
+        if not len(self.starts):
+            return piece_ends.copy(), np.full(len(piece_ends), -1, "int64")
+        at = np.searchsorted(self.starts, piece_ends, side="left")
+        found = at < len(self.starts)
+        at = np.minimum(at, len(self.starts) - 1)
+        return np.where(found, self.launched[at], piece_ends), self.tids[at]
+
+
+def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per step, the GPU's idle time split by cause (module docstring): `cause`, `source` (CUDA API, OS
+    runtime, own code), `name` (the call's, or the innermost NVTX range of own code), `range` (the innermost
+    NVTX range open on the thread), `idle_ns`, and `pieces` (how many stretches of idle time it is).
+    A step's rows add up to its idle time; without steps, the whole capture is step -1. Empty without GPU
+    work."""
+    if not clock.has_gpu:
+        return pd.DataFrame(columns=COLUMNS)
+    names = cuda.call_names(events)
+    osrt_names = dict(events.query("SELECT id, name FROM osrt_names").itertuples(index=False))
+    step_numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
+    parts = []
+    for first in range(0, clock.steps, STEPS_A_BATCH):
+        rows = np.arange(first, min(first + STEPS_A_BATCH, clock.steps))
+        p_start, p_end, p_row = _idle_pieces(clock, rows)
+        if not len(p_start):
+            continue
+        short = _gap_lengths(p_start, p_end) <= HOST_GAP_NS
+        launched, owner = _NextWork(events, int(p_start.min()), int(p_end.max())).after(p_end)
+        # the part of each piece after the next work was launched: queued, waiting for the GPU to start it
+        cut = np.clip(launched, p_start, p_end)
+        queued = cut < p_end
+        parts.append(
+            pd.DataFrame(
+                {
+                    "row": p_row[queued],
+                    "cause": QUEUED,
+                    "source": "GPU",
+                    "name": "launched before the GPU started it",
+                    "range": NO_RANGE,
+                    "idle_ns": p_end[queued] - cut[queued],
+                }
+            )
+        )
+        host = cut > p_start
+        p_start, p_end, p_row, short, owner = p_start[host], cut[host], p_row[host], short[host], owner[host]
+        for tid in np.unique(owner):
+            mine = owner == tid
+            parts.append(
+                _thread_causes(
+                    events, int(tid), p_start[mine], p_end[mine], p_row[mine], short[mine], names, osrt_names
+                )
+            )
+    if not parts:
+        return pd.DataFrame(columns=COLUMNS)
+    frame = pd.concat(parts, ignore_index=True)
+    summed = frame.groupby(["row", "cause", "source", "name", "range"], as_index=False).agg(
+        idle_ns=("idle_ns", "sum"), pieces=("idle_ns", "size")
+    )
+    summed.insert(0, "step", step_numbers[summed.pop("row").to_numpy("int64")])
+    summed["idle_ns"] = summed["idle_ns"].astype("int64")
+    return summed.sort_values(["step", "idle_ns"], ascending=[True, False], kind="stable")[COLUMNS].reset_index(
+        drop=True
+    )
+
+
+def _thread_causes(events, tid, p_start, p_end, p_row, short, names, osrt_names) -> pd.DataFrame:
+    """One thread's share of the idle pieces, cut by its CUDA calls, then its OS calls, then its own code;
+    each cut piece with the innermost NVTX range open on the thread (`range`)."""
+    if tid < 0:
+        return pd.DataFrame(
+            {
+                "row": p_row,
+                "cause": UNATTRIBUTED,
+                "source": "none",
+                "name": UNKNOWN_THREAD,
+                "range": NO_RANGE,
+                "idle_ns": p_end - p_start,
+            }
+        )
+    lo, hi = int(p_start.min()), int(p_end.max())
+    window = f'global_tid = {tid} AND start < {hi} AND "end" > {lo}'
+    bounds = events.arrays(f'SELECT start AS t FROM nvtx WHERE {window} UNION SELECT "end" FROM nvtx WHERE {window}')
+    p_start, p_end, keep = _split(p_start, p_end, np.unique(bounds["t"]))
+    p_row, short = p_row[keep], short[keep]
+    piece = np.arange(len(p_start))
+    api = events.arrays(f'SELECT start, "end", name_id FROM cuda_api WHERE {window}')
+    a_start, a_end, order = _disjoint(api["start"], api["end"])
+    s, e, a, b = _overlaps(a_start, a_end, p_start, p_end)
+    call = np.array([names.get(int(i), "?") for i in api["name_id"][order][a]], dtype=object)
+    parts = [(s, e, b, np.array([call_cause(n) for n in call], dtype=object), "CUDA API", call)]
+    r_start, r_end, r_piece = _minus(p_start, p_end, piece, a_start, a_end)
+    os_calls = events.arrays(f'SELECT start, "end", name_id FROM osrt WHERE {window}')
+    o_start, o_end, order = _disjoint(os_calls["start"], os_calls["end"])
+    s, e, a, b = _overlaps(o_start, o_end, r_start, r_end)
+    call = np.array([str(osrt_names.get(int(i), "?")) for i in os_calls["name_id"][order][a]], dtype=object)
+    waits = np.array([bool(WAIT_CALL.match(n)) for n in call], dtype=bool)
+    parts.append((s, e, r_piece[b], np.where(waits, THREAD_WAIT, OS_CALL).astype(object), "OS runtime", call))
+    s, e, own = _minus(r_start, r_end, r_piece, o_start, o_end)
+    parts.append((s, e, own, np.where(short[own], HOST_OVERHEAD, HOST_WORK).astype(object), "own code", None))
+    starts, ends, pieces = (np.concatenate([part[i] for part in parts]) for i in range(3))
+    ranges = nvtx.innermost_ranges(
+        events, pd.DataFrame({"start": starts, "end": ends, "global_tid": np.full(len(starts), tid)})
+    )
+    range_name = np.full(len(starts), NO_RANGE, dtype=object)
+    range_name[ranges.index.to_numpy("int64")] = ranges.fillna(UNNAMED_RANGE).astype(str).to_numpy()
+    own_rows = slice(len(starts) - len(parts[-1][0]), len(starts))
+    return pd.DataFrame(
+        {
+            "row": p_row[pieces],
+            "cause": np.concatenate([part[3] for part in parts]),
+            "source": np.concatenate([np.full(len(part[0]), part[4], dtype=object) for part in parts]),
+            "name": np.concatenate([part[5] for part in parts[:-1]] + [range_name[own_rows]]),
+            "range": range_name,
+            "idle_ns": ends - starts,
+        }
+    )
+
+
+# ---------------------------------------------------------------- findings: the largest causes
+
+# A cause below this share of the median step is not worth a finding of its own (the table still lists it).
+MIN_SHARE_PCT = 1.0
+# Idle time inside the trainer's `data` ranges is the data_stall rule's, and synchronization the sync rules'
+# (rules.py): they model what follows a sync or a slow batch, not only the moment.
+DATA_RANGE = "data"
+NAMES_LISTED = 3
+
+
+@dataclass(frozen=True)
+class Cause:
+    rule: str
+    causes: tuple[str, ...]
+    doing: str  # "the GPU idles X% of the step while the CPU ..."
+    recommendation: str
+
+
+CAUSES = (
+    Cause(
+        "allocator_churn",
+        (ALLOCATION,),
+        "allocates and frees device memory",
+        "Keep PyTorch's caching allocator on (unset PYTORCH_NO_CUDA_MEMORY_CACHING), set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where fragmentation makes it free and allocate again, "
+        "and reuse buffers rather than allocating every step (no torch.cuda.empty_cache() in the loop).",
+    ),
+    Cause(
+        "launch_bound",
+        (HOST_OVERHEAD,),
+        f"launches kernels and runs the framework's code between them, each gap under {HOST_GAP_NS / 1e6:g} ms",
+        "Cut the CPU's cost per unit of GPU work: capture the step in CUDA graphs (torch.compile(mode="
+        "'reduce-overhead'), torch.cuda.graphs), fuse small ops (torch.compile), use fused implementations (a fused "
+        "optimizer, AdamW(fused=True), where the range named is the optimizer's), and give each kernel more work "
+        "(a larger micro-batch, fewer accumulation steps).",
+    ),
+    Cause(
+        "host_work",
+        (HOST_WORK,),
+        f"runs its own code for more than {HOST_GAP_NS / 1e6:g} ms at a time with nothing queued on the GPU",
+        "Take that work off the training thread's critical path: prepare and tokenize batches in DataLoader workers "
+        "(num_workers > 0, prefetch_factor) or a background thread, pre-tokenize the dataset, and let the CPU queue "
+        "the next step while the GPU runs (no per-step .item() or other sync before it).",
+    ),
+    Cause(
+        "thread_wait",
+        (THREAD_WAIT,),
+        "waits for another thread or process",
+        "Give the producer more capacity (DataLoader num_workers, prefetch_factor, persistent_workers=True) or "
+        "shorten what the threads hold each other up for (locks around logging, checkpointing, queues).",
+    ),
+    Cause(
+        "os_calls",
+        (OS_CALL,),
+        "is inside OS calls",
+        "Move file, network and sleep calls off the training thread (a background thread, or between steps "
+        "only every N steps).",
+    ),
+    Cause(
+        "copy_calls",
+        (COPY,),
+        "issues memory copies and sets",
+        "Copy from pinned memory with non_blocking=True, batch small copies into one, and keep data that is "
+        "needed on the GPU there.",
+    ),
+)
+
+
+def _per_step(rows: pd.DataFrame, clock: StepClock, order: dict) -> np.ndarray:
+    per_step = np.zeros(clock.steps)
+    if len(rows):
+        sums = rows.groupby("step")["idle_ns"].sum()
+        np.add.at(per_step, [order.get(int(s), 0) for s in sums.index], sums.to_numpy(float))
+    return per_step
+
+
+def _listed(rows: pd.DataFrame, column: str, steps: int) -> str:
+    top = rows.groupby(column)["idle_ns"].sum().sort_values(ascending=False).head(NAMES_LISTED)
+    return ", ".join(f"`{name}` {ms(ns / steps)}" for name, ns in top.items())
+
+
+def idle_findings(causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame) -> list[Finding]:
+    """A finding for each cause of GPU idle time (CAUSES) that holds at least MIN_SHARE_PCT of the median
+    step: the gain is its share (idle time that fixing it removes), with the calls and ranges that hold most."""
+    if causes.empty:
+        return []
+    numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
+    order = {int(s): i for i, s in enumerate(numbers)}
+    idle = _per_step(causes, clock, order)
+    outside_data = causes[causes["range"] != DATA_RANGE]
+    findings = []
+    for cause in CAUSES:
+        rows = outside_data[outside_data["cause"].isin(cause.causes)]
+        per_step = _per_step(rows, clock, order)
+        gain = clock.share(per_step)
+        if gain < MIN_SHARE_PCT:
+            continue
+        calls = rows[rows["source"] != "own code"]
+        where = f" Calls: {_listed(calls, 'name', clock.steps)} per step." if len(calls) else ""
+        findings.append(
+            Finding(
+                cause.rule,
+                severity_of(gain),
+                f"The GPU idles {gain:.1f}% of the step while the CPU {cause.doing}",
+                f"{ms(float(np.median(per_step)))} per step (median of {clock.steps}) of the "
+                f"{ms(float(np.median(idle)))} the GPU idles in a step ({pct(np.median(idle), clock.step_ns):.1f}% "
+                f"of it), in {int(rows['pieces'].sum()):,} stretches.{where} Innermost NVTX ranges open on the "
+                f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step.",
+                cause.recommendation,
+                gain,
+                f"GPU idle (no device busy) while the thread that fed it next was {cause.rule.replace('_', ' ')}: "
+                f"idle_causes, {clock.scope(per_step)}",
+            )
+        )
+    return findings

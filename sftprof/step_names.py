@@ -1,0 +1,31 @@
+"""How a capture's step ranges are named: shared by the configuration (checked before a run) and the analyses."""
+
+from __future__ import annotations
+
+import re
+
+from sftprof.errors import SftprofError
+
+# A training step's range, as common loops name it, in any case and NVTX domain (`domain:`): `step N`
+# (sftprof's trainer, NeMo's callback), `iteration N`, `iter N`, `train_step N`, `global_step N` (a space,
+# `_`, `#` or nothing before the number); or the PyTorch profiler's `ProfilerStep#N` (torch.profiler's
+# step()), used only where no other step range exists. Up to 18 digits: every such number fits int64; a
+# longer one names no training step. `sftprof analyze --step-range REGEX` replaces it (step_pattern).
+STEP_RANGE = re.compile(
+    r"^(?:(?:.*:)?(?:train[_ ]?|global[_ ]?)?(?:step|iteration|iter)[ _#]?(\d{1,18})|ProfilerStep#(\d{1,18}))$",
+    re.IGNORECASE,
+)
+
+
+def step_pattern(text: str | None = None) -> re.Pattern:
+    """The pattern step ranges are found by: STEP_RANGE, or a user's regular expression whose first group that
+    matches is the step number (`--step-range 'epoch \\d+ batch (\\d+)'`)."""
+    if text is None:
+        return STEP_RANGE
+    try:
+        pattern = re.compile(text)
+    except re.error as exc:
+        raise SftprofError(f"step range pattern {text!r}: not a regular expression ({exc})") from None
+    if not pattern.groups:
+        raise SftprofError(f"step range pattern {text!r}: needs a group, in parentheses, around the step number")
+    return pattern

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# foreign_loop.py's cases on the H200 with its Nsight Systems 2025.3.1 (../shared/nsys-lab/README.md).
+# Usage: foreign_cases.sh DEBS WORK capture CASE...   each CASE under nsys (iterations 10-13 of 16),
+#                                                     exported to WORK/foreign_CASE.sqlite
+#        foreign_cases.sh DEBS WORK measure ROUNDS    no profiler: every case against clean,
+#                                                     alternating, ROUNDS times, into WORK/measured.jsonl
+#        foreign_cases.sh DEBS WORK all CASE...       one measure round, the captures, a second round
+#                                                     if it can start by ROUND2_BY seconds (420)
+# BUDGET_S (default 470): no capture starts after that many seconds.
+# DEBS holds libdw1 and libelf1 (.deb), which 2025.3.1's importer needs there.
+set -uo pipefail
+debs=${1:?debs}; work=${2:?work}; mode=${3:?mode}; shift 3
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p /tmp/dw "$work"
+for f in "$debs"/*.deb; do dpkg -x "$f" /tmp/dw; done
+export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nsys=/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys
+loop=(python3 "$here/foreign_loop.py")
+measure_round() {
+  local t0=$SECONDS
+  "${loop[@]}" clean eager_attention clean fp32 clean tokenize_no_nvtx clean foreach_off clean checkpointing \
+    --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" || echo "== round failed"
+  for case in clean no_cache_alloc; do
+    env=(); [ "$case" = no_cache_alloc ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    env "${env[@]}" "${loop[@]}" "$case" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" \
+      || echo "== $case failed"
+  done
+  echo "== measure round $((SECONDS - t0)) s"
+}
+if [ "$mode" = all ]; then
+  measure_round
+fi
+if [ "$mode" = capture ] || [ "$mode" = all ]; then
+  for case in "$@"; do
+    (( SECONDS > ${BUDGET_S:-470} )) && { echo "== $case skipped: out of time"; continue; }
+    env=(); [ "$case" = no_cache_alloc ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    t0=$SECONDS
+    env "${env[@]}" "$nsys" profile --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
+      --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o "$work/foreign_$case" \
+      "${loop[@]}" "$case" --iterations 16 --window 10 13 --out "$work/profiled.jsonl" > "$work/$case.log" 2>&1
+    echo "== $case capture rc=$? $((SECONDS - t0)) s"; tail -n 3 "$work/$case.log"
+    "$nsys" export --type sqlite -f true -o "$work/foreign_$case.sqlite" "$work/foreign_$case.nsys-rep" > /dev/null 2>&1
+    echo "   export rc=$? $(du -h "$work/foreign_$case.sqlite" 2>/dev/null | cut -f1)"
+  done
+fi
+if [ "$mode" = measure ]; then
+  for round in $(seq "${1:-2}"); do measure_round; done
+elif [ "$mode" = all ] && (( SECONDS < ${ROUND2_BY:-420} )); then
+  measure_round
+fi

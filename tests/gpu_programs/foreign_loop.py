@@ -1,0 +1,207 @@
+"""A training loop that is not sftprof's, on a model family sftprof's own cases never used.
+
+A GPT-NeoX (Pythia-410M shape: 24 layers, hidden 1024, 16 heads, vocab 50,304) from
+transformers, random init, sequence 1024, micro-batch 8, bf16 weights, fused AdamW. Its NVTX
+ranges are `iteration N` with `fetch`, `loss_fn` and `update` inside: none of sftprof's names.
+Each CASE plants one problem (`clean` plants none), so that the saving of its fix is
+1 - clean / CASE, measured without the profiler:
+
+  clean            SDPA attention, bf16 weights, fused AdamW, pinned batches copied ahead
+  eager_attention  attn_implementation="eager" (softmax and batched GEMMs over seq x seq)
+  no_cache_alloc   PYTORCH_NO_CUDA_MEMORY_CACHING=1 (cudaMalloc/cudaFree for every tensor)
+  fp32             float32 weights, no autocast (PyTorch's default: no TF32)
+  tokenize_no_nvtx about 60 ms of pure-Python tokenising per iteration in the main thread,
+                   and no NVTX ranges at all
+  foreach_off      AdamW(foreach=False, fused=False): a loop of small kernels per parameter
+  checkpointing    gradient checkpointing on, with memory to spare (recomputes the forward)
+
+Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] --out FILE.jsonl
+Several cases run one after another in one process (no_cache_alloc needs its own process,
+the variable is read when CUDA starts). With --window, iterations A..B run between
+cudaProfilerStart and cudaProfilerStop (for nsys --capture-range=cudaProfilerApi). Each
+iteration's wall time (it ends with loss.item(), as most loops log) goes to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+CASES = ("clean", "eager_attention", "no_cache_alloc", "fp32", "tokenize_no_nvtx", "foreach_off", "checkpointing")
+SEQ, BATCH, VOCAB = 1024, 8, 50304
+TOKENIZE_TARGET_S = 0.06
+
+
+class Nvtx:
+    """NVTX ranges, or nothing (the tokenize_no_nvtx case has none at all)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def push(self, name: str) -> None:
+        if self.on:
+            torch.cuda.nvtx.range_push(name)
+
+    def pop(self) -> None:
+        if self.on:
+            torch.cuda.nvtx.range_pop()
+
+
+def build_model(case: str) -> torch.nn.Module:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        rotary_pct=0.25,
+        max_position_embeddings=2048,
+        use_cache=False,
+    )
+    attention = "eager" if case == "eager_attention" else "sdpa"
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM._from_config(config, attn_implementation=attention)
+    dtype = torch.float32 if case == "fp32" else torch.bfloat16
+    model = model.to(device="cuda", dtype=dtype)
+    model.train()
+    if case == "checkpointing":
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def make_tokenizer(seed_text: str):
+    """A pure-Python greedy longest-match tokenizer over a fixed vocabulary of substrings."""
+    vocab: dict[str, int] = {}
+    for width in (4, 3, 2, 1):
+        for i in range(0, len(seed_text) - width, 7):
+            vocab.setdefault(seed_text[i : i + width], len(vocab) % VOCAB)
+
+    def tokenize(text: str) -> list[int]:
+        ids, i = [], 0
+        while i < len(text):
+            for width in (4, 3, 2, 1):
+                piece = text[i : i + width]
+                if piece in vocab:
+                    ids.append(vocab[piece])
+                    i += width
+                    break
+            else:
+                ids.append(ord(text[i]) % VOCAB)
+                i += 1
+        return ids
+
+    return tokenize
+
+
+def corpus(n_chars: int) -> str:
+    words = "the of and to in is was for on that with by as at from it an be this are which".split()
+    out, k = [], 0
+    while sum(map(len, out)) < n_chars:
+        out.append(words[(k * 7919) % len(words)] + ("." if k % 13 == 0 else ""))
+        k += 1
+    return " ".join(out)
+
+
+def calibrated_text(tokenize) -> str:
+    """Text whose tokenising takes about TOKENIZE_TARGET_S here (fixed for the whole run)."""
+    probe = corpus(20000)
+    started = time.perf_counter()
+    for _ in range(5):
+        tokenize(probe)
+    per_char = (time.perf_counter() - started) / (5 * len(probe))
+    return corpus(int(TOKENIZE_TARGET_S / per_char))
+
+
+def run_case(case: str, iterations: int, window: tuple[int, int] | None, out) -> None:
+    model = build_model(case)
+    if case == "foreach_off":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False, fused=False)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    nvtx = Nvtx(on=case != "tokenize_no_nvtx")
+    generator = torch.Generator().manual_seed(1)
+    host = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator).pin_memory() for _ in range(4)]
+    tokenize = text = None
+    if case == "tokenize_no_nvtx":
+        tokenize = make_tokenizer(corpus(50000))
+        text = calibrated_text(tokenize)
+    next_batch = host[0].to("cuda", non_blocking=True)
+    for it in range(iterations):
+        if window and it == window[0]:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+        started = time.perf_counter()
+        nvtx.push(f"iteration {it}")
+        nvtx.push("fetch")
+        batch = next_batch
+        if tokenize is not None:
+            ids = tokenize(text)  # the Python work on the critical path
+            ids = (ids * (BATCH * SEQ // max(len(ids), 1) + 1))[: BATCH * SEQ]
+            batch = torch.tensor(ids[: BATCH * SEQ], dtype=torch.long).view(BATCH, SEQ) % VOCAB
+            batch = batch.pin_memory().to("cuda", non_blocking=True)
+        else:
+            next_batch = host[(it + 1) % len(host)].to("cuda", non_blocking=True)
+        nvtx.pop()
+        nvtx.push("loss_fn")
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        nvtx.pop()
+        nvtx.push("update")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        nvtx.pop()
+        logged = loss.item()
+        nvtx.pop()
+        elapsed = time.perf_counter() - started
+        in_window = bool(window and window[0] <= it <= window[1])
+        out.write(
+            json.dumps({"case": case, "iteration": it, "s": elapsed, "in_window": in_window, "loss": logged}) + "\n"
+        )
+        out.flush()
+        if window and it == window[1]:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+    del model, optimizer
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def gemm_rates(out) -> None:
+    """Measured dense GEMM rates here (bf16, fp32 without TF32) for the precision gain model."""
+    for dtype in (torch.bfloat16, torch.float32):
+        a = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+        b = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+        for _ in range(3):
+            a @ b
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - started) / 10
+        out.write(json.dumps({"gemm": str(dtype), "tflops": 2 * 8192**3 / seconds / 1e12}) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cases", nargs="+", choices=CASES + ("gemm_rates",))
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--window", type=int, nargs=2)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with open(args.out, "a") as out:
+        for case in args.cases:
+            if case == "gemm_rates":
+                gemm_rates(out)
+            else:
+                run_case(case, args.iterations, tuple(args.window) if args.window else None, out)
+
+
+if __name__ == "__main__":
+    main()
