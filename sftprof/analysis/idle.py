@@ -61,7 +61,7 @@ ALLOCATION, SYNCHRONIZATION, COPY, HOST_OVERHEAD, HOST_WORK, THREAD_WAIT, OS_CAL
 )
 CAUSE_NAMES = (ALLOCATION, SYNCHRONIZATION, COPY, HOST_OVERHEAD, HOST_WORK, THREAD_WAIT, OS_CALL, UNATTRIBUTED, QUEUED)
 COLUMNS = ["step", "cause", "source", "name", "range", "idle_ns", "pieces"]
-STEPS_A_BATCH = 32  # steps whose calls are fetched at once: memory holds their calls, not the capture's
+STEPS_A_BATCH = 256  # steps whose calls are fetched at once: memory holds their calls, not the capture's
 
 
 def call_cause(name: str) -> str:
@@ -184,6 +184,47 @@ class _NextWork:
         return np.where(found, self.launched[at], piece_ends), self.tids[at]
 
 
+class _Names:
+    """The CUDA and OS call names of the store (a few dozen each) with the cause of each, and its NVTX range
+    names: what the integer columns of _Pieces stand for."""
+
+    def __init__(self, events: EventStore):
+        self.api = cuda.call_names(events)
+        self.osrt = {int(i): str(name) for i, name in events.query("SELECT id, name FROM osrt_names").itertuples(False)}
+        self.ranges = np.asarray(nvtx.range_names(events), dtype=object)
+        self._api_cause = {i: CAUSE_NAMES.index(call_cause(name)) for i, name in self.api.items()}
+        self._os_cause = {
+            i: CAUSE_NAMES.index(THREAD_WAIT if WAIT_CALL.match(name) else OS_CALL) for i, name in self.osrt.items()
+        }
+
+    def api_cause_of(self, ids: np.ndarray) -> np.ndarray:
+        return pd.Series(ids).map(self._api_cause).fillna(CAUSE_NAMES.index(HOST_OVERHEAD)).to_numpy("int64")
+
+    def os_cause_of(self, ids: np.ndarray) -> np.ndarray:
+        return pd.Series(ids).map(self._os_cause).fillna(CAUSE_NAMES.index(OS_CALL)).to_numpy("int64")
+
+    def range_label(self, codes: np.ndarray) -> np.ndarray:
+        """Range codes as names: NO_RANGE for -1, UNNAMED_RANGE for a range without a name."""
+        labels = np.full(len(codes), NO_RANGE, dtype=object)
+        named = codes >= 0
+        labels[named] = [UNNAMED_RANGE if pd.isna(name) else str(name) for name in self.ranges[codes[named]]]
+        return labels
+
+    def label(self, source: str, name: int) -> str:
+        if source == SOURCES[CUDA_API]:
+            return self.api.get(int(name), "?")
+        if source == SOURCES[OS_RUNTIME]:
+            return self.osrt.get(int(name), "?")
+        if source == SOURCES[OWN]:
+            return str(self.range_label(np.array([name], "int64"))[0])
+        return QUEUED_NAME if source == SOURCES[GPU] else UNKNOWN_THREAD
+
+
+SOURCES = ("CUDA API", "OS runtime", "own code", "GPU", "none")
+CUDA_API, OS_RUNTIME, OWN, GPU, NONE = range(len(SOURCES))
+QUEUED_NAME = "launched before the GPU started it"
+
+
 def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd.DataFrame:
     """Per step, the GPU's idle time split by cause (module docstring): `cause`, `source` (CUDA API, OS
     runtime, own code), `name` (the call's, or the innermost NVTX range of own code), `range` (the innermost
@@ -192,8 +233,7 @@ def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd
     work."""
     if not clock.has_gpu:
         return pd.DataFrame(columns=COLUMNS)
-    names = cuda.call_names(events)
-    osrt_names = dict(events.query("SELECT id, name FROM osrt_names").itertuples(index=False))
+    names = _Names(events)
     step_numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
     parts = []
     for first in range(0, clock.steps, STEPS_A_BATCH):
@@ -206,54 +246,70 @@ def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd
         # the part of each piece after the next work was launched: queued, waiting for the GPU to start it
         cut = np.clip(launched, p_start, p_end)
         queued = cut < p_end
-        parts.append(
-            pd.DataFrame(
-                {
-                    "row": p_row[queued],
-                    "cause": QUEUED,
-                    "source": "GPU",
-                    "name": "launched before the GPU started it",
-                    "range": NO_RANGE,
-                    "idle_ns": p_end[queued] - cut[queued],
-                }
-            )
-        )
+        parts.append(_Pieces.alike(p_row[queued], p_end[queued] - cut[queued], QUEUED, GPU).summed())
         host = cut > p_start
         p_start, p_end, p_row, short, owner = p_start[host], cut[host], p_row[host], short[host], owner[host]
         for tid in np.unique(owner):
             mine = owner == tid
-            parts.append(
-                _thread_causes(
-                    events, int(tid), p_start[mine], p_end[mine], p_row[mine], short[mine], names, osrt_names
-                )
-            )
+            parts.append(_thread_causes(events, int(tid), p_start[mine], p_end[mine], p_row[mine], short[mine], names))
+    parts = [part for part in parts if len(part)]
     if not parts:
         return pd.DataFrame(columns=COLUMNS)
     frame = pd.concat(parts, ignore_index=True)
-    summed = frame.groupby(["row", "cause", "source", "name", "range"], as_index=False).agg(
-        idle_ns=("idle_ns", "sum"), pieces=("idle_ns", "size")
+    summed = frame.groupby(["row", "cause", "source", "name", "range"], as_index=False, sort=False).agg(
+        idle_ns=("idle_ns", "sum"), pieces=("pieces", "sum")
     )
-    summed.insert(0, "step", step_numbers[summed.pop("row").to_numpy("int64")])
+    summed["step"] = step_numbers[summed["row"].to_numpy("int64")]
+    summed["cause"] = np.asarray(CAUSE_NAMES, dtype=object)[summed["cause"].to_numpy("int64")]
+    summed["source"] = np.asarray(SOURCES, dtype=object)[summed["source"].to_numpy("int64")]
+    summed["range"] = names.range_label(summed["range"].to_numpy("int64"))
+    summed["name"] = [names.label(source, name) for source, name in zip(summed["source"], summed["name"], strict=True)]
     summed["idle_ns"] = summed["idle_ns"].astype("int64")
     return summed.sort_values(["step", "idle_ns"], ascending=[True, False], kind="stable")[COLUMNS].reset_index(
         drop=True
     )
 
 
-def _thread_causes(events, tid, p_start, p_end, p_row, short, names, osrt_names) -> pd.DataFrame:
+class _Pieces:
+    """Idle pieces as integer columns (step row; cause and source, as indices of CAUSE_NAMES and SOURCES; the
+    name's id in its source: a CUDA or OS call name id, or an NVTX range code; the innermost range's code),
+    summed at once."""
+
+    def __init__(self, row, cause, source, name, range_code, idle_ns):
+        self.columns = (row, cause, source, name, range_code)
+        self.idle_ns = idle_ns
+
+    @classmethod
+    def alike(cls, row: np.ndarray, idle_ns: np.ndarray, cause: str, source: int) -> _Pieces:
+        n, code = len(row), CAUSE_NAMES.index(cause)
+        return cls(row, np.full(n, code), np.full(n, source), np.full(n, -1), np.full(n, -1), idle_ns)
+
+    def summed(self) -> pd.DataFrame:
+        """Summed by all five columns (`pieces`: how many): a launch-bound step has a piece per kernel."""
+        keys = ["row", "cause", "source", "name", "range"]
+        if not len(self.idle_ns):
+            return pd.DataFrame(columns=[*keys, "idle_ns", "pieces"])
+        codes = [pd.factorize(np.asarray(column, dtype="int64")) for column in self.columns]
+        key = np.zeros(len(self.idle_ns), dtype="int64")  # the codes in one number: few of each per thread
+        for code, label in codes:
+            key = key * len(label) + code
+        group, inverse = np.unique(key, return_inverse=True)
+        frame = {}
+        for k in range(len(keys) - 1, -1, -1):
+            label = codes[k][1]
+            frame[keys[k]] = label[group % len(label)]
+            group = group // len(label)
+        frame = pd.DataFrame({k: frame[k] for k in keys})
+        frame["idle_ns"] = np.bincount(inverse, weights=self.idle_ns, minlength=len(frame)).astype("int64")
+        frame["pieces"] = np.bincount(inverse, minlength=len(frame))
+        return frame
+
+
+def _thread_causes(events, tid, p_start, p_end, p_row, short, names) -> pd.DataFrame:
     """One thread's share of the idle pieces, cut by its CUDA calls, then its OS calls, then its own code;
-    each cut piece with the innermost NVTX range open on the thread (`range`)."""
+    each cut piece with the innermost NVTX range open on the thread. `names`: _Names."""
     if tid < 0:
-        return pd.DataFrame(
-            {
-                "row": p_row,
-                "cause": UNATTRIBUTED,
-                "source": "none",
-                "name": UNKNOWN_THREAD,
-                "range": NO_RANGE,
-                "idle_ns": p_end - p_start,
-            }
-        )
+        return _Pieces.alike(p_row, p_end - p_start, UNATTRIBUTED, NONE).summed()
     lo, hi = int(p_start.min()), int(p_end.max())
     window = f'global_tid = {tid} AND start < {hi} AND "end" > {lo}'
     bounds = events.arrays(f'SELECT start AS t FROM nvtx WHERE {window} UNION SELECT "end" FROM nvtx WHERE {window}')
@@ -263,34 +319,28 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, osrt_names)
     api = events.arrays(f'SELECT start, "end", name_id FROM cuda_api WHERE {window}')
     a_start, a_end, order = _disjoint(api["start"], api["end"])
     s, e, a, b = _overlaps(a_start, a_end, p_start, p_end)
-    call = np.array([names.get(int(i), "?") for i in api["name_id"][order][a]], dtype=object)
-    parts = [(s, e, b, np.array([call_cause(n) for n in call], dtype=object), "CUDA API", call)]
+    ids = api["name_id"][order][a].astype("int64")
+    parts = [(s, e, b, names.api_cause_of(ids), CUDA_API, ids)]
     r_start, r_end, r_piece = _minus(p_start, p_end, piece, a_start, a_end)
     os_calls = events.arrays(f'SELECT start, "end", name_id FROM osrt WHERE {window}')
     o_start, o_end, order = _disjoint(os_calls["start"], os_calls["end"])
     s, e, a, b = _overlaps(o_start, o_end, r_start, r_end)
-    call = np.array([str(osrt_names.get(int(i), "?")) for i in os_calls["name_id"][order][a]], dtype=object)
-    waits = np.array([bool(WAIT_CALL.match(n)) for n in call], dtype=bool)
-    parts.append((s, e, r_piece[b], np.where(waits, THREAD_WAIT, OS_CALL).astype(object), "OS runtime", call))
+    ids = os_calls["name_id"][order][a].astype("int64")
+    parts.append((s, e, r_piece[b], names.os_cause_of(ids), OS_RUNTIME, ids))
     s, e, own = _minus(r_start, r_end, r_piece, o_start, o_end)
-    parts.append((s, e, own, np.where(short[own], HOST_OVERHEAD, HOST_WORK).astype(object), "own code", None))
+    cause = np.where(short[own], CAUSE_NAMES.index(HOST_OVERHEAD), CAUSE_NAMES.index(HOST_WORK))
+    parts.append((s, e, own, cause, OWN, None))
     starts, ends, pieces = (np.concatenate([part[i] for part in parts]) for i in range(3))
-    ranges = nvtx.innermost_ranges(
-        events, pd.DataFrame({"start": starts, "end": ends, "global_tid": np.full(len(starts), tid)})
-    )
-    range_name = np.full(len(starts), NO_RANGE, dtype=object)
-    range_name[ranges.index.to_numpy("int64")] = ranges.fillna(UNNAMED_RANGE).astype(str).to_numpy()
-    own_rows = slice(len(starts) - len(parts[-1][0]), len(starts))
-    return pd.DataFrame(
-        {
-            "row": p_row[pieces],
-            "cause": np.concatenate([part[3] for part in parts]),
-            "source": np.concatenate([np.full(len(part[0]), part[4], dtype=object) for part in parts]),
-            "name": np.concatenate([part[5] for part in parts[:-1]] + [range_name[own_rows]]),
-            "range": range_name,
-            "idle_ns": ends - starts,
-        }
-    )
+    range_code = nvtx.innermost_range_codes(events, starts, ends, np.full(len(starts), tid))
+    own_code = range_code[len(starts) - len(parts[-1][0]) :]
+    return _Pieces(
+        p_row[pieces],
+        np.concatenate([part[3] for part in parts]),
+        np.concatenate([np.full(len(part[0]), part[4]) for part in parts]),
+        np.concatenate([part[5] for part in parts[:-1]] + [own_code]),
+        range_code,
+        ends - starts,
+    ).summed()
 
 
 # ---------------------------------------------------------------- findings: the largest causes

@@ -419,6 +419,16 @@ def innermost_ranges(events: EventStore, calls: pd.DataFrame) -> pd.Series:
     return pd.Series(names[codes], index=calls.index.to_numpy()[call], dtype=object).rename("name").rename_axis("call")
 
 
+def innermost_range_codes(events: EventStore, starts: np.ndarray, ends: np.ndarray, tids: np.ndarray) -> np.ndarray:
+    """For each interval [starts[i], ends[i]) on thread tids[i], the name code (range_names) of the innermost NVTX
+    range containing it; -1 where none does."""
+    calls = pd.DataFrame({"start": starts, "end": ends, "global_tid": tids})
+    call, codes, _, _ = _calls_in_ranges(events, calls, enclosing=False)
+    found = np.full(len(starts), -1, dtype="int64")
+    found[call] = codes
+    return found
+
+
 class _RangeSums:
     """Kernels and their GPU time summed by range name as windows of launches pass: `exclusive` in the
     innermost range that holds a launch, `inclusive` in every range that does, `outside` per thread for
