@@ -80,7 +80,6 @@ REMEDIES = {
     },
     "fp32_gemm": {
         "torch": Remedy("bf16", {"sft": {"precision": "bf16"}}, "bf16 autocast: GEMMs on bf16 tensor cores"),
-        "nemo": Remedy("bf16-mixed", {"sft": {"nemo": {"precision": "bf16-mixed"}}}, "bf16 mixed precision (Megatron)"),
     },
     "memory_bound_kernel_mix": {
         "torch": Remedy("compiled", {"sft": {"compile": True}}, "torch.compile fuses chains of elementwise kernels"),
