@@ -45,7 +45,7 @@ def unfused_attention(events: EventStore) -> pd.DataFrame:
             "is_softmax": softmax.to_numpy(bool),
         }
     ).drop_duplicates("name_id")
-    if not kinds["is_softmax"].any():
+    if not kinds["is_softmax"].any() or (names["family"] == FUSED_ATTENTION).any():  # nothing unfused to find
         return pd.DataFrame(columns=COLUMNS)
     return events.query(
         """
@@ -72,11 +72,10 @@ def unfused_attention(events: EventStore) -> pd.DataFrame:
     )
 
 
-def unfused_attention_finding(runs: pd.DataFrame, families: pd.DataFrame, clock: StepClock) -> list[Finding]:
-    """Attention runs unfused (unfused_attention found softmax glue between GEMMs) and no fused attention kernel
-    ran: SDPA's flash or cuDNN backend would do it in one kernel. `families`: kernels.family_summary."""
-    fused = families[families["family"] == FUSED_ATTENTION] if len(families) else families
-    if runs.empty or len(fused):
+def unfused_attention_finding(runs: pd.DataFrame, clock: StepClock) -> list[Finding]:
+    """Attention runs unfused (unfused_attention found softmax glue between GEMMs, and no fused attention kernel
+    ran): SDPA's flash or cuDNN backend would do it in one kernel."""
+    if runs.empty:
         return []
     saved = clock.by_step(runs["start"], runs["glue_ns"] + runs["gemm_ns"])
     per_step = clock.gpu_side(saved)

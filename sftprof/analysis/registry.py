@@ -368,7 +368,7 @@ RULES: tuple[Rule, ...] = (
         ("padded", "token_ns", "clock"),
     ),
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
-    Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "kernel_families", "clock")),
+    Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock")),
     Rule(
         "interconnect",
         lambda kinds, host, totals, memops, events, copies, clock: rules.interconnect(
