@@ -4,9 +4,11 @@
 #                                                     exported to WORK/foreign_CASE.sqlite
 #        foreign_cases.sh DEBS WORK measure ROUNDS    no profiler: every case against clean,
 #                                                     alternating, ROUNDS times, into WORK/measured.jsonl
-#        foreign_cases.sh DEBS WORK all CASE...       one measure round, the captures, a second round
-#                                                     if it can start by ROUND2_BY seconds (420)
-# BUDGET_S (default 470): no capture starts after that many seconds.
+#        foreign_cases.sh DEBS WORK all CASE...       the captures, then measure rounds while one can
+#                                                     start by ROUND2_BY seconds (420)
+# With OUT set, WORK's exports, timings and logs are packed into $OUT/foreign_captures.tar.xz after each
+# capture and round, so a run cut off at its time limit keeps what it finished.
+# BUDGET_S (default 470): no capture starts after that many seconds; CASE_TIMEOUT_S (150) ends one that hangs.
 # DEBS holds libdw1 and libelf1 (.deb), which 2025.3.1's importer needs there.
 set -uo pipefail
 debs=${1:?debs}; work=${2:?work}; mode=${3:?mode}; shift 3
@@ -27,24 +29,28 @@ measure_round() {
   done
   echo "== measure round $((SECONDS - t0)) s"
 }
-if [ "$mode" = all ]; then
-  measure_round
-fi
+
+snapshot() {
+  [ -n "${OUT:-}" ] || return 0
+  (cd "$work" && tar -cJf "$OUT/foreign_captures.tar.xz.part" ./*.sqlite ./*.jsonl ./*.log 2>/dev/null \
+    && mv "$OUT/foreign_captures.tar.xz.part" "$OUT/foreign_captures.tar.xz")
+}
 if [ "$mode" = capture ] || [ "$mode" = all ]; then
   for case in "$@"; do
     (( SECONDS > ${BUDGET_S:-470} )) && { echo "== $case skipped: out of time"; continue; }
     env=(); [ "$case" = no_cache_alloc ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
     t0=$SECONDS
-    env "${env[@]}" "$nsys" profile --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
+    timeout "${CASE_TIMEOUT_S:-150}" env "${env[@]}" "$nsys" profile --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
       --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o "$work/foreign_$case" \
       "${loop[@]}" "$case" --iterations 16 --window 10 13 --out "$work/profiled.jsonl" > "$work/$case.log" 2>&1
     echo "== $case capture rc=$? $((SECONDS - t0)) s"; tail -n 3 "$work/$case.log"
     "$nsys" export --type sqlite -f true -o "$work/foreign_$case.sqlite" "$work/foreign_$case.nsys-rep" > /dev/null 2>&1
     echo "   export rc=$? $(du -h "$work/foreign_$case.sqlite" 2>/dev/null | cut -f1)"
+    snapshot
   done
 fi
 if [ "$mode" = measure ]; then
   for round in $(seq "${1:-2}"); do measure_round; done
-elif [ "$mode" = all ] && (( SECONDS < ${ROUND2_BY:-420} )); then
-  measure_round
+elif [ "$mode" = all ]; then
+  while (( SECONDS < ${ROUND2_BY:-420} )); do measure_round; snapshot; done
 fi

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -65,9 +66,9 @@ def build_model(case: str) -> torch.nn.Module:
     )
     attention = "eager" if case == "eager_attention" else "sdpa"
     torch.manual_seed(0)
-    model = GPTNeoXForCausalLM._from_config(config, attn_implementation=attention)
     dtype = torch.float32 if case == "fp32" else torch.bfloat16
-    model = model.to(device="cuda", dtype=dtype)
+    with torch.device("cuda"):  # initialised on the GPU: 410M parameters on the CPU take tens of seconds
+        model = GPTNeoXForCausalLM._from_config(config, attn_implementation=attention).to(dtype)
     model.train()
     if case == "checkpointing":
         model.gradient_checkpointing_enable()
@@ -118,7 +119,9 @@ def calibrated_text(tokenize) -> str:
 
 
 def run_case(case: str, iterations: int, window: tuple[int, int] | None, out) -> None:
+    started = time.perf_counter()
     model = build_model(case)
+    print(f"{case}: model built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     if case == "foreach_off":
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False, fused=False)
     else:
@@ -166,6 +169,8 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out) ->
         if window and it == window[1]:
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
+        if it in (0, iterations - 1):
+            print(f"{case}: iteration {it} {elapsed:.3f} s", file=sys.stderr, flush=True)
     del model, optimizer
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
