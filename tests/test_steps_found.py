@@ -60,6 +60,16 @@ def _copy(capture: str, tmp_path: Path, label: str, sql: str) -> Path:
     return path
 
 
+def _renamed(capture: str, tmp_path: Path, prefix: str) -> Path:
+    """A copy whose `step N` ranges are named `PREFIX N`."""
+    return _copy(
+        capture,
+        tmp_path,
+        prefix.strip(),
+        f"UPDATE NVTX_EVENTS SET text = '{prefix}' || substr(text, 6) WHERE text LIKE 'step %'",
+    )
+
+
 def _accounting(path: Path, step_range: str | None = None):
     analysis = analyze(load_trace(path), step_range=step_range)
     return analysis.tables["step_accounting"], analysis.headline["steps_found_by"]
@@ -82,12 +92,7 @@ def _agree(found, original) -> None:
 
 @pytest.mark.parametrize("capture", CAPTURES)
 def test_renamed_step_ranges_give_the_same_accounting(capture, originals, tmp_path):
-    renamed = _copy(
-        capture,
-        tmp_path,
-        "renamed",
-        "UPDATE NVTX_EVENTS SET text = 'Iteration ' || substr(text, 6) WHERE text LIKE 'step %'",
-    )
+    renamed = _renamed(capture, tmp_path, "Iteration ")
     found, how = _accounting(renamed)
     assert "'Iteration " in how
     assert found.drop(columns="evidence").equals(originals[capture].drop(columns="evidence"))
@@ -95,12 +100,7 @@ def test_renamed_step_ranges_give_the_same_accounting(capture, originals, tmp_pa
 
 @pytest.mark.parametrize("capture", CAPTURES)
 def test_a_users_pattern_finds_ranges_no_default_knows(capture, originals, tmp_path):
-    custom = _copy(
-        capture,
-        tmp_path,
-        "custom",
-        "UPDATE NVTX_EVENTS SET text = 'epoch 0 batch ' || substr(text, 6) WHERE text LIKE 'step %'",
-    )
+    custom = _renamed(capture, tmp_path, "epoch 0 batch ")
     found, how = _accounting(custom, step_range=r"epoch \d+ batch (\d+)")
     assert "'epoch 0 batch " in how
     assert list(found["step"]) == list(originals[capture]["step"])
@@ -115,12 +115,7 @@ def test_without_nvtx_the_steps_come_from_the_gpu_timeline(capture, originals, t
 
 
 def test_analyze_takes_a_step_pattern_and_refuses_a_bad_one(tmp_path, capsys):
-    custom = _copy(
-        "h200_sft_clean",
-        tmp_path,
-        "custom",
-        "UPDATE NVTX_EVENTS SET text = 'epoch 0 batch ' || substr(text, 6) WHERE text LIKE 'step %'",
-    )
+    custom = _renamed("h200_sft_clean", tmp_path, "epoch 0 batch ")
     assert main(["analyze", str(custom), "-o", str(tmp_path / "bad"), "--step-range", "epoch (\\d+"]) == 1
     assert "not a regular expression" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     assert main(["analyze", str(custom), "-o", str(tmp_path / "out"), "--step-range", r"batch (\d+)"]) == 0

@@ -1,6 +1,6 @@
 """Per-step accounting: where each training step's GPU time went, by phase, and what bounds the step.
 
-For each `step N` NVTX range (cpu.step_table):
+For each step (cpu.training_steps: the loop's step ranges, or steps inferred from the GPU timeline):
 
 GPU time by phase. A kernel belongs to the step and phase (cpu.PHASES: data, forward, backward,
 optimizer) whose ranges were open on its launching thread when its launching CUDA call started
@@ -9,7 +9,8 @@ the thread's NVTX segments, nvtx's cut of each thread's timeline, by binary sear
 launched by a thread that has no step ranges (PyTorch's pt_autograd_* threads run the backward pass
 and carry no NVTX range) is placed by time on its process's training thread (the thread with the
 step ranges): the ranges open there when it was launched; a kernel whose launch was not traced, by
-its own start. Kernels inside a step but outside every phase range are `other`. So `kernel_ns`
+its own start. Kernels inside a step but outside every phase range are `other`; inferred steps have no
+ranges, so each kernel is placed by its own start, in `other`. So `kernel_ns`
 (every kernel launched in the step, on any device) = data + forward + backward + optimizer + other,
 by construction; a step's kernels may run after its range ends (the host runs ahead of the GPU).
 
