@@ -453,7 +453,7 @@ def idle_findings(causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame) -
                 f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step.",
                 cause.recommendation,
                 gain,
-                f"GPU idle (no device busy) while the thread that fed it next was {cause.rule.replace('_', ' ')}: "
+                f"GPU idle (no device busy) while the thread that launched the next GPU work {cause.doing}: "
                 f"idle_causes, {clock.scope(per_step)}",
             )
         )
