@@ -319,20 +319,14 @@ def _frame(starts, ends) -> pd.DataFrame:
 
 def _intersect(merged: pd.DataFrame, starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The pieces of sorted disjoint `merged` inside each window [starts[i], ends[i]): (piece starts,
-    piece ends, the window's index i), by binary search (no pair of rows is compared one by one)."""
+    piece ends, the window's index i), by binary search (intervals.overlaps)."""
     starts, ends = np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64")
     if merged.empty or not len(starts):
         return _EMPTY, _EMPTY, _EMPTY
-    first = np.searchsorted(merged["end"].to_numpy("int64"), starts, side="right")
-    last = np.searchsorted(merged["start"].to_numpy("int64"), ends, side="left")
-    counts = np.maximum(last - first, 0)
-    index = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    window = np.repeat(np.arange(len(starts)), counts)
-    return (
-        np.maximum(merged["start"].to_numpy("int64")[index], starts[window]),
-        np.minimum(merged["end"].to_numpy("int64")[index], ends[window]),
-        window,
+    piece_starts, piece_ends, _, window = intervals.overlaps(
+        merged["start"].to_numpy("int64"), merged["end"].to_numpy("int64"), starts, ends
     )
+    return piece_starts, piece_ends, window
 
 
 class _Pieces:

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import cuda, nvtx
+from sftprof.analysis import cuda, intervals, nvtx
 from sftprof.analysis.findings import Finding, ms, pct, severity_of
 from sftprof.analysis.gains import StepClock
+from sftprof.analysis.utilisation import UNNAMED_RANGE
 from sftprof.trace.events import EventStore
 
 # Gaps up to this long are the host's per-launch overhead (a launch costs the CPU 5-30 µs, Python op dispatch
@@ -45,21 +46,19 @@ WAIT_CALL = re.compile(
     r"|futex|poll|ppoll|epoll_p?wait|select|pselect6?|wait4?|waitpid)$"
 )
 NO_RANGE = "(no NVTX range)"
-UNNAMED_RANGE = "(unnamed range)"  # an NVTX range pushed with no message
 UNKNOWN_THREAD = "(no CUDA call traced)"
-# Causes, each with the remedy a finding offers (rules.idle_causes).
-ALLOCATION, SYNCHRONIZATION, COPY, HOST_OVERHEAD, HOST_WORK, THREAD_WAIT, OS_CALL, UNATTRIBUTED, QUEUED = (
-    "allocation",
-    "synchronization",
-    "copy",
-    "host overhead",
-    "host work",
-    "waiting for another thread",
-    "OS call",
-    "unattributed",
-    "queued",
+# Causes of idle time; the findings (CAUSES, below) name the largest with their remedies.
+CAUSE_NAMES = (
+    ALLOCATION := "allocation",
+    SYNCHRONIZATION := "synchronization",
+    COPY := "copy",
+    HOST_OVERHEAD := "host overhead",
+    HOST_WORK := "host work",
+    THREAD_WAIT := "waiting for another thread",
+    OS_CALL := "OS call",
+    UNATTRIBUTED := "unattributed",
+    QUEUED := "queued",
 )
-CAUSE_NAMES = (ALLOCATION, SYNCHRONIZATION, COPY, HOST_OVERHEAD, HOST_WORK, THREAD_WAIT, OS_CALL, UNATTRIBUTED, QUEUED)
 COLUMNS = ["step", "cause", "source", "name", "range", "idle_ns", "pieces"]
 STEPS_A_BATCH = 256  # steps whose calls are fetched at once: memory holds their calls, not the capture's
 
@@ -77,18 +76,11 @@ def call_cause(name: str) -> str:
 
 
 def _overlaps(a_start, a_end, b_start, b_end):
-    """Every overlapping pair of sorted disjoint intervals a and sorted disjoint intervals b: (start, end,
-    index in a, index in b), found by binary search."""
+    """intervals.overlaps of a and b, without the pieces of no length that a touching pair gives."""
     if not len(a_start) or not len(b_start):
         empty = np.empty(0, "int64")
         return empty, empty, empty, empty
-    first = np.searchsorted(a_end, b_start, side="right")
-    last = np.searchsorted(a_start, b_end, side="left")
-    counts = np.maximum(last - first, 0)
-    b_index = np.repeat(np.arange(len(b_start)), counts)
-    a_index = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    starts = np.maximum(a_start[a_index], b_start[b_index])
-    ends = np.minimum(a_end[a_index], b_end[b_index])
+    starts, ends, a_index, b_index = intervals.overlaps(a_start, a_end, b_start, b_end)
     keep = ends > starts
     return starts[keep], ends[keep], a_index[keep], b_index[keep]
 
@@ -356,7 +348,7 @@ NAMES_LISTED = 3
 @dataclass(frozen=True)
 class Cause:
     rule: str
-    causes: tuple[str, ...]
+    cause: str  # of CAUSE_NAMES
     doing: str  # "the GPU idles X% of the step while the CPU ..."
     recommendation: str
 
@@ -364,7 +356,7 @@ class Cause:
 CAUSES = (
     Cause(
         "allocator_churn",
-        (ALLOCATION,),
+        ALLOCATION,
         "allocates and frees device memory",
         "Keep PyTorch's caching allocator on (unset PYTORCH_NO_CUDA_MEMORY_CACHING), set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where fragmentation makes it free and allocate again, "
@@ -372,7 +364,7 @@ CAUSES = (
     ),
     Cause(
         "launch_bound",
-        (HOST_OVERHEAD,),
+        HOST_OVERHEAD,
         f"launches kernels and runs the framework's code between them, each gap under {HOST_GAP_NS / 1e6:g} ms",
         "Cut the CPU's cost per unit of GPU work: capture the step in CUDA graphs (torch.compile(mode="
         "'reduce-overhead'), torch.cuda.graphs), fuse small ops (torch.compile), use fused implementations (a fused "
@@ -381,7 +373,7 @@ CAUSES = (
     ),
     Cause(
         "host_work",
-        (HOST_WORK,),
+        HOST_WORK,
         f"runs its own code for more than {HOST_GAP_NS / 1e6:g} ms at a time with nothing queued on the GPU",
         "Take that work off the training thread's critical path: prepare and tokenize batches in DataLoader workers "
         "(num_workers > 0, prefetch_factor) or a background thread, pre-tokenize the dataset, and let the CPU queue "
@@ -389,21 +381,21 @@ CAUSES = (
     ),
     Cause(
         "thread_wait",
-        (THREAD_WAIT,),
+        THREAD_WAIT,
         "waits for another thread or process",
         "Give the producer more capacity (DataLoader num_workers, prefetch_factor, persistent_workers=True) or "
         "shorten what the threads hold each other up for (locks around logging, checkpointing, queues).",
     ),
     Cause(
         "os_calls",
-        (OS_CALL,),
+        OS_CALL,
         "is inside OS calls",
         "Move file, network and sleep calls off the training thread (a background thread, or between steps "
         "only every N steps).",
     ),
     Cause(
         "copy_calls",
-        (COPY,),
+        COPY,
         "issues memory copies and sets",
         "Copy from pinned memory with non_blocking=True, batch small copies into one, and keep data that is "
         "needed on the GPU there.",
@@ -435,7 +427,7 @@ def idle_findings(causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame) -
     outside_data = causes[causes["range"] != DATA_RANGE]
     findings = []
     for cause in CAUSES:
-        rows = outside_data[outside_data["cause"].isin(cause.causes)]
+        rows = outside_data[outside_data["cause"] == cause.cause]
         per_step = _per_step(rows, clock, order)
         gain = clock.share(per_step)
         if gain < MIN_SHARE_PCT:

@@ -189,6 +189,17 @@ def overlap_ns(starts, ends, window_start: int, window_end: int) -> np.ndarray:
     return np.clip(np.minimum(ends, window_end) - np.maximum(starts, window_start), 0, None)
 
 
+def overlaps(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every overlapping pair of sorted disjoint intervals a and sorted intervals b (as starts and ends), by binary
+    search (no pair is compared one by one): the overlap's start and end, its index in a and its index in b."""
+    first = np.searchsorted(a_end, b_start, side="right")
+    last = np.searchsorted(a_start, b_end, side="left")
+    counts = np.maximum(last - first, 0)
+    a_index = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    b_index = np.repeat(np.arange(len(b_start)), counts)
+    return np.maximum(a_start[a_index], b_start[b_index]), np.minimum(a_end[a_index], b_end[b_index]), a_index, b_index
+
+
 def position_ranges(first: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """first[i], first[i] + 1, ... counts[i] numbers from each, one after another."""
     offsets = np.cumsum(counts) - counts
