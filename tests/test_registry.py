@@ -1,5 +1,6 @@
 """The analysis registry: what analyze() saves is what the registry lists, and the docs page says so."""
 
+import sys
 from pathlib import Path
 
 from sftprof.analysis import analyze
@@ -27,3 +28,10 @@ def test_analysis_saves_exactly_the_registered_tables():
     result = analyze(load_trace(FIXTURES / "h200_plant_pageable.sqlite"), progress.append)
     assert list(result.tables) == list(SAVED_TABLES)
     assert progress == list(dict.fromkeys(section.stage for section in SECTIONS))
+
+
+def test_every_entry_names_a_function_of_an_analysis_module():
+    """No lambdas: the docs read each rule's own docstring, and a reader finds each value's code by its name."""
+    for entry in [*(s.compute for s in SECTIONS), *(r.check for r in RULES)]:
+        assert entry.__module__.startswith("sftprof.analysis."), entry
+        assert getattr(sys.modules[entry.__module__], entry.__name__, None) is entry, entry

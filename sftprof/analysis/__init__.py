@@ -74,6 +74,7 @@ def analyze(
     values = {
         "tables": tables,
         "events": tables.events,
+        "span_ns": tables.span_ns,
         "metrics": metrics or RunMetrics(),
         "step_pattern": step_pattern(step_range),
     }

@@ -732,3 +732,18 @@ def run_bound(accounting: pd.DataFrame) -> dict:
         "idle_pct": float(pct(accounting["idle_ns"].sum(), total)),
         "steps": len(accounting),
     }
+
+
+def accounted_steps(
+    tables, waits: cuda.WaitCalls, launches: LaunchSums, busy: gpu.BusyUnions, nvtx_gpu: pd.DataFrame
+) -> pd.DataFrame:
+    """step_accounting once `nvtx_gpu` is done: nvtx.gpu_time_by_range fills `launches` as it joins kernels to
+    their launches, one join for both."""
+    return step_accounting(tables, waits, launches, busy)
+
+
+def token_ns(step_costs: pd.DataFrame) -> float | None:
+    """Work that grows with the tokens: every kernel of the step but the optimizer's (per parameter)."""
+    if not len(step_costs):
+        return None
+    return float((step_costs["kernel_ns"] - step_costs[f"{cpu.PHASES[-1]}_gpu_ns"]).median())

@@ -220,8 +220,7 @@ def _compute_bound_advice(gemm_precision: pd.DataFrame, run_precision: str | Non
 
 
 def verdict_finding(result: dict, gemm_precision: pd.DataFrame, run_precision: str | None = None) -> Finding:
-    """The verdict as a finding (a diagnosis: no gain of its own); compute-bound advice follows the
-    GEMMs' precision (gemm_precision_known)."""
+    """The verdict's finding (verdict_findings), its advice by `gemm_precision` and the run's precision."""
     kernels, confidence = result["kernels"], result["confidence"]
     if result["host_bound"]:
         return Finding(
@@ -248,3 +247,19 @@ def verdict_finding(result: dict, gemm_precision: pd.DataFrame, run_precision: s
         f"GPU busy {result['busy_pct']:.1f}% of its active span. {result['basis']}.",
         advice.get(kernels, "Compare SM issue with DRAM throughput kernel by kernel in Nsight Compute."),
     )
+
+
+def kernel_verdict(mix: dict, busy_pct: float | None, metric_means: dict, kernel_totals: dict) -> dict | None:
+    """The verdict, where any kernel ran (gpu.kernel_totals)."""
+    return verdict(mix, busy_pct, metric_means) if kernel_totals["count"] else None
+
+
+def bound_evidence(mix: dict, busy_pct: float | None, metric_means: dict, result: dict | None) -> pd.DataFrame:
+    """evidence_table where there is a verdict; empty where no kernel ran."""
+    return evidence_table(mix, busy_pct, metric_means) if result else pd.DataFrame()
+
+
+def verdict_findings(result: dict | None, gemm_precision: pd.DataFrame, run_precision: str | None) -> list[Finding]:
+    """The verdict as a finding (a diagnosis: no gain of its own); compute-bound advice follows the
+    GEMMs' precision (gemm_precision_known)."""
+    return [verdict_finding(result, gemm_precision, run_precision)] if result else []

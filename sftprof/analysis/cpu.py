@@ -9,9 +9,11 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import cuda, step_inference
+from sftprof.analysis.sched import CoreUse
 from sftprof.analysis.stats import finish_summary, grouped_summary
 from sftprof.step_names import STEP_RANGE
 from sftprof.trace.events import THREAD_IDS, sql_in
+from sftprof.trace.tables import TraceTables
 
 # nsys injects its own threads into the profiled process: "[NSys]", "[NSys Comms]", "*2CommsProcesso"...
 PROFILER_THREAD = re.compile(r"^(\[NSys|\*\d)")
@@ -290,6 +292,12 @@ def thread_labels(threads: pd.DataFrame) -> dict:
     }
 
 
+def feeders(labels: dict, api_threads: pd.DataFrame) -> dict:
+    """The labelled threads that launch GPU work (`api_threads`: cuda.calls_by_thread)."""
+    launching = set(api_threads["global_tid"])
+    return {tid: label for tid, label in labels.items() if tid in launching}
+
+
 def thread_osrt(tables, threads: pd.DataFrame) -> pd.DataFrame:
     """Per application thread and OS-runtime call: calls and time inside the capture (long table)."""
     columns = ["thread", "role", "tid", "call", "calls", "total_ns", "capture_pct"]
@@ -334,3 +342,11 @@ def thread_states(
     )
     active = (frame[["running_pct", "os_calls_pct", "gpu_wait_pct"]].fillna(0) > 0).any(axis=1) | (frame["role"] != "")
     return frame[active][columns].reset_index(drop=True)
+
+
+def thread_state_table(
+    threads: pd.DataFrame, use: CoreUse, tables: TraceTables, sched_traced: bool, cuda_api: pd.DataFrame
+) -> pd.DataFrame:
+    """thread_states, CUDA counted as traced where it was asked for or any CUDA call was recorded."""
+    cuda_traced = "cuda" in tables.sources or not cuda_api.empty
+    return thread_states(threads, use.running, tables.span_ns, sched_traced, cuda_traced)

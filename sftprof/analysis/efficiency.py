@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from sftprof.trace.metrics import RunMetrics
+from sftprof.trace.tables import TraceTables
+
 # Sparsity: NVIDIA's Hopper and Blackwell datasheets print tensor-core figures "with sparsity" (2:4
 # structured sparsity, which dense training does not use) and say that without it they are half as
 # large. Every figure below is DENSE: where the datasheet prints only the sparse figure it is halved;
@@ -284,3 +287,36 @@ def padding(steps: pd.DataFrame) -> Padding:
     )
     overall = 100.0 * (1 - real.sum() / slots.sum()) if len(known) else None
     return Padding(frame.reset_index(drop=True), float(overall) if overall is not None else None)
+
+
+def measured_steps(metrics: RunMetrics) -> pd.DataFrame:
+    """The trainer's steps that MFU and padding are measured on: all but the first (warm-up:
+    allocator growth, autotuning, compilation) where there are more."""
+    steps = metrics.steps
+    return steps.iloc[1:] if len(steps) > 1 else steps
+
+
+def device_name(tables: TraceTables) -> str | None:
+    """The first GPU's name, which peak_for reads the datasheet peak by."""
+    names = tables.gpus["name"].dropna() if len(tables.gpus) else pd.Series(dtype=object)
+    return names.iloc[0] if len(names) else None
+
+
+def utilization(steps: pd.DataFrame, metrics: RunMetrics, device: str | None) -> Mfu | None:
+    """mfu of the measured steps, with the run's model facts."""
+    return mfu(steps, metrics.run, device)
+
+
+def metrics_precision(metrics: RunMetrics) -> str | None:
+    """run_precision of the trainer's run facts."""
+    return run_precision(metrics.run)
+
+
+def padding_steps(padded: Padding) -> pd.DataFrame:
+    """Padding per trainer step: the saved table of padding."""
+    return padded.steps
+
+
+def mfu_steps(result: Mfu | None) -> pd.DataFrame:
+    """MFU per trainer step: the saved table of mfu, empty where it is unknown."""
+    return result.steps if result else pd.DataFrame()

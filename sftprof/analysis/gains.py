@@ -309,3 +309,10 @@ def foreach_optimizer_kernels(events: EventStore) -> pd.DataFrame:
     ids = [] if fused.any() else [int(i) for i in foreach]
     return events.query(f"""SELECT start, duration FROM kernels WHERE name_id IN ({", ".join(map(str, ids or [-1]))})
                             ORDER BY start""")
+
+
+def step_clock(
+    steps: pd.DataFrame, span_ns: int, busy: dict[int, gpu.DeviceBusy], events: EventStore, waits: cuda.WaitCalls
+) -> StepClock:
+    """The clock every gain is measured by: the steps, when any GPU was busy and when the CPU waited for one."""
+    return StepClock.of(steps, span_ns, gpu.all_devices_busy(busy), cpu_waits(events, waits))

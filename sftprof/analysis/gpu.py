@@ -274,3 +274,8 @@ def gpu_busy(busy: dict[int, DeviceBusy]) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows, columns=["device_id", "span_ns", "busy_ns", "busy_pct"])
+
+
+def operations_busy(unions: BusyUnions) -> dict[int, DeviceBusy]:
+    """Each device's union of kernels and memory operations: what busy time, gaps and the timeline read."""
+    return unions.operations

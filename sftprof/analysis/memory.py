@@ -16,7 +16,7 @@ import pandas as pd
 
 from sftprof.analysis import intervals
 from sftprof.analysis.cuda import base_name, call_names, name_ids
-from sftprof.analysis.gpu import KernelsBusy, kernels_busy_in, start_windows
+from sftprof.analysis.gpu import BusyUnions, KernelsBusy, kernels_busy_in, start_windows
 from sftprof.analysis.stats import grouped_summary
 from sftprof.trace import events as store
 from sftprof.trace.events import EventStore, labelled_columns, sql_in
@@ -158,3 +158,18 @@ class CopyCalls:
             joined = f"""JOIN cuda_api a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
                          AND {sql_in("a.name_id", ids)}"""
         return f'SELECT {columns} FROM memops m {joined} WHERE {where} ORDER BY m.start, m."row"'
+
+
+def memop_kinds(kernel_totals: dict, memop_totals: dict, events: EventStore) -> pd.DataFrame:
+    """kind_share of all GPU time: the kernels' (gpu.kernel_totals) and the memory operations' (totals)."""
+    return kind_share(kernel_totals["total_ns"], memop_totals["ns"], events)
+
+
+def crossing(kernel_totals: dict, memop_totals: dict, events: EventStore) -> dict:
+    """interconnect_share of all GPU time: the kernels' (gpu.kernel_totals) and the memory operations' (totals)."""
+    return interconnect_share(kernel_totals["total_ns"], memop_totals["ns"], events)
+
+
+def copy_calls(events: EventStore, unions: BusyUnions) -> CopyCalls:
+    """The copy rules' view of the memory operations, exposed where no kernel ran (busy_unions' `kernels`)."""
+    return CopyCalls(events, unions.kernels)

@@ -106,7 +106,7 @@ def gpu_findings(
     tables: TraceTables,
     kernel_sum: pd.DataFrame,
     top: pd.Series | None,
-    kernel_ns: int,
+    kernel_totals: dict,
     memops: dict,
     busy: pd.DataFrame,
 ) -> list[Finding]:
@@ -140,7 +140,7 @@ def gpu_findings(
                 f"{shapes} launch shape{'s' if shapes != 1 else ''}).",
             )
         )
-    memop_ns = memops["ns"]
+    kernel_ns, memop_ns = kernel_totals["total_ns"], memops["ns"]
     if kernel_ns + memop_ns:
         share = 100.0 * memop_ns / (kernel_ns + memop_ns)
         findings.append(

@@ -5,9 +5,10 @@ marked `saved` are the result tables (analysis/NAME.csv) the report and `compare
 are intermediates. A Rule turns values into findings. `analyze` walks SECTIONS in order, then
 RULES; docs/ANALYSES.md is generated from both (`python -m sftprof.analysis`).
 
-Four values exist before any section: `tables` (the loader's TraceTables), `events` (its
-kernels and CUDA API calls), `metrics` (the trainer's RunMetrics, possibly empty) and
-`step_pattern` (the regular expression step ranges are named by, cpu.step_pattern).
+Five values exist before any section: `tables` (the loader's TraceTables), `events` (its
+kernels and CUDA API calls), `span_ns` (the capture's span), `metrics` (the trainer's RunMetrics, possibly
+empty) and `step_pattern` (the regular expression step ranges are named by, cpu.step_pattern). Every
+compute and check is a named function of its module, called with the inputs in order: the docs read it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import pandas as pd
 
 from sftprof.analysis import (
     accounting,
@@ -37,9 +36,8 @@ from sftprof.analysis import (
     sched,
     utilisation,
 )
-from sftprof.trace.load import from_nsys
 
-BASE_VALUES = ("tables", "events", "metrics", "step_pattern")
+BASE_VALUES = ("tables", "events", "span_ns", "metrics", "step_pattern")
 
 
 @dataclass(frozen=True)
@@ -62,31 +60,6 @@ class Rule:
 
 def _saved(name: str, compute: Callable, inputs: tuple[str, ...], stage: str, title: str, beside=False) -> Section:
     return Section(name, compute, inputs, stage, title, saved=True, beside=beside)
-
-
-def _measured_steps(metrics) -> pd.DataFrame:
-    """The trainer's steps that MFU and padding are measured on: all but the first (warm-up:
-    allocator growth, autotuning, compilation) where there are more."""
-    steps = metrics.steps
-    return steps.iloc[1:] if len(steps) > 1 else steps
-
-
-def _feeders(labels: dict, api_threads: pd.DataFrame) -> dict:
-    """The labelled threads that launch GPU work."""
-    launching = set(api_threads["global_tid"])
-    return {tid: label for tid, label in labels.items() if tid in launching}
-
-
-def _device_name(tables) -> str | None:
-    names = tables.gpus["name"].dropna() if len(tables.gpus) else pd.Series(dtype=object)
-    return names.iloc[0] if len(names) else None
-
-
-def _token_ns(step_costs: pd.DataFrame) -> float | None:
-    """Work that grows with the tokens: every kernel of the step but the optimizer's (per parameter)."""
-    return (
-        float((step_costs["kernel_ns"] - step_costs[f"{cpu.PHASES[-1]}_gpu_ns"]).median()) if len(step_costs) else None
-    )
 
 
 K, B, T, N, F = "kernels", "GPU busy time", "CUDA API calls and threads", "NVTX ranges", "findings"
@@ -129,16 +102,16 @@ SECTIONS: tuple[Section, ...] = (
     Section("memop_totals", memory.totals, ("events",), K),
     _saved(
         "sync_calls",
-        lambda events, t: cuda.sync_calls(events, t.span_ns),
-        ("events", "tables"),
+        cuda.sync_calls,
+        ("events", "span_ns"),
         K,
         "synchronizing CUDA calls: count, time and where they were made",
         beside=True,
     ),
     Section(
         "chains",
-        lambda events, steps, t: gains.elementwise_chains(events, steps, t.span_ns),
-        ("events", "steps", "tables"),
+        gains.elementwise_chains,
+        ("events", "steps", "span_ns"),
         K,
         beside=True,
     ),
@@ -167,7 +140,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
     Section("attention_runs", excess.unfused_attention, ("events",), K),
     Section("busy_unions", gpu.busy_unions, ("events",), B),
-    Section("busy_by_device", lambda unions: unions.operations, ("busy_unions",), B),
+    Section("busy_by_device", gpu.operations_busy, ("busy_unions",), B),
     _saved("gpu_busy", gpu.gpu_busy, ("busy_by_device",), B, "each GPU's busy time: union of kernels and copies"),
     Section("busy_pct", overview.gpu_busy_pct, ("gpu_busy",), B),
     _saved("gpu_gaps", utilisation.idle_gaps, ("busy_by_device",), B, "GPU idle gaps, longest first"),
@@ -186,19 +159,17 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "verdict",
-        lambda mix, pct, means, totals: boundness.verdict(mix, pct, means) if totals["count"] else None,
+        boundness.kernel_verdict,
         ("kernel_mix", "busy_pct", "metric_means", "kernel_totals"),
         B,
     ),
     Section(
         "clock",
-        lambda steps, t, busy, events, waits: gains.StepClock.of(
-            steps, t.span_ns, gpu.all_devices_busy(busy), gains.cpu_waits(events, waits)
-        ),
-        ("steps", "tables", "busy_by_device", "events", "waits"),
+        gains.step_clock,
+        ("steps", "span_ns", "busy_by_device", "events", "waits"),
         T,
     ),
-    Section("feeders", _feeders, ("labels", "api_threads"), T),
+    Section("feeders", cpu.feeders, ("labels", "api_threads"), T),
     _saved(
         "idle_causes",
         idle.idle_causes,
@@ -216,29 +187,27 @@ SECTIONS: tuple[Section, ...] = (
     ),
     _saved(
         "memop_kinds",
-        lambda totals, memops, events: memory.kind_share(totals["total_ns"], memops["ns"], events),
+        memory.memop_kinds,
         ("kernel_totals", "memop_totals", "events"),
         T,
         "memory-operation time by direction and host memory kind, as a share of GPU time",
     ),
     _saved("host_memory", memory.host_memory, ("events",), T, "copies by host memory kind (pinned, pageable)"),
-    Section("cpu_use", lambda events, t: sched.core_use(events, t.span_ns), ("events", "tables"), T),
+    Section("crossing", memory.crossing, ("kernel_totals", "memop_totals", "events"), T),
+    Section("cpu_use", sched.core_use, ("events", "span_ns"), T),
     _saved(
         "cpu_cores",
-        lambda use: use.cores,
+        sched.cpu_cores,
         ("cpu_use",),
         T,
         "each CPU core's busy share (needs CPU scheduling traced)",
     ),
-    Section(
-        "sched_traced", lambda t, events: "cpuctxsw" in t.sources or events.count("sched") > 0, ("tables", "events"), T
-    ),
-    Section("copies", lambda events, unions: memory.CopyCalls(events, unions.kernels), ("events", "busy_unions"), T),
+    Section("sched_traced", sched.sched_traced, ("tables", "events"), T),
+    Section("copies", memory.copy_calls, ("events", "busy_unions"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
         "step_accounting",
-        # nvtx_gpu: launch_sums is filled once it is done
-        lambda t, waits, sums, unions, _: accounting.step_accounting(t, waits, sums, unions),
+        accounting.accounted_steps,
         ("tables", "waits", "launch_sums", "busy_unions", "nvtx_gpu"),
         N,
         "per step: GPU time by phase, SM-busy apart from copy-busy, idle, and the step's class",
@@ -260,17 +229,12 @@ SECTIONS: tuple[Section, ...] = (
         "per step and phase: the training thread's time blocked in synchronization calls (gloo, MPI, c10d waits)",
     ),
     Section("bound", accounting.run_bound, ("step_accounting",), F),
-    Section("measured_steps", _measured_steps, ("metrics",), F),
+    Section("measured_steps", efficiency.measured_steps, ("metrics",), F),
     Section("padded", efficiency.padding, ("measured_steps",), F),
-    Section("device_name", _device_name, ("tables",), F),
-    Section(
-        "utilization",
-        lambda steps, m, device: efficiency.mfu(steps, m.run, device),
-        ("measured_steps", "metrics", "device_name"),
-        F,
-    ),
-    Section("token_ns", _token_ns, ("step_accounting",), F),
-    Section("precision", lambda m: efficiency.run_precision(m.run), ("metrics",), F),
+    Section("device_name", efficiency.device_name, ("tables",), F),
+    Section("utilization", efficiency.utilization, ("measured_steps", "metrics", "device_name"), F),
+    Section("token_ns", accounting.token_ns, ("step_accounting",), F),
+    Section("precision", efficiency.metrics_precision, ("metrics",), F),
     _saved(
         "memops",
         gpu.memop_summary,
@@ -283,7 +247,7 @@ SECTIONS: tuple[Section, ...] = (
     _saved("step_gpu", utilisation.step_utilisation, ("steps", "busy_by_device"), F, "GPU busy share in each step"),
     _saved(
         "bound_evidence",
-        lambda mix, pct, means, verdict: boundness.evidence_table(mix, pct, means) if verdict else pd.DataFrame(),
+        boundness.bound_evidence,
         ("kernel_mix", "busy_pct", "metric_means", "verdict"),
         F,
         "the evidence behind the compute/memory verdict",
@@ -300,18 +264,16 @@ SECTIONS: tuple[Section, ...] = (
     _saved("thread_osrt", cpu.thread_osrt, ("tables", "threads"), F, "OS-runtime time by thread and call"),
     _saved(
         "thread_states",
-        lambda threads, use, t, traced, api: cpu.thread_states(
-            threads, use.running, t.span_ns, traced, "cuda" in t.sources or not api.empty
-        ),
+        cpu.thread_state_table,
         ("threads", "cpu_use", "tables", "sched_traced", "cuda_api"),
         F,
         "what each training thread did: running, blocked, waiting",
     ),
-    _saved("cpu_timeline", lambda use: use.timeline, ("cpu_use",), F, "each core's busy share over time, in bins"),
-    _saved("padding", lambda padded: padded.steps, ("padded",), F, "per trainer step: token slots and real tokens"),
+    _saved("cpu_timeline", sched.cpu_timeline, ("cpu_use",), F, "each core's busy share over time, in bins"),
+    _saved("padding", efficiency.padding_steps, ("padded",), F, "per trainer step: token slots and real tokens"),
     _saved(
         "mfu",
-        lambda u: u.steps if u else pd.DataFrame(),
+        efficiency.mfu_steps,
         ("utilization",),
         F,
         "per trainer step: model FLOPs and MFU against the GPU's peak",
@@ -319,8 +281,8 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 RULES: tuple[Rule, ...] = (
-    Rule("dropped_rows", lambda t: rules.dropped_rows(t.dropped_rows), ("tables",)),
-    Rule("empty_trace_kind", lambda t: rules.empty_trace_kinds(t.empty_trace_kinds), ("tables",)),
+    Rule("dropped_rows", rules.dropped_rows, ("tables",)),
+    Rule("empty_trace_kind", rules.empty_trace_kinds, ("tables",)),
     Rule(
         "sync_memcpy",
         rules.sync_memcpy,
@@ -358,52 +320,23 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),
     Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
-    Rule(
-        "padding",
-        lambda padded, token_ns, clock: rules.padding(
-            padded.padding_pct / 100 if padded.padding_pct is not None else None,
-            token_ns,
-            clock.step_ns if clock.has_steps else None,
-        ),
-        ("padded", "token_ns", "clock"),
-    ),
+    Rule("padding", rules.padding_findings, ("padded", "token_ns", "clock")),
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
     Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock")),
     Rule(
         "interconnect",
-        lambda kinds, host, totals, memops, events, copies, clock: rules.interconnect(
-            kinds,
-            host,
-            memory.interconnect_share(totals["total_ns"], memops["ns"], events),
-            int(totals["total_ns"] + memops["ns"]),
-            copies,
-            clock,
-        ),
-        ("memop_kinds", "host_memory", "kernel_totals", "memop_totals", "events", "copies", "clock"),
+        rules.interconnect_findings,
+        ("memop_kinds", "host_memory", "crossing", "kernel_totals", "memop_totals", "copies", "clock"),
     ),
     Rule(
         "top_kernel, memory_transfer_share, gpu_busy, no_gpu_activity",
-        lambda t, k, top, totals, memops, busy: overview.gpu_findings(t, k, top, totals["total_ns"], memops, busy),
+        overview.gpu_findings,
         ("tables", "kernels", "top_kernel", "kernel_totals", "memop_totals", "gpu_busy"),
     ),
-    Rule(
-        "bound_verdict",
-        lambda verdict, precision_table, precision: (
-            [boundness.verdict_finding(verdict, precision_table, precision)] if verdict else []
-        ),
-        ("verdict", "gemm_precision", "precision"),
-    ),
+    Rule("bound_verdict", boundness.verdict_findings, ("verdict", "gemm_precision", "precision")),
     Rule("dominant_phase, slow_steps, no_steps", overview.step_findings, ("steps",)),
-    Rule(
-        "training_thread_blocking",
-        lambda threads, t: overview.thread_findings(threads, t.span_ns),
-        ("threads", "tables"),
-    ),
-    Rule(
-        "cpu_cores, no_cpu_scheduling",
-        lambda cores, traced, t: rules.cpu_scheduling(cores, traced, from_nsys(t.source_path)),
-        ("cpu_cores", "sched_traced", "tables"),
-    ),
+    Rule("training_thread_blocking", overview.thread_findings, ("threads", "span_ns")),
+    Rule("cpu_cores, no_cpu_scheduling", rules.cpu_scheduling, ("cpu_cores", "sched_traced", "tables")),
     Rule("nvtx_gpu_time", rules.nvtx_projection, ("nvtx_gpu",)),
     Rule("exposed_communication", collectives.exposed_communication, ("collectives", "steps", "clock")),
 )
@@ -428,20 +361,8 @@ _check()
 
 
 def _doc(function: Callable) -> str:
-    """The first sentence of the function a rule or section calls (a lambda: the function it wraps)."""
-    target = function
-    if function.__name__ == "<lambda>":
-        called = [name for name in function.__code__.co_names if not name.startswith("_")]
-        # The modules the lambda reaches through (`rules.padding(...)`): its globals that are modules.
-        modules = [function.__globals__[name] for name in called if inspect.ismodule(function.__globals__.get(name))]
-        for module in modules:
-            for name in reversed(called):
-                if callable(getattr(module, name, None)) and getattr(module, name).__module__ == module.__name__:
-                    target = getattr(module, name)
-                    break
-            if target is not function:
-                break
-    doc = inspect.getdoc(target) or ""
+    """The first paragraph of the docstring of the function a rule calls."""
+    doc = inspect.getdoc(function) or ""
     return " ".join(doc.split("\n\n")[0].split())
 
 
@@ -454,8 +375,8 @@ def docs_page() -> str:
         "finding, and what each is computed from. It is generated from `sftprof/analysis/registry.py`",
         "(`python -m sftprof.analysis > docs/ANALYSES.md`); a test keeps it in sync.",
         "",
-        "Every value is a pure function of the values named in *from*: the loader's `tables` and `events`, the",
-        "trainer's `metrics`, or earlier values. Intermediate values are listed in `registry.py`.",
+        "Every value is a pure function of the values named in *from*: the loader's `tables`, `events` and",
+        "`span_ns`, the trainer's `metrics`, or earlier values. Intermediate values are listed in `registry.py`.",
         "",
         "## Tables (analysis/NAME.csv)",
         "",

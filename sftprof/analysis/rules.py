@@ -18,7 +18,7 @@ from sftprof.analysis import cuda, intervals
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
 from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
-from sftprof.analysis.efficiency import peak_for
+from sftprof.analysis.efficiency import Padding, peak_for
 from sftprof.analysis.excess import precision_ratio
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
@@ -29,6 +29,8 @@ from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, Copy
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.trace.events import MAX_TIME_NS, MEMSET_KIND, EventStore, sql_in, sql_text
+from sftprof.trace.load import from_nsys
+from sftprof.trace.tables import TraceTables
 
 STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
 # nsys's cuda_memcpy_sync rule skips HtoD copies up to this size: the driver returns before they finish.
@@ -120,8 +122,9 @@ def _threads(tids, labels: dict) -> str:
 # ---------------------------------------------------------------- the trace itself
 
 
-def dropped_rows(dropped: dict[str, int]) -> list[Finding]:
+def dropped_rows(tables: TraceTables) -> list[Finding]:
     """Rows the loader left out (TraceTables.dropped_rows), named once: every number computed without them."""
+    dropped = tables.dropped_rows
     if not dropped:
         return []
     parts = ", ".join(f"{table} {rows:,}" for table, rows in sorted(dropped.items()))
@@ -314,6 +317,22 @@ def sync_memset(copies: CopyCalls, clock: StepClock, labels: dict) -> list[Findi
     ]
 
 
+def interconnect_findings(
+    kind_share: pd.DataFrame,
+    host_memory: pd.DataFrame,
+    crossing: dict,
+    kernel_totals: dict,
+    memop_totals: dict,
+    copies: CopyCalls,
+    clock: StepClock,
+) -> list[Finding]:
+    """The interconnect verdict: what would hiding host<->device and peer copies under kernels save, and so do
+    they limit the step? (CROSSING_ROWS: every such copy, whichever call issued it.)"""
+    return interconnect(
+        kind_share, host_memory, crossing, int(kernel_totals["total_ns"] + memop_totals["ns"]), copies, clock
+    )
+
+
 def interconnect(
     kind_share: pd.DataFrame,
     host_memory: pd.DataFrame,
@@ -322,8 +341,8 @@ def interconnect(
     copies: CopyCalls,
     clock: StepClock,
 ) -> list[Finding]:
-    """The interconnect verdict: what would hiding host<->device and peer copies under kernels save, and so do
-    they limit the step? (CROSSING_ROWS: every such copy, whichever call issued it.)"""
+    """The interconnect finding (interconnect_findings): `crossing`, memory.interconnect_share; `gpu_ns`, the
+    kernels' and memory operations' time."""
     if kind_share.empty:
         return []
     exposed_ns, exposed = 0, np.zeros(clock.steps)
@@ -547,10 +566,17 @@ def fp32_gemm(
     ]
 
 
-def padding(padding_share: float | None, token_time_ns: float | None, step_ns: float | None) -> list[Finding]:
+def padding_findings(padded: Padding, token_time_ns: float | None, clock: StepClock) -> list[Finding]:
     """Padded token slots: work the token-proportional kernels (GEMM, attention and elementwise over
-    activations, not the optimizer) do for nothing. `padding_share`: padded slots / all slots (0-1);
-    `token_time_ns`: those kernels' time per median step; `step_ns`: the median step."""
+    activations, not the optimizer) do for nothing. `token_time_ns`: those kernels' time per median step
+    (accounting.token_ns)."""
+    share = padded.padding_pct / 100 if padded.padding_pct is not None else None
+    return padding(share, token_time_ns, clock.step_ns if clock.has_steps else None)
+
+
+def padding(padding_share: float | None, token_time_ns: float | None, step_ns: float | None) -> list[Finding]:
+    """The padding finding (padding_findings) from its numbers. `padding_share`: padded slots / all slots
+    (0-1); `token_time_ns`: the token-proportional kernels' time per median step; `step_ns`: the median step."""
     if not padding_share or padding_share <= 0 or not token_time_ns or not step_ns:
         return []
     saved = padding_share * token_time_ns
@@ -724,9 +750,10 @@ def lock_waits(
     ]
 
 
-def empty_trace_kinds(messages: dict[str, str]) -> list[Finding]:
-    """Trace kinds that were requested but recorded nothing (`messages`: kind -> what the capture says
-    about it), named once: their absence from the report is no evidence about the program."""
+def empty_trace_kinds(tables: TraceTables) -> list[Finding]:
+    """Trace kinds that were requested but recorded nothing (TraceTables.empty_trace_kinds: kind -> what the
+    capture says about it), named once: their absence from the report is no evidence about the program."""
+    messages = tables.empty_trace_kinds
     if not messages:
         return []
     kinds = ", ".join(messages)
@@ -743,10 +770,10 @@ def empty_trace_kinds(messages: dict[str, str]) -> list[Finding]:
     ]
 
 
-def cpu_scheduling(cores: pd.DataFrame, sched_traced: bool, nsys_capture: bool) -> list[Finding]:
+def cpu_scheduling(cores: pd.DataFrame, sched_traced: bool, tables: TraceTables) -> list[Finding]:
     """Per-core CPU use when context switches were traced; otherwise, for an nsys capture (other
     trace formats cannot have it), say how to get it."""
-    if not sched_traced and nsys_capture:
+    if not sched_traced and from_nsys(tables.source_path):
         return [
             Finding(
                 "no_cpu_scheduling",

@@ -14,6 +14,7 @@ import pandas as pd
 
 from sftprof.analysis import intervals
 from sftprof.trace.events import EventStore
+from sftprof.trace.tables import TraceTables
 
 CPU_SCHED_SWITCH = "--cpuctxsw=process-tree"
 CORE_CHUNKS = 50  # time chunks per core in the utilisation timeline
@@ -114,3 +115,18 @@ def core_use(events: EventStore, span_ns: int, chunks: int = CORE_CHUNKS) -> Cor
         pd.concat(timeline, ignore_index=True) if timeline else pd.DataFrame(columns=columns["timeline"]),
         pd.Series(running, dtype="int64"),
     )
+
+
+def cpu_cores(use: CoreUse) -> pd.DataFrame:
+    """Each core's busy share: the saved table of core_use."""
+    return use.cores
+
+
+def cpu_timeline(use: CoreUse) -> pd.DataFrame:
+    """Each core's busy share over time: the saved table of core_use."""
+    return use.timeline
+
+
+def sched_traced(tables: TraceTables, events: EventStore) -> bool:
+    """Whether CPU scheduling was traced: asked for (cpuctxsw), or its events are there."""
+    return "cpuctxsw" in tables.sources or events.count("sched") > 0
