@@ -1,6 +1,12 @@
 """Generated docs stay in step with what they are generated from, and the README's links resolve."""
 
+import ast
+import functools
+import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from sftprof.capture import config_docs
@@ -30,3 +36,55 @@ def test_every_local_link_in_the_docs_resolves():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if not re.match(r"[a-z]+://", target):
                 assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+# ---------------------------------------------------------------- the container recipe
+
+RECIPE = REPO / "containers" / "sftprof-nemo.def"
+
+
+def _recipe_sections() -> dict[str, list[str]]:
+    """The recipe's %sections, each its lines; the header (comments and Bootstrap lines) under ""."""
+    sections, name = {"": []}, ""
+    for line in RECIPE.read_text().splitlines():
+        if line.startswith("%"):
+            name = line[1:].strip()
+            sections[name] = []
+        else:
+            sections[name].append(line.strip())
+    return sections
+
+
+def _recipe_modules() -> list[str]:
+    """The sftprof modules the recipe runs (`python -m NAME`) or imports (`python -c "import ..."`)."""
+    text = RECIPE.read_text()
+    names = re.findall(r"python -m (sftprof[\w.]*)", text)
+    for code in re.findall(r'python -c "([^"]*)"', text):
+        names += [
+            alias.name for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Import) for alias in node.names
+        ]
+    return sorted({name for name in names if name.split(".")[0] == "sftprof"})
+
+
+def test_the_container_recipe_names_modules_and_files_that_exist():
+    """A module renamed or moved breaks an Apptainer build only at its %test, on a cluster: caught here."""
+    modules = _recipe_modules()
+    assert {"sftprof", "sftprof.capture.rank", "sftprof.capture.sft.nemo_backend"} <= set(modules)
+    assert all(importlib.util.find_spec(name) is not None for name in modules), modules
+    sources = [line.split()[0] for line in _recipe_sections()["files"] if line]
+    assert sources and all((REPO / source).exists() for source in sources), sources
+
+
+def test_the_container_recipes_imports_run_in_a_fresh_install_without_dependencies(tmp_path):
+    """%post installs the package with --no-deps over NeMo's image: its %test imports must need nothing more than
+    the standard library and what %post adds (checked here in a venv that holds only the package, stricter)."""
+    post = " ".join(_recipe_sections()["post"])
+    assert re.search(r"pip install [^\n]*--no-deps /opt/sftprof", post), post
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    run = functools.partial(subprocess.run, check=True, env=env, capture_output=True, text=True, cwd=tmp_path)
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", "dist", str(REPO)])
+    run([sys.executable, "-m", "venv", "venv"])
+    run(["venv/bin/pip", "install", "-q", "--no-deps", str(next((tmp_path / "dist").glob("sftprof-*.whl")))])
+    code = f"import {', '.join(_recipe_modules())}; print(sftprof.__file__)"
+    imported = run(["venv/bin/python", "-c", code], check=False)
+    assert imported.returncode == 0 and str(tmp_path / "venv") in imported.stdout, imported.stderr[-2000:]
