@@ -110,10 +110,11 @@ def _cmd_suggest(args) -> int:
 
 
 def _cmd_compare(args) -> int:
+    from sftprof import pipeline
     from sftprof.report import compare
 
     _use_memory_budget(args)
-    comparison = compare.compare_paths(args.inputs)
+    comparison = pipeline.compare_paths(args.inputs)
     written = compare.write(comparison, args.output, args.title or "sftprof comparison")
     print(compare.summary_text(comparison))
     print("\n" + "\n".join(f"{what}: {terminal_safe(path)}" for what, path in written.items()))

@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 
 from sftprof import memory_budget, results
-from sftprof.analysis import Analysis, analyze
+from sftprof.analysis import Analysis, analyze, compare
 from sftprof.capture import rank
 from sftprof.io import atomic_dir
 from sftprof.report import RankReport, write_html
@@ -146,6 +146,42 @@ def compare_variants(
         variants_report.write(table, partial, title, label)
     for row in table.itertuples():
         log.info("variant %s: %s", row.variant, row.verdict)
+
+
+def compare_paths(paths: list[str | Path]) -> compare.Comparison:
+    """`sftprof compare` and the workflow's compare rule: each input an analysis folder (or a folder of rank
+    folders, results.analysis_dirs) or a trace, analysed here; labelled by the shortest unique path tails."""
+    loaded = []
+    for path in map(Path, paths):
+        if path.is_file() and path.name == results.SUMMARY_FILE:
+            path = path.parent
+        if path.is_dir():
+            folders = results.analysis_dirs(path)
+            if not folders:
+                raise compare.CompareError(
+                    f"{path}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a "
+                    "rank folder below; give an analysis folder or a trace file"
+                )
+            loaded += [(folder, _saved_for_compare(folder)) for folder in folders]
+        elif path.exists():
+            loaded.append((path, analyze_trace(path)))
+        else:
+            raise compare.CompareError(f"{path}: no such file or folder")
+    labels = compare.unique_labels([path for path, _ in loaded])
+    return compare.compare(
+        {label: analysis for label, (_, analysis) in zip(labels, loaded)},
+        {label: str(path) for label, (path, _) in zip(labels, loaded)},
+    )
+
+
+def _saved_for_compare(folder: Path) -> Analysis:
+    """The analysis saved in `folder`, refused naming the damaged file before anything is written."""
+    analysis = results.load(folder)
+    try:
+        compare.check_usable(analysis)
+    except compare.UnusableValue as unusable:
+        raise compare.CompareError(f"{folder / unusable.file}: {unusable.problem}") from None
+    return analysis
 
 
 # ---------------------------------------------------------------- across ranks (docs/RANKS.md)

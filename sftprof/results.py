@@ -122,3 +122,20 @@ def load(out_dir: str | Path) -> Analysis:
         findings=[Finding(**f) for f in summary["findings"]],
         headline=summary["headline"],
     )
+
+
+def _natural_key(path: Path) -> list:
+    """rank2 before rank10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def analysis_dirs(folder: Path) -> list[Path]:
+    """The analysis folders a folder stands for: itself, FOLDER/analysis (`sftprof analyze -o FOLDER`),
+    or the rank folders below either (the workflow's results/EXP/WINDOW/analysis/rankN)."""
+    for candidate in (folder, folder / "analysis"):
+        if (candidate / SUMMARY_FILE).is_file():
+            return [candidate]
+        ranks = [summary.parent for summary in candidate.glob(f"*/{SUMMARY_FILE}")]
+        if ranks:
+            return sorted(ranks, key=_natural_key)
+    return []

@@ -13,9 +13,9 @@ import pytest
 
 from sftprof import results
 from sftprof.analysis import Analysis, analyze
+from sftprof.analysis.compare import DELTA, DELTA_PCT, compare, unique_labels
 from sftprof.analysis.findings import Finding
 from sftprof.cli import main as sftprof_main
-from sftprof.report.compare import DELTA, DELTA_PCT, compare, unique_labels
 from sftprof.trace import load_trace
 from sftprof.trace.events import EventStore
 from sftprof.trace.tables import TraceTables

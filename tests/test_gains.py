@@ -18,9 +18,9 @@ import pytest
 from sftprof import results
 from sftprof.analysis import Analysis, analyze, boundness, cpu, gains, rules
 from sftprof.analysis import idle as idle_module
+from sftprof.analysis.compare import DELTA, GAIN, GAINS, compare
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, ranked
 from sftprof.analysis.spilled import SpilledUnion
-from sftprof.report.compare import DELTA, GAIN, GAINS, compare
 from sftprof.report.html import RankReport, render_html
 from sftprof.trace import load_trace
 from sftprof.trace.events import EventStore

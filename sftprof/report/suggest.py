@@ -163,9 +163,8 @@ def run_facts(result_dir: str | Path) -> dict:
 def first_analysis_dir(result_dir: str | Path) -> Path:
     """The analysis folder of a result folder's first profiled rank (what suggest reads)."""
     from sftprof import results
-    from sftprof.report import compare
 
-    folders = compare.analysis_dirs(Path(result_dir))
+    folders = results.analysis_dirs(Path(result_dir))
     if not folders:
         raise results.ResultsError(
             f"{result_dir}: no {results.SUMMARY_FILE} in it, in its analysis/ folder or in a rank folder below"
