@@ -1,29 +1,100 @@
-"""The one place that chains the reading side: load a trace -> analyze -> save the results -> render.
+"""The one place that chains the reading side: export a report -> load a trace -> analyze -> save the
+results -> render.
 
-The CLI (`sftprof analyze`), the workflow's analyze and report rules and `compare` all call these,
-so each runs the same steps in the same order and releases the same resources.
+The CLI (`sftprof analyze`), the workflow's export, analyze and report rules and `compare` all call these,
+so each runs the same steps in the same order and releases the same resources. It is the one module
+that imports every part (capture, trace, analysis, report); none of them imports it (tests/test_style.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import duckdb
 
 from sftprof import memory_budget, results
 from sftprof.analysis import Analysis, analyze, compare
-from sftprof.capture import rank
-from sftprof.io import atomic_dir
+from sftprof.capture import container, rank
+from sftprof.capture.nsys import EXPORT_SUFFIXES, NsysError, export_kind, nsys_after, run_export
+from sftprof.io import atomic_dir, atomic_path
 from sftprof.report import RankReport, write_html
 from sftprof.trace import load_trace
 from sftprof.trace.events import out_of_disk
 from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys
 from sftprof.trace.metrics import read_metrics
+from sftprof.trace.nsys_export import ParquetExport, TraceFormatError, require_file
+from sftprof.trace.nsys_sqlite import check_export
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
 log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- exports (capture -> trace)
+
+
+def export_report(
+    report: str | Path, output: str | Path, *, nsys: str | None = None, prefix: Sequence[str] = ()
+) -> Path:
+    """`nsys export` into `output`, of the type its suffix names (EXPORT_SUFFIXES: a .sqlite file or a
+    .parquetdir folder), put in place only once it opens as a whole export: on a full disk nsys exits 0
+    and leaves an empty or truncated file. Here, not in capture/ or trace/: capture runs nsys
+    (capture/nsys.py), and whether the result is whole is the format's to say (trace/).
+
+    `nsys`: the nsys that captured the report, run after `prefix` (a container's exec prefix, where
+    the capture ran in that container: its nsys is then the image's, "nsys" on its PATH); by
+    default the one on PATH, as run_profile uses."""
+    output = Path(output)
+    kind = next((kind for kind, suffix in EXPORT_SUFFIXES.items() if output.suffix == suffix), None)
+    if kind is None:
+        raise ValueError(f"{output}: an export's name ends in {' or '.join(EXPORT_SUFFIXES.values())}")
+    with atomic_path(output) as tmp:
+        tmp.unlink()  # nsys writes the file, or the folder, itself
+        said = run_export(report, tmp, kind, nsys or nsys_after(prefix), prefix)
+        try:
+            if kind == "sqlite":
+                check_export(tmp)
+            else:
+                ParquetExport(tmp).close()  # reads every table's footer: a table cut short is refused
+        except TraceFormatError as error:
+            last = said[-1:] or ["no message"]
+            raise NsysError(
+                f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
+                f"Is the disk of {output.parent} full?"
+            ) from None
+    return output
+
+
+def export_capture(capture_dir: str | Path, export_dir: str | Path, container_settings: dict | None) -> None:
+    """Export every profiled rank's report into EXPORT_DIR with the nsys that captured it: the container's,
+    where the capture ran in one (`container_settings`; None or runtime none: the host's). As a parquetdir
+    (rankN.parquetdir) where that nsys writes one, else as rankN.sqlite (nsys.export_kind)."""
+    capture_dir = Path(capture_dir)
+    prefix: list[str] = []
+    if container_settings and container_settings["runtime"] != "none":
+        image = container.image_file(container_settings)
+        prefix = container.exec_prefix(container_settings, image, os.getcwd())
+    nsys_path = nsys_after(prefix)
+    kind = export_kind(nsys_path, prefix)
+    with atomic_dir(export_dir) as partial:
+        for record in rank.profiled_records(capture_dir):
+            target = rank.export_path(partial, record["rank"], kind)
+            export_report(capture_dir / record["report"], target, nsys=nsys_path, prefix=prefix)
+            log.info("rank %d: %s -> %s", record["rank"], record["report"], target.name)
+
+
+def _exported(trace: Path) -> Path:
+    """What the loaders read for `trace`: a .nsys-rep's SQLite export beside it, exported once and reused
+    while it is newer than the report; any other trace as it is."""
+    if trace.suffix != ".nsys-rep":
+        return trace
+    require_file(trace)
+    sqlite_path = trace.with_suffix(".sqlite")
+    if not sqlite_path.exists() or sqlite_path.stat().st_mtime < trace.stat().st_mtime:
+        export_report(trace, sqlite_path)
+    return sqlite_path
 
 
 def analyze_trace(
@@ -36,7 +107,7 @@ def analyze_trace(
     `step_range`: the step ranges' pattern where the default does not know them (cpu.step_pattern)."""
     run_metrics = read_metrics(metrics)  # a bad metrics file is refused before any work
     try:
-        tables = load_trace(trace)
+        tables = load_trace(_exported(Path(trace)))
         try:
             return analyze(tables, progress=progress, metrics=run_metrics, step_range=step_range)
         finally:

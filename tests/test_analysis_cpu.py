@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sftprof import pipeline
 from sftprof.analysis import analyze, intervals, sched
 from sftprof.capture import nsys
 from sftprof.trace import load_trace
@@ -37,7 +38,7 @@ def planted(tmp_path_factory) -> dict:
     analyses = {}
     for mode in ("clean", "data_starved", "lock"):
         report = nsys.run_profile(CAPTURE_OPTIONS, [sys.executable, str(PLANTED), mode], folder / mode, io.StringIO())
-        analyses[mode] = analyze(load_trace(nsys.export_report(report, folder / f"{mode}.sqlite")))
+        analyses[mode] = analyze(load_trace(pipeline.export_report(report, folder / f"{mode}.sqlite")))
     return analyses
 
 

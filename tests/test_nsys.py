@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sftprof import pipeline
 from sftprof.capture import nsys
 
 PROFILE = {
@@ -114,7 +115,7 @@ def test_bare_qdstrm_is_imported(nsys_without_importer, tmp_path):
     assert "running" in log.getvalue() and "QdstrmImporter" in log.getvalue()
     assert report.exists() and not (tmp_path / "salvaged.qdstrm").exists()
     # The salvaged report is a real one: nsys can export it.
-    assert nsys.export_report(report, tmp_path / "salvaged.sqlite").stat().st_size > 0
+    assert pipeline.export_report(report, tmp_path / "salvaged.sqlite").stat().st_size > 0
 
 
 def _diverted_path(error: nsys.NsysError) -> Path:
@@ -172,7 +173,7 @@ def test_export_of_a_damaged_report_fails_cleanly(tmp_path):
     bad = tmp_path / "bad.nsys-rep"
     bad.write_bytes(b"\0" * 100)
     with pytest.raises(nsys.NsysError, match="nsys export failed"):
-        nsys.export_report(bad, tmp_path / "bad.sqlite")
+        pipeline.export_report(bad, tmp_path / "bad.sqlite")
     assert not (tmp_path / "bad.sqlite").exists()
     assert not list(tmp_path.glob(".*partial*"))
 
@@ -283,7 +284,7 @@ def test_a_report_too_new_for_the_nsys_is_refused_with_what_to_do(tmp_path, monk
     report = tmp_path / "new.nsys-rep"
     report.write_bytes(b"NVIDIA Tegra Profiler Report 36398880.\n")
     with pytest.raises(nsys.NsysError) as error:
-        nsys.export_report(report, tmp_path / "new.sqlite")
+        pipeline.export_report(report, tmp_path / "new.sqlite")
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"{report} was written by a newer nsys than nsys 2022.4.2.1")
     assert "(it says: Exportation error: Version not supported: 36398880)" in message
@@ -295,7 +296,7 @@ def test_a_failed_export_quotes_what_nsys_said_without_its_progress_bar(tmp_path
     fake = _fake_nsys(tmp_path / "bin", "2025.3.1.0", "", EXPORT_2025 + "Export failed: disk quota exceeded\n", 2)
     said = r"nsys export failed on .* \(exit 2\): Export failed: disk quota exceeded$"
     with pytest.raises(nsys.NsysError, match=said):
-        nsys.export_report(tmp_path / "r.nsys-rep", tmp_path / "r.sqlite", nsys=str(fake))
+        pipeline.export_report(tmp_path / "r.nsys-rep", tmp_path / "r.sqlite", nsys=str(fake))
 
 
 def test_export_runs_the_nsys_that_captured_inside_its_container():

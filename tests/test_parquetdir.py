@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from sftprof import pipeline
-from sftprof.capture import nsys, steps
+from sftprof.capture import nsys
 from sftprof.pipeline import ANALYSIS_DIR, analyze_into
 from sftprof.trace import load_trace, nsys_sqlite
 from sftprof.trace.load import clock_origin
@@ -190,13 +190,13 @@ def _capture_folder(folder: Path) -> Path:
 
 
 def test_the_export_step_writes_a_parquetdir_where_nsys_can_and_analyze_reads_it(tmp_path, monkeypatch):
-    """The workflow's export and analyze steps (steps.export_capture, pipeline.analyze_capture) with an nsys
+    """The workflow's export and analyze steps (pipeline.export_capture, pipeline.analyze_capture) with an nsys
     that writes parquetdir: rank0.parquetdir, analysed as its SQLite export is. The real 2025.3.1 did the
     same in the workflow on the H200 (tests/gpu_programs/workflow_export.sh, docs/NSYS.md)."""
     fake = _nsys_2025(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     capture = _capture_folder(tmp_path / "capture")
-    steps.export_capture(capture, tmp_path / "export", None)
+    pipeline.export_capture(capture, tmp_path / "export", None)
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["rank0.parquetdir"]
     pipeline.analyze_capture(capture, tmp_path / "export", "profile", tmp_path / "analysis")
     (sqlite_export := tmp_path / "sqlite").mkdir()
@@ -220,7 +220,7 @@ def test_a_parquetdir_export_cut_short_is_refused_and_nothing_is_left(tmp_path, 
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     capture = _capture_folder(tmp_path / "capture")
     with pytest.raises(nsys.NsysError) as error:
-        steps.export_capture(capture, tmp_path / "export", None)
+        pipeline.export_capture(capture, tmp_path / "export", None)
     message = str(error.value)
     assert "\n" not in message and "is not a complete export" in message
     assert "CUPTI_ACTIVITY_KIND_KERNEL.parquet" in message and "Is the disk of" in message

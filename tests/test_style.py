@@ -1,6 +1,7 @@
-"""The field's own checks, held in CI: ruff (lint and format, the rule set in pyproject.toml), snakefmt, and
-Snakemake's linter on the workflow."""
+"""The field's own checks, held in CI: ruff (lint and format, the rule set in pyproject.toml), snakefmt,
+Snakemake's linter on the workflow, and the direction of imports between the package's parts."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,38 @@ def test_snakemake_lint_is_clean():
         [str(BIN / "snakemake"), "--lint", "-s", "workflow/Snakefile"], cwd=REPO, capture_output=True, text=True
     )
     assert result.returncode == 0 and "Congratulations" in result.stdout + result.stderr, result.stdout[-3000:]
+
+
+# What each part of the package may not import, lazily inside a function or not: capture produces a capture,
+# trace reads one, analysis computes on what trace read, report writes what analysis computed; pipeline
+# chains them all, so none of them imports it.
+FORBIDDEN_IMPORTS = {
+    "capture": {"trace", "analysis", "report", "pipeline"},
+    "trace": {"capture", "analysis", "report", "pipeline"},
+    "analysis": {"capture", "report", "pipeline"},
+    "report": {"pipeline"},
+}
+
+
+def _imported_parts(path: Path) -> set[str]:
+    """The parts of sftprof (its first-level modules and packages) a file imports."""
+    parts = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        parts |= {name.split(".")[1] for name in names if name.startswith("sftprof.")}
+    return parts
+
+
+def test_imports_point_one_way():
+    wrong = [
+        f"{path.relative_to(REPO)} imports sftprof.{part}"
+        for side, forbidden in FORBIDDEN_IMPORTS.items()
+        for path in sorted((REPO / "sftprof" / side).rglob("*.py"))
+        for part in sorted(_imported_parts(path) & forbidden)
+    ]
+    assert not wrong, wrong

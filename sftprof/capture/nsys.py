@@ -34,7 +34,6 @@ from typing import IO
 
 from sftprof.capture.sft.annotate import CAPTURE_RANGE_NAME
 from sftprof.errors import SftprofError
-from sftprof.io import atomic_path
 
 REPORT_SUFFIX = ".nsys-rep"
 RAW_SUFFIX = ".qdstrm"
@@ -485,45 +484,18 @@ def newer_report_message(report: str | Path, nsys: str, prefix: Sequence[str], s
     )
 
 
-def export_report(
-    report: str | Path, output: str | Path, *, nsys: str | None = None, prefix: Sequence[str] = ()
-) -> Path:
-    """`nsys export` into `output`, of the type its suffix names (EXPORT_SUFFIXES: a .sqlite file or a
-    .parquetdir folder), put in place only once it opens as a whole export: on a full disk nsys exits 0
-    and leaves an empty or truncated file.
-
-    `nsys`: the nsys that captured the report, run after `prefix` (a container's exec prefix, where
-    the capture ran in that container: its nsys is then the image's, "nsys" on its PATH); by
-    default the one on PATH, as run_profile uses. An older release refuses a newer one's report:
-    the NsysError says so, and what to do."""
-    from sftprof.trace.nsys_export import ParquetExport
-    from sftprof.trace.nsys_sqlite import TraceFormatError, check_export
-
-    output = Path(output)
-    kind = next((kind for kind, suffix in EXPORT_SUFFIXES.items() if output.suffix == suffix), None)
-    if kind is None:
-        raise ValueError(f"{output}: an export's name ends in {' or '.join(EXPORT_SUFFIXES.values())}")
-    nsys = nsys or nsys_after(prefix)
-    with atomic_path(output) as tmp:
-        tmp.unlink()  # nsys writes the file, or the folder, itself
-        result = subprocess.run(export_argv(report, tmp, nsys, prefix, kind), capture_output=True, text=True)
-        said = nsys_messages(f"{result.stdout}\n{result.stderr}")
-        if result.returncode != 0 or not tmp.exists():
-            refusal = next((line for line in said if NEWER_REPORT.search(line)), None)
-            if refusal:
-                raise NsysError(newer_report_message(report, nsys, prefix, refusal[-300:]))
-            raise NsysError(
-                f"nsys export failed on {report} (exit {result.returncode}): {'; '.join(said)[-2000:] or 'no message'}"
-            )
-        try:
-            if kind == "sqlite":
-                check_export(tmp)
-            else:
-                ParquetExport(tmp).close()  # reads every table's footer: a table cut short is refused
-        except TraceFormatError as error:
-            last = said[-1:] or ["no message"]
-            raise NsysError(
-                f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
-                f"Is the disk of {output.parent} full?"
-            ) from None
-    return output
+def run_export(report: str | Path, output: Path, kind: str, nsys: str, prefix: Sequence[str] = ()) -> list[str]:
+    """Run `nsys export --type=KIND` of `report` into `output` (export_argv) with `nsys`, after `prefix`;
+    returns what nsys said. NsysError where it failed or wrote nothing; an older release refuses a newer
+    one's report, and the error says so and what to do. Whether what it wrote is a whole export is the
+    format's to say: pipeline.export_report checks it."""
+    result = subprocess.run(export_argv(report, output, nsys, prefix, kind), capture_output=True, text=True)
+    said = nsys_messages(f"{result.stdout}\n{result.stderr}")
+    if result.returncode != 0 or not output.exists():
+        refusal = next((line for line in said if NEWER_REPORT.search(line)), None)
+        if refusal:
+            raise NsysError(newer_report_message(report, nsys, prefix, refusal[-300:]))
+        raise NsysError(
+            f"nsys export failed on {report} (exit {result.returncode}): {'; '.join(said)[-2000:] or 'no message'}"
+        )
+    return said

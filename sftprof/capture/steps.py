@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from sftprof.capture import config, container, jobs, nsys, rank
+from sftprof.capture import config, container, jobs, rank
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir, atomic_path
 
@@ -110,21 +110,3 @@ def import_nemo_checkpoint(settings: dict, hf_dir: str | Path, checkpoint: str |
         ]
         run_logged(argv, log_file, log_path, "checkpoint import")
     log.info("NeMo checkpoint %s", checkpoint)
-
-
-def export_capture(capture_dir: str | Path, export_dir: str | Path, container_settings: dict | None) -> None:
-    """Export every profiled rank's report into EXPORT_DIR with the nsys that captured it: the container's,
-    where the capture ran in one (`container_settings`; None or runtime none: the host's). As a parquetdir
-    (rankN.parquetdir) where that nsys writes one, else as rankN.sqlite (nsys.export_kind)."""
-    capture_dir = Path(capture_dir)
-    prefix: list[str] = []
-    if container_settings and container_settings["runtime"] != "none":
-        image = container.image_file(container_settings)
-        prefix = container.exec_prefix(container_settings, image, os.getcwd())
-    nsys_path = nsys.nsys_after(prefix)
-    kind = nsys.export_kind(nsys_path, prefix)
-    with atomic_dir(export_dir) as partial:
-        for record in rank.profiled_records(capture_dir):
-            target = rank.export_path(partial, record["rank"], kind)
-            nsys.export_report(capture_dir / record["report"], target, nsys=nsys_path, prefix=prefix)
-            log.info("rank %d: %s -> %s", record["rank"], record["report"], target.name)

@@ -23,23 +23,15 @@ def from_nsys(path: str | Path) -> bool:
     return Path(path).suffix in NSYS_SUFFIXES
 
 
-def sqlite_for_report(report: Path) -> Path:
-    """Export a .nsys-rep once; reuse the export beside it while it is newer than the report."""
-    from sftprof.capture.nsys import export_report
-
-    sqlite_path = report.with_suffix(".sqlite")
-    if not sqlite_path.exists() or sqlite_path.stat().st_mtime < report.stat().st_mtime:
-        export_report(report, sqlite_path)
-    return sqlite_path
-
-
 def load_trace(path: str | Path) -> TraceTables:
     path = Path(path)
     if path.suffix == PARQUETDIR_SUFFIX:
         return load_nsys_parquetdir(path)  # a folder: checked there
     require_file(path)
     if path.suffix == ".nsys-rep":
-        return load_nsys_sqlite(sqlite_for_report(path))
+        raise TraceFormatError(
+            f"{path}: an nsys report; export it first (nsys export --type=sqlite), as `sftprof analyze` does"
+        )
     if path.suffix == ".sqlite":
         return load_nsys_sqlite(path)
     if path.name.endswith(KINETO_SUFFIXES):

@@ -1,6 +1,5 @@
-from sftprof import logs
-from sftprof.capture import steps
+from sftprof import logs, pipeline
 
 logs.setup(snakemake.log[0])
-logs.one_line_errors(steps.export_capture, snakemake.input.capture, snakemake.output.export,
+logs.one_line_errors(pipeline.export_capture, snakemake.input.capture, snakemake.output.export,
                      snakemake.params.container)
