@@ -117,7 +117,7 @@ def _cmd_compare(args) -> int:
     comparison = pipeline.compare_paths(args.inputs)
     written = compare.write(comparison, args.output, args.title or "sftprof comparison")
     print(compare.summary_text(comparison))
-    print("\n" + "\n".join(f"{what}: {terminal_safe(path)}" for what, path in written.items()))
+    print("\n" + "\n".join(f"{what}: {terminal_safe(str(path))}" for what, path in written.items()))
     _note_overrun()
     return 0
 
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except SftprofError as error:
-        print(f"sftprof: error: {terminal_safe(error)}", file=sys.stderr)  # one line, whatever it quotes
+        print(f"sftprof: error: {terminal_safe(str(error))}", file=sys.stderr)  # one line, whatever it quotes
         return 1
 
 

@@ -8,6 +8,7 @@ that imports every part (capture, trace, analysis, report); none of them imports
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -159,7 +160,7 @@ def analyze_capture(
             analysis = analyze_trace(
                 rank.find_export(export_dir, record["rank"]),
                 metrics if metrics.exists() else None,
-                lambda step, n=record["rank"]: log.info("rank %d: %s", n, step),
+                functools.partial(log.info, "rank %d: %s", record["rank"]),
                 step_range,
             )
             results.save(analysis, partial / folder)

@@ -27,6 +27,14 @@ def test_tool_passes(argv):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+def test_mypy_passes():
+    """The package type-checks at the strictness pyproject.toml's [tool.mypy] states."""
+    if not (BIN / "mypy").exists():
+        pytest.skip("mypy is not installed: pip install -e '.[test]'")
+    result = subprocess.run([str(BIN / "mypy")], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
 def test_snakemake_lint_is_clean():
     result = subprocess.run(
         [str(BIN / "snakemake"), "--lint", "-s", "workflow/Snakefile"], cwd=REPO, capture_output=True, text=True

@@ -321,20 +321,20 @@ def breakdown_frame(
     labels = list(analyses)
     if not items:
         return pd.DataFrame(columns=["section", "item", "unit", *labels])
-    per_step = steps is not None and not breakdown.already_per_step
+    divisors = steps if steps is not None and not breakdown.already_per_step else None
     frame = pd.DataFrame({"item": items})
     for label, total in totals.items():
         if total is None:
             frame[label] = math.nan
             continue
         values = total.reindex(items, fill_value=0).to_numpy(dtype=float) / NS_PER_MS
-        frame[label] = values / steps[label] if per_step else values
+        frame[label] = values / divisors[label] if divisors is not None else values
     frame = _with_deltas(frame, labels)
     ranking = pd.DataFrame({"delta": largest_delta(frame).fillna(-1), "size": frame[labels].max(axis=1).fillna(-1)})
     frame = frame.loc[ranking.sort_values(["delta", "size"], ascending=False, kind="stable").index]
     frame = frame.reset_index(drop=True)
     frame.insert(0, "section", breakdown.name)
-    frame.insert(2, "unit", "ms/step" if per_step or breakdown.already_per_step else "ms")
+    frame.insert(2, "unit", "ms/step" if divisors is not None or breakdown.already_per_step else "ms")
     return frame
 
 
@@ -398,8 +398,8 @@ def compare(analyses: dict[str, Analysis], paths: dict[str, str] | None = None) 
     if len(analyses) < 2:
         raise CompareError("nothing to compare: give at least two inputs (or a folder with several ranks)")
     labels = list(analyses)
-    step_counts = {label: steps_captured(a) for label, a in analyses.items()}
-    per_step = all(count for count in step_counts.values())
+    step_counts = {label: count for label, a in analyses.items() if (count := steps_captured(a))}
+    per_step = len(step_counts) == len(analyses)
     frames = [headline_frame(analyses), gains_frame(analyses)]
     frames += [breakdown_frame(b, analyses, step_counts if per_step else None) for b in BREAKDOWNS]
     table = pd.concat([f for f in frames if len(f)], ignore_index=True)

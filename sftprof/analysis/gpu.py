@@ -215,9 +215,11 @@ def busy_unions(events: EventStore, kernels: bool = True, memops: bool = True) -
         kernel_union = merged[1].finish() if split else every
         unions.kernels[int(device)] = KernelsBusy(kernel_union, first_kernel, kernel_union.last_end)
         if communication:
-            own = merged[2].finish()
+            own_union = merged[2].finish()
             unions.not_communication[int(device)] = DeviceBusy(
-                own, own.first_start if len(own) else first, own.last_end if len(own) else first
+                own_union,
+                own_union.first_start if len(own_union) else first,
+                own_union.last_end if len(own_union) else first,
             )
     return unions
 

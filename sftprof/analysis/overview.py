@@ -32,7 +32,7 @@ def step_findings(steps: pd.DataFrame) -> list[Finding]:
     phase_totals = {phase: int(steps[f"{phase}_ns"].sum()) for phase in cpu.PHASES}
     step_total = int(steps["duration"].sum())
     if sum(phase_totals.values()):  # no phase ranges, no evidence about phases
-        top_phase = max(phase_totals, key=phase_totals.get)
+        top_phase = max(phase_totals, key=lambda phase: phase_totals[phase])
         share = 100.0 * phase_totals[top_phase] / step_total if step_total else 0.0
         breakdown = ", ".join(f"{p} {100.0 * t / step_total:.1f}%" for p, t in phase_totals.items())
         findings.append(

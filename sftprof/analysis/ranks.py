@@ -462,7 +462,7 @@ def _rank_collectives(inputs, common, comm, has_nccl) -> pd.DataFrame:
 def _slowest_phase(rank: int, own_phase: dict) -> tuple[str, float]:
     """The phase where a rank's own time exceeds the median of the others' most, and by how much."""
     excess = {p: float((own_phase[p] - _of_others(own_phase[p]))[rank].median()) for p in OWN_PHASES}
-    phase = max(excess, key=excess.get)
+    phase = max(excess, key=lambda phase: excess[phase])
     return phase, excess[phase]
 
 

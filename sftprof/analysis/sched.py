@@ -57,7 +57,8 @@ class _Core:
     """One core's runs as they stream by in start order: their union, and the threads seen."""
 
     def __init__(self, cpu: int):
-        self.cpu, self.union, self.threads = cpu, intervals.RunningUnion(), set()
+        self.cpu, self.union = cpu, intervals.RunningUnion()
+        self.threads: set[int] = set()
 
     def add(self, starts: np.ndarray, ends: np.ndarray, threads: np.ndarray) -> None:
         self.union.add(starts, ends)
@@ -74,7 +75,9 @@ def core_use(events: EventStore, span_ns: int, chunks: int = CORE_CHUNKS) -> Cor
         "timeline": ["cpu", "chunk", "start", "end", "busy_pct"],
     }
     chunk_starts, chunk_ends = intervals.chunk_edges(0, span_ns, chunks) if span_ns > 0 else (None, None)
-    cores, timeline, running = [], [], {}
+    cores: list[list] = []
+    timeline: list[pd.DataFrame] = []
+    running: dict[int, int] = {}
     core = None
 
     def finish(core: _Core) -> None:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -176,7 +176,7 @@ def output_pattern(directory: str | Path, output_name: str, per_rank: bool) -> s
 
 def expand_output(pattern: str, environ: dict[str, str] | None = None) -> Path:
     """The path nsys makes of an --output pattern: %q{VAR} is $VAR, %h the host name, %% a %."""
-    environ = os.environ if environ is None else environ
+    variables: Mapping[str, str] = os.environ if environ is None else environ
 
     def substitute(match: re.Match) -> str:
         token = match.group(0)
@@ -185,9 +185,9 @@ def expand_output(pattern: str, environ: dict[str, str] | None = None) -> Path:
         if token == "%h":
             return socket.gethostname()
         name = match.group(1)
-        if name not in environ:
+        if name not in variables:
             raise NsysError(f"--output={pattern} needs ${name}, which is not set (run it under Slurm)")
-        return environ[name]
+        return variables[name]
 
     return Path(re.sub(r"%q\{([A-Za-z_][A-Za-z0-9_]*)\}|%h|%%", substitute, pattern))
 
@@ -384,7 +384,7 @@ def _run_nsys(argv: list[str], env: dict[str, str], log: IO[str], token: str) ->
     )
 
     def copy_output() -> None:
-        for line in proc.stdout:
+        for line in proc.stdout or ():  # a PIPE: never None
             captured.append(line)
             log.write(line)
             sys.stdout.write(line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,7 +189,7 @@ def read_suggestions(path: str | Path) -> dict[str, dict]:
     return (yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}).get("variants", {})
 
 
-def as_yaml(suggestions: list[tuple[str, dict, str, float | None]], source: str, left_out: list[str] = ()) -> str:
+def as_yaml(suggestions: list[tuple[str, dict, str, float | None]], source: str, left_out: Sequence[str] = ()) -> str:
     """The variants as config YAML, each with a comment saying what it tests and what it should pay; the
     remedies the run could not take, as comments after them."""
     notes = [f"# Not suggested, {line}." for line in left_out]

@@ -60,6 +60,7 @@ class Annotator:
     """Push/pop NVTX ranges with whichever NVTX route works on this device."""
 
     def __init__(self, on_cuda: bool):
+        self._impl: _TorchCudaNvtx | _NvtxV2Library | _NoNvtx
         if on_cuda:
             self._impl = _TorchCudaNvtx()
             self.route = "torch.cuda.nvtx"

@@ -92,7 +92,7 @@ class MicroBatches:
         self._order: list[int] = []
 
     def next(self) -> list[dict]:
-        batch = []
+        batch: list[dict] = []
         while len(batch) < self._batch_size:
             if not self._order:
                 self._order = list(range(len(self._examples)))
