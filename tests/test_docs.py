@@ -5,6 +5,7 @@ import functools
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,13 +77,20 @@ def test_the_container_recipe_names_modules_and_files_that_exist():
 
 
 def test_the_container_recipes_imports_run_in_a_fresh_install_without_dependencies(tmp_path):
-    """%post installs the package with --no-deps over NeMo's image: its %test imports must need nothing more than
-    the standard library and what %post adds (checked here in a venv that holds only the package, stricter)."""
+    """%files copies the package's sources and %post installs them with --no-deps over NeMo's image: here the same
+    sources, copied as %files copies them, are installed so into a venv that holds nothing else (stricter than the
+    image), and the recipe's sftprof imports must run there."""
     post = " ".join(_recipe_sections()["post"])
     assert re.search(r"pip install [^\n]*--no-deps /opt/sftprof", post), post
+    source = tmp_path / "opt" / "sftprof"
+    source.mkdir(parents=True)
+    for line in filter(None, _recipe_sections()["files"]):
+        origin, target = line.split()
+        copy = shutil.copytree if (REPO / origin).is_dir() else shutil.copy
+        copy(REPO / origin, source / Path(target).relative_to("/opt/sftprof"))
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     run = functools.partial(subprocess.run, check=True, env=env, capture_output=True, text=True, cwd=tmp_path)
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", "dist", str(REPO)])
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", "dist", str(source)])
     run([sys.executable, "-m", "venv", "venv"])
     run(["venv/bin/pip", "install", "-q", "--no-deps", str(next((tmp_path / "dist").glob("sftprof-*.whl")))])
     code = f"import {', '.join(_recipe_modules())}; print(sftprof.__file__)"
