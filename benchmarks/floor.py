@@ -13,7 +13,7 @@ timed as benchmarks/run.py times them (wall, CPU and peak RSS from wait4), each 
   nsys      `nsys stats` with run.py's reports
 
 Each row gives its wall time over `nsys stats`' (the issue's target for analyze: 0.2) and its CPU time over the
-cores times nsys's wall: what it would take were every core busy all the time. ENGINE.md section 26 has the
+cores times nsys's wall: what it would take were every core busy all the time. benchmarks/ENGINE.md has the
 figures and what they say.
 """
 

@@ -57,7 +57,7 @@ from sftprof.trace.events import usable_cores  # noqa: E402
 
 DEFAULT_SIZES = "1M,4M"
 FIXTURES = REPO / "tests" / "fixtures"
-# Every real capture's shape (ENGINE.md sections 5 and 10): what --every-shape replicates, in this order.
+# Every real capture's shape (benchmarks/ENGINE.md): what --every-shape replicates, in this order.
 REAL_SHAPES = (
     DEFAULT_SEED,  # the built-in trainer
     FIXTURES / "h200_plant_device_sync.sqlite",
@@ -67,11 +67,11 @@ REAL_SHAPES = (
     FIXTURES / "nemo" / "h200_nemo_lora_llama2_7b.sqlite.xz",  # emit_nvtx: 6 NVTX ranges per kernel
     FIXTURES / "nsys2025" / "h200_sft_clean_metrics.sqlite",  # GPU metrics and context switches
 )
-# Shapes no committed capture has, each made from one by SQL run on a copy (ENGINE.md sections 17 and 18),
+# Shapes no committed capture has, each made from one by SQL run on a copy (benchmarks/ENGINE.md),
 # replicated by --every-shape after the real ones: a trainer that synchronizes after every launch (one driver
 # call renamed: 8.6M synchronizations at 10M kernels); one that sets pinned memory with cudaMemset and copies
 # to pageable memory (1.4M blocking memsets and 0.13M pageable copies at 10M); one whose ranges, CUDA calls and
-# OS-runtime calls are spread over 200 threads of its process (ENGINE.md section 31). New names only: a name the
+# OS-runtime calls are spread over 200 threads of its process (benchmarks/ENGINE.md). New names only: a name the
 # seed already holds would be listed twice by nsys stats.
 _SPREAD = "UPDATE {} SET globalTid = (globalTid >> 24 << 24) | (100000 + rowid % 200) WHERE globalTid IS NOT NULL"
 EDITED_SHAPES = {

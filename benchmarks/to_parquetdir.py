@@ -1,7 +1,7 @@
 """Write an nsys SQLite export as a parquetdir (one TABLE.parquet per table) through DuckDB, for measuring
 the parquetdir route on a generated export where no nsys 2024+ is at hand. A stand-in for `nsys export
 --type=parquetdir`: signed integers where nsys writes unsigned ones, and DuckDB's row groups; on the committed
-2025.3.1 capture its analysis equals that of nsys's own parquetdir (ENGINE.md section 20).
+2025.3.1 capture its analysis equals that of nsys's own parquetdir (benchmarks/ENGINE.md).
 
     python benchmarks/to_parquetdir.py EXPORT.sqlite OUT.parquetdir
 """

@@ -16,19 +16,19 @@ from sftprof.errors import SftprofError
 DEFAULT = "1GB"
 # Loading keeps two databases open (the export's reader and the event store), the analysis a
 # summary's beside the store: three shares at most. 128 MB each at 1 GB cost no time at 10M
-# kernels against 512 MB (ENGINE.md, section 11).
+# kernels against 512 MB (benchmarks/ENGINE.md).
 DUCKDB_SHARE = 8
-MIN_DUCKDB_BYTES = 64 * 2**20  # a 1M-kernel copy ran out at 16 MiB, not at 32 (ENGINE.md, section 11)
+MIN_DUCKDB_BYTES = 64 * 2**20  # a 1M-kernel copy ran out at 16 MiB, not at 32 (benchmarks/ENGINE.md)
 # DuckDB's share a thread: each thread aggregates and sorts in memory of its own. With 8 threads in 128 MiB
 # (the GPU machine's 16 cores), the exact median's histogram over NeMo's 60M NVTX ranges ran out; with 4 it
-# did not (ENGINE.md, section 21). Its 2^21 groups were the cause, and with other values 4 threads ran out too:
+# did not (benchmarks/ENGINE.md). Its 2^21 groups were the cause, and with other values 4 threads ran out too:
 # DUCKDB_GROUPS below now bounds them (section 24).
 DUCKDB_THREAD_BYTES = 32 * 2**20
 # The most groups a GROUP BY over rows that grow with the capture may make. Up to about there each DuckDB thread
 # aggregates into a table of its own whose size does not grow with the rows; beyond it the rows themselves are
 # partitioned and held, so memory grows with them: counting 30M-120M random values into 2^15 buckets ran out of
-# a 128 MiB share with 4 or 8 threads, on this VM and on the GPU machine alike, and 2^14 did not (ENGINE.md,
-# section 24). On NeMo's 12M NVTX ranges the median's 2^21 buckets ran out on any machine of 4 cores or more.
+# a 128 MiB share with 4 or 8 threads, on the development VM and on the GPU machine alike, and 2^14 did not
+# (benchmarks/ENGINE.md). On NeMo's 12M NVTX ranges the median's 2^21 buckets ran out on any machine of 4 cores or more.
 DUCKDB_GROUPS = 1 << 14
 MAX_BYTES = 2**50  # 1 PB: more than any machine has, and far from float and DuckDB limits
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -56,7 +56,7 @@ def parse(text: str) -> int:
 # what is freed into it for its own thread: on the GPU machine's 16 cores NeMo's 10M export peaked at 1.26 and 1.19
 # GiB with glibc's default, 1.08 and 1.10 with 2 arenas, alternating in one call, in the same time (43.3 and 40.1 s
 # against 47.8 and 38.5). A fixed 4 MiB mmap threshold on top took no more off (1.10-1.11) and 10% more time, and
-# 1 MiB took 2.4x the time where threads outnumber cores (ENGINE.md, section 24).
+# 1 MiB took 2.4x the time where threads outnumber cores (benchmarks/ENGINE.md).
 MALLOC_ARENAS = 2
 _M_ARENA_MAX = -8  # glibc's malloc.h
 

@@ -62,7 +62,7 @@ FP8_LEVER = "FP8 GEMMs with Transformer Engine (Hopper, Blackwell)"
 def metric_means_while_busy(events: EventStore, busy: dict[int, DeviceBusy]) -> dict:
     """Mean of each metric (lower-cased name) over samples taken while its device was running work.
     Samples are read a batch at a time and summed by metric: twenty counters sampled at 10 kHz make 12M
-    rows a minute (20M as one frame: 100 s and 6.2 GB, benchmarks/ENGINE.md section 10). A sample without
+    rows a minute (20M as one frame: 100 s and 6.2 GB, benchmarks/ENGINE.md). A sample without
     a value counts for nothing."""
     names = events.query("SELECT id, name FROM metric_names")
     if names.empty:

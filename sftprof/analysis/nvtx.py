@@ -26,7 +26,7 @@ NOT_TRACED = "(launching call not traced)"
 # Kernels joined to their launches a slice at a time, and ranges that start in one window of a thread's timeline
 # (ThreadWindows, ~12 MB of ThreadRanges): 0.25M each. The projection alone over NeMo's 10M export held 159 MiB at
 # its peak (tracemalloc) with two workers, against 317 MiB at 0.5M each, and the trainer's 4M export 89-100 MiB
-# against 176-205, in the same time (ENGINE.md 24; at 1M NeMo's shape peaked higher for no gain, sections 8, 15).
+# against 176-205, in the same time (benchmarks/ENGINE.md; at 1M NeMo's shape peaked higher for no gain).
 SLICE_KERNELS = 1 << 18
 WINDOW_RANGES = 1 << 18
 FEW_KEYS = 16  # _groups finds up to this many distinct keys a pass each, more by sorting

@@ -1,7 +1,7 @@
 """A union of intervals kept in files, not in memory: a device's busy time.
 
 A GPU that runs kernels back to back has about as many busy intervals as kernels: 40M kernels made
-a union of 0.64 GB, held whole while the analyses read it (benchmarks/ENGINE.md, section 15). The
+a union of 0.64 GB, held whole while the analyses read it (benchmarks/ENGINE.md). The
 union is written to two unlinked temporary files under $TMPDIR (starts, ends) as it is merged, and
 read back by position a block at a time. Memory holds each block's first start and end, and the
 length of the intervals before it: 24 bytes per BLOCK intervals. Every question the analyses ask

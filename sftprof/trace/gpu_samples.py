@@ -4,7 +4,7 @@ the event store: from an SQLite export's pages (PageSamples), or by DuckDB from 
 Why: one analysis reads them (the metrics' means while each GPU was busy, boundness.py), in one pass, and
 `--gpu-metrics-devices` samples some twenty counters 10,000 times a second: 107M samples at 10M kernels
 of the trainer's shape. Copying them into DuckDB took 9 s there, more than loading everything else; one
-pass over the pages takes about 2 s (benchmarks/ENGINE.md, section 27).
+pass over the pages takes about 2 s (benchmarks/ENGINE.md).
 
 Loading reads the samples once: to count those whose times are not valid (dropped_rows, as the copy
 counts them) and, for SQLite, to know that every page decodes: a file whose pages this reader does not decode

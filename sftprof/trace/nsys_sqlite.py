@@ -339,7 +339,7 @@ def _nvtx_by_sql(export: Export, store: EventStore, dropped) -> None:
 
 
 # Ranges fetched by sqlite3 at a time, as Python tuples of a few hundred bytes: NeMo's 2M export (12M ranges)
-# peaked at 1.63 GB a million at a time, 0.79 GB at this, in 42-44 s either way (ENGINE.md, 29).
+# peaked at 1.63 GB a million at a time, 0.79 GB at this, in 42-44 s either way (benchmarks/ENGINE.md).
 SQLITE3_BATCH_ROWS = 1 << 17
 
 
@@ -372,11 +372,11 @@ def _nvtx_through_sqlite3(export: SqliteExport, store: EventStore, dropped) -> N
 NVTX_PAGE_COLUMNS = ["start", "end", "eventType", "globalTid", "textId", "domainId"]
 # NVTX pages decoded at a time: half the other tables' (sqlite_pages.CHUNK_BYTES), beside the copy of kernels and
 # calls: loading NeMo's 20M export (120M ranges) peaked at 0.74-0.78 GiB with 16 MiB, 0.82 with 32, in the same time
-# (ENGINE.md, sections 15 and 25).
+# (benchmarks/ENGINE.md).
 NVTX_CHUNK_BYTES = 16 << 20
 # NVTX ranges inserted at a time (a few chunks' rows, held while the batch before is inserted: loading peaked
 # 0.05 GiB higher at 60M): DuckDB pays per INSERT, the more so the more threads it has. On the GPU machine's 16
-# cores 12M of NeMo's ranges went in in 2.1-2.2 s a chunk at a time, 1.0-1.1 s four at a time (ENGINE.md, 22).
+# cores 12M of NeMo's ranges went in in 2.1-2.2 s a chunk at a time, 1.0-1.1 s four at a time (benchmarks/ENGINE.md).
 NVTX_INSERT_ROWS = 1 << 20
 
 
@@ -729,7 +729,7 @@ def _coded_names(export: Export, store: EventStore, dropped) -> None:
     whose times are not valid left out and counted. A parquetdir is read where it lies; an SQLite export's events
     are first copied (the ranges' query reads them three times a pass, each a walk of the file). Through
     temporary tables of every range's text and a copy a batch at a time, NeMo's 60M ranges at 10M kernels took
-    51 s from a parquetdir and 67 s from SQLite, 1.4 GB at the peak; so, 26 and 51 s, 0.3 GB (ENGINE.md section 28).
+    51 s from a parquetdir and 67 s from SQLite, 1.4 GB at the peak; so, 26 and 51 s, 0.3 GB (benchmarks/ENGINE.md).
     Where the names are more than DuckDB's share groups at once (1.2M names, one a range, ran out), the ranges are
     cut once into a temporary table, and their names listed and joined a slice of their hash at a time."""
     styles = NVTX_STYLES

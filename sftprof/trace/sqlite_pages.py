@@ -33,10 +33,10 @@ from sftprof.trace.events import read_only_uri, usable_cores
 # (about 1.5x the pages' size for kernels) while they are inserted. DuckDB pays per INSERT, more with more threads:
 # loading the trainer's 10M export peaked at 0.56-0.58 GiB on this VM's 2 cores in 6.3-7.5 s, against 0.74-0.76 in
 # 7.2-8.2 s with 64 MiB; on the GPU machine's 16 cores 0.70-0.74 GiB in 9.0-9.6 s, against 0.83-0.88 in 5.9-6.4 s.
-# The budget comes first (ENGINE.md, section 25).
+# The budget comes first (benchmarks/ENGINE.md).
 CHUNK_BYTES = 32 << 20
 # Threads that decode a chunk's pages, a part each: NeMo's 12M NVTX ranges decoded in 0.58 s on 2 threads
-# against 0.92 s on one (ENGINE.md, section 22).
+# against 0.92 s on one (benchmarks/ENGINE.md).
 MAX_DECODE_THREADS = 4
 HEADER = b"SQLite format 3\x00"
 TABLE_INTERIOR, TABLE_LEAF = 0x05, 0x0D

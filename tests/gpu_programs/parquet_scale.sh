@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The analysis of one generated 10M-kernel export through SQLite and through a parquetdir (written by
 # benchmarks/to_parquetdir.py), against `nsys stats` on the same SQLite, on the GPU machine's cores
-# (ENGINE.md section 20). Run from the checkout's root with duckdb and duckdb-ext-sqlite in SITE:
+# (benchmarks/ENGINE.md). Run from the checkout's root with duckdb and duckdb-ext-sqlite in SITE:
 #   bash tests/gpu_programs/parquet_scale.sh DEBS SITE DEST [KERNELS]
 set -uo pipefail
 debs=$(cd "${1:?DEBS}" && pwd); site=${2:?SITE}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 20's loop on the GPU machine: the padding-heavy baseline of sft_cases.py and the variants that
 # `sftprof suggest` printed for its committed capture (tests/fixtures/h200_sft_padding.*), each run by the
-# built-in trainer under Nsight Systems 2025.3.1 with the workflow's options, in one machine session.
+# built-in trainer under Nsight Systems 2025.3.1 with the workflow's options, in one start of the machine.
 # Run from the checkout's root:  bash tests/gpu_programs/variants_loop.sh PACK DEST
 #   PACK: debs/ (libdw1, libelf1: the 2025.3.1 importer needs libdw.so.1). DEST gets loop.tar.xz
 #   (per run: NAME.sqlite, NAME.metrics.jsonl, NAME.log) and commands.log.
