@@ -30,6 +30,7 @@ import pandas as pd
 from sftprof.analysis import cuda, intervals, nvtx
 from sftprof.analysis.findings import Finding, ms, pct, severity_of
 from sftprof.analysis.gains import StepClock
+from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.analysis.utilisation import UNNAMED_RANGE
 from sftprof.trace.events import EventStore
 
@@ -416,9 +417,16 @@ def _listed(rows: pd.DataFrame, column: str, steps: int) -> str:
     return ", ".join(f"`{name}` {ms(ns / steps)}" for name, ns in top.items())
 
 
-def idle_findings(causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame) -> list[Finding]:
+# Causes whose time is the host's own code and launches: what a profiler that costs host time inflates.
+HOST_CAUSES = (HOST_OVERHEAD, HOST_WORK)
+
+
+def idle_findings(
+    causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame, overhead: Overhead | None = None
+) -> list[Finding]:
     """A finding for each cause of GPU idle time (CAUSES) that holds at least MIN_SHARE_PCT of the median
-    step: the gain is its share (idle time that fixing it removes), with the calls and ranges that hold most."""
+    step: the gain is its share (idle time that fixing it removes), with the calls and ranges that hold most;
+    for host overhead and host work, only the part the profiler cannot have added (overhead.host_share)."""
     if causes.empty:
         return []
     numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
@@ -434,19 +442,21 @@ def idle_findings(causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame) -
             continue
         calls = rows[rows["source"] != "own code"]
         where = f" Calls: {_listed(calls, 'name', clock.steps)} per step." if len(calls) else ""
+        share = host_share(overhead, float(np.median(per_step)), clock) if cause.cause in HOST_CAUSES else None
         findings.append(
             Finding(
                 cause.rule,
-                severity_of(gain),
-                f"The GPU idles {gain:.1f}% of the step while the CPU {cause.doing}",
+                severity_of(share.gain_pct if share else gain),
+                f"The GPU idles {gain:.1f}% of the step while the CPU {cause.doing}" + (share.title if share else ""),
                 f"{ms(float(np.median(per_step)))} per step (median of {clock.steps}) of the "
                 f"{ms(float(np.median(idle)))} the GPU idles in a step ({pct(np.median(idle), clock.step_ns):.1f}% "
                 f"of it), in {int(rows['pieces'].sum()):,} stretches.{where} Innermost NVTX ranges open on the "
-                f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step.",
+                f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step."
+                + (share.evidence if share else ""),
                 cause.recommendation,
-                gain,
+                share.gain_pct if share else gain,
                 f"GPU idle (no device busy) while the thread that launched the next GPU work {cause.doing}: "
-                f"idle_causes, {clock.scope(per_step)}",
+                f"idle_causes, {clock.scope(per_step)}" + (share.basis if share else ""),
             )
         )
     return findings

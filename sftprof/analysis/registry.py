@@ -32,6 +32,7 @@ from sftprof.analysis import (
     kernels,
     memory,
     nvtx,
+    overhead,
     overview,
     rules,
     sched,
@@ -261,6 +262,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section("bound", accounting.run_bound, ("step_accounting",), F),
     Section("measured_steps", _measured_steps, ("metrics",), F),
+    Section("overhead", overhead.measure, ("metrics", "clock"), F),
     Section("padded", efficiency.padding, ("measured_steps",), F),
     Section("device_name", _device_name, ("tables",), F),
     Section(
@@ -354,8 +356,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         ", ".join(cause.rule for cause in idle.CAUSES),
         idle.idle_findings,
-        ("idle_causes", "clock", "steps"),
+        ("idle_causes", "clock", "steps", "overhead"),
     ),
+    Rule("profiling_overhead", overhead.finding, ("overhead", "tables", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),
     Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
     Rule(
