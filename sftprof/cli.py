@@ -43,12 +43,8 @@ def _cmd_analyze(args) -> int:
     read_metrics(args.metrics)  # a bad metrics file, step pattern or budget is refused before any work
     step_pattern(args.step_range)
     _use_memory_budget(args)
-    for report in map(Path, args.reports):
-        stem = report.name.split(".")[0]
-        if args.output is None:
-            out_dir = report.parent / f"{stem}-sftprof"
-        else:
-            out_dir = Path(args.output) / stem if len(args.reports) > 1 else Path(args.output)
+    reports = list(map(Path, args.reports))
+    for report, out_dir in zip(reports, pipeline.output_dirs(reports, args.output)):
         # On a terminal's stderr, and gone when done: a 10M-kernel export takes about a minute.
         with Progress(
             TextColumn("{task.description}"),
@@ -279,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument(
         "-o",
         "--output",
-        help="output folder (default: NAME-sftprof beside each report; with several reports, one subfolder per report)",
+        help="output folder (default: NAME-sftprof beside each report, NAME its file name less .nsys-rep, .sqlite, "
+        ".parquetdir, .json or .json.gz; with several reports, OUTPUT/NAME for each; two reports never share one)",
     )
     analyze.add_argument("--metrics", help="the trainer's metrics .jsonl, to add the run's step times")
     analyze.add_argument("--title", help="report title")

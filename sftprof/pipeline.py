@@ -7,6 +7,7 @@ so each runs the same steps in the same order and releases the same resources.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,11 +16,11 @@ import duckdb
 from sftprof import memory_budget, results
 from sftprof.analysis import Analysis, analyze
 from sftprof.capture import rank
-from sftprof.io import atomic_dir
+from sftprof.io import OutputError, atomic_dir
 from sftprof.report import RankReport, write_html
 from sftprof.trace import load_trace
 from sftprof.trace.events import out_of_disk
-from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys
+from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys, trace_stem
 from sftprof.trace.metrics import read_metrics
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
@@ -48,6 +49,46 @@ def analyze_trace(
         if full is None:
             raise
         raise full from None
+
+
+def output_dirs(traces: list[Path], output: str | Path | None) -> list[Path]:
+    """`sftprof analyze`'s output folder for each trace, one of its own whatever the names: NAME-sftprof beside
+    it (or OUTPUT/NAME with several traces), NAME the file's name less its known suffix. Where two names would
+    give one folder, each keeps its whole file name, and where they still would (one name in two folders, with
+    -o), the later is numbered; a trace given twice is refused."""
+    traces = [Path(trace) for trace in traces]
+    first: dict[str, Path] = {}
+    for trace in traces:
+        same = first.setdefault(os.path.realpath(trace), trace)
+        if same is not trace:
+            raise OutputError(f"{trace} is given twice (also as {same}): give each trace once")
+
+    def folder(trace: Path, name: str) -> Path:
+        if output is None:
+            return trace.parent / f"{name}-sftprof"
+        return Path(output) / name if len(traces) > 1 else Path(output)
+
+    def key(path: Path) -> str:
+        return os.path.abspath(path)
+
+    def shared(paths: list[Path]) -> set[str]:
+        keys = [key(path) for path in paths]
+        return {k for k in keys if keys.count(k) > 1}
+
+    by_stem = [folder(trace, trace_stem(trace)) for trace in traces]
+    by_name = [
+        folder(trace, trace.name) if key(path) in shared(by_stem) else path for trace, path in zip(traces, by_stem)
+    ]
+    chosen = [stem if key(name) in shared(by_name) else name for stem, name in zip(by_stem, by_name)]
+    taken = {key(path) for path in chosen}
+    dirs: list[Path] = []
+    for path in chosen:
+        candidate, number = path, 1
+        while key(candidate) in {key(d) for d in dirs} or (candidate is not path and key(candidate) in taken):
+            number += 1
+            candidate = path.with_name(f"{path.name}-{number}")
+        dirs.append(candidate)
+    return dirs
 
 
 def analyze_into(

@@ -356,3 +356,33 @@ def test_error_messages_are_one_line_whatever_they_quote(tmp_path):
     usage = run_sftprof("render", "\x1b]0;pwned\x07", "demo", "steady")
     assert usage.returncode == 2 and "\\x1b]0;pwned\\x07" in usage.stderr
     assert not CONTROL_CHARACTERS & set(usage.stderr)
+
+
+def test_reports_whose_names_agree_up_to_a_dot_get_folders_of_their_own(tmp_path, capsys):
+    """The workflow's rank reports are named profile.JOB.N.R.HOST: analysed together (beside them, or with -o),
+    each keeps its own output folder and its own `report:` path."""
+    ranks = [tmp_path / "profile.4101.0.0.vm.sqlite", tmp_path / "profile.4101.0.1.vm.sqlite"]
+    for source, copy in zip((CLEAN, GEMM), ranks):
+        shutil.copy(source, copy)
+    for output in (None, tmp_path / "out"):
+        assert main(["analyze", *map(str, ranks), *(["-o", str(output)] if output else [])]) == 0
+        stdout = capsys.readouterr().out
+        reports = [line.split("report: ")[1] for line in stdout.splitlines() if "report: " in line]
+        assert len(set(reports)) == 2, reports
+        for trace, report in zip(ranks, reports):
+            summary = json.loads((Path(report).parent / "analysis" / "analysis.json").read_text())
+            assert summary["source_path"] == str(trace), (report, summary["source_path"])
+
+
+def test_a_trace_given_twice_is_refused_and_an_nsys_rep_beside_its_export_keeps_its_own_folder(tmp_path):
+    from sftprof.pipeline import output_dirs
+
+    traces = [tmp_path / "a.nsys-rep", tmp_path / "a.sqlite", tmp_path / "b.json.gz"]
+    assert output_dirs(traces, None) == [
+        tmp_path / "a.nsys-rep-sftprof",
+        tmp_path / "a.sqlite-sftprof",
+        tmp_path / "b-sftprof",
+    ]
+    one_name = [tmp_path / folder / "x.sqlite" for folder in ("n0", "n1")] + [tmp_path / "x-2.sqlite"]
+    assert output_dirs(one_name, "OUT") == [Path("OUT/x"), Path("OUT/x-3"), Path("OUT/x-2")]
+    assert_refused(run_sftprof("analyze", CLEAN, FIXTURES / ".." / "fixtures" / CLEAN.name), contains="given twice")

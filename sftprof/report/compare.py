@@ -32,6 +32,7 @@ from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir
 from sftprof.text import terminal_safe, write_csv
 from sftprof.trace.kineto import kernel_short_name
+from sftprof.trace.load import trace_stem
 
 COMPARISON_CSV, FINDINGS_CSV, HTML_FILE = "comparison.csv", "findings.csv", "compare.html"
 TOP_CHANGES = 10  # rows of "largest changes" in the terminal summary and the HTML
@@ -118,7 +119,7 @@ def load_inputs(paths: list[str | Path]) -> list[tuple[Path, Analysis]]:
 def _label_parts(path: Path) -> list[str]:
     """Path components that tell inputs apart: no root, no `analysis` folders, no trace suffixes."""
     path = path.resolve()
-    name = path.name.split(".")[0] if path.is_file() else path.name
+    name = trace_stem(path) if path.is_file() else path.name
     return [part for part in (*path.parts[1:-1], name) if part != "analysis"] or [name]
 
 
