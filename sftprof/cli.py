@@ -125,7 +125,7 @@ def _cmd_ranks(args) -> int:
 
     _use_memory_budget(args)
     out = Path(args.output)
-    result = pipeline.cross_rank_dirs(args.dirs, out, args.title or "sftprof: across ranks", step)
+    result = pipeline.cross_rank_dirs(args.dirs, out, args.title or "sftprof: across ranks", step, args.allow_mixed)
     headline = result.headline
     print(
         terminal_safe(
@@ -319,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     ranks.add_argument("dirs", nargs="+", metavar="DIR", help="capture folder with rank records")
     ranks.add_argument("-o", "--output", default="sftprof-ranks", help="output folder (default: sftprof-ranks)")
     ranks.add_argument("--title", help="title of the HTML pages")
+    ranks.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="compare ranks whose records name different Slurm jobs or world sizes (refused otherwise); the "
+        "report then says so in a mixed_runs finding, and derives no bus bandwidth",
+    )
     _add_memory_budget(ranks)
     ranks.set_defaults(handler=_cmd_ranks)
 

@@ -7,10 +7,12 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from sftprof.errors import SftprofError
 
@@ -38,6 +40,48 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def atomic_write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+class InputError(SftprofError):
+    """A file to read that is not a regular file (a folder, a FIFO, a device) or is larger than it may be."""
+
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(f"{path}: cannot read it: {reason}")
+        self.reason = reason
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"))
+    kinds += ((stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a plain file")
+
+
+def open_regular(path: str | Path, limit: int | None = None) -> BinaryIO:
+    """`path` opened for reading if what it names is a regular file of at most `limit` bytes: a folder fails
+    on reading, a FIFO blocks, a device such as /dev/zero never ends. Opened without blocking and checked on
+    what was opened, so a FIFO is refused at once and a swapped link cannot slip past. Other errors (no such
+    file, no permission) are the OSError open gives."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(path, f"{_kind(info.st_mode)}, not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise InputError(path, f"{info.st_size:,} bytes, more than the {limit:,} it may hold")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_limited(path: str | Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (open_regular), also where it grows while read."""
+    with open_regular(path, limit) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(path, f"more than the {limit:,} bytes it may hold")
+    return data
 
 
 class OutputError(SftprofError):

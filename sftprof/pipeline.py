@@ -194,7 +194,8 @@ def compare_variants(
 RANKS_DIR, RANKS_HTML = "ranks", "ranks.html"  # the cross-rank tables and page, beside a window's report
 
 
-def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: Path | None):
+def _rank_input(record: dict, analysis: Analysis | None, metrics: Path | None, trace: Path | None):
+    """A rank's input to the cross-rank analysis; without `analysis`, its record's facts alone."""
     from sftprof.analysis.ranks import RankInput
 
     origin = clock_origin(trace) if trace is not None and from_nsys(trace) else None
@@ -204,10 +205,11 @@ def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: P
         node=record["node"],
         host=record["host"],
         world_size=record["world_size"],
-        tables=analysis.tables,
+        tables=analysis.tables if analysis else {},
         run=run,
         origin_ns=origin,
-        sources=tuple(analysis.sources),
+        sources=tuple(analysis.sources) if analysis else None,
+        job_id=record.get("slurm_job_id"),
     )
 
 
@@ -273,12 +275,17 @@ def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
 
 
 def cross_rank_dirs(
-    capture_dirs: list[str | Path], out_dir: str | Path, title: str, progress: Callable[[str], None] = lambda step: None
+    capture_dirs: list[str | Path],
+    out_dir: str | Path,
+    title: str,
+    progress: Callable[[str], None] = lambda step: None,
+    allow_mixed: bool = False,
 ):
     """`sftprof ranks DIR...`: the profiled ranks recorded in the capture folders DIR (one per node, or one for
     the job), each analysed, then compared: OUT_DIR/analysis/rankN/ and OUT_DIR/report.html (as the workflow
-    writes a window's), OUT_DIR/ranks/ and OUT_DIR/ranks.html, which appear together or not at all."""
-    from sftprof.analysis.ranks import RanksError, analyze_ranks
+    writes a window's), OUT_DIR/ranks/ and OUT_DIR/ranks.html, which appear together or not at all. Ranks of
+    different runs are refused before any analysis, unless `allow_mixed` (the report then says so)."""
+    from sftprof.analysis.ranks import RanksError, analyze_ranks, refuse_mixed
 
     found: dict[int, tuple[Path, dict]] = {}
     for folder in map(Path, capture_dirs):
@@ -292,8 +299,14 @@ def cross_rank_dirs(
             )
         for record in records:
             if record["rank"] in found:
-                raise RanksError(f"rank {record['rank']} is recorded in both {found[record['rank']][0]} and {folder}")
+                name = rank.RECORD_PATTERN.format(rank=record["rank"])
+                raise RanksError(
+                    f"rank {record['rank']} is recorded twice, in {found[record['rank']][0] / name} and "
+                    f"{folder / name}: give each rank's folder once"
+                )
             found[record["rank"]] = (folder, record)
+    if not allow_mixed:  # before any analysis: each rank's takes a while
+        refuse_mixed([_rank_input(record, None, None, None) for _, record in found.values()])
     out_dir = Path(out_dir)
     parts, inputs, links = [], [], {}
     with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML, RANKS_DIR, RANKS_HTML)) as partial:
@@ -308,7 +321,7 @@ def cross_rank_dirs(
             inputs.append(_rank_input(record, analysis, metrics, trace))
             links[number] = f"{REPORT_HTML}#r{index}-rank"
         progress("comparing the ranks")
-        result = analyze_ranks(inputs)
+        result = analyze_ranks(inputs, allow_mixed)
         write_html(parts, partial / REPORT_HTML, f"{title}: each rank")
         _write_ranks(result, partial / RANKS_DIR, partial / RANKS_HTML, title, links)
     return result

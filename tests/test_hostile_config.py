@@ -13,6 +13,7 @@ import copy
 import io
 import itertools
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -174,6 +175,16 @@ def test_hostile_config_file_is_refused_in_one_line(tmp_path, command, content, 
 
 def test_unreadable_config_file_is_refused_in_one_line(tmp_path):
     assert_refused(run_sftprof("validate", tmp_path, cwd=tmp_path), contains="cannot be read")
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo"])
+def test_a_config_that_is_a_device_or_fifo_is_refused_at_once(tmp_path, capsys, kind):
+    """Read with a limit and without blocking: a link to /dev/zero does not fill memory, a FIFO does not hang."""
+    path = tmp_path / "config.yaml"
+    path.symlink_to("/dev/zero") if kind == "/dev/zero" else os.mkfifo(path)
+    assert cli.main(["validate", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(f"sftprof: error: config file {path} cannot be read: ") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("field, value", PATTERN_FIELDS.items(), ids=list(PATTERN_FIELDS))

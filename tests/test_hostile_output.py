@@ -386,3 +386,39 @@ def test_a_trace_given_twice_is_refused_and_an_nsys_rep_beside_its_export_keeps_
     one_name = [tmp_path / folder / "x.sqlite" for folder in ("n0", "n1")] + [tmp_path / "x-2.sqlite"]
     assert output_dirs(one_name, "OUT") == [Path("OUT/x"), Path("OUT/x-3"), Path("OUT/x-2")]
     assert_refused(run_sftprof("analyze", CLEAN, FIXTURES / ".." / "fixtures" / CLEAN.name), contains="given twice")
+
+
+def _special(path: Path, kind: str) -> None:
+    """Put a folder, a link to /dev/zero or a FIFO where a file is read."""
+    if path.exists():
+        path.unlink()
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(path)
+
+
+SPECIAL = ("folder", "/dev/zero", "fifo")
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+@pytest.mark.parametrize("name", ["rank0.json", "rank1.json"])
+def test_a_rank_record_that_is_no_regular_file_is_refused_at_once(tmp_path, kind, name):
+    folder = tmp_path / "capture"
+    shutil.copytree(FIXTURES / "ranks" / "clean", folder)
+    _special(folder / name, kind)
+    result = run_sftprof("ranks", folder, "-o", tmp_path / "out", timeout=60)
+    assert_refused(result, contains=f"{folder / name}: cannot read it: ")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+@pytest.mark.parametrize("name", ["analysis.json", "kernels.csv"])
+def test_an_analysis_file_that_is_no_regular_file_is_refused_at_once(good, capsys, tmp_path, kind, name):
+    folder = tmp_path / "edited"
+    shutil.copytree(good[CLEAN] / "analysis", folder)
+    _special(folder / name, kind)
+    refused_in_process(capsys, "compare", good[GEMM], folder, "-o", tmp_path / "cmp", contains=name)
+    assert not (tmp_path / "cmp").exists()

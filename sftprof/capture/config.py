@@ -19,6 +19,7 @@ import yaml
 
 from sftprof import memory_budget
 from sftprof.errors import SftprofError
+from sftprof.io import InputError, read_limited
 from sftprof.step_names import step_pattern
 from sftprof.untrusted import CONTROL_CHARACTER
 
@@ -31,6 +32,7 @@ class ConfigError(SftprofError, ValueError):
 
 # Deeper than any config needs, far shallower than Python's recursion limit.
 MAX_DEPTH = 32
+MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few kilobytes; this bounds what a link to /dev/zero reads
 INT64 = range(-(2**63), 2**63)
 # jsonschema's `pattern` is re.search, and `$` also matches before a final newline.
 ANCHORED_PATTERN = re.compile(r"\^.*\\Z", re.DOTALL)
@@ -303,9 +305,11 @@ def read(path: str | Path) -> dict:
     (the workflow validates what Snakemake merged from its config files and --config)."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_limited(path, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except InputError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.reason}") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
