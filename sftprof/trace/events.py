@@ -69,6 +69,7 @@ MAX_THREADS = 8  # a login node is shared: do not take all its cores
 NVTX_THREADS_APART = 16
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 KERNEL_NAME_IDS = ("name_id", "short_name_id", "mangled_name_id")
+MISSING_KERNEL_NAME = "(kernel name not in StringIds: id "  # the name of a kernel whose name id names nothing
 # A row's pid and tid, from its global_tid as every loader lays it out (pid << 24 | tid): computed in the views, not
 # stored, since DuckDB pays per value inserted (NVTX ranges are the most numerous rows: NeMo's 60M at 10M kernels).
 THREAD_IDS = "((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid"
@@ -735,6 +736,14 @@ class EventStore:
             copy_rows(con.cursor(), *metric_copy)
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
+            # a kernel whose name StringIds does not hold is damage (nsys writes none), but its GPU time is real:
+            # it keeps its time under a name that says so
+            con.execute(f"""
+                INSERT INTO kernel_names
+                SELECT id, '{MISSING_KERNEL_NAME}' || id || ')' FROM (
+                    SELECT DISTINCT unnest([name_id, short_name_id, mangled_name_id]) AS id FROM kernel_rows)
+                WHERE id IS NOT NULL AND id NOT IN (SELECT id FROM kernel_names)""")
         # Once, after the copy (whichever reader made it): one scan of two columns, nothing on the decoder's path.
         for table, rows, valid in (
             ("kernels", "kernel_rows", valid_times_sql()),
