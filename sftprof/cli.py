@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 from pathlib import Path
 
 import yaml
 
-from sftprof import __version__, memory_budget
+from sftprof import __version__, memory_budget, scratch
 from sftprof.text import terminal_safe
 
 
@@ -402,15 +403,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (how Slurm ends a job at its time limit), SIGINT (Ctrl-C) or SIGHUP (a closed terminal), raised
+    where the run is: it unwinds, removing its temporary files and partial output. A KeyboardInterrupt, so that
+    no `except Exception` stops it."""
+
+
+_stopped_by: list[int] = []  # the signal received: DuckDB turns what the handler raises into its own error
+
+
+def _stop(signum: int, frame) -> None:
+    _stopped_by.append(signum)
+    raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     from sftprof.errors import SftprofError  # each command imports only the modules it needs
 
     args = build_parser().parse_args(argv)
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, _stop) for signum in stops}
+    _stopped_by.clear()
     try:
         return args.handler(args)
-    except SftprofError as error:
-        print(f"sftprof: error: {terminal_safe(error)}", file=sys.stderr)  # one line, whatever it quotes
-        return 1
+    except BaseException as error:
+        signum = _stopped_by[0] if _stopped_by else signal.SIGINT if isinstance(error, KeyboardInterrupt) else None
+        if signum is not None:
+            scratch.sweep(own=True)
+            name = signal.Signals(signum).name
+            print(f"sftprof: stopped by {name}: temporary files removed, earlier output kept", file=sys.stderr)
+            return 128 + signum
+        if isinstance(error, SftprofError):
+            print(f"sftprof: error: {terminal_safe(error)}", file=sys.stderr)  # one line, whatever it quotes
+            return 1
+        raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ writing the same output never mix."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -28,7 +29,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     os.chmod(tmp, 0o644)  # mkstemp makes 0600; finished files get the usual permissions
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as error:
+            raise _full(error, path) or error from None
         if tmp.is_dir() and not tmp.is_symlink() and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)  # os.replace puts a folder only where none is, or an empty one
         os.replace(tmp, path)
@@ -139,6 +143,16 @@ def _clear_leftovers(path: Path) -> None:
             _remove(leftover)
 
 
+def _full(error: OSError, path: Path) -> OutputError | None:
+    """The error for an output whose disk (or quota) is full; None for any other."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    return OutputError(
+        f"no space left on the disk of {path.parent} to write {path} ({error.strerror}): free space there or "
+        "choose another output folder; the previous output is kept"
+    )
+
+
 @contextmanager
 def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterator[Path]:
     """Yield a fresh folder private to this run; swap it in for `path` only if the block succeeds.
@@ -159,10 +173,16 @@ def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterat
             and (path.is_symlink() or not path.is_dir() or not {p.name for p in path.iterdir()} <= set(owned))
         ):
             raise OutputError(f"{path} exists and is not an output folder of sftprof: give a new or empty folder")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        except OSError as error:
+            raise _full(error, path) or error from None
         try:
             os.chmod(tmp, 0o755)  # mkdtemp makes 0700; finished folders get the usual permissions
-            yield tmp
+            try:
+                yield tmp
+            except OSError as error:
+                raise _full(error, path) or error from None
             old = tmp.with_suffix(".old")
             if os.path.lexists(path):
                 path.rename(old)

@@ -56,7 +56,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from sftprof import memory_budget
+from sftprof import memory_budget, scratch
 from sftprof.errors import SftprofError
 
 # A time beyond ±2^53 ns (104 days) from the capture's origin belongs to no capture; keeping times
@@ -369,7 +369,7 @@ class EventStore:
     """The kernels and cuda_api tables of one trace (see the module docstring)."""
 
     def __init__(self, on_disk: bool):
-        self._folder = tempfile.mkdtemp(prefix="sftprof-events-") if on_disk else None
+        self._folder = scratch.folder("events") if on_disk else None
         database = os.path.join(self._folder, "events.duckdb") if on_disk else ":memory:"
         self.con = duckdb.connect(database)
         # One cursor per thread that reads: a DuckDB connection object must not run two queries at once,
@@ -381,7 +381,8 @@ class EventStore:
         self._names_lock = threading.Lock()
         self._nvtx_categories: tuple[list, list] = ([], [])  # NVTX names and styles, by name_id and style_id
         self._samples = None  # GPU metric samples left in the export (gpu_samples), if they were
-        self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
+        self._also: list[str] = []  # folders the store's rows are read from while it lives (remove_on_close)
+        self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder, self._also)
         bound(self.con, self._folder)
         self.con.execute("SET preserve_insertion_order = false")
         for table, schema in SCHEMA.items():
@@ -390,15 +391,19 @@ class EventStore:
             self.con.execute(f"CREATE VIEW {view} AS {sql}")
 
     @staticmethod
-    def _release(con, cursors, folder):
+    def _release(con, cursors, folder, also):
         for cursor in cursors.values():
             cursor.close()
         con.close()
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
+        for path in [folder, *also] if folder else also:
+            shutil.rmtree(path, ignore_errors=True)
 
     def close(self) -> None:
         self._finalizer()
+
+    def remove_on_close(self, folder: str) -> None:
+        """Remove `folder` with the store: a temporary export whose pages the analysis still reads."""
+        self._also.append(folder)
 
     # ------------------------------------------------------------------ filling
 
