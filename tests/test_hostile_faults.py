@@ -409,3 +409,28 @@ def test_a_full_output_disk_is_one_line_and_keeps_the_previous_output(tmp_path, 
     message = assert_refused(run_sftprof("analyze", CLEAN, "-o", small_disk / "out"), contains="no space left")
     assert str(small_disk) in message
     assert tree_state(small_disk) == before
+
+
+def _limited(address_space: int):
+    """A child's address space held to `address_space` bytes (ulimit -v)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+
+@pytest.mark.parametrize("limit_gib, ends", [(0.95, "refused"), (1.3, "analysed")])
+def test_an_address_space_limit_is_met_or_refused_up_front(tmp_path, limit_gib, ends):
+    """Under ulimit -v (as clusters set it) a 512MB budget either fits, its threads' stacks made small, or is
+    refused in one line naming the limit it needs; DuckDB's threads used to abort (exit 134) below about 1.4 GB."""
+    result = subprocess.run(
+        [SFTPROF, "analyze", str(FIXTURES / "h200_sft_clean.sqlite"), "-o", str(tmp_path / "out"), "--memory-budget"]
+        + ["512MB"],
+        preexec_fn=_limited(int(limit_gib * 2**30)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if ends == "refused":
+        assert_refused(result, contains="the address-space limit (ulimit -v) of 0.95 GB is below the 1.25 GB")
+    else:
+        assert result.returncode == 0, result.stderr[-2000:]
