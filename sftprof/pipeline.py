@@ -210,6 +210,7 @@ def _rank_input(record: dict, analysis: Analysis | None, metrics: Path | None, t
         origin_ns=origin,
         sources=tuple(analysis.sources) if analysis else None,
         job_id=record.get("slurm_job_id"),
+        span_ns=int(analysis.span_ns) if analysis else None,
     )
 
 

@@ -479,3 +479,26 @@ def test_mixed_runs_compared_only_when_asked_and_said_so_without_bus_bandwidth()
     assert mixed.severity == "warning" and "world sizes 3 (rank 0), 1048576 (rank 1)" in mixed.title
     assert result.tables["rank_collectives"]["busbw_gbps"].isna().all()
     assert result.tables["rank_collectives"]["busy_min_ns"].notna().all()
+
+
+def test_no_straggler_on_one_common_step_and_the_report_says_why():
+    """A clean pair cut to one step, one rank 40% slower in it: too few steps to call it a straggler."""
+    inputs = [_rank(r, node=0, own=[(100 + 40 * r) * MS], waiting=[0]) for r in (0, 1)]
+    result = analyze_ranks(inputs)
+    assert [f.rule for f in result.findings] == ["too_few_steps"] and result.headline["straggler_rank"] is None
+    assert "share 1 step(s): no straggler is named on fewer than 2" in result.findings[0].title
+
+
+def test_implausible_steps_are_left_out_and_named():
+    """Zero-length steps on one rank (which made a 70.5% straggler) and a 27.8-hour step in a 0.3 s capture."""
+    steps = 6
+    inputs = [_rank(r, node=0, own=[100 * MS] * steps, waiting=[0] * steps) for r in (0, 1, 2)]
+    inputs = [RankInput(r.rank, r.node, r.host, r.world_size, r.tables, span_ns=300 * 10**7) for r in inputs]
+    zero = inputs[1].tables["steps"]
+    zero.loc[zero["step"] <= 3, ["duration", "data_ns", "forward_ns", "backward_ns"]] = 0
+    long = inputs[2].tables["steps"]
+    long.loc[long["step"] == 6, "duration"] = 100_000 * 10**9
+    result = analyze_ranks(inputs)
+    assert result.headline["common_steps"] == 2 and result.headline["straggler_rank"] is None
+    [note] = [f for f in result.findings if f.rule == "implausible_steps"]
+    assert note.title.endswith("rank 1 3, rank 2 1")

@@ -48,6 +48,8 @@ STRAGGLER_MIN_PCT = 5.0
 # ... in at least this share of the common steps: a straggler is slow step after step, while noise makes
 # a different rank the slow one from step to step.
 STRAGGLER_STEPS_SHARE = 0.75
+# ... and only over at least this many common steps: one step says nothing about step after step.
+STRAGGLER_MIN_STEPS = 2
 # A straggler's extra time is named as a slow GPU (or its clock) when at least this share of it is
 # more GPU kernel time than the other ranks'; otherwise as host (CPU) time.
 GPU_SHARE_OF_EXCESS = 0.5
@@ -105,6 +107,7 @@ class RankInput:
     origin_ns: int | None = None
     sources: tuple[str, ...] | None = None  # what the capture traced (osrt, cuda, ...), where known
     job_id: str | None = None  # the Slurm job the rank ran in (its record's slurm_job_id), None outside Slurm
+    span_ns: int | None = None  # the capture's span: no step is longer
 
     @property
     def label(self) -> str:
@@ -125,11 +128,19 @@ def _number(values) -> pd.Series:
     return pd.to_numeric(values, errors="coerce")
 
 
+def _plausible(rank: RankInput) -> pd.Series:
+    """Which of a rank's step ranges can be steps: longer than zero, and no longer than its capture."""
+    duration = _number(rank.tables["steps"]["duration"])
+    return (duration > 0) & (duration <= rank.span_ns if rank.span_ns else True)
+
+
 def _steps(rank: RankInput) -> pd.DataFrame:
-    """step -> duration and phase times of one rank (the first range of a step number that repeats)."""
+    """step -> duration and phase times of one rank (the first range of a step number that repeats; none that
+    is not plausible)."""
     steps = rank.tables["steps"]
     if steps.empty or "step" not in steps:
         return pd.DataFrame(columns=["duration", *(f"{p}_ns" for p in OWN_PHASES)])
+    steps = steps[_plausible(rank)]
     frame = steps.assign(step=_number(steps["step"])).dropna(subset=["step"])
     frame = frame.drop_duplicates("step")
     frame = frame.set_index(frame["step"].astype("int64").rename("step"))
@@ -296,11 +307,13 @@ def analyze_ranks(inputs: list[RankInput], allow_mixed: bool = False) -> CrossRa
     }
     # per rank: the share of the steps where its own time exceeds the others' median by the threshold
     slow_steps = (excess >= STRAGGLER_MIN_PCT / 100.0 * step_ns).mean()
-    slow = [r for r in ids if step_ns and slow_steps[r] >= STRAGGLER_STEPS_SHARE]
+    enough = len(common) >= STRAGGLER_MIN_STEPS
+    slow = [r for r in ids if enough and step_ns and slow_steps[r] >= STRAGGLER_STEPS_SHARE]
     findings = _stragglers(inputs, slow, own, own_phase, excess, kernel, step_ns)
     findings += _exposed(comm_exposed, comm_blocking, tables["rank_collectives"], step_ns, has_nccl)
     findings += _unmeasured(inputs, comm)
     findings += _mixed(inputs)
+    findings += _untrusted_steps(inputs, common)
     findings = ranked(findings)
     gains = {f.title: f.gain_pct for f in findings if f.rule == "straggler"}
     top = max(slow, key=lambda r: float(excess[r].median()), default=None)
@@ -598,6 +611,38 @@ def _unmeasured(inputs, comm) -> list[Finding]:
             recommendation="Capture with --trace including osrt (and cuda on GPUs): profile.trace in the config.",
         )
     ]
+
+
+def _untrusted_steps(inputs, common) -> list[Finding]:
+    """Step ranges left out as implausible, and too few common steps to name a straggler."""
+    findings = []
+    left_out = {r.rank: int((~_plausible(r)).sum()) for r in inputs if "duration" in r.tables["steps"]}
+    left_out = {r: n for r, n in left_out.items() if n}
+    if left_out:
+        findings.append(
+            Finding(
+                rule="implausible_steps",
+                severity="info",
+                title="Step ranges left out as implausible: "
+                + ", ".join(f"rank {r} {n}" for r, n in sorted(left_out.items())),
+                evidence="A step of zero length, or longer than its rank's whole capture, cannot be a training "
+                "step; the ranks are compared over the others.",
+                recommendation="Check the step ranges the training loop pushes (a range closed at once, or a "
+                "clock that jumped).",
+            )
+        )
+    if len(common) < STRAGGLER_MIN_STEPS:
+        findings.append(
+            Finding(
+                rule="too_few_steps",
+                severity="info",
+                title=f"The ranks share {len(common)} step(s): no straggler is named on fewer than "
+                f"{STRAGGLER_MIN_STEPS}",
+                evidence="A straggler is a rank that is slower step after step; one step cannot tell that from noise.",
+                recommendation="Capture a window of more steps (profile.windows in the config).",
+            )
+        )
+    return findings
 
 
 def _mixed(inputs) -> list[Finding]:
