@@ -333,6 +333,11 @@ def _edit_csv(name: str, column: str, value=None):
         (lambda f: (f / "kernels.csv").unlink(), "kernels.csv: cannot read it"),
         (_edit_csv("kernels", "total_ns", "x"), "kernels.csv: column total_ns holds values that are not numbers"),
         (_edit_csv("steps", "duration", "x"), "steps.csv: column duration holds values that are not numbers"),
+        *(
+            (_edit_csv(table, column, value), f"{table}.csv: column {column} holds a value no capture gives")
+            for table, column in (("steps", "duration"), ("kernels", "total_ns"))
+            for value in (float("inf"), -5.0, 10.0**300)
+        ),
         (
             lambda f: (_edit_csv("steps", "duration")(f), _edit_summary(**{"headline.steps_captured": "3"})(f)),
             "analysis.json: headline.steps_captured must be a number",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+import numpy as np
 import pandas as pd
 
 from sftprof import __version__, pipeline, results
@@ -51,6 +52,11 @@ _ENV = jinja2.Environment(
 
 class CompareError(SftprofError, ValueError):
     """An input that is neither an analysis folder nor a trace, or too few inputs."""
+
+
+# Every number a comparison reads is a time (ns), a count or a share: none is negative or infinite, and none is
+# beyond 2^62 (146 years in ns: the scale of a misread or hand-edited value).
+MAX_VALUE = float(2**62)
 
 
 class UnusableValue(CompareError):
@@ -161,6 +167,11 @@ def _table(analysis: Analysis, name: str, *numbers: str, keys: tuple[str, ...] =
     for column in numbers:
         if not pd.api.types.is_numeric_dtype(frame[column]) and frame[column].notna().any():
             raise UnusableValue(f"{name}.csv", f"column {column} holds values that are not numbers")
+        values = frame[column].dropna().to_numpy(dtype=float)
+        if not (np.isfinite(values) & (values >= 0) & (values <= MAX_VALUE)).all():
+            raise UnusableValue(
+                f"{name}.csv", f"column {column} holds a value no capture gives (infinite, negative or over 2^62)"
+            )
     return frame
 
 

@@ -31,7 +31,8 @@ def trace_stem(path: str | Path) -> str:
     """A trace's file name without its known suffix: `profile.JOB.N.R.HOST.nsys-rep` keeps all its dots, so
     the ranks of one job keep names of their own."""
     name = Path(path).name
-    for suffix in sorted((*NSYS_SUFFIXES, *KINETO_SUFFIXES), key=len, reverse=True):
+    kineto = tuple(f".pt.trace{suffix}" for suffix in KINETO_SUFFIXES)  # tensorboard_trace_handler's names
+    for suffix in sorted((*NSYS_SUFFIXES, *KINETO_SUFFIXES, *kineto), key=len, reverse=True):
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name
