@@ -14,6 +14,7 @@ import io
 import itertools
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -500,3 +501,28 @@ def test_every_value_reaches_the_script_as_one_quoted_word(tmp_path, record_prop
         one_config()
     finally:
         record_property("hostile_inputs", tried)
+
+
+@pytest.mark.parametrize("window", ["comparison", "variants", "suggested-variants.yaml", "variants.log"])
+def test_a_window_named_like_an_output_of_the_workflow_is_refused(tmp_path, window):
+    """Snakemake refuses such a config with a multi-line ChildIOException; validate says it in one line first."""
+    config = copy.deepcopy(BASE)
+    config["experiments"]["demo"]["profile"]["windows"] = {window: WINDOW}
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert_refused(run_sftprof("validate", path), contains=f"profile.windows.{window}: a window may not be named")
+
+
+@pytest.mark.parametrize("variant", ["model", "dolly.jsonl", "sft", "variants.log", "comparison", "steady"])
+def test_a_variant_named_like_an_output_or_a_window_is_refused(tmp_path, variant):
+    config = copy.deepcopy(BASE)
+    config["experiments"]["demo"]["variants"] = {variant: {"sft": {"steps": 9}}}
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert_refused(run_sftprof("validate", path), contains=f"variants.{variant}: a variant may not be named")
+
+
+def test_every_log_the_rules_write_beside_the_windows_is_reserved():
+    from sftprof import layout
+
+    rules = "".join(path.read_text() for path in (Path(__file__).parent.parent / "workflow" / "rules").glob("*.smk"))
+    written = set(re.findall(r"\{layout\.LOG_DIR\}/([^/{}\"]+)\"", rules))
+    assert written and written <= set(layout.LOG_NAMES), written - set(layout.LOG_NAMES)
