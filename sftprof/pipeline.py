@@ -7,6 +7,7 @@ so each runs the same steps in the same order and releases the same resources.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,11 +16,11 @@ import duckdb
 from sftprof import memory_budget, results
 from sftprof.analysis import Analysis, analyze
 from sftprof.capture import rank
-from sftprof.io import atomic_dir
+from sftprof.io import OutputError, atomic_dir
 from sftprof.report import RankReport, write_html
 from sftprof.trace import load_trace
 from sftprof.trace.events import out_of_disk
-from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys
+from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys, trace_stem
 from sftprof.trace.metrics import read_metrics
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
@@ -48,6 +49,46 @@ def analyze_trace(
         if full is None:
             raise
         raise full from None
+
+
+def output_dirs(traces: list[Path], output: str | Path | None) -> list[Path]:
+    """`sftprof analyze`'s output folder for each trace, one of its own whatever the names: NAME-sftprof beside
+    it (or OUTPUT/NAME with several traces), NAME the file's name less its known suffix. Where two names would
+    give one folder, each keeps its whole file name, and where they still would (one name in two folders, with
+    -o), the later is numbered; a trace given twice is refused."""
+    traces = [Path(trace) for trace in traces]
+    first: dict[str, Path] = {}
+    for trace in traces:
+        same = first.setdefault(os.path.realpath(trace), trace)
+        if same is not trace:
+            raise OutputError(f"{trace} is given twice (also as {same}): give each trace once")
+
+    def folder(trace: Path, name: str) -> Path:
+        if output is None:
+            return trace.parent / f"{name}-sftprof"
+        return Path(output) / name if len(traces) > 1 else Path(output)
+
+    def key(path: Path) -> str:
+        return os.path.abspath(path)
+
+    def shared(paths: list[Path]) -> set[str]:
+        keys = [key(path) for path in paths]
+        return {k for k in keys if keys.count(k) > 1}
+
+    by_stem = [folder(trace, trace_stem(trace)) for trace in traces]
+    by_name = [
+        folder(trace, trace.name) if key(path) in shared(by_stem) else path for trace, path in zip(traces, by_stem)
+    ]
+    chosen = [stem if key(name) in shared(by_name) else name for stem, name in zip(by_stem, by_name)]
+    taken = {key(path) for path in chosen}
+    dirs: list[Path] = []
+    for path in chosen:
+        candidate, number = path, 1
+        while key(candidate) in {key(d) for d in dirs} or (candidate is not path and key(candidate) in taken):
+            number += 1
+            candidate = path.with_name(f"{path.name}-{number}")
+        dirs.append(candidate)
+    return dirs
 
 
 def analyze_into(
@@ -153,7 +194,8 @@ def compare_variants(
 RANKS_DIR, RANKS_HTML = "ranks", "ranks.html"  # the cross-rank tables and page, beside a window's report
 
 
-def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: Path | None):
+def _rank_input(record: dict, analysis: Analysis | None, metrics: Path | None, trace: Path | None):
+    """A rank's input to the cross-rank analysis; without `analysis`, its record's facts alone."""
     from sftprof.analysis.ranks import RankInput
 
     origin = clock_origin(trace) if trace is not None and from_nsys(trace) else None
@@ -163,10 +205,12 @@ def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: P
         node=record["node"],
         host=record["host"],
         world_size=record["world_size"],
-        tables=analysis.tables,
+        tables=analysis.tables if analysis else {},
         run=run,
         origin_ns=origin,
-        sources=tuple(analysis.sources),
+        sources=tuple(analysis.sources) if analysis else None,
+        job_id=record.get("slurm_job_id"),
+        span_ns=int(analysis.span_ns) if analysis else None,
     )
 
 
@@ -232,12 +276,17 @@ def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
 
 
 def cross_rank_dirs(
-    capture_dirs: list[str | Path], out_dir: str | Path, title: str, progress: Callable[[str], None] = lambda step: None
+    capture_dirs: list[str | Path],
+    out_dir: str | Path,
+    title: str,
+    progress: Callable[[str], None] = lambda step: None,
+    allow_mixed: bool = False,
 ):
     """`sftprof ranks DIR...`: the profiled ranks recorded in the capture folders DIR (one per node, or one for
     the job), each analysed, then compared: OUT_DIR/analysis/rankN/ and OUT_DIR/report.html (as the workflow
-    writes a window's), OUT_DIR/ranks/ and OUT_DIR/ranks.html, which appear together or not at all."""
-    from sftprof.analysis.ranks import RanksError, analyze_ranks
+    writes a window's), OUT_DIR/ranks/ and OUT_DIR/ranks.html, which appear together or not at all. Ranks of
+    different runs are refused before any analysis, unless `allow_mixed` (the report then says so)."""
+    from sftprof.analysis.ranks import RanksError, analyze_ranks, refuse_mixed
 
     found: dict[int, tuple[Path, dict]] = {}
     for folder in map(Path, capture_dirs):
@@ -251,8 +300,14 @@ def cross_rank_dirs(
             )
         for record in records:
             if record["rank"] in found:
-                raise RanksError(f"rank {record['rank']} is recorded in both {found[record['rank']][0]} and {folder}")
+                name = rank.RECORD_PATTERN.format(rank=record["rank"])
+                raise RanksError(
+                    f"rank {record['rank']} is recorded twice, in {found[record['rank']][0] / name} and "
+                    f"{folder / name}: give each rank's folder once"
+                )
             found[record["rank"]] = (folder, record)
+    if not allow_mixed:  # before any analysis: each rank's takes a while
+        refuse_mixed([_rank_input(record, None, None, None) for _, record in found.values()])
     out_dir = Path(out_dir)
     parts, inputs, links = [], [], {}
     with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML, RANKS_DIR, RANKS_HTML)) as partial:
@@ -267,7 +322,7 @@ def cross_rank_dirs(
             inputs.append(_rank_input(record, analysis, metrics, trace))
             links[number] = f"{REPORT_HTML}#r{index}-rank"
         progress("comparing the ranks")
-        result = analyze_ranks(inputs)
+        result = analyze_ranks(inputs, allow_mixed)
         write_html(parts, partial / REPORT_HTML, f"{title}: each rank")
         _write_ranks(result, partial / RANKS_DIR, partial / RANKS_HTML, title, links)
     return result

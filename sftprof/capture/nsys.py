@@ -23,12 +23,14 @@ import shlex
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import IO
 
@@ -470,7 +472,9 @@ def export_argv(
     2025.3 writes the folder `output` when it ends in .parquetdir (one TABLE.parquet per table)."""
     if kind not in EXPORT_SUFFIXES:
         raise ValueError(f"export type {kind!r}: sftprof reads {', '.join(EXPORT_SUFFIXES)}")
-    return [*prefix, nsys, "export", f"--type={kind}", "--force-overwrite=true", f"--output={output}", str(report)]
+    report = str(report)
+    report = f"./{report}" if report.startswith("-") else report  # `-x.nsys-rep` is a file, not an option
+    return [*prefix, nsys, "export", f"--type={kind}", "--force-overwrite=true", f"--output={output}", report]
 
 
 def newer_report_message(report: str | Path, nsys: str, prefix: Sequence[str], said: str) -> str:
@@ -486,7 +490,12 @@ def newer_report_message(report: str | Path, nsys: str, prefix: Sequence[str], s
 
 
 def export_report(
-    report: str | Path, output: str | Path, *, nsys: str | None = None, prefix: Sequence[str] = ()
+    report: str | Path,
+    output: str | Path,
+    *,
+    nsys: str | None = None,
+    prefix: Sequence[str] = (),
+    source: dict | None = None,
 ) -> Path:
     """`nsys export` into `output`, of the type its suffix names (EXPORT_SUFFIXES: a .sqlite file or a
     .parquetdir folder), put in place only once it opens as a whole export: on a full disk nsys exits 0
@@ -495,7 +504,9 @@ def export_report(
     `nsys`: the nsys that captured the report, run after `prefix` (a container's exec prefix, where
     the capture ran in that container: its nsys is then the image's, "nsys" on its PATH); by
     default the one on PATH, as run_profile uses. An older release refuses a newer one's report:
-    the NsysError says so, and what to do."""
+    the NsysError says so, and what to do. `source`: the report's fingerprint (trace.load.report_fingerprint),
+    kept in an SQLite export, so that the export is later known to be this report's."""
+    from sftprof.trace.load import SOURCE_TABLE
     from sftprof.trace.nsys_export import ParquetExport
     from sftprof.trace.nsys_sqlite import TraceFormatError, check_export
 
@@ -526,4 +537,11 @@ def export_report(
                 f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
                 f"Is the disk of {output.parent} full?"
             ) from None
+        if source is not None and kind == "sqlite":
+            with closing(sqlite3.connect(tmp)) as conn, conn:
+                conn.execute(f"CREATE TABLE {SOURCE_TABLE} (size INTEGER, mtime_ns INTEGER, sha256_ends TEXT)")
+                conn.execute(
+                    f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?)",
+                    (source["size"], source["mtime_ns"], source["sha256_ends"]),
+                )
     return output

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+import numpy as np
 import pandas as pd
 
 from sftprof import __version__, pipeline, results
@@ -32,6 +33,7 @@ from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir
 from sftprof.text import terminal_safe, write_csv
 from sftprof.trace.kineto import kernel_short_name
+from sftprof.trace.load import trace_stem
 
 COMPARISON_CSV, FINDINGS_CSV, HTML_FILE = "comparison.csv", "findings.csv", "compare.html"
 TOP_CHANGES = 10  # rows of "largest changes" in the terminal summary and the HTML
@@ -50,6 +52,11 @@ _ENV = jinja2.Environment(
 
 class CompareError(SftprofError, ValueError):
     """An input that is neither an analysis folder nor a trace, or too few inputs."""
+
+
+# Every number a comparison reads is a time (ns), a count or a share: none is negative or infinite, and none is
+# beyond 2^62 (146 years in ns: the scale of a misread or hand-edited value).
+MAX_VALUE = float(2**62)
 
 
 class UnusableValue(CompareError):
@@ -118,7 +125,7 @@ def load_inputs(paths: list[str | Path]) -> list[tuple[Path, Analysis]]:
 def _label_parts(path: Path) -> list[str]:
     """Path components that tell inputs apart: no root, no `analysis` folders, no trace suffixes."""
     path = path.resolve()
-    name = path.name.split(".")[0] if path.is_file() else path.name
+    name = trace_stem(path) if path.is_file() else path.name
     return [part for part in (*path.parts[1:-1], name) if part != "analysis"] or [name]
 
 
@@ -160,6 +167,11 @@ def _table(analysis: Analysis, name: str, *numbers: str, keys: tuple[str, ...] =
     for column in numbers:
         if not pd.api.types.is_numeric_dtype(frame[column]) and frame[column].notna().any():
             raise UnusableValue(f"{name}.csv", f"column {column} holds values that are not numbers")
+        values = frame[column].dropna().to_numpy(dtype=float)
+        if not (np.isfinite(values) & (values >= 0) & (values <= MAX_VALUE)).all():
+            raise UnusableValue(
+                f"{name}.csv", f"column {column} holds a value no capture gives (infinite, negative or over 2^62)"
+            )
     return frame
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
+from sftprof import scratch
 from sftprof.errors import SftprofError
 from sftprof.trace.events import (
     EXPORT_KERNEL_COLUMNS,
@@ -110,7 +111,7 @@ class SqliteExport:
     @cached_property
     def reader(self) -> duckdb.DuckDBPyConnection:
         """DuckDB's SQLite reader: vectorized, several times faster than sqlite3's row tuples."""
-        self._spill = tempfile.TemporaryDirectory(prefix="sftprof-reader-")
+        self._spill = tempfile.TemporaryDirectory(prefix=scratch.prefix("reader"))
         reader = duckdb.connect()
         bound(reader, self._spill.name)
         attach_export(reader, self.path)
@@ -178,7 +179,7 @@ class ParquetExport:
         self.files = files
         self._columns: dict[str, set[str]] = {}
         self.scans: dict[str, str] = {}  # table -> a DuckDB subquery that reads it, in any connection
-        self._spill = tempfile.TemporaryDirectory(prefix="sftprof-reader-")
+        self._spill = tempfile.TemporaryDirectory(prefix=scratch.prefix("reader"))
         self._con = duckdb.connect()
         bound(self._con, self._spill.name)
         try:
