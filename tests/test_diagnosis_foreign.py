@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sftprof.analysis import analyze
+from sftprof.report.suggest import suggest
 from sftprof.trace import load_trace
 
 FOREIGN = Path(__file__).parent / "fixtures" / "foreign"
@@ -109,3 +110,17 @@ def test_per_parameter_adamw_ranks_first_as_launch_bound_but_over_predicts(diagn
 def test_the_clean_run_raises_no_planted_warning(diagnosed):
     warned = {f.rule for f in diagnosed("clean").findings if f.severity == "warning"}
     assert not warned & set(PLANTED.values())
+
+
+@pytest.mark.parametrize(
+    "case, variant",
+    [
+        ("eager_attention", "sdpa"),
+        ("no_cache_alloc", "expandable-segments"),
+        ("fp32", "bf16"),
+        ("foreach_off", "compiled"),
+    ],
+)
+def test_suggest_first_tests_the_top_finding(diagnosed, case, variant):
+    [(name, entry, _, gain)] = suggest(diagnosed(case), top=1)
+    assert (name, entry["motivated_by"], gain) == (variant, PLANTED[case], diagnosed(case).findings[0].gain_pct)
