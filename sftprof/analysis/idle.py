@@ -323,23 +323,21 @@ class _Pieces:
         call_index = np.r_[np.arange(len(calls_end)), np.full(len(host), -1)]
         order = np.lexsort((np.r_[np.zeros(len(calls_end)), np.ones(len(host))], times))
         times, delay, offered, call_index = times[order], delay[order], offered[order], call_index[order]
-        epoch = pd.Series(np.searchsorted(ahead, times, side="right"))
-        d, c = delay.astype(float), offered.astype(float)
-        d_sum = pd.Series(d).groupby(epoch).cumsum().to_numpy()
-        c_sum = pd.Series(c).groupby(epoch).cumsum().to_numpy()
+        epoch = np.searchsorted(ahead, times, side="right")  # runs of events between two times ahead
+        first = np.r_[True, epoch[1:] != epoch[:-1]]
+        d_sum, c_sum = _run_cumsum(delay, first), _run_cumsum(offered, first)
         # moved so far M = min(M_prev + offered, D): M_i = C_i + min(0, min over k <= i of (D_k - C_k))
-        lowest = pd.Series(d_sum - c_sum).groupby(epoch).cummin().to_numpy()
-        moved_so_far = c_sum + np.minimum(0, lowest)
-        moved = np.diff(np.r_[0.0, moved_so_far])
-        moved[np.r_[True, epoch.to_numpy()[1:] != epoch.to_numpy()[:-1]]] = moved_so_far[
-            np.r_[True, epoch.to_numpy()[1:] != epoch.to_numpy()[:-1]]
-        ]
-        latest = pd.Series(np.where(call_index >= 0, call_index, np.nan)).groupby(epoch).ffill().to_numpy()
+        moved_so_far = c_sum + np.minimum(0, _run_cummin(d_sum - c_sum, first))
+        moved = np.where(first, moved_so_far, np.diff(np.r_[0, moved_so_far]))
+        latest = np.maximum.accumulate(np.where(call_index >= 0, np.arange(len(times)), -1))
+        latest = np.where(
+            (latest >= 0) & (epoch[np.maximum(latest, 0)] == epoch), call_index[np.maximum(latest, 0)], -1
+        )
         piece_events = np.flatnonzero(call_index < 0)
-        amount = np.round(moved[piece_events]).astype("int64")
-        take = amount > 0
+        amount = moved[piece_events]
+        take = (amount > 0) & (latest[piece_events] >= 0)
         at = host[order[piece_events] - len(calls_end)][take]
-        by = latest[piece_events][take].astype("int64")
+        by = latest[piece_events][take]
         amount = np.minimum(amount[take], idle_ns[at])
         kept = idle_ns[at] - amount
         rest = kept > 0
@@ -366,6 +364,23 @@ class _Pieces:
         frame["idle_ns"] = np.bincount(inverse, weights=self.idle_ns, minlength=len(frame)).astype("int64")
         frame["pieces"] = np.bincount(inverse, minlength=len(frame))
         return frame
+
+
+def _run_cumsum(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative sums that restart where `first` is set (runs of consecutive elements)."""
+    total = np.cumsum(values)
+    restart = np.maximum.accumulate(np.where(first, np.arange(len(values)), 0))
+    return total - (total - values)[restart]
+
+
+def _run_cummin(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative minima that restart where `first` is set: each run lowered below every earlier one, so one
+    pass of np.minimum.accumulate cannot carry a minimum across runs."""
+    if not len(values):
+        return values
+    run = np.cumsum(first) - 1
+    step = 2 * int(np.abs(values).max()) + 1
+    return np.minimum.accumulate(values - run * step) + run * step
 
 
 def _busy_within(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
