@@ -1,5 +1,6 @@
 """Generated docs stay in step with what they are generated from, and the README's links resolve."""
 
+import json
 import re
 from pathlib import Path
 
@@ -30,3 +31,16 @@ def test_every_local_link_in_the_docs_resolves():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if not re.match(r"[a-z]+://", target):
                 assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_the_overhead_table_is_what_its_measurements_give():
+    """docs/PROFILING-OVERHEAD.md's per-setting table is overhead_table.py's output on the committed data."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "gpu_programs"))
+    import overhead_table
+
+    lines = [json.loads(line) for line in (REPO / "tests/fixtures/overhead/h100_small.jsonl").read_text().splitlines()]
+    page = (REPO / "docs" / "PROFILING-OVERHEAD.md").read_text()
+    shown = page.split("-->\n", 1)[1].split("<!-- end of overhead table -->")[0]
+    assert shown.strip() == overhead_table.table(lines).strip()
