@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 from pathlib import Path
 
 import yaml
 
-from sftprof import __version__, memory_budget
+from sftprof import __version__, memory_budget, scratch
 from sftprof.text import terminal_safe
 
 
@@ -43,12 +44,8 @@ def _cmd_analyze(args) -> int:
     read_metrics(args.metrics)  # a bad metrics file, step pattern or budget is refused before any work
     step_pattern(args.step_range)
     _use_memory_budget(args)
-    for report in map(Path, args.reports):
-        stem = report.name.split(".")[0]
-        if args.output is None:
-            out_dir = report.parent / f"{stem}-sftprof"
-        else:
-            out_dir = Path(args.output) / stem if len(args.reports) > 1 else Path(args.output)
+    reports = list(map(Path, args.reports))
+    for report, out_dir in zip(reports, pipeline.output_dirs(reports, args.output)):
         # On a terminal's stderr, and gone when done: a 10M-kernel export takes about a minute.
         with Progress(
             TextColumn("{task.description}"),
@@ -130,7 +127,7 @@ def _cmd_ranks(args) -> int:
 
     _use_memory_budget(args)
     out = Path(args.output)
-    result = pipeline.cross_rank_dirs(args.dirs, out, args.title or "sftprof: across ranks", step)
+    result = pipeline.cross_rank_dirs(args.dirs, out, args.title or "sftprof: across ranks", step, args.allow_mixed)
     headline = result.headline
     print(
         terminal_safe(
@@ -280,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument(
         "-o",
         "--output",
-        help="output folder (default: NAME-sftprof beside each report; with several reports, one subfolder per report)",
+        help="output folder (default: NAME-sftprof beside each report, NAME its file name less .nsys-rep, .sqlite, "
+        ".parquetdir, .json or .json.gz; with several reports, OUTPUT/NAME for each; two reports never share one)",
     )
     analyze.add_argument("--metrics", help="the trainer's metrics .jsonl, to add the run's step times")
     analyze.add_argument("--title", help="report title")
@@ -323,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     ranks.add_argument("dirs", nargs="+", metavar="DIR", help="capture folder with rank records")
     ranks.add_argument("-o", "--output", default="sftprof-ranks", help="output folder (default: sftprof-ranks)")
     ranks.add_argument("--title", help="title of the HTML pages")
+    ranks.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="compare ranks whose records name different Slurm jobs or world sizes (refused otherwise); the "
+        "report then says so in a mixed_runs finding, and derives no bus bandwidth",
+    )
     _add_memory_budget(ranks)
     ranks.set_defaults(handler=_cmd_ranks)
 
@@ -400,15 +404,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (how Slurm ends a job at its time limit), SIGINT (Ctrl-C) or SIGHUP (a closed terminal), raised
+    where the run is: it unwinds, removing its temporary files and partial output. A KeyboardInterrupt, so that
+    no `except Exception` stops it."""
+
+
+_stopped_by: list[int] = []  # the signal received: DuckDB turns what the handler raises into its own error
+
+
+def _stop(signum: int, frame) -> None:
+    _stopped_by.append(signum)
+    raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     from sftprof.errors import SftprofError  # each command imports only the modules it needs
 
     args = build_parser().parse_args(argv)
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, _stop) for signum in stops}
+    _stopped_by.clear()
     try:
         return args.handler(args)
-    except SftprofError as error:
-        print(f"sftprof: error: {terminal_safe(str(error))}", file=sys.stderr)  # one line, whatever it quotes
-        return 1
+    except BaseException as error:
+        signum = _stopped_by[0] if _stopped_by else signal.SIGINT if isinstance(error, KeyboardInterrupt) else None
+        if signum is not None:
+            scratch.sweep(own=True)
+            name = signal.Signals(signum).name
+            print(f"sftprof: stopped by {name}: temporary files removed, earlier output kept", file=sys.stderr)
+            return 128 + signum
+        if isinstance(error, SftprofError):
+            print(f"sftprof: error: {terminal_safe(str(error))}", file=sys.stderr)  # one line, whatever it quotes
+            return 1
+        raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

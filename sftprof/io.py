@@ -3,14 +3,17 @@ writing the same output never mix."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from sftprof.errors import SftprofError
 
@@ -26,7 +29,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     os.chmod(tmp, 0o644)  # mkstemp makes 0600; finished files get the usual permissions
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as error:
+            raise _full(error, path) or error from None
         if tmp.is_dir() and not tmp.is_symlink() and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)  # os.replace puts a folder only where none is, or an empty one
         os.replace(tmp, path)
@@ -38,6 +44,53 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def atomic_write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+class InputError(SftprofError):
+    """A file to read that is not a regular file (a folder, a FIFO, a device) or is larger than it may be."""
+
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(f"{path}: cannot read it: {reason}")
+        self.reason = reason
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a plain file")
+
+
+def open_regular(path: str | Path, limit: int | None = None) -> BinaryIO:
+    """`path` opened for reading if what it names is a regular file of at most `limit` bytes: a folder fails
+    on reading, a FIFO blocks, a device such as /dev/zero never ends. Opened without blocking and checked on
+    what was opened, so a FIFO is refused at once and a swapped link cannot slip past. Other errors (no such
+    file, no permission) are the OSError open gives."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(path, f"{_kind(info.st_mode)}, not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise InputError(path, f"{info.st_size:,} bytes, more than the {limit:,} it may hold")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_limited(path: str | Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (open_regular), also where it grows while read."""
+    with open_regular(path, limit) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(path, f"more than the {limit:,} bytes it may hold")
+    return data
 
 
 class OutputError(SftprofError):
@@ -95,6 +148,16 @@ def _clear_leftovers(path: Path) -> None:
             _remove(leftover)
 
 
+def _full(error: OSError, path: Path) -> OutputError | None:
+    """The error for an output whose disk (or quota) is full; None for any other."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    return OutputError(
+        f"no space left on the disk of {path.parent} to write {path} ({error.strerror}): free space there or "
+        "choose another output folder; the previous output is kept"
+    )
+
+
 @contextmanager
 def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterator[Path]:
     """Yield a fresh folder private to this run; swap it in for `path` only if the block succeeds.
@@ -115,10 +178,16 @@ def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterat
             and (path.is_symlink() or not path.is_dir() or not {p.name for p in path.iterdir()} <= set(owned))
         ):
             raise OutputError(f"{path} exists and is not an output folder of sftprof: give a new or empty folder")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        except OSError as error:
+            raise _full(error, path) or error from None
         try:
             os.chmod(tmp, 0o755)  # mkdtemp makes 0700; finished folders get the usual permissions
-            yield tmp
+            try:
+                yield tmp
+            except OSError as error:
+                raise _full(error, path) or error from None
             old = tmp.with_suffix(".old")
             if os.path.lexists(path):
                 path.rename(old)

@@ -29,6 +29,18 @@ JOB_DIR = "jobs/{experiment}/{window}"
 FETCH_STAGING = "resources/fetched/{experiment}/{window}"
 LOG_DIR = "logs/{experiment}"
 PROFILE_LOG = LOG_DIR + "/{window}/profile.log"
+# The logs the workflow's rules write in LOG_DIR itself, beside each window's (and each variant's) log folder.
+LOG_NAMES = (
+    "compare.log",
+    "create_random_model.log",
+    "create_tiny_model.log",
+    "fetch_dolly.log",
+    "link_hub_model.log",
+    "make_sample_dataset.log",
+    "prepare_sft_data.log",
+    "suggest_variants.log",
+    "variants.log",
+)
 # An experiment's variants against it (config `variants:`); each variant's own results are under
 # results/{experiment}/{variant}/{window}/ (its experiment name is EXPERIMENT/VARIANT).
 VARIANTS_DIR = "results/{experiment}/variants"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import re
 import resource
+import threading
 
 from sftprof.errors import SftprofError
 
@@ -71,13 +72,55 @@ def _fewer_malloc_arenas() -> None:
     mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
 
 
+# Under an address-space limit (ulimit -v, as many clusters set), what the process maps counts, not what it uses:
+# each thread's stack reserves RLIMIT_STACK (8 MiB by default), and a 1 MB capture's analysis mapped 1.09 GB with
+# 0.30 GB resident; with THREAD_STACK_BYTES stacks it mapped 0.76 GB and ran under a limit of 0.78 GB, not 0.73.
+# ADDRESS_OVERHEAD is the libraries' share of that (numba's LLVM, pandas, DuckDB and its sqlite extension), the
+# budget's the rest: a limit below their sum is refused before any work.
+THREAD_STACK_BYTES = 2 * 2**20
+ADDRESS_OVERHEAD = 768 * 2**20
+
+
+def _smaller_thread_stacks() -> None:
+    """THREAD_STACK_BYTES stacks for the threads started from now on (Python's, and DuckDB's through glibc's
+    default thread attributes); nothing where the C library cannot set them (not glibc)."""
+    threading.stack_size(THREAD_STACK_BYTES)
+    try:
+        libc = ctypes.CDLL(None)
+        attr = ctypes.create_string_buffer(256)  # larger than any pthread_attr_t
+        if libc.pthread_attr_init(attr) == 0:
+            libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(THREAD_STACK_BYTES))
+            libc.pthread_setattr_default_np(attr)
+            libc.pthread_attr_destroy(attr)
+    except (OSError, AttributeError):
+        return
+
+
+def _fit_address_space(size: int) -> None:
+    """Where the address space is limited, threads with smaller stacks, and a limit too small for the budget
+    refused in one line rather than left to abort a thread start deep in DuckDB."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return
+    _smaller_thread_stacks()
+    if limit < size + ADDRESS_OVERHEAD:
+        raise MemoryBudgetError(
+            f"the address-space limit (ulimit -v) of {limit / 2**30:.2f} GB is below the "
+            f"{(size + ADDRESS_OVERHEAD) / 2**30:.2f} GB an analysis may map: the memory budget of "
+            f"{size / 2**30:.2f} GB and {ADDRESS_OVERHEAD // 2**20} MB of libraries; raise the limit, or lower "
+            f"--memory-budget (memory_budget in the workflow's config; {MIN_DUCKDB_BYTES * DUCKDB_SHARE // 2**20}MB "
+            "at least)"
+        )
+
+
 _budget = parse(DEFAULT)
 
 
 def use(size: int) -> None:
-    """Set the budget (bytes) for the databases opened from now on in this process, and malloc's heaps for what
-    the analyses hold beside them (_fewer_malloc_arenas: before the analyses start their threads)."""
+    """Set the budget (bytes) for the databases opened from now on in this process, and malloc's heaps and the
+    threads' stacks for what the analyses hold beside them (before the analyses start their threads)."""
     global _budget
+    _fit_address_space(size)
     _budget = size
     _fewer_malloc_arenas()
 

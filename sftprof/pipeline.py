@@ -8,25 +8,34 @@ that imports every part (capture, trace, analysis, report); none of them imports
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import duckdb
 
-from sftprof import memory_budget, results
+from sftprof import memory_budget, results, scratch
 from sftprof.analysis import Analysis, analyze, compare
 from sftprof.capture import container, rank
 from sftprof.capture.nsys import EXPORT_SUFFIXES, NsysError, export_kind, nsys_after, run_export
-from sftprof.io import atomic_dir, atomic_path
+from sftprof.io import OutputError, atomic_dir, atomic_path
 from sftprof.report import RankReport, write_html
-from sftprof.trace import load_trace
+from sftprof.trace import TraceTables, load_trace
 from sftprof.trace.events import out_of_disk
-from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys
+from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys, trace_stem
 from sftprof.trace.metrics import read_metrics
-from sftprof.trace.nsys_export import ParquetExport, TraceFormatError, require_file
+from sftprof.trace.nsys_export import (
+    ParquetExport,
+    TraceFormatError,
+    export_source,
+    record_source,
+    report_fingerprint,
+    require_file,
+)
 from sftprof.trace.nsys_sqlite import check_export
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
@@ -37,7 +46,12 @@ log = logging.getLogger(__name__)
 
 
 def export_report(
-    report: str | Path, output: str | Path, *, nsys: str | None = None, prefix: Sequence[str] = ()
+    report: str | Path,
+    output: str | Path,
+    *,
+    nsys: str | None = None,
+    prefix: Sequence[str] = (),
+    source: dict | None = None,
 ) -> Path:
     """`nsys export` into `output`, of the type its suffix names (EXPORT_SUFFIXES: a .sqlite file or a
     .parquetdir folder), put in place only once it opens as a whole export: on a full disk nsys exits 0
@@ -46,7 +60,9 @@ def export_report(
 
     `nsys`: the nsys that captured the report, run after `prefix` (a container's exec prefix, where
     the capture ran in that container: its nsys is then the image's, "nsys" on its PATH); by
-    default the one on PATH, as run_profile uses."""
+    default the one on PATH, as run_profile uses. `source`: the report's fingerprint
+    (nsys_export.report_fingerprint), kept in an SQLite export, so that the export is later known to be
+    this report's (sqlite_for_report)."""
     output = Path(output)
     kind = next((kind for kind, suffix in EXPORT_SUFFIXES.items() if output.suffix == suffix), None)
     if kind is None:
@@ -65,6 +81,8 @@ def export_report(
                 f"nsys export of {report} is not a complete export ({error}); nsys said: {last[0][-300:]}. "
                 f"Is the disk of {output.parent} full?"
             ) from None
+        if source is not None and kind == "sqlite":
+            record_source(tmp, source)
     return output
 
 
@@ -86,16 +104,43 @@ def export_capture(capture_dir: str | Path, export_dir: str | Path, container_se
             log.info("rank %d: %s -> %s", record["rank"], record["report"], target.name)
 
 
-def _exported(trace: Path) -> Path:
-    """What the loaders read for `trace`: a .nsys-rep's SQLite export beside it, exported once and reused
-    while it is newer than the report; any other trace as it is."""
+def sqlite_for_report(report: Path) -> tuple[Path, str | None]:
+    """The SQLite export of a .nsys-rep: the one beside it where it was made from this very report (its
+    fingerprint says so), else a new one beside it, or, where the report's folder cannot be written, in a
+    temporary folder (returned second: remove it when done)."""
+    require_file(report)
+    sqlite_path = report.with_suffix(".sqlite")
+    source = report_fingerprint(report)
+    if sqlite_path.is_file() and export_source(sqlite_path) == source:
+        return sqlite_path, None
+    try:
+        return export_report(report, sqlite_path, source=source), None
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+    folder = scratch.folder("export")
+    try:
+        return export_report(report, Path(folder) / sqlite_path.name, source=source), folder
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _load(trace: Path) -> TraceTables:
+    """The tables of `trace`; a .nsys-rep is read from its SQLite export (sqlite_for_report), a temporary
+    one removed with the tables' store."""
     if trace.suffix != ".nsys-rep":
-        return trace
-    require_file(trace)
-    sqlite_path = trace.with_suffix(".sqlite")
-    if not sqlite_path.exists() or sqlite_path.stat().st_mtime < trace.stat().st_mtime:
-        export_report(trace, sqlite_path)
-    return sqlite_path
+        return load_trace(trace)
+    sqlite_path, temporary = sqlite_for_report(trace)
+    try:
+        tables = load_trace(sqlite_path)
+    except BaseException:
+        if temporary:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    if temporary:
+        tables.events.remove_on_close(temporary)
+    return tables
 
 
 def analyze_trace(
@@ -108,7 +153,7 @@ def analyze_trace(
     `step_range`: the step ranges' pattern where the default does not know them (cpu.step_pattern)."""
     run_metrics = read_metrics(metrics)  # a bad metrics file is refused before any work
     try:
-        tables = load_trace(_exported(Path(trace)))
+        tables = _load(Path(trace))
         try:
             return analyze(tables, progress=progress, metrics=run_metrics, step_range=step_range)
         finally:
@@ -120,6 +165,46 @@ def analyze_trace(
         if full is None:
             raise
         raise full from None
+
+
+def output_dirs(traces: list[Path], output: str | Path | None) -> list[Path]:
+    """`sftprof analyze`'s output folder for each trace, one of its own whatever the names: NAME-sftprof beside
+    it (or OUTPUT/NAME with several traces), NAME the file's name less its known suffix. Where two names would
+    give one folder, each keeps its whole file name, and where they still would (one name in two folders, with
+    -o), the later is numbered; a trace given twice is refused."""
+    traces = [Path(trace) for trace in traces]
+    first: dict[str, Path] = {}
+    for trace in traces:
+        same = first.setdefault(os.path.realpath(trace), trace)
+        if same is not trace:
+            raise OutputError(f"{trace} is given twice (also as {same}): give each trace once")
+
+    def folder(trace: Path, name: str) -> Path:
+        if output is None:
+            return trace.parent / f"{name}-sftprof"
+        return Path(output) / name if len(traces) > 1 else Path(output)
+
+    def key(path: Path) -> str:
+        return os.path.abspath(path)
+
+    def shared(paths: list[Path]) -> set[str]:
+        keys = [key(path) for path in paths]
+        return {k for k in keys if keys.count(k) > 1}
+
+    by_stem = [folder(trace, trace_stem(trace)) for trace in traces]
+    by_name = [
+        folder(trace, trace.name) if key(path) in shared(by_stem) else path for trace, path in zip(traces, by_stem)
+    ]
+    chosen = [stem if key(name) in shared(by_name) else name for stem, name in zip(by_stem, by_name)]
+    taken = {key(path) for path in chosen}
+    dirs: list[Path] = []
+    for path in chosen:
+        candidate, number = path, 1
+        while key(candidate) in {key(d) for d in dirs} or (candidate is not path and key(candidate) in taken):
+            number += 1
+            candidate = path.with_name(f"{path.name}-{number}")
+        dirs.append(candidate)
+    return dirs
 
 
 def analyze_into(
@@ -261,7 +346,8 @@ def _saved_for_compare(folder: Path) -> Analysis:
 RANKS_DIR, RANKS_HTML = "ranks", "ranks.html"  # the cross-rank tables and page, beside a window's report
 
 
-def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: Path | None):
+def _rank_input(record: dict, analysis: Analysis | None, metrics: Path | None, trace: Path | None):
+    """A rank's input to the cross-rank analysis; without `analysis`, its record's facts alone."""
     from sftprof.analysis.ranks import RankInput
 
     origin = clock_origin(trace) if trace is not None and from_nsys(trace) else None
@@ -271,10 +357,12 @@ def _rank_input(record: dict, analysis: Analysis, metrics: Path | None, trace: P
         node=record["node"],
         host=record["host"],
         world_size=record["world_size"],
-        tables=analysis.tables,
+        tables=analysis.tables if analysis else {},
         run=run,
         origin_ns=origin,
-        sources=tuple(analysis.sources),
+        sources=tuple(analysis.sources) if analysis else None,
+        job_id=record.get("slurm_job_id"),
+        span_ns=int(analysis.span_ns) if analysis else None,
     )
 
 
@@ -340,12 +428,17 @@ def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
 
 
 def cross_rank_dirs(
-    capture_dirs: list[str | Path], out_dir: str | Path, title: str, progress: Callable[[str], None] = lambda step: None
+    capture_dirs: list[str | Path],
+    out_dir: str | Path,
+    title: str,
+    progress: Callable[[str], None] = lambda step: None,
+    allow_mixed: bool = False,
 ):
     """`sftprof ranks DIR...`: the profiled ranks recorded in the capture folders DIR (one per node, or one for
     the job), each analysed, then compared: OUT_DIR/analysis/rankN/ and OUT_DIR/report.html (as the workflow
-    writes a window's), OUT_DIR/ranks/ and OUT_DIR/ranks.html, which appear together or not at all."""
-    from sftprof.analysis.ranks import RanksError, analyze_ranks
+    writes a window's), OUT_DIR/ranks/ and OUT_DIR/ranks.html, which appear together or not at all. Ranks of
+    different runs are refused before any analysis, unless `allow_mixed` (the report then says so)."""
+    from sftprof.analysis.ranks import RanksError, analyze_ranks, refuse_mixed
 
     found: dict[int, tuple[Path, dict]] = {}
     for folder in map(Path, capture_dirs):
@@ -359,8 +452,14 @@ def cross_rank_dirs(
             )
         for record in records:
             if record["rank"] in found:
-                raise RanksError(f"rank {record['rank']} is recorded in both {found[record['rank']][0]} and {folder}")
+                name = rank.RECORD_PATTERN.format(rank=record["rank"])
+                raise RanksError(
+                    f"rank {record['rank']} is recorded twice, in {found[record['rank']][0] / name} and "
+                    f"{folder / name}: give each rank's folder once"
+                )
             found[record["rank"]] = (folder, record)
+    if not allow_mixed:  # before any analysis: each rank's takes a while
+        refuse_mixed([_rank_input(record, None, None, None) for _, record in found.values()])
     out_dir = Path(out_dir)
     parts, inputs, links = [], [], {}
     with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML, RANKS_DIR, RANKS_HTML)) as partial:
@@ -375,7 +474,7 @@ def cross_rank_dirs(
             inputs.append(_rank_input(record, analysis, metrics, trace))
             links[number] = f"{REPORT_HTML}#r{index}-rank"
         progress("comparing the ranks")
-        result = analyze_ranks(inputs)
+        result = analyze_ranks(inputs, allow_mixed)
         write_html(parts, partial / REPORT_HTML, f"{title}: each rank")
         _write_ranks(result, partial / RANKS_DIR, partial / RANKS_HTML, title, links)
     return result

@@ -17,10 +17,12 @@ import pandas as pd
 from sftprof.analysis import Analysis
 from sftprof.analysis.findings import Finding
 from sftprof.errors import SftprofError
-from sftprof.io import atomic_dir
+from sftprof.io import atomic_dir, open_regular, read_limited
 from sftprof.text import read_csv, write_csv
 
 SUMMARY_FILE = "analysis.json"
+# analysis.json holds findings and a headline: kilobytes. This bounds what a link to /dev/zero reads.
+MAX_SUMMARY_BYTES = 64 * 2**20
 TABLE_NAME = re.compile(r"\w+")  # a table is NAME.csv in the folder itself: no path in its name
 
 
@@ -97,7 +99,7 @@ def load(out_dir: str | Path) -> Analysis:
     out_dir = Path(out_dir)
     path = out_dir / SUMMARY_FILE
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
+        summary = json.loads(read_limited(path, MAX_SUMMARY_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as error:
         raise ResultsError(f"{path}: cannot read it ({type(error).__name__}: {error})") from None
     if not isinstance(summary, dict):
@@ -109,7 +111,8 @@ def load(out_dir: str | Path) -> Analysis:
     for name in summary["tables"]:
         csv = out_dir / f"{name}.csv"
         try:
-            tables[name] = read_csv(csv)
+            with open_regular(csv) as handle:
+                tables[name] = read_csv(handle)
         except pd.errors.EmptyDataError:
             tables[name] = pd.DataFrame()
         except (OSError, ValueError) as error:  # pandas' ParserError and UnicodeDecodeError are ValueErrors

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
+from typing import BinaryIO
 
 import pandas as pd
 
@@ -54,7 +55,7 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
     safe.to_csv(path, index=False, quoting=csv.QUOTE_NONNUMERIC)
 
 
-def read_csv(path: str | Path) -> pd.DataFrame:
+def read_csv(path: str | Path | BinaryIO) -> pd.DataFrame:
     """What `write_csv` wrote, with the quotes it added taken off again."""
     frame = pd.read_csv(path)
     text = frame.select_dtypes(exclude="number").columns

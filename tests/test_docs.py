@@ -3,6 +3,7 @@
 import ast
 import functools
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -96,3 +97,14 @@ def test_the_container_recipes_imports_run_in_a_fresh_install_without_dependenci
     code = f"import {', '.join(_recipe_modules())}; print(sftprof.__file__)"
     imported = run(["venv/bin/python", "-c", code], check=False)
     assert imported.returncode == 0 and str(tmp_path / "venv") in imported.stdout, imported.stderr[-2000:]
+
+
+def test_the_overhead_table_is_what_its_measurements_give():
+    """docs/PROFILING-OVERHEAD.md's per-setting table is overhead_table.py's output on the committed data."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu_programs"))
+    import overhead_table
+
+    lines = [json.loads(line) for line in (REPO / "tests/fixtures/overhead/h100_small.jsonl").read_text().splitlines()]
+    page = (REPO / "docs" / "PROFILING-OVERHEAD.md").read_text()
+    shown = page.split("-->\n", 1)[1].split("<!-- end of overhead table -->")[0]
+    assert shown.strip() == overhead_table.table(lines).strip()

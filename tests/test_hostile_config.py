@@ -13,6 +13,8 @@ import copy
 import io
 import itertools
 import json
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -174,6 +176,16 @@ def test_hostile_config_file_is_refused_in_one_line(tmp_path, command, content, 
 
 def test_unreadable_config_file_is_refused_in_one_line(tmp_path):
     assert_refused(run_sftprof("validate", tmp_path, cwd=tmp_path), contains="cannot be read")
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo"])
+def test_a_config_that_is_a_device_or_fifo_is_refused_at_once(tmp_path, capsys, kind):
+    """Read with a limit and without blocking: a link to /dev/zero does not fill memory, a FIFO does not hang."""
+    path = tmp_path / "config.yaml"
+    path.symlink_to("/dev/zero") if kind == "/dev/zero" else os.mkfifo(path)
+    assert cli.main(["validate", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(f"sftprof: error: config file {path} cannot be read: ") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("field, value", PATTERN_FIELDS.items(), ids=list(PATTERN_FIELDS))
@@ -489,3 +501,28 @@ def test_every_value_reaches_the_script_as_one_quoted_word(tmp_path, record_prop
         one_config()
     finally:
         record_property("hostile_inputs", tried)
+
+
+@pytest.mark.parametrize("window", ["comparison", "variants", "suggested-variants.yaml", "variants.log"])
+def test_a_window_named_like_an_output_of_the_workflow_is_refused(tmp_path, window):
+    """Snakemake refuses such a config with a multi-line ChildIOException; validate says it in one line first."""
+    config = copy.deepcopy(BASE)
+    config["experiments"]["demo"]["profile"]["windows"] = {window: WINDOW}
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert_refused(run_sftprof("validate", path), contains=f"profile.windows.{window}: a window may not be named")
+
+
+@pytest.mark.parametrize("variant", ["model", "dolly.jsonl", "sft", "variants.log", "comparison", "steady"])
+def test_a_variant_named_like_an_output_or_a_window_is_refused(tmp_path, variant):
+    config = copy.deepcopy(BASE)
+    config["experiments"]["demo"]["variants"] = {variant: {"sft": {"steps": 9}}}
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert_refused(run_sftprof("validate", path), contains=f"variants.{variant}: a variant may not be named")
+
+
+def test_every_log_the_rules_write_beside_the_windows_is_reserved():
+    from sftprof import layout
+
+    rules = "".join(path.read_text() for path in (Path(__file__).parent.parent / "workflow" / "rules").glob("*.smk"))
+    written = set(re.findall(r"\{layout\.LOG_DIR\}/([^/{}\"]+)\"", rules))
+    assert written and written <= set(layout.LOG_NAMES), written - set(layout.LOG_NAMES)

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +21,8 @@ import pytest
 
 from sftprof import pipeline
 from sftprof.capture import nsys
+
+from conftest import SFTPROF, assert_refused, run_sftprof, tree_state
 
 OPTIONS = ["--trace=osrt", "--sample=none", "--cpuctxsw=none"]
 # One command line for both runs, as two ranks or a rerun have: only the environment differs.
@@ -166,7 +173,6 @@ def test_two_workflows_profiling_at_once_on_one_host_both_finish(demo_run, tmp_p
     """Two users (or two experiments) running the workflow on one login node at once: each
     profiles, exports and analyses its own window, and neither run breaks the other's capture."""
     import copy
-    import shutil
 
     from conftest import SMALL_DEMO, snakemake_argv, write_config
 
@@ -196,8 +202,6 @@ def test_two_workflows_profiling_at_once_on_one_host_both_finish(demo_run, tmp_p
 @pytest.mark.parametrize("kept", [0.0, 0.5, 0.99])
 def test_a_cut_short_export_is_not_complete(tmp_path, kept):
     """What a full disk or a killed export leaves: refused however much of the file is there."""
-    import shutil
-
     from sftprof.trace.nsys_sqlite import TraceFormatError, check_export
 
     export = tmp_path / "rank0.sqlite"
@@ -212,8 +216,6 @@ def test_an_analysis_whose_temporary_disk_fills_says_so_and_writes_nothing(tmp_p
     """The analysis keeps the capture's large tables in a database under TMPDIR (NeMo's emit_nvtx at 10M kernels:
     1.1 GB): a full disk there is the machine's fault, said in one line, not "damaged export"; no output
     appears, and the database's folder is gone."""
-    from conftest import SFTPROF, assert_refused
-
     out = tmp_path / "out"
     result = subprocess.run(
         [SFTPROF, "analyze", str(Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite"), "-o", str(out)],
@@ -244,3 +246,192 @@ def test_busy_time_files_on_a_full_disk_say_so(small_disk, monkeypatch):
     message = str(out_of_disk(raised.value))
     assert message.startswith("no space left on the disk of the temporary folder") and str(small_disk) in message
     assert out_of_disk(OSError(errno.EACCES, "denied")) is None
+
+
+# ---------------------------------------------------------------- reports, their exports and the machine
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CLEAN, GEMM = FIXTURES / "h200_plant_clean.sqlite", FIXTURES / "h200_plant_gemm.sqlite"
+FAKE_NSYS = """#!/bin/sh
+# nsys export, as far as sftprof runs it: the "report" is an SQLite export already, copied to --output
+echo "$@" >> "$(dirname "$0")/calls"
+for arg; do case "$arg" in --output=*) out="${arg#--output=}";; esac; done
+eval "report=\\${$#}"
+case "$report" in -*) echo "unrecognised option $report" >&2; exit 1;; esac
+cp "$report" "$out"
+"""
+
+
+@pytest.fixture
+def copying_nsys(tmp_path, monkeypatch) -> Path:
+    """An nsys on PATH whose export copies the report (an SQLite file here); returns its log of calls."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "nsys").write_text(FAKE_NSYS)
+    (folder / "nsys").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return folder / "calls"
+
+
+def _calls(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def _kernels(out: Path) -> int:
+    return json.loads((out / "analysis" / "analysis.json").read_text())["headline"]["kernels"]
+
+
+def test_an_export_beside_a_report_is_reused_only_when_it_is_that_reports(tmp_path, copying_nsys):
+    """A report copied with its time kept (cp -p) beside an older capture's export is exported anew, not
+    analysed as that other capture; so is an export sftprof did not make; a rerun reuses its own export."""
+
+    def analyze() -> int:
+        assert run_sftprof("analyze", report, "-o", tmp_path / "out").returncode == 0
+        return _kernels(tmp_path / "out")
+
+    report, export = tmp_path / "profile.nsys-rep", tmp_path / "profile.sqlite"
+    shutil.copy2(CLEAN, report)
+    shutil.copy(GEMM, export)  # the user's own export of another capture, newer than the report
+    clean = analyze()
+    assert _calls(copying_nsys) == 1 and analyze() == clean and _calls(copying_nsys) == 1
+    shutil.copy2(GEMM, report)  # cp -p: another capture, its time older than the export's
+    os.utime(report, ns=(export.stat().st_mtime_ns - 10**9,) * 2)
+    gemm = analyze()
+    assert _calls(copying_nsys) == 2 and gemm != clean
+
+
+def test_a_report_whose_name_starts_with_a_dash_reaches_nsys_as_a_file(tmp_path, copying_nsys):
+    shutil.copy(CLEAN, tmp_path / "-x.nsys-rep")
+    for given in ("-x.nsys-rep", "./-x.nsys-rep"):
+        result = run_sftprof("analyze", "-o", tmp_path / "out", "--", given, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert all(call.split()[-1] == "./-x.nsys-rep" for call in copying_nsys.read_text().splitlines())
+
+
+def _read_only(folder: Path) -> None:
+    """Make `folder` unwritable, also for root (chattr +i), or skip."""
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK) and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot make a folder read-only here")
+
+
+def test_a_report_in_a_read_only_folder_is_exported_to_a_temporary_folder(tmp_path, copying_nsys):
+    """A report on a read-only share: its export goes under TMPDIR, and is gone when the analysis ends."""
+    shared, scratch = tmp_path / "shared", tmp_path / "tmp"
+    shared.mkdir(), scratch.mkdir()
+    shutil.copy(CLEAN, shared / "profile.nsys-rep")
+    _read_only(shared)
+    try:
+        before = tree_state(shared)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sftprof.cli",
+                "analyze",
+                str(shared / "profile.nsys-rep"),
+                "-o",
+                str(tmp_path / "o"),
+            ],
+            env={**os.environ, "TMPDIR": str(scratch)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert tree_state(shared) == before and list(scratch.iterdir()) == []
+    finally:
+        subprocess.run(["chattr", "-i", str(shared)], capture_output=True)
+        shared.chmod(0o755)
+
+
+def _stores(scratch: Path) -> list[str]:
+    return sorted(p.name for p in scratch.iterdir())
+
+
+def _started(scratch: Path, out: Path) -> subprocess.Popen:
+    """`sftprof analyze` of a 2 MB capture, once its event store is under `scratch`."""
+    run = subprocess.Popen(
+        [SFTPROF, "analyze", str(FIXTURES / "h200_sft_clean.sqlite"), "-o", str(out)],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(name.startswith(f"sftprof-events-{socket.gethostname()}-") for name in _stores(scratch)):
+        assert run.poll() is None and time.monotonic() < deadline, "the analysis made no event store"
+        time.sleep(0.02)
+    return run
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_ends_an_analysis_in_one_line_and_removes_its_temporary_files(tmp_path, signum):
+    """Slurm's SIGTERM at a time limit, Ctrl-C, a closed terminal: exit 128+N, one line, no traceback, nothing left
+    under TMPDIR and no output folder."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    run = _started(scratch, tmp_path / "out")
+    run.send_signal(signum)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 128 + signum, stderr[-2000:]
+    assert (
+        stderr.strip().splitlines()[-1:]
+        == [f"sftprof: stopped by {signal.Signals(signum).name}: temporary files removed, earlier output kept"]
+        and "Traceback" not in stderr
+    ), stderr[-2000:]
+    assert _stores(scratch) == [] and not (tmp_path / "out").exists()
+
+
+def test_what_a_killed_analysis_left_is_removed_by_the_next(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    (scratch / "sftprof-events-otherhost-1-abcdefgh").mkdir()  # another host's, on a shared TMPDIR
+    run = _started(scratch, tmp_path / "out")
+    run.kill()
+    run.communicate(timeout=60)
+    left = [name for name in _stores(scratch) if name.startswith(f"sftprof-events-{socket.gethostname()}-")]
+    assert left, _stores(scratch)
+    result = subprocess.run(
+        [sys.executable, "-m", "sftprof.cli", "analyze", str(CLEAN), "-o", str(tmp_path / "next")],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert _stores(scratch) == ["sftprof-events-otherhost-1-abcdefgh"]
+
+
+def test_a_full_output_disk_is_one_line_and_keeps_the_previous_output(tmp_path, small_disk):
+    (small_disk / "out").mkdir()
+    (small_disk / "out" / "report.html").write_text("the previous report")
+    before = tree_state(small_disk)
+    message = assert_refused(run_sftprof("analyze", CLEAN, "-o", small_disk / "out"), contains="no space left")
+    assert str(small_disk) in message
+    assert tree_state(small_disk) == before
+
+
+def _limited(address_space: int):
+    """A child's address space held to `address_space` bytes (ulimit -v)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+
+@pytest.mark.parametrize("limit_gib, ends", [(0.95, "refused"), (1.3, "analysed")])
+def test_an_address_space_limit_is_met_or_refused_up_front(tmp_path, limit_gib, ends):
+    """Under ulimit -v (as clusters set it) a 512MB budget either fits, its threads' stacks made small, or is
+    refused in one line naming the limit it needs; DuckDB's threads used to abort (exit 134) below about 1.4 GB."""
+    result = subprocess.run(
+        [SFTPROF, "analyze", str(FIXTURES / "h200_sft_clean.sqlite"), "-o", str(tmp_path / "out"), "--memory-budget"]
+        + ["512MB"],
+        preexec_fn=_limited(int(limit_gib * 2**30)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if ends == "refused":
+        assert_refused(result, contains="the address-space limit (ulimit -v) of 0.95 GB is below the 1.25 GB")
+    else:
+        assert result.returncode == 0, result.stderr[-2000:]

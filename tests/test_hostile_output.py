@@ -333,6 +333,11 @@ def _edit_csv(name: str, column: str, value=None):
         (lambda f: (f / "kernels.csv").unlink(), "kernels.csv: cannot read it"),
         (_edit_csv("kernels", "total_ns", "x"), "kernels.csv: column total_ns holds values that are not numbers"),
         (_edit_csv("steps", "duration", "x"), "steps.csv: column duration holds values that are not numbers"),
+        *(
+            (_edit_csv(table, column, value), f"{table}.csv: column {column} holds a value no capture gives")
+            for table, column in (("steps", "duration"), ("kernels", "total_ns"))
+            for value in (float("inf"), -5.0, 10.0**300)
+        ),
         (
             lambda f: (_edit_csv("steps", "duration")(f), _edit_summary(**{"headline.steps_captured": "3"})(f)),
             "analysis.json: headline.steps_captured must be a number",
@@ -356,3 +361,69 @@ def test_error_messages_are_one_line_whatever_they_quote(tmp_path):
     usage = run_sftprof("render", "\x1b]0;pwned\x07", "demo", "steady")
     assert usage.returncode == 2 and "\\x1b]0;pwned\\x07" in usage.stderr
     assert not CONTROL_CHARACTERS & set(usage.stderr)
+
+
+def test_reports_whose_names_agree_up_to_a_dot_get_folders_of_their_own(tmp_path, capsys):
+    """The workflow's rank reports are named profile.JOB.N.R.HOST: analysed together (beside them, or with -o),
+    each keeps its own output folder and its own `report:` path."""
+    ranks = [tmp_path / "profile.4101.0.0.vm.sqlite", tmp_path / "profile.4101.0.1.vm.sqlite"]
+    for source, copy in zip((CLEAN, GEMM), ranks):
+        shutil.copy(source, copy)
+    for output in (None, tmp_path / "out"):
+        assert main(["analyze", *map(str, ranks), *(["-o", str(output)] if output else [])]) == 0
+        stdout = capsys.readouterr().out
+        reports = [line.split("report: ")[1] for line in stdout.splitlines() if "report: " in line]
+        assert len(set(reports)) == 2, reports
+        for trace, report in zip(ranks, reports):
+            summary = json.loads((Path(report).parent / "analysis" / "analysis.json").read_text())
+            assert summary["source_path"] == str(trace), (report, summary["source_path"])
+
+
+def test_a_trace_given_twice_is_refused_and_an_nsys_rep_beside_its_export_keeps_its_own_folder(tmp_path):
+    from sftprof.pipeline import output_dirs
+
+    traces = [tmp_path / "a.nsys-rep", tmp_path / "a.sqlite", tmp_path / "b.json.gz"]
+    assert output_dirs(traces, None) == [
+        tmp_path / "a.nsys-rep-sftprof",
+        tmp_path / "a.sqlite-sftprof",
+        tmp_path / "b-sftprof",
+    ]
+    one_name = [tmp_path / folder / "x.sqlite" for folder in ("n0", "n1")] + [tmp_path / "x-2.sqlite"]
+    assert output_dirs(one_name, "OUT") == [Path("OUT/x"), Path("OUT/x-3"), Path("OUT/x-2")]
+    assert_refused(run_sftprof("analyze", CLEAN, FIXTURES / ".." / "fixtures" / CLEAN.name), contains="given twice")
+
+
+def _special(path: Path, kind: str) -> None:
+    """Put a folder, a link to /dev/zero or a FIFO where a file is read."""
+    if path.exists():
+        path.unlink()
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(path)
+
+
+SPECIAL = ("folder", "/dev/zero", "fifo")
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+@pytest.mark.parametrize("name", ["rank0.json", "rank1.json"])
+def test_a_rank_record_that_is_no_regular_file_is_refused_at_once(tmp_path, kind, name):
+    folder = tmp_path / "capture"
+    shutil.copytree(FIXTURES / "ranks" / "clean", folder)
+    _special(folder / name, kind)
+    result = run_sftprof("ranks", folder, "-o", tmp_path / "out", timeout=60)
+    assert_refused(result, contains=f"{folder / name}: cannot read it: ")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+@pytest.mark.parametrize("name", ["analysis.json", "kernels.csv"])
+def test_an_analysis_file_that_is_no_regular_file_is_refused_at_once(good, capsys, tmp_path, kind, name):
+    folder = tmp_path / "edited"
+    shutil.copytree(good[CLEAN] / "analysis", folder)
+    _special(folder / name, kind)
+    refused_in_process(capsys, "compare", good[GEMM], folder, "-o", tmp_path / "cmp", contains=name)
+    assert not (tmp_path / "cmp").exists()

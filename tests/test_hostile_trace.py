@@ -19,7 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_refused, assert_sane_with_dropped_rows, impossible_numbers, run_sftprof, tree_state
+from sftprof.pipeline import analyze_trace
+from sftprof.trace.events import MISSING_KERNEL_NAME
+
+from conftest import (
+    as_parquetdir,
+    assert_refused,
+    assert_sane_with_dropped_rows,
+    impossible_numbers,
+    run_sftprof,
+    tree_state,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite"
 FUZZ_SEED, FUZZ_CASES = 20261201, 60
@@ -386,3 +396,24 @@ def test_fuzzed_btree_pages_are_refused_or_loaded_sanely(tmp_path, record_proper
 
 if __name__ == "__main__":
     fuzz(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), FUZZ_FILES[sys.argv[5]][1])
+
+
+@pytest.mark.parametrize("form", ["sqlite", "parquetdir"])
+@pytest.mark.parametrize(
+    "deleted",
+    [
+        "DELETE FROM StringIds",
+        "DELETE FROM StringIds WHERE id IN (SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL "
+        "UNION SELECT shortName FROM CUPTI_ACTIVITY_KIND_KERNEL)",
+    ],
+    ids=["StringIds emptied", "kernel names deleted"],
+)
+def test_kernels_whose_names_are_missing_keep_their_time_under_a_name_that_says_so(tmp_path, form, deleted):
+    trace = export_copy(tmp_path, "nameless.sqlite", deleted)
+    if form == "parquetdir":
+        trace = as_parquetdir(trace, tmp_path / "nameless.parquetdir")
+    with sqlite3.connect(FIXTURE) as db:
+        kernel_ns = db.execute('SELECT sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()[0]
+    analysis = analyze_trace(trace)
+    assert analysis.headline["top_kernel"].startswith(MISSING_KERNEL_NAME)
+    assert analysis.tables["kernels"]["total_ns"].sum() == kernel_ns

@@ -390,7 +390,7 @@ def test_nccl_waiting_exposed_time_and_bus_bandwidth():
 
 def test_ranks_whose_waiting_is_not_traced_are_named():
     inputs = [_rank(r, node=0, own=[100 * MS] * 3, waiting=[0] * 3) for r in (0, 1)]
-    inputs[1] = RankInput(1, 0, "h0", 2, inputs[1].tables, sources=("nvtx",))
+    inputs[1] = RankInput(1, 0, "h0", 3, inputs[1].tables, sources=("nvtx",))
     [finding] = analyze_ranks(inputs).findings
     assert finding.rule == "waiting_not_measured" and "rank(s) 1" in finding.title and finding.gain_pct is None
 
@@ -416,3 +416,89 @@ def test_inputs_that_cannot_be_compared():
     old = RankInput(2, 0, "h", 2, {"steps": one.tables["steps"]})
     with pytest.raises(RanksError, match="no step_waits table"):
         analyze_ranks([one, old])
+
+
+def test_a_step_captured_twice_on_one_rank_counts_once(tmp_path):
+    """A step range recorded twice on one rank (as `analyze` of the same export takes it): its first range."""
+    folder = tmp_path / "capture"
+    shutil.copytree(FIXTURES / "clean", folder)
+    with sqlite3.connect(folder / "rank1.sqlite") as con:
+        con.execute("INSERT INTO NVTX_EVENTS SELECT * FROM NVTX_EVENTS WHERE text = 'step 5'")
+    result = pipeline.cross_rank_dirs([folder], tmp_path / "out", "twice")
+    assert result.headline["common_steps"] == 8 and list(result.tables["step_skew"]["step"]) == list(range(3, 11))
+
+
+def _node_folders(tmp_path, sources: dict[int, str], edit=None) -> list[Path]:
+    """Rank N's files from FIXTURES/SOURCE, each in a folder of its own, its record edited by `edit`."""
+    dirs = []
+    for r, source in sources.items():
+        folder = tmp_path / f"node{r}"
+        folder.mkdir()
+        for name in (f"rank{r}.json", f"rank{r}.sqlite", f"profile.rank{r}.metrics.jsonl"):
+            shutil.copy(FIXTURES / source / name, folder / name)
+        if edit:
+            record = json.loads((folder / f"rank{r}.json").read_text())
+            (folder / f"rank{r}.json").write_text(json.dumps({**record, **edit(r)}))
+        dirs.append(folder)
+    return dirs
+
+
+@pytest.mark.parametrize(
+    "sources, edit, message",
+    [
+        ({0: "clean", 1: "slow_rank1"}, None, "Slurm job ids 4101 (rank 0), 4102 (rank 1)"),
+        ({0: "clean", 1: "clean"}, lambda r: {"world_size": 2 + 2 * r}, "world sizes 2 (rank 0), 4 (rank 1)"),
+        ({0: "clean", 1: "clean"}, lambda r: {"world_size": 2 if r else 2**20}, "world sizes 1048576 (rank 0), 2"),
+        ({0: "clean", 1: "clean"}, lambda r: {"world_size": 0}, "rank 0 cannot be in a world of 0 rank(s)"),
+        ({0: "clean", 1: "clean"}, lambda r: {"rank": 2**20, "world_size": 2**20}, "cannot be in a world of 1048576"),
+        ({0: "clean", 1: "clean"}, lambda r: {"rank": 0}, "records rank 0, whose record is named rank0.json"),
+    ],
+)
+def test_ranks_of_different_runs_are_refused_before_any_analysis(tmp_path, sources, edit, message):
+    dirs = _node_folders(tmp_path, sources, edit)
+    assert_refused(run_sftprof("ranks", *dirs, "-o", tmp_path / "out", timeout=60), contains=message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rank_recorded_twice_is_named_by_its_files(tmp_path):
+    dirs = _node_folders(tmp_path, {0: "clean"})
+    message = assert_refused(run_sftprof("ranks", dirs[0], dirs[0], "-o", tmp_path / "out"), contains="twice")
+    assert f"{dirs[0] / 'rank0.json'} and {dirs[0] / 'rank0.json'}" in message
+
+
+def test_mixed_runs_compared_only_when_asked_and_said_so_without_bus_bandwidth():
+    """--allow-mixed: a mixed_runs warning, and no bus bandwidth from world sizes that disagree."""
+    run = {"parameters": 1_000_000, "weight_dtype": "float32"}
+    comm = [(8 * MS, 3 * MS, 2 * MS)] * 4
+    inputs = [_rank(r, node=0, own=[60 * MS] * 4, waiting=[0] * 4, comm=comm, run=run) for r in (0, 1)]
+    inputs[1] = RankInput(1, 0, "h0", 2**20, inputs[1].tables, run=run)
+    with pytest.raises(RanksError, match=r"world sizes 3 \(rank 0\), 1048576 \(rank 1\).*--allow-mixed"):
+        analyze_ranks(inputs)
+    result = analyze_ranks(inputs, allow_mixed=True)
+    [mixed] = [f for f in result.findings if f.rule == "mixed_runs"]
+    assert mixed.severity == "warning" and "world sizes 3 (rank 0), 1048576 (rank 1)" in mixed.title
+    assert result.tables["rank_collectives"]["busbw_gbps"].isna().all()
+    assert result.tables["rank_collectives"]["busy_min_ns"].notna().all()
+
+
+def test_no_straggler_on_one_common_step_and_the_report_says_why():
+    """A clean pair cut to one step, one rank 40% slower in it: too few steps to call it a straggler."""
+    inputs = [_rank(r, node=0, own=[(100 + 40 * r) * MS], waiting=[0]) for r in (0, 1)]
+    result = analyze_ranks(inputs)
+    assert [f.rule for f in result.findings] == ["too_few_steps"] and result.headline["straggler_rank"] is None
+    assert "share 1 step(s): no straggler is named on fewer than 2" in result.findings[0].title
+
+
+def test_implausible_steps_are_left_out_and_named():
+    """Zero-length steps on one rank (which made a 70.5% straggler) and a 27.8-hour step in a 0.3 s capture."""
+    steps = 6
+    inputs = [_rank(r, node=0, own=[100 * MS] * steps, waiting=[0] * steps) for r in (0, 1, 2)]
+    inputs = [RankInput(r.rank, r.node, r.host, r.world_size, r.tables, span_ns=300 * 10**7) for r in inputs]
+    zero = inputs[1].tables["steps"]
+    zero.loc[zero["step"] <= 3, ["duration", "data_ns", "forward_ns", "backward_ns"]] = 0
+    long = inputs[2].tables["steps"]
+    long.loc[long["step"] == 6, "duration"] = 100_000 * 10**9
+    result = analyze_ranks(inputs)
+    assert result.headline["common_steps"] == 2 and result.headline["straggler_rank"] is None
+    [note] = [f for f in result.findings if f.rule == "implausible_steps"]
+    assert note.title.endswith("rank 1 3, rank 2 1")

@@ -8,6 +8,7 @@ import copy
 import itertools
 import json
 import logging
+import os
 import shutil
 import time
 
@@ -80,6 +81,8 @@ def test_switches_default_to_the_loop_as_it_was(experiment):
         "loss_every": 1,
         "compile": False,
         "ddp_overlap": True,
+        "attention": "sdpa",
+        "cuda_alloc_conf": "",
     }
 
 
@@ -94,6 +97,8 @@ def test_switches_default_to_the_loop_as_it_was(experiment):
         ("loss_every", 2.0),
         ("compile", None),
         ("ddp_overlap", "off"),
+        ("attention", "flash"),
+        ("cuda_alloc_conf", "expandable_segments:True; rm -rf /"),
     ],
 )
 def test_bad_switch_values_name_their_key(key, value):
@@ -144,7 +149,9 @@ def test_metrics_hold_step_facts_and_the_run_facts_once(run_sft, experiment):
         run["loss_every"],
         run["compile"],
         run["ddp_overlap"],
-    ) == ("max_length", 1, False, False, 1, False, None)
+        run["attention"],
+        run["cuda_alloc_conf"],
+    ) == ("max_length", 1, False, False, 1, False, None, "sdpa", "")
 
 
 def test_longest_padding_computes_fewer_positions_for_the_same_loss(run_sft):
@@ -187,6 +194,15 @@ def test_fused_optimizer_runs_on_cpu_and_pin_memory_says_it_is_ignored(run_sft, 
     assert "sft.pin_memory is ignored on cpu" in caplog.text
     assert lines[0]["run"]["fused_optimizer"] is True and lines[0]["run"]["pin_memory"] is False
     assert [line["loss"] for line in lines] == pytest.approx([line["loss"] for line in reference], rel=1e-4)
+
+
+def test_eager_attention_trains_to_the_same_loss_and_the_allocator_setting_reaches_torch(run_sft, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    sdpa = run_sft(steps=2, seq_length=128)
+    eager = run_sft(steps=2, seq_length=128, attention="eager", cuda_alloc_conf="expandable_segments:True")
+    assert [line["loss"] for line in eager] == pytest.approx([line["loss"] for line in sdpa], rel=1e-4)
+    assert (eager[0]["run"]["attention"], eager[0]["run"]["cuda_alloc_conf"]) == ("eager", "expandable_segments:True")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
 @pytest.mark.e2e

@@ -112,6 +112,8 @@ def _headline(v: dict, findings: list[Finding]) -> dict:
         "steps_captured": len(steps),
         "steps_found_by": v["found_steps"].how,
         "median_step_ms": float(steps["duration"].median()) / 1e6 if len(steps) else None,
+        "profiling_overhead_pct": round(v["overhead"].pct, 2) if v["overhead"] else None,
+        "unprofiled_step_ms": v["overhead"].unprofiled_ns / 1e6 if v["overhead"] else None,
         "kernels": totals["count"],
         "application_threads": len(v["threads"]),
         "osrt_calls": tables.events.count("osrt_rows"),

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from sftprof import results
@@ -26,6 +27,7 @@ from sftprof.analysis.cpu import PHASES, STEP_RANGE
 from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.errors import SftprofError
 from sftprof.trace.kineto import kernel_short_name
+from sftprof.trace.load import trace_stem
 
 TOP_CHANGES = 10  # rows of "largest changes" in the terminal summary and the HTML
 NS_PER_MS = 1e6
@@ -48,6 +50,11 @@ class UnusableValue(CompareError):
         self.file, self.problem = file, problem
 
 
+# Every number a comparison reads is a time (ns), a count or a share: none is negative or infinite, and none is
+# beyond 2^62 (146 years in ns: the scale of a misread or hand-edited value).
+MAX_VALUE = float(2**62)
+
+
 def check_usable(analysis: Analysis) -> None:
     """Take every value the comparison uses from a saved analysis once, so that a damaged one is refused
     (UnusableValue, naming its file) before anything is written."""
@@ -63,7 +70,7 @@ def check_usable(analysis: Analysis) -> None:
 def _label_parts(path: Path) -> list[str]:
     """Path components that tell inputs apart: no root, no `analysis` folders, no trace suffixes."""
     path = path.resolve()
-    name = path.name.split(".")[0] if path.is_file() else path.name
+    name = trace_stem(path) if path.is_file() else path.name
     return [part for part in (*path.parts[1:-1], name) if part != "analysis"] or [name]
 
 
@@ -105,6 +112,11 @@ def _table(analysis: Analysis, name: str, *numbers: str, keys: tuple[str, ...] =
     for column in numbers:
         if not pd.api.types.is_numeric_dtype(frame[column]) and frame[column].notna().any():
             raise UnusableValue(f"{name}.csv", f"column {column} holds values that are not numbers")
+        values = frame[column].dropna().to_numpy(dtype=float)
+        if not (np.isfinite(values) & (values >= 0) & (values <= MAX_VALUE)).all():
+            raise UnusableValue(
+                f"{name}.csv", f"column {column} holds a value no capture gives (infinite, negative or over 2^62)"
+            )
     return frame
 
 

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 # A problem whose attainable gain reaches this share of the median step is a warning; below, info.
 WARNING_SHARE_PCT = 5.0
 # Findings about the capture itself rather than the program (rows left out as damaged, trace kinds
-# that recorded nothing): reports say them once, before the findings they qualify.
-CAPTURE_NOTES = ("dropped_rows", "empty_trace_kind")
+# that recorded nothing, a capture that slowed the run): reports say them once, before the findings they qualify.
+CAPTURE_NOTES = ("dropped_rows", "empty_trace_kind", "profiling_overhead")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ cut into pieces, and each piece goes to exactly one cause, so the causes of a st
   one innermost range;
 - own code and launches in gaps shorter than HOST_GAP_NS are host overhead between launches (Python and
   framework dispatch); in longer gaps, own code is work on the critical path (input preparation, logging).
+- then what a call delayed: an allocation or synchronization that held the thread while the GPU was busy made
+  every later launch that much later, so up to that much of the host overhead after it, until the thread is
+  ahead of the GPU again, is the call's (_Pieces.delayed_by).
 
 Findings (idle_findings) are the largest causes; a cause's gain is its median share of the step.
 """
@@ -30,6 +33,7 @@ import pandas as pd
 from sftprof.analysis import cuda, intervals, nvtx
 from sftprof.analysis.findings import Finding, ms, pct, severity_of
 from sftprof.analysis.gains import StepClock
+from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.analysis.utilisation import UNNAMED_RANGE
 from sftprof.trace.events import EventStore
 
@@ -122,7 +126,8 @@ def _split(starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray):
 
 
 def _idle_pieces(clock: StepClock, rows: np.ndarray):
-    """The GPU's idle time inside steps `rows`: (starts, ends, step row), in time order."""
+    """The GPU's idle time inside steps `rows`: (starts, ends, step row), in time order, and the GPU's busy
+    intervals around them (starts, ends)."""
     busy = clock.gpu_busy
     starts, ends = clock.starts[rows], clock.ends[rows]
     lo, hi = int(starts.min()), int(ends.max())
@@ -132,7 +137,7 @@ def _idle_pieces(clock: StepClock, rows: np.ndarray):
         b_start, b_end = busy.rows(busy.ending_by(lo), busy.starting_before(hi))
     idle_start, idle_end, row = _minus(starts, ends, rows, b_start, b_end)
     order = np.argsort(idle_start, kind="stable")
-    return idle_start[order], idle_end[order], row[order]
+    return idle_start[order], idle_end[order], row[order], (b_start, b_end)
 
 
 def _gap_lengths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -151,8 +156,8 @@ class _NextWork:
     def __init__(self, events: EventStore, lo: int, hi: int):
         def launched(table: str, pid: str, where: str, last: str = "") -> dict:
             return events.arrays(f"""
-                SELECT o.start, coalesce(a."end", o.start) AS launched, coalesce(a.global_tid, -1) AS tid
-                FROM (SELECT start, correlation_id, {pid} AS pid FROM {table} WHERE {where} {last}) o
+                SELECT o.start, o."end", coalesce(a."end", o.start) AS launched, coalesce(a.global_tid, -1) AS tid
+                FROM (SELECT start, "end", correlation_id, {pid} AS pid FROM {table} WHERE {where} {last}) o
                 LEFT JOIN cuda_api a ON a.correlation_id = o.correlation_id AND a.pid = o.pid""")
 
         parts = []
@@ -164,6 +169,17 @@ class _NextWork:
         self.starts = starts[order]
         self.launched = np.concatenate([p["launched"] for p in parts]).astype("int64")[order]
         self.tids = np.concatenate([p["tid"] for p in parts]).astype("int64")[order]
+        ends = np.concatenate([p["end"] for p in parts]).astype("int64")[order]
+        # A thread was ahead of the GPU when it launched work while earlier work still ran: when, and which.
+        running = np.maximum.accumulate(ends) if len(ends) else ends
+        ahead = np.r_[False, self.launched[1:] < running[:-1]] if len(ends) else np.zeros(0, bool)
+        self._ahead = pd.Series(self.launched[ahead]).groupby(self.tids[ahead])
+
+    def ahead_of(self, tid: int) -> np.ndarray:
+        """The sorted times at which thread `tid` launched work while the GPU was still busy."""
+        if tid not in self._ahead.groups:
+            return np.zeros(0, "int64")
+        return np.sort(self._ahead.get_group(tid).to_numpy("int64"))
 
     def after(self, piece_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(when the next work's launch returned, its launching thread) for each piece end. Where no work
@@ -203,7 +219,7 @@ class _Names:
         return labels
 
     def label(self, source: str, name: int) -> str:
-        if source == SOURCES[CUDA_API]:
+        if source in (SOURCES[CUDA_API], SOURCES[DELAYED]):
             return self.api.get(int(name), "?")
         if source == SOURCES[OS_RUNTIME]:
             return self.osrt.get(int(name), "?")
@@ -212,9 +228,11 @@ class _Names:
         return QUEUED_NAME if source == SOURCES[GPU] else UNKNOWN_THREAD
 
 
-SOURCES = ("CUDA API", "OS runtime", "own code", "GPU", "none")
-CUDA_API, OS_RUNTIME, OWN, GPU, NONE = range(len(SOURCES))
+SOURCES = ("CUDA API", "OS runtime", "own code", "GPU", "none", "launches a call delayed")
+CUDA_API, OS_RUNTIME, OWN, GPU, NONE, DELAYED = range(len(SOURCES))
 QUEUED_NAME = "launched before the GPU started it"
+# Calls that a fix removes outright, so the launches they delayed would have come earlier (_Pieces.delayed_by).
+DELAYING = [CAUSE_NAMES.index(ALLOCATION), CAUSE_NAMES.index(SYNCHRONIZATION)]
 
 
 def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd.DataFrame:
@@ -230,20 +248,26 @@ def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd
     parts = []
     for first in range(0, clock.steps, STEPS_A_BATCH):
         rows = np.arange(first, min(first + STEPS_A_BATCH, clock.steps))
-        p_start, p_end, p_row = _idle_pieces(clock, rows)
+        p_start, p_end, p_row, busy = _idle_pieces(clock, rows)
         if not len(p_start):
             continue
         short = _gap_lengths(p_start, p_end) <= HOST_GAP_NS
-        launched, owner = _NextWork(events, int(p_start.min()), int(p_end.max())).after(p_end)
+        work = _NextWork(events, int(p_start.min()), int(p_end.max()))
+        launched, owner = work.after(p_end)
         # the part of each piece after the next work was launched: queued, waiting for the GPU to start it
         cut = np.clip(launched, p_start, p_end)
         queued = cut < p_end
-        parts.append(_Pieces.alike(p_row[queued], p_end[queued] - cut[queued], QUEUED, GPU).summed())
+        batch = [_Pieces.alike(p_row[queued], cut[queued], p_end[queued] - cut[queued], QUEUED, GPU)]
         host = cut > p_start
         p_start, p_end, p_row, short, owner = p_start[host], cut[host], p_row[host], short[host], owner[host]
         for tid in np.unique(owner):
             mine = owner == tid
-            parts.append(_thread_causes(events, int(tid), p_start[mine], p_end[mine], p_row[mine], short[mine], names))
+            batch.append(
+                _thread_causes(
+                    events, int(tid), p_start[mine], p_end[mine], p_row[mine], short[mine], names, busy, work
+                )
+            )
+        parts.append(_Pieces.joined(batch).summed())
     parts = [part for part in parts if len(part)]
     if not parts:
         return pd.DataFrame(columns=COLUMNS)
@@ -267,14 +291,61 @@ class _Pieces:
     name's id in its source: a CUDA or OS call name id, or an NVTX range code; the innermost range's code),
     summed at once."""
 
-    def __init__(self, row, cause, source, name, range_code, idle_ns):
-        self.columns = (row, cause, source, name, range_code)
-        self.idle_ns = idle_ns
+    def __init__(self, row, cause, source, name, range_code, start, idle_ns):
+        self.columns = tuple(np.asarray(c, dtype="int64") for c in (row, cause, source, name, range_code))
+        self.start, self.idle_ns = np.asarray(start, dtype="int64"), np.asarray(idle_ns, dtype="int64")
 
     @classmethod
-    def alike(cls, row: np.ndarray, idle_ns: np.ndarray, cause: str, source: int) -> _Pieces:
+    def alike(cls, row: np.ndarray, start: np.ndarray, idle_ns: np.ndarray, cause: str, source: int) -> _Pieces:
         n, code = len(row), CAUSE_NAMES.index(cause)
-        return cls(row, np.full(n, code), np.full(n, source), np.full(n, -1), np.full(n, -1), idle_ns)
+        return cls(row, np.full(n, code), np.full(n, source), np.full(n, -1), np.full(n, -1), start, idle_ns)
+
+    @classmethod
+    def joined(cls, parts: list[_Pieces]) -> _Pieces:
+        row, cause, source, name, range_code = (np.concatenate([part.columns[k] for part in parts]) for k in range(5))
+        start, idle_ns = np.concatenate([p.start for p in parts]), np.concatenate([p.idle_ns for p in parts])
+        return cls(row, cause, source, name, range_code, start, idle_ns)
+
+    def delayed_by(self, calls_end, calls_delay, calls_cause, calls_name, ahead: np.ndarray) -> _Pieces:
+        """One thread's pieces with the host overhead that its calls delayed moved to them (module docstring):
+        a call that held the thread while the GPU was busy (`calls_delay`, ending at `calls_end`) made every
+        launch after it that much later, so up to that much of the host-overhead idle after it, until the thread
+        is next ahead of the GPU (`ahead`, sorted times), would not have been idle without it. The moved part
+        takes the latest such call's cause and name, source DELAYED; a piece split so counts in both rows."""
+        row, cause, source, name, range_code = (c.copy() for c in self.columns)
+        start, idle_ns = self.start.copy(), self.idle_ns.copy()
+        host = np.flatnonzero(cause == CAUSE_NAMES.index(HOST_OVERHEAD))
+        if not len(calls_end) or not len(host):
+            return self
+        # calls and host-overhead pieces in one time line: the delay they accrue (D) and the idle they offer (C)
+        times = np.r_[calls_end, start[host]]
+        delay = np.r_[calls_delay, np.zeros(len(host), "int64")]
+        offered = np.r_[np.zeros(len(calls_end), "int64"), idle_ns[host]]
+        call_index = np.r_[np.arange(len(calls_end)), np.full(len(host), -1)]
+        order = np.lexsort((np.r_[np.zeros(len(calls_end)), np.ones(len(host))], times))
+        times, delay, offered, call_index = times[order], delay[order], offered[order], call_index[order]
+        epoch = np.asarray(np.searchsorted(ahead, times, side="right"))  # runs of events between two times ahead
+        first = np.r_[True, epoch[1:] != epoch[:-1]]
+        d_sum, c_sum = _run_cumsum(delay, first), _run_cumsum(offered, first)
+        # moved so far M = min(M_prev + offered, D): M_i = C_i + min(0, min over k <= i of (D_k - C_k))
+        moved_so_far = c_sum + np.minimum(0, _run_cummin(d_sum - c_sum, first))
+        moved = np.where(first, moved_so_far, np.diff(np.r_[0, moved_so_far]))
+        latest = np.maximum.accumulate(np.where(call_index >= 0, np.arange(len(times)), -1))
+        latest = np.where(
+            (latest >= 0) & (epoch[np.maximum(latest, 0)] == epoch), call_index[np.maximum(latest, 0)], -1
+        )
+        piece_events = np.flatnonzero(call_index < 0)
+        amount = moved[piece_events]
+        take = (amount > 0) & (latest[piece_events] >= 0)
+        at = host[order[piece_events] - len(calls_end)][take]
+        by = latest[piece_events][take]
+        amount = np.minimum(amount[take], idle_ns[at])
+        kept = idle_ns[at] - amount
+        rest = kept > 0
+        keep = at[rest]
+        extra = _Pieces(row[keep], cause[keep], source[keep], name[keep], range_code[keep], start[keep], kept[rest])
+        cause[at], source[at], name[at], idle_ns[at] = calls_cause[by], DELAYED, calls_name[by], amount
+        return _Pieces.joined([_Pieces(row, cause, source, name, range_code, start, idle_ns), extra])
 
     def summed(self) -> pd.DataFrame:
         """Summed by all five columns (`pieces`: how many): a launch-bound step has a piece per kernel."""
@@ -297,11 +368,35 @@ class _Pieces:
         return frame
 
 
-def _thread_causes(events, tid, p_start, p_end, p_row, short, names) -> pd.DataFrame:
+def _run_cumsum(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative sums that restart where `first` is set (runs of consecutive elements)."""
+    total = np.cumsum(values)
+    restart = np.maximum.accumulate(np.where(first, np.arange(len(values)), 0))
+    return total - (total - values)[restart]
+
+
+def _run_cummin(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative minima that restart where `first` is set: each run lowered below every earlier one, so one
+    pass of np.minimum.accumulate cannot carry a minimum across runs."""
+    if not len(values):
+        return values
+    run = np.cumsum(first) - 1
+    step = 2 * int(np.abs(values).max()) + 1
+    return np.minimum.accumulate(values - run * step) + run * step
+
+
+def _busy_within(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """For each interval, how much of it the GPU was busy (`busy`: its sorted disjoint intervals)."""
+    s, e, _, b = _overlaps(*busy, starts, ends)
+    return np.bincount(b, weights=e - s, minlength=len(starts)).astype("int64")
+
+
+def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work: _NextWork) -> _Pieces:
     """One thread's share of the idle pieces, cut by its CUDA calls, then its OS calls, then its own code;
-    each cut piece with the innermost NVTX range open on the thread. `names`: _Names."""
+    each cut piece with the innermost NVTX range open on the thread; then the host overhead its allocations
+    and synchronizations delayed moved to them. `names`: _Names; `busy`: the GPU's busy intervals."""
     if tid < 0:
-        return _Pieces.alike(p_row, p_end - p_start, UNATTRIBUTED, NONE).summed()
+        return _Pieces.alike(p_row, p_start, p_end - p_start, UNATTRIBUTED, NONE)
     lo, hi = int(p_start.min()), int(p_end.max())
     window = f'global_tid = {tid} AND start < {hi} AND "end" > {lo}'
     bounds = events.arrays(f'SELECT start AS t FROM nvtx WHERE {window} UNION SELECT "end" FROM nvtx WHERE {window}')
@@ -313,6 +408,10 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names) -> pd.DataF
     s, e, a, b = _overlaps(a_start, a_end, p_start, p_end)
     ids = api["name_id"][order][a].astype("int64")
     parts = [(s, e, b, names.api_cause_of(ids), CUDA_API, ids)]
+    call_ids = api["name_id"][order].astype("int64")
+    call_cause = names.api_cause_of(call_ids)
+    delaying = np.isin(call_cause, DELAYING)
+    delay = _busy_within(a_start[delaying], a_end[delaying], busy)
     r_start, r_end, r_piece = _minus(p_start, p_end, piece, a_start, a_end)
     os_calls = events.arrays(f'SELECT start, "end", name_id FROM osrt WHERE {window}')
     o_start, o_end, order = _disjoint(os_calls["start"], os_calls["end"])
@@ -331,8 +430,9 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names) -> pd.DataF
         np.concatenate([np.full(len(part[0]), part[4]) for part in parts]),
         np.concatenate([part[5] for part in parts[:-1]] + [own_code]),
         range_code,
+        starts,
         ends - starts,
-    ).summed()
+    ).delayed_by(a_end[delaying], delay, call_cause[delaying], call_ids[delaying], work.ahead_of(tid))
 
 
 # ---------------------------------------------------------------- findings: the largest causes
@@ -416,9 +516,16 @@ def _listed(rows: pd.DataFrame, column: str, steps: int) -> str:
     return ", ".join(f"`{name}` {ms(ns / steps)}" for name, ns in top.items())
 
 
-def idle_findings(causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame) -> list[Finding]:
+# Causes whose time is the host's own code and launches: what a profiler that costs host time inflates.
+HOST_CAUSES = (HOST_OVERHEAD, HOST_WORK)
+
+
+def idle_findings(
+    causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame, overhead: Overhead | None = None
+) -> list[Finding]:
     """A finding for each cause of GPU idle time (CAUSES) that holds at least MIN_SHARE_PCT of the median
-    step: the gain is its share (idle time that fixing it removes), with the calls and ranges that hold most."""
+    step: the gain is its share (idle time that fixing it removes), with the calls and ranges that hold most;
+    for host overhead and host work, only the part the profiler cannot have added (overhead.host_share)."""
     if causes.empty:
         return []
     numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
@@ -434,19 +541,21 @@ def idle_findings(causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame) -
             continue
         calls = rows[rows["source"] != "own code"]
         where = f" Calls: {_listed(calls, 'name', clock.steps)} per step." if len(calls) else ""
+        share = host_share(overhead, float(np.median(per_step)), clock) if cause.cause in HOST_CAUSES else None
         findings.append(
             Finding(
                 cause.rule,
-                severity_of(gain),
-                f"The GPU idles {gain:.1f}% of the step while the CPU {cause.doing}",
+                severity_of(share.gain_pct if share else gain),
+                f"The GPU idles {gain:.1f}% of the step while the CPU {cause.doing}" + (share.title if share else ""),
                 f"{ms(float(np.median(per_step)))} per step (median of {clock.steps}) of the "
                 f"{ms(float(np.median(idle)))} the GPU idles in a step ({pct(np.median(idle), clock.step_ns):.1f}% "
                 f"of it), in {int(rows['pieces'].sum()):,} stretches.{where} Innermost NVTX ranges open on the "
-                f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step.",
+                f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step."
+                + (share.evidence if share else ""),
                 cause.recommendation,
-                gain,
+                share.gain_pct if share else gain,
                 f"GPU idle (no device busy) while the thread that launched the next GPU work {cause.doing}: "
-                f"idle_causes, {clock.scope(per_step)}",
+                f"idle_causes, {clock.scope(per_step)}" + (share.basis if share else ""),
             )
         )
     return findings

@@ -48,6 +48,8 @@ STRAGGLER_MIN_PCT = 5.0
 # ... in at least this share of the common steps: a straggler is slow step after step, while noise makes
 # a different rank the slow one from step to step.
 STRAGGLER_STEPS_SHARE = 0.75
+# ... and only over at least this many common steps: one step says nothing about step after step.
+STRAGGLER_MIN_STEPS = 2
 # A straggler's extra time is named as a slow GPU (or its clock) when at least this share of it is
 # more GPU kernel time than the other ranks'; otherwise as host (CPU) time.
 GPU_SHARE_OF_EXCESS = 0.5
@@ -104,6 +106,8 @@ class RankInput:
     run: dict = field(default_factory=dict)
     origin_ns: int | None = None
     sources: tuple[str, ...] | None = None  # what the capture traced (osrt, cuda, ...), where known
+    job_id: str | None = None  # the Slurm job the rank ran in (its record's slurm_job_id), None outside Slurm
+    span_ns: int | None = None  # the capture's span: no step is longer
 
     @property
     def label(self) -> str:
@@ -124,13 +128,22 @@ def _number(values) -> pd.Series:
     return pd.to_numeric(values, errors="coerce")
 
 
+def _plausible(rank: RankInput) -> pd.Series:
+    """Which of a rank's step ranges can be steps: longer than zero, and no longer than its capture."""
+    duration = _number(rank.tables["steps"]["duration"])
+    return (duration > 0) & (duration <= rank.span_ns if rank.span_ns else True)
+
+
 def _steps(rank: RankInput) -> pd.DataFrame:
-    """step -> duration and phase times of one rank (the first range of a step number that repeats)."""
+    """step -> duration and phase times of one rank (the first range of a step number that repeats; none that
+    is not plausible)."""
     steps = rank.tables["steps"]
     if steps.empty or "step" not in steps:
         return pd.DataFrame(columns=["duration", *(f"{p}_ns" for p in OWN_PHASES)])
+    steps = steps[_plausible(rank)]
     frame = steps.assign(step=_number(steps["step"])).dropna(subset=["step"])
-    frame = frame.drop_duplicates("step").set_index(frame["step"].astype("int64").rename("step"))
+    frame = frame.drop_duplicates("step")
+    frame = frame.set_index(frame["step"].astype("int64").rename("step"))
     return frame[["duration", *(f"{p}_ns" for p in OWN_PHASES)]].apply(_number).fillna(0).astype("int64")
 
 
@@ -163,8 +176,42 @@ def _kernel_ns(rank: RankInput) -> pd.Series:
     return pd.Series(_number(frame["kernel_ns"]).to_numpy(), index=frame["step"].astype("int64"))
 
 
-def _check(inputs: list[RankInput]) -> list[int]:
-    """The common step numbers, or a RanksError that says why there are none."""
+def _by_value(values: dict[int, object]) -> str:
+    """`4101 (ranks 0, 2), 4102 (rank 1)`: each value with the ranks that have it."""
+    groups: dict[object, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        groups.setdefault(value, []).append(rank)
+    parts = []
+    for value, ranks in groups.items():
+        shown = ", ".join(map(str, ranks[:6])) + (", ..." if len(ranks) > 6 else "")
+        parts.append(f"{'none' if value is None else value} (rank{'s' if len(ranks) > 1 else ''} {shown})")
+    return ", ".join(parts)
+
+
+def mixed_runs(inputs: list[RankInput]) -> list[str]:
+    """What says that the ranks are not of one run: different Slurm job ids or world sizes (each record's rank
+    is below its world size, and each rank is given once: read_record and _check see to that)."""
+    problems = []
+    if len({r.job_id for r in inputs}) > 1:
+        problems.append(f"Slurm job ids {_by_value({r.rank: r.job_id for r in inputs})}")
+    if len({r.world_size for r in inputs}) > 1:
+        problems.append(f"world sizes {_by_value({r.rank: r.world_size for r in inputs})}")
+    return problems
+
+
+def refuse_mixed(inputs: list[RankInput]) -> None:
+    """A RanksError where the ranks are not of one run (mixed_runs)."""
+    problems = mixed_runs(inputs)
+    if problems:
+        raise RanksError(
+            f"the ranks are not of one run ({'; '.join(problems)}): give the captures of one job, or --allow-mixed "
+            "to compare them anyway"
+        )
+
+
+def _check(inputs: list[RankInput], allow_mixed: bool = False) -> list[int]:
+    """The common step numbers, or a RanksError that says why there are none or why the ranks are not of one run
+    (unless `allow_mixed`)."""
     if len(inputs) < 2:
         raise RanksError(f"a cross-rank analysis needs at least 2 profiled ranks; got {len(inputs)}")
     seen: dict[int, int] = {}
@@ -179,6 +226,8 @@ def _check(inputs: list[RankInput]) -> list[int]:
     twice = sorted(r for r, count in seen.items() if count > 1)
     if twice:
         raise RanksError(f"rank(s) {twice} appear more than once; give each rank's capture once")
+    if not allow_mixed:
+        refuse_mixed(inputs)
     per_rank = {rank.rank: set(_steps(rank).index) for rank in inputs}
     common = set.intersection(*per_rank.values())
     if not common:
@@ -206,9 +255,10 @@ def _share(per_step, step_ns: float) -> float:
     return round(float(np.clip(100.0 * np.median(per_step) / step_ns, 0.0, 100.0)), 3) if step_ns else 0.0
 
 
-def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
-    """Every cross-rank table and finding (see the module docstring and docs/RANKS.md)."""
-    common = _check(inputs)
+def analyze_ranks(inputs: list[RankInput], allow_mixed: bool = False) -> CrossRank:
+    """Every cross-rank table and finding (see the module docstring and docs/RANKS.md). Ranks of different runs
+    are refused, or with `allow_mixed` compared under a finding that says so."""
+    common = _check(inputs, allow_mixed)
     inputs = sorted(inputs, key=lambda r: r.rank)
     ids = [r.rank for r in inputs]
     by_rank = {r.rank: r for r in inputs}
@@ -257,10 +307,13 @@ def analyze_ranks(inputs: list[RankInput]) -> CrossRank:
     }
     # per rank: the share of the steps where its own time exceeds the others' median by the threshold
     slow_steps = (excess >= STRAGGLER_MIN_PCT / 100.0 * step_ns).mean()
-    slow = [r for r in ids if step_ns and slow_steps[r] >= STRAGGLER_STEPS_SHARE]
+    enough = len(common) >= STRAGGLER_MIN_STEPS
+    slow = [r for r in ids if enough and step_ns and slow_steps[r] >= STRAGGLER_STEPS_SHARE]
     findings = _stragglers(inputs, slow, own, own_phase, excess, kernel, step_ns)
     findings += _exposed(comm_exposed, comm_blocking, tables["rank_collectives"], step_ns, has_nccl)
     findings += _unmeasured(inputs, comm)
+    findings += _mixed(inputs)
+    findings += _untrusted_steps(inputs, common)
     findings = ranked(findings)
     gains = {f.title: f.gain_pct for f in findings if f.rule == "straggler"}
     top = max(slow, key=lambda r: float(excess[r].median()), default=None)
@@ -415,7 +468,8 @@ def _rank_collectives(inputs, common, comm, has_nccl) -> pd.DataFrame:
     if not has_nccl:
         return pd.DataFrame(columns=columns)
     ids = [r.rank for r in inputs]
-    world = max(r.world_size for r in inputs)
+    worlds = {r.world_size for r in inputs}
+    world = worlds.pop() if len(worlds) == 1 else 0  # the factor needs the run's one world size
     sizes = {gradient_bytes(r.run) for r in inputs}
     message = sizes.pop() if len(sizes) == 1 else None
     rows = []
@@ -555,6 +609,58 @@ def _unmeasured(inputs, comm) -> list[Finding]:
                 "that wait for it."
             ),
             recommendation="Capture with --trace including osrt (and cuda on GPUs): profile.trace in the config.",
+        )
+    ]
+
+
+def _untrusted_steps(inputs, common) -> list[Finding]:
+    """Step ranges left out as implausible, and too few common steps to name a straggler."""
+    findings = []
+    left_out = {r.rank: int((~_plausible(r)).sum()) for r in inputs if "duration" in r.tables["steps"]}
+    left_out = {r: n for r, n in left_out.items() if n}
+    if left_out:
+        findings.append(
+            Finding(
+                rule="implausible_steps",
+                severity="info",
+                title="Step ranges left out as implausible: "
+                + ", ".join(f"rank {r} {n}" for r, n in sorted(left_out.items())),
+                evidence="A step of zero length, or longer than its rank's whole capture, cannot be a training "
+                "step; the ranks are compared over the others.",
+                recommendation="Check the step ranges the training loop pushes (a range closed at once, or a "
+                "clock that jumped).",
+            )
+        )
+    if len(common) < STRAGGLER_MIN_STEPS:
+        findings.append(
+            Finding(
+                rule="too_few_steps",
+                severity="info",
+                title=f"The ranks share {len(common)} step(s): no straggler is named on fewer than "
+                f"{STRAGGLER_MIN_STEPS}",
+                evidence="A straggler is a rank that is slower step after step; one step cannot tell that from noise.",
+                recommendation="Capture a window of more steps (profile.windows in the config).",
+            )
+        )
+    return findings
+
+
+def _mixed(inputs) -> list[Finding]:
+    """Ranks of different runs, compared because the user asked to (--allow-mixed)."""
+    problems = mixed_runs(inputs)
+    if not problems:
+        return []
+    return [
+        Finding(
+            rule="mixed_runs",
+            severity="warning",
+            title=f"The ranks compared are not of one run: {'; '.join(problems)}",
+            evidence=(
+                "Compared anyway, as asked (--allow-mixed): a step number need not be the same work in two runs, "
+                "ranks of different jobs do not wait for each other, and no bus bandwidth is derived where the "
+                "world sizes differ."
+            ),
+            recommendation="Compare the ranks of one job: its capture folder, or one folder per node of it.",
         )
     ]
 

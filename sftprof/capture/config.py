@@ -17,8 +17,9 @@ from typing import Any
 import jsonschema
 import yaml
 
-from sftprof import memory_budget
+from sftprof import layout, memory_budget
 from sftprof.errors import SftprofError
+from sftprof.io import InputError, read_limited
 from sftprof.step_names import step_pattern
 from sftprof.untrusted import CONTROL_CHARACTER
 
@@ -31,6 +32,7 @@ class ConfigError(SftprofError, ValueError):
 
 # Deeper than any config needs, far shallower than Python's recursion limit.
 MAX_DEPTH = 32
+MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few kilobytes; this bounds what a link to /dev/zero reads
 INT64 = range(-(2**63), 2**63)
 # jsonschema's `pattern` is re.search, and `$` also matches before a final newline.
 ANCHORED_PATTERN = re.compile(r"\^.*\\Z", re.DOTALL)
@@ -143,8 +145,16 @@ def validate(config: dict) -> dict:
     return config
 
 
-# Folders under results/EXPERIMENT/ that are not windows or variants.
-RESERVED_VARIANT_NAMES = {"comparison", "variants"}
+def _names_in(folder: str) -> set[str]:
+    """The fixed names the workflow writes in `folder` (a layout pattern), besides windows and variants."""
+    patterns = [value for value in vars(layout).values() if isinstance(value, str) and value.startswith(folder + "/")]
+    return {part for part in (p[len(folder) + 1 :].split("/")[0] for p in patterns) if "{" not in part}
+
+
+# What a window or variant may not be named: a window has a folder in results/EXPERIMENT/ and logs/EXPERIMENT/, a
+# variant in those and in resources/EXPERIMENT/, beside the workflow's own outputs (Snakemake refuses the clash).
+RESERVED_WINDOW_NAMES = _names_in(layout.WINDOW_DIR.rsplit("/", 1)[0]) | set(layout.LOG_NAMES)
+RESERVED_VARIANT_NAMES = RESERVED_WINDOW_NAMES | _names_in(layout.DOLLY_JSONL.rsplit("/", 1)[0])
 
 
 def _merged(base, overrides):
@@ -173,8 +183,8 @@ def _add_variant(config: dict, name: str, variant: str, overrides: dict, validat
     where = f"experiments.{name}.variants.{variant}"
     if variant in RESERVED_VARIANT_NAMES or variant in base["profile"]["windows"]:
         raise ConfigError(
-            f"config key {where}: a variant may not be named like a window or "
-            f"{' or '.join(sorted(RESERVED_VARIANT_NAMES))} (they share results/{name}/)"
+            f"config key {where}: a variant may not be named like a window or what the workflow writes beside "
+            f"its folders ({', '.join(sorted(RESERVED_VARIANT_NAMES))})"
         )
     merged = _merged(base, {key: value for key, value in overrides.items() if key != "motivated_by"})
     errors = sorted(validator.iter_errors(merged), key=lambda e: list(e.absolute_path))
@@ -303,9 +313,11 @@ def read(path: str | Path) -> dict:
     (the workflow validates what Snakemake merged from its config files and --config)."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_limited(path, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except InputError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.reason}") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
@@ -349,6 +361,11 @@ def check_cross_field_rules(config: dict) -> None:
         _check_ranks(where, exp)
         trace = exp["profile"]["trace"]
         for win_name, window in exp["profile"]["windows"].items():
+            if win_name in RESERVED_WINDOW_NAMES:
+                raise ConfigError(
+                    f"config key {where}.profile.windows.{win_name}: a window may not be named like what the "
+                    f"workflow writes beside its folders ({', '.join(sorted(RESERVED_WINDOW_NAMES))})"
+                )
             _check_window(f"{where}.profile.windows.{win_name}", window, trace, sft)
     _check_shared_checkpoints(config)
 

@@ -218,16 +218,19 @@ def is_random(model_dir: str | Path) -> bool:
     return model_facts(model_dir).get("weights") == "random"
 
 
-def load_model(model_dir: str | Path, device: str, seed: int):
+def load_model(model_dir: str | Path, device: str, seed: int, attention: str = "sdpa"):
     """LlamaForCausalLM in float32 on `device` (the torch backend trains float32 weights; bf16 is
     autocast): the checkpoint's weights, or for a `random` folder a seeded random initialisation
-    made directly on the device, so a 7B model never passes through host memory."""
+    made directly on the device, so a 7B model never passes through host memory. `attention` is
+    transformers' attn_implementation: `sdpa` (fused kernels) or `eager` (softmax between GEMMs)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if not is_random(model_dir):
-        return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
-    config = LlamaConfig.from_pretrained(model_dir)
+        return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention).to(
+            device
+        )
+    config = LlamaConfig.from_pretrained(model_dir, attn_implementation=attention)
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)

@@ -469,7 +469,9 @@ def export_argv(
     2025.3 writes the folder `output` when it ends in .parquetdir (one TABLE.parquet per table)."""
     if kind not in EXPORT_SUFFIXES:
         raise ValueError(f"export type {kind!r}: sftprof reads {', '.join(EXPORT_SUFFIXES)}")
-    return [*prefix, nsys, "export", f"--type={kind}", "--force-overwrite=true", f"--output={output}", str(report)]
+    report = str(report)
+    report = f"./{report}" if report.startswith("-") else report  # `-x.nsys-rep` is a file, not an option
+    return [*prefix, nsys, "export", f"--type={kind}", "--force-overwrite=true", f"--output={output}", report]
 
 
 def newer_report_message(report: str | Path, nsys: str, prefix: Sequence[str], said: str) -> str:

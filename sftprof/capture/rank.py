@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sftprof.capture import nsys
 from sftprof.errors import SftprofError
-from sftprof.io import atomic_write_text
+from sftprof.io import atomic_write_text, read_limited
 from sftprof.untrusted import plain_file_name
 
 RECORD_PATTERN = "rank{rank}.json"
@@ -133,9 +133,9 @@ def read_record(path: str | Path) -> dict:
     their names become local file names."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise ValueError(f"larger than {MAX_RECORD_BYTES} bytes")
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_limited(path, MAX_RECORD_BYTES).decode("utf-8"))
+    except OSError as error:
+        raise RecordError(f"{path}: cannot read it ({error.strerror or error})") from None
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise RecordError(f"{path} is not a rank record ({str(error)[:200]})") from None
     if not isinstance(record, dict):
@@ -143,6 +143,12 @@ def read_record(path: str | Path) -> dict:
     for key in ("rank", "world_size", "node"):
         if type(record.get(key)) is not int or not 0 <= record[key] <= MAX_RANK:
             raise RecordError(f"{path}: {key} {ascii(record.get(key))[:50]} is not a number from 0 to {MAX_RANK}")
+    if not record["rank"] < record["world_size"]:
+        raise RecordError(f"{path}: rank {record['rank']} cannot be in a world of {record['world_size']} rank(s)")
+    if path.name != RECORD_PATTERN.format(rank=record["rank"]):
+        raise RecordError(
+            f"{path}: records rank {record['rank']}, whose record is named {RECORD_PATTERN.format(**record)}"
+        )
     if not isinstance(record.get("host"), str) or not _HOST.match(record["host"]):
         raise RecordError(f"{path}: host {ascii(record.get('host'))[:80]} is not a host name")
     job_id = record.get("slurm_job_id")

@@ -134,6 +134,7 @@ def _rank_context(part: RankReport, anchor: str) -> dict:
         "ranked": _ranked(part.analysis.findings),
         "top": next((f for f in part.analysis.findings if f.rule not in CAPTURE_NOTES and f.gain_pct), None),
         "steps_found_by": part.analysis.headline.get("steps_found_by"),
+        "overhead_pct": part.analysis.headline.get("profiling_overhead_pct"),  # None: older analyses too
         "notes": [f for f in part.analysis.findings if f.rule in CAPTURE_NOTES],
         "findings": [f for f in part.analysis.findings if f.rule not in CAPTURE_NOTES],
         "verdict": findings.get("bound_verdict"),

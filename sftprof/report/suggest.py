@@ -82,6 +82,16 @@ REMEDIES = {
     "fp32_gemm": {
         "torch": Remedy("bf16", {"sft": {"precision": "bf16"}}, "bf16 autocast: GEMMs on bf16 tensor cores"),
     },
+    "unfused_attention": {
+        "torch": Remedy("sdpa", {"sft": {"attention": "sdpa"}}, "SDPA: fused attention kernels, no seq x seq scores"),
+    },
+    "allocator_churn": {
+        "torch": Remedy(
+            "expandable-segments",
+            {"sft": {"cuda_alloc_conf": "expandable_segments:True"}},
+            "the caching allocator grows segments instead of calling cudaMalloc/cudaFree as sizes change",
+        ),
+    },
     "memory_bound_kernel_mix": {
         "torch": Remedy("compiled", {"sft": {"compile": True}}, "torch.compile fuses chains of elementwise kernels"),
     },

@@ -56,7 +56,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from sftprof import memory_budget
+from sftprof import memory_budget, scratch
 from sftprof.errors import SftprofError
 
 # A time beyond ±2^53 ns (104 days) from the capture's origin belongs to no capture; keeping times
@@ -69,6 +69,7 @@ MAX_THREADS = 8  # a login node is shared: do not take all its cores
 NVTX_THREADS_APART = 16
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 KERNEL_NAME_IDS = ("name_id", "short_name_id", "mangled_name_id")
+MISSING_KERNEL_NAME = "(kernel name not in StringIds: id "  # the name of a kernel whose name id names nothing
 # A row's pid and tid, from its global_tid as every loader lays it out (pid << 24 | tid): computed in the views, not
 # stored, since DuckDB pays per value inserted (NVTX ranges are the most numerous rows: NeMo's 60M at 10M kernels).
 THREAD_IDS = "((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid"
@@ -368,7 +369,7 @@ class EventStore:
     """The kernels and cuda_api tables of one trace (see the module docstring)."""
 
     def __init__(self, on_disk: bool):
-        self._folder = tempfile.mkdtemp(prefix="sftprof-events-") if on_disk else None
+        self._folder = scratch.folder("events") if on_disk else None
         database = os.path.join(self._folder, "events.duckdb") if on_disk else ":memory:"
         self.con = duckdb.connect(database)
         # One cursor per thread that reads: a DuckDB connection object must not run two queries at once,
@@ -380,7 +381,8 @@ class EventStore:
         self._names_lock = threading.Lock()
         self._nvtx_categories: tuple[list, list] = ([], [])  # NVTX names and styles, by name_id and style_id
         self._samples = None  # GPU metric samples left in the export (gpu_samples), if they were
-        self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder)
+        self._also: list[str] = []  # folders the store's rows are read from while it lives (remove_on_close)
+        self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder, self._also)
         bound(self.con, self._folder)
         self.con.execute("SET preserve_insertion_order = false")
         for table, schema in SCHEMA.items():
@@ -389,15 +391,19 @@ class EventStore:
             self.con.execute(f"CREATE VIEW {view} AS {sql}")
 
     @staticmethod
-    def _release(con, cursors, folder):
+    def _release(con, cursors, folder, also):
         for cursor in cursors.values():
             cursor.close()
         con.close()
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
+        for path in [folder, *also] if folder else also:
+            shutil.rmtree(path, ignore_errors=True)
 
     def close(self) -> None:
         self._finalizer()
+
+    def remove_on_close(self, folder: str) -> None:
+        """Remove `folder` with the store: a temporary export whose pages the analysis still reads."""
+        self._also.append(folder)
 
     # ------------------------------------------------------------------ filling
 
@@ -735,6 +741,14 @@ class EventStore:
             copy_rows(con.cursor(), *metric_copy)
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
             con.execute("DROP TABLE api_name_of")
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
+            # a kernel whose name StringIds does not hold is damage (nsys writes none), but its GPU time is real:
+            # it keeps its time under a name that says so
+            con.execute(f"""
+                INSERT INTO kernel_names
+                SELECT id, '{MISSING_KERNEL_NAME}' || id || ')' FROM (
+                    SELECT DISTINCT unnest([name_id, short_name_id, mangled_name_id]) AS id FROM kernel_rows)
+                WHERE id IS NOT NULL AND id NOT IN (SELECT id FROM kernel_names)""")
         # Once, after the copy (whichever reader made it): one scan of two columns, nothing on the decoder's path.
         for table, rows, valid in (
             ("kernels", "kernel_rows", valid_times_sql()),

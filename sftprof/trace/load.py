@@ -18,6 +18,17 @@ PARQUETDIR_SUFFIX = ".parquetdir"  # `nsys export --type=parquetdir` writes NAME
 NSYS_SUFFIXES = (".nsys-rep", ".sqlite", PARQUETDIR_SUFFIX)  # what an nsys capture can come as
 
 
+def trace_stem(path: str | Path) -> str:
+    """A trace's file name without its known suffix: `profile.JOB.N.R.HOST.nsys-rep` keeps all its dots, so
+    the ranks of one job keep names of their own."""
+    name = Path(path).name
+    kineto = tuple(f".pt.trace{suffix}" for suffix in KINETO_SUFFIXES)  # tensorboard_trace_handler's names
+    for suffix in sorted((*NSYS_SUFFIXES, *KINETO_SUFFIXES, *kineto), key=len, reverse=True):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def from_nsys(path: str | Path) -> bool:
     """Whether a trace came from Nsight Systems (other recorders, e.g. Kineto, cannot trace CPU scheduling)."""
     return Path(path).suffix in NSYS_SUFFIXES

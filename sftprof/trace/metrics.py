@@ -15,15 +15,16 @@ line and the field, not drawn as a wrong curve or failing halfway through a repo
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from sftprof.errors import SftprofError
+from sftprof.io import InputError, open_regular
 
 
 class MetricsError(SftprofError, ValueError):
@@ -161,10 +162,7 @@ def read_metrics(path: str | Path | None) -> RunMetrics:
         return RunMetrics()
     records, run = [], None
     try:
-        mode = Path(path).stat().st_mode  # a FIFO or device would block or never end: refused unopened
-        if not stat.S_ISREG(mode):
-            raise MetricsError(f"{path}: cannot read the metrics (not a regular file)")
-        with open(path, encoding="utf-8") as lines:
+        with io.TextIOWrapper(open_regular(path), encoding="utf-8") as lines:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
@@ -172,6 +170,8 @@ def read_metrics(path: str | Path | None) -> RunMetrics:
                 records.append(record)
                 if run is None and "run" in record and record["step"] == 0:
                     run = record["run"]
+    except InputError as error:
+        raise MetricsError(f"{path}: cannot read the metrics ({error.reason})") from None
     except (OSError, UnicodeDecodeError) as error:
         raise MetricsError(f"{path}: cannot read the metrics ({getattr(error, 'strerror', None) or error})") from None
     return RunMetrics(steps=_typed(records), run=dict(run or {}))

@@ -12,17 +12,22 @@ the same SQL returns the same values and pandas types from both formats.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import sqlite3
 import tempfile
 from collections.abc import Iterator
+from contextlib import closing
 from functools import cached_property
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 
+from sftprof import scratch
 from sftprof.errors import SftprofError
+from sftprof.io import open_regular
 from sftprof.trace.events import (
     EXPORT_KERNEL_COLUMNS,
     EXPORT_RUNTIME_COLUMNS,
@@ -77,6 +82,42 @@ def connect_sqlite(path: Path) -> sqlite3.Connection:
     return conn
 
 
+SOURCE_TABLE = "SFTPROF_SOURCE"  # in an export sftprof made of a report: the report's fingerprint
+FINGERPRINT_BYTES = 1 << 20
+
+
+def report_fingerprint(report: Path) -> dict:
+    """What tells one report from another, also a copy that kept its time (`cp -p`, `rsync -a`): its size, its
+    time and a hash of its first and last MiB (a capture's header and its last data differ)."""
+    with open_regular(report) as handle:
+        info = os.fstat(handle.fileno())
+        digest = hashlib.sha256(handle.read(FINGERPRINT_BYTES))
+        if info.st_size > FINGERPRINT_BYTES:
+            handle.seek(max(FINGERPRINT_BYTES, info.st_size - FINGERPRINT_BYTES))
+            digest.update(handle.read(FINGERPRINT_BYTES))
+    return {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256_ends": digest.hexdigest()}
+
+
+def export_source(sqlite_path: Path) -> dict | None:
+    """The fingerprint of the report an SQLite export was made from (record_source), None if it has none."""
+    try:
+        with closing(sqlite3.connect(read_only_uri(sqlite_path), uri=True)) as conn:
+            row = conn.execute(f"SELECT size, mtime_ns, sha256_ends FROM {SOURCE_TABLE}").fetchone()
+    except sqlite3.Error:
+        return None
+    return dict(zip(("size", "mtime_ns", "sha256_ends"), row)) if row else None
+
+
+def record_source(sqlite_path: Path, source: dict) -> None:
+    """Keep `source`, the fingerprint of the report an SQLite export was made from (report_fingerprint), in the
+    export, so that it is later known to be that report's (export_source)."""
+    with closing(sqlite3.connect(sqlite_path)) as conn, conn:
+        conn.execute(f"CREATE TABLE {SOURCE_TABLE} (size INTEGER, mtime_ns INTEGER, sha256_ends TEXT)")
+        conn.execute(
+            f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?)", (source["size"], source["mtime_ns"], source["sha256_ends"])
+        )
+
+
 class SqliteExport:
     """An SQLite export, read-only."""
 
@@ -110,7 +151,7 @@ class SqliteExport:
     @cached_property
     def reader(self) -> duckdb.DuckDBPyConnection:
         """DuckDB's SQLite reader: vectorized, several times faster than sqlite3's row tuples."""
-        self._spill = tempfile.TemporaryDirectory(prefix="sftprof-reader-")
+        self._spill = tempfile.TemporaryDirectory(prefix=scratch.prefix("reader"))
         reader = duckdb.connect()
         bound(reader, self._spill.name)
         attach_export(reader, self.path)
@@ -178,7 +219,7 @@ class ParquetExport:
         self.files = files
         self._columns: dict[str, set[str]] = {}
         self.scans: dict[str, str] = {}  # table -> a DuckDB subquery that reads it, in any connection
-        self._spill = tempfile.TemporaryDirectory(prefix="sftprof-reader-")
+        self._spill = tempfile.TemporaryDirectory(prefix=scratch.prefix("reader"))
         self._con = duckdb.connect()
         bound(self._con, self._spill.name)
         try:

@@ -179,6 +179,23 @@ def _metadata(export: Export) -> dict[str, str]:
     return {}
 
 
+# nsys 2024+ records how the capture was taken (trace kinds, sampling rate, CUDA graph tracing) in this table.
+CAPTURE_SETTINGS_TABLE = "META_DATA_CAPTURE"
+# Keys of it left out: the environment and the command line can hold secrets, and no analysis reads them.
+_PRIVATE_SETTING = re.compile(r"ENVIRONMENT_VARIABLE|:COMMAND$|:ARGUMENT_\d+$|:WORKING_DIR$|:USER_NAME$")
+
+
+def _capture_settings(export: Export) -> dict[str, tuple[str, ...]]:
+    """The capture's own settings (key -> its values, in the table's order), for what the capture cost the run."""
+    if CAPTURE_SETTINGS_TABLE not in export.tables:
+        return {}
+    settings: dict[str, list[str]] = {}
+    for name, value in export.fetch(f"SELECT CAST(name AS TEXT), CAST(value AS TEXT) FROM {CAPTURE_SETTINGS_TABLE}"):
+        if name is not None and not _PRIVATE_SETTING.search(str(name)):
+            settings.setdefault(str(name), []).append("" if value is None else str(value))
+    return {name: tuple(values) for name, values in settings.items()}
+
+
 def _nsys_release(metadata: dict[str, str], tables: set[str]) -> int:
     """The year of the nsys release that wrote the file (2022 for 2022.4.2.1); 0 when unknown."""
     version = metadata.get("EXPORT_PRODUCT_VERSION") or metadata.get("NSIGHT_SYSTEMS_VERSION", "")
@@ -1042,6 +1059,7 @@ def _load(export: Export) -> TraceTables:
                 threads=_threads(export, strings),
                 gpus=_gpus(export),
                 empty_trace_kinds=_empty_trace_kinds(strings),
+                capture_settings=_capture_settings(export),
                 events=events.result(),
             )
             store.checkpoint()

@@ -160,7 +160,9 @@ class TraceTables:
     its kernels, CUDA API calls, GPU metric samples, context switches, NVTX ranges, OS-runtime calls, memory
     operations and synchronizations; `dropped_rows` counts, by table, the rows left out for their times
     (or, for a trace format whose rows can be malformed otherwise, their types); `empty_trace_kinds`
-    names the trace kinds the capture says recorded nothing (kind -> the tool's own message)."""
+    names the trace kinds the capture says recorded nothing (kind -> the tool's own message);
+    `capture_settings` holds the capture's own record of how it was taken (nsys 2024+'s META_DATA_CAPTURE:
+    key -> its values, environment and command line left out), {} where the export has none."""
 
     source_path: str
     span_ns: int
@@ -170,6 +172,7 @@ class TraceTables:
     events: EventStore = field(default_factory=EventStore.from_frames)
     dropped_rows: dict[str, int] = field(default_factory=dict)
     empty_trace_kinds: dict[str, str] = field(default_factory=dict)
+    capture_settings: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     kernels = _whole_table("kernels", "kernel")
     memops = _whole_table("memops", "memory operation")

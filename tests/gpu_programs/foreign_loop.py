@@ -101,21 +101,24 @@ def make_tokenizer(seed_text: str):
 
 def corpus(n_chars: int) -> str:
     words = "the of and to in is was for on that with by as at from it an be this are which".split()
-    out, k = [], 0
-    while sum(map(len, out)) < n_chars:
+    out, k, size = [], 0, 0
+    while size < n_chars:
         out.append(words[(k * 7919) % len(words)] + ("." if k % 13 == 0 else ""))
+        size += len(out[-1]) + 1
         k += 1
     return " ".join(out)
 
 
 def calibrated_text(tokenize) -> str:
-    """Text whose tokenising takes about TOKENIZE_TARGET_S here (fixed for the whole run)."""
-    probe = corpus(20000)
-    started = time.perf_counter()
-    for _ in range(5):
-        tokenize(probe)
-    per_char = (time.perf_counter() - started) / (5 * len(probe))
-    return corpus(int(TOKENIZE_TARGET_S / per_char))
+    """Text whose tokenising takes about TOKENIZE_TARGET_S here (fixed for the whole run): sized from a
+    probe, then corrected once from the time of the text itself."""
+    n_chars = 20000
+    for _ in range(2):
+        text = corpus(n_chars)
+        started = time.perf_counter()
+        tokenize(text)
+        n_chars = int(n_chars * TOKENIZE_TARGET_S / (time.perf_counter() - started))
+    return corpus(n_chars)
 
 
 def run_case(case: str, iterations: int, window: tuple[int, int] | None, out) -> None:

@@ -71,6 +71,9 @@ SFT = {  # every `sft` key, as sftprof/capture/config.schema.yaml's defaults fil
     "fused_optimizer": True,
     "loss_every": 1,
     "compile": False,
+    "ddp_overlap": True,
+    "attention": "sdpa",
+    "cuda_alloc_conf": "",
 }
 OVERRIDES = {
     "clean": {},

@@ -30,7 +30,17 @@ log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100  # label value that cross-entropy skips
 # The `sft` keys only this backend reads (sftprof.capture.sft.backend_settings leaves them out for nemo).
-SWITCHES = ("padding", "pad_to_multiple_of", "pin_memory", "fused_optimizer", "loss_every", "compile", "ddp_overlap")
+SWITCHES = (
+    "padding",
+    "pad_to_multiple_of",
+    "pin_memory",
+    "fused_optimizer",
+    "loss_every",
+    "compile",
+    "ddp_overlap",
+    "attention",
+    "cuda_alloc_conf",
+)
 
 
 class SeqLengthError(SftprofError, ValueError):
@@ -264,6 +274,8 @@ def run_facts(model, sft: dict, device: str, optimizer, pin_memory: bool, distri
         "loss_every": sft["loss_every"],
         "compile": sft["compile"],
         "ddp_overlap": sft["ddp_overlap"] if distributed else None,  # None: one rank, nothing to all-reduce
+        "attention": sft["attention"],
+        "cuda_alloc_conf": sft["cuda_alloc_conf"],
         "device_name": device_name(device),
     }
 
@@ -335,6 +347,10 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
 
     from sftprof.capture.model import load_model
 
+    if sft["cuda_alloc_conf"]:  # read by the caching allocator at its first allocation, so set before any
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = sft["cuda_alloc_conf"]
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "0") not in ("", "0"):
+        log.warning("PYTORCH_NO_CUDA_MEMORY_CACHING is set: every tensor is a cudaMalloc and cudaFree")
     rank = int(os.environ.get("RANK", "0"))
     device = resolve_device(sft["device"])
     if device == "cuda":
@@ -345,7 +361,9 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
         torch.set_num_threads(sft["num_threads"])
     torch.manual_seed(sft["seed"])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = load_model(model_dir, device, sft["seed"])  # float32; `random` folders are initialised on the device
+    model = load_model(
+        model_dir, device, sft["seed"], sft["attention"]
+    )  # float32; `random` folders are initialised on the device
     model.train()
     trained = _data_parallel(model, device)
     if sft["compile"]:

@@ -1,0 +1,62 @@
+"""The launches a call delayed (idle._Pieces.delayed_by): moved to the call up to its delay, until the thread
+is ahead of the GPU again, with the step's idle time unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sftprof.analysis import idle
+
+HOST, ALLOCATION = idle.CAUSE_NAMES.index(idle.HOST_OVERHEAD), idle.CAUSE_NAMES.index(idle.ALLOCATION)
+FREE = 7  # a CUDA call name id
+
+
+def host_pieces(starts, lengths) -> idle._Pieces:
+    n = len(starts)
+    return idle._Pieces(
+        np.zeros(n), np.full(n, HOST), np.full(n, idle.OWN), np.full(n, -1), np.full(n, -1), starts, lengths
+    )
+
+
+def moved(pieces: idle._Pieces) -> list[tuple[int, int, int]]:
+    """(start, idle_ns, cause) of every piece, in start order, the moved part before what is kept."""
+    rows = zip(pieces.start.tolist(), pieces.idle_ns.tolist(), pieces.columns[1].tolist(), strict=True)
+    return sorted(rows, key=lambda r: (r[0], r[2] == HOST))
+
+
+def delayed(ahead=()) -> idle._Pieces:
+    """A free that held the thread 10 ns while the GPU ran, ending at 100, then three pieces of 4 ns."""
+    return host_pieces([110, 120, 130], [4, 4, 4]).delayed_by(
+        np.array([100]), np.array([10]), np.array([ALLOCATION]), np.array([FREE]), np.asarray(ahead, "int64")
+    )
+
+
+def test_the_pieces_after_a_call_take_its_delay_and_no_more():
+    pieces = delayed()
+    assert moved(pieces) == [(110, 4, ALLOCATION), (120, 4, ALLOCATION), (130, 2, ALLOCATION), (130, 2, HOST)]
+    assert pieces.idle_ns.sum() == 12 and set(pieces.columns[3][pieces.columns[1] == ALLOCATION]) == {FREE}
+    assert set(pieces.columns[2][pieces.columns[1] == ALLOCATION]) == {idle.DELAYED}
+
+
+def test_once_the_thread_is_ahead_again_its_launches_are_its_own():
+    assert moved(delayed(ahead=[115])) == [(110, 4, ALLOCATION), (120, 4, HOST), (130, 4, HOST)]
+
+
+def test_pieces_before_the_call_stay_host_overhead():
+    pieces = host_pieces([50, 110], [5, 5]).delayed_by(
+        np.array([100]), np.array([3]), np.array([ALLOCATION]), np.array([FREE]), np.zeros(0, "int64")
+    )
+    assert moved(pieces) == [(50, 5, HOST), (110, 3, ALLOCATION), (110, 2, HOST)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_run_sums_and_minima_restart_with_each_run(seed):
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-(10**9), 10**9, 500)
+    first = rng.random(500) < 0.1
+    first[0] = True
+    runs = pd.Series(values).groupby(np.cumsum(first))
+    assert (idle._run_cumsum(values, first) == runs.cumsum().to_numpy()).all()
+    assert (idle._run_cummin(values, first) == runs.cummin().to_numpy()).all()
