@@ -541,6 +541,12 @@ def idle_findings(
             continue
         calls = rows[rows["source"] != "own code"]
         where = f" Calls: {_listed(calls, 'name', clock.steps)} per step." if len(calls) else ""
+        delayed = _per_step(rows[rows["source"] == SOURCES[DELAYED]], clock, order)
+        if delayed.any():
+            where += (
+                f" Of it, {ms(float(np.median(delayed)))} per step is launches these calls delayed: they held the "
+                "thread while the GPU still had work, so everything launched after them came that much later."
+            )
         share = host_share(overhead, float(np.median(per_step)), clock) if cause.cause in HOST_CAUSES else None
         findings.append(
             Finding(
