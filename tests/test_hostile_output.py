@@ -181,6 +181,29 @@ def test_mathtext_in_names_still_gives_the_report(planted):
     assert html.count("<svg") >= 8 and "@$\\frac$" in html
 
 
+# Shown reversed by a browser (U+202E), cut at the NUL, coloured by the ESC: a kernel and an NVTX domain.
+PAGE_PLANTS = {"cub::DeviceSelect::UniqueByKey": "\u202eyeKyBeuqinU\x00hidden\x1b[31m", "CCCL": "\u202eLCCC\x00nul"}
+PAGE_CONTROLS = CONTROL_CHARACTERS | {"\u202e", "\u2066", "\u2028"}
+
+
+def test_report_and_compare_pages_show_control_characters_as_escapes(tmp_path):
+    """report.html and compare.html get a bidi override, NUL or ESC from a name as a visible escape: raw, the
+    browser reorders, cuts or hides what the page says."""
+    source = tmp_path / "bidi.sqlite"
+    shutil.copy(CLEAN, source)
+    with sqlite3.connect(source) as db:
+        kernel, domain = PAGE_PLANTS
+        assert db.execute("UPDATE StringIds SET value = ? WHERE value = ?", (PAGE_PLANTS[kernel], kernel)).rowcount
+        assert db.execute("UPDATE NVTX_EVENTS SET text = ? WHERE text = ?", (PAGE_PLANTS[domain], domain)).rowcount
+    assert run_sftprof("analyze", source, "-o", tmp_path / "out").returncode == 0
+    analysis = tmp_path / "out" / "analysis"
+    assert run_sftprof("compare", analysis, analysis, "-o", tmp_path / "cmp").returncode == 0
+    for page in (tmp_path / "out" / "report.html", tmp_path / "cmp" / "compare.html"):
+        html = page.read_text(encoding="utf-8")
+        assert not PAGE_CONTROLS & set(html), (page.name, sorted(PAGE_CONTROLS & set(html)))
+        assert "\\u202eLCCC\\x00nul" in html, page.name
+
+
 def _analysis_written_since(root: Path, since_ns: int) -> bool:
     """Whether a run has written an analysis.json anywhere under `root` (its report comes next)."""
     for path in root.rglob("analysis.json"):

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
 import numpy as np
 import pandas as pd
 
@@ -31,6 +30,7 @@ from sftprof.analysis.findings import gain_text
 from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.errors import SftprofError
 from sftprof.io import atomic_dir
+from sftprof.report import pages
 from sftprof.text import terminal_safe, write_csv
 from sftprof.trace.kineto import kernel_short_name
 from sftprof.trace.load import trace_stem
@@ -44,10 +44,6 @@ GAINS = "gains"  # the section of each rule's attainable gain (% of the median s
 GAIN_UNIT = "% of median step"
 DELTA, DELTA_PCT = "delta:", "delta_pct:"  # CSV column prefixes, followed by the input's label
 GAIN = "gain:"  # findings.csv: each input's gain for the rule, after its title column
-
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("sftprof.report", "templates"), undefined=jinja2.StrictUndefined, autoescape=True
-)
 
 
 class CompareError(SftprofError, ValueError):
@@ -631,7 +627,8 @@ def render_html(comparison: Comparison, title: str) -> str:
         }
         for label, a in comparison.analyses.items()
     ]
-    return _ENV.get_template("compare.html.j2").render(
+    return pages.render(
+        "compare.html.j2",
         title=title,
         version=__version__,
         labels=labels,
