@@ -131,10 +131,17 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def _temporary_prefix(path: Path) -> str:
+    """How the temporaries of `path`'s atomic_dir begin: `.NAME.sftprof-PID-`, mkdtemp's random part and
+    `.partial` or `.old` follow. The tag tells them from a user's own `.NAME.x.old`."""
+    return f".{path.name}.sftprof-{os.getpid()}-"
+
+
 def _clear_leftovers(path: Path) -> None:
     """Remove what runs killed mid-write left beside `path` (they held the lock, so none is still
-    running). A run killed between its two renames left only `.old`: that is the previous output."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.[^.]+\.(partial|old)")
+    running), and only what they made, named by `_temporary_prefix`. A run killed between its two renames
+    left only `.old`: that is the previous output."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.sftprof-[0-9]+-[a-z0-9_]+\.(partial|old)")
     for leftover in path.parent.iterdir():
         match = pattern.fullmatch(leftover.name)
         if match and match[1] == "old" and not os.path.lexists(path):
@@ -174,7 +181,7 @@ def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterat
         ):
             raise OutputError(f"{path} exists and is not an output folder of sftprof: give a new or empty folder")
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+            tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".partial", dir=path.parent))
         except OSError as error:
             raise _full(error, path) or error from None
         try:

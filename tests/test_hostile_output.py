@@ -234,14 +234,33 @@ def test_killed_between_tables_and_report_leaves_the_previous_output(good, tmp_p
 def test_a_run_killed_between_its_two_renames_leaves_the_previous_output_to_the_next(tmp_path):
     """Killed after moving the old folder aside, before moving the new one in: the next writer puts
     the old one back before anything else, and clears the rest."""
-    old = tmp_path / ".out.k1ll3d.old"
+    old = tmp_path / ".out.sftprof-4242-k1ll3d_0.old"
     old.mkdir()
     (old / "report.html").write_text("previous")
-    (tmp_path / ".out.k1ll3d.partial").mkdir()
+    (tmp_path / ".out.sftprof-4242-k1ll3d_0.partial").mkdir()
     with pytest.raises(RuntimeError), atomic_dir(tmp_path / "out", owned=("report.html",)):
         raise RuntimeError("this run fails too")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert (tmp_path / "out" / "report.html").read_text() == "previous"
+
+
+@pytest.mark.parametrize("previous", [False, True])
+def test_a_users_own_folders_named_like_temporaries_are_left_alone(tmp_path, previous):
+    """`.out.x.old` and `.out.x.partial` beside `-o out` are the user's: only what sftprof made (tagged
+    `.out.sftprof-PID-...`) is removed, and a `.old` is put back as the output only if sftprof made it."""
+    if previous:
+        (tmp_path / "out").mkdir()
+    for name in (".out.x.old", ".out.x.partial", ".out.sftprof.old", ".out.1.2.partial"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mine.txt").write_text("keep me")
+    before = tree_state(tmp_path)
+    with atomic_dir(tmp_path / "out", owned=("report.html",)) as tmp:
+        (tmp / "report.html").write_text("new")
+    after = tree_state(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("out")} == {
+        k: v for k, v in before.items() if not k.startswith("out")
+    }
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html"]
 
 
 def _finished(run: subprocess.Popen) -> subprocess.CompletedProcess:
