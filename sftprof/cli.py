@@ -107,9 +107,11 @@ def _cmd_suggest(args) -> int:
 
 
 def _cmd_compare(args) -> int:
+    from sftprof.io import check_output
     from sftprof.report import compare
 
     _use_memory_budget(args)
+    check_output(args.output, compare.OUTPUT)
     comparison = compare.compare_paths(args.inputs)
     written = compare.write(comparison, args.output, args.title or "sftprof comparison")
     print(compare.summary_text(comparison))

@@ -16,7 +16,7 @@ import duckdb
 from sftprof import memory_budget, results
 from sftprof.analysis import Analysis, analyze
 from sftprof.capture import rank
-from sftprof.io import OutputError, atomic_dir
+from sftprof.io import OutputError, atomic_dir, check_output
 from sftprof.report import RankReport, write_html
 from sftprof.trace import load_trace
 from sftprof.trace.events import out_of_disk
@@ -24,6 +24,7 @@ from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys, trace
 from sftprof.trace.metrics import read_metrics
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
+ANALYZE_OUTPUT = (ANALYSIS_DIR, REPORT_HTML)
 log = logging.getLogger(__name__)
 
 
@@ -100,9 +101,10 @@ def analyze_into(
     step_range: str | None = None,
 ) -> Analysis:
     """`sftprof analyze`: OUT_DIR/analysis/ and OUT_DIR/report.html, which appear together or not at all."""
+    check_output(out_dir, ANALYZE_OUTPUT)
     analysis = analyze_trace(trace, metrics, progress, step_range)
     progress("writing tables and HTML")
-    with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML)) as partial:
+    with atomic_dir(out_dir, owned=ANALYZE_OUTPUT) as partial:
         results.save(analysis, partial / ANALYSIS_DIR)
         write_html([RankReport("", analysis, metrics)], partial / REPORT_HTML, title)
     return analysis
@@ -192,6 +194,7 @@ def compare_variants(
 # ---------------------------------------------------------------- across ranks (docs/RANKS.md)
 
 RANKS_DIR, RANKS_HTML = "ranks", "ranks.html"  # the cross-rank tables and page, beside a window's report
+RANKS_OUTPUT = (*ANALYZE_OUTPUT, RANKS_DIR, RANKS_HTML)
 
 
 def _rank_input(record: dict, analysis: Analysis | None, metrics: Path | None, trace: Path | None):
@@ -288,6 +291,7 @@ def cross_rank_dirs(
     different runs are refused before any analysis, unless `allow_mixed` (the report then says so)."""
     from sftprof.analysis.ranks import RanksError, analyze_ranks, refuse_mixed
 
+    check_output(out_dir, RANKS_OUTPUT)
     found: dict[int, tuple[Path, dict]] = {}
     for folder in map(Path, capture_dirs):
         if not folder.is_dir():
@@ -310,7 +314,7 @@ def cross_rank_dirs(
         refuse_mixed([_rank_input(record, None, None, None) for _, record in found.values()])
     out_dir = Path(out_dir)
     parts, inputs, links = [], [], {}
-    with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML, RANKS_DIR, RANKS_HTML)) as partial:
+    with atomic_dir(out_dir, owned=RANKS_OUTPUT) as partial:
         for index, number in enumerate(sorted(found)):
             folder, record = found[number]
             trace, metrics = _rank_files(folder, record)

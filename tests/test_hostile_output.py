@@ -307,6 +307,39 @@ def test_a_folder_with_other_files_is_not_replaced(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "command, output, message",
+    [
+        ("analyze", "notes.txt/out", "notes.txt is a file, not a folder"),
+        ("analyze", "notes.txt/a/b", "notes.txt is a file, not a folder"),
+        ("analyze", "notes.txt", "notes.txt: it is a file, not a folder"),
+        ("compare", "notes.txt/out", "notes.txt is a file, not a folder"),
+        ("ranks", "notes.txt/out", "notes.txt is a file, not a folder"),
+        ("analyze", "mine", "not an output folder of sftprof"),
+        ("compare", "mine", "not an output folder of sftprof"),
+    ],
+)
+def test_an_output_at_or_below_a_file_is_refused_naming_it_before_any_work(
+    good, capsys, monkeypatch, tmp_path, command, output, message
+):
+    """`-o notes.txt/out` said "File exists" (or "Not a directory"), and only after the whole analysis."""
+    from sftprof import pipeline
+    from sftprof.report import compare
+
+    def work(*args, **kwargs):
+        raise AssertionError("the output is checked only after the work")
+
+    monkeypatch.setattr(pipeline, "analyze_trace", work)
+    monkeypatch.setattr(compare, "compare_paths", work)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work")
+    before = tree_state(tmp_path)
+    inputs = {"analyze": [CLEAN], "compare": [good[CLEAN], good[GEMM]], "ranks": [tmp_path]}[command]
+    refused_in_process(capsys, command, *inputs, "-o", tmp_path / output, contains=message)
+    assert tree_state(tmp_path) == before
+
+
+@pytest.mark.parametrize(
     "content, message",
     [
         (None, "No such file"),

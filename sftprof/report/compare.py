@@ -36,6 +36,7 @@ from sftprof.trace.kineto import kernel_short_name
 from sftprof.trace.load import trace_stem
 
 COMPARISON_CSV, FINDINGS_CSV, HTML_FILE = "comparison.csv", "findings.csv", "compare.html"
+OUTPUT = (COMPARISON_CSV, FINDINGS_CSV, HTML_FILE)
 TOP_CHANGES = 10  # rows of "largest changes" in the terminal summary and the HTML
 SECTION_ROWS = 15  # rows per section in the HTML; the CSV keeps every row
 NS_PER_MS = 1e6
