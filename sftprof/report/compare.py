@@ -52,8 +52,8 @@ class CompareError(SftprofError, ValueError):
 
 
 # Every number a comparison reads is a time (ns), a count or a share: none is negative or infinite, and none is
-# beyond 2^62 (146 years in ns: the scale of a misread or hand-edited value).
-MAX_VALUE = float(2**62)
+# beyond results.MAX_VALUE.
+MAX_VALUE = results.MAX_VALUE
 
 
 class UnusableValue(CompareError):
