@@ -20,7 +20,7 @@ from sftprof.io import OutputError, atomic_dir, check_output
 from sftprof.report import RankReport, write_html
 from sftprof.trace import load_trace
 from sftprof.trace.events import out_of_disk
-from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys, trace_stem
+from sftprof.trace.load import clock_origin, from_nsys, trace_stem
 from sftprof.trace.metrics import read_metrics
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
@@ -266,9 +266,8 @@ def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
     from sftprof.analysis.ranks import RanksError
 
     candidates = [rank.find_export(folder, record["rank"]), folder / record["report"]]
-    trace = next(
-        (path for path in candidates if (path.is_dir() if path.suffix == PARQUETDIR_SUFFIX else path.is_file())), None
-    )
+    # Whatever is there, so that one that is no trace (a FIFO, a device, a folder) is refused as such by the loader.
+    trace = next((path for path in candidates if os.path.lexists(path)), None)
     if trace is None:
         raise RanksError(
             f"{folder}: rank {record['rank']}'s record names {record['report']}, and neither it nor "
