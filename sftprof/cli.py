@@ -108,9 +108,11 @@ def _cmd_suggest(args) -> int:
 
 def _cmd_compare(args) -> int:
     from sftprof import pipeline
+    from sftprof.io import check_output
     from sftprof.report import compare
 
     _use_memory_budget(args)
+    check_output(args.output, compare.OUTPUT)
     comparison = pipeline.compare_paths(args.inputs)
     written = compare.write(comparison, args.output, args.title or "sftprof comparison")
     print(compare.summary_text(comparison))

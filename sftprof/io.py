@@ -18,12 +18,36 @@ from typing import BinaryIO
 from sftprof.errors import SftprofError
 
 
+class OutputError(SftprofError):
+    """An output folder that cannot be written: another run is writing it, it is not sftprof's to
+    replace, or its parent is not writable."""
+
+
+def _no_file_above(path: Path) -> None:
+    """Refuse `path` below a file (`-o notes.txt/out`) naming the file, where mkdir says only "File exists"
+    or "Not a directory"."""
+    for folder in path.parents:
+        if os.path.isdir(folder):
+            return
+        if os.path.lexists(folder):
+            raise OutputError(f"cannot write {path}: {folder} is a file, not a folder")
+
+
+def make_parent(path: Path) -> None:
+    """Create the folders above `path` (see _no_file_above)."""
+    _no_file_above(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"cannot write {path}: {error.strerror or error}") from None
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling of `path`; rename it into place only if the block succeeds. The block may
     put a folder in the temporary's place (nsys writes a parquetdir so): it then replaces a folder at `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial" + path.suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -93,19 +117,14 @@ def read_limited(path: str | Path, limit: int) -> bytes:
     return data
 
 
-class OutputError(SftprofError):
-    """An output folder that cannot be written: another run is writing it, it is not sftprof's to
-    replace, or its parent is not writable."""
-
-
 @contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
     """Hold `.NAME.lock` beside `path`, or refuse at once if another process holds it. The lock
     file goes when the holder is done; a process that locked a file removed meanwhile tries again."""
     lock_path = path.with_name(f".{path.name}.lock")
     while True:
+        make_parent(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as error:
             raise OutputError(f"cannot write {path}: {error.strerror or error}") from None
@@ -136,10 +155,17 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def _temporary_prefix(path: Path) -> str:
+    """How the temporaries of `path`'s atomic_dir begin: `.NAME.sftprof-PID-`, mkdtemp's random part and
+    `.partial` or `.old` follow. The tag tells them from a user's own `.NAME.x.old`."""
+    return f".{path.name}.sftprof-{os.getpid()}-"
+
+
 def _clear_leftovers(path: Path) -> None:
     """Remove what runs killed mid-write left beside `path` (they held the lock, so none is still
-    running). A run killed between its two renames left only `.old`: that is the previous output."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.[^.]+\.(partial|old)")
+    running), and only what they made, named by `_temporary_prefix`. A run killed between its two renames
+    left only `.old`: that is the previous output."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.sftprof-[0-9]+-[a-z0-9_]+\.(partial|old)")
     for leftover in path.parent.iterdir():
         match = pattern.fullmatch(leftover.name)
         if match and match[1] == "old" and not os.path.lexists(path):
@@ -158,6 +184,25 @@ def _full(error: OSError, path: Path) -> OutputError | None:
     )
 
 
+def check_output(path: str | Path, owned: Collection[str] | None = None) -> Path:
+    """`path` as an absolute path if it can be an output folder (see atomic_dir), else an OutputError: a path
+    below a file or at one, or with `owned`, a folder holding anything else. Called before any work too, so
+    that a run of hours is not refused at its end."""
+    path = Path(os.path.abspath(path))
+    if not path.name:
+        raise OutputError(f"{path} cannot be an output folder")
+    _no_file_above(path)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise OutputError(f"cannot write {path}: it is a file, not a folder")
+    if (
+        owned is not None
+        and os.path.lexists(path)
+        and (path.is_symlink() or not {p.name for p in path.iterdir()} <= set(owned))
+    ):
+        raise OutputError(f"{path} exists and is not an output folder of sftprof: give a new or empty folder")
+    return path
+
+
 @contextmanager
 def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterator[Path]:
     """Yield a fresh folder private to this run; swap it in for `path` only if the block succeeds.
@@ -167,19 +212,12 @@ def atomic_dir(path: str | Path, owned: Collection[str] | None = None) -> Iterat
     `owned` (the names this output consists of), a `path` holding anything else is refused
     rather than replaced: it is not sftprof's output.
     """
-    path = Path(os.path.abspath(path))
-    if not path.name:
-        raise OutputError(f"{path} cannot be an output folder")
+    path = check_output(path)
     with _exclusive(path):
         _clear_leftovers(path)
-        if (
-            owned is not None
-            and os.path.lexists(path)
-            and (path.is_symlink() or not path.is_dir() or not {p.name for p in path.iterdir()} <= set(owned))
-        ):
-            raise OutputError(f"{path} exists and is not an output folder of sftprof: give a new or empty folder")
+        check_output(path, owned)
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+            tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".partial", dir=path.parent))
         except OSError as error:
             raise _full(error, path) or error from None
         try:

@@ -22,11 +22,11 @@ from sftprof import memory_budget, results, scratch
 from sftprof.analysis import Analysis, analyze, compare
 from sftprof.capture import container, rank
 from sftprof.capture.nsys import EXPORT_SUFFIXES, NsysError, export_kind, nsys_after, run_export
-from sftprof.io import OutputError, atomic_dir, atomic_path
+from sftprof.io import OutputError, atomic_dir, atomic_path, check_output
 from sftprof.report import RankReport, write_html
 from sftprof.trace import TraceTables, load_trace
 from sftprof.trace.events import out_of_disk
-from sftprof.trace.load import PARQUETDIR_SUFFIX, clock_origin, from_nsys, trace_stem
+from sftprof.trace.load import clock_origin, from_nsys, trace_stem
 from sftprof.trace.metrics import read_metrics
 from sftprof.trace.nsys_export import (
     ParquetExport,
@@ -39,6 +39,7 @@ from sftprof.trace.nsys_export import (
 from sftprof.trace.nsys_sqlite import check_export
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
+ANALYZE_OUTPUT = (ANALYSIS_DIR, REPORT_HTML)
 log = logging.getLogger(__name__)
 
 
@@ -216,9 +217,10 @@ def analyze_into(
     step_range: str | None = None,
 ) -> Analysis:
     """`sftprof analyze`: OUT_DIR/analysis/ and OUT_DIR/report.html, which appear together or not at all."""
+    check_output(out_dir, ANALYZE_OUTPUT)
     analysis = analyze_trace(trace, metrics, progress, step_range)
     progress("writing tables and HTML")
-    with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML)) as partial:
+    with atomic_dir(out_dir, owned=ANALYZE_OUTPUT) as partial:
         results.save(analysis, partial / ANALYSIS_DIR)
         write_html([RankReport("", analysis, metrics)], partial / REPORT_HTML, title)
     return analysis
@@ -344,6 +346,7 @@ def _saved_for_compare(folder: Path) -> Analysis:
 # ---------------------------------------------------------------- across ranks (docs/RANKS.md)
 
 RANKS_DIR, RANKS_HTML = "ranks", "ranks.html"  # the cross-rank tables and page, beside a window's report
+RANKS_OUTPUT = (*ANALYZE_OUTPUT, RANKS_DIR, RANKS_HTML)
 
 
 def _rank_input(record: dict, analysis: Analysis | None, metrics: Path | None, trace: Path | None):
@@ -415,9 +418,8 @@ def _rank_files(folder: Path, record: dict) -> tuple[Path, Path | None]:
     from sftprof.analysis.ranks import RanksError
 
     candidates = [rank.find_export(folder, record["rank"]), folder / record["report"]]
-    trace = next(
-        (path for path in candidates if (path.is_dir() if path.suffix == PARQUETDIR_SUFFIX else path.is_file())), None
-    )
+    # Whatever is there, so that one that is no trace (a FIFO, a device, a folder) is refused as such by the loader.
+    trace = next((path for path in candidates if os.path.lexists(path)), None)
     if trace is None:
         raise RanksError(
             f"{folder}: rank {record['rank']}'s record names {record['report']}, and neither it nor "
@@ -440,6 +442,7 @@ def cross_rank_dirs(
     different runs are refused before any analysis, unless `allow_mixed` (the report then says so)."""
     from sftprof.analysis.ranks import RanksError, analyze_ranks, refuse_mixed
 
+    check_output(out_dir, RANKS_OUTPUT)
     found: dict[int, tuple[Path, dict]] = {}
     for folder in map(Path, capture_dirs):
         if not folder.is_dir():
@@ -462,7 +465,7 @@ def cross_rank_dirs(
         refuse_mixed([_rank_input(record, None, None, None) for _, record in found.values()])
     out_dir = Path(out_dir)
     parts, inputs, links = [], [], {}
-    with atomic_dir(out_dir, owned=(ANALYSIS_DIR, REPORT_HTML, RANKS_DIR, RANKS_HTML)) as partial:
+    with atomic_dir(out_dir, owned=RANKS_OUTPUT) as partial:
         for index, number in enumerate(sorted(found)):
             folder, record = found[number]
             trace, metrics = _rank_files(folder, record)

@@ -23,6 +23,9 @@ from sftprof.text import read_csv, write_csv
 SUMMARY_FILE = "analysis.json"
 # analysis.json holds findings and a headline: kilobytes. This bounds what a link to /dev/zero reads.
 MAX_SUMMARY_BYTES = 64 * 2**20
+# No time (ns), count or share a capture gives is beyond 2^62 (146 years in ns): a larger one is a misread or
+# hand-edited value, which a comparison would print as a 300-digit number.
+MAX_VALUE = float(2**62)
 TABLE_NAME = re.compile(r"\w+")  # a table is NAME.csv in the folder itself: no path in its name
 
 
@@ -75,12 +78,16 @@ def _is_finding(value) -> bool:
 # or hand-edited file is refused by name here rather than failing deep inside a comparison or report.
 _SUMMARY_KEYS = {
     "source_path": ("a string", lambda v: isinstance(v, str)),
-    "span_ns": ("a number", lambda v: is_number(v) and not math.isnan(v)),
+    "span_ns": ("a number from 0 to 2^62", lambda v: is_number(v) and 0 <= v <= MAX_VALUE),
     "sources": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
     "headline": (
-        "an object whose numbers fit a float",
+        "an object whose numbers are at most 2^62 either way",
         lambda v: isinstance(v, dict)
-        and all(is_number(x) for x in v.values() if isinstance(x, (int, float)) and not isinstance(x, bool)),
+        and all(
+            is_number(x) and not abs(x) > MAX_VALUE
+            for x in v.values()
+            if isinstance(x, (int, float)) and not isinstance(x, bool)
+        ),
     ),
     "findings": (
         "a list of findings (objects with the strings rule, severity, title, evidence and a gain_pct "

@@ -17,6 +17,8 @@ import pandas as pd
 _NOT_C0 = "\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _UNSAFE = re.compile(f"[\x00-\x1f{_NOT_C0}]")
 _UNSAFE_KEEPING_NEWLINES = re.compile(f"[\x00-\x09\x0b-\x1f{_NOT_C0}]")
+# An HTML page's own whitespace (tab, line feed, carriage return) is markup, not a name's.
+_UNSAFE_IN_PAGE = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f{_NOT_C0}]")
 
 # A cell starting with one of these is a formula to Excel, LibreOffice or Google Sheets (OWASP
 # "CSV injection"); a leading quote makes it text. A cell that starts with a quote already gets
@@ -33,6 +35,13 @@ def terminal_safe(text: str, multiline: bool = False) -> str:
     """`text` with every control character written as a visible escape (`\\x1b`, `\\r`, `\\u202e`):
     one line, unless `multiline` keeps its newlines."""
     return (_UNSAFE_KEEPING_NEWLINES if multiline else _UNSAFE).sub(_escape, str(text))
+
+
+def page_safe(page: str) -> str:
+    """A rendered HTML page with every control character but tab, line feed and carriage return
+    written as a visible escape: a bidirectional override or NUL from a name cannot reorder or cut
+    what a browser shows."""
+    return _UNSAFE_IN_PAGE.sub(_escape, page)
 
 
 def _cell_out(value):

@@ -181,6 +181,29 @@ def test_mathtext_in_names_still_gives_the_report(planted):
     assert html.count("<svg") >= 8 and "@$\\frac$" in html
 
 
+# Shown reversed by a browser (U+202E), cut at the NUL, coloured by the ESC: a kernel and an NVTX domain.
+PAGE_PLANTS = {"cub::DeviceSelect::UniqueByKey": "\u202eyeKyBeuqinU\x00hidden\x1b[31m", "CCCL": "\u202eLCCC\x00nul"}
+PAGE_CONTROLS = CONTROL_CHARACTERS | {"\u202e", "\u2066", "\u2028"}
+
+
+def test_report_and_compare_pages_show_control_characters_as_escapes(tmp_path):
+    """report.html and compare.html get a bidi override, NUL or ESC from a name as a visible escape: raw, the
+    browser reorders, cuts or hides what the page says."""
+    source = tmp_path / "bidi.sqlite"
+    shutil.copy(CLEAN, source)
+    with sqlite3.connect(source) as db:
+        kernel, domain = PAGE_PLANTS
+        assert db.execute("UPDATE StringIds SET value = ? WHERE value = ?", (PAGE_PLANTS[kernel], kernel)).rowcount
+        assert db.execute("UPDATE NVTX_EVENTS SET text = ? WHERE text = ?", (PAGE_PLANTS[domain], domain)).rowcount
+    assert run_sftprof("analyze", source, "-o", tmp_path / "out").returncode == 0
+    analysis = tmp_path / "out" / "analysis"
+    assert run_sftprof("compare", analysis, analysis, "-o", tmp_path / "cmp").returncode == 0
+    for page in (tmp_path / "out" / "report.html", tmp_path / "cmp" / "compare.html"):
+        html = page.read_text(encoding="utf-8")
+        assert not PAGE_CONTROLS & set(html), (page.name, sorted(PAGE_CONTROLS & set(html)))
+        assert "\\u202eLCCC\\x00nul" in html, page.name
+
+
 def _analysis_written_since(root: Path, since_ns: int) -> bool:
     """Whether a run has written an analysis.json anywhere under `root` (its report comes next)."""
     for path in root.rglob("analysis.json"):
@@ -211,14 +234,33 @@ def test_killed_between_tables_and_report_leaves_the_previous_output(good, tmp_p
 def test_a_run_killed_between_its_two_renames_leaves_the_previous_output_to_the_next(tmp_path):
     """Killed after moving the old folder aside, before moving the new one in: the next writer puts
     the old one back before anything else, and clears the rest."""
-    old = tmp_path / ".out.k1ll3d.old"
+    old = tmp_path / ".out.sftprof-4242-k1ll3d_0.old"
     old.mkdir()
     (old / "report.html").write_text("previous")
-    (tmp_path / ".out.k1ll3d.partial").mkdir()
+    (tmp_path / ".out.sftprof-4242-k1ll3d_0.partial").mkdir()
     with pytest.raises(RuntimeError), atomic_dir(tmp_path / "out", owned=("report.html",)):
         raise RuntimeError("this run fails too")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert (tmp_path / "out" / "report.html").read_text() == "previous"
+
+
+@pytest.mark.parametrize("previous", [False, True])
+def test_a_users_own_folders_named_like_temporaries_are_left_alone(tmp_path, previous):
+    """`.out.x.old` and `.out.x.partial` beside `-o out` are the user's: only what sftprof made (tagged
+    `.out.sftprof-PID-...`) is removed, and a `.old` is put back as the output only if sftprof made it."""
+    if previous:
+        (tmp_path / "out").mkdir()
+    for name in (".out.x.old", ".out.x.partial", ".out.sftprof.old", ".out.1.2.partial"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mine.txt").write_text("keep me")
+    before = tree_state(tmp_path)
+    with atomic_dir(tmp_path / "out", owned=("report.html",)) as tmp:
+        (tmp / "report.html").write_text("new")
+    after = tree_state(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("out")} == {
+        k: v for k, v in before.items() if not k.startswith("out")
+    }
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html"]
 
 
 def _finished(run: subprocess.Popen) -> subprocess.CompletedProcess:
@@ -261,6 +303,38 @@ def test_a_folder_with_other_files_is_not_replaced(tmp_path):
     (tmp_path / "mine" / "thesis.tex").write_text("years of work")
     before = tree_state(tmp_path)
     assert_refused(run_sftprof("analyze", CLEAN, "-o", tmp_path / "mine"), contains="not an output folder of sftprof")
+    assert tree_state(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "command, output, message",
+    [
+        ("analyze", "notes.txt/out", "notes.txt is a file, not a folder"),
+        ("analyze", "notes.txt/a/b", "notes.txt is a file, not a folder"),
+        ("analyze", "notes.txt", "notes.txt: it is a file, not a folder"),
+        ("compare", "notes.txt/out", "notes.txt is a file, not a folder"),
+        ("ranks", "notes.txt/out", "notes.txt is a file, not a folder"),
+        ("analyze", "mine", "not an output folder of sftprof"),
+        ("compare", "mine", "not an output folder of sftprof"),
+    ],
+)
+def test_an_output_at_or_below_a_file_is_refused_naming_it_before_any_work(
+    good, capsys, monkeypatch, tmp_path, command, output, message
+):
+    """`-o notes.txt/out` said "File exists" (or "Not a directory"), and only after the whole analysis."""
+    from sftprof import pipeline
+
+    def work(*args, **kwargs):
+        raise AssertionError("the output is checked only after the work")
+
+    monkeypatch.setattr(pipeline, "analyze_trace", work)
+    monkeypatch.setattr(pipeline, "compare_paths", work)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work")
+    before = tree_state(tmp_path)
+    inputs = {"analyze": [CLEAN], "compare": [good[CLEAN], good[GEMM]], "ranks": [tmp_path]}[command]
+    refused_in_process(capsys, command, *inputs, "-o", tmp_path / output, contains=message)
     assert tree_state(tmp_path) == before
 
 
@@ -326,6 +400,10 @@ def _edit_csv(name: str, column: str, value=None):
             "analysis.json: span_ns must be a number",
         ),
         (_edit_summary(**{"headline.kernels": 10**400}), "analysis.json: headline must be"),
+        (_edit_summary(span_ns=1e308), "analysis.json: span_ns must be a number from 0 to 2^62"),
+        (_edit_summary(span_ns=-1), "analysis.json: span_ns must be a number from 0 to 2^62"),
+        (_edit_summary(**{"headline.kernels": 1e300}), "analysis.json: headline must be"),
+        (_edit_summary(**{"headline.gpu_busy_pct": -1e300}), "analysis.json: headline must be"),
         (_edit_summary(sources="cuda"), "analysis.json: sources must be a list of strings"),
         (_edit_summary(findings=[{"rule": 1}]), "analysis.json: findings must be a list of findings"),
         (_edit_summary(tables=["../../../etc/passwd"]), "analysis.json: tables must be a list of table names"),

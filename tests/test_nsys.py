@@ -92,6 +92,42 @@ def test_real_profile_writes_report_and_leaves_no_agents(tmp_path):
     assert nsys.running_agent_pids() <= before
 
 
+def _fake_install(root: Path, target: str, host: str) -> tuple[Path, Path]:
+    """An Nsight Systems install laid out as NVIDIA packages it, with executable stand-ins: (nsys, importer)."""
+    for path in (root / target / "nsys", root / host / "QdstrmImporter"):
+        path.parent.mkdir(parents=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    (root / "bin").mkdir()
+    (root / "bin" / "nsys").symlink_to(Path("..") / target / "nsys")
+    return root / "bin" / "nsys", root / host / "QdstrmImporter"
+
+
+@pytest.mark.parametrize(
+    "machine, target, host",
+    [
+        ("aarch64", "target-linux-sbsa-armv8", "host-linux-armv8"),
+        ("aarch64", "target-linux-sbsa-armv8", "host-linux-aarch64"),
+        ("arm64", "target-linux-sbsa-armv8", "host-linux-armv8"),
+        ("x86_64", "target-linux-x64", "host-linux-x64"),
+    ],
+)
+def test_the_importer_of_an_install_is_found_on_x86_and_arm(tmp_path, monkeypatch, machine, target, host):
+    """GH200 nodes are aarch64: their nsys puts QdstrmImporter in an Arm host folder, which was never looked in."""
+    monkeypatch.delenv("SFTPROF_QDSTRM_IMPORTER", raising=False)
+    monkeypatch.setattr(nsys.platform, "machine", lambda: machine)
+    nsys_path, importer = _fake_install(tmp_path / "2025.3.1", target, host)
+    assert nsys.find_qdstrm_importer(str(nsys_path)) == importer
+
+
+def test_an_importer_for_the_other_cpu_is_not_taken(tmp_path, monkeypatch):
+    monkeypatch.delenv("SFTPROF_QDSTRM_IMPORTER", raising=False)
+    monkeypatch.setattr(nsys.platform, "machine", lambda: "aarch64")
+    nsys_path, importer = _fake_install(tmp_path / "2025.3.1", "target-linux-x64", "host-linux-x64")
+    assert nsys.find_qdstrm_importer(str(nsys_path)) != importer
+    assert nsys.host_dirs("riscv64") == ("host-linux-x64", "host-linux-armv8", "host-linux-aarch64")
+
+
 @pytest.fixture
 def nsys_without_importer(tmp_path, monkeypatch) -> Path:
     """A private nsys install laid out like Debian's but without the importer beside it, so

@@ -13,6 +13,7 @@ real 2-GPU captures in test_nccl_ranks.py.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -25,6 +26,7 @@ from sftprof import pipeline, results
 from sftprof.analysis import ranks
 from sftprof.analysis.ranks import RankInput, RanksError, analyze_ranks
 from sftprof.capture import rank as rank_records
+from sftprof.errors import SftprofError
 
 from conftest import assert_refused, run_sftprof
 
@@ -502,3 +504,19 @@ def test_implausible_steps_are_left_out_and_named():
     assert result.headline["common_steps"] == 2 and result.headline["straggler_rank"] is None
     [note] = [f for f in result.findings if f.rule == "implausible_steps"]
     assert note.title.endswith("rank 1 3, rank 2 1")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_rank_export_that_is_no_regular_file_is_refused_as_such(tmp_path, kind):
+    """rankN.sqlite as a FIFO, a link to /dev/zero or a folder was passed over, and the refusal said that neither
+    it nor the report was there."""
+    folder = tmp_path / "capture"
+    shutil.copytree(FIXTURES / "clean", folder)
+    export = folder / "rank1.sqlite"
+    export.unlink()
+    {"fifo": lambda: os.mkfifo(export), "device": lambda: export.symlink_to("/dev/zero"), "folder": export.mkdir}[
+        kind
+    ]()
+    with pytest.raises(SftprofError, match=r"rank1\.sqlite: not a regular file"):
+        pipeline.cross_rank_dirs([folder], tmp_path / "out", "t")
+    assert not (tmp_path / "out").exists()

@@ -22,7 +22,7 @@ from sftprof.report import suggest
 from sftprof.text import read_csv
 from sftprof.trace.metrics import read_metrics
 
-from conftest import REPO, SMALL_DEMO, planned_jobs, run_sftprof, snakemake, write_config
+from conftest import REPO, SMALL_DEMO, assert_refused, planned_jobs, run_sftprof, snakemake, write_config
 
 FIXTURES = REPO / "tests" / "fixtures"
 VARIANTS = {
@@ -184,6 +184,25 @@ def test_a_run_fact_of_the_wrong_type_is_refused(padding_analysis, tmp_path):
 def test_suggest_refuses_a_folder_without_an_analysis(tmp_path):
     result = run_sftprof("suggest", str(tmp_path))
     assert result.returncode != 0 and "no analysis.json" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("top", ["0", "-1"])
+def test_suggest_refuses_a_top_below_one(padding_analysis, top):
+    """--top 0 and --top -1 printed every variant."""
+    assert_refused(run_sftprof("suggest", padding_analysis, "--top", top), contains="--top must be at least 1")
+
+
+def test_a_newline_in_a_folder_name_adds_no_variant_to_suggests_yaml(padding_analysis, tmp_path):
+    """The folder is named in a YAML comment: a newline in it ended the comment and added a variant."""
+    folder = tmp_path / "x\nvariants:\n  rogue: {sft: {compile: true}}\n#"
+    shutil.copytree(padding_analysis / "analysis", folder / "analysis")
+    result = run_sftprof("suggest", folder)
+    assert result.returncode == 0, result.stderr
+    suggested = yaml.safe_load(result.stdout)["variants"]
+    assert "rogue" not in suggested and set(suggested) <= {
+        r.variant for by in suggest.REMEDIES.values() for r in by.values()
+    }
+    assert "x\\nvariants:" in result.stdout
 
 
 # ---------------------------------------------------------------- the verdict

@@ -51,8 +51,8 @@ class UnusableValue(CompareError):
 
 
 # Every number a comparison reads is a time (ns), a count or a share: none is negative or infinite, and none is
-# beyond 2^62 (146 years in ns: the scale of a misread or hand-edited value).
-MAX_VALUE = float(2**62)
+# beyond results.MAX_VALUE (2^62 ns, 146 years: the scale of a misread or hand-edited value).
+MAX_VALUE = results.MAX_VALUE
 
 
 def check_usable(analysis: Analysis) -> None:

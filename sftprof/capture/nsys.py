@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import re
 import secrets
 import shlex
@@ -231,15 +232,31 @@ def _kill(pids: set[int]) -> None:
             pass
 
 
+# The folder of an Nsight Systems install that holds QdstrmImporter, by CPU: beside target-linux-x64 on x86-64;
+# on 64-bit Arm servers (Grace, GH200) beside target-linux-sbsa-armv8, named host-linux-armv8 by NVIDIA's
+# packages and host-linux-aarch64 by some. An importer of the other CPU's would not run.
+HOST_DIRS = {"x86_64": ("host-linux-x64",), "aarch64": ("host-linux-armv8", "host-linux-aarch64")}
+_MACHINE_NAMES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def host_dirs(machine: str | None = None) -> tuple[str, ...]:
+    """The host folder names to look for QdstrmImporter in on `machine` (this one's by default); every
+    known one on a CPU not in HOST_DIRS."""
+    machine = (machine or platform.machine()).lower()
+    known = HOST_DIRS.get(_MACHINE_NAMES.get(machine, machine))
+    return known or tuple(name for names in HOST_DIRS.values() for name in names)
+
+
 def find_qdstrm_importer(nsys_path: str) -> Path | None:
-    """QdstrmImporter of the same installation as `nsys_path`, wherever the packager put it."""
+    """QdstrmImporter of the same installation as `nsys_path`, wherever the packager put it, for this CPU."""
     nsys_dir = Path(os.path.realpath(nsys_path)).parent
-    candidates = [
-        os.environ.get("SFTPROF_QDSTRM_IMPORTER", ""),
-        str(nsys_dir.parent / "host-linux-x64" / "QdstrmImporter"),
-        "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter",
-        *sorted(glob.glob("/opt/nvidia/nsight-systems/*/host-linux-x64/QdstrmImporter"), reverse=True),
-    ]
+    candidates = [os.environ.get("SFTPROF_QDSTRM_IMPORTER", "")]
+    for host in host_dirs():
+        candidates += [
+            str(nsys_dir.parent / host / "QdstrmImporter"),
+            f"/usr/lib/nsight-systems/{host}/QdstrmImporter",
+            *sorted(glob.glob(f"/opt/nvidia/nsight-systems/*/{host}/QdstrmImporter"), reverse=True),
+        ]
     for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK):
             return Path(candidate)

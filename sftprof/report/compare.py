@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import jinja2
 import pandas as pd
 
 from sftprof import __version__
@@ -24,14 +23,12 @@ from sftprof.analysis.compare import (
 )
 from sftprof.analysis.findings import gain_text
 from sftprof.io import atomic_dir
+from sftprof.report import pages
 from sftprof.text import terminal_safe, write_csv
 
 COMPARISON_CSV, FINDINGS_CSV, HTML_FILE = "comparison.csv", "findings.csv", "compare.html"
+OUTPUT = (COMPARISON_CSV, FINDINGS_CSV, HTML_FILE)
 SECTION_ROWS = 15  # rows per section in the HTML; the CSV keeps every row
-
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("sftprof.report", "templates"), undefined=jinja2.StrictUndefined, autoescape=True
-)
 
 
 def _number(value, signed: bool = False) -> str:
@@ -170,7 +167,8 @@ def render_html(comparison: Comparison, title: str) -> str:
         }
         for label, a in comparison.analyses.items()
     ]
-    return _ENV.get_template("compare.html.j2").render(
+    return pages.render(
+        "compare.html.j2",
         title=title,
         version=__version__,
         labels=labels,

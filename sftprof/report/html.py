@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import jinja2
 import pandas as pd
 
 from sftprof import __version__
@@ -18,14 +17,8 @@ from sftprof.analysis.registry import SAVED_TABLES
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.utilisation import IDLE_GAP_NS, LOW_UTILISATION_PCT
 from sftprof.io import atomic_write_text
-from sftprof.report import plots
+from sftprof.report import pages, plots
 from sftprof.trace.metrics import read_metrics
-
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("sftprof.report", "templates"),
-    undefined=jinja2.StrictUndefined,
-    autoescape=jinja2.select_autoescape(["html", "j2"]),
-)
 
 # Nanosecond columns are shown in µs or ms: every `*_ns` column and `duration`; timestamps
 # (`start`, `end`, `gap_start`) always in ms since the capture began. Byte counts in MB, as nsys prints them.
@@ -106,9 +99,6 @@ def _active_threads(threads: pd.DataFrame) -> pd.DataFrame:
     counts = [c for c in ("osrt_calls", "cuda_api_calls", "nvtx_ranges") if c in threads]
     active = threads[counts].fillna(0).sum(axis=1) > 0
     return threads[active | threads["role"].fillna("").astype(bool)]
-
-
-_ENV.filters["gain"] = gain_text
 
 
 def _ranked(findings: list[Finding]) -> list[dict]:
@@ -192,7 +182,7 @@ def render_html(parts: list[RankReport], title: str) -> str:
         "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "ranks": [_rank_context(part, f"r{index}-" if len(parts) > 1 else "") for index, part in enumerate(parts)],
     }
-    return _ENV.get_template("report.html.j2").render(**context)
+    return pages.render("report.html.j2", **context)
 
 
 def write_html(parts: list[RankReport], out_path: str | Path, title: str) -> Path:

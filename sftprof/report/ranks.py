@@ -7,21 +7,15 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-import jinja2
-
 from sftprof import __version__
 from sftprof.analysis.findings import gain_text
 from sftprof.analysis.ranks import STRAGGLER_MIN_PCT, STRAGGLER_STEPS_SHARE, CrossRank
 from sftprof.io import atomic_dir, atomic_write_text
+from sftprof.report import pages
 from sftprof.report.html import _table_html
 from sftprof.text import write_csv
 
 SUMMARY_FILE = "ranks.json"
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("sftprof.report", "templates"),
-    undefined=jinja2.StrictUndefined,
-    autoescape=jinja2.select_autoescape(["html", "j2"]),
-)
 
 
 def save(result: CrossRank, out_dir: str | Path) -> Path:
@@ -71,7 +65,7 @@ def render_html(result: CrossRank, title: str, rank_links: dict[int, str] | None
             "rank_collectives": _table_html(t["rank_collectives"], limit=400),
         },
     }
-    return _ENV.get_template("ranks.html.j2").render(**context)
+    return pages.render("ranks.html.j2", **context)
 
 
 def write_html(result: CrossRank, out_path: str | Path, title: str, rank_links: dict[int, str] | None = None) -> Path:

@@ -17,9 +17,15 @@ import yaml
 
 from sftprof.analysis import Analysis
 from sftprof.capture.sft import nemo_backend
+from sftprof.errors import SftprofError
 from sftprof.io import atomic_write_text
+from sftprof.text import terminal_safe
 
 log = logging.getLogger(__name__)
+
+
+class SuggestError(SftprofError, ValueError):
+    """A request suggest cannot answer as asked."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ def _ruled_out(remedy: Remedy, run: dict) -> str | None:
 def suggest(analysis: Analysis, top: int = 3, run: dict | None = None) -> list[tuple[str, dict, str, float | None]]:
     """(variant name, config entry, why, predicted gain) for the `top` findings with a remedy the run can take
     (`run`: the trainer's run facts, backend torch where absent), largest gain first; one variant per remedy."""
+    if top < 1:
+        raise SuggestError(f"--top must be at least 1, not {top}")
     run = run or {}
     chosen: dict[str, tuple[str, dict, str, float | None]] = {}
     for finding, remedy in _remedies(analysis, run):
@@ -201,7 +209,9 @@ def read_suggestions(path: str | Path) -> dict[str, dict]:
 
 def as_yaml(suggestions: list[tuple[str, dict, str, float | None]], source: str, left_out: Sequence[str] = ()) -> str:
     """The variants as config YAML, each with a comment saying what it tests and what it should pay; the
-    remedies the run could not take, as comments after them."""
+    remedies the run could not take, as comments after them. SOURCE is written on one line, its control
+    characters escaped: a newline in a folder name would otherwise end the comment and add YAML of its own."""
+    source = terminal_safe(source)
     notes = [f"# Not suggested, {line}." for line in left_out]
     if not suggestions:
         return (

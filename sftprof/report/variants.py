@@ -5,20 +5,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import jinja2
 import pandas as pd
 
 from sftprof import __version__
 from sftprof.analysis.variants import MIN_STEPS, WARMUP_STEPS
 from sftprof.io import atomic_write_text
+from sftprof.report import pages
 from sftprof.text import write_csv
 
 CSV_FILE, HTML_FILE = "variants.csv", "variants.html"
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("sftprof.report", "templates"),
-    undefined=jinja2.StrictUndefined,
-    autoescape=jinja2.select_autoescape(["html", "j2"]),
-)
 
 
 def _number(value, fmt: str) -> str:
@@ -53,7 +48,13 @@ def write(table: pd.DataFrame, out_dir: str | Path, title: str, baseline: str) -
     rows = [_row(r) for r in table.astype(object).where(table.notna(), None).itertuples()]
     atomic_write_text(
         out_dir / HTML_FILE,
-        _ENV.get_template("variants.html.j2").render(
-            title=title, rows=rows, baseline=baseline, version=__version__, warmup=WARMUP_STEPS, min_steps=MIN_STEPS
+        pages.render(
+            "variants.html.j2",
+            title=title,
+            rows=rows,
+            baseline=baseline,
+            version=__version__,
+            warmup=WARMUP_STEPS,
+            min_steps=MIN_STEPS,
         ),
     )
