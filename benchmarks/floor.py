@@ -34,14 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402  (benchmarks/run.py: measure, sftprof_command, the nsys reports)
 
 from sftprof.capture import nsys as nsys_tool  # noqa: E402
-from sftprof.trace.events import read_only_uri, usable_cores  # noqa: E402
+from sftprof.trace.events import usable_cores  # noqa: E402
+from sftprof.trace.nsys.nsys_export import read_only_uri  # noqa: E402
 
 STEPS = ("decode", "load", "analyze", "nsys")
 
 
 def decode(path: Path) -> None:
     """Decode every table the loader reads from `path`'s pages, keeping nothing; the rows per table to stdout."""
-    from sftprof.trace import nsys_sqlite, sqlite_pages
+    from sftprof.trace.nsys import nsys_sqlite, sqlite_pages
 
     with contextlib.closing(sqlite3.connect(read_only_uri(path), uri=True)) as con:
         present = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = args.output or Path(tempfile.mkdtemp(prefix="sftprof-profile-"))
 
-    from sftprof.trace import nsys_sqlite
+    from sftprof.trace.nsys import nsys_sqlite
 
     loads = []
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from sftprof.trace.nsys_export import SqliteExport
+from sftprof.trace.nsys.nsys_export import SqliteExport
 
 
 def main(source: Path, out: Path) -> None:

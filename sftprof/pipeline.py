@@ -28,7 +28,7 @@ from sftprof.trace import TraceTables, load_trace
 from sftprof.trace.events import out_of_disk
 from sftprof.trace.load import clock_origin, from_nsys, trace_stem
 from sftprof.trace.metrics import read_metrics
-from sftprof.trace.nsys_export import (
+from sftprof.trace.nsys.nsys_export import (
     ParquetExport,
     TraceFormatError,
     export_source,
@@ -36,7 +36,7 @@ from sftprof.trace.nsys_export import (
     report_fingerprint,
     require_file,
 )
-from sftprof.trace.nsys_sqlite import check_export
+from sftprof.trace.nsys.nsys_sqlite import check_export
 
 ANALYSIS_DIR, REPORT_HTML = "analysis", "report.html"  # what `sftprof analyze` writes into its output folder
 ANALYZE_OUTPUT = (ANALYSIS_DIR, REPORT_HTML)

@@ -39,11 +39,13 @@ def test_analyze_of_a_missing_file_is_a_clear_error(tmp_path):
 
 def test_analyze_without_duckdbs_sqlite_extension_says_what_to_install(h200_capture, tmp_path, monkeypatch, capsys):
     from sftprof import cli
-    from sftprof.trace import events
+    from sftprof.trace.nsys import nsys_export
 
-    real_find_spec = events.importlib.util.find_spec
+    real_find_spec = nsys_export.importlib.util.find_spec
     monkeypatch.setattr(
-        events.importlib.util, "find_spec", lambda name, *a: None if name == "duckdb_ext" else real_find_spec(name, *a)
+        nsys_export.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "duckdb_ext" else real_find_spec(name, *a),
     )
     assert cli.main(["analyze", str(h200_capture), "-o", str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err.strip()

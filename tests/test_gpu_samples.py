@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 from sftprof.analysis import boundness, gpu
-from sftprof.trace import gpu_samples, load_trace, sqlite_pages
-from sftprof.trace.nsys_export import TraceFormatError
+from sftprof.trace import load_trace
+from sftprof.trace.nsys import gpu_samples, sqlite_pages
+from sftprof.trace.nsys.nsys_export import TraceFormatError
 
 CAPTURE = Path(__file__).parent / "fixtures" / "nsys2025" / "h200_sft_clean_metrics.sqlite"
 

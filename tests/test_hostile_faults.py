@@ -202,7 +202,7 @@ def test_two_workflows_profiling_at_once_on_one_host_both_finish(demo_run, tmp_p
 @pytest.mark.parametrize("kept", [0.0, 0.5, 0.99])
 def test_a_cut_short_export_is_not_complete(tmp_path, kept):
     """What a full disk or a killed export leaves: refused however much of the file is there."""
-    from sftprof.trace.nsys_sqlite import TraceFormatError, check_export
+    from sftprof.trace.nsys.nsys_sqlite import TraceFormatError, check_export
 
     export = tmp_path / "rank0.sqlite"
     shutil.copy(Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite", export)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sftprof.pipeline import analyze_trace
-from sftprof.trace.events import MISSING_KERNEL_NAME
+from sftprof.trace.nsys.store import MISSING_KERNEL_NAME
 
 from conftest import (
     as_parquetdir,

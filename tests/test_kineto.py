@@ -19,7 +19,7 @@ from sftprof.cli import main as sftprof_main
 from sftprof.report import RankReport, render_html
 from sftprof.trace import load_trace
 from sftprof.trace.kineto import kernel_short_name
-from sftprof.trace.nsys_sqlite import TraceFormatError
+from sftprof.trace.nsys.nsys_sqlite import TraceFormatError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CPU_FIXTURE = FIXTURES / "cpu_tiny_llama.pt.trace.json.gz"

@@ -28,8 +28,9 @@ import pytest
 from sftprof.analysis import analyze, nvtx
 from sftprof.analysis.stats import sqlite_round
 from sftprof.capture import nsys
-from sftprof.trace import load_trace, sqlite_pages
-from sftprof.trace.events import EXPORT_KERNEL_COLUMNS, EventStore
+from sftprof.trace import load_trace
+from sftprof.trace.nsys import sqlite_pages, store
+from sftprof.trace.nsys.nsys_export import EXPORT_KERNEL_COLUMNS
 
 from conftest import as_nsys_rows, assert_refused, run_sftprof
 
@@ -44,7 +45,7 @@ SUMMARIES = {
     "osrt": ["name"],
     "nvtx": ["style", "name"],
 }
-# The columns of CUPTI_ACTIVITY_KIND_KERNEL and _RUNTIME that EventStore.from_nsys_sqlite copies.
+# The columns of CUPTI_ACTIVITY_KIND_KERNEL and _RUNTIME that store.from_nsys_sqlite copies.
 KERNEL_COLUMNS = list(EXPORT_KERNEL_COLUMNS)
 RUNTIME_COLUMNS = ["start", "end", "nameId", "globalTid", "correlationId"]
 
@@ -273,7 +274,7 @@ def test_duckdb_fallback_loads_the_same_events(name, monkeypatch):
     monkeypatch.setattr(sqlite_pages, "int_columns", refuse)
     strings = pd.DataFrame(query(name, "SELECT id, CAST(value AS TEXT) FROM StringIds"), columns=["id", "value"])
     present = {n for (n,) in query(name, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    fallback = EventStore.from_nsys_sqlite(sqlite_path(name), present, strings, None)
+    fallback = store.from_nsys_sqlite(sqlite_path(name), present, strings, None)
     try:
         assert fallback.count("kernels") == loaded.events.count("kernels")
         assert fallback.count("cuda_api") == loaded.events.count("cuda_api")

@@ -15,9 +15,10 @@ import pytest
 
 from sftprof.analysis import analyze
 from sftprof.trace import events as events_module
-from sftprof.trace import load_trace, nsys_sqlite, sqlite_pages
-from sftprof.trace.events import EventStore, read_only_uri
-from sftprof.trace.nsys_export import ParquetExport, SqliteExport
+from sftprof.trace import load_trace
+from sftprof.trace.events import EventStore
+from sftprof.trace.nsys import nsys_sqlite, sqlite_pages
+from sftprof.trace.nsys.nsys_export import ParquetExport, SqliteExport, read_only_uri
 
 from conftest import REPO, as_parquetdir, edited_export
 

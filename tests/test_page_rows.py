@@ -10,9 +10,9 @@ import inspect
 import pandas as pd
 import pytest
 
-from sftprof.trace import nsys_sqlite, sqlite_pages
 from sftprof.trace.events import EventStore
-from sftprof.trace.nsys_export import SqliteExport
+from sftprof.trace.nsys import nsys_sqlite, sqlite_pages
+from sftprof.trace.nsys.nsys_export import SqliteExport
 
 from conftest import REPO, edited_export
 

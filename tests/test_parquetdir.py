@@ -22,9 +22,10 @@ import pytest
 from sftprof import pipeline
 from sftprof.capture import nsys
 from sftprof.pipeline import ANALYSIS_DIR, analyze_into
-from sftprof.trace import load_trace, nsys_sqlite
+from sftprof.trace import load_trace
 from sftprof.trace.load import clock_origin
-from sftprof.trace.nsys_sqlite import TraceFormatError
+from sftprof.trace.nsys import nsys_sqlite
+from sftprof.trace.nsys.nsys_sqlite import TraceFormatError
 
 from conftest import as_parquetdir, assert_refused, run_sftprof, tree_state
 

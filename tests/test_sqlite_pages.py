@@ -1,4 +1,4 @@
-"""The page decoder (sftprof/trace/sqlite_pages.py) against SQLite itself: same values, same order,
+"""The page decoder (sftprof/trace/nsys/sqlite_pages.py) against SQLite itself: same values, same order,
 and Unsupported, never a wrong value, for anything it does not decode."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.trace import sqlite_pages
-from sftprof.trace.events import EXPORT_KERNEL_COLUMNS
 from sftprof.trace.load import load_trace
+from sftprof.trace.nsys import sqlite_pages
+from sftprof.trace.nsys.nsys_export import EXPORT_KERNEL_COLUMNS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NSYS_EXPORTS = sorted(p for p in FIXTURES.glob("h200_*.sqlite"))
@@ -295,7 +295,7 @@ CUT_BEFORE = (b", seq = ", b", op_id = ")
 
 
 def _cut(text: str) -> str:
-    from sftprof.trace.nsys_sqlite import _EMIT_NVTX_SUFFIX
+    from sftprof.trace.nsys.nsys_sqlite import _EMIT_NVTX_SUFFIX
 
     return _EMIT_NVTX_SUFFIX.sub("", text)
 

@@ -9,7 +9,7 @@ import pytest
 
 from sftprof.analysis import cpu, cuda
 from sftprof.trace import load_trace
-from sftprof.trace.nsys_sqlite import TraceFormatError
+from sftprof.trace.nsys.nsys_sqlite import TraceFormatError
 
 from conftest import REPO, as_nsys_rows, nsys_stats
 

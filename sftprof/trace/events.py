@@ -8,15 +8,16 @@ at once.
 
 The database is a temporary file (compressed on disk, under a memory limit, so memory stays
 bounded whatever the trace size); an nsys export is copied in with one pass per table, reading
-integer columns only, decoded straight from the file's pages (sqlite_pages), or, from a parquetdir
-export, by DuckDB's Parquet reader. Names are stored once,
-as ids (benchmarks/ENGINE.md has the measurements behind these choices).
+integer columns only, decoded straight from the file's pages (trace/nsys: store, sqlite_pages), or, from a
+parquetdir export, by DuckDB's Parquet reader. Names are stored once,
+as ids (benchmarks/ENGINE.md has the measurements behind these choices). This module knows no trace format:
+the readers of each (trace/nsys, kineto.py) fill the store through its methods.
 
 kernels   start, end, duration, name_id, short_name_id, mangled_name_id, device_id, stream_id,
           global_pid, pid, correlation_id, grid_x, grid_y, grid_z, block_x, block_y, block_z
 cuda_api  start, end, duration, name_id, global_tid, pid, tid, correlation_id
 gpu_metrics timestamp, device_id, metric_id, value   (empty where the samples stay in the export, an SQLite
-          export's pages or a parquetdir's file, gpu_samples; metric_batches reads them from either)
+          export's pages or a parquetdir's file, nsys.gpu_samples; metric_batches reads them from either)
 sched     start, cpu, is_sched_in, global_tid, pid, tid   (a thread switched onto or off a core)
 osrt      start, end, duration, name, name_id, global_tid, pid, tid, row   (OS-runtime calls: names from
           osrt_names by id; `row`, the order the export lists them in, breaks ties on start)
@@ -40,7 +41,6 @@ them as generated columns, made the copy, the slowest part of loading, 10% slowe
 from __future__ import annotations
 
 import errno
-import importlib.util
 import os
 import re
 import shutil
@@ -48,9 +48,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -69,7 +67,6 @@ MAX_THREADS = 8  # a login node is shared: do not take all its cores
 NVTX_THREADS_APART = 16
 KERNEL_SHAPE = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 KERNEL_NAME_IDS = ("name_id", "short_name_id", "mangled_name_id")
-MISSING_KERNEL_NAME = "(kernel name not in StringIds: id "  # the name of a kernel whose name id names nothing
 # A row's pid and tid, from its global_tid as every loader lays it out (pid << 24 | tid): computed in the views, not
 # stored, since DuckDB pays per value inserted (NVTX ranges are the most numerous rows: NeMo's 60M at 10M kernels).
 THREAD_IDS = "((global_tid >> 24) & 16777215)::INTEGER AS pid, (global_tid & 16777215)::INTEGER AS tid"
@@ -134,32 +131,8 @@ NVTX_INSERT_ROWS = 1 << 22  # add_nvtx copies a frame into the store this many r
 STORED_COLUMNS = {table: [part.split()[0].strip('"') for part in schema.split(",")] for table, schema in SCHEMA.items()}
 
 
-# The columns of CUPTI_ACTIVITY_KIND_KERNEL that the copy (EventStore._from_nsys) reads, in the order kernel_rows takes them.
-EXPORT_KERNEL_COLUMNS = (
-    "start",
-    "end",
-    "demangledName",
-    "shortName",
-    "mangledName",
-    "deviceId",
-    "streamId",
-    "globalPid",
-    "correlationId",
-    "gridX",
-    "gridY",
-    "gridZ",
-    "blockX",
-    "blockY",
-    "blockZ",
-)
-# The columns of CUPTI_ACTIVITY_KIND_RUNTIME that the copy reads.
-EXPORT_RUNTIME_COLUMNS = ("start", "end", "nameId", "globalTid", "correlationId")
-# The columns of GPU_METRICS that the copy reads (nsys 2023+: 2022.4 keeps metrics in GENERIC_EVENTS, not read).
-EXPORT_METRIC_COLUMNS = ("timestamp", "typeId", "metricId", "value")
 # A GPU metric sample as EventStore.metric_batches gives it, a column each.
 METRIC_SAMPLE = ("device_id", "timestamp", "metric_id", "value")
-# The columns of SCHED_EVENTS that the copy reads.
-EXPORT_SCHED_COLUMNS = ("start", "cpu", "isSchedIn", "globalTid")
 MEMSET_KIND = "memset"  # a memset's copy_kind
 _KIND_IN_OPERATION = re.compile(r"memcpy (\w+)")
 VECTOR_ROWS = 2048  # DuckDB's vector
@@ -184,23 +157,6 @@ def out_of_disk(error: Exception) -> EventStoreError | None:
         "(about 30 MB per million kernels, 15 per million NVTX ranges, 16 per million busy intervals): free "
         "space there, or set TMPDIR to a folder on a larger disk"
     )
-
-
-def _sqlite_extension() -> Path:
-    """The sqlite extension shipped by the duckdb-ext-sqlite wheel: `LOAD sqlite` would download it."""
-    spec = importlib.util.find_spec("duckdb_ext")
-    roots = list(spec.submodule_search_locations) if spec else []
-    found = sorted(
-        p
-        for root in roots
-        for p in Path(root).glob(f"extensions/v{duckdb.__version__}/*/sqlite_scanner.duckdb_extension")
-    )
-    if not found:
-        raise EventStoreError(
-            f"no DuckDB sqlite extension for duckdb {duckdb.__version__}: "
-            f"pip install duckdb-ext-sqlite (the release matching duckdb {duckdb.__version__})"
-        )
-    return found[0]
 
 
 def _nullable(codes: np.ndarray) -> pd.arrays.IntegerArray:
@@ -276,16 +232,6 @@ def valid_times(start: pd.Series, end: pd.Series | None = None) -> np.ndarray:
     return ((start >= -MAX_TIME_NS) & (start <= end) & (end <= MAX_TIME_NS)).fillna(False).to_numpy(bool)
 
 
-def read_only_uri(path: Path) -> str:
-    """The URI that opens `path` read-only in SQLite, whatever its name holds (`?`, `#`, `%` are escaped:
-    unescaped, they cut the name and open, or create, another file)."""
-    return f"{Path(path).resolve().as_uri()}?mode=ro"
-
-
-def load_sqlite_extension(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(f"LOAD {sql_text(_sqlite_extension())}")
-
-
 def usable_cores() -> int:
     """The cores this process may run on: a Slurm step's, a container's or taskset's share, not the
     machine's (os.cpu_count, which DuckDB's own default follows: `srun -c 2` on a 72-core node would
@@ -308,17 +254,6 @@ def bound(con: duckdb.DuckDBPyConnection, spill_folder: str | None) -> None:
         settings["temp_directory"] = spill_folder
     for name, value in settings.items():
         con.execute(f"SET {name} = '{value}'")
-
-
-def attach_export(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Make an nsys SQLite export readable, read-only, as database `export` of `con`."""
-    load_sqlite_extension(con)
-    con.execute(f"ATTACH {sql_text(Path(path).resolve())} AS export (TYPE sqlite, READ_ONLY)")
-
-
-def sqlite_scan(path: Path, table: str) -> str:
-    """The DuckDB table function that reads `table` of the SQLite export at `path` (load_sqlite_extension first)."""
-    return f"sqlite_scan({sql_text(Path(path).resolve())}, {sql_text(table)})"
 
 
 def _launch_shape(x, y, z) -> str | None:
@@ -348,23 +283,6 @@ def frames_visible(con, frames: dict[str, pd.DataFrame]):
             con.unregister(name)
 
 
-def _copy_rows(
-    cursor: duckdb.DuckDBPyConnection, path: Path, table: str, export_table: str, columns: tuple[str, ...], insert: str
-) -> None:
-    """Run `insert` (INSERT INTO `table` ... FROM {rows}) over `columns` of the export's
-    `export_table`: decoded from the file's pages a chunk at a time (sqlite_pages), or, when the file
-    holds something that decoder does not read, through DuckDB's SQLite reader."""
-    from sftprof.trace import sqlite_pages  # imports numba (0.4 s): only when an export is read
-
-    try:
-        for chunk in sqlite_pages.int_columns(path, export_table, list(columns)):
-            with frames_visible(cursor, {"export_rows": chunk}):
-                cursor.execute(insert.format(rows="export_rows"))
-    except sqlite_pages.Unsupported:
-        cursor.execute(f"DELETE FROM {table}")
-        cursor.execute(insert.format(rows=sqlite_scan(path, export_table)))
-
-
 class EventStore:
     """The kernels and cuda_api tables of one trace (see the module docstring)."""
 
@@ -376,11 +294,11 @@ class EventStore:
         # and analyses run side by side.
         self._cursors: dict[int, duckdb.DuckDBPyConnection] = {}
         self._cursors_lock = threading.Lock()
-        self.dropped_rows: dict[str, int] = {}  # rows left out by _from_nsys, by table (kernels, cuda_api)
+        self.dropped_rows: dict[str, int] = {}  # rows left out by nsys.store, by table (kernels, cuda_api)
         self._names: dict[str, pd.DataFrame] = {}  # used_names, by table
         self._names_lock = threading.Lock()
         self._nvtx_categories: tuple[list, list] = ([], [])  # NVTX names and styles, by name_id and style_id
-        self._samples = None  # GPU metric samples left in the export (gpu_samples), if they were
+        self._samples = None  # GPU metric samples left in the export (nsys.gpu_samples), if they were
         self._also: list[str] = []  # folders the store's rows are read from while it lives (remove_on_close)
         self._finalizer = weakref.finalize(self, EventStore._release, self.con, self._cursors, self._folder, self._also)
         bound(self.con, self._folder)
@@ -584,192 +502,6 @@ class EventStore:
             self.con.execute(f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM incoming")
         finally:
             self.con.unregister("incoming")
-
-    @classmethod
-    def from_nsys_sqlite(
-        cls,
-        path: Path,
-        present: set[str],
-        strings: pd.DataFrame,
-        metrics: pd.DataFrame | None,
-        store: EventStore | None = None,
-    ) -> EventStore:
-        """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys SQLite export
-        (`present`: its table names; `strings`: its StringIds as id, value; `metrics`: its metric names, as
-        _from_nsys says, and `store`); each table read by _copy_rows, but for the GPU metric samples, which stay in
-        the export (gpu_samples)."""
-        from sftprof.trace.gpu_samples import PageSamples  # imports numba: only when an export is read
-
-        return cls._from_nsys(
-            present,
-            strings,
-            metrics,
-            lambda cursor, table, export_table, columns, insert: _copy_rows(
-                cursor, path, table, export_table, columns, insert
-            ),
-            load_sqlite_extension,
-            store,
-            read_samples=lambda cursor, named: PageSamples.read(path, named),
-        )
-
-    @classmethod
-    def from_nsys_parquet(
-        cls,
-        scans: dict[str, str],
-        strings: pd.DataFrame,
-        metrics: pd.DataFrame | None,
-        store: EventStore | None = None,
-        files: dict[str, Path] | None = None,
-    ) -> EventStore:
-        """The same from an nsys parquetdir export (`scans`: each of its tables -> the DuckDB subquery that
-        reads it, nsys_export.ParquetExport.scans; `files`: each table's file): one INSERT ... SELECT per table,
-        which DuckDB runs on every core it is given, but for the GPU metric samples, which DuckDB reads from
-        their file when they are asked for (gpu_samples.ScanSamples)."""
-        from sftprof.trace.gpu_samples import ScanSamples
-
-        return cls._from_nsys(
-            set(scans),
-            strings,
-            metrics,
-            lambda cursor, table, export_table, columns, insert: cursor.execute(
-                insert.format(rows=scans[export_table])
-            ),
-            store=store,
-            read_samples=lambda cursor, named: ScanSamples(cursor, scans["GPU_METRICS"], files["GPU_METRICS"])
-            if files
-            else None,
-        )
-
-    @classmethod
-    def _from_nsys(
-        cls,
-        present: set[str],
-        strings: pd.DataFrame,
-        metrics: pd.DataFrame | None,
-        copy_rows,
-        prepare=lambda con: None,
-        store: EventStore | None = None,
-        read_samples=None,
-    ) -> EventStore:
-        """Copy the kernels, runtime-API rows, GPU metric samples and context switches of an nsys export,
-        whatever its format (`present`: its table names; `strings`: its StringIds as id, value; `metrics`:
-        the distinct type_id, metric_id, name of its TARGET_INFO_GPU_METRICS, None without it;
-        `copy_rows(cursor, table, export_table, columns, insert)` runs `insert` over the export table's
-        `columns`, named in `{rows}`), leaving out rows whose times are not valid (valid_times_sql),
-        counted in `dropped_rows` by table. A sample's device is its typeId's low byte (nsys's own recipes read
-        typeId as <hardware:8><VM:8><source:16><event tag:24><GPU:8>); a sample whose (typeId, metricId) names
-        no metric is left out, one that two names share is kept under each. Into `store` where given (its
-        caller copies other tables into it meanwhile, and checkpoints it once they are in), else a new one.
-        `read_samples(cursor, metrics)`, where given, leaves the samples in the export (gpu_samples: PageSamples or
-        ScanSamples; None: they are copied after all)."""
-        owned = store is None
-        store = cls(on_disk=True) if owned else store
-        con = store.con
-        prepare(con)
-        copies = []
-        if metrics is not None:
-            named = metrics.assign(id=np.arange(len(metrics), dtype="int32"))
-            with frames_visible(con, {"named": named}):
-                con.execute("CREATE TABLE metric_of AS SELECT type_id, metric_id, id FROM named")
-                con.execute("INSERT INTO metric_names SELECT id, name FROM named")
-            metric_copy = (
-                "gpu_metrics",
-                "GPU_METRICS",
-                EXPORT_METRIC_COLUMNS,
-                """
-                INSERT INTO gpu_metrics (timestamp, device_id, metric_id, value)
-                SELECT r.timestamp, (r.typeId & 255)::INTEGER, m.id, r.value
-                FROM {rows} r JOIN metric_of m ON m.type_id = r.typeId AND m.metric_id = r.metricId""",
-            )
-            if read_samples is None:
-                copies.append(metric_copy)
-        if "SCHED_EVENTS" in present:
-            copies.append(
-                (
-                    "sched_rows",
-                    "SCHED_EVENTS",
-                    EXPORT_SCHED_COLUMNS,
-                    """
-                INSERT INTO sched_rows (start, cpu, is_sched_in, global_tid)
-                SELECT start, cpu, coalesce(isSchedIn, 0) != 0, globalTid FROM {rows}""",
-                )
-            )
-        with frames_visible(con, {"strings": strings}):
-            con.execute("INSERT INTO kernel_names SELECT id, value FROM strings")
-            if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
-                # nsys stats strips a 5-character version (`_v7000`), not longer ones (`_v11060`).
-                con.execute("""
-                    CREATE TABLE api_name_of AS
-                    SELECT id AS raw_id, dense_rank() OVER (ORDER BY stripped) AS name_id, stripped
-                    FROM (SELECT id, CASE WHEN value[-6:-5] = '_v' THEN value[:-7] ELSE value END AS stripped
-                          FROM strings)""")
-                con.execute("INSERT INTO api_names SELECT DISTINCT name_id, stripped FROM api_name_of")
-        if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
-            columns = EXPORT_KERNEL_COLUMNS
-            copies.append(
-                (
-                    "kernel_rows",
-                    "CUPTI_ACTIVITY_KIND_KERNEL",
-                    columns,
-                    f"""
-                INSERT INTO kernel_rows (start, "end", name_id, short_name_id, mangled_name_id, device_id, stream_id,
-                                     global_pid, correlation_id, {", ".join(KERNEL_SHAPE)})
-                SELECT {", ".join(f'"{c}"' for c in columns)} FROM {{rows}}""",
-                )
-            )
-        if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
-            # a call whose name StringIds does not hold is damage (nsys writes none): its start is made NULL, so
-            # that it is left out as not valid and counted
-            copies.append(
-                (
-                    "cuda_api_rows",
-                    "CUPTI_ACTIVITY_KIND_RUNTIME",
-                    EXPORT_RUNTIME_COLUMNS,
-                    """
-                INSERT INTO cuda_api_rows (start, "end", name_id, global_tid, correlation_id)
-                SELECT CASE WHEN n.raw_id IS NULL THEN NULL ELSE r.start END, r."end", n.name_id, r.globalTid,
-                       r.correlationId
-                FROM {rows} r LEFT JOIN api_name_of n ON n.raw_id = r.nameId""",
-                )
-            )
-        # Side by side: the page decoder releases the GIL, and each copy inserts through its own cursor.
-        with ThreadPoolExecutor(len(copies) + 1) as pool:
-            samples = pool.submit(read_samples, con.cursor(), named) if read_samples and metrics is not None else None
-            list(pool.map(lambda copy: copy_rows(con.cursor(), *copy), copies))
-            store._samples = samples.result() if samples else None
-        if samples and store._samples is None:
-            copy_rows(con.cursor(), *metric_copy)
-        if "CUPTI_ACTIVITY_KIND_RUNTIME" in present:
-            con.execute("DROP TABLE api_name_of")
-        if "CUPTI_ACTIVITY_KIND_KERNEL" in present:
-            # a kernel whose name StringIds does not hold is damage (nsys writes none), but its GPU time is real:
-            # it keeps its time under a name that says so
-            con.execute(f"""
-                INSERT INTO kernel_names
-                SELECT id, '{MISSING_KERNEL_NAME}' || id || ')' FROM (
-                    SELECT DISTINCT unnest([name_id, short_name_id, mangled_name_id]) AS id FROM kernel_rows)
-                WHERE id IS NOT NULL AND id NOT IN (SELECT id FROM kernel_names)""")
-        # Once, after the copy (whichever reader made it): one scan of two columns, nothing on the decoder's path.
-        for table, rows, valid in (
-            ("kernels", "kernel_rows", valid_times_sql()),
-            # a call names its thread, or no thread or process can be said to have made it
-            ("cuda_api", "cuda_api_rows", f"{valid_times_sql()} AND global_tid IS NOT NULL"),
-            ("gpu_metrics", "gpu_metrics", valid_times_sql("timestamp", "timestamp")),
-            # a switch names its thread and core, or it pairs with nothing
-            (
-                "sched",
-                "sched_rows",
-                f"{valid_times_sql('start', 'start')} AND global_tid IS NOT NULL AND cpu IS NOT NULL",
-            ),
-        ):
-            dropped = store.delete_invalid(rows, valid)
-            if dropped:
-                store.dropped_rows[table] = int(dropped)
-        if store._samples is not None and store._samples.dropped:
-            store.dropped_rows["gpu_metrics"] = store._samples.dropped
-        if owned:
-            store.checkpoint()
-        return store
 
     def checkpoint(self) -> None:
         """Write what was copied in to the database file, compressed: the analyses then read it from there. NVTX

@@ -42,8 +42,8 @@ import numpy as np
 import pandas as pd
 
 from sftprof.trace.events import MAX_TIME_NS, EventStore
-from sftprof.trace.nsys_export import TraceFormatError, require_file
-from sftprof.trace.nsys_sqlite import MEMCPY_OPERATIONS, MEMSET_OPERATION
+from sftprof.trace.nsys.nsys_export import TraceFormatError, require_file
+from sftprof.trace.nsys.nsys_sqlite import MEMCPY_OPERATIONS, MEMSET_OPERATION
 from sftprof.trace.tables import COLUMNS, TraceTables, empty, gpu_rows, valid_rows
 
 HOST_RANGE_CATEGORIES = {"user_annotation", "cpu_op"}

@@ -9,8 +9,8 @@ from pathlib import Path
 import duckdb
 
 from sftprof.trace.kineto import load_kineto_json
-from sftprof.trace.nsys_export import ParquetExport, SqliteExport, TraceFormatError, require_file
-from sftprof.trace.nsys_sqlite import load_nsys_parquetdir, load_nsys_sqlite
+from sftprof.trace.nsys.nsys_export import ParquetExport, SqliteExport, TraceFormatError, require_file
+from sftprof.trace.nsys.nsys_sqlite import load_nsys_parquetdir, load_nsys_sqlite
 from sftprof.trace.tables import TraceTables
 
 KINETO_SUFFIXES = (".json", ".json.gz")  # tensorboard_trace_handler writes NAME.pt.trace.json[.gz]

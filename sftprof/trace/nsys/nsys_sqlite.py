@@ -27,28 +27,29 @@ import pandas as pd
 from sftprof import memory_budget
 from sftprof.trace.events import (
     BATCH_VECTORS,
-    EXPORT_KERNEL_COLUMNS,
-    EXPORT_METRIC_COLUMNS,
-    EXPORT_RUNTIME_COLUMNS,
-    EXPORT_SCHED_COLUMNS,
     MAX_TIME_NS,
     MEMSET_KIND,
     EventStore,
     frames_visible,
-    load_sqlite_extension,
     out_of_disk,
-    sqlite_scan,
     valid_times_sql,
 )
-from sftprof.trace.nsys_export import (
+from sftprof.trace.nsys.nsys_export import (
+    EXPORT_KERNEL_COLUMNS,
+    EXPORT_METRIC_COLUMNS,
+    EXPORT_RUNTIME_COLUMNS,
+    EXPORT_SCHED_COLUMNS,
     Export,
     ParquetExport,
     SqliteExport,
     TraceFormatError,
     connect_sqlite,
+    load_sqlite_extension,
     one_line,
+    sqlite_scan,
     sqlite_text,
 )
+from sftprof.trace.nsys.store import copy_export
 from sftprof.trace.tables import COLUMNS, TraceTables, count_dropped, empty, gpu_rows, valid_rows
 
 # NVTX_EVENTS.eventType values for ranges: push/pop and start/end, native and NVTXT-imported.
@@ -162,7 +163,7 @@ def _page_chunks(export: Export, table: str, columns: list[str], select: str) ->
     run by DuckDB on the table's pages decoded a chunk at a time (sqlite_pages: a few times faster than
     DuckDB's SQLite reader over millions of rows). Unsupported where the decoder does not read the table
     (another format, a value that is not an integer): the caller runs the same SQL on the table itself."""
-    from sftprof.trace import sqlite_pages  # imports numba: only when an export is read
+    from sftprof.trace.nsys import sqlite_pages  # imports numba: only when an export is read
 
     if not isinstance(export, SqliteExport):
         raise sqlite_pages.Unsupported("not an SQLite export")
@@ -328,7 +329,7 @@ def _nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped) -> 
     """NVTX ranges into `store` (EventStore.nvtx): a capture of NeMo's emit_nvtx holds millions of ranges (60M
     at 10M kernels) but, once their numbering is cut, a few hundred names. Read from the file's pages where
     the decoder can, a chunk at a time; else through DuckDB; else, for text that is not UTF-8, sqlite3."""
-    from sftprof.trace import sqlite_pages  # imports numba: only when an export is read
+    from sftprof.trace.nsys import sqlite_pages  # imports numba: only when an export is read
 
     if "NVTX_EVENTS" not in export.tables:
         return
@@ -415,7 +416,7 @@ def _nvtx_from_pages(export: Export, strings: pd.DataFrame, store: EventStore, d
     without a thread, a domain named twice in one process, an id twice in StringIds, a domain id below 0 or
     from 2^39 on (nsys numbers domains from 0). Text not in UTF-8, which DuckDB refuses, is read here as
     sqlite3 reads it."""
-    from sftprof.trace import sqlite_pages
+    from sftprof.trace.nsys import sqlite_pages
 
     if not isinstance(export, SqliteExport):
         raise sqlite_pages.Unsupported("not an SQLite export")
@@ -446,7 +447,7 @@ class _NameCodes:
 
     @staticmethod
     def pairs(domain: np.ndarray, pid: np.ndarray) -> np.ndarray:
-        from sftprof.trace import sqlite_pages
+        from sftprof.trace.nsys import sqlite_pages
 
         if len(domain) and (domain.min() < 0 or domain.max() >= 1 << (63 - _PAIR_SHIFT)):
             raise sqlite_pages.Unsupported("a domain id out of range")
@@ -456,7 +457,7 @@ class _NameCodes:
         self.named = np.union1d(self.named, pairs)
 
     def of(self, label: np.ndarray, domain: np.ndarray, has_domain: np.ndarray, pid: np.ndarray) -> np.ndarray:
-        from sftprof.trace import sqlite_pages
+        from sftprof.trace.nsys import sqlite_pages
 
         code = label.astype(np.int64)
         at = np.flatnonzero(has_domain)
@@ -512,7 +513,7 @@ class _NameCodes:
 def _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, codes, created, latest) -> pd.DataFrame:
     """One chunk of NVTX_EVENTS' decoded columns as nvtx_rows (name_id: _NameCodes' code; style_id: the style's
     place; end NULL while open); the domains it creates go to `created`, its latest times to `latest`."""
-    from sftprof.trace import sqlite_pages
+    from sftprof.trace.nsys import sqlite_pages
 
     start, end, kind, thread, text_id, domain = values  # NVTX_PAGE_COLUMNS
     for i, maxima in enumerate(latest.values()):  # start, end
@@ -562,7 +563,7 @@ def _chunk_rows(values, missing, text_code, text_cut, ids, valued, style_of, cod
 def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped, cursor) -> None:
     """_nvtx_from_pages through `cursor`: once, or, where a domain was named after ranges in it were coded
     by their labels alone (_NameCodes), again with every named domain known."""
-    from sftprof.trace import sqlite_pages
+    from sftprof.trace.nsys import sqlite_pages
 
     ids = pd.Index(strings["id"])
     if not ids.is_unique:
@@ -592,7 +593,7 @@ def _copy_nvtx(export: Export, strings: pd.DataFrame, store: EventStore, dropped
 
 def nvtx_text_codes():
     """NVTX_EVENTS' text read as codes (sqlite_pages.TextCodes), emit_nvtx's numbering cut off (EMIT_NVTX_KEYS)."""
-    from sftprof.trace import sqlite_pages
+    from sftprof.trace.nsys import sqlite_pages
 
     return sqlite_pages.TextCodes("text", tuple(f", {key} = ".encode() for key in EMIT_NVTX_KEYS))
 
@@ -601,7 +602,7 @@ def _read_nvtx(export: Export, strings: pd.DataFrame, ids: pd.Index, store: Even
     """One pass over NVTX_EVENTS' pages into nvtx_rows (`named`: the (domain, pid) pairs named, where known):
     its _NameCodes, TextCodes, the domain creations, the latest time of any event (None: no time) and the
     number of events without an event type (nsys writes none: damage, left out and counted)."""
-    from sftprof.trace import sqlite_pages
+    from sftprof.trace.nsys import sqlite_pages
 
     valued = strings["value"].notna().to_numpy()
     text = nvtx_text_codes()
@@ -642,7 +643,7 @@ def _domain_names(created: pd.DataFrame | None, text_names: list[str]) -> pd.Dat
     """The domains created (eventType 75) by (domainId, pid), with `name` (the text's name, cut) and `cut`
     (the domain's own name held emit_nvtx's numbering, so it is the whole name, as the SQL's cut of
     `DOMAIN:TEXT` gives); domains without a name are left out, as the SQL's CASE leaves them."""
-    from sftprof.trace import sqlite_pages
+    from sftprof.trace.nsys import sqlite_pages
 
     if created is None or created.empty:
         return pd.DataFrame({"domainId": [], "pid": [], "name": [], "cut": []})
@@ -930,7 +931,7 @@ def _copy_numbered(export: Export, store: EventStore, table: str, parts, prepare
     """Each part's rows ((export table, columns read, select FROM {rows}), in order) into `table`, each made by
     `prepare` and numbered in that order (`row`): a page chunk at a time (_page_chunks), or, where the decoder does
     not read a table, a batch of the query over it at a time (_query_chunks)."""
-    from sftprof.trace import sqlite_pages
+    from sftprof.trace.nsys import sqlite_pages
 
     def copy(chunks) -> None:
         copied = 0
@@ -1044,7 +1045,7 @@ def _load(export: Export) -> TraceTables:
         # The copy of kernels and API calls leaves part of a core idle: the small tables load meanwhile.
         with ThreadPoolExecutor(1) as copying:
             store = EventStore(on_disk=True)
-            events = copying.submit(export.event_store, strings, _metric_names(export), store)
+            events = copying.submit(copy_export, export, strings, _metric_names(export), store)
             try:
                 _nvtx(export, strings, store, dropped)
                 _osrt(export, strings, store, dropped)

@@ -27,7 +27,8 @@ import numba
 import numpy as np
 import pandas as pd
 
-from sftprof.trace.events import read_only_uri, usable_cores
+from sftprof.trace.events import usable_cores
+from sftprof.trace.nsys.nsys_export import read_only_uri
 
 # Pages decoded and inserted at a time: 32 MiB, ~0.4M kernels or ~1.2M API calls, held with their decoded columns
 # (about 1.5x the pages' size for kernels) while they are inserted. DuckDB pays per INSERT, more with more threads:

@@ -25,9 +25,9 @@ import numba
 import numpy as np
 import pandas as pd
 
-from sftprof.trace import sqlite_pages
-from sftprof.trace.events import EXPORT_METRIC_COLUMNS, MAX_TIME_NS, METRIC_SAMPLE, out_of_disk, valid_times_sql
-from sftprof.trace.nsys_export import TraceFormatError, one_line
+from sftprof.trace.events import MAX_TIME_NS, METRIC_SAMPLE, out_of_disk, valid_times_sql
+from sftprof.trace.nsys import sqlite_pages
+from sftprof.trace.nsys.nsys_export import EXPORT_METRIC_COLUMNS, TraceFormatError, one_line
 
 # A metric id at or beyond this is looked up in no table: nsys numbers a type's metrics from 0 (about 20 of
 # them); an export naming one beyond it has its samples copied instead.

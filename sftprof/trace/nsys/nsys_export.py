@@ -5,14 +5,15 @@ later: one TABLE.parquet per SQLite table, same table and column names).
 The loader's SQL is written once, in what SQLite and DuckDB both run; an Export runs it on either
 format. `query` and `fetch` read the small tables (through sqlite3 for an SQLite file: each value keeps
 its own type, which the rules for damaged rows rely on), `reader` is a DuckDB connection naming the
-export's tables (for the tables that grow with the capture), `event_store` copies kernels and CUDA
-API calls. A Parquet table is a view that gives its integer columns as BIGINT, SQLite's INTEGER, so
+export's tables (for the tables that grow with the capture; store.copy_export copies kernels and CUDA
+API calls). A Parquet table is a view that gives its integer columns as BIGINT, SQLite's INTEGER, so
 the same SQL returns the same values and pandas types from both formats.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import sqlite3
@@ -28,15 +29,32 @@ import pandas as pd
 from sftprof import scratch
 from sftprof.errors import SftprofError
 from sftprof.io import open_regular
-from sftprof.trace.events import (
-    EXPORT_KERNEL_COLUMNS,
-    EXPORT_RUNTIME_COLUMNS,
-    EventStore,
-    attach_export,
-    bound,
-    read_only_uri,
-    sql_text,
+from sftprof.trace.events import EventStoreError, bound, sql_text
+
+# The columns of CUPTI_ACTIVITY_KIND_KERNEL that the copy (store._from_nsys) reads, in the order kernel_rows takes them.
+EXPORT_KERNEL_COLUMNS = (
+    "start",
+    "end",
+    "demangledName",
+    "shortName",
+    "mangledName",
+    "deviceId",
+    "streamId",
+    "globalPid",
+    "correlationId",
+    "gridX",
+    "gridY",
+    "gridZ",
+    "blockX",
+    "blockY",
+    "blockZ",
 )
+# The columns of CUPTI_ACTIVITY_KIND_RUNTIME that the copy reads.
+EXPORT_RUNTIME_COLUMNS = ("start", "end", "nameId", "globalTid", "correlationId")
+# The columns of GPU_METRICS that the copy reads (nsys 2023+: 2022.4 keeps metrics in GENERIC_EVENTS, not read).
+EXPORT_METRIC_COLUMNS = ("timestamp", "typeId", "metricId", "value")
+# The columns of SCHED_EVENTS that the copy reads.
+EXPORT_SCHED_COLUMNS = ("start", "cpu", "isSchedIn", "globalTid")
 
 
 class TraceFormatError(SftprofError, ValueError):
@@ -56,6 +74,44 @@ def require_file(path: Path) -> None:
 def one_line(exc: Exception) -> str:
     """The first line of an error from SQLite or DuckDB (DuckDB's go on with the query and hints)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _sqlite_extension() -> Path:
+    """The sqlite extension shipped by the duckdb-ext-sqlite wheel: `LOAD sqlite` would download it."""
+    spec = importlib.util.find_spec("duckdb_ext")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    found = sorted(
+        p
+        for root in roots
+        for p in Path(root).glob(f"extensions/v{duckdb.__version__}/*/sqlite_scanner.duckdb_extension")
+    )
+    if not found:
+        raise EventStoreError(
+            f"no DuckDB sqlite extension for duckdb {duckdb.__version__}: "
+            f"pip install duckdb-ext-sqlite (the release matching duckdb {duckdb.__version__})"
+        )
+    return found[0]
+
+
+def load_sqlite_extension(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(f"LOAD {sql_text(_sqlite_extension())}")
+
+
+def attach_export(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Make an nsys SQLite export readable, read-only, as database `export` of `con`."""
+    load_sqlite_extension(con)
+    con.execute(f"ATTACH {sql_text(Path(path).resolve())} AS export (TYPE sqlite, READ_ONLY)")
+
+
+def sqlite_scan(path: Path, table: str) -> str:
+    """The DuckDB table function that reads `table` of the SQLite export at `path` (load_sqlite_extension first)."""
+    return f"sqlite_scan({sql_text(Path(path).resolve())}, {sql_text(table)})"
+
+
+def read_only_uri(path: Path) -> str:
+    """The URI that opens `path` read-only in SQLite, whatever its name holds (`?`, `#`, `%` are escaped:
+    unescaped, they cut the name and open, or create, another file)."""
+    return f"{Path(path).resolve().as_uri()}?mode=ro"
 
 
 def sqlite_text(value: bytes) -> str:
@@ -158,9 +214,6 @@ class SqliteExport:
         reader.execute("USE export")
         return reader
 
-    def event_store(self, strings: pd.DataFrame, metrics: pd.DataFrame | None, store: EventStore) -> EventStore:
-        return EventStore.from_nsys_sqlite(self.path, self.tables, strings, metrics, store)
-
     def close(self) -> None:
         self.conn.close()
         if "reader" in self.__dict__:
@@ -262,9 +315,6 @@ class ParquetExport:
     @property
     def reader(self) -> duckdb.DuckDBPyConnection:
         return self._con
-
-    def event_store(self, strings: pd.DataFrame, metrics: pd.DataFrame | None, store: EventStore) -> EventStore:
-        return EventStore.from_nsys_parquet(self.scans, strings, metrics, store, self.files)
 
     def close(self) -> None:
         self._con.close()
