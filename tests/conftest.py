@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import io
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -245,6 +246,34 @@ def tree_state(root: Path) -> dict[str, tuple[int, bytes]]:
 
 
 _HOSTILE_TALLY: dict[str, list[int]] = {}
+
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def ci_bounded(full: int, in_ci: int) -> int:
+    """How many cases a seeded fuzzer runs: all of them, or under CI its first `in_ci` (the same ones every
+    time, so CI stays within its time limit and is never flaky)."""
+    return min(full, in_ci) if IN_CI else full
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under CI (CI=true, a 2-core machine with a time limit), a test marked `ci_sample(n)` runs n of its
+    parametrized cases, spread evenly over them, the same n every time; elsewhere every case runs."""
+    if not IN_CI:
+        return
+    cases: dict = {}
+    for item in items:
+        marker = item.get_closest_marker("ci_sample")
+        if marker is not None:
+            cases.setdefault((item.path, item.originalname), (marker.args[0], []))[1].append(item)
+    skipped = set()
+    for wanted, group in cases.values():
+        kept = {round(i * (len(group) - 1) / max(wanted - 1, 1)) for i in range(min(wanted, len(group)))}
+        skipped.update(item for i, item in enumerate(group) if i not in kept)
+    if skipped:
+        config.hook.pytest_deselected(items=[item for item in items if item in skipped])
+        items[:] = [item for item in items if item not in skipped]
 
 
 def pytest_runtest_logreport(report):

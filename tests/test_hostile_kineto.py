@@ -16,10 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SFTPROF, assert_refused, assert_sane_with_dropped_rows, impossible_numbers, run_sftprof
+from conftest import (
+    SFTPROF,
+    assert_refused,
+    assert_sane_with_dropped_rows,
+    ci_bounded,
+    impossible_numbers,
+    run_sftprof,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_plant_clean.pt.trace.json.gz"
-FUZZ_SEED, FUZZ_CASES = 20261201, 100
+FUZZ_SEED, FUZZ_CASES = 20261201, ci_bounded(100, 40)
 CASE_TIMEOUT_S = 30  # one case loads and analyses in about 0.3 s
 TABLE_OF = {
     "cpu_op": "nvtx",

@@ -26,13 +26,14 @@ from conftest import (
     as_parquetdir,
     assert_refused,
     assert_sane_with_dropped_rows,
+    ci_bounded,
     impossible_numbers,
     run_sftprof,
     tree_state,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite"
-FUZZ_SEED, FUZZ_CASES = 20261201, 60
+FUZZ_SEED, FUZZ_CASES = 20261201, ci_bounded(60, 25)
 CASE_TIMEOUT_S = 60  # one case loads and analyses in about a second
 # Tables whose pages the fuzzer corrupts, with weights: the two the page decoder reads come first.
 FUZZED_TABLES = {

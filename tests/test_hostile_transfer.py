@@ -165,7 +165,7 @@ HOSTILE_RECORDS = {
     "not json": ("{rank: 0", "is not a rank record"),
     "json list": ("[0, 1]", "is not a rank record"),
     "deep nesting": ("[" * 100_000 + "]" * 100_000, "is not a rank record"),
-    "huge record": (json.dumps({**GOOD_RECORD, "pad": "x" * (2 << 20)}), "is not a rank record"),
+    "huge record": (json.dumps({**GOOD_RECORD, "pad": "x" * (2 << 20)}), "more than the 1,048,576 it may hold"),
     "not utf-8": (b'{"rank": "\xff"}', "is not a rank record"),
 }
 
