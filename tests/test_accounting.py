@@ -182,6 +182,7 @@ def test_sums_add_up(capture):
     assert (table["device_id"] == 0).all()
 
 
+@pytest.mark.ci_sample(4)
 @pytest.mark.parametrize("capture", CAPTURES)
 def test_busy_time_equals_the_union_of_the_exports_rows(capture):
     kernels, copies = kernels_of(capture), copies_of(capture)
