@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import io
 import json
+import lzma
 import os
 import re
 import shutil
@@ -246,6 +247,30 @@ def tree_state(root: Path) -> dict[str, tuple[int, bytes]]:
 
 
 _HOSTILE_TALLY: dict[str, list[int]] = {}
+
+
+NEMO_CAPTURE = REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b"  # .sqlite.xz, .metrics.jsonl
+
+
+def unpack_xz(packed: Path, out: Path) -> Path:
+    """An xz-compressed fixture written out whole to `out` (the committed captures are stored compressed)."""
+    with lzma.open(packed) as source, open(out, "wb") as target:
+        shutil.copyfileobj(source, target)
+    return out
+
+
+@pytest.fixture(scope="module")
+def nemo_sqlite(tmp_path_factory) -> Path:
+    """The committed NeMo LoRA capture, decompressed once per module."""
+    return unpack_xz(NEMO_CAPTURE.with_suffix(".sqlite.xz"), tmp_path_factory.mktemp("nemo") / "nemo_lora.sqlite")
+
+
+@pytest.fixture(scope="module")
+def nemo(nemo_sqlite):
+    """The NeMo capture analysed with NeMo's own step metrics."""
+    from sftprof.pipeline import analyze_trace
+
+    return analyze_trace(nemo_sqlite, NEMO_CAPTURE.with_suffix(".metrics.jsonl"))
 
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -6,8 +6,6 @@ committed timings (not through sftprof)."""
 from __future__ import annotations
 
 import json
-import lzma
-import shutil
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +15,8 @@ import pytest
 from sftprof.analysis import analyze
 from sftprof.report.suggest import suggest
 from sftprof.trace import load_trace
+
+from conftest import unpack_xz
 
 FOREIGN = Path(__file__).parent / "fixtures" / "foreign"
 WARMUP = 3  # iterations left out of each measured run: the first builds kernels and allocator pools
@@ -58,10 +58,7 @@ def diagnosed(tmp_path_factory):
 
     def diagnose(case: str):
         if case not in cache:
-            capture = folder / f"{case}.sqlite"
-            with lzma.open(FOREIGN / f"{case}.sqlite.xz") as packed, open(capture, "wb") as out:
-                shutil.copyfileobj(packed, out)
-            tables = load_trace(capture)
+            tables = load_trace(unpack_xz(FOREIGN / f"{case}.sqlite.xz", folder / f"{case}.sqlite"))
             try:
                 cache[case] = analyze(tables)
             finally:

@@ -2,31 +2,12 @@
 layer spec) on one H200 under Nsight Systems 2025.3.1, through sftprof's launch path
 (tests/fixtures/nemo/README.md). What sftprof reads from it."""
 
-import lzma
 import re
 import shutil
 
-import pytest
-
-from sftprof.pipeline import analyze_trace
 from sftprof.trace.load import load_trace
 
-from conftest import REPO, run_sftprof
-
-FIXTURE = REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b"
-
-
-@pytest.fixture(scope="module")
-def nemo_sqlite(tmp_path_factory):
-    path = tmp_path_factory.mktemp("nemo") / "nemo_lora.sqlite"
-    with lzma.open(FIXTURE.with_suffix(".sqlite.xz")) as packed, open(path, "wb") as out:
-        shutil.copyfileobj(packed, out)
-    return path
-
-
-@pytest.fixture(scope="module")
-def nemo(nemo_sqlite):
-    return analyze_trace(nemo_sqlite, FIXTURE.with_suffix(".metrics.jsonl"))
+from conftest import NEMO_CAPTURE, run_sftprof
 
 
 def test_the_steps_of_nsys_callbacks_window_are_the_captured_ones(nemo):
@@ -71,7 +52,7 @@ def test_suggest_offers_the_run_no_knob_its_stack_cannot_take(nemo_sqlite, tmp_p
     suggest proposes nothing and says why (tests/fixtures/nemo/README.md)."""
     window = tmp_path / "steady"
     (window / "capture").mkdir(parents=True)
-    rerun = FIXTURE.parent / "h200_nemo_lora_llama2_7b.rerun.metrics.jsonl"
+    rerun = NEMO_CAPTURE.parent / "h200_nemo_lora_llama2_7b.rerun.metrics.jsonl"
     shutil.copy(rerun, window / "capture" / "profile.rank0.metrics.jsonl")
     analysis = run_sftprof("analyze", str(nemo_sqlite), "--metrics", str(rerun), "-o", str(window / "analysis"))
     assert analysis.returncode == 0, analysis.stderr

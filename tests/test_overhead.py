@@ -3,8 +3,6 @@ captures with the trainer's metrics. Every expected figure is derived here from 
 step ranges from the export's own NVTX table, the unprofiled step from the metrics file."""
 
 import json
-import lzma
-import shutil
 import sqlite3
 
 import numpy as np
@@ -15,10 +13,9 @@ from sftprof.analysis.variants import WARMUP_STEPS
 from sftprof.pipeline import analyze_trace
 from sftprof.report.html import RankReport, render_html
 
-from conftest import REPO
+from conftest import NEMO_CAPTURE, REPO
 
 FIXTURES = REPO / "tests" / "fixtures"
-NEMO = FIXTURES / "nemo" / "h200_nemo_lora_llama2_7b"
 
 
 def step_ranges_ms(sqlite_path) -> list[float]:
@@ -41,23 +38,10 @@ def expected_pct(sqlite_path, metrics_path) -> float:
     return 100.0 * (np.median(step_ranges_ms(sqlite_path)) / np.median(unprofiled_ms(metrics_path)) - 1.0)
 
 
-@pytest.fixture(scope="module")
-def nemo_sqlite(tmp_path_factory):
-    path = tmp_path_factory.mktemp("nemo") / "nemo_lora.sqlite"
-    with lzma.open(NEMO.with_suffix(".sqlite.xz")) as packed, open(path, "wb") as out:
-        shutil.copyfileobj(packed, out)
-    return path
-
-
-@pytest.fixture(scope="module")
-def nemo(nemo_sqlite):
-    return analyze_trace(nemo_sqlite, NEMO.with_suffix(".metrics.jsonl"))
-
-
 def test_nemo_capture_says_its_emit_nvtx_window_slowed_the_run(nemo, nemo_sqlite):
     """docs/NEMO.md: steps inside NsysCallback's window took 0.70-0.84 s, outside 0.39-0.56 s. The overhead is
     in the headline, and the finding names emit_nvtx's op ranges and the trace kinds the capture was taken with."""
-    metrics = NEMO.with_suffix(".metrics.jsonl")
+    metrics = NEMO_CAPTURE.with_suffix(".metrics.jsonl")
     pct = expected_pct(nemo_sqlite, metrics)
     assert pct > overhead.FINDING_PCT
     assert nemo.headline["profiling_overhead_pct"] == pytest.approx(pct, abs=0.01)
@@ -73,7 +57,7 @@ def test_host_bound_findings_on_nemo_do_not_rank_on_the_profilers_time(nemo, nem
     """launch_bound's gain counts only the host time the profiler cannot have added, as a share of the captured
     step, and says that most of its host time may be the profiler's."""
     step = np.median(step_ranges_ms(nemo_sqlite))
-    added = step - np.median(unprofiled_ms(NEMO.with_suffix(".metrics.jsonl")))
+    added = step - np.median(unprofiled_ms(NEMO_CAPTURE.with_suffix(".metrics.jsonl")))
     causes = nemo.tables["idle_causes"]
     host = causes[(causes["cause"] == "host overhead") & (causes["range"] != "data")]
     host_ms = np.median(host.groupby("step")["idle_ns"].sum()) / 1e6
@@ -113,7 +97,7 @@ def test_no_figure_without_the_runs_metrics():
 
 def test_report_first_screen_gives_the_overhead(nemo):
     """The figure sits under the first heading, before the top finding."""
-    html = render_html([RankReport("", nemo, NEMO.with_suffix(".metrics.jsonl"))], "nemo")
+    html = render_html([RankReport("", nemo, NEMO_CAPTURE.with_suffix(".metrics.jsonl"))], "nemo")
     first_screen = html[: html.index('class="finding')]
     assert (
         f"Profiling overhead: the captured steps took\n {nemo.headline['profiling_overhead_pct']:+.1f}%" in first_screen
