@@ -24,15 +24,6 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sft_cases import MODELS, SFT, case_settings, write_data  # noqa: E402
 
-SMALL = {
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_layers": 4,
-    "num_heads": 8,
-    "num_kv_heads": 4,
-    "max_position_embeddings": 2048,
-    "seed": 0,
-}
 LONG_STEPS = 10_000_000  # an upper bound: long_sft.py stops the run after its time limit
 LONG_SFT = {"seq_length": 512}
 
@@ -68,7 +59,7 @@ def main() -> None:
         (work / "cases" / f"{name}.json").write_text(json.dumps(settings))
     from sftprof.capture.model import create_tiny_llama
 
-    for name, shape in (("small", SMALL), ("tiny", MODELS["tiny"])):
+    for name, shape in (("small", MODELS["small"]), ("tiny", MODELS["tiny"])):
         summary = create_tiny_llama(shape, work / f"model_{name}")
         print(f"model_{name}: {summary['parameters']:,} parameters, vocab {summary['vocab_size']}")
 

@@ -52,15 +52,7 @@ SETTINGS = {
 SIZES = {
     # h200_tiny_llama_bf16's model (tests/fixtures/README.md): launch-bound, where host costs show most.
     "small": {
-        "model": {
-            "hidden_size": 256,
-            "intermediate_size": 688,
-            "num_layers": 4,
-            "num_heads": 8,
-            "num_kv_heads": 4,
-            "max_position_embeddings": 2048,
-            "seed": 0,
-        },
+        "model": "small",
         "data": "short",
         "sft": {"micro_batch_size": 8, "grad_accum_steps": 2, "seq_length": 256},
     },
@@ -72,15 +64,7 @@ SIZES = {
     },
     # --dry-run's model: what a CPU runs in seconds.
     "cpu": {
-        "model": {
-            "hidden_size": 64,
-            "intermediate_size": 172,
-            "num_layers": 2,
-            "num_heads": 4,
-            "num_kv_heads": 2,
-            "max_position_embeddings": 2048,
-            "seed": 0,
-        },
+        "model": "tiny",
         "data": "short",
         "sft": {"micro_batch_size": 2, "grad_accum_steps": 1, "seq_length": 256, "precision": "fp32"},
     },
@@ -89,7 +73,7 @@ SIZES = {
 
 def prepare(work: Path, size: str) -> Path:
     """WORK/model_SIZE (made once) and WORK/data (sft_cases.write_data's short and long records)."""
-    from sft_cases import write_data
+    from sft_cases import MODELS, write_data
 
     from sftprof.capture.model import create_random_model, create_tiny_llama
 
@@ -101,7 +85,7 @@ def prepare(work: Path, size: str) -> Path:
         if "architecture" in spec:
             create_random_model({"architecture": spec["architecture"], "seed": 0}, folder)
         else:
-            create_tiny_llama(spec["model"], folder)
+            create_tiny_llama(MODELS[spec["model"]], folder)
     return folder
 
 

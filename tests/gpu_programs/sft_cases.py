@@ -43,6 +43,16 @@ MODELS = {
         "max_position_embeddings": 2048,
         "seed": 0,
     },
+    # h200_tiny_llama_bf16's model (tests/fixtures/README.md): launch-bound, where host costs show most.
+    "small": {
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_layers": 4,
+        "num_heads": 8,
+        "num_kv_heads": 4,
+        "max_position_embeddings": 2048,
+        "seed": 0,
+    },
     "tiny": {
         "hidden_size": 64,
         "intermediate_size": 172,
