@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from sftprof.analysis.findings import Finding, ranked
+from sftprof.analysis.overhead import on_unprofiled_step
 from sftprof.analysis.registry import RULES, SECTIONS, STAGES
 from sftprof.step_names import step_pattern
 from sftprof.trace.metrics import RunMetrics
@@ -92,7 +93,8 @@ def analyze(
             _value(values, name)
     result = Analysis(source_path=tables.source_path, span_ns=tables.span_ns, sources=sorted(tables.sources))
     result.tables = {section.name: values[section.name] for section in SECTIONS if section.saved}
-    result.findings = ranked([finding for rule in RULES for finding in rule.check(*(values[n] for n in rule.inputs))])
+    found = [finding for rule in RULES for finding in rule.check(*(values[n] for n in rule.inputs))]
+    result.findings = ranked(on_unprofiled_step(found, values["overhead"]))
     result.headline = _headline(values, result.findings)
     return result
 

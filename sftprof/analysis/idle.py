@@ -516,22 +516,35 @@ def _listed(rows: pd.DataFrame, column: str, steps: int) -> str:
     return ", ".join(f"`{name}` {ms(ns / steps)}" for name, ns in top.items())
 
 
-# Causes whose time is the host's own code and launches: what a profiler that costs host time inflates.
-HOST_CAUSES = (HOST_OVERHEAD, HOST_WORK)
+def profiler_time(causes: pd.DataFrame, clock: StepClock, overhead: Overhead | None) -> dict[str, float]:
+    """Per cause, the part of the profiler's added time per step (overhead.added_ns) that fell in its stretches.
+    nsys costs the host per traced call, and every stretch of idle the host held the GPU up in ends with the
+    traced call that fed it, so the added time is spread over the causes by their share of those stretches
+    (not over `queued` idle: the work was on the GPU already), at most each cause's own idle per step."""
+    if overhead is None or overhead.added_ns <= 0 or causes.empty:
+        return {}
+    held = causes[causes["cause"] != QUEUED]
+    stretches = held.groupby("cause")["pieces"].sum()
+    if not stretches.sum():
+        return {}
+    idle = held.groupby("cause")["idle_ns"].sum() / max(1, clock.steps)
+    placed = overhead.added_ns * stretches / stretches.sum()
+    return {str(cause): float(min(placed[cause], idle[cause])) for cause in placed.index}
 
 
 def idle_findings(
     causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame, overhead: Overhead | None = None
 ) -> list[Finding]:
     """A finding for each cause of GPU idle time (CAUSES) that holds at least MIN_SHARE_PCT of the median
-    step: the gain is its share (idle time that fixing it removes), with the calls and ranges that hold most;
-    for host overhead and host work, only the part the profiler cannot have added (overhead.host_share)."""
+    step: the gain is its share (idle time that fixing it removes), with the calls and ranges that hold most,
+    less the profiler's added time that fell in its stretches (profiler_time, overhead.host_share)."""
     if causes.empty:
         return []
     numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
     order = {int(s): i for i, s in enumerate(numbers)}
     idle = _per_step(causes, clock, order)
     outside_data = causes[causes["range"] != DATA_RANGE]
+    placed = profiler_time(causes, clock, overhead)
     findings = []
     for cause in CAUSES:
         rows = outside_data[outside_data["cause"] == cause.cause]
@@ -547,7 +560,7 @@ def idle_findings(
                 f" Of it, {ms(float(np.median(delayed)))} per step is launches these calls delayed: they held the "
                 "thread while the GPU still had work, so everything launched after them came that much later."
             )
-        share = host_share(overhead, float(np.median(per_step)), clock) if cause.cause in HOST_CAUSES else None
+        share = host_share(overhead, float(np.median(per_step)), clock, placed.get(cause.cause, 0.0))
         findings.append(
             Finding(
                 cause.rule,

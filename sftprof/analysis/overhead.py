@@ -17,12 +17,12 @@ record of nsys's own cost per event.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis.findings import Finding, ms
+from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import StepClock
 from sftprof.analysis.variants import WARMUP_STEPS, measured_steps
 from sftprof.trace.metrics import RunMetrics
@@ -202,24 +202,50 @@ class HostShare:
     basis: str  # appended to its gain basis
 
 
-def host_share(overhead: Overhead | None, host_ns: float, clock: StepClock) -> HostShare | None:
-    """The part of a host-bound cause (`host_ns` per step, median) that the profiler cannot have added: the
-    captured step is longer than the run's own by `added_ns`, and at most all of that fell in this cause's
-    gaps, so host_ns - added_ns of it is the run's own whatever nsys cost. The gain counts that part, as a
-    share of the captured step like every other gain (so findings still rank by time saved), and the basis
-    gives it as a share of the unprofiled step too. None where no overhead was measured or none was added."""
-    if overhead is None or overhead.added_ns <= 0 or not clock.step_ns:
+def host_share(overhead: Overhead | None, host_ns: float, clock: StepClock, added_ns: float) -> HostShare | None:
+    """The part of a cause of idle (`host_ns` per step, median) that the profiler cannot have added: `added_ns`
+    per step of the profiler's time fell in this cause's stretches (idle.profiler_time), so host_ns - added_ns
+    of it is the run's own whatever nsys cost. The gain counts that part, as a share of the captured step like
+    every other gain until on_unprofiled_step rebases them all. None where no overhead was measured or none of
+    it fell here."""
+    if overhead is None or added_ns <= 0 or not clock.step_ns:
         return None
-    own = max(0.0, host_ns - overhead.added_ns)
+    own = max(0.0, host_ns - added_ns)
     gain = round(float(np.clip(100.0 * own / clock.step_ns, 0.0, 100.0)), 3)
-    mostly = overhead.added_ns >= MOSTLY * host_ns
+    mostly = added_ns >= MOSTLY * host_ns
     return HostShare(
         gain,
         " (mostly the profiler's own overhead)" if mostly else "",
         f" The profiler made the captured steps {ms(overhead.added_ns, 1)} longer than the run's own "
-        f"({overhead.pct:+.1f}%, finding profiling_overhead): "
-        + ("most of this host time may be its" if mostly else "up to that much of this host time may be its")
-        + f", so the gain counts only the {ms(own, 1)} it cannot have added.",
-        f"; less the {ms(overhead.added_ns, 1)} the profiler added to the step: {ms(own, 1)}, "
-        f"{100.0 * own / overhead.unprofiled_ns:.1f}% of the {ms(overhead.unprofiled_ns, 1)} unprofiled step",
+        f"({overhead.pct:+.1f}%, finding profiling_overhead), {ms(added_ns, 1)} of it in these stretches by their "
+        "share of the stretches the host held the GPU up in (nsys costs the host per traced call, and each "
+        f"stretch ends with one): the gain counts only the {ms(own, 1)} it did not add.",
+        f"; less the {ms(added_ns, 1)} of the profiler's added time placed here: {ms(own, 1)}",
     )
+
+
+def on_unprofiled_step(findings: list[Finding], overhead: Overhead | None) -> list[Finding]:
+    """Every gain as a share of the run's own step where the same run timed it (`overhead`): a gain is the time
+    a fix saves, and the fix is judged on the run without the profiler. The captured step is longer by what the
+    profiler added, so its shares understate the saving. A severity that followed the gain follows the new one."""
+    if overhead is None or overhead.unprofiled_ns <= 0 or overhead.in_window_ns == overhead.unprofiled_ns:
+        return findings
+    factor = overhead.in_window_ns / overhead.unprofiled_ns
+    rebased = []
+    for finding in findings:
+        if finding.gain_pct is None:
+            rebased.append(finding)
+            continue
+        gain = round(float(np.clip(finding.gain_pct * factor, 0.0, 100.0)), 3)
+        saved = finding.gain_pct / 100.0 * overhead.in_window_ns
+        severity = severity_of(gain) if finding.severity == severity_of(finding.gain_pct) else finding.severity
+        rebased.append(
+            replace(
+                finding,
+                severity=severity,
+                gain_pct=gain,
+                gain_basis=f"{finding.gain_basis}; {ms(saved, 1)} a step of the run's own {ms(overhead.unprofiled_ns, 1)} "
+                f"step (profiling_overhead: the captured one is {overhead.pct:+.1f}%)",
+            )
+        )
+    return rebased

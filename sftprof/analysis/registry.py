@@ -33,6 +33,7 @@ from sftprof.analysis import (
     nvtx,
     overhead,
     overview,
+    recompute,
     rules,
     sched,
     utilisation,
@@ -171,6 +172,7 @@ SECTIONS: tuple[Section, ...] = (
         T,
     ),
     Section("feeders", cpu.feeders, ("labels", "api_threads"), T),
+    Section("recomputed", recompute.recomputed, ("events", "clock"), T),
     _saved(
         "idle_causes",
         idle.idle_causes,
@@ -326,6 +328,7 @@ RULES: tuple[Rule, ...] = (
     Rule("padding", rules.padding_findings, ("padded", "token_ns", "clock")),
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
     Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock")),
+    Rule("recomputation", recompute.recompute_finding, ("recomputed", "clock")),
     Rule(
         "interconnect",
         rules.interconnect_findings,

@@ -1,0 +1,162 @@
+"""Forward work run again in the backward pass: activation checkpointing's recomputation, found by its shape.
+
+Checkpointing saves memory by dropping a segment's activations in the forward pass and running that segment's
+forward again when the backward pass reaches it. PyTorch runs the backward pass on the autograd engine's own
+thread, so the recomputation is the forward's kernels launched again from another thread. It is found without
+names: a run of kernels (the same kernel, grid and block, RUN kernels in a row) that another thread of the same
+step launched first, from the thread that launched the step's first kernel. Backward kernels differ from the
+forward's in name or shape: on every committed capture without checkpointing the longest repeated run is 4
+kernels (NeMo's rotary embedding), while a checkpointed layer's forward repeats whole, dozens of kernels.
+
+Removing the recomputation saves the stretches of the step it runs in: from each repeated run's first kernel's
+start to its last kernel's end, what the GPU spent on it and what it waited for the CPU to launch it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sftprof.analysis.findings import Finding, ms, severity_of
+from sftprof.analysis.gains import StepClock
+from sftprof.trace.events import EventStore
+
+RUN = 12  # kernels in a row that must repeat the forward's: clean backward passes repeat runs of up to 4 (NeMo's)
+KERNELS_A_BATCH = 2_000_000  # kernels fetched at once: memory holds a batch of steps' kernels, not the capture's
+NAMES_LISTED = 3
+COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns", "span_ns"]
+NAME_COLUMNS = ["kernel", "gpu_ns"]
+
+
+def _kernels(events: EventStore, windows: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The kernels launched inside the windows, each with its window's row, launching thread and a key of its
+    name and launch shape, in launch order per window."""
+    return events.arrays(
+        """
+        SELECT w.row AS step_row, a.global_tid AS tid, k.start, k."end", k.name_id,
+               hash(k.name_id, k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y, k.block_z) AS shape
+        FROM kernels k JOIN cuda_api a ON a.correlation_id = k.correlation_id AND a.pid = k.pid
+        JOIN windows w ON a.start >= w.s AND a.start < w.e
+        ORDER BY w.row, a.start""",
+        windows=windows,
+    )
+
+
+def _runs(shape: np.ndarray) -> np.ndarray:
+    """A key for each run of RUN kernels starting at each position (len(shape) - RUN + 1 of them)."""
+    key = np.zeros(len(shape) - RUN + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for offset in range(RUN):
+            key = key * np.uint64(1_000_003) + shape[offset : offset + len(key)]
+    return key
+
+
+def _repeated(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """Which kernels of one step (launch order) belong to a run of RUN that the step's first thread launched
+    too, on another thread."""
+    repeated = np.zeros(len(shape), dtype=bool)
+    first = tids[0]
+    mine = np.flatnonzero(tids == first)
+    if len(mine) < RUN:
+        return repeated
+    forward = np.unique(_runs(shape[mine]))
+    for tid in np.unique(tids[tids != first]):
+        theirs = np.flatnonzero(tids == tid)
+        if len(theirs) < RUN:
+            continue
+        hit = np.isin(_runs(shape[theirs]), forward)
+        covered = np.zeros(len(theirs) + 1, dtype=np.int64)  # each hit covers its RUN kernels
+        np.add.at(covered, np.flatnonzero(hit), 1)
+        np.add.at(covered, np.flatnonzero(hit) + RUN, -1)
+        repeated[theirs[np.cumsum(covered)[:-1] > 0]] = True
+    return repeated
+
+
+def _spans(start: np.ndarray, end: np.ndarray, repeated: np.ndarray, tids: np.ndarray) -> int:
+    """The time from each stretch of repeated kernels' first start to its last end, per launching thread."""
+    total = 0
+    for tid in np.unique(tids[repeated]):
+        own = np.flatnonzero(tids == tid)
+        flags = repeated[own]
+        edges = np.diff(np.concatenate(([0], flags.astype(np.int8), [0])))
+        firsts, lasts = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+        total += int((end[own[lasts]] - start[own[firsts]]).sum())
+    return total
+
+
+def recomputed(events: EventStore, clock: StepClock) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per step window (row of the clock's windows): its kernels, how many repeat the forward's from another
+    thread (module docstring), their GPU time and the stretches they run in; and the repeated kernels' time by
+    name id."""
+    empty = pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=NAME_COLUMNS)
+    if not clock.has_gpu or not clock.has_steps:
+        return empty
+    windows = pd.DataFrame({"row": np.arange(clock.steps), "s": clock.starts, "e": clock.ends})
+    counts = events.query(
+        "SELECT w.row, count(*) AS n FROM cuda_api a JOIN windows w ON a.start >= w.s AND a.start < w.e "
+        "GROUP BY w.row ORDER BY w.row",
+        windows=windows,
+    )
+    batches: list[list[int]] = [[]]
+    held = 0
+    for row, n in zip(counts["row"].tolist(), counts["n"].tolist(), strict=True):
+        if batches[-1] and held + n > KERNELS_A_BATCH:
+            batches.append([])
+            held = 0
+        batches[-1].append(row)
+        held += n
+    rows, names = [], []
+    for batch in batches:
+        kernels = _kernels(events, windows[windows["row"].isin(batch)])
+        bounds = np.flatnonzero(np.diff(kernels["step_row"])) + 1
+        for part in np.split(np.arange(len(kernels["step_row"])), bounds):
+            if not len(part):
+                continue
+            tids, shape = kernels["tid"][part], kernels["shape"][part].astype(np.uint64)
+            start, end = kernels["start"][part], kernels["end"][part]
+            repeated = _repeated(tids, shape)
+            took = (end - start)[repeated]
+            span = _spans(start, end, repeated, tids) if repeated.any() else 0
+            rows.append((int(kernels["step_row"][part[0]]), len(part), int(repeated.sum()), int(took.sum()), span))
+            if repeated.any():
+                names.append(pd.DataFrame({"name_id": kernels["name_id"][part][repeated], "gpu_ns": took}))
+    by_step = pd.DataFrame(rows, columns=COLUMNS)
+    if not names:
+        return by_step, empty[1]
+    known = events.used_names("kernels").drop_duplicates("name_id")
+    label = dict(zip(known["name_id"], known["short_name"].fillna(known["name"]), strict=True))
+    by_name = pd.concat(names).groupby("name_id", as_index=False)["gpu_ns"].sum()
+    by_name["kernel"] = [str(label.get(i) or f"kernel {i}") for i in by_name["name_id"]]
+    return by_step, by_name.sort_values("gpu_ns", ascending=False)[NAME_COLUMNS].reset_index(drop=True)
+
+
+def recompute_finding(recomputed: tuple[pd.DataFrame, pd.DataFrame], clock: StepClock) -> list[Finding]:
+    """Activation checkpointing recomputes the forward (recomputed found repeated runs): the stretches they run
+    in are what turning it off, or checkpointing less, saves."""
+    by_step, by_name = recomputed
+    if by_step.empty or not by_step["repeated"].any():
+        return []
+    per_step = np.zeros(clock.steps)
+    per_step[by_step["step_row"].to_numpy("int64")] = by_step["span_ns"].to_numpy(float)
+    gain = clock.share(per_step)
+    steps = clock.steps
+    top = by_name.head(NAMES_LISTED)
+    listed = ", ".join(f"`{k}` {ms(t / steps)}" for k, t in zip(top["kernel"], top["gpu_ns"], strict=True))
+    return [
+        Finding(
+            "recomputation",
+            severity_of(gain),
+            "The backward pass runs forward kernels again (activation checkpointing)",
+            f"{int(by_step['repeated'].sum()) / steps:,.0f} of {int(by_step['kernels'].sum()) / steps:,.0f} kernels a "
+            f"step repeat, from another thread, runs of {RUN} the step's first thread launched (same kernels, grids "
+            f"and blocks): {ms(by_step['gpu_ns'].sum() / steps)} of GPU time a step, in stretches of "
+            f"{ms(by_step['span_ns'].sum() / steps)} (with the idle between their launches, which launch_bound "
+            f"counts too). Most: {listed}.",
+            "Turn activation checkpointing off where memory allows (Hugging Face: gradient_checkpointing=False; "
+            "NeMo/Megatron: recompute_granularity=None), or recompute less: checkpoint fewer layers "
+            "(recompute_num_layers) or only attention (recompute_granularity='selective'); free memory for it "
+            "with a smaller micro-batch and more accumulation steps, or a distributed optimizer.",
+            gain,
+            f"the stretches of the step the repeated runs occupy, first start to last end: {clock.scope(per_step)}",
+        )
+    ]

@@ -1,0 +1,56 @@
+"""Recomputation (analysis/recompute.py): forward runs that another thread launches again in the same step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sftprof.analysis import recompute
+from sftprof.pipeline import analyze_trace
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def step(forward: list[int], backward: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """One step's kernels in launch order: the forward from thread 1, then the backward from thread 2."""
+    tids = np.array([1] * len(forward) + [2] * len(backward))
+    return tids, np.array(forward + backward, dtype=np.uint64)
+
+
+def test_a_forward_run_launched_again_from_another_thread_is_marked():
+    layer = list(range(100, 100 + recompute.RUN + 3))
+    tids, shape = step(layer + layer + [1, 2], [7, 8] + layer + [9, 10, 11])
+    marked = recompute._repeated(tids, shape)
+    assert not marked[tids == 1].any()
+    assert marked.sum() == len(layer)
+    assert np.array_equal(np.flatnonzero(marked), np.arange(len(layer)) + 2 * len(layer) + 2 + 2)
+
+
+def test_shorter_runs_and_the_same_thread_are_not_recomputation():
+    layer = list(range(100, 100 + recompute.RUN))
+    tids, shape = step(layer + layer, layer[:-1] + [5] + layer[1:])  # one kernel differs: no full run repeats
+    assert not recompute._repeated(tids, shape).any()
+    tids = np.ones(2 * len(layer), dtype=int)
+    assert not recompute._repeated(tids, np.array(layer + layer, dtype=np.uint64)).any()
+
+
+def test_spans_run_from_the_first_start_to_the_last_end_of_each_stretch():
+    tids = np.array([2, 2, 2, 2, 2])
+    start, end = np.array([0, 10, 20, 30, 40]), np.array([5, 15, 25, 35, 45])
+    marked = np.array([True, True, False, True, True])
+    assert recompute._spans(start, end, marked, tids) == (15 - 0) + (45 - 30)
+
+
+@pytest.mark.parametrize("capture", ["h200_sft_clean", "h200_tiny_llama_bf16", "h200_sft_foreach_adamw"])
+def test_captures_without_checkpointing_show_none(capture):
+    result = analyze_trace(FIXTURES / f"{capture}.sqlite", None)
+    assert result.tables is not None
+    assert "recomputation" not in {f.rule for f in result.findings}
+
+
+def test_nemo_shows_none(nemo):
+    """NeMo's LoRA recipe recomputes nothing; its backward repeats runs of up to 4 of the forward's kernels
+    (rotary embedding), fewer than recompute.RUN."""
+    assert "recomputation" not in {f.rule for f in nemo.findings}
