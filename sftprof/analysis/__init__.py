@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import cast
 
 import pandas as pd
 
 from sftprof.analysis.findings import Finding, ranked
-from sftprof.analysis.overhead import on_unprofiled_step
+from sftprof.analysis.overhead import Overhead, on_unprofiled_step
 from sftprof.analysis.registry import RULES, SECTIONS, STAGES
 from sftprof.step_names import step_pattern
 from sftprof.trace.metrics import RunMetrics
@@ -94,7 +95,7 @@ def analyze(
     result = Analysis(source_path=tables.source_path, span_ns=tables.span_ns, sources=sorted(tables.sources))
     result.tables = {section.name: values[section.name] for section in SECTIONS if section.saved}
     found = [finding for rule in RULES for finding in rule.check(*(values[n] for n in rule.inputs))]
-    result.findings = ranked(on_unprofiled_step(found, values["overhead"]))
+    result.findings = ranked(on_unprofiled_step(found, cast("Overhead | None", values["overhead"])))
     result.headline = _headline(values, result.findings)
     return result
 
