@@ -282,7 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="output folder (default: NAME-sftprof beside each report, NAME its file name less .nsys-rep, .sqlite, "
         ".parquetdir, .json or .json.gz; with several reports, OUTPUT/NAME for each; two reports never share one)",
     )
-    analyze.add_argument("--metrics", help="the trainer's metrics .jsonl, to add the run's step times")
+    analyze.add_argument(
+        "--metrics",
+        help="the trainer's metrics .jsonl, to add the run's step times (a loop of your own can write one: a JSON "
+        "line per step with step, step_time_s, tokens_per_s and in_window); with them, the profiler's overhead is "
+        "measured and taken out of the gains",
+    )
     analyze.add_argument("--title", help="report title")
     analyze.add_argument(
         "--step-range",
