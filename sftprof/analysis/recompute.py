@@ -1,12 +1,13 @@
-"""Forward work run again in the backward pass: activation checkpointing's recomputation, found by its shape.
+"""Forward work run again in the backward pass: activation checkpointing's recomputation, found by its order.
 
 Checkpointing saves memory by dropping a segment's activations in the forward pass and running that segment's
 forward again when the backward pass reaches it. PyTorch runs the backward pass on the autograd engine's own
-thread, so the recomputation is the forward's kernels launched again from another thread. It is found without
-names: a run of kernels (the same kernel, grid and block, RUN kernels in a row) that another thread of the same
-step launched first, from the thread that launched the step's first kernel. Backward kernels differ from the
-forward's in name or shape: on every committed capture without checkpointing the longest repeated run is 4
-kernels (NeMo's rotary embedding), while a checkpointed layer's forward repeats whole, dozens of kernels.
+thread, so the recomputation is the forward's kernels launched again from another thread. It is found by
+order, not by names that tell forward from backward: a run of RUN kernels in a row (the same kernels in the
+same order) that the thread which launched the step's first kernel launched, launched again in the same step
+from another thread. Backward kernels differ from the forward's: on every committed capture without
+checkpointing the longest such run is 4 kernels (NeMo's rotary embedding), while a checkpointed layer's forward
+repeats whole, dozens of kernels.
 
 Removing the recomputation saves the stretches of the step it runs in: from each repeated run's first kernel's
 start to its last kernel's end, what the GPU spent on it and what it waited for the CPU to launch it.
@@ -19,27 +20,13 @@ import pandas as pd
 
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import StepClock
+from sftprof.analysis.nvtx import launch_slices
 from sftprof.trace.events import EventStore
 
 RUN = 12  # kernels in a row that must repeat the forward's: clean backward passes repeat runs of up to 4 (NeMo's)
-KERNELS_A_BATCH = 2_000_000  # kernels fetched at once: memory holds a batch of steps' kernels, not the capture's
 NAMES_LISTED = 3
 COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns", "span_ns"]
 NAME_COLUMNS = ["kernel", "gpu_ns"]
-
-
-def _kernels(events: EventStore, windows: pd.DataFrame) -> dict[str, np.ndarray]:
-    """The kernels launched inside the windows, each with its window's row, launching thread and a key of its
-    name and launch shape, in launch order per window."""
-    return events.arrays(
-        """
-        SELECT w.row AS step_row, a.global_tid AS tid, k.start, k."end", k.name_id,
-               hash(k.name_id, k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y, k.block_z) AS shape
-        FROM kernels k JOIN cuda_api a ON a.correlation_id = k.correlation_id AND a.pid = k.pid
-        JOIN windows w ON a.start >= w.s AND a.start < w.e
-        ORDER BY w.row, a.start""",
-        windows=windows,
-    )
 
 
 def _runs(shape: np.ndarray) -> np.ndarray:
@@ -84,43 +71,67 @@ def _spans(start: np.ndarray, end: np.ndarray, repeated: np.ndarray, tids: np.nd
     return total
 
 
+def _in_steps(part: dict[str, np.ndarray], clock: StepClock) -> dict[str, np.ndarray]:
+    """A slice of launched kernels (nvtx.launch_slices) cut to those launched inside a step window, with the
+    window's row, in (row, launch) order."""
+    row = np.searchsorted(clock.starts, part["launch_start"], "right") - 1
+    inside = (part["launch_tid"] >= 0) & (row >= 0)
+    inside &= part["launch_start"] < clock.ends[np.maximum(row, 0)]
+    kept = {
+        "row": row[inside],
+        "launched": part["launch_start"][inside],
+        "tid": part["launch_tid"][inside],
+        "start": part["start"][inside],
+        "end": part["start"][inside] + part["duration"][inside],
+        "name_id": part["name_id"][inside],
+    }
+    order = np.lexsort((kept["launched"], kept["row"]))
+    return {column: values[order] for column, values in kept.items()}
+
+
+def _joined(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if a is None:
+        return b
+    both = {column: np.concatenate((a[column], b[column])) for column in b}
+    order = np.lexsort((both["launched"], both["row"]))
+    return {column: values[order] for column, values in both.items()}
+
+
 def recomputed(events: EventStore, clock: StepClock) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per step window (row of the clock's windows): its kernels, how many repeat the forward's from another
     thread (module docstring), their GPU time and the stretches they run in; and the repeated kernels' time by
-    name id."""
+    kernel name. Kernels come with their launches a slice at a time (nvtx.launch_slices); a step's kernels are
+    held until a later slice starts another step."""
     empty = pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=NAME_COLUMNS)
     if not clock.has_gpu or not clock.has_steps:
         return empty
-    windows = pd.DataFrame({"row": np.arange(clock.steps), "s": clock.starts, "e": clock.ends})
-    counts = events.query(
-        "SELECT w.row, count(*) AS n FROM cuda_api a JOIN windows w ON a.start >= w.s AND a.start < w.e "
-        "GROUP BY w.row ORDER BY w.row",
-        windows=windows,
-    )
-    batches: list[list[int]] = [[]]
-    held = 0
-    for row, n in zip(counts["row"].tolist(), counts["n"].tolist(), strict=True):
-        if batches[-1] and held + n > KERNELS_A_BATCH:
-            batches.append([])
-            held = 0
-        batches[-1].append(row)
-        held += n
-    rows, names = [], []
-    for batch in batches:
-        kernels = _kernels(events, windows[windows["row"].isin(batch)])
-        bounds = np.flatnonzero(np.diff(kernels["step_row"])) + 1
-        for part in np.split(np.arange(len(kernels["step_row"])), bounds):
+    rows: list[tuple[int, int, int, int, int]] = []
+    names: list[pd.DataFrame] = []
+
+    def count(kernels: dict[str, np.ndarray]) -> None:
+        bounds = np.flatnonzero(np.diff(kernels["row"])) + 1
+        for part in np.split(np.arange(len(kernels["row"])), bounds):
             if not len(part):
                 continue
-            tids, shape = kernels["tid"][part], kernels["shape"][part].astype(np.uint64)
-            start, end = kernels["start"][part], kernels["end"][part]
-            repeated = _repeated(tids, shape)
+            tids, start, end = kernels["tid"][part], kernels["start"][part], kernels["end"][part]
+            repeated = _repeated(tids, kernels["name_id"][part].astype(np.uint64))
             took = (end - start)[repeated]
             span = _spans(start, end, repeated, tids) if repeated.any() else 0
-            rows.append((int(kernels["step_row"][part[0]]), len(part), int(repeated.sum()), int(took.sum()), span))
+            rows.append((int(kernels["row"][part[0]]), len(part), int(repeated.sum()), int(took.sum()), span))
             if repeated.any():
                 names.append(pd.DataFrame({"name_id": kernels["name_id"][part][repeated], "gpu_ns": took}))
-    by_step = pd.DataFrame(rows, columns=COLUMNS)
+
+    held = None
+    for part in launch_slices(events):
+        held = _joined(held, _in_steps(part, clock))
+        if not len(held["row"]):
+            continue
+        done = held["row"] < held["row"][-1]  # the last step may go on in the next slice
+        count({column: values[done] for column, values in held.items()})
+        held = {column: values[~done] for column, values in held.items()}
+    if held is not None and len(held["row"]):
+        count(held)
+    by_step = pd.DataFrame(rows, columns=COLUMNS).groupby("step_row", as_index=False).sum()
     if not names:
         return by_step, empty[1]
     known = events.used_names("kernels").drop_duplicates("name_id")
@@ -148,8 +159,8 @@ def recompute_finding(recomputed: tuple[pd.DataFrame, pd.DataFrame], clock: Step
             severity_of(gain),
             "The backward pass runs forward kernels again (activation checkpointing)",
             f"{int(by_step['repeated'].sum()) / steps:,.0f} of {int(by_step['kernels'].sum()) / steps:,.0f} kernels a "
-            f"step repeat, from another thread, runs of {RUN} the step's first thread launched (same kernels, grids "
-            f"and blocks): {ms(by_step['gpu_ns'].sum() / steps)} of GPU time a step, in stretches of "
+            f"step repeat, from another thread, runs of {RUN} the step's first thread launched (the same kernels in "
+            f"order): {ms(by_step['gpu_ns'].sum() / steps)} of GPU time a step, in stretches of "
             f"{ms(by_step['span_ns'].sum() / steps)} (with the idle between their launches, which launch_bound "
             f"counts too). Most: {listed}.",
             "Turn activation checkpointing off where memory allows (Hugging Face: gradient_checkpointing=False; "
