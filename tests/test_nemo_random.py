@@ -104,6 +104,7 @@ def test_nemo_plan_window_end_is_exclusive():
             "cuda_graphs": False,
             "overlap_grad_reduce": False,
             "overlap_param_gather": False,
+            "op_ranges": False,
         },
     }
     window = {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3}

@@ -40,7 +40,7 @@ def test_recipe_builds_with_sftprof_settings(built, peft):
     assert run["task"] == "finetune" and run["strategy"] == "MegatronStrategy"
     assert run["tensor_parallel"] == 1 and run["max_steps"] == 4 and run["limit_val_batches"] == 0
     assert run["precision"] == "bf16-mixed" and run["log_ckpt"] is None and run["resume"] is None
-    assert run["nsys_callback"] == [{"start": 1, "end": 3, "ranks": [0]}]  # window 1..2 inclusive
+    assert run["nsys_callback"] == []  # without op_ranges the metrics callback opens the window
     assert run["model"] == "LlamaModel" and run["config"] == "Llama2Config7B"
     fields = run["config_fields"]
     assert (fields["num_layers"], fields["hidden_size"], fields["ffn_hidden_size"], fields["vocab_size"]) == (
@@ -72,3 +72,7 @@ def test_knobs_reach_the_built_objects(built):
     assert (knobs["packed_sequence_size"], knobs["micro_batch_size"], knobs["global_batch_size"]) == (256, 1, 2)
     assert knobs["pad_cu_seqlens"] and knobs["config_fields"]["seq_length"] == 256
     assert "cu_seqlens" in knobs["batch_keys"] and knobs["batch_tokens_shape"] == [1, 256]
+
+
+def test_op_ranges_open_the_window_with_nsys_callback(built):
+    assert built["lora_ops"]["nsys_callback"] == [{"start": 1, "end": 3, "ranks": [0]}]  # window 1..2 inclusive

@@ -43,7 +43,8 @@ settings = {"backend": "nemo", "device": "cuda", "steps": 5, "micro_batch_size":
             "num_threads": 0, "nemo": {"recipe": "llama2_7b", "tensor_parallel": 1, "pipeline_parallel": 1,
                                        "precision": "bf16-mixed", "peft": peft, "packed_sequence": False,
                                        "cuda_graphs": False, "overlap_grad_reduce": False,
-                                       "overlap_param_gather": False, **{knob: True for knob in knobs}}}
+                                       "overlap_param_gather": False, "op_ranges": False,
+                                       **{knob: True for knob in knobs}}}
 window = {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3, "capture_range_end": "stop"}
 cap = f"{work}/cap-{name}"
 app = sft.command(f"{work}/model", f"{work}/sft/training.jsonl", f"{cap}/profile.rank{{rank}}.metrics.jsonl",
@@ -67,9 +68,10 @@ PYEOF
   fi
   cp "$cap"/*.json "$OUT/" 2>/dev/null
 }
-# RUNS: which to make (default both; full fine-tuning of 7B ran out of the H200's memory on 2026-12-01);
+# RUNS: which to make (default LoRA with the window opened by cudaProfilerStart/Stop alone, then with op_ranges,
+# emit_nvtx on: what op-level ranges cost NeMo; full fine-tuning of 7B ran out of the H200's memory on 2026-12-01);
 # PEFT+KNOB (lora+cuda_graphs) switches a knob of sft.nemo on.
-for name in ${RUNS:-lora none}; do
-  [ -f "$W/probe/sft/training.jsonl" ] && run_one "$name" "$([[ $name == *+* ]] && echo 120 || echo 220)"
+for name in ${RUNS:-lora lora+op_ranges}; do
+  [ -f "$W/probe/sft/training.jsonl" ] && run_one "$name" "$([[ $name == *+cuda_graphs* || $name == *+packed_sequence* ]] && echo 120 || echo 220)"
 done
 echo "total_s=$(( $(date +%s) - t0 ))"

@@ -21,7 +21,12 @@ ROWS = [{"input": f"Question {i}: what is {i} plus {i}?", "output": f"It is {2 *
 # Each run: (peft, the sft.nemo knobs set, micro_batch_size); `knobs` turns on every knob a suggested variant
 # may set, with two examples a micro-batch, which packing turns into one pack of two seq_lengths.
 KNOBS = {"packed_sequence": True, "cuda_graphs": True, "overlap_grad_reduce": True, "overlap_param_gather": True}
-RUNS = {"lora": ("lora", {}, 1), "none": ("none", {}, 1), "knobs": ("none", KNOBS, 2)}
+RUNS = {
+    "lora": ("lora", {}, 1),
+    "lora_ops": ("lora", {"op_ranges": True}, 1),  # NsysCallback (emit_nvtx) opens the window
+    "none": ("none", {}, 1),
+    "knobs": ("none", KNOBS, 2),
+}
 
 
 def sft_settings(peft: str, knobs: dict, micro_batch_size: int) -> dict:
@@ -44,6 +49,7 @@ def sft_settings(peft: str, knobs: dict, micro_batch_size: int) -> dict:
             "precision": "bf16-mixed",
             "peft": peft,
             **{knob: False for knob in KNOBS},
+            "op_ranges": False,
             **knobs,
         },
     }

@@ -70,6 +70,7 @@ def plan(sft: dict, window: dict, environ: dict[str, str]) -> dict:
         "peft_scheme": None if nemo["peft"] == "none" else nemo["peft"],
         "recipe": nemo["recipe"],
         "nsys_steps": None,
+        "op_ranges": nemo["op_ranges"],
     }
     if window["capture_range"] == "cudaProfilerApi":
         settings["nsys_steps"] = (window["start_step"], window["end_step"] + 1)
@@ -106,9 +107,17 @@ def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_a
 
     import torch
 
-    from sftprof.capture.sft.annotate import Annotator
+    from sftprof.capture.sft.annotate import Annotator, CaptureWindow
 
     annotator = Annotator(torch.cuda.is_available())
+    # Without op ranges this callback opens the capture window at NsysCallback's steps, without its emit_nvtx.
+    opens = window_steps is not None and not settings["op_ranges"]
+    capture = CaptureWindow(
+        "cudaProfilerApi" if opens else "none",
+        window_steps[0] if opens else None,
+        window_steps[1] - 1 if opens else None,
+        annotator,
+    )
 
     class StepMetrics(pl.Callback):
         def __init__(self):
@@ -145,12 +154,14 @@ def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_a
                 "overlap_grad_reduce": settings["overlap_grad_reduce"],
                 "overlap_param_gather": settings["overlap_param_gather"],
                 "peft": settings["peft_scheme"],
+                "op_ranges": settings["op_ranges"],
                 "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             }
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             # A `step N` NVTX range per optimizer step, as the torch trainer writes: NeMo writes none, and
             # without them the analysis has no steps to account (sftprof.analysis.cpu.STEP_RANGE).
+            capture.before_step(trainer.global_step)
             annotator.push(f"step {trainer.global_step}")
             self._started = time.perf_counter()
 
@@ -158,6 +169,7 @@ def _step_metrics_callback(metrics_path: Path, rank: int, settings: dict, grad_a
             elapsed = time.perf_counter() - self._started
             annotator.pop()
             step = trainer.global_step - 1
+            capture.after_step(step)
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
             record = {
                 "step": step,
@@ -278,10 +290,11 @@ def build_recipe(
         # True): found on the H200, "AssertionError: persist_layer_norm not supported by torch LayerNorm".
         recipe.model.config.persist_layer_norm = False
     recipe.trainer.callbacks = list(recipe.trainer.callbacks or [])
-    if settings["nsys_steps"] is not None:
+    if settings["nsys_steps"] is not None and settings["op_ranges"]:
         start, end = settings["nsys_steps"]
         world = settings["num_nodes"] * settings["devices_per_node"]
-        # Every rank opens the window; only the ranks that run under nsys are recorded.
+        # Every rank opens the window; only the ranks that run under nsys are recorded. NsysCallback also
+        # turns on emit_nvtx; without op_ranges the metrics callback opens the window (_step_metrics_callback).
         recipe.trainer.callbacks.append(
             run.Config(NsysCallback, start_step=start, end_step=end, ranks=list(range(world)))
         )
