@@ -168,3 +168,10 @@ def test_checkpointing_is_named_as_recomputation_but_under_predicted(diagnosed):
 @pytest.mark.parametrize("case", ["clean", "eager_attention", "fp32", "tokenize_no_nvtx", "no_cache_alloc"])
 def test_no_recomputation_where_nothing_was_checkpointed(diagnosed, case):
     assert "recomputation" not in {f.rule for f in diagnosed(case).findings}
+
+
+def test_suggest_tests_turning_checkpointing_off(diagnosed):
+    suggested = {name: (entry, gain) for name, entry, _, gain in suggest(diagnosed("checkpointing"), top=2)}
+    entry, gain = suggested["no-checkpointing"]
+    assert entry["motivated_by"] == "recomputation" and entry["sft"] == {"gradient_checkpointing": False}
+    assert gain == diagnosed("checkpointing").findings[1].gain_pct

@@ -83,6 +83,7 @@ def test_switches_default_to_the_loop_as_it_was(experiment):
         "ddp_overlap": True,
         "attention": "sdpa",
         "cuda_alloc_conf": "",
+        "gradient_checkpointing": False,
     }
 
 
@@ -98,6 +99,7 @@ def test_switches_default_to_the_loop_as_it_was(experiment):
         ("compile", None),
         ("ddp_overlap", "off"),
         ("attention", "flash"),
+        ("gradient_checkpointing", "yes"),
         ("cuda_alloc_conf", "expandable_segments:True; rm -rf /"),
     ],
 )
@@ -151,7 +153,8 @@ def test_metrics_hold_step_facts_and_the_run_facts_once(run_sft, experiment):
         run["ddp_overlap"],
         run["attention"],
         run["cuda_alloc_conf"],
-    ) == ("max_length", 1, False, False, 1, False, None, "sdpa", "")
+        run["gradient_checkpointing"],
+    ) == ("max_length", 1, False, False, 1, False, None, "sdpa", "", False)
 
 
 def test_longest_padding_computes_fewer_positions_for_the_same_loss(run_sft):
@@ -203,6 +206,12 @@ def test_eager_attention_trains_to_the_same_loss_and_the_allocator_setting_reach
     assert [line["loss"] for line in eager] == pytest.approx([line["loss"] for line in sdpa], rel=1e-4)
     assert (eager[0]["run"]["attention"], eager[0]["run"]["cuda_alloc_conf"]) == ("eager", "expandable_segments:True")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_gradient_checkpointing_trains_to_the_same_loss(run_sft):
+    kept, recomputed = run_sft(steps=2, seq_length=128), run_sft(steps=2, seq_length=128, gradient_checkpointing=True)
+    assert [line["loss"] for line in recomputed] == pytest.approx([line["loss"] for line in kept], rel=1e-4)
+    assert recomputed[0]["run"]["gradient_checkpointing"] is True
 
 
 @pytest.mark.e2e

@@ -113,8 +113,8 @@ def _nemo_demo() -> dict:
 @pytest.mark.parametrize("backend", ["torch", "nemo"])
 def test_every_remedy_sets_only_what_its_backend_reads_and_validates(backend):
     demo = _nemo_demo() if backend == "nemo" else copy.deepcopy(SMALL_DEMO)
-    if backend == "torch":  # the run that ddp-overlap and sdpa answer: their defaults turned off
-        demo["experiments"]["demo"]["sft"].update(ddp_overlap=False, attention="eager")
+    if backend == "torch":  # the run ddp-overlap, sdpa and no-checkpointing answer: their defaults turned round
+        demo["experiments"]["demo"]["sft"].update(ddp_overlap=False, attention="eager", gradient_checkpointing=True)
     remedies = {by[backend].variant: by[backend] for by in suggest.REMEDIES.values() if backend in by}
     demo["experiments"]["demo"]["variants"] = {name: remedy.overrides for name, remedy in remedies.items()}
     checked = config.validate(demo)

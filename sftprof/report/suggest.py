@@ -98,6 +98,13 @@ REMEDIES = {
             "the caching allocator grows segments instead of calling cudaMalloc/cudaFree as sizes change",
         ),
     },
+    "recomputation": {
+        "torch": Remedy(
+            "no-checkpointing",
+            {"sft": {"gradient_checkpointing": False}},
+            "no activation checkpointing: keep the activations rather than run each layer's forward twice",
+        ),
+    },
     "memory_bound_kernel_mix": {
         "torch": Remedy("compiled", {"sft": {"compile": True}}, "torch.compile fuses chains of elementwise kernels"),
     },

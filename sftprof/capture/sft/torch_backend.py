@@ -40,6 +40,7 @@ SWITCHES = (
     "ddp_overlap",
     "attention",
     "cuda_alloc_conf",
+    "gradient_checkpointing",
 )
 
 
@@ -276,6 +277,7 @@ def run_facts(model, sft: dict, device: str, optimizer, pin_memory: bool, distri
         "ddp_overlap": sft["ddp_overlap"] if distributed else None,  # None: one rank, nothing to all-reduce
         "attention": sft["attention"],
         "cuda_alloc_conf": sft["cuda_alloc_conf"],
+        "gradient_checkpointing": sft["gradient_checkpointing"],
         "device_name": device_name(device),
     }
 
@@ -365,6 +367,8 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
         model_dir, device, sft["seed"], sft["attention"]
     )  # float32; `random` folders are initialised on the device
     model.train()
+    if sft["gradient_checkpointing"]:  # each layer's forward run again in the backward pass, from autograd's thread
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trained = _data_parallel(model, device)
     if sft["compile"]:
         trained = torch.compile(trained)
