@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import reduce
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -229,8 +230,25 @@ def comparisons(release: int) -> list[tuple[str, tuple, tuple, str, tuple]]:
 SFTPROF_VALUES = ("time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns")
 
 
+# How nsys 2022.4's reports name copy kinds that exports of 2024 and later spell out (sftprof keeps the export's).
+COPY_KIND_SHORT = {
+    "Device-to-Device": "DtoD",
+    "Device-to-Host": "DtoH",
+    "Host-to-Device": "HtoD",
+    "Host-to-Host": "HtoH",
+    "Peer-to-Peer": "PtoP",
+}
+
+
+def _as_nsys_names(key: tuple, release: int) -> tuple:
+    if release >= nsys_tool.STATS_RENAMED_SINCE:  # the reports renamed, and the copy kinds spelled out
+        return key
+    return tuple(reduce(lambda text, kind: text.replace(*kind), COPY_KIND_SHORT.items(), str(k)) for k in key)
+
+
 def agreement(nsys: dict[str, list[dict]], analysis_dir: Path, release: int) -> str:
-    """'yes' when sftprof's three summaries equal nsys's row for row, else what differs."""
+    """'yes' when sftprof's three summaries equal nsys's row for row, else what differs (copy kinds named as the
+    nsys that made the report names them)."""
     problems = []
     for report, nkeys, nvalues, table, skeys in comparisons(release):
         path = analysis_dir / f"{table}.csv"
@@ -239,7 +257,10 @@ def agreement(nsys: dict[str, list[dict]], analysis_dir: Path, release: int) -> 
             continue
         theirs = {tuple(r[k] for k in nkeys): [float(r[v]) for v in nvalues] for r in nsys[report]}
         with path.open(newline="") as handle:
-            ours = {tuple(r[k] for k in skeys): [float(r[v]) for v in SFTPROF_VALUES] for r in csv.DictReader(handle)}
+            ours = {
+                _as_nsys_names(tuple(r[k] for k in skeys), release): [float(r[v]) for v in SFTPROF_VALUES]
+                for r in csv.DictReader(handle)
+            }
         differ = sum(1 for key in theirs.keys() | ours.keys() if theirs.get(key) != ours.get(key))
         if differ:
             problems.append(f"{table}: {differ}/{len(theirs)} rows differ")

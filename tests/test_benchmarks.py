@@ -18,6 +18,7 @@ BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import generate_export  # noqa: E402
+import run as bench  # noqa: E402
 
 SMALL = 20_000  # 4 replicas of the 4,227-kernel seed and a partial fifth
 needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None, reason="needs nsys (scripts/install-nsys.sh)")
@@ -286,3 +287,17 @@ def test_the_profile_gives_each_section_its_own_peak_in_turn(small_export):
     assert len(rows) == 15 and load_peak > 0.1
     for name, start, above, _left in rows:
         assert float(start) > 0.1 and float(above) > -0.05 and float(start) + float(above) <= load_peak + 1, name
+
+
+def test_copy_kinds_that_a_new_export_spells_out_agree_with_nsys_2022s_short_names(tmp_path):
+    values = {"Time (%)": "92.4", "Total Time (ns)": "10", "Count": "2", "Avg (ns)": "5.0", "Med (ns)": "5.0"}
+    values |= {"Min (ns)": "4", "Max (ns)": "6", "StdDev (ns)": "1.4"}
+    (tmp_path / "memops.csv").write_text(
+        "time_pct,total_ns,instances,avg_ns,med_ns,min_ns,max_ns,stddev_ns,operation\n"
+        "92.4,10,2,5.0,5.0,4,6,1.4,[CUDA memcpy Device-to-Device]\n"
+    )
+    reports = {"gpumemtimesum": [values | {"Operation": "[CUDA memcpy DtoD]"}]}
+    said = bench.agreement(reports, tmp_path, 2022)
+    assert "memops" not in said
+    renamed = {"cuda_gpu_mem_time_sum": reports["gpumemtimesum"]}  # 2025's report keeps the names it is given
+    assert "memops: 2/1 rows differ" in bench.agreement(renamed, tmp_path, 2025)
