@@ -68,7 +68,9 @@ def data_stalled(steps: pd.DataFrame) -> bool:
 
 
 def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
-    return names.map(lambda name: bool(pattern.search(cuda.base_name(str(name))))).to_numpy(bool)
+    """Which names match, each distinct name tried once (a long capture's table repeats them per step)."""
+    matched = {name: bool(pattern.search(cuda.base_name(str(name)))) for name in names.unique()}
+    return names.map(matched).to_numpy(bool)
 
 
 def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, copies: CopyCalls) -> pd.DataFrame:
@@ -99,8 +101,8 @@ def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, copies: CopyCalls) -> 
     for finding in idle.CAUSES:
         claim(finding.rule, cause == finding.cause)
     numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
-    order = pd.Series(np.arange(len(numbers)), index=numbers)
-    return causes.assign(**{RULE: rules, ROW: causes["step"].map(order).fillna(0).to_numpy("int64")})
+    order = {int(s): i for i, s in enumerate(numbers)}  # as idle_findings reads them: a repeated number, its last
+    return causes.assign(**{RULE: rules, ROW: [order.get(int(s), 0) for s in causes["step"]]})
 
 
 def per_step(views: pd.DataFrame, rule: str, clock: StepClock) -> np.ndarray:
