@@ -8,7 +8,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import analyze, boundness, cuda, gains, gpu, intervals, kernels, memory, nvtx, rules, utilisation
+from sftprof.analysis import (
+    analyze,
+    boundness,
+    cuda,
+    gains,
+    gpu,
+    intervals,
+    kernels,
+    memory,
+    nvtx,
+    rules,
+    utilisation,
+    views,
+)
 from sftprof.analysis import idle as idle_causes
 from sftprof.analysis.spilled import SpilledUnion
 from sftprof.trace import events as events_module
@@ -481,17 +494,22 @@ def test_copy_rules_follow_nsys_semantics():
     assert set(read["start"]) == set(ops["start"]) and (read["api_start"] < read["start"]).all()
     labels = {MAIN: "python (main, tid 7)"}
     capture = clock(1_000_000, busy=ops[["start", "end"]].itertuples(index=False))
-    [sync] = rules.sync_memcpy(copies, capture, labels, events)
+    table = views.idle_views(idle_causes.idle_causes(events, capture, pd.DataFrame()), pd.DataFrame(), copies)
+    [sync] = rules.sync_memcpy(copies, capture, labels, events, table)
     assert sync.title == "1 synchronous cudaMemcpy calls block the CPU for 0.005 ms"
     assert "mostly in NVTX `data` (1 of 1)" in sync.evidence
-    # the copy's own 100 ns (no kernel beside it) and the idle after the call until the next copy: at most the wait
-    assert sync.gain_pct == pytest.approx(100 * min(5_000, 100 + (11_000 - 5_000)) / 1_000_000)
-    [pageable] = rules.pageable_memcpy(copies, capture, labels, events)
+    # idle_causes' rows for synchronous cudaMemcpy calls: each 5 µs call less its copy's 100 ns, and the 100 ns
+    # of launching that each call delayed; the small HtoD copy's call too (the table names calls, not copies)
+    assert sync.gain_pct == pytest.approx(100 * (2 * (5_000 - 100) + 2 * 100) / 1_000_000)
+    [pageable] = rules.pageable_memcpy(copies, capture, labels, events, table)
     assert pageable.title.startswith("1 asynchronous copies use pageable") and pageable.severity == "info"
-    # the copy (100 ns, no kernel beside it) and the GPU idle during the rest of its 3 µs API call
-    assert pageable.gain_pct == pytest.approx(100 * (100 + 3_000 - 100) / 1_000_000)
-    [memset] = rules.sync_memset(copies, capture, labels)
+    # the GPU idle during the asynchronous copy calls, less their copies' 100 ns: the pinned copy's call too
+    assert pageable.gain_pct == pytest.approx(100 * 2 * (3_000 - 100) / 1_000_000)
+    [memset] = rules.sync_memset(copies, capture, labels, table)
     assert memset.title.startswith("1 synchronous cudaMemset") and "Pinned" in memset.evidence
+    assert memset.gain_pct == pytest.approx(100 * 1_000 / 1_000_000)  # its call; the Async one is copy_calls'
+    claimed = table.groupby("rule")["idle_ns"].sum().to_dict()
+    assert claimed["copy_calls"] == 1_000 and sum(claimed.values()) == table["idle_ns"].sum()
     # the same correlation id in another process is another call: nothing joins
     elsewhere = EventStore.from_frames(cuda_api=frame("cuda_api", calls), memops=ops.assign(pid=8))
     assert not list(memory.CopyCalls(elsewhere, {}).batches("true", re.compile("")))
@@ -523,11 +541,12 @@ def test_copy_rules_sum_their_operations_a_batch_at_a_time(monkeypatch):
     labels = {MAIN: "python (main, tid 7)", AUTOGRAD: "pt_autograd_0 (tid 9)"}
     shares = memory.kind_share(0, 3_600_000, events)
     crossing = memory.interconnect_share(0, 3_600_000, events)
+    table = views.idle_views(idle_causes.idle_causes(events, capture, pd.DataFrame()), pd.DataFrame(), copies)
 
     def findings():
         return [
-            *rules.sync_memcpy(copies, capture, labels, events),
-            *rules.pageable_memcpy(copies, capture, labels, events),
+            *rules.sync_memcpy(copies, capture, labels, events, table),
+            *rules.pageable_memcpy(copies, capture, labels, events, table),
             *rules.interconnect(shares, memory.host_memory(events), crossing, 3_600_000, copies, capture),
         ]
 
@@ -565,12 +584,27 @@ def test_syncs_in_steps_are_counted_per_step():
         waits=events.query(f'SELECT a.start, a."end" FROM cuda_api a WHERE {waits.where()}').itertuples(index=False),
         steps=steps,
     )
-    [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, events, gpu_runs)
+    # what idle_causes would hold: per step, the idle time in the syncs and the launches they delayed, and a
+    # synchronous copy's (sync_memcpy's, not this rule's)
+    table = views.idle_views(
+        pd.DataFrame(
+            {
+                "step": [1, 2, 2, 1],
+                "cause": ["synchronization"] * 3 + ["host overhead"],
+                "source": ["CUDA API", "launches a call delayed", "CUDA API", "own code"],
+                "name": ["cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "forward"],
+                "range": ["forward"] * 4,
+                "idle_ns": [2_000, 1_000, 500, 3_000],
+                "pieces": [1, 1, 1, 1],
+            }
+        ),
+        steps,
+        memory.CopyCalls(events, {}),
+    )
+    [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, events, gpu_runs, table)
     assert "step 1: 2 calls, 0.006 ms; step 2: 1 calls, 0.001 ms" in finding.evidence
     assert "cudaMemcpy" not in finding.evidence
-    # Step 1: the GPU still runs when the first call (100-4,100) returns: 0; after the second (6,000-8,000) it
-    # idles from 7,000 to 13,500, capped by the 2,000 waited. Step 2: the call (12,000-13,000) finds the GPU idle
-    # already; from its start to 13,500, capped by the 1,000 waited.
+    assert list(table["rule"]) == ["sync_in_steps", "sync_in_steps", "sync_memcpy", "launch_bound"]
     assert finding.gain_pct == pytest.approx(100 * np.median([2_000, 1_000]) / 10_000)
     assert finding.severity == "warning" and finding.title.startswith("2 synchronizing CUDA calls per step")
     assert cuda.sync_calls(events, 100_000).set_index("name").loc["cudaStreamSynchronize", "calls"] == 3
@@ -604,9 +638,10 @@ def test_syncs_in_steps_summed_in_batches_equal_one_batch(monkeypatch):
     waited = events.query(f'SELECT a.start, a."end" FROM cuda_api a WHERE {waits.where()}').itertuples(index=False)
     runs = clock(800_000, busy=busy, waits=waited, steps=steps)
     labels = {MAIN: "main", AUTOGRAD: "autograd"}
-    [whole] = rules.syncs_in_steps(waits, steps, labels, events, runs)
+    table = views.idle_views(idle_causes.idle_causes(events, runs, steps), steps, memory.CopyCalls(events, {}))
+    [whole] = rules.syncs_in_steps(waits, steps, labels, events, runs, table)
     monkeypatch.setattr(event_store, "BATCH_VECTORS", 1)
-    [batched] = rules.syncs_in_steps(waits, steps, labels, events, runs)
+    [batched] = rules.syncs_in_steps(waits, steps, labels, events, runs, table)
     assert batched == whole
     assert whole.title.startswith("1000 synchronizing CUDA calls per step")
     assert "Calls: cudaStreamSynchronize_v3020 x7000, on autograd, main" in whole.evidence

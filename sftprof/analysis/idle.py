@@ -452,9 +452,10 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
 
 # A cause below this share of the median step is not worth a finding of its own (the table still lists it).
 MIN_SHARE_PCT = 1.0
-# Idle time inside the trainer's `data` ranges is the data_stall rule's, and synchronization the sync rules'
-# (rules.py): they model what follows a sync or a slow batch, not only the moment.
-DATA_RANGE = "data"
+# The column views.idle_views adds to the table: the finding each row's idle time counts toward. Idle time
+# inside the trainer's `data` ranges can be the data_stall rule's, synchronization the sync rules', and some
+# copies and lock waits the copy and lock rules' (views.py): each row counts toward one finding.
+VIEW_COLUMN = "rule"
 NAMES_LISTED = 3
 
 
@@ -546,21 +547,21 @@ def profiler_time(causes: pd.DataFrame, clock: StepClock, overhead: Overhead | N
 
 
 def idle_findings(
-    causes: pd.DataFrame, clock: StepClock, steps: pd.DataFrame, overhead: Overhead | None = None
+    views: pd.DataFrame, clock: StepClock, steps: pd.DataFrame, overhead: Overhead | None = None
 ) -> list[Finding]:
-    """A finding for each cause of GPU idle time (CAUSES) that holds at least MIN_SHARE_PCT of the median
-    step: the gain is its share (idle time that fixing it removes), with the calls and ranges that hold most,
-    less the profiler's added time that fell in its stretches (profiler_time, overhead.host_share)."""
-    if causes.empty:
+    """A finding for each cause of GPU idle time (CAUSES) whose rows of the idle_causes table (those no data,
+    sync, copy or lock rule counts: views.idle_views) hold at least MIN_SHARE_PCT of the median step: the gain
+    is their share (idle time that fixing it removes), with the calls and ranges that hold most, less the
+    profiler's added time that fell in the cause's stretches (profiler_time, overhead.host_share)."""
+    if views.empty:
         return []
     numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
     order = {int(s): i for i, s in enumerate(numbers)}
-    idle = _per_step(causes, clock, order)
-    outside_data = causes[causes["range"] != DATA_RANGE]
-    placed = profiler_time(causes, clock, overhead)
+    idle = _per_step(views, clock, order)
+    placed = profiler_time(views, clock, overhead)
     findings = []
     for cause in CAUSES:
-        rows = outside_data[outside_data["cause"] == cause.cause]
+        rows = views[views[VIEW_COLUMN] == cause.rule]
         per_step = _per_step(rows, clock, order)
         gain = clock.share(per_step)
         if gain < MIN_SHARE_PCT:

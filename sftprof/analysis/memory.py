@@ -144,6 +144,10 @@ class CopyCalls:
         rows = store.BATCH_VECTORS * store.VECTOR_ROWS
         return start_windows(self.events, selection, n, first, last, rows) if n else []
 
+    def count(self, where: str, calls: re.Pattern | None = None) -> int:
+        """How many operations `batches(where, calls)` gives."""
+        return int(self.events.query(f"SELECT count(*) AS n FROM ({self._sql(where, calls)})")["n"].iat[0])
+
     def median_bytes(self, where: str, calls: re.Pattern | None = None) -> float:
         """The median size of the operations `batches(where, calls)` gives (NaN for none)."""
         median = self.events.query(f"SELECT median(bytes) AS b FROM ({self._sql(where, calls)})")["b"].iat[0]

@@ -37,6 +37,7 @@ from sftprof.analysis import (
     rules,
     sched,
     utilisation,
+    views,
 )
 
 BASE_VALUES = ("tables", "events", "span_ns", "metrics", "step_pattern")
@@ -207,6 +208,8 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section("sched_traced", sched.sched_traced, ("tables", "events"), T),
     Section("copies", memory.copy_calls, ("events", "busy_unions"), T),
+    # idle_causes with the finding each row counts toward: the idle, sync, copy, data and lock rules' views
+    Section("idle_views", views.idle_views, ("idle_causes", "steps", "copies"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
         "step_accounting",
@@ -290,37 +293,37 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sync_memcpy",
         rules.sync_memcpy,
-        ("copies", "clock", "labels", "events"),
+        ("copies", "clock", "labels", "events", "idle_views"),
     ),
     Rule(
         "sync_memset",
         rules.sync_memset,
-        ("copies", "clock", "labels"),
+        ("copies", "clock", "labels", "idle_views"),
     ),
     Rule(
         "sync_in_steps",
         rules.syncs_in_steps,
-        ("waits", "steps", "labels", "events", "clock"),
+        ("waits", "steps", "labels", "events", "clock", "idle_views"),
     ),
     Rule(
         "pageable_memcpy",
         rules.pageable_memcpy,
-        ("copies", "clock", "labels", "events"),
+        ("copies", "clock", "labels", "events", "idle_views"),
     ),
     Rule(
         "data_stall",
         rules.data_stall,
-        ("steps", "marked", "events", "clock", "labels"),
+        ("steps", "marked", "events", "clock", "labels", "idle_views"),
     ),
     Rule(
         "lock_wait",
         rules.lock_waits,
-        ("steps", "marked", "events", "threads", "labels", "clock"),
+        ("steps", "marked", "events", "threads", "labels", "clock", "idle_views"),
     ),
     Rule(
         ", ".join(cause.rule for cause in idle.CAUSES),
         idle.idle_findings,
-        ("idle_causes", "clock", "steps", "overhead"),
+        ("idle_views", "clock", "steps", "overhead"),
     ),
     Rule("profiling_overhead", overhead.finding, ("overhead", "tables", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),

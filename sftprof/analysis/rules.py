@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import cuda, intervals
+from sftprof.analysis import cuda, intervals, views
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
 from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
@@ -24,37 +24,26 @@ from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
+from sftprof.analysis.idle import MIN_SHARE_PCT
 from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
-from sftprof.trace.events import MAX_TIME_NS, MEMSET_KIND, EventStore, sql_in, sql_text
+from sftprof.analysis.views import (
+    BLOCKING_MEMSET_ROWS,
+    LOCK_WAIT_CALLS,
+    PAGEABLE_ROWS,
+    data_stalled,
+)
+from sftprof.trace.events import MAX_TIME_NS, EventStore, sql_in
 from sftprof.trace.load import from_nsys
 from sftprof.trace.tables import TraceTables
 
 STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
 # nsys's cuda_memcpy_sync rule skips HtoD copies up to this size: the driver returns before they finish.
 SMALL_SYNC_HTOD_BYTES = 64_000
-# Memsets that block the host: on pinned or managed memory (device-memory memsets run asynchronously).
-HOST_BLOCKING_MEMSET_KINDS = ("Pinned", "Managed")
-
-
-# Loading data for longer than this share of the step starves the GPU (and the CPU-side model code).
-DATA_STALL_PCT = 10.0
-# OS calls in which a thread waits for a lock held by another thread. CPython's threading.Lock
-# and queue.Queue block in sem_wait/sem_clockwait/sem_timedwait; C++ code in pthread_mutex_lock.
-LOCK_WAIT_CALLS = {
-    "pthread_mutex_lock",
-    "pthread_mutex_timedlock",
-    "pthread_rwlock_rdlock",
-    "pthread_rwlock_wrlock",
-    "pthread_rwlock_timedrdlock",
-    "pthread_rwlock_timedwrlock",
-    "pthread_spin_lock",
-    "sem_wait",
-    "sem_timedwait",
-    "sem_clockwait",
-}
+# Which memsets block the host, the data stall's threshold and the lock calls are views.py's: it gives each rule
+# its rows of the idle_causes table.
 # Lock waits of the most blocked training thread below this share of step time are not worth a finding.
 LOCK_WAIT_MIN_PCT = 5.0
 DATA_PHASE = PHASES[0]
@@ -145,30 +134,30 @@ def dropped_rows(tables: TraceTables) -> list[Finding]:
 # ---------------------------------------------------------------- synchronization: what a wait costs the GPU
 
 
-def _sync_costs(calls: pd.DataFrame, clock: StepClock, own_gpu_ns=0) -> tuple[np.ndarray, ...]:
-    """Per step: what the CPU waited in these calls (start, end), the GPU idle that follows them until
-    new work arrives plus `own_gpu_ns` (a copy's or set's own time that kernels did not overlap: done
-    asynchronously it could hide under them), and what removing the waits could save: per call the
-    latter, at most the CPU's wait in it (the CPU gets back no more than it waited)."""
-    waited = (calls["end"] - calls["start"]).to_numpy(dtype=float)
-    idle = clock.idle_after(calls["start"], calls["end"]) + np.asarray(own_gpu_ns, dtype=float)
-    return (
-        clock.by_step(calls["start"], waited),
-        clock.by_step(calls["start"], idle),
-        clock.by_step(calls["start"], np.minimum(waited, idle)),
-    )
+def _waited(calls: pd.DataFrame, clock: StepClock) -> np.ndarray:
+    """Per step, what the CPU waited in these calls (start, end)."""
+    return clock.by_step(calls["start"], (calls["end"] - calls["start"]).to_numpy(dtype=float))
 
 
-SYNC_MODEL = "GPU idle that follows each call until new work arrives, at most the CPU's wait in it"
-COPY_SYNC_MODEL = (
-    "each operation's time not overlapped by kernels plus the GPU idle that follows its call, at most "
-    "the CPU's wait in the call"
+SYNC_MODEL = (
+    "GPU idle while the thread that launched the next GPU work was inside these calls, or launching what "
+    "they delayed (idle_causes, the rows views.py gives this finding)"
 )
 
 
+def _idle_evidence(views_rows: pd.DataFrame, clock: StepClock) -> str:
+    """What the rows of a view hold: idle inside the calls, and the launches they delayed."""
+    inside = views_rows[views_rows["source"] != "launches a call delayed"]["idle_ns"].sum() / clock.steps
+    delayed = views_rows[views_rows["source"] == "launches a call delayed"]["idle_ns"].sum() / clock.steps
+    return (
+        f" The GPU idled {_ms(inside)} per step (mean) while the thread that launched its next work was inside "
+        f"them, and {_ms(delayed)} more while it launched work they had delayed (idle_causes)."
+    )
+
+
 def _sync_reason(waited, lost) -> str:
-    """Why waits cost the GPU little: it got new work soon after them (less lost than waited), or they
-    were short (the wait is what bounds the loss)."""
+    """Why waits cost the GPU little: the GPU had work while the CPU waited (less idle than waited), or they
+    were short (the GPU idled through them: the wait is what it cost)."""
     if np.median(lost) < np.median(waited):
         return (
             f"the CPU waits for a busy GPU: new work reaches the GPU soon after each call returns, so removing "
@@ -185,12 +174,11 @@ def _sync_reason(waited, lost) -> str:
 
 # The operations each copy rule reads (SQL over memory.CopyCalls' `m`): copies through a synchronous
 # cudaMemcpy, but HtoD ones small enough that the driver returns early, as nsys's cuda_memcpy_sync rule does
+# (PAGEABLE_ROWS and BLOCKING_MEMSET_ROWS: views.py)
 SYNC_MEMCPY_ROWS = (
     f"{sql_in('m.copy_kind', ('HtoD', 'DtoH'))} "
     f"AND NOT (m.copy_kind = 'HtoD' AND coalesce(m.bytes <= {SMALL_SYNC_HTOD_BYTES}, false))"
 )
-PAGEABLE_ROWS = f"m.src_kind = {sql_text(PAGEABLE)} OR m.dst_kind = {sql_text(PAGEABLE)}"
-BLOCKING_MEMSET_ROWS = f"m.copy_kind = {sql_text(MEMSET_KIND)} AND {sql_in('m.dst_kind', HOST_BLOCKING_MEMSET_KINDS)}"
 CROSSING_ROWS = sql_in("m.copy_kind", INTERCONNECT_KINDS)
 
 
@@ -231,16 +219,19 @@ class _CopySums:
         return ", ".join(f"{n} {kind}" for kind, n in kinds.items())
 
 
-def sync_memcpy(copies: CopyCalls, clock: StepClock, labels: dict, events: EventStore) -> list[Finding]:
+def sync_memcpy(
+    copies: CopyCalls, clock: StepClock, labels: dict, events: EventStore, idle_views: pd.DataFrame
+) -> list[Finding]:
     """Host<->device copies through the synchronous cudaMemcpy API, but HtoD ones small enough to return early
-    (SYNC_MEMCPY_ROWS)."""
-    sync, costs = _CopySums(events), np.zeros((3, clock.steps))  # waited, idle, lost per step: _sync_costs
+    (SYNC_MEMCPY_ROWS); the gain is the idle time idle_causes puts on synchronous cudaMemcpy calls
+    (views.py)."""
+    sync, waited = _CopySums(events), np.zeros(clock.steps)
     for ops in copies.batches(SYNC_MEMCPY_ROWS, SYNC_MEMCPY_CALL):
         sync.add(ops)
-        costs += np.stack(_sync_costs(_api_spans(ops), clock, ops["exposed_ns"]))
+        waited += _waited(_api_spans(ops), clock)
     if not sync.count:
         return []
-    waited, _, lost = costs
+    lost = views.per_step(idle_views, "sync_memcpy", clock)
     return [
         _gained(
             "sync_memcpy",
@@ -249,29 +240,31 @@ def sync_memcpy(copies: CopyCalls, clock: StepClock, labels: dict, events: Event
             f"{_ms(sync.exposed_ns)} of it with no kernel running) were issued with "
             f"{', '.join(sorted(sync.apis))}, not an Async call: {_threads(sync.tids, labels)} waited "
             f"{_ms(sync.api_duration)} in them, {_mostly_in(sync.ranges, sync.count)}. HtoD copies of at most "
-            f"{SMALL_SYNC_HTOD_BYTES:,} bytes are left out, as in nsys's cuda_memcpy_sync rule: they return early.",
+            f"{SMALL_SYNC_HTOD_BYTES:,} bytes are left out, as in nsys's cuda_memcpy_sync rule: they return early."
+            + _idle_evidence(views.rows_of(idle_views, "sync_memcpy"), clock)
+            + " The copies' own time on the GPU is the interconnect finding's.",
             "Copy with cudaMemcpyAsync from pinned memory and synchronize only where the data is needed (PyTorch: "
             "DataLoader(pin_memory=True), tensor.to('cuda', non_blocking=True); read results with one .item() or "
             ".cpu() per logging interval, not per step).",
             clock,
             lost,
-            COPY_SYNC_MODEL,
+            SYNC_MODEL,
             _sync_reason(waited, lost),
         )
     ]
 
 
-def pageable_memcpy(copies: CopyCalls, clock: StepClock, labels: dict, events: EventStore) -> list[Finding]:
-    """cudaMemcpyAsync from or to pageable host memory: staged through a pinned buffer, so not asynchronous."""
-    pageable, staging, lost = _CopySums(events), 0.0, np.zeros(clock.steps)
+def pageable_memcpy(
+    copies: CopyCalls, clock: StepClock, labels: dict, events: EventStore, idle_views: pd.DataFrame
+) -> list[Finding]:
+    """cudaMemcpyAsync from or to pageable host memory: staged through a pinned buffer, so not asynchronous;
+    the gain is the idle time idle_causes puts on asynchronous copy calls (views.py)."""
+    pageable = _CopySums(events)
     for ops in copies.batches(PAGEABLE_ROWS, ASYNC_MEMCPY_CALL):
         pageable.add(ops)
-        calls = _api_spans(ops)
-        staged = clock.idle_in(calls["start"], calls["end"])
-        staging += float(staged.sum())
-        lost += clock.by_step(calls["start"], ops["exposed_ns"].to_numpy(dtype=float) + staged)
     if not pageable.count:
         return []
+    lost = views.per_step(idle_views, "pageable_memcpy", clock)
     median = copies.median_bytes(PAGEABLE_ROWS, ASYNC_MEMCPY_CALL)
     return [
         _gained(
@@ -281,37 +274,41 @@ def pageable_memcpy(copies: CopyCalls, clock: StepClock, labels: dict, events: E
             f"read or write pageable memory: the driver stages them through a pinned buffer while the CPU waits. "
             f"Their API calls took {_ms(pageable.api_duration)} on {_threads(pageable.tids, labels)}, "
             f"{_mostly_in(pageable.ranges, pageable.count)}; the copies ran {_ms(pageable.exposed_ns)} with no kernel "
-            f"beside them, and the GPU idled {_ms(staging)} while the CPU staged them.",
+            f"beside them (the interconnect finding's), and the GPU idled {_median_ms(lost)} per step while the "
+            "thread that launched its next work was inside asynchronous copy calls (idle_causes).",
             "Pin the host buffers: DataLoader(pin_memory=True) or tensor.pin_memory(), then .to('cuda', "
             "non_blocking=True), so the copy overlaps GPU work instead of holding the CPU.",
             clock,
             lost,
-            "copy time not overlapped by kernels plus the GPU idle while the CPU staged each copy (its API call)",
-            f"the copies and the idle while staging them come to {_median_ms(lost)} per step",
+            "GPU idle while the thread that launched the next GPU work was inside an asynchronous copy call, staging "
+            "it (idle_causes, the rows views.py gives this finding)",
+            f"the GPU idled only {_median_ms(lost)} per step while the CPU staged them",
         )
     ]
 
 
-def sync_memset(copies: CopyCalls, clock: StepClock, labels: dict) -> list[Finding]:
-    """cudaMemset (not Async) on pinned or managed memory, which blocks the host."""
-    blocking, costs = _CopySums(), np.zeros((3, clock.steps))
+def sync_memset(copies: CopyCalls, clock: StepClock, labels: dict, idle_views: pd.DataFrame) -> list[Finding]:
+    """cudaMemset (not Async) on pinned or managed memory, which blocks the host; the gain is the idle time
+    idle_causes puts on synchronous cudaMemset calls (views.py)."""
+    blocking, waited = _CopySums(), np.zeros(clock.steps)
     for ops in copies.batches(BLOCKING_MEMSET_ROWS, SYNC_MEMSET_CALL):
         blocking.add(ops)
-        costs += np.stack(_sync_costs(_api_spans(ops), clock, ops["exposed_ns"]))
+        waited += _waited(_api_spans(ops), clock)
     if not blocking.count:
         return []
-    waited, _, lost = costs
+    lost = views.per_step(idle_views, "sync_memset", clock)
     return [
         _gained(
             "sync_memset",
             f"{blocking.count} synchronous cudaMemset calls on host-visible memory block the CPU for "
             f"{_ms(blocking.api_duration)}",
             f"{', '.join(sorted(blocking.apis))} on {', '.join(sorted(blocking.dst_kinds))} memory "
-            f"({blocking.bytes / MEGABYTE:,.3f} MB) by {_threads(blocking.tids, labels)}.",
+            f"({blocking.bytes / MEGABYTE:,.3f} MB) by {_threads(blocking.tids, labels)}."
+            + _idle_evidence(views.rows_of(idle_views, "sync_memset"), clock),
             "Use cudaMemsetAsync on a stream, or clear device memory instead of pinned/managed memory.",
             clock,
             lost,
-            COPY_SYNC_MODEL,
+            SYNC_MODEL,
             _sync_reason(waited, lost),
         )
     ]
@@ -398,18 +395,24 @@ def _count_into(counts: dict, more: dict) -> None:
 
 
 def syncs_in_steps(
-    waits: cuda.WaitCalls, steps: pd.DataFrame, labels: dict, events: EventStore, clock: StepClock
+    waits: cuda.WaitCalls,
+    steps: pd.DataFrame,
+    labels: dict,
+    events: EventStore,
+    clock: StepClock,
+    idle_views: pd.DataFrame,
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
-    trainer that synchronizes after every launch makes millions. Synchronous copies and sets have their own
+    trainer that synchronizes after every launch makes millions. The gain is the idle time idle_causes puts
+    on these calls and the launches they delayed (views.py). Synchronous copies and sets have their own
     rules."""
     if steps.empty:
         return []
     explicit = set(cuda.name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS))
     steps = steps.sort_values("start")
     found, per_step, names, tids, ranges = 0, [], {}, set(), {}
-    costs = np.zeros((3, clock.steps))  # waited, idle, lost per step: _sync_costs
+    waited = np.zeros(clock.steps)
     for batch in cuda.call_batches(events, sql_in("a.name_id", [i for i in waits.ids if i in explicit])):
         batch = batch.assign(step=_step_of(batch["start"].to_numpy(), steps))
         batch = batch[batch["step"] >= 0]
@@ -417,14 +420,14 @@ def syncs_in_steps(
             continue
         found += len(batch)
         per_step.append(batch.groupby("step")["duration"].agg(["count", "sum"]))
-        costs += np.stack(_sync_costs(batch, clock))
+        waited += _waited(batch, clock)
         _count_into(names, batch["name_id"].value_counts(sort=False).to_dict())
         _count_into(ranges, _range_counts(events, batch))
         tids.update(np.unique(batch["global_tid"].to_numpy("int64")).tolist())
     if not found:
         return []
     per_step = pd.concat(per_step).groupby(level=0).sum()
-    waited, idle, lost = costs
+    lost = views.per_step(idle_views, "sync_in_steps", clock)
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
     calls = ", ".join(f"{name} x{n}" for name, n in names.sort_values(ascending=False).items())
@@ -439,8 +442,7 @@ def syncs_in_steps(
             f"{found / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
             "step in them",
             f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(tids, labels)}, "
-            f"{_mostly_in(ranges, found)}. "
-            f"After them the GPU idles {_median_ms(idle)} per step until new work arrives.",
+            f"{_mostly_in(ranges, found)}." + _idle_evidence(views.rows_of(idle_views, "sync_in_steps"), clock),
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
             "torch.cuda.synchronize() in the loop, and use non_blocking copies.",
@@ -603,25 +605,32 @@ def padding(padding_share: float | None, token_time_ns: float | None, step_ns: f
 
 
 def data_stall(
-    steps: pd.DataFrame, marked: pd.DataFrame, events: EventStore, clock: StepClock, labels: dict
+    steps: pd.DataFrame,
+    marked: pd.DataFrame,
+    events: EventStore,
+    clock: StepClock,
+    labels: dict,
+    idle_views: pd.DataFrame,
 ) -> list[Finding]:
-    """The `data` phase takes a large share of the step: the input pipeline starves the training loop.
-    `marked`: cpu.marked_ranges."""
-    if steps.empty:
+    """The `data` phase takes a large share (DATA_STALL_PCT) of the step: the input pipeline starves the
+    training loop. The gain is the idle time idle_causes puts on the `data` ranges of the thread that feeds the
+    GPU (views.py); without GPU work, the ranges' time. `marked`: cpu.marked_ranges."""
+    if not data_stalled(steps):
         return []
     step_ns, data_ns = int(steps["duration"].sum()), int(steps[f"{DATA_PHASE}_ns"].sum())
     share = _pct(data_ns, step_ns)
-    if share < DATA_STALL_PCT:
-        return []
     data = marked[marked["name"] == DATA_PHASE]
     merged = intervals.union(data)
     top, in_calls = _calls_inside(events, merged, data["global_tid"])
     top = top.sort_values("sum", ascending=False).head(3)
     doing = ", ".join(f"{name} {_ms(r['sum'])} ({int(r['count'])} calls)" for name, r in top.iterrows())
-    idle = clock.idle_in(merged["start"], merged["end"])
-    lost = clock.by_step(merged["start"], idle)
+    if clock.has_gpu:
+        lost = views.per_step(idle_views, "data_stall", clock)
+    else:
+        lost = clock.by_step(merged["start"], (merged["end"] - merged["start"]).to_numpy(dtype=float))
     gpu = (
-        f" The GPU was idle {_pct(idle.sum(), data_ns):.1f}% of that time."
+        f" The GPU idled {_pct(lost.sum(), data_ns):.1f}% of that time while the thread that launched its next "
+        "work was inside them (idle_causes)."
         if clock.has_gpu
         else " No GPU work in the capture: the data ranges hold up the CPU-side step itself."
     )
@@ -639,7 +648,8 @@ def data_stall(
             "training thread.",
             clock,
             lost,
-            f"GPU idle inside the `{DATA_PHASE}` ranges"
+            f"GPU idle while the thread that launched the next GPU work was inside its `{DATA_PHASE}` ranges "
+            "(idle_causes, the rows views.py gives this finding)"
             if clock.has_gpu
             else f"the `{DATA_PHASE}` ranges' time (no GPU work in the capture)",
             "the GPU kept running queued work through most of the data loading",
@@ -709,18 +719,23 @@ def lock_waits(
     threads: pd.DataFrame,
     labels: dict,
     clock: StepClock,
+    idle_views: pd.DataFrame,
 ) -> list[Finding]:
-    """Training threads waiting for locks inside the steps. Waits inside `data` ranges are waits for
-    data (a queue from loader workers) and belong to data_stall. `marked`: cpu.marked_ranges."""
+    """Training threads waiting for locks inside the steps, where the most blocked one waits LOCK_WAIT_MIN_PCT
+    of the step or the GPU idles MIN_SHARE_PCT in the waits. The gain is the idle time idle_causes puts on lock
+    calls (views.py); without GPU work, the waits themselves. Waits inside `data` ranges are waits for data (a
+    queue from loader workers) and belong to data_stall. `marked`: cpu.marked_ranges."""
     training = threads.loc[threads["role"] != "", "global_tid"]
     if steps.empty:
         return []
     sums, longest, lost = _lock_waits_in_steps(events, training, steps, marked, clock)
     if sums.empty:
         return []
+    if clock.has_gpu:
+        lost = views.per_step(idle_views, "lock_wait", clock)
     step_ns = int(steps["duration"].sum())
     per_thread = sums.groupby("global_tid")["sum"].sum().sort_values(ascending=False)
-    if _pct(per_thread.iloc[0], step_ns) < LOCK_WAIT_MIN_PCT:
+    if _pct(per_thread.iloc[0], step_ns) < LOCK_WAIT_MIN_PCT and clock.share(lost) < MIN_SHARE_PCT:
         return []
     parts = []
     for tid, waited in per_thread.items():
@@ -742,7 +757,8 @@ def lock_waits(
             "of the step.",
             clock,
             lost,
-            "GPU idle during the lock waits, at most the waits themselves"
+            "GPU idle while the thread that launched the next GPU work waited in a lock call (idle_causes, the rows "
+            "views.py gives this finding)"
             if clock.has_gpu
             else "the lock waits themselves (no GPU work in the capture)",
             "the GPU kept running queued work through most of the waits",

@@ -1,0 +1,117 @@
+"""Which finding each row of the idle_causes table counts toward: the idle, sync, copy, data and lock rules
+as views of that one table.
+
+Every row (a step's idle time with one cause, call or range) goes to one finding at most, so no nanosecond of
+idle time is in the gain of two findings, and each such finding's gain is the median share of the step its rows
+hold. In order, the first that applies:
+
+- `data_stall`: idle while the thread feeding the GPU was inside the trainer's `data` ranges (innermost), where
+  the data ranges take DATA_STALL_PCT of the step time or more;
+- `sync_memcpy`: synchronization inside synchronous cudaMemcpy calls, and the launches they delayed;
+- `sync_in_steps`: the other synchronization (stream, event, device and context syncs, and what they delayed);
+- `sync_memset`: idle inside synchronous cudaMemset calls, where some set pinned or managed memory (they block);
+- `pageable_memcpy`: idle inside asynchronous copy calls, where some copy from or to pageable memory (staged);
+- `lock_wait`: waits in lock calls (rules.LOCK_WAIT_CALLS);
+- the other causes' findings (idle.CAUSES): allocation, host overhead, host work, thread waits, OS calls, copies.
+
+Queued and unattributed time goes to none. The rules keep their own evidence (which call, where, which
+thread); their gain is their rows' share. Without GPU work the table is empty and the data and lock rules keep
+their CPU-time measures.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from sftprof.analysis import cuda, idle
+from sftprof.analysis.cpu import PHASES
+from sftprof.analysis.findings import pct
+from sftprof.analysis.gains import StepClock
+from sftprof.analysis.memory import PAGEABLE, CopyCalls
+from sftprof.trace.events import MEMSET_KIND, sql_in, sql_text
+
+RULE = idle.VIEW_COLUMN  # the column views add to idle_causes
+ROW = "row"  # and the step's position in the clock (StepClock's order: by start)
+DATA_PHASE = PHASES[0]
+# Loading data for longer than this share of the step starves the GPU (and the CPU-side model code).
+DATA_STALL_PCT = 10.0
+# OS calls in which a thread waits for a lock held by another thread. CPython's threading.Lock
+# and queue.Queue block in sem_wait/sem_clockwait/sem_timedwait; C++ code in pthread_mutex_lock.
+LOCK_WAIT_CALLS = frozenset(
+    {
+        "pthread_mutex_lock",
+        "pthread_mutex_timedlock",
+        "pthread_rwlock_rdlock",
+        "pthread_rwlock_wrlock",
+        "pthread_rwlock_timedrdlock",
+        "pthread_rwlock_timedwrlock",
+        "pthread_spin_lock",
+        "sem_wait",
+        "sem_timedwait",
+        "sem_clockwait",
+    }
+)
+# Memsets that block the host: on pinned or managed memory (device-memory memsets run asynchronously).
+HOST_BLOCKING_MEMSET_KINDS = ("Pinned", "Managed")
+BLOCKING_MEMSET_ROWS = f"m.copy_kind = {sql_text(MEMSET_KIND)} AND {sql_in('m.dst_kind', HOST_BLOCKING_MEMSET_KINDS)}"
+PAGEABLE_ROWS = f"m.src_kind = {sql_text(PAGEABLE)} OR m.dst_kind = {sql_text(PAGEABLE)}"
+
+
+def data_stalled(steps: pd.DataFrame) -> bool:
+    """The `data` ranges take DATA_STALL_PCT of the steps' time or more: data_stall reports them."""
+    if steps.empty or f"{DATA_PHASE}_ns" not in steps:
+        return False
+    return pct(int(steps[f"{DATA_PHASE}_ns"].sum()), int(steps["duration"].sum())) >= DATA_STALL_PCT
+
+
+def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Which names match, each distinct name tried once (a long capture's table repeats them per step)."""
+    matched = {name: bool(pattern.search(cuda.base_name(str(name)))) for name in names.unique()}
+    return names.map(matched).to_numpy(bool)
+
+
+def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, copies: CopyCalls) -> pd.DataFrame:
+    """idle_causes with `rule`: the finding whose gain each row counts toward ("" for none), module docstring."""
+    rules = np.full(len(causes), "", dtype=object)
+    if causes.empty:
+        return causes.assign(**{RULE: pd.Series(dtype=object), ROW: pd.Series(dtype="int64")})
+    cause, names = causes["cause"].to_numpy(object), causes["name"].astype(str)
+    free = np.ones(len(causes), bool)
+
+    def claim(rule: str, rows: np.ndarray) -> None:
+        rows = rows & free
+        rules[rows] = rule
+        free[rows] = False
+
+    if data_stalled(steps):
+        claim("data_stall", causes["range"].to_numpy(object) == DATA_PHASE)
+    syncing = cause == idle.SYNCHRONIZATION
+    claim("sync_memcpy", syncing & _matches(names, cuda.SYNC_MEMCPY_CALL))
+    claim("sync_in_steps", syncing)
+    copying = cause == idle.COPY
+    if copies.count(BLOCKING_MEMSET_ROWS, cuda.SYNC_MEMSET_CALL):
+        claim("sync_memset", copying & _matches(names, cuda.SYNC_MEMSET_CALL))
+    if copies.count(PAGEABLE_ROWS, cuda.ASYNC_MEMCPY_CALL):
+        claim("pageable_memcpy", copying & _matches(names, cuda.ASYNC_MEMCPY_CALL))
+    os_calls = (causes["source"] == idle.SOURCES[idle.OS_RUNTIME]).to_numpy(bool)
+    claim("lock_wait", os_calls & names.isin(LOCK_WAIT_CALLS).to_numpy(bool))
+    for finding in idle.CAUSES:
+        claim(finding.rule, cause == finding.cause)
+    numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
+    order = {int(s): i for i, s in enumerate(numbers)}  # as idle_findings reads them: a repeated number, its last
+    return causes.assign(**{RULE: rules, ROW: [order.get(int(s), 0) for s in causes["step"]]})
+
+
+def per_step(views: pd.DataFrame, rule: str, clock: StepClock) -> np.ndarray:
+    """The idle time per step (ns, in the clock's step order) that the rows of `rule` hold."""
+    rows = rows_of(views, rule)
+    if not len(rows):
+        return np.zeros(clock.steps)
+    return np.bincount(rows[ROW].to_numpy("int64"), weights=rows["idle_ns"].to_numpy(float), minlength=clock.steps)
+
+
+def rows_of(views: pd.DataFrame, rule: str) -> pd.DataFrame:
+    return views[views[RULE] == rule] if len(views) else views
