@@ -60,9 +60,9 @@ def test_host_bound_findings_on_nemo_do_not_rank_on_the_profilers_time(nemo, nem
     unprofiled = np.median(unprofiled_ms(NEMO_CAPTURE.with_suffix(".metrics.jsonl")))
     causes = nemo.tables["idle_causes"]
     held = causes[causes["cause"] != "queued"]
-    stretches = held.groupby("cause")["pieces"].sum()
+    stretches = held.groupby("cause")["pieces"].sum()  # no data, sync or lock finding takes NeMo's host overhead
     placed = (step - unprofiled) * stretches["host overhead"] / stretches.sum()
-    host = causes[(causes["cause"] == "host overhead") & (causes["range"] != "data")]
+    host = causes[causes["cause"] == "host overhead"]
     host_ms = np.median(host.groupby("step")["idle_ns"].sum()) / 1e6
     (launch,) = [f for f in nemo.findings if f.rule == "launch_bound"]
     assert launch.gain_pct == pytest.approx(100 * max(0.0, host_ms - placed) / unprofiled, abs=0.05)

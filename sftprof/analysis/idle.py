@@ -530,20 +530,22 @@ def _listed(rows: pd.DataFrame, column: str, steps: int) -> str:
     return ", ".join(f"`{name}` {ms(ns / steps)}" for name, ns in top.items())
 
 
-def profiler_time(causes: pd.DataFrame, clock: StepClock, overhead: Overhead | None) -> dict[str, float]:
-    """Per cause, the part of the profiler's added time per step (overhead.added_ns) that fell in its stretches.
-    nsys costs the host per traced call, and every stretch of idle the host held the GPU up in ends with the
-    traced call that fed it, so the added time is spread over the causes by their share of those stretches
-    (not over `queued` idle: the work was on the GPU already), at most each cause's own idle per step."""
-    if overhead is None or overhead.added_ns <= 0 or causes.empty:
+def profiler_time(views: pd.DataFrame, clock: StepClock, overhead: Overhead | None) -> dict[str, float]:
+    """Per finding (views.idle_views' `rule`; a row no finding counts keeps its cause), the part of the
+    profiler's added time per step (overhead.added_ns) that fell in its stretches. nsys costs the host per
+    traced call, and every stretch of idle the host held the GPU up in ends with the traced call that fed it, so
+    the added time is spread by share of those stretches (not over `queued` idle: the work was on the GPU
+    already), at most each one's own idle per step."""
+    if overhead is None or overhead.added_ns <= 0 or views.empty:
         return {}
-    held = causes[causes["cause"] != QUEUED]
-    stretches = held.groupby("cause")["pieces"].sum()
+    held = views[views["cause"] != QUEUED]
+    owner = held[VIEW_COLUMN].where(held[VIEW_COLUMN].fillna("") != "", held["cause"])
+    stretches = held.groupby(owner)["pieces"].sum()
     if not stretches.sum():
         return {}
-    idle = held.groupby("cause")["idle_ns"].sum() / max(1, clock.steps)
+    idle = held.groupby(owner)["idle_ns"].sum() / max(1, clock.steps)
     placed = overhead.added_ns * stretches / stretches.sum()
-    return {str(cause): float(min(placed[cause], idle[cause])) for cause in placed.index}
+    return {str(key): float(min(placed[key], idle[key])) for key in placed.index}
 
 
 def idle_findings(
@@ -552,7 +554,7 @@ def idle_findings(
     """A finding for each cause of GPU idle time (CAUSES) whose rows of the idle_causes table (those no data,
     sync, copy or lock rule counts: views.idle_views) hold at least MIN_SHARE_PCT of the median step: the gain
     is their share (idle time that fixing it removes), with the calls and ranges that hold most, less the
-    profiler's added time that fell in the cause's stretches (profiler_time, overhead.host_share)."""
+    profiler's added time that fell in its stretches (profiler_time, overhead.host_share)."""
     if views.empty:
         return []
     numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
@@ -574,7 +576,7 @@ def idle_findings(
                 f" Of it, {ms(float(np.median(delayed)))} per step is launches these calls delayed: they held the "
                 "thread while the GPU still had work, so everything launched after them came that much later."
             )
-        share = host_share(overhead, float(np.median(per_step)), clock, placed.get(cause.cause, 0.0))
+        share = host_share(overhead, float(np.median(per_step)), clock, placed.get(cause.rule, 0.0))
         findings.append(
             Finding(
                 cause.rule,
