@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from sftprof.analysis import gains
@@ -47,28 +48,87 @@ def unfused_attention(events: EventStore) -> pd.DataFrame:
     ).drop_duplicates("name_id")
     if not kinds["is_softmax"].any() or (names["family"] == FUSED_ATTENTION).any():  # nothing unfused to find
         return pd.DataFrame(columns=COLUMNS)
-    return events.query(
-        """
-        WITH k AS (
-            SELECT k.device_id, k.stream_id, k.start, k.duration, coalesce(f.is_gemm, false) AS g,
-                   coalesce(f.is_softmax, false) AS s
-            FROM kernels k LEFT JOIN kinds f ON f.name_id = k.name_id),
-        cut AS (  -- each GEMM opens a segment: the GEMM, then the non-GEMM kernels up to the next one
-            SELECT *, sum(g::INTEGER) OVER (PARTITION BY device_id, stream_id ORDER BY start
-                                            ROWS UNBOUNDED PRECEDING) AS seg FROM k),
-        runs AS (
-            SELECT device_id, stream_id, seg, min(start) FILTER (WHERE NOT g) AS start,
-                   sum(duration) FILTER (WHERE NOT g) AS glue_ns, sum(duration) FILTER (WHERE s) AS softmax_ns,
-                   count(*) FILTER (WHERE NOT g) AS kernels, max(duration) FILTER (WHERE g) AS opening_gemm
-            FROM cut GROUP BY ALL),
-        closed AS (
-            SELECT *, lead(opening_gemm) OVER (PARTITION BY device_id, stream_id ORDER BY seg) AS closing_gemm
-            FROM runs)
-        SELECT start, glue_ns::BIGINT AS glue_ns,
-               (coalesce(opening_gemm, 0) + coalesce(closing_gemm, 0))::BIGINT AS gemm_ns,
-               softmax_ns::BIGINT AS softmax_ns, kernels
-        FROM closed WHERE softmax_ns IS NOT NULL AND seg > 0 AND closing_gemm IS NOT NULL ORDER BY start""",
-        kinds=kinds,
+    ordered = (
+        "SELECT k.device_id, k.stream_id, k.start, k.duration, coalesce(f.is_gemm, false) AS g, "
+        "coalesce(f.is_softmax, false) AS s FROM kernels k LEFT JOIN kinds f ON f.name_id = k.name_id "
+        "ORDER BY k.device_id NULLS LAST, k.stream_id NULLS LAST, k.start"
+    )
+    runs, held = [], None
+    for batch in events.batches(ordered, kinds=kinds):
+        rows = _stream_rows(batch)
+        if held is not None:
+            rows = {column: np.concatenate((held[column], rows[column])) for column in rows}
+        done, held = _complete(rows)
+        runs.append(_attention_runs(done))
+    if held is not None:
+        runs.append(_attention_runs(held))
+    found = [run for run in runs if len(run)]
+    if not found:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(found, ignore_index=True).sort_values("start", kind="stable", ignore_index=True)
+
+
+def _stream_rows(batch: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A batch of kernels in (device, stream, start) order as arrays: `stream` one number per device and stream."""
+    device = batch["device_id"].astype("float64").fillna(np.inf).to_numpy()
+    stream = batch["stream_id"].astype("float64").fillna(np.inf).to_numpy()
+    return {
+        "stream": np.stack((device, stream), axis=1),
+        "start": batch["start"].to_numpy("int64"),
+        "duration": batch["duration"].astype("float64").fillna(0).to_numpy("int64"),
+        "g": batch["g"].to_numpy(bool),
+        "s": batch["s"].to_numpy(bool),
+    }
+
+
+def _complete(rows: dict[str, np.ndarray]) -> tuple[dict, dict | None]:
+    """The rows whose segments a later batch cannot change, and those it can: from the last stream's last GEMM
+    on (its segment waits for the GEMM that closes it), or the whole last stream where it has no GEMM yet."""
+    stream = rows["stream"]
+    n = len(rows["start"])
+    if not n:
+        return rows, None
+    same = (stream == stream[-1]).all(axis=1)
+    first_of_last = int(np.flatnonzero(~same)[-1]) + 1 if (~same).any() else 0
+    gemms = np.flatnonzero(rows["g"][first_of_last:])
+    cut = first_of_last + int(gemms[-1]) if len(gemms) else first_of_last
+    done = {column: values[: cut + 1 if len(gemms) else cut] for column, values in rows.items()}
+    held = {column: values[cut:] for column, values in rows.items()}
+    return done, held
+
+
+def _attention_runs(rows: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Each run of non-GEMM kernels that a GEMM opens and another GEMM of the same stream closes, holding a
+    softmax (COLUMNS). A stream's kernels before its first GEMM open no run."""
+    n = len(rows["start"])
+    if not n:
+        return pd.DataFrame(columns=COLUMNS)
+    stream, g, s = rows["stream"], rows["g"], rows["s"]
+    new_stream = np.r_[True, (stream[1:] != stream[:-1]).any(axis=1)]
+    segment = np.cumsum(g | new_stream) - 1  # each GEMM, and each stream's first kernel, opens a segment
+    count = int(segment[-1]) + 1
+    first = np.flatnonzero(g | new_stream)
+    opened = g[first]  # the segment opens with a GEMM (else: a stream's kernels before its first GEMM)
+    glue = ~g
+    duration, start = rows["duration"], rows["start"]
+    glue_ns = np.bincount(segment, weights=np.where(glue, duration, 0), minlength=count)
+    softmax_ns = np.bincount(segment, weights=np.where(s & glue, duration, 0), minlength=count)
+    has_softmax = np.bincount(segment, weights=(s & glue), minlength=count) > 0
+    kernels = np.bincount(segment, weights=glue, minlength=count)
+    glue_start = np.full(count, np.iinfo("int64").max)
+    np.minimum.at(glue_start, segment[glue], start[glue])
+    opening = np.where(opened, duration[first], 0)
+    closed = np.r_[~new_stream[first[1:]], False]  # the next segment is the same stream's: a GEMM opens it
+    closing = np.r_[opening[1:], 0]
+    keep = opened & closed & has_softmax
+    return pd.DataFrame(
+        {
+            "start": glue_start[keep],
+            "glue_ns": glue_ns[keep].astype("int64"),
+            "gemm_ns": (opening + closing)[keep].astype("int64"),
+            "softmax_ns": softmax_ns[keep].astype("int64"),
+            "kernels": kernels[keep].astype("int64"),
+        }
     )
 
 
