@@ -65,9 +65,9 @@ CAUSE_NAMES = (
 )
 COLUMNS = ["step", "cause", "source", "name", "range", "idle_ns", "pieces"]
 STEPS_A_BATCH = 256  # steps whose calls are fetched at once: memory holds their calls, not the capture's
-# At most this many NVTX ranges a batch (fewer steps a batch where steps hold more: emit_nvtx writes one per op,
-# 60M at NeMo's shape of 10M kernels), each range's ends held as the cuts of a thread's idle pieces.
-RANGES_A_BATCH = 1_000_000
+# At most about this many rows (kernels, CUDA calls, NVTX ranges) a batch: fewer steps a batch where steps hold
+# more (emit_nvtx writes a range per op, 60M at NeMo's shape of 10M kernels; a large model's step, 10k kernels).
+ROWS_A_BATCH = 1_000_000
 
 
 def call_cause(name: str) -> str:
@@ -265,8 +265,8 @@ def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd
     names = _Names(events)
     step_numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
     parts = []
-    per_step = events.count("nvtx_rows") / max(1, clock.steps)
-    steps_a_batch = int(max(1, min(STEPS_A_BATCH, RANGES_A_BATCH // max(1.0, per_step))))
+    captured = sum(events.count(table) for table in ("nvtx_rows", "kernel_rows", "cuda_api_rows"))
+    steps_a_batch = int(max(1, min(STEPS_A_BATCH, ROWS_A_BATCH // max(1.0, captured / max(1, clock.steps)))))
     for first in range(0, clock.steps, steps_a_batch):
         rows = np.arange(first, min(first + steps_a_batch, clock.steps))
         p_start, p_end, p_row, busy = _idle_pieces(clock, rows)
