@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import inspect
 import os
 import pickle
@@ -812,16 +811,7 @@ def main() -> int:
                     problems = matches_reference(path, results[("numba", "kernsum")],
                                                  results[("numba", "projection")], reference)  # fmt: skip
                 table.append(_row(path, "sftprof load + both pieces", "", m, nsys_m, "; ".join(problems) or "yes"))
-    columns = list(table[0])
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for row in table:
-        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
-    if args.out:
-        with args.out.open("w", newline="") as f:
-            writer = csv.DictWriter(f, columns)
-            writer.writeheader()
-            writer.writerows(table)
+    run.print_table(table, args.out)
     return 0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import os
 import shutil
 import sqlite3
@@ -143,16 +142,7 @@ def main() -> int:
     print(f"{cores} cores; nsys {version[0]}", file=sys.stderr)
     rows = [row for path in args.files for row in measure_file(path, args.runs, nsys, reports, args.timeout)]
     table = ratios(rows, cores)
-    columns = list(table[0])
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for row in table:
-        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
-    if args.out:
-        with args.out.open("w", newline="") as f:
-            writer = csv.DictWriter(f, columns)
-            writer.writeheader()
-            writer.writerows(table)
+    run.print_table(table, args.out)
     return 0
 
 

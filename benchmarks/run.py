@@ -526,6 +526,21 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def print_table(table: list[dict], out: Path | None) -> None:
+    """Rows of equal keys printed as a markdown table, and written to `out` as CSV where given (floor.py,
+    engine_prototypes.py)."""
+    columns = list(table[0])
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in table:
+        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
+    if out:
+        with out.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, columns)
+            writer.writeheader()
+            writer.writerows(table)
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     """The issue's targets (stated at 10M), checked on the sizes measured."""
     out = []
