@@ -249,6 +249,20 @@ def tree_state(root: Path) -> dict[str, tuple[int, bytes]]:
 _HOSTILE_TALLY: dict[str, list[int]] = {}
 
 
+# sft.nemo as the config schema fills it for a LoRA run of Llama 2 7B, every knob off: what the NeMo backend's
+# tests plan from.
+NEMO_LORA = {
+    "tensor_parallel": 1,
+    "pipeline_parallel": 1,
+    "precision": "bf16-mixed",
+    "peft": "lora",
+    "recipe": "llama2_7b",
+    "packed_sequence": False,
+    "cuda_graphs": False,
+    "overlap_grad_reduce": False,
+    "overlap_param_gather": False,
+    "op_ranges": False,
+}
 NEMO_CAPTURE = REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b"  # .sqlite.xz, .metrics.jsonl
 
 

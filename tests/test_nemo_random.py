@@ -11,7 +11,7 @@ import yaml
 from sftprof.capture import config, jobs, model
 from sftprof.capture.sft import nemo_backend
 
-from conftest import REPO, SMALL_DEMO
+from conftest import NEMO_LORA, REPO, SMALL_DEMO
 
 
 def random_experiment(architecture="llama2-7b", **sft):
@@ -94,18 +94,7 @@ def test_nemo_plan_window_end_is_exclusive():
         "seq_length": 1024,
         "steps": 5,
         "learning_rate": 1e-4,
-        "nemo": {
-            "tensor_parallel": 1,
-            "pipeline_parallel": 1,
-            "precision": "bf16-mixed",
-            "peft": "lora",
-            "recipe": "llama2_7b",
-            "packed_sequence": False,
-            "cuda_graphs": False,
-            "overlap_grad_reduce": False,
-            "overlap_param_gather": False,
-            "op_ranges": False,
-        },
+        "nemo": dict(NEMO_LORA),
     }
     window = {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3}
     settings = nemo_backend.plan(sft, window, {"WORLD_SIZE": "1"})

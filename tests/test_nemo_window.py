@@ -14,6 +14,8 @@ import torch
 
 from sftprof.capture.sft import nemo_backend
 
+from conftest import NEMO_LORA
+
 
 @pytest.fixture
 def lightning(monkeypatch):
@@ -27,18 +29,7 @@ def lightning(monkeypatch):
 
 def settings(window, op_ranges: bool) -> dict:
     sft = {"micro_batch_size": 1, "grad_accum_steps": 2, "seq_length": 64, "steps": 6, "learning_rate": 1e-4}
-    sft["nemo"] = {
-        "tensor_parallel": 1,
-        "pipeline_parallel": 1,
-        "precision": "bf16-mixed",
-        "peft": "lora",
-        "recipe": "llama2_7b",
-        "packed_sequence": False,
-        "cuda_graphs": False,
-        "overlap_grad_reduce": False,
-        "overlap_param_gather": False,
-        "op_ranges": op_ranges,
-    }
+    sft["nemo"] = {**NEMO_LORA, "op_ranges": op_ranges}
     planned = nemo_backend.plan(sft, window, {"WORLD_SIZE": "1"})
     planned["layer_spec"] = "local"
     return planned
