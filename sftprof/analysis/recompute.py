@@ -73,11 +73,11 @@ def _spans(start: np.ndarray, end: np.ndarray, repeated: np.ndarray, tids: np.nd
 
 def _in_steps(part: dict[str, np.ndarray], clock: StepClock) -> dict[str, np.ndarray]:
     """A slice of launched kernels (nvtx.launch_slices) cut to those launched inside a step window, with the
-    window's row, in (row, launch) order."""
+    window's row."""
     row = np.searchsorted(clock.starts, part["launch_start"], "right") - 1
     inside = (part["launch_tid"] >= 0) & (row >= 0)
     inside &= part["launch_start"] < clock.ends[np.maximum(row, 0)]
-    kept = {
+    return {
         "row": row[inside],
         "launched": part["launch_start"][inside],
         "tid": part["launch_tid"][inside],
@@ -85,14 +85,11 @@ def _in_steps(part: dict[str, np.ndarray], clock: StepClock) -> dict[str, np.nda
         "end": part["start"][inside] + part["duration"][inside],
         "name_id": part["name_id"][inside],
     }
-    order = np.lexsort((kept["launched"], kept["row"]))
-    return {column: values[order] for column, values in kept.items()}
 
 
-def _joined(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    if a is None:
-        return b
-    both = {column: np.concatenate((a[column], b[column])) for column in b}
+def _joined(held: dict[str, np.ndarray] | None, more: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The kernels held from earlier slices and a new slice's, in (row, launch) order."""
+    both = more if held is None else {column: np.concatenate((held[column], more[column])) for column in more}
     order = np.lexsort((both["launched"], both["row"]))
     return {column: values[order] for column, values in both.items()}
 
