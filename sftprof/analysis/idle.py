@@ -466,6 +466,7 @@ MIN_SHARE_PCT = 1.0
 # inside the trainer's `data` ranges can be the data_stall rule's, synchronization the sync rules', and some
 # copies and lock waits the copy and lock rules' (views.py): each row counts toward one finding.
 VIEW_COLUMN = "rule"
+VIEW_ROW = "row"  # the step's position in the clock (StepClock's order, by start), which views add too
 NAMES_LISTED = 3
 
 
@@ -527,12 +528,11 @@ CAUSES = (
 )
 
 
-def _per_step(rows: pd.DataFrame, clock: StepClock, order: dict) -> np.ndarray:
-    per_step = np.zeros(clock.steps)
-    if len(rows):
-        sums = rows.groupby("step")["idle_ns"].sum()
-        np.add.at(per_step, [order.get(int(s), 0) for s in sums.index], sums.to_numpy(float))
-    return per_step
+def per_step(rows: pd.DataFrame, clock: StepClock) -> np.ndarray:
+    """The idle time per step (ns, in the clock's step order) that rows of views.idle_views hold."""
+    if not len(rows):
+        return np.zeros(clock.steps)
+    return np.bincount(rows[VIEW_ROW].to_numpy("int64"), weights=rows["idle_ns"].to_numpy(float), minlength=clock.steps)
 
 
 def _listed(rows: pd.DataFrame, column: str, steps: int) -> str:
@@ -558,41 +558,37 @@ def profiler_time(views: pd.DataFrame, clock: StepClock, overhead: Overhead | No
     return {str(key): float(min(placed[key], idle[key])) for key in placed.index}
 
 
-def idle_findings(
-    views: pd.DataFrame, clock: StepClock, steps: pd.DataFrame, overhead: Overhead | None = None
-) -> list[Finding]:
+def idle_findings(views: pd.DataFrame, clock: StepClock, overhead: Overhead | None = None) -> list[Finding]:
     """A finding for each cause of GPU idle time (CAUSES) whose rows of the idle_causes table (those no data,
     sync, copy or lock rule counts: views.idle_views) hold at least MIN_SHARE_PCT of the median step: the gain
     is their share (idle time that fixing it removes), with the calls and ranges that hold most, less the
     profiler's added time that fell in its stretches (profiler_time, overhead.host_share)."""
     if views.empty:
         return []
-    numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
-    order = {int(s): i for i, s in enumerate(numbers)}
-    idle = _per_step(views, clock, order)
+    idle = per_step(views, clock)
     placed = profiler_time(views, clock, overhead)
     findings = []
     for cause in CAUSES:
         rows = views[views[VIEW_COLUMN] == cause.rule]
-        per_step = _per_step(rows, clock, order)
-        gain = clock.share(per_step)
+        cause_idle = per_step(rows, clock)
+        gain = clock.share(cause_idle)
         if gain < MIN_SHARE_PCT:
             continue
         calls = rows[rows["source"] != "own code"]
         where = f" Calls: {_listed(calls, 'name', clock.steps)} per step." if len(calls) else ""
-        delayed = _per_step(rows[rows["source"] == SOURCES[DELAYED]], clock, order)
+        delayed = per_step(rows[rows["source"] == SOURCES[DELAYED]], clock)
         if delayed.any():
             where += (
                 f" Of it, {ms(float(np.median(delayed)))} per step is launches these calls delayed: they held the "
                 "thread while the GPU still had work, so everything launched after them came that much later."
             )
-        share = host_share(overhead, float(np.median(per_step)), clock, placed.get(cause.rule, 0.0))
+        share = host_share(overhead, float(np.median(cause_idle)), clock, placed.get(cause.rule, 0.0))
         findings.append(
             Finding(
                 cause.rule,
                 severity_of(share.gain_pct if share else gain),
                 f"The GPU idles {gain:.1f}% of the step while the CPU {cause.doing}" + (share.title if share else ""),
-                f"{ms(float(np.median(per_step)))} per step (median of {clock.steps}) of the "
+                f"{ms(float(np.median(cause_idle)))} per step (median of {clock.steps}) of the "
                 f"{ms(float(np.median(idle)))} the GPU idles in a step ({pct(np.median(idle), clock.step_ns):.1f}% "
                 f"of it), in {int(rows['pieces'].sum()):,} stretches.{where} Innermost NVTX ranges open on the "
                 f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step."
@@ -600,7 +596,7 @@ def idle_findings(
                 cause.recommendation,
                 share.gain_pct if share else gain,
                 f"GPU idle (no device busy) while the thread that launched the next GPU work {cause.doing}: "
-                f"idle_causes, {clock.scope(per_step)}" + (share.basis if share else ""),
+                f"idle_causes, {clock.scope(cause_idle)}" + (share.basis if share else ""),
             )
         )
     return findings

@@ -323,7 +323,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         ", ".join(cause.rule for cause in idle.CAUSES),
         idle.idle_findings,
-        ("idle_views", "clock", "steps", "overhead"),
+        ("idle_views", "clock", "overhead"),
     ),
     Rule("profiling_overhead", overhead.finding, ("overhead", "tables", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),

@@ -34,7 +34,7 @@ from sftprof.analysis.memory import PAGEABLE, CopyCalls
 from sftprof.trace.events import MEMSET_KIND, sql_in, sql_text
 
 RULE = idle.VIEW_COLUMN  # the column views add to idle_causes
-ROW = "row"  # and the step's position in the clock (StepClock's order: by start)
+ROW = idle.VIEW_ROW  # and the step's position in the clock
 DATA_PHASE = PHASES[0]
 # Loading data for longer than this share of the step starves the GPU (and the CPU-side model code).
 DATA_STALL_PCT = 10.0
@@ -101,16 +101,13 @@ def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, copies: CopyCalls) -> 
     for finding in idle.CAUSES:
         claim(finding.rule, cause == finding.cause)
     numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
-    order = {int(s): i for i, s in enumerate(numbers)}  # as idle_findings reads them: a repeated number, its last
+    order = {int(s): i for i, s in enumerate(numbers)}  # a repeated number: its last
     return causes.assign(**{RULE: rules, ROW: [order.get(int(s), 0) for s in causes["step"]]})
 
 
 def per_step(views: pd.DataFrame, rule: str, clock: StepClock) -> np.ndarray:
     """The idle time per step (ns, in the clock's step order) that the rows of `rule` hold."""
-    rows = rows_of(views, rule)
-    if not len(rows):
-        return np.zeros(clock.steps)
-    return np.bincount(rows[ROW].to_numpy("int64"), weights=rows["idle_ns"].to_numpy(float), minlength=clock.steps)
+    return idle.per_step(rows_of(views, rule), clock)
 
 
 def rows_of(views: pd.DataFrame, rule: str) -> pd.DataFrame:
