@@ -18,7 +18,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import gains
+from sftprof.analysis import gains, gpu
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import StepClock
 from sftprof.trace.events import EventStore
@@ -48,53 +48,50 @@ def unfused_attention(events: EventStore) -> pd.DataFrame:
     ).drop_duplicates("name_id")
     if not kinds["is_softmax"].any() or (names["family"] == FUSED_ATTENTION).any():  # nothing unfused to find
         return pd.DataFrame(columns=COLUMNS)
-    ordered = (
-        "SELECT k.device_id, k.stream_id, k.start, k.duration, coalesce(f.is_gemm, false) AS g, "
-        "coalesce(f.is_softmax, false) AS s FROM kernels k LEFT JOIN kinds f ON f.name_id = k.name_id "
-        "ORDER BY k.device_id NULLS LAST, k.stream_id NULLS LAST, k.start"
-    )
-    runs, held = [], None
-    for batch in events.batches(ordered, kinds=kinds):
-        rows = _stream_rows(batch)
+    source = f"""(SELECT coalesce(k.device_id::BIGINT, {gains.NULL_LAST}) AS device_id, k.start, k."end", k.duration,
+                         coalesce(k.stream_id::BIGINT, {gains.NULL_LAST}) AS stream, coalesce(f.is_gemm, false) AS g,
+                         coalesce(f.is_softmax, false) AS s
+                  FROM kernels k LEFT JOIN kinds f ON f.name_id = k.name_id)"""
+    runs = []
+    # as gains.elementwise_chains walks its runs: a device's kernels a window of start times at a time, put in
+    # stream order in numpy, each stream's open run carried into the next window
+    for device, _, _, windows in gpu.device_windows(events, source, gains.CHAIN_WINDOW_ROWS, kinds=kinds):
+        held = None
+        for lo, hi in windows:
+            rows = events.arrays(
+                f"SELECT start, duration, stream, g, s FROM {source} "
+                f"WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi}",
+                kinds=kinds,
+            )
+            if held is not None:
+                rows = {column: np.concatenate((held[column], rows[column])) for column in rows}
+            order = np.lexsort((rows["start"], rows["stream"]))
+            done, held = _complete({column: values[order] for column, values in rows.items()})
+            runs.append(_attention_runs(done))
         if held is not None:
-            rows = {column: np.concatenate((held[column], rows[column])) for column in rows}
-        done, held = _complete(rows)
-        runs.append(_attention_runs(done))
-    if held is not None:
-        runs.append(_attention_runs(held))
+            runs.append(_attention_runs(held))
     found = [run for run in runs if len(run)]
     if not found:
         return pd.DataFrame(columns=COLUMNS)
     return pd.concat(found, ignore_index=True).sort_values("start", kind="stable", ignore_index=True)
 
 
-def _stream_rows(batch: pd.DataFrame) -> dict[str, np.ndarray]:
-    """A batch of kernels in (device, stream, start) order as arrays: `stream` one number per device and stream."""
-    device = batch["device_id"].astype("float64").fillna(np.inf).to_numpy()
-    stream = batch["stream_id"].astype("float64").fillna(np.inf).to_numpy()
-    return {
-        "stream": np.stack((device, stream), axis=1),
-        "start": batch["start"].to_numpy("int64"),
-        "duration": batch["duration"].astype("float64").fillna(0).to_numpy("int64"),
-        "g": batch["g"].to_numpy(bool),
-        "s": batch["s"].to_numpy(bool),
-    }
-
-
-def _complete(rows: dict[str, np.ndarray]) -> tuple[dict, dict | None]:
-    """The rows whose segments a later batch cannot change, and those it can: from the last stream's last GEMM
-    on (its segment waits for the GEMM that closes it), or the whole last stream where it has no GEMM yet."""
-    stream = rows["stream"]
+def _complete(rows: dict[str, np.ndarray]) -> tuple[dict, dict]:
+    """Kernels of one device in (stream, start) order: those whose runs a later window cannot change, and on
+    each stream those it can: from the stream's last GEMM on (its run waits for the GEMM that closes it; that
+    GEMM stays in the first part too, closing the run before it), or the whole stream where it has no GEMM."""
     n = len(rows["start"])
     if not n:
-        return rows, None
-    same = (stream == stream[-1]).all(axis=1)
-    first_of_last = int(np.flatnonzero(~same)[-1]) + 1 if (~same).any() else 0
-    gemms = np.flatnonzero(rows["g"][first_of_last:])
-    cut = first_of_last + int(gemms[-1]) if len(gemms) else first_of_last
-    done = {column: values[: cut + 1 if len(gemms) else cut] for column, values in rows.items()}
-    held = {column: values[cut:] for column, values in rows.items()}
-    return done, held
+        return rows, rows
+    stream, g = rows["stream"], rows["g"].astype(bool)
+    new_stream = np.r_[True, stream[1:] != stream[:-1]]
+    group, first = np.cumsum(new_stream) - 1, np.flatnonzero(new_stream)
+    position = np.arange(n)
+    last_gemm = np.maximum.reduceat(np.where(g, position, -1), first)
+    cut = np.where(last_gemm >= 0, last_gemm, first)[group]
+    held = position >= cut
+    done = (position < cut) | ((position == cut) & g)
+    return {c: v[done] for c, v in rows.items()}, {c: v[held] for c, v in rows.items()}
 
 
 def _attention_runs(rows: dict[str, np.ndarray]) -> pd.DataFrame:
@@ -104,7 +101,7 @@ def _attention_runs(rows: dict[str, np.ndarray]) -> pd.DataFrame:
     if not n:
         return pd.DataFrame(columns=COLUMNS)
     stream, g, s = rows["stream"], rows["g"], rows["s"]
-    new_stream = np.r_[True, (stream[1:] != stream[:-1]).any(axis=1)]
+    new_stream = np.r_[True, stream[1:] != stream[:-1]]
     segment = np.cumsum(g | new_stream) - 1  # each GEMM, and each stream's first kernel, opens a segment
     count = int(segment[-1]) + 1
     first = np.flatnonzero(g | new_stream)

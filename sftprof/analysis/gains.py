@@ -165,7 +165,7 @@ def _names(events: EventStore) -> pd.DataFrame:
     return names.assign(family=kernels.kernel_families(names)) if len(names) else names.assign(family=[])
 
 
-_LAST = 2**62  # NULL device or stream ids sort after every other, as in SQL's ORDER BY
+NULL_LAST = 2**62  # NULL device or stream ids sort after every other, as in SQL's ORDER BY
 
 
 @dataclass
@@ -215,8 +215,8 @@ def elementwise_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) ->
     elementwise = names.loc[names["family"] == ELEMENTWISE_FAMILY, "name_id"] if len(names) else []
     if not len(elementwise):
         return totals
-    source = f"""(SELECT coalesce(device_id::BIGINT, {_LAST}) AS device_id, start, "end", duration,
-                         coalesce(stream_id::BIGINT, {_LAST}) AS stream,
+    source = f"""(SELECT coalesce(device_id::BIGINT, {NULL_LAST}) AS device_id, start, "end", duration,
+                         coalesce(stream_id::BIGINT, {NULL_LAST}) AS stream,
                          coalesce(name_id IN ({", ".join(str(int(i)) for i in elementwise)}), false) AS chained
                   FROM kernels)"""
     runs = _Runs(totals)
