@@ -31,7 +31,7 @@ PLANTED = {
     "tokenize_no_nvtx": "host_work",
     "no_cache_alloc": "allocator_churn",
     "foreach_off": "launch_bound",
-    "checkpointing": "launch_bound",  # not designed for: recomputation is named second (test below)
+    "checkpointing": "recomputation",  # not designed for; named first but under-predicted (test below)
 }
 
 
@@ -152,17 +152,18 @@ def test_suggest_first_tests_the_top_finding(diagnosed, case, variant):
     assert (name, entry["motivated_by"], gain) == (variant, PLANTED[case], diagnosed(case).findings[0].gain_pct)
 
 
-def test_checkpointing_is_named_as_recomputation_but_under_predicted(diagnosed):
-    """Checkpointing (a problem no rule was written for) shows as launch_bound first and, second, as forward
-    kernels the backward thread launches again; with the profiler's added time taken out, each finding alone
-    under-predicts the measured saving (turning checkpointing off removes both the recomputed work and the host
-    time around it): the gap docs/DIAGNOSIS.md gives."""
+def test_checkpointing_is_named_first_as_recomputation_but_under_predicted(diagnosed):
+    """Checkpointing (a problem no rule was written for) shows first as forward kernels the backward thread
+    launches again, with the idle before them and the launches they delayed, and second as launch_bound. Each
+    idle nanosecond counts in one of the two, and turning checkpointing off saves more than either holds: the
+    capture does not show what else it costs the host (docs/DIAGNOSIS.md); the two together come near the
+    measured saving."""
     findings, measured = diagnosed("checkpointing").findings, measured_saving_pct("checkpointing")
-    assert [f.rule for f in findings[:2]] == ["launch_bound", "recomputation"]
-    recompute = findings[1]
+    assert [f.rule for f in findings[:2]] == ["recomputation", "launch_bound"]
+    recompute = findings[0]
     assert recompute.severity == "warning" and "fprop" in recompute.evidence
     assert all(f.gain_pct < measured for f in findings[:2])
-    assert max(f.gain_pct for f in findings[:2]) > 0.7 * measured  # the target, 25%, missed by 0.1 points
+    assert agrees(sum(f.gain_pct for f in findings[:2]), measured)
 
 
 @pytest.mark.parametrize("case", ["clean", "eager_attention", "fp32", "tokenize_no_nvtx", "no_cache_alloc"])
@@ -174,4 +175,4 @@ def test_suggest_tests_turning_checkpointing_off(diagnosed):
     suggested = {name: (entry, gain) for name, entry, _, gain in suggest(diagnosed("checkpointing"), top=2)}
     entry, gain = suggested["no-checkpointing"]
     assert entry["motivated_by"] == "recomputation" and entry["sft"] == {"gradient_checkpointing": False}
-    assert gain == diagnosed("checkpointing").findings[1].gain_pct
+    assert gain == diagnosed("checkpointing").findings[0].gain_pct

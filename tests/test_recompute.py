@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftprof.analysis import recompute
+from sftprof.analysis import idle, recompute
 from sftprof.pipeline import analyze_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -36,11 +36,23 @@ def test_shorter_runs_and_the_same_thread_are_not_recomputation():
     assert not recompute._repeated(tids, np.array(layer + layer, dtype=np.uint64)).any()
 
 
-def test_spans_run_from_the_first_start_to_the_last_end_of_each_stretch():
-    tids = np.array([2, 2, 2, 2, 2])
-    start, end = np.array([0, 10, 20, 30, 40]), np.array([5, 15, 25, 35, 45])
-    marked = np.array([True, True, False, True, True])
-    assert recompute._spans(start, end, marked, tids) == (15 - 0) + (45 - 30)
+def test_host_time_before_a_repeated_kernel_becomes_recomputation():
+    """Pieces cut from an idle piece that ended in a recomputed kernel move to `recomputation` where the thread
+    was in host overhead or host work; a synchronization there keeps its own cause, other pieces are untouched."""
+    host, work, sync = (idle.CAUSE_NAMES.index(c) for c in (idle.HOST_OVERHEAD, idle.HOST_WORK, idle.SYNCHRONIZATION))
+    p_start = np.array([0, 100, 200])  # three idle pieces; the second ended in a repeated kernel
+    again = np.array([False, True, False])
+    starts = np.array([0, 100, 140, 170, 200])  # cut by calls: the second piece into three
+    causes = np.array([host, host, sync, work, host])
+    pieces = idle._Pieces(np.zeros(5), causes, np.zeros(5), np.zeros(5), np.zeros(5), starts, np.full(5, 10))
+    moved = pieces.recomputing(p_start, again).columns[1]
+    recomputation = idle.CAUSE_NAMES.index(idle.RECOMPUTATION)
+    assert moved.tolist() == [host, recomputation, sync, recomputation, host]
+
+
+def test_in_sorted_finds_exact_starts():
+    assert idle._in_sorted(np.array([5, 7, 12, -1]), np.array([3, 7, 12])).tolist() == [False, True, True, False]
+    assert not idle._in_sorted(np.array([5]), np.zeros(0, "int64")).any()
 
 
 @pytest.mark.parametrize("capture", ["h200_sft_clean", "h200_tiny_llama_bf16", "h200_sft_foreach_adamw"])

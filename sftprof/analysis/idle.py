@@ -15,6 +15,9 @@ cut into pieces, and each piece goes to exactly one cause, so the causes of a st
   one innermost range;
 - own code and launches in gaps shorter than HOST_GAP_NS are host overhead between launches (Python and
   framework dispatch); in longer gaps, own code is work on the critical path (input preparation, logging).
+- idle that ended in a kernel the backward pass launched again (recompute.recomputed: activation checkpointing's
+  forward, run a second time) is `recomputation` where the thread was in host overhead or host work: the CPU
+  was preparing and launching work a fix removes;
 - then what a call delayed: an allocation or synchronization that held the thread while the GPU was busy made
   every later launch that much later, so up to that much of the host overhead after it, until the thread is
   ahead of the GPU again, is the call's (_Pieces.delayed_by).
@@ -60,6 +63,7 @@ CAUSE_NAMES = (
     HOST_WORK := "host work",
     THREAD_WAIT := "waiting for another thread",
     OS_CALL := "OS call",
+    RECOMPUTATION := "recomputation",
     UNATTRIBUTED := "unattributed",
     QUEUED := "queued",
 )
@@ -194,6 +198,13 @@ class _NextWork:
         ahead = np.r_[False, self.launched[1:] < running[:-1]] if len(ends) else np.zeros(0, bool)
         self._ahead = pd.Series(self.launched[ahead]).groupby(self.tids[ahead])
 
+    def next_start(self, piece_ends: np.ndarray) -> np.ndarray:
+        """When the work that ended each piece started (-1 where none follows in the capture)."""
+        if not len(self.starts):
+            return np.full(len(piece_ends), -1, "int64")
+        at = np.searchsorted(self.starts, piece_ends, side="left")
+        return np.where(at < len(self.starts), self.starts[np.minimum(at, len(self.starts) - 1)], -1)
+
     def ahead_of(self, tid: int) -> np.ndarray:
         """The sorted times at which thread `tid` launched work while the GPU was still busy."""
         if tid not in self._ahead.groups:
@@ -238,6 +249,8 @@ class _Names:
         return labels
 
     def label(self, source: str, name: int) -> str:
+        if source == SOURCES[DELAYED] and name < 0:
+            return RECOMPUTED_NAME
         if source in (SOURCES[CUDA_API], SOURCES[DELAYED]):
             return self.api.get(int(name), "?")
         if source == SOURCES[OS_RUNTIME]:
@@ -250,16 +263,19 @@ class _Names:
 SOURCES = ("CUDA API", "OS runtime", "own code", "GPU", "none", "launches a call delayed")
 CUDA_API, OS_RUNTIME, OWN, GPU, NONE, DELAYED = range(len(SOURCES))
 QUEUED_NAME = "launched before the GPU started it"
+RECOMPUTED_NAME = "launching recomputed kernels"  # the name of what recomputation delayed (source DELAYED)
 # Calls that a fix removes outright, so the launches they delayed would have come earlier (_Pieces.delayed_by).
 DELAYING = [CAUSE_NAMES.index(ALLOCATION), CAUSE_NAMES.index(SYNCHRONIZATION)]
 
 
-def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd.DataFrame:
+def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame, recomputed=None) -> pd.DataFrame:
     """Per step, the GPU's idle time split by cause (module docstring): `cause`, `source` (CUDA API, OS
     runtime, own code), `name` (the call's, or the innermost NVTX range of own code), `range` (the innermost
     NVTX range open on the thread), `idle_ns`, and `pieces` (how many stretches of idle time it is).
     A step's rows add up to its idle time; without steps, the whole capture is step -1. Empty without GPU
-    work."""
+    work. `recomputed` (recompute.Recomputed) gives the repeated kernels' starts; None: nothing repeats."""
+    repeated = np.zeros(0, "int64") if recomputed is None else recomputed.starts
+    recomputing = None if recomputed is None else recomputed.host.groupby("tid")
     if not clock.has_gpu:
         return pd.DataFrame(columns=COLUMNS)
     names = _Names(events)
@@ -275,19 +291,21 @@ def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame) -> pd
         short = _gap_lengths(p_start, p_end) <= HOST_GAP_NS
         work = _NextWork(events, int(p_start.min()), int(p_end.max()))
         launched, owner = work.after(p_end)
+        again = _in_sorted(work.next_start(p_end), repeated)
         # the part of each piece after the next work was launched: queued, waiting for the GPU to start it
         cut = np.clip(launched, p_start, p_end)
         queued = cut < p_end
         batch = [_Pieces.alike(p_row[queued], cut[queued], p_end[queued] - cut[queued], QUEUED, GPU)]
         host = cut > p_start
         p_start, p_end, p_row, short, owner = p_start[host], cut[host], p_row[host], short[host], owner[host]
+        again = again[host]
         for tid in np.unique(owner):
             mine = owner == tid
-            batch.append(
-                _thread_causes(
-                    events, int(tid), p_start[mine], p_end[mine], p_row[mine], short[mine], names, busy, work
-                )
+            again_host = None if recomputing is None or tid not in recomputing.groups else recomputing.get_group(tid)
+            pieces = _thread_causes(
+                events, int(tid), p_start[mine], p_end[mine], p_row[mine], short[mine], names, busy, work, again_host
             )
+            batch.append(pieces.recomputing(p_start[mine], again[mine]))
         parts.append(_Pieces.joined(batch).summed())
     parts = [part for part in parts if len(part)]
     if not parts:
@@ -368,6 +386,18 @@ class _Pieces:
         cause[at], source[at], name[at], idle_ns[at] = calls_cause[by], DELAYED, calls_name[by], amount
         return _Pieces.joined([_Pieces(row, cause, source, name, range_code, start, idle_ns), extra])
 
+    def recomputing(self, p_start: np.ndarray, again: np.ndarray) -> _Pieces:
+        """These pieces with host overhead and host work moved to `recomputation` where the idle piece they were
+        cut from (sorted disjoint starts `p_start`) ended in a recomputed kernel (`again`)."""
+        if not again.any():
+            return self
+        cause = self.columns[1].copy()
+        piece = np.searchsorted(p_start, self.start, side="right") - 1
+        host = np.isin(cause, [CAUSE_NAMES.index(HOST_OVERHEAD), CAUSE_NAMES.index(HOST_WORK)])
+        cause[host & again[np.maximum(piece, 0)] & (piece >= 0)] = CAUSE_NAMES.index(RECOMPUTATION)
+        row, _, source, name, range_code = self.columns
+        return _Pieces(row, cause, source, name, range_code, self.start, self.idle_ns)
+
     def summed(self) -> pd.DataFrame:
         """Summed by all five columns (`pieces`: how many): a launch-bound step has a piece per kernel."""
         keys = ["row", "cause", "source", "name", "range"]
@@ -387,6 +417,14 @@ class _Pieces:
         frame["idle_ns"] = np.bincount(inverse, weights=self.idle_ns, minlength=len(frame)).astype("int64")
         frame["pieces"] = np.bincount(inverse, minlength=len(frame))
         return frame
+
+
+def _in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    """Which of `values` are in `sorted_values` (sorted), by binary search."""
+    if not len(sorted_values):
+        return np.zeros(len(values), bool)
+    at = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    return sorted_values[at] == values
 
 
 def _run_cumsum(values: np.ndarray, first: np.ndarray) -> np.ndarray:
@@ -412,10 +450,11 @@ def _busy_within(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, n
     return np.bincount(b, weights=e - s, minlength=len(starts)).astype("int64")
 
 
-def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work: _NextWork) -> _Pieces:
+def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work: _NextWork, again=None) -> _Pieces:
     """One thread's share of the idle pieces, cut by its CUDA calls, then its OS calls, then its own code;
-    each cut piece with the innermost NVTX range open on the thread; then the host overhead its allocations
-    and synchronizations delayed moved to them. `names`: _Names; `busy`: the GPU's busy intervals."""
+    each cut piece with the innermost NVTX range open on the thread; then the host overhead its allocations,
+    synchronizations and recomputation (`again`: its stretches, recompute.Recomputed.host) delayed moved to them.
+    `names`: _Names; `busy`: the GPU's busy intervals."""
     if tid < 0:
         return _Pieces.alike(p_row, p_start, p_end - p_start, UNATTRIBUTED, NONE)
     lo, hi = int(p_start.min()), int(p_end.max())
@@ -434,7 +473,13 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
     call_ids = api["name_id"][order].astype("int64")
     call_cause = names.api_cause_of(call_ids)
     delaying = np.isin(call_cause, DELAYING)
-    delay = _busy_within(a_start[delaying], a_end[delaying], busy)
+    d_start, d_end = a_start[delaying], a_end[delaying]
+    d_cause, d_name = call_cause[delaying], call_ids[delaying]
+    if again is not None and len(again):
+        d_start, d_end = np.r_[d_start, again["start"].to_numpy("int64")], np.r_[d_end, again["end"].to_numpy("int64")]
+        d_cause = np.r_[d_cause, np.full(len(again), CAUSE_NAMES.index(RECOMPUTATION))]
+        d_name = np.r_[d_name, np.full(len(again), -1)]
+    delay = _busy_within(d_start, d_end, busy)
     r_start, r_end, r_piece = _minus(p_start, p_end, piece, a_start, a_end)
     os_calls = events.arrays(f'SELECT start, "end", name_id FROM osrt WHERE {window}')
     o_start, o_end, order = _disjoint(os_calls["start"], os_calls["end"])
@@ -455,7 +500,7 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
         range_code,
         starts,
         ends - starts,
-    ).delayed_by(a_end[delaying], delay, call_cause[delaying], call_ids[delaying], work.ahead_of(tid))
+    ).delayed_by(d_end, delay, d_cause, d_name, work.ahead_of(tid))
 
 
 # ---------------------------------------------------------------- findings: the largest causes
@@ -467,6 +512,7 @@ MIN_SHARE_PCT = 1.0
 # copies and lock waits the copy and lock rules' (views.py): each row counts toward one finding.
 VIEW_COLUMN = "rule"
 VIEW_ROW = "row"  # the step's position in the clock (StepClock's order, by start), which views add too
+RECOMPUTATION_RULE = "recomputation"  # the finding (recompute.recompute_finding) the recomputation rows count toward
 NAMES_LISTED = 3
 
 

@@ -9,24 +9,42 @@ from another thread. Backward kernels differ from the forward's: on every commit
 checkpointing the longest such run is 4 kernels (NeMo's rotary embedding), while a checkpointed layer's forward
 repeats whole, dozens of kernels.
 
-Removing the recomputation saves the stretches of the step it runs in: from each repeated run's first kernel's
-start to its last kernel's end, what the GPU spent on it and what it waited for the CPU to launch it.
+Removing the recomputation saves what the GPU spent on the repeated kernels and the idle time before each of
+them while the CPU prepared and launched it (idle.idle_causes gives that idle the cause `recomputation`, so no
+other finding counts it), less the profiler's added time that fell there.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 
+from sftprof.analysis import idle, views
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import StepClock
 from sftprof.analysis.nvtx import launch_slices
+from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.trace.events import EventStore
 
 RUN = 12  # kernels in a row that must repeat the forward's: clean backward passes repeat runs of up to 4 (NeMo's)
 NAMES_LISTED = 3
-COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns", "span_ns"]
+COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns"]
 NAME_COLUMNS = ["kernel", "gpu_ns"]
+HOST_COLUMNS = ["tid", "start", "end"]
+
+
+class Recomputed(NamedTuple):
+    """recomputed's result: per step and per kernel name; the start times of the repeated kernels (sorted), by
+    which idle_causes knows the idle that ends in one; and the host's stretches of recomputation (`tid`,
+    `start`, `end`: from the end of the thread's launch before a run of repeated kernels to the end of the run's
+    last launch), which delayed every launch after them as an allocation or a sync does (idle._Pieces.delayed_by)."""
+
+    by_step: pd.DataFrame
+    by_name: pd.DataFrame
+    starts: np.ndarray
+    host: pd.DataFrame
 
 
 def _runs(shape: np.ndarray) -> np.ndarray:
@@ -59,16 +77,18 @@ def _repeated(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
     return repeated
 
 
-def _spans(start: np.ndarray, end: np.ndarray, repeated: np.ndarray, tids: np.ndarray) -> int:
-    """The time from each stretch of repeated kernels' first start to its last end, per launching thread."""
-    total = 0
+def _host_stretches(tids, launched, returned, repeated) -> pd.DataFrame:
+    """Per launching thread, each run of consecutive repeated kernels (launch order) as the host's stretch of
+    recomputation: from the end of the thread's launch before it (the run's first launch's start, for a thread's
+    first) to the end of the run's last launch."""
+    parts = []
     for tid in np.unique(tids[repeated]):
         own = np.flatnonzero(tids == tid)
-        flags = repeated[own]
-        edges = np.diff(np.concatenate(([0], flags.astype(np.int8), [0])))
+        edges = np.diff(np.concatenate(([0], repeated[own].astype(np.int8), [0])))
         firsts, lasts = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
-        total += int((end[own[lasts]] - start[own[firsts]]).sum())
-    return total
+        begin = np.where(firsts > 0, returned[own[np.maximum(firsts - 1, 0)]], launched[own[firsts]])
+        parts.append(pd.DataFrame({"tid": tid, "start": begin, "end": returned[own[lasts]]}))
+    return pd.concat(parts, ignore_index=True).astype("int64")
 
 
 def _in_steps(part: dict[str, np.ndarray], clock: StepClock) -> dict[str, np.ndarray]:
@@ -80,6 +100,7 @@ def _in_steps(part: dict[str, np.ndarray], clock: StepClock) -> dict[str, np.nda
     return {
         "row": row[inside],
         "launched": part["launch_start"][inside],
+        "returned": part["launch_end"][inside],
         "tid": part["launch_tid"][inside],
         "start": part["start"][inside],
         "end": part["start"][inside] + part["duration"][inside],
@@ -94,16 +115,23 @@ def _joined(held: dict[str, np.ndarray] | None, more: dict[str, np.ndarray]) -> 
     return {column: values[order] for column, values in both.items()}
 
 
-def recomputed(events: EventStore, clock: StepClock) -> tuple[pd.DataFrame, pd.DataFrame]:
+def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
     """Per step window (row of the clock's windows): its kernels, how many repeat the forward's from another
-    thread (module docstring), their GPU time and the stretches they run in; and the repeated kernels' time by
-    kernel name. Kernels come with their launches a slice at a time (nvtx.launch_slices); a step's kernels are
-    held until a later slice starts another step."""
-    empty = pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=NAME_COLUMNS)
+    thread (module docstring) and their GPU time; the repeated kernels' time by kernel name; and their start
+    times. Kernels come with their launches a slice at a time (nvtx.launch_slices); a step's kernels are held
+    until a later slice starts another step."""
+    empty = Recomputed(
+        pd.DataFrame(columns=COLUMNS),
+        pd.DataFrame(columns=NAME_COLUMNS),
+        np.zeros(0, "int64"),
+        pd.DataFrame(columns=HOST_COLUMNS, dtype="int64"),
+    )
     if not clock.has_gpu or not clock.has_steps:
         return empty
-    rows: list[tuple[int, int, int, int, int]] = []
+    rows: list[tuple[int, int, int, int]] = []
     names: list[pd.DataFrame] = []
+    starts: list[np.ndarray] = []
+    host: list[pd.DataFrame] = []
 
     def count(kernels: dict[str, np.ndarray]) -> None:
         bounds = np.flatnonzero(np.diff(kernels["row"])) + 1
@@ -113,10 +141,11 @@ def recomputed(events: EventStore, clock: StepClock) -> tuple[pd.DataFrame, pd.D
             tids, start, end = kernels["tid"][part], kernels["start"][part], kernels["end"][part]
             repeated = _repeated(tids, kernels["name_id"][part].astype(np.uint64))
             took = (end - start)[repeated]
-            span = _spans(start, end, repeated, tids) if repeated.any() else 0
-            rows.append((int(kernels["row"][part[0]]), len(part), int(repeated.sum()), int(took.sum()), span))
+            rows.append((int(kernels["row"][part[0]]), len(part), int(repeated.sum()), int(took.sum())))
             if repeated.any():
                 names.append(pd.DataFrame({"name_id": kernels["name_id"][part][repeated], "gpu_ns": took}))
+                starts.append(start[repeated])
+                host.append(_host_stretches(tids, kernels["launched"][part], kernels["returned"][part], repeated))
 
     held = None
     for part in launch_slices(events):
@@ -130,23 +159,33 @@ def recomputed(events: EventStore, clock: StepClock) -> tuple[pd.DataFrame, pd.D
         count(held)
     by_step = pd.DataFrame(rows, columns=COLUMNS).groupby("step_row", as_index=False).sum()
     if not names:
-        return by_step, empty[1]
+        return empty._replace(by_step=by_step)
     known = events.used_names("kernels").drop_duplicates("name_id")
     label = dict(zip(known["name_id"], known["short_name"].fillna(known["name"]), strict=True))
     by_name = pd.concat(names).groupby("name_id", as_index=False)["gpu_ns"].sum()
     by_name["kernel"] = [str(label.get(i) or f"kernel {i}") for i in by_name["name_id"]]
-    return by_step, by_name.sort_values("gpu_ns", ascending=False)[NAME_COLUMNS].reset_index(drop=True)
+    by_name = by_name.sort_values("gpu_ns", ascending=False)[NAME_COLUMNS].reset_index(drop=True)
+    return Recomputed(by_step, by_name, np.sort(np.concatenate(starts)).astype("int64"), pd.concat(host))
 
 
-def recompute_finding(recomputed: tuple[pd.DataFrame, pd.DataFrame], clock: StepClock) -> list[Finding]:
-    """Activation checkpointing recomputes the forward (recomputed found repeated runs): the stretches they run
-    in are what turning it off, or checkpointing less, saves."""
-    by_step, by_name = recomputed
+def recompute_finding(
+    recomputed: Recomputed, clock: StepClock, idle_views: pd.DataFrame, overhead: Overhead | None = None
+) -> list[Finding]:
+    """Activation checkpointing recomputes the forward (recomputed found repeated runs): their GPU time and the
+    idle before each while the CPU prepared and launched it (idle_causes' `recomputation` rows) are what turning
+    it off, or checkpointing less, saves, less the profiler's added time that fell in that idle."""
+    by_step, by_name = recomputed.by_step, recomputed.by_name
     if by_step.empty or not by_step["repeated"].any():
         return []
-    per_step = np.zeros(clock.steps)
-    per_step[by_step["step_row"].to_numpy("int64")] = by_step["span_ns"].to_numpy(float)
-    gain = clock.share(per_step)
+    gpu = np.zeros(clock.steps)
+    gpu[by_step["step_row"].to_numpy("int64")] = by_step["gpu_ns"].to_numpy(float)
+    waited = views.per_step(idle_views, idle.RECOMPUTATION_RULE, clock)
+    rows = views.rows_of(idle_views, idle.RECOMPUTATION_RULE)
+    delayed = idle.per_step(rows[rows["source"] == idle.SOURCES[idle.DELAYED]], clock) if len(rows) else waited * 0
+    placed = idle.profiler_time(idle_views, clock, overhead).get(idle.RECOMPUTATION_RULE, 0.0)
+    share = host_share(overhead, float(np.median(waited)), clock, placed)
+    saved = gpu + waited
+    gain = clock.share(saved) if share is None else round(min(100.0, clock.share(gpu) + share.gain_pct), 3)
     steps = clock.steps
     top = by_name.head(NAMES_LISTED)
     listed = ", ".join(f"`{k}` {ms(t / steps)}" for k, t in zip(top["kernel"], top["gpu_ns"], strict=True))
@@ -157,14 +196,16 @@ def recompute_finding(recomputed: tuple[pd.DataFrame, pd.DataFrame], clock: Step
             "The backward pass runs forward kernels again (activation checkpointing)",
             f"{int(by_step['repeated'].sum()) / steps:,.0f} of {int(by_step['kernels'].sum()) / steps:,.0f} kernels a "
             f"step repeat, from another thread, runs of {RUN} the step's first thread launched (the same kernels in "
-            f"order): {ms(by_step['gpu_ns'].sum() / steps)} of GPU time a step, in stretches of "
-            f"{ms(by_step['span_ns'].sum() / steps)} (with the idle between their launches, which launch_bound "
-            f"counts too). Most: {listed}.",
+            f"order): {ms(float(np.median(gpu)))} of GPU time a step; the GPU idled "
+            f"{ms(float(np.median(waited - delayed)))} a step before them while the CPU prepared and launched them, "
+            f"and {ms(float(np.median(delayed)))} while it launched the work they had delayed (the CPU spent that "
+            f"long on them while the GPU still ran). Most: {listed}." + (share.evidence if share else ""),
             "Turn activation checkpointing off where memory allows (Hugging Face: gradient_checkpointing=False; "
             "NeMo/Megatron: recompute_granularity=None), or recompute less: checkpoint fewer layers "
             "(recompute_num_layers) or only attention (recompute_granularity='selective'); free memory for it "
             "with a smaller micro-batch and more accumulation steps, or a distributed optimizer.",
             gain,
-            f"the stretches of the step the repeated runs occupy, first start to last end: {clock.scope(per_step)}",
+            "the repeated kernels' GPU time and the idle that ended in one (idle_causes' recomputation rows): "
+            f"{clock.scope(saved)}" + (share.basis if share else ""),
         )
     ]

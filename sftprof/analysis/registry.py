@@ -177,7 +177,7 @@ SECTIONS: tuple[Section, ...] = (
     _saved(
         "idle_causes",
         idle.idle_causes,
-        ("events", "clock", "steps"),
+        ("events", "clock", "steps", "recomputed"),
         T,
         "per step, every nanosecond of GPU idle time by what the thread feeding the GPU was doing: CUDA call, "
         "OS call, or its own code by innermost NVTX range",
@@ -331,7 +331,7 @@ RULES: tuple[Rule, ...] = (
     Rule("padding", rules.padding_findings, ("padded", "token_ns", "clock")),
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
     Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock")),
-    Rule("recomputation", recompute.recompute_finding, ("recomputed", "clock")),
+    Rule("recomputation", recompute.recompute_finding, ("recomputed", "clock", "idle_views", "overhead")),
     Rule(
         "interconnect",
         rules.interconnect_findings,

@@ -12,6 +12,7 @@ hold. In order, the first that applies:
 - `sync_memset`: idle inside synchronous cudaMemset calls, where some set pinned or managed memory (they block);
 - `pageable_memcpy`: idle inside asynchronous copy calls, where some copy from or to pageable memory (staged);
 - `lock_wait`: waits in lock calls (rules.LOCK_WAIT_CALLS);
+- `recomputation`: the CPU preparing and launching kernels the backward pass runs again (recompute.py);
 - the other causes' findings (idle.CAUSES): allocation, host overhead, host work, thread waits, OS calls, copies.
 
 Queued and unattributed time goes to none. The rules keep their own evidence (which call, where, which
@@ -98,6 +99,7 @@ def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, copies: CopyCalls) -> 
         claim("pageable_memcpy", copying & _matches(names, cuda.ASYNC_MEMCPY_CALL))
     os_calls = (causes["source"] == idle.SOURCES[idle.OS_RUNTIME]).to_numpy(bool)
     claim("lock_wait", os_calls & names.isin(LOCK_WAIT_CALLS).to_numpy(bool))
+    claim(idle.RECOMPUTATION_RULE, cause == idle.RECOMPUTATION)
     for finding in idle.CAUSES:
         claim(finding.rule, cause == finding.cause)
     numbers = steps.sort_values("start")["step"].to_numpy("int64") if len(steps) else np.array([-1])
