@@ -15,6 +15,12 @@ Each CASE plants one problem (`clean` plants none), so that the saving of its fi
   foreach_off      AdamW(foreach=False, fused=False): a loop of small kernels per parameter
   checkpointing    gradient checkpointing on, with memory to spare (recomputes the forward)
 
+and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
+saving is 1 - FIX / clean:
+
+  compiled         the model under torch.compile (fuses the elementwise and reduction kernels that
+                   the clean capture's memory-bound kernel mix names)
+
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] --out FILE.jsonl
 Several cases run one after another in one process (no_cache_alloc needs its own process,
 the variable is read when CUDA starts). With --window, iterations A..B run between
@@ -32,6 +38,7 @@ import time
 import torch
 
 CASES = ("clean", "eager_attention", "no_cache_alloc", "fp32", "tokenize_no_nvtx", "foreach_off", "checkpointing")
+FIXES = ("compiled",)
 SEQ, BATCH, VOCAB = 1024, 8, 50304
 TOKENIZE_TARGET_S = 0.06
 
@@ -72,6 +79,8 @@ def build_model(case: str) -> torch.nn.Module:
     model.train()
     if case == "checkpointing":
         model.gradient_checkpointing_enable()
+    if case == "compiled":
+        return torch.compile(model)
     return model
 
 
@@ -197,7 +206,7 @@ def gemm_rates(out) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("cases", nargs="+", choices=CASES + ("gemm_rates",))
+    parser.add_argument("cases", nargs="+", choices=CASES + FIXES + ("gemm_rates",))
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--window", type=int, nargs=2)
     parser.add_argument("--out", required=True)
