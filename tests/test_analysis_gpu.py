@@ -455,6 +455,30 @@ def test_launch_bound_is_the_idle_while_the_host_launches_late():
     assert finding.gain_pct == pytest.approx(100 * 13_000 / 20_000, abs=1e-3)
 
 
+def test_host_work_inside_a_range_nested_in_data_counts_as_data():
+    """A loop that marks its input work more finely (`tokenize` inside `data`): the idle while the thread ran it
+    is in `data`, as the data_stall view reads it, not in the innermost range; outside `data`, the innermost."""
+    ks = frame("kernels", [kernel("k", 0, 1_000, correlation=1), kernel("k", 3_000_000, 1_000, correlation=2)])
+    ks = pd.concat([ks, frame("kernels", [kernel("k", 6_000_000, 1_000, correlation=3)])], ignore_index=True)
+    calls = frame(
+        "cuda_api", [api("cudaLaunchKernel", 2_990_000, 5_000, 2), api("cudaLaunchKernel", 5_990_000, 5_000, 3)]
+    )
+    ranges = frame(
+        "nvtx",
+        [
+            nvtx_range("step 1", 1_000, 6_001_000),
+            nvtx_range("data", 1_000, 2_990_000),
+            nvtx_range("tokenize", 2_000, 2_900_000),  # inside data
+            nvtx_range("log", 3_002_000, 5_900_000),  # outside data
+        ],
+    )
+    events = EventStore.from_frames(kernels=ks, cuda_api=calls, nvtx=ranges)
+    table = analyze(TraceTables(source_path="t", span_ns=6_001_000, events=events)).tables["idle_causes"]
+    own = table[table["source"] == "own code"].groupby("range")["idle_ns"].sum()
+    assert set(own.index) <= {"data", "log", "step 1"}
+    assert own["data"] == 2_990_000 - 1_000 and own["log"] == 5_900_000 - 3_002_000
+
+
 # ---------------------------------------------------------------- CUDA API: copies, syncs
 
 

@@ -11,7 +11,8 @@ cut into pieces, and each piece goes to exactly one cause, so the causes of a st
 - what that thread was doing, in order of precedence: inside a CUDA API call (by name: allocation, free,
   synchronization, copies, launches), else inside an OS-runtime call (by name; lock, condition and poll
   waits are waiting for another thread or process), else running its own code, named by the innermost
-  NVTX range open on it (or none); pieces are cut at the thread's NVTX range boundaries, so each is in
+  NVTX range open on it (or none; inside a `data` range at any depth, `data`, so that input work a loop
+  marks more finely inside it still counts as input); pieces are cut at the thread's NVTX range boundaries, so each is in
   one innermost range;
 - own code and launches in gaps shorter than HOST_GAP_NS are host overhead between launches (Python and
   framework dispatch); in longer gaps, own code is work on the critical path (input preparation, logging).
@@ -34,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import cuda, intervals, nvtx
+from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.findings import Finding, ms, pct, severity_of
 from sftprof.analysis.gains import StepClock
 from sftprof.analysis.overhead import Overhead, host_share
@@ -53,6 +55,7 @@ WAIT_CALL = re.compile(
     r"|futex|poll|ppoll|epoll_p?wait|select|pselect6?|wait4?|waitpid)$"
 )
 NO_RANGE = "(no NVTX range)"
+DATA_PHASE = PHASES[0]  # own code or calls inside a range of this name, at any depth, are in it
 UNKNOWN_THREAD = "(no CUDA call traced)"
 # Causes of idle time; the findings (CAUSES, below) name the largest with their remedies.
 CAUSE_NAMES = (
@@ -230,6 +233,8 @@ class _Names:
         self.api = cuda.call_names(events)
         self.osrt = {int(i): str(name) for i, name in events.query("SELECT id, name FROM osrt_names").itertuples(False)}
         self.ranges = np.asarray(nvtx.range_names(events), dtype=object)
+        data = np.flatnonzero(self.ranges == DATA_PHASE)
+        self.data_code = int(data[0]) if len(data) else -1
         self._api_cause = {i: CAUSE_NAMES.index(call_cause(name)) for i, name in self.api.items()}
         self._os_cause = {
             i: CAUSE_NAMES.index(THREAD_WAIT if WAIT_CALL.match(name) else OS_CALL) for i, name in self.osrt.items()
@@ -427,6 +432,16 @@ def _in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
     return sorted_values[at] == values
 
 
+def _within(starts: np.ndarray, ends: np.ndarray, r_start: np.ndarray, r_end: np.ndarray) -> np.ndarray:
+    """Which intervals lie inside one of the ranges r (any order, overlapping or nested)."""
+    if not len(r_start):
+        return np.zeros(len(starts), bool)
+    order = np.argsort(r_start, kind="stable")
+    r_start, reach = r_start[order], np.maximum.accumulate(r_end[order])
+    at = np.searchsorted(r_start, starts, side="right") - 1
+    return (at >= 0) & (reach[np.maximum(at, 0)] >= ends)
+
+
 def _run_cumsum(values: np.ndarray, first: np.ndarray) -> np.ndarray:
     """Cumulative sums that restart where `first` is set (runs of consecutive elements)."""
     total = np.cumsum(values)
@@ -491,6 +506,9 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
     parts.append((s, e, own, cause, OWN, None))
     starts, ends, pieces = (np.concatenate([part[i] for part in parts]) for i in range(3))
     range_code = nvtx.innermost_range_codes(events, starts, ends, np.full(len(starts), tid))
+    if names.data_code >= 0:  # inside a `data` range at any depth counts as `data` (the data_stall view)
+        data = events.arrays(f'SELECT start, "end" FROM nvtx WHERE {window} AND name_id = {names.data_code}')
+        range_code[_within(starts, ends, data["start"], data["end"])] = names.data_code
     own_code = range_code[len(starts) - len(parts[-1][0]) :]
     return _Pieces(
         p_row[pieces],

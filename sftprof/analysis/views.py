@@ -5,7 +5,7 @@ Every row (a step's idle time with one cause, call or range) goes to one finding
 idle time is in the gain of two findings, and each such finding's gain is the median share of the step its rows
 hold. In order, the first that applies:
 
-- `data_stall`: idle while the thread feeding the GPU was inside the trainer's `data` ranges (innermost), where
+- `data_stall`: idle while the thread feeding the GPU was inside the trainer's `data` ranges (at any depth), where
   the data ranges take DATA_STALL_PCT of the step time or more;
 - `sync_memcpy`: synchronization inside synchronous cudaMemcpy calls, and the launches they delayed;
 - `sync_in_steps`: the other synchronization (stream, event, device and context syncs, and what they delayed);
