@@ -518,7 +518,7 @@ def test_copy_rules_follow_nsys_semantics():
     assert set(read["start"]) == set(ops["start"]) and (read["api_start"] < read["start"]).all()
     labels = {MAIN: "python (main, tid 7)"}
     capture = clock(1_000_000, busy=ops[["start", "end"]].itertuples(index=False))
-    table = views.idle_views(idle_causes.idle_causes(events, capture, pd.DataFrame()), pd.DataFrame(), copies)
+    table = views.idle_views(idle_causes.idle_causes(events, capture, pd.DataFrame()), pd.DataFrame())
     [sync] = rules.sync_memcpy(copies, capture, labels, events, table)
     assert sync.title == "1 synchronous cudaMemcpy calls block the CPU for 0.005 ms"
     assert "mostly in NVTX `data` (1 of 1)" in sync.evidence
@@ -527,13 +527,15 @@ def test_copy_rules_follow_nsys_semantics():
     assert sync.gain_pct == pytest.approx(100 * (2 * (5_000 - 100) + 2 * 100) / 1_000_000)
     [pageable] = rules.pageable_memcpy(copies, capture, labels, events, table)
     assert pageable.title.startswith("1 asynchronous copies use pageable") and pageable.severity == "info"
-    # the GPU idle during the asynchronous copy calls, less their copies' 100 ns: the pinned copy's call too
-    assert pageable.gain_pct == pytest.approx(100 * 2 * (3_000 - 100) / 1_000_000)
+    # the GPU idle during the pageable copy's call, less its copy's 100 ns: idle_causes names each copy call with
+    # the host memory it touched, so the pinned copy's call is copy_calls'
+    assert pageable.gain_pct == pytest.approx(100 * (3_000 - 100) / 1_000_000)
+    assert set(table.loc[table["rule"] == "pageable_memcpy", "name"]) == {"cudaMemcpyAsync (pageable)"}
     [memset] = rules.sync_memset(copies, capture, labels, table)
     assert memset.title.startswith("1 synchronous cudaMemset") and "Pinned" in memset.evidence
     assert memset.gain_pct == pytest.approx(100 * 1_000 / 1_000_000)  # its call; the Async one is copy_calls'
     claimed = table.groupby("rule")["idle_ns"].sum().to_dict()
-    assert claimed["copy_calls"] == 1_000 and sum(claimed.values()) == table["idle_ns"].sum()
+    assert claimed["copy_calls"] == 1_000 + 3_000 - 100 and sum(claimed.values()) == table["idle_ns"].sum()
     # the same correlation id in another process is another call: nothing joins
     elsewhere = EventStore.from_frames(cuda_api=frame("cuda_api", calls), memops=ops.assign(pid=8))
     assert not list(memory.CopyCalls(elsewhere, {}).batches("true", re.compile("")))
@@ -565,7 +567,7 @@ def test_copy_rules_sum_their_operations_a_batch_at_a_time(monkeypatch):
     labels = {MAIN: "python (main, tid 7)", AUTOGRAD: "pt_autograd_0 (tid 9)"}
     shares = memory.kind_share(0, 3_600_000, events)
     crossing = memory.interconnect_share(0, 3_600_000, events)
-    table = views.idle_views(idle_causes.idle_causes(events, capture, pd.DataFrame()), pd.DataFrame(), copies)
+    table = views.idle_views(idle_causes.idle_causes(events, capture, pd.DataFrame()), pd.DataFrame())
 
     def findings():
         return [
@@ -623,7 +625,6 @@ def test_syncs_in_steps_are_counted_per_step():
             }
         ),
         steps,
-        memory.CopyCalls(events, {}),
     )
     [finding] = rules.syncs_in_steps(waits, steps, {MAIN: "main", AUTOGRAD: "autograd"}, events, gpu_runs, table)
     assert "step 1: 2 calls, 0.006 ms; step 2: 1 calls, 0.001 ms" in finding.evidence
@@ -662,7 +663,7 @@ def test_syncs_in_steps_summed_in_batches_equal_one_batch(monkeypatch):
     waited = events.query(f'SELECT a.start, a."end" FROM cuda_api a WHERE {waits.where()}').itertuples(index=False)
     runs = clock(800_000, busy=busy, waits=waited, steps=steps)
     labels = {MAIN: "main", AUTOGRAD: "autograd"}
-    table = views.idle_views(idle_causes.idle_causes(events, runs, steps), steps, memory.CopyCalls(events, {}))
+    table = views.idle_views(idle_causes.idle_causes(events, runs, steps), steps)
     [whole] = rules.syncs_in_steps(waits, steps, labels, events, runs, table)
     monkeypatch.setattr(event_store, "BATCH_VECTORS", 1)
     [batched] = rules.syncs_in_steps(waits, steps, labels, events, runs, table)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftprof.analysis import analyze, gpu, idle, memory, views
+from sftprof.analysis import analyze, idle, views
 from sftprof.analysis.registry import RULES
 from sftprof.trace import load_trace
 
@@ -35,8 +35,7 @@ def analysed() -> dict:
         tables = load_trace(FIXTURES / f"{name}.sqlite")
         try:
             analysis = analyze(tables)
-            copies = memory.copy_calls(tables.events, gpu.busy_unions(tables.events))
-            table = views.idle_views(analysis.tables["idle_causes"], analysis.tables["steps"], copies)
+            table = views.idle_views(analysis.tables["idle_causes"], analysis.tables["steps"])
             results[name] = (analysis, table)
         finally:
             tables.events.close()

@@ -56,6 +56,11 @@ WAIT_CALL = re.compile(
 )
 NO_RANGE = "(no NVTX range)"
 DATA_PHASE = PHASES[0]  # own code or calls inside a range of this name, at any depth, are in it
+# Host memory a copy or set call touched, named after the call ("cudaMemcpyAsync (pageable)"): in the name id as
+# its index + 1 times HOST_MEMORY_STRIDE.
+HOST_MEMORY = ("Pageable", "Pinned", "Managed")
+HOST_MEMORY_SQL = "(" + ", ".join(f"'{kind}'" for kind in HOST_MEMORY) + ")"
+HOST_MEMORY_STRIDE = 1 << 32
 UNKNOWN_THREAD = "(no CUDA call traced)"
 # Causes of idle time; the findings (CAUSES, below) name the largest with their remedies.
 CAUSE_NAMES = (
@@ -256,6 +261,9 @@ class _Names:
     def label(self, source: str, name: int) -> str:
         if source == SOURCES[DELAYED] and name < 0:
             return RECOMPUTED_NAME
+        if source == SOURCES[CUDA_API] and name >= HOST_MEMORY_STRIDE:
+            call = cuda.base_name(self.api.get(int(name) % HOST_MEMORY_STRIDE, "?"))
+            return f"{call} ({HOST_MEMORY[int(name) // HOST_MEMORY_STRIDE - 1].lower()})"
         if source in (SOURCES[CUDA_API], SOURCES[DELAYED]):
             return self.api.get(int(name), "?")
         if source == SOURCES[OS_RUNTIME]:
@@ -432,6 +440,30 @@ def _in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
     return sorted_values[at] == values
 
 
+def _host_memory(events: EventStore, pids, correlations, causes) -> np.ndarray:
+    """For each call, the host memory its copy or set touched, as 1 + its index in HOST_MEMORY (0: none, or not
+    a copy call). A copy from pageable memory is staged, a set of pinned or managed memory blocks the host: the
+    copy and set rules count only the idle in such calls (views.py)."""
+    kinds = np.zeros(len(causes), "int64")
+    copying = np.flatnonzero((causes == CAUSE_NAMES.index(COPY)) & (correlations >= 0))
+    if not len(copying):
+        return kinds
+    lo, hi = int(correlations[copying].min()), int(correlations[copying].max())
+    ops = events.arrays(
+        f"""SELECT pid, correlation_id,
+                   CASE WHEN src_kind IN {HOST_MEMORY_SQL} THEN src_kind ELSE dst_kind END AS kind
+            FROM memops WHERE correlation_id BETWEEN {lo} AND {hi}
+              AND (src_kind IN {HOST_MEMORY_SQL} OR dst_kind IN {HOST_MEMORY_SQL})"""
+    )
+    if not len(ops["pid"]):
+        return kinds
+    code = {
+        (int(p), int(c)): HOST_MEMORY.index(k) + 1 for p, c, k in zip(ops["pid"], ops["correlation_id"], ops["kind"])
+    }
+    kinds[copying] = [code.get((int(p), int(c)), 0) for p, c in zip(pids[copying], correlations[copying])]
+    return kinds
+
+
 def _within(starts: np.ndarray, ends: np.ndarray, r_start: np.ndarray, r_end: np.ndarray) -> np.ndarray:
     """Which intervals lie inside one of the ranges r (any order, overlapping or nested)."""
     if not len(r_start):
@@ -480,13 +512,16 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
     p_start, p_end, keep = _split(p_start, p_end, _sorted_unique(bounds["t"]))
     p_row, short = p_row[keep], short[keep]
     piece = np.arange(len(p_start))
-    api = events.arrays(f'SELECT start, "end", name_id FROM cuda_api WHERE {window}')
+    api = events.arrays(
+        f'SELECT start, "end", name_id, coalesce(correlation_id, -1) AS correlation_id, coalesce(pid, -1) AS pid '
+        f"FROM cuda_api WHERE {window}"
+    )
     a_start, a_end, order = _disjoint(api["start"], api["end"])
     s, e, a, b = _overlaps(a_start, a_end, p_start, p_end)
-    ids = api["name_id"][order][a].astype("int64")
-    parts = [(s, e, b, names.api_cause_of(ids), CUDA_API, ids)]
     call_ids = api["name_id"][order].astype("int64")
     call_cause = names.api_cause_of(call_ids)
+    kinds = _host_memory(events, api["pid"][order], api["correlation_id"][order], call_cause)
+    parts = [(s, e, b, call_cause[a], CUDA_API, call_ids[a] + kinds[a] * HOST_MEMORY_STRIDE)]
     delaying = np.isin(call_cause, DELAYING)
     d_start, d_end = a_start[delaying], a_end[delaying]
     d_cause, d_name = call_cause[delaying], call_ids[delaying]

@@ -209,7 +209,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("sched_traced", sched.sched_traced, ("tables", "events"), T),
     Section("copies", memory.copy_calls, ("events", "busy_unions"), T),
     # idle_causes with the finding each row counts toward: the idle, sync, copy, data and lock rules' views
-    Section("idle_views", views.idle_views, ("idle_causes", "steps", "copies"), T),
+    Section("idle_views", views.idle_views, ("idle_causes", "steps"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
         "step_accounting",

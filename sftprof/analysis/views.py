@@ -9,8 +9,8 @@ hold. In order, the first that applies:
   the data ranges take DATA_STALL_PCT of the step time or more;
 - `sync_memcpy`: synchronization inside synchronous cudaMemcpy calls, and the launches they delayed;
 - `sync_in_steps`: the other synchronization (stream, event, device and context syncs, and what they delayed);
-- `sync_memset`: idle inside synchronous cudaMemset calls, where some set pinned or managed memory (they block);
-- `pageable_memcpy`: idle inside asynchronous copy calls, where some copy from or to pageable memory (staged);
+- `sync_memset`: idle inside synchronous cudaMemset calls that set pinned or managed memory (they block);
+- `pageable_memcpy`: idle inside asynchronous copy calls that copy from or to pageable memory (staged);
 - `lock_wait`: waits in lock calls (rules.LOCK_WAIT_CALLS);
 - `recomputation`: the CPU preparing and launching kernels the backward pass runs again (recompute.py);
 - the other causes' findings (idle.CAUSES): allocation, host overhead, host work, thread waits, OS calls, copies.
@@ -31,7 +31,7 @@ from sftprof.analysis import cuda, idle
 from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.findings import pct
 from sftprof.analysis.gains import StepClock
-from sftprof.analysis.memory import PAGEABLE, CopyCalls
+from sftprof.analysis.memory import PAGEABLE
 from sftprof.trace.events import MEMSET_KIND, sql_in, sql_text
 
 RULE = idle.VIEW_COLUMN  # the column views add to idle_causes
@@ -74,7 +74,7 @@ def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     return names.map(matched).to_numpy(bool)
 
 
-def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, copies: CopyCalls) -> pd.DataFrame:
+def idle_views(causes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """idle_causes with `rule`: the finding whose gain each row counts toward ("" for none), module docstring."""
     rules = np.full(len(causes), "", dtype=object)
     if causes.empty:
@@ -92,11 +92,11 @@ def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, copies: CopyCalls) -> 
     syncing = cause == idle.SYNCHRONIZATION
     claim("sync_memcpy", syncing & _matches(names, cuda.SYNC_MEMCPY_CALL))
     claim("sync_in_steps", syncing)
-    copying = cause == idle.COPY
-    if copies.count(BLOCKING_MEMSET_ROWS, cuda.SYNC_MEMSET_CALL):
-        claim("sync_memset", copying & _matches(names, cuda.SYNC_MEMSET_CALL))
-    if copies.count(PAGEABLE_ROWS, cuda.ASYNC_MEMCPY_CALL):
-        claim("pageable_memcpy", copying & _matches(names, cuda.ASYNC_MEMCPY_CALL))
+    copying = cause == idle.COPY  # copy and set calls are named with the host memory they touched (idle.HOST_MEMORY)
+    blocking = names.str.endswith(tuple(f"({kind.lower()})" for kind in HOST_BLOCKING_MEMSET_KINDS)).to_numpy(bool)
+    claim("sync_memset", copying & blocking & _matches(names, cuda.SYNC_MEMSET_CALL))
+    staged = names.str.endswith(f"({PAGEABLE.lower()})").to_numpy(bool)
+    claim("pageable_memcpy", copying & staged & _matches(names, cuda.ASYNC_MEMCPY_CALL))
     os_calls = (causes["source"] == idle.SOURCES[idle.OS_RUNTIME]).to_numpy(bool)
     claim("lock_wait", os_calls & names.isin(LOCK_WAIT_CALLS).to_numpy(bool))
     claim(idle.RECOMPUTATION_RULE, cause == idle.RECOMPUTATION)
