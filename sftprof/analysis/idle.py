@@ -457,10 +457,14 @@ def _host_memory(events: EventStore, pids, correlations, causes) -> np.ndarray:
     )
     if not len(ops["pid"]):
         return kinds
-    code = {
-        (int(p), int(c)): HOST_MEMORY.index(k) + 1 for p, c, k in zip(ops["pid"], ops["correlation_id"], ops["kind"])
-    }
-    kinds[copying] = [code.get((int(p), int(c)), 0) for p, c in zip(pids[copying], correlations[copying])]
+    # (pid, correlation id) as one number, correlation ids being 32-bit: matched by binary search
+    op_keys = (ops["pid"].astype("int64") << 32) | ops["correlation_id"].astype("int64")
+    order = np.argsort(op_keys)
+    op_keys, op_kinds = op_keys[order], np.asarray(ops["kind"], dtype=object)[order]
+    keys = (pids[copying].astype("int64") << 32) | correlations[copying].astype("int64")
+    at = np.minimum(np.searchsorted(op_keys, keys), len(op_keys) - 1)
+    found = op_keys[at] == keys
+    kinds[copying[found]] = [HOST_MEMORY.index(kind) + 1 for kind in op_kinds[at[found]]]
     return kinds
 
 
