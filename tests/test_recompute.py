@@ -36,6 +36,16 @@ def test_shorter_runs_and_the_same_thread_are_not_recomputation():
     assert not recompute._repeated(tids, np.array(layer + layer, dtype=np.uint64)).any()
 
 
+def test_two_processes_launching_the_same_forward_are_not_recomputation():
+    """Two ranks captured in one report: each process's main thread launches the same forward in the same step;
+    only a second thread of one process launching it again is recomputation."""
+    layer = list(range(100, 100 + recompute.RUN))
+    rank0, rank1, rank1_backward = (7 << 24) | 1, (8 << 24) | 1, (8 << 24) | 2
+    tids = np.array([rank0] * len(layer) + [rank1] * len(layer) + [rank1_backward] * len(layer))
+    marked = recompute._repeated(tids, np.array(layer * 3, dtype=np.uint64))
+    assert marked.tolist() == [False] * 2 * len(layer) + [True] * len(layer)
+
+
 def test_host_time_before_a_repeated_kernel_becomes_recomputation():
     """Pieces cut from an idle piece that ended in a recomputed kernel move to `recomputation` where the thread
     was in host overhead or host work; a synchronization there keeps its own cause, other pieces are untouched."""

@@ -4,8 +4,8 @@ Checkpointing saves memory by dropping a segment's activations in the forward pa
 forward again when the backward pass reaches it. PyTorch runs the backward pass on the autograd engine's own
 thread, so the recomputation is the forward's kernels launched again from another thread. It is found by
 order, not by names that tell forward from backward: a run of RUN kernels in a row (the same kernels in the
-same order) that the thread which launched the step's first kernel launched, launched again in the same step
-from another thread. Backward kernels differ from the forward's: on every committed capture without
+same order) that the thread which launched the step's first kernel (in its process) launched, launched again in
+the same step from another thread of that process. Backward kernels differ from the forward's: on every committed capture without
 checkpointing the longest such run is 4 kernels (NeMo's rotary embedding), while a checkpointed layer's forward
 repeats whole, dozens of kernels.
 
@@ -57,8 +57,18 @@ def _runs(shape: np.ndarray) -> np.ndarray:
 
 
 def _repeated(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
-    """Which kernels of one step (launch order) belong to a run of RUN that the step's first thread launched
-    too, on another thread."""
+    """Which kernels of one step (launch order) belong to a run of RUN that the first thread of their process
+    to launch in the step launched too, on another thread of that process. Per process: ranks captured in one
+    report each launch the same forward, which is not recomputation. `tids`: global thread ids (pid << 24)."""
+    repeated = np.zeros(len(shape), dtype=bool)
+    process = (tids >> 24) & 0xFFFFFF
+    for pid in np.unique(process):
+        own = np.flatnonzero(process == pid)
+        repeated[own] = _repeated_in_process(tids[own], shape[own])
+    return repeated
+
+
+def _repeated_in_process(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
     repeated = np.zeros(len(shape), dtype=bool)
     first = tids[0]
     mine = np.flatnonzero(tids == first)
