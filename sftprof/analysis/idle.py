@@ -12,8 +12,8 @@ cut into pieces, and each piece goes to exactly one cause, so the causes of a st
   synchronization, copies, launches), else inside an OS-runtime call (by name; lock, condition and poll
   waits are waiting for another thread or process), else running its own code, named by the innermost
   NVTX range open on it (or none; inside a `data` range at any depth, `data`, so that input work a loop
-  marks more finely inside it still counts as input); pieces are cut at the thread's NVTX range boundaries, so each is in
-  one innermost range;
+  marks more finely inside it still counts as input); pieces are cut at the thread's NVTX range boundaries,
+  so each is in one innermost range;
 - own code and launches in gaps shorter than HOST_GAP_NS are host overhead between launches (Python and
   framework dispatch); in longer gaps, own code is work on the critical path (input preparation, logging).
 - idle that ended in a kernel the backward pass launched again (recompute.recomputed: activation checkpointing's
@@ -529,6 +529,8 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
     delaying = np.isin(call_cause, DELAYING)
     d_start, d_end = a_start[delaying], a_end[delaying]
     d_cause, d_name = call_cause[delaying], call_ids[delaying]
+    if again is not None:
+        again = again[(again["end"] > lo) & (again["start"] < hi)]  # as the calls: this window's
     if again is not None and len(again):
         d_start, d_end = np.r_[d_start, again["start"].to_numpy("int64")], np.r_[d_end, again["end"].to_numpy("int64")]
         d_cause = np.r_[d_cause, np.full(len(again), CAUSE_NAMES.index(RECOMPUTATION))]
