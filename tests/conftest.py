@@ -140,14 +140,39 @@ def demo_sqlite(demo_run) -> Path:
     return demo_run / layout.EXPORT_DIR.format(experiment="demo", window="steady") / "rank0.sqlite"
 
 
+# In the environment of this test session and so of every process it starts (nsys hands it on to its agent):
+# the agents this session started are told from those of another session or user on the same machine.
+TEST_SESSION = f"SFTPROF_TEST_SESSION={os.getpid()}-{os.urandom(8).hex()}"
+os.environ.update([TEST_SESSION.split("=", 1)])
+
+
+# What nsys 2022.4 said, and all it said, when it could not start beside another nsys on 2 loaded cores (exit 1,
+# the program never run): before these were started again, each failed a workflow's profiled run.
+SEM_OPEN_THROW = """\
+/build/agent/work/323cb361ab84164c/QuadD/Common/ProcessWaiter/Src/POSIX/ProcessWaiterImpl.cpp(166): Throw in function QuadDCommon::ProcessWaiter::ProcessWaiterImpl::ProcessWaiterImpl(QuadDCommon::ProcessId, bool)
+Dynamic exception type: boost::wrapexcept<QuadDCommon::SystemException>
+std::exception::what: SystemException
+[QuadDCommon::tag_errno_text*] = No such file or directory
+[boost::errinfo_errno_*] = 2, "No such file or directory"
+[boost::errinfo_api_function_*] = sem_open
+"""
+ENDPOINT_THROW = """\
+/build/agent/work/323cb361ab84164c/QuadD/Common/ProtobufComm/Client/ClientProxy.cpp(381): Throw in function QuadDProtobufComm::Endpoint QuadDProtobufComm::Client::ClientProxy::GetLocalEndpoint() const
+Dynamic exception type: boost::wrapexcept<QuadDCommon::RuntimeException>
+std::exception::what: RuntimeException
+[QuadDCommon::tag_message*] = Local Endpoint is not available.
+"""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_nsys_agents_left_behind():
-    """nsys can leave `--start-agent` helpers that burn a core each; no test may leave one."""
+    """nsys can leave `--start-agent` helpers that burn a core each; no test may leave one. Only this
+    session's count: another session's agent, alive when this one ends, was an error of this one's last test."""
     from sftprof.capture.nsys import running_agent_pids
 
-    before = running_agent_pids()
+    before = running_agent_pids(TEST_SESSION)
     yield
-    leftover = running_agent_pids() - before
+    leftover = running_agent_pids(TEST_SESSION) - before
     assert not leftover, f"nsys agents left running after the tests: {sorted(leftover)}"
 
 

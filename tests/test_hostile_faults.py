@@ -22,7 +22,7 @@ import pytest
 from sftprof import pipeline
 from sftprof.capture import nsys
 
-from conftest import SFTPROF, assert_refused, run_sftprof, tree_state
+from conftest import ENDPOINT_THROW, SEM_OPEN_THROW, SFTPROF, TEST_SESSION, assert_refused, run_sftprof, tree_state
 
 OPTIONS = ["--trace=osrt", "--sample=none", "--cpuctxsw=none"]
 # One command line for both runs, as two ranks or a rerun have: only the environment differs.
@@ -66,8 +66,8 @@ def test_a_run_leaves_an_unrelated_process_of_the_same_command_line_running(tmp_
         stranger.wait()
 
 
-def fake_nsys(folder: Path, says: str, failures: int) -> Path:
-    """An `nsys` ahead of the real one on PATH that prints `says` and exits 1 its first `failures`
+def fake_nsys(folder: Path, says: str, failures: int, exit_code: int = 1) -> Path:
+    """An `nsys` ahead of the real one on PATH that prints `says` and exits `exit_code` its first `failures`
     times, as nsys 2022.4 does when its agent cannot start, then runs the real one. Each call
     appends a line to the returned file."""
     calls, said, script = folder / "calls", folder / "says", folder / "nsys"
@@ -76,7 +76,7 @@ def fake_nsys(folder: Path, says: str, failures: int) -> Path:
         textwrap.dedent(f"""\
             #!/bin/bash
             echo call >> {calls}
-            if [ "$(wc -l < {calls})" -le {failures} ]; then cat {said}; exit 1; fi
+            if [ "$(wc -l < {calls})" -le {failures} ]; then cat {said}; exit {exit_code}; fi
             exec {nsys.find_nsys()} "$@"
         """)
     )
@@ -85,16 +85,21 @@ def fake_nsys(folder: Path, says: str, failures: int) -> Path:
 
 
 @pytest.mark.parametrize(
-    "says, failures, runs",
+    "says, failures, runs, exit_code",
     [
-        ("Agent launcher failed.", 1, 2),  # started again, and the second works
-        ("End of file", 2, 3),
-        ("End of file\nthe program said this", 1, 1),  # the program ran: its failure is its own
+        ("Agent launcher failed.", 1, 2, 1),  # started again, and the second works
+        ("End of file", 2, 3, 1),
+        ("End of file\nthe program said this", 1, 1, 1),  # the program ran: its failure is its own
+        # nsys 2022.4 beside another nsys starting or ending on 2 loaded cores (tests/test_nsys.py):
+        (SEM_OPEN_THROW, 1, 2, 1),
+        (ENDPOINT_THROW, 2, 3, 1),
+        ("Connection to the Agent lost.\nConnection to the Agent lost.", 1, 2, 0),  # exit 0, and no report
+        (SEM_OPEN_THROW + "the program said this", 1, 1, 1),
     ],
 )
-def test_an_nsys_that_could_not_start_is_started_again(tmp_path, monkeypatch, says, failures, runs):
+def test_an_nsys_that_could_not_start_is_started_again(tmp_path, monkeypatch, says, failures, runs, exit_code):
     monkeypatch.setattr(nsys, "START_RETRY_S", 0.0)
-    calls = fake_nsys(tmp_path, says, failures)
+    calls = fake_nsys(tmp_path, says, failures, exit_code)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     log = io.StringIO()
     if runs > failures:
@@ -122,7 +127,7 @@ def test_a_rank_ended_by_slurm_leaves_nothing_running(tmp_path):
     agent and program go with it, or they burn the node's cores and stall later captures."""
     marker = f"sftprof-sigterm-{os.getpid()}"
     program = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)", marker]
-    before = nsys.running_agent_pids()
+    before = nsys.running_agent_pids(TEST_SESSION)
     rank = subprocess.Popen(
         [sys.executable, "-m", "sftprof.capture.rank", "--profiled-ranks=0", f"--capture-dir={tmp_path}", "--"]
         + nsys.profile_argv(OPTIONS, tmp_path / "ended", program),
@@ -136,7 +141,7 @@ def test_a_rank_ended_by_slurm_leaves_nothing_running(tmp_path):
     rank.terminate()
     assert rank.wait(timeout=60) == 143
     running = [argv for _, argv in nsys._processes() if marker.encode() in argv]
-    assert running == [] and nsys.running_agent_pids() <= before
+    assert running == [] and nsys.running_agent_pids(TEST_SESSION) <= before
     assert not (tmp_path / "rank0.json").exists()
 
 

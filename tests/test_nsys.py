@@ -7,12 +7,15 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from sftprof import pipeline
 from sftprof.capture import nsys
+
+from conftest import ENDPOINT_THROW, SEM_OPEN_THROW, TEST_SESSION
 
 PROFILE = {
     "trace": ["cuda", "cudnn", "cublas", "osrt", "nvtx"],
@@ -81,7 +84,7 @@ def test_missing_nsys_says_how_to_install(monkeypatch, tmp_path):
 
 
 def test_real_profile_writes_report_and_leaves_no_agents(tmp_path):
-    before = nsys.running_agent_pids()
+    before = nsys.running_agent_pids(TEST_SESSION)
     log = io.StringIO()
     report = nsys.run_profile(
         ["--trace=osrt", "--sample=none", "--cpuctxsw=none"], SHORT_PROGRAM, tmp_path / "plain", log
@@ -89,7 +92,7 @@ def test_real_profile_writes_report_and_leaves_no_agents(tmp_path):
     assert report == tmp_path / "plain.nsys-rep" and report.stat().st_size > 0
     assert not (tmp_path / "plain.qdstrm").exists()
     assert "profiled" in log.getvalue()
-    assert nsys.running_agent_pids() <= before
+    assert nsys.running_agent_pids(TEST_SESSION) <= before
 
 
 def _fake_install(root: Path, target: str, host: str) -> tuple[Path, Path]:
@@ -379,3 +382,41 @@ def test_installed_nsys_knows_its_releases_report_names():
     names = {line.split()[0].split("[")[0] for line in listed.splitlines() if line.startswith("  ") and line.split()}
     wanted = {nsys.stats_report(table, version[1]) for table in nsys.STATS_REPORTS} - {None}
     assert wanted <= names, wanted - names
+
+
+@pytest.mark.parametrize(
+    "output, could_not",
+    [
+        (SEM_OPEN_THROW, True),
+        (ENDPOINT_THROW, True),
+        ("End of file\n", True),
+        ("Connection to the Agent lost.\nConnection to the Agent lost.\n", True),
+        ("", False),  # silence: the program may have run and said nothing
+        (SEM_OPEN_THROW + "the program said this\n", False),  # the program ran
+        ("Connection to the Agent lost.\nstep 0 loss 5.5\n", False),
+        (SEM_OPEN_THROW.replace("ProcessWaiterImpl::ProcessWaiterImpl", "Importer::Import"), False),  # elsewhere
+        ("\n".join(SEM_OPEN_THROW.splitlines()[1:]), False),  # a dump's lines without nsys's throw
+    ],
+)
+def test_could_not_start_only_where_nsys_says_nothing_but_its_start_failure(output, could_not):
+    assert nsys.could_not_start(nsys.nsys_messages(output)) is could_not
+
+
+def test_agents_are_told_by_the_mark_in_their_environment():
+    """Another session's agent on the machine is not this session's: the session's end check counted one
+    alive as this session's own leftover (an error of its last test)."""
+    stand_in = [sys.executable, "-c", "import time; time.sleep(60)", "--start-agent"]
+    mine = subprocess.Popen(["nsys", *stand_in[1:]], executable=sys.executable)
+    other_env = {k: v for k, v in os.environ.items() if k != TEST_SESSION.split("=")[0]}
+    other = subprocess.Popen(["nsys", *stand_in[1:]], executable=sys.executable, env=other_env)
+    try:
+        deadline = time.monotonic() + 30  # until both have exec'd
+        while {mine.pid, other.pid} - nsys.running_agent_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {mine.pid, other.pid} <= nsys.running_agent_pids()
+        marked = nsys.running_agent_pids(TEST_SESSION)
+        assert mine.pid in marked and other.pid not in marked
+    finally:
+        for process in (mine, other):
+            process.kill()
+            process.wait()

@@ -5,8 +5,9 @@ wrong in practice, each seen on real installs:
 - a capture left as NAME.qdstrm because QdstrmImporter was not found (exit code still 0);
 - output diverted to /tmp/nsys-report-XXXX.qdstrm because the target existed (exit code 0);
 - `nsys --start-agent` processes left behind that burn a core each and stall later captures;
-- an agent that does not start when two ranks start nsys on one node (it exits 1, having said only
-  "Agent launcher failed." or "End of file"): started again.
+- an agent that does not start when another nsys starts or ends on the node (two ranks, two jobs, another
+  user's run): nsys says only "Agent launcher failed." or "End of file", or dumps an exception thrown
+  before the program ran (START_EXCEPTIONS), or says only "Connection to the Agent lost.": started again.
 
 Two releases are checked on real captures, 2022.4 (Debian's) and 2025.3 (tests/fixtures/nsys2025):
 their messages (the progress bars, "Generating '...qdstrm'", "Generated:"), the stats report names
@@ -48,8 +49,23 @@ PER_RANK_OUTPUT = ".%q{SLURM_JOB_ID}.%q{SLURM_NODEID}.%q{SLURM_PROCID}.%h"
 # How long output may keep coming after nsys has exited before what is left is killed.
 OUTPUT_GRACE_S = 10.0
 # All that nsys 2022.4 says when its agent does not start, the program never run: "End of file"
-# was seen with two ranks starting nsys on one node, 3 runs in 40 on 2 cores under load.
-START_FAILURES = {"End of file", "Agent launcher failed."}
+# was seen with two ranks starting nsys on one node, 3 runs in 40 on 2 cores under load; "Connection
+# to the Agent lost." (exit 0, no report, after about 10 s) with another nsys starting beside it.
+START_FAILURES = {"End of file", "Agent launcher failed.", "Connection to the Agent lost."}
+# Where nsys 2022.4 throws when it cannot start, the program never run (exit 1), with another nsys
+# starting or ending on the host under load: its launcher's semaphore not there yet (`sem_open`, No such
+# file or directory, 0.3 s), and its agent's endpoint not up ("Local Endpoint is not available.", 2 s).
+# Each was seen 1 to 2 times in 60 runs beside a second nsys on 2 loaded cores; each failed a workflow's
+# profiled run (exit 1) where it was not started again.
+START_EXCEPTIONS = (
+    "QuadDCommon::ProcessWaiter::ProcessWaiterImpl::ProcessWaiterImpl(",
+    "QuadDProtobufComm::Client::ClientProxy::GetLocalEndpoint(",
+)
+# The lines of nsys's dump of an exception (boost's diagnostic information):
+# ".../ProcessWaiterImpl.cpp(166): Throw in function ...", "Dynamic exception type: ...",
+# "std::exception::what: ...", "[boost::errinfo_errno_*] = 2, ...".
+_THROW_LINE = re.compile(r"^\S+\(\d+\): Throw in function (.+)$")
+_EXCEPTION_LINE = re.compile(r"^(?:Dynamic exception type: |std::exception::what: |\[[^\]]+\] = )")
 START_ATTEMPTS = 3
 START_RETRY_S = 2.0  # times the attempt: 2 s, then 4 s
 # Set to a fresh random value for each profiled run: what carries it in its environment is that
@@ -219,9 +235,11 @@ def _processes() -> Iterator[tuple[int, list[bytes]]]:
             continue
 
 
-def running_agent_pids() -> set[int]:
-    """Process ids of running `nsys --start-agent` helpers."""
-    return {pid for pid, argv in _processes() if b"--start-agent" in argv and argv[:1] and argv[0].endswith(b"nsys")}
+def running_agent_pids(marked: str | None = None) -> set[int]:
+    """Process ids of running `nsys --start-agent` helpers; with `marked` (NAME=VALUE), only those whose
+    environment holds it (nsys hands its environment to the agent): another's agents on the host are left out."""
+    agents = {pid for pid, argv in _processes() if b"--start-agent" in argv and argv[:1] and argv[0].endswith(b"nsys")}
+    return agents if marked is None else agents & _marked_processes(marked)
 
 
 def _kill(pids: set[int]) -> None:
@@ -353,7 +371,7 @@ def run_profile(
     is copied to `log` and echoed to stdout. What this run started and left behind (nsys's
     process group, the program, the `--start-agent` helper) is killed before returning; it is
     found by a token in its environment, so other runs on the node are never touched. An nsys
-    that could not start (START_FAILURES) is started again, up to START_ATTEMPTS times.
+    that could not start (could_not_start) is started again, up to START_ATTEMPTS times.
     """
     nsys = find_nsys()
     token = secrets.token_hex(16)
@@ -365,31 +383,45 @@ def run_profile(
         log.write("[sftprof] " + shlex.join(argv) + "\n")
         log.flush()
         returncode, captured = _run_nsys(argv, env, log, token)
-        said = set(nsys_messages("".join(captured)))
-        started = not said or not said <= START_FAILURES or report_path(base).exists()
-        if returncode == 0 or started or attempt == START_ATTEMPTS:
+        said = nsys_messages("".join(captured))
+        started = not could_not_start(said) or report_path(base).exists()
+        if started or attempt == START_ATTEMPTS:
             break
-        log.write(f"[sftprof] nsys could not start ({'; '.join(sorted(said))}); starting it again\n")
+        log.write(f"[sftprof] nsys could not start ({'; '.join(said)[-500:]}); starting it again\n")
         time.sleep(START_RETRY_S * attempt)
     output = "".join(captured)
+    if not started:
+        raise NsysError(
+            f"nsys could not start its agent ({START_ATTEMPTS} attempts; it said: {'; '.join(said)[-500:]}). "
+            "Look for `nsys --start-agent` processes left on this node and end them; if none, move "
+            f"{Path(tempfile.gettempdir()) / 'nvidia'} aside (nsys's session state, seen damaged after "
+            "agents were killed) and run again."
+        )
     if returncode != 0:
         # nsys's import progress bar can print dozens of lines after the program's last words.
         program_lines = [line for line in captured if not _PROGRESS_LINE.match(line)]
         tail = "".join(program_lines[-15:])
         partial = report_path(base)
         kept = f" A report of the failed run is kept at {partial} for inspection." if partial.exists() else ""
-        if not started:
-            raise NsysError(
-                f"nsys could not start its agent ({START_ATTEMPTS} attempts; it said: {'; '.join(sorted(said))}). "
-                "Look for `nsys --start-agent` processes left on this node and end them; if none, move "
-                f"{Path(tempfile.gettempdir()) / 'nvidia'} aside (nsys's session state, seen damaged after "
-                "agents were killed) and run again."
-            )
         raise NsysError(
             f"nsys profile exited with {returncode}: the profiled program or nsys failed.{kept} Last output:\n{tail}"
         )
     capture_range = any(o.startswith("--capture-range=") and o != "--capture-range=none" for o in options)
     return _collect_report(base, output, nsys, log, capture_range)
+
+
+def could_not_start(said: Sequence[str]) -> bool:
+    """Whether nsys's messages (nsys_messages) say only that it could not start, the program never run:
+    nothing but START_FAILURES and the dumps of exceptions thrown at START_EXCEPTIONS sites. Any other line
+    (the program's own output, or nsys's after it ran) means it started; so does silence."""
+    throws = [match.group(1) for match in map(_THROW_LINE.match, said) if match]
+    dumps = [line for line in said if line not in START_FAILURES]
+    return (
+        bool(said)
+        and all(_THROW_LINE.match(line) or _EXCEPTION_LINE.match(line) for line in dumps)
+        and bool(throws) == bool(dumps)
+        and all(any(site in throw for site in START_EXCEPTIONS) for throw in throws)
+    )
 
 
 def _run_nsys(argv: list[str], env: dict[str, str], log: IO[str], token: str) -> tuple[int, list[str]]:
@@ -430,7 +462,12 @@ def _run_processes(token: str) -> set[int]:
     """Processes started by the run that `token` marks: the environment they began with holds it.
     nsys hands its environment to everything it starts (its launcher, the program, the
     `--start-agent` helper), even where they leave its session or process group."""
-    marker = f"{RUN_TOKEN}={token}".encode()
+    return _marked_processes(f"{RUN_TOKEN}={token}")
+
+
+def _marked_processes(marked: str) -> set[int]:
+    """Processes (not this one) whose environment holds `marked` (NAME=VALUE)."""
+    marker = marked.encode()
     found = set()
     for environ_path in glob.glob("/proc/[0-9]*/environ"):
         try:
