@@ -40,7 +40,7 @@ from sftprof.analysis.findings import Finding, ms, pct, severity_of
 from sftprof.analysis.gains import StepClock
 from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.analysis.utilisation import UNNAMED_RANGE
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, sql_in
 
 # Gaps up to this long are the host's per-launch overhead (a launch costs the CPU 5-30 µs, Python op dispatch
 # tens more); longer ones are work the CPU did instead of feeding the GPU. utilisation.IDLE_GAP_NS's 1 ms.
@@ -59,7 +59,6 @@ DATA_PHASE = PHASES[0]  # own code or calls inside a range of this name, at any 
 # Host memory a copy or set call touched, named after the call ("cudaMemcpyAsync (pageable)"): in the name id as
 # its index + 1 times HOST_MEMORY_STRIDE.
 HOST_MEMORY = ("Pageable", "Pinned", "Managed")
-HOST_MEMORY_SQL = "(" + ", ".join(f"'{kind}'" for kind in HOST_MEMORY) + ")"
 HOST_MEMORY_STRIDE = 1 << 32
 UNKNOWN_THREAD = "(no CUDA call traced)"
 # Causes of idle time; the findings (CAUSES, below) name the largest with their remedies.
@@ -451,9 +450,9 @@ def _host_memory(events: EventStore, pids, correlations, causes) -> np.ndarray:
     lo, hi = int(correlations[copying].min()), int(correlations[copying].max())
     ops = events.arrays(
         f"""SELECT pid, correlation_id,
-                   CASE WHEN src_kind IN {HOST_MEMORY_SQL} THEN src_kind ELSE dst_kind END AS kind
+                   CASE WHEN {sql_in("src_kind", HOST_MEMORY)} THEN src_kind ELSE dst_kind END AS kind
             FROM memops WHERE correlation_id BETWEEN {lo} AND {hi}
-              AND (src_kind IN {HOST_MEMORY_SQL} OR dst_kind IN {HOST_MEMORY_SQL})"""
+              AND ({sql_in("src_kind", HOST_MEMORY)} OR {sql_in("dst_kind", HOST_MEMORY)})"""
     )
     if not len(ops["pid"]):
         return kinds

@@ -5,9 +5,9 @@ forward again when the backward pass reaches it. PyTorch runs the backward pass 
 thread, so the recomputation is the forward's kernels launched again from another thread. It is found by
 order, not by names that tell forward from backward: a run of RUN kernels in a row (the same kernels in the
 same order) that the thread which launched the step's first kernel (in its process) launched, launched again in
-the same step from another thread of that process. Backward kernels differ from the forward's: on every committed capture without
-checkpointing the longest such run is 4 kernels (NeMo's rotary embedding), while a checkpointed layer's forward
-repeats whole, dozens of kernels.
+the same step from another thread of that process. Backward kernels differ from the forward's: on every
+committed capture without checkpointing the longest such run is 4 kernels (NeMo's rotary embedding), while a
+checkpointed layer's forward repeats whole, dozens of kernels.
 
 Removing the recomputation saves what the GPU spent on the repeated kernels and the idle time before each of
 them while the CPU prepared and launched it (idle.idle_causes gives that idle the cause `recomputation`, so no
@@ -189,9 +189,9 @@ def recompute_finding(
         return []
     gpu = np.zeros(clock.steps)
     gpu[by_step["step_row"].to_numpy("int64")] = by_step["gpu_ns"].to_numpy(float)
-    waited = views.per_step(idle_views, idle.RECOMPUTATION_RULE, clock)
     rows = views.rows_of(idle_views, idle.RECOMPUTATION_RULE)
-    delayed = idle.per_step(rows[rows["source"] == idle.SOURCES[idle.DELAYED]], clock) if len(rows) else waited * 0
+    waited = idle.per_step(rows, clock)
+    delayed = idle.per_step(rows[rows["source"] == idle.SOURCES[idle.DELAYED]] if len(rows) else rows, clock)
     placed = idle.profiler_time(idle_views, clock, overhead).get(idle.RECOMPUTATION_RULE, 0.0)
     share = host_share(overhead, float(np.median(waited)), clock, placed)
     saved = gpu + waited
