@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # NeMo 2.2.1 fine-tuning of Llama 2 7B (random weights) on one H200 under nsys 2025.3.1, through
 # sftprof's launch path. Run by the `run` tool from the repo root with .devicepack carried; writes $OUT.
+# STEPS (5) and WINDOW_START..WINDOW_END (2..3): more steps give more unprofiled steps to set the window against.
 set -u
 PY=${PY:-/opt/torch/.venv/bin/python}
 NSYS=/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys
@@ -38,14 +39,15 @@ os.makedirs(f"{work}/sft", exist_ok=True)
 shutil.copy(f"{work}/probe/sft/training.jsonl", f"{work}/sft/training.jsonl")
 for split in ("validation", "test"):
     shutil.copy(f"{work}/probe/sft/training.jsonl", f"{work}/sft/{split}.jsonl")
-settings = {"backend": "nemo", "device": "cuda", "steps": 5, "micro_batch_size": 1, "grad_accum_steps": 2,
+steps, first, last = (int(os.environ.get(k, d)) for k, d in (("STEPS", 5), ("WINDOW_START", 2), ("WINDOW_END", 3)))
+settings = {"backend": "nemo", "device": "cuda", "steps": steps, "micro_batch_size": 1, "grad_accum_steps": 2,
             "seq_length": 1024, "learning_rate": 1e-4, "precision": "bf16", "weight_decay": 0.01, "seed": 0,
             "num_threads": 0, "nemo": {"recipe": "llama2_7b", "tensor_parallel": 1, "pipeline_parallel": 1,
                                        "precision": "bf16-mixed", "peft": peft, "packed_sequence": False,
                                        "cuda_graphs": False, "overlap_grad_reduce": False,
                                        "overlap_param_gather": False, "op_ranges": False,
                                        **{knob: True for knob in knobs}}}
-window = {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 3, "capture_range_end": "stop"}
+window = {"capture_range": "cudaProfilerApi", "start_step": first, "end_step": last, "capture_range_end": "stop"}
 cap = f"{work}/cap-{name}"
 app = sft.command(f"{work}/model", f"{work}/sft/training.jsonl", f"{cap}/profile.rank{{rank}}.metrics.jsonl",
                   settings, window, python=sys.executable)
@@ -75,3 +77,8 @@ for name in ${RUNS:-lora lora+op_ranges}; do
   [ -f "$W/probe/sft/training.jsonl" ] && run_one "$name" "$([[ $name == *+cuda_graphs* || $name == *+packed_sequence* ]] && echo 120 || echo 220)"
 done
 echo "total_s=$(( $(date +%s) - t0 ))"
+# PACK=1: the logs, metrics and kernel tables in one archive (what comes back from $OUT is at most 8 files)
+if [ -n "${PACK:-}" ]; then
+  (cd "$OUT" && tar -cJf /tmp/nemo_runs.tar.xz --exclude='*.sqlite' --exclude='*.nsys-rep' ./* && rm -f ./*.log ./*.csv ./*.json \
+    && mv /tmp/nemo_runs.tar.xz .)
+fi
