@@ -27,6 +27,7 @@ import json
 import random
 from pathlib import Path
 
+from sftprof.capture.config import load_schema
 from sftprof.capture.data import build_prompt, generate_sample, prepare_sft_splits, write_jsonl
 
 CASES = ("clean", "padding", "padding_fixed", "foreach_adamw", "pageable", "data_stall")
@@ -63,27 +64,21 @@ MODELS = {
         "seed": 0,
     },
 }
-SFT = {  # every `sft` key, as sftprof/capture/config.schema.yaml's defaults fill them, then ours
-    "backend": "torch",
-    "device": "auto",
+def _schema_sft_defaults() -> dict:
+    """Every `sft` key of the torch backend, at config.schema.yaml's default (a key the schema gains comes too)."""
+    properties = load_schema()["definitions"]["sft"]["properties"]
+    return {name: spec["default"] for name, spec in properties.items() if "default" in spec and name != "nemo"}
+
+
+SFT = {  # the schema's defaults, then ours
+    **_schema_sft_defaults(),
     "precision": "bf16",
     "steps": 30,
-    "micro_batch_size": 4,
-    "grad_accum_steps": 2,
     "seq_length": 2048,
-    "learning_rate": 0.0003,
-    "weight_decay": 0.01,
-    "seed": 0,
-    "num_threads": 0,
     "padding": "longest",
     "pad_to_multiple_of": 64,
     "pin_memory": True,
     "fused_optimizer": True,
-    "loss_every": 1,
-    "compile": False,
-    "ddp_overlap": True,
-    "attention": "sdpa",
-    "cuda_alloc_conf": "",
 }
 OVERRIDES = {
     "clean": {},
