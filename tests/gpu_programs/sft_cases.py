@@ -64,6 +64,8 @@ MODELS = {
         "seed": 0,
     },
 }
+
+
 def _schema_sft_defaults() -> dict:
     """Every `sft` key of the torch backend, at config.schema.yaml's default (a key the schema gains comes too)."""
     properties = load_schema()["definitions"]["sft"]["properties"]
