@@ -191,35 +191,58 @@ def test_fp32_gemm_rule_fires_only_without_any_half_precision_gemm():
     assert rules.fp32_gemm(kernels.gemm_precision(name_totals(frame("kernels", [sgemm, bf16]))), gpu_bound) == []
 
 
-def test_fusing_elementwise_runs_saves_only_what_the_cpu_waits_for():
-    """Three elementwise kernels back to back (300 ns) fused take as long as the longest (100 ns): 200 ns
-    of GPU time, which shortens the step only while the CPU waits for the GPU."""
+def test_fusing_runs_saves_what_the_cpu_waits_for_and_the_host_time_of_the_launches_it_removes():
+    """Three elementwise kernels and a norm back to back (400 ns) fused take as long as the longest (100 ns):
+    300 ns of GPU time, with the GPU's next kernel queued behind them. That shortens the step while the CPU
+    waits for the GPU, and beyond that by the host time of the launches fusion removes: 3 of the step's 6
+    kernels, so half the host's launch path (each launch with the stretch since the thread's last one)."""
     streaming = frame(
         "kernels",
         [
             kernel("elementwise_kernel", 0, 100),
             kernel("elementwise_kernel", 100, 100),
-            kernel("elementwise_kernel", 200, 100),
-            kernel("nvjet_sm90_x", 300, 100),
-            kernel("elementwise_kernel", 400, 100),
+            kernel("vectorized_layer_norm_kernel", 200, 100),
+            kernel("elementwise_kernel", 300, 100),
+            kernel("nvjet_sm90_x", 400, 100),
+            kernel("elementwise_kernel", 500, 100),
         ],
     )  # alone: nothing to fuse with
+    launches = frame("cuda_api", [api("cudaLaunchKernel", 160 * i, 60, i) for i in range(6)])  # 5 x 160 ns
     families, mix = kernels.family_summary(name_totals(streaming)), kernels.kernel_mix(name_totals(streaming))
-    chains = gains.elementwise_chains(store(streaming), pd.DataFrame(), 1_000)
-    assert (chains.runs, chains.kernels, chains.total_ns, chains.longest_ns) == (1, 3, 300, 100)
-    assert chains.saved_by_step.tolist() == [200.0]  # the whole capture: no step ranges
-    [waiting] = rules.memory_bound_mix(families, mix, chains, clock(1_000, [(0, 500)], waits=[(0, 1_000)]))
-    assert waiting.severity == "warning" and waiting.gain_pct == pytest.approx(20.0)
-    [running_ahead] = rules.memory_bound_mix(families, mix, chains, clock(1_000, [(0, 500)]))
-    assert running_ahead.severity == "info" and running_ahead.gain_pct == 0
-    assert "the CPU waited for the GPU only 0.000 ms per step" in running_ahead.evidence
+    chains = gains.fusable_chains(store(streaming, launches), pd.DataFrame(), 1_000)
+    assert (chains.runs, chains.queued_runs, chains.kernels, chains.total_ns, chains.longest_ns) == (1, 1, 4, 400, 100)
+    assert chains.saved_by_step.tolist() == [300.0]  # the whole capture: no step ranges
+    assert (chains.removed_by_step.tolist(), chains.kernels_by_step.tolist()) == ([3.0], [6.0])
+    assert chains.launch_path_by_step.tolist() == [800.0]
+    [waiting] = rules.memory_bound_mix(families, mix, chains, clock(1_000, [(0, 600)], waits=[(0, 1_000)]))
+    assert waiting.severity == "warning" and waiting.gain_pct == pytest.approx(30.0)
+    # the host never waits: the removed launches free 400 ns of its launch path, more than the GPU saves
+    [host_bound] = rules.memory_bound_mix(families, mix, chains, clock(1_000, [(0, 600)]))
+    assert host_bound.gain_pct == pytest.approx(30.0)
+    # with no launch calls traced, nothing frees the host: the GPU's saving cannot shorten the step
+    no_calls = gains.fusable_chains(store(streaming), pd.DataFrame(), 1_000)
+    [starved] = rules.memory_bound_mix(families, mix, no_calls, clock(1_000, [(0, 600)]))
+    assert starved.severity == "info" and starved.gain_pct == 0
+    assert "the CPU waited for the GPU only 0.000 ms per step" in starved.evidence
+    # with 24 more GEMMs the run's 3 removed launches are 10% of 30: 80 ns of host time, below the GPU's 300
+    gemms = [kernel("nvjet_sm90_x", 600 + 10 * i, 10) for i in range(24)]
+    many = frame("kernels", [*streaming.to_dict("records"), *gemms])
+    many_chains = gains.fusable_chains(store(many, launches), pd.DataFrame(), 1_000)
+    totals = name_totals(many)
+    [capped] = rules.memory_bound_mix(
+        kernels.family_summary(totals), kernels.kernel_mix(totals), many_chains, clock(1_000, [(0, 840)])
+    )
+    assert capped.gain_pct == pytest.approx(8.0)
+    # a run followed by idle (the GPU waiting for the host) saves nothing: the next kernel would only wait longer
+    idle_after = frame("kernels", [*streaming.to_dict("records")[:4], kernel("nvjet_sm90_x", 400 + 6_000, 100)])
+    assert gains.fusable_chains(store(idle_after, launches), pd.DataFrame(), 10_000).saved_by_step.tolist() == [0.0]
     compute = frame("kernels", [kernel("elementwise_kernel", 0, 300), kernel("nvjet_sm90_x", 300, 700)])
     totals = name_totals(compute)
     assert (
         rules.memory_bound_mix(
             kernels.family_summary(totals),
             kernels.kernel_mix(totals),
-            gains.elementwise_chains(store(compute), pd.DataFrame(), 1_000),
+            gains.fusable_chains(store(compute), pd.DataFrame(), 1_000),
             clock(1_000),
         )
         == []

@@ -15,7 +15,22 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sftprof.analysis import accounting, cpu, cuda, gains, gpu, intervals, memory, nvtx, spilled, stats, utilisation
+from sftprof.analysis import (
+    accounting,
+    cpu,
+    cuda,
+    gains,
+    gpu,
+    intervals,
+    memory,
+    nvtx,
+    spilled,
+    stats,
+    utilisation,
+)
+from sftprof.analysis import (
+    kernels as kernel_kinds,
+)
 from sftprof.trace import events as events_module
 from sftprof.trace import load_trace
 from sftprof.trace.events import EventStore
@@ -316,13 +331,13 @@ def test_launch_sums_not_fed_are_filled_by_the_accounting_itself():
     assert unfed.finished
 
 
-# ---------------------------------------------------------------- elementwise chains
+# ---------------------------------------------------------------- fusable chains
 
 
 def _chains_at_once(kernels: pd.DataFrame) -> pd.DataFrame:
-    """The runs of elementwise kernels, from every kernel sorted by device, stream, start and end."""
+    """The runs of fusable kernels, from every kernel sorted by device, stream, start and end."""
     ordered = kernels.sort_values(["device_id", "stream_id", "start", "end"], kind="stable").reset_index(drop=True)
-    chained = ordered["name"].str.contains("elementwise").to_numpy()
+    chained = kernel_kinds.kernel_families(ordered).isin(gains.FUSABLE_FAMILIES).to_numpy()
     stream = (ordered["device_id"].to_numpy("int64") << 32) + ordered["stream_id"].to_numpy("int64")
     new_stream = np.r_[True, stream[1:] != stream[:-1]]
     run = np.cumsum(~chained | new_stream)
@@ -332,12 +347,22 @@ def _chains_at_once(kernels: pd.DataFrame) -> pd.DataFrame:
         .groupby("run")
         .agg(
             start=("start", "first"),
+            end=("end", "last"),
+            device_id=("device_id", "first"),
             kernels=("start", "size"),
             total_ns=("duration", "sum"),
             longest_ns=("duration", "max"),
         )
     )
-    return runs[runs["kernels"] > 1].sort_values("start", kind="stable").reset_index(drop=True)
+    runs = runs[runs["kernels"] > 1]
+    # queued: the device started another kernel within QUEUED_GAP_NS of the run's end
+    nexts = []
+    for device, end in zip(runs["device_id"], runs["end"], strict=True):
+        later = kernels.loc[(kernels["device_id"] == device) & (kernels["start"] >= end), "start"]
+        nexts.append(later.min() if len(later) else None)
+    gap = pd.Series(nexts, index=runs.index, dtype="float") - runs["end"]
+    runs = runs.assign(queued=(gap <= gains.QUEUED_GAP_NS).to_numpy())
+    return runs.sort_values("start", kind="stable").reset_index(drop=True)
 
 
 def test_chains_cut_window_by_window_sum_to_the_chains_of_every_kernel_at_once(windows):
@@ -345,7 +370,7 @@ def test_chains_cut_window_by_window_sum_to_the_chains_of_every_kernel_at_once(w
     kernels = tables.kernels.assign(start=tables.kernels["start"] // 50 * 50)  # ties: kernels start together
     kernels["end"] = kernels["start"] + kernels["duration"]
     steps = cpu.step_table(tables.nvtx)
-    found = gains.elementwise_chains(EventStore.from_frames(kernels=kernels), steps, tables.span_ns)
+    found = gains.fusable_chains(EventStore.from_frames(kernels=kernels), steps, tables.span_ns)
     expected = _chains_at_once(kernels)
     assert found.runs == len(expected) > 100
     assert (found.kernels, found.total_ns, found.longest_ns) == tuple(
@@ -353,8 +378,14 @@ def test_chains_cut_window_by_window_sum_to_the_chains_of_every_kernel_at_once(w
     )
     assert len(steps) > 1 and found.saved_by_step.sum() > 0
     starts, ends = gains.step_windows(steps, tables.span_ns)
-    saved = gains.sum_by_window(starts, ends, expected["start"], expected["total_ns"] - expected["longest_ns"])
+    assert 0 < found.queued_runs == int(expected["queued"].sum()) < found.runs
+    queued_saving = (expected["total_ns"] - expected["longest_ns"]).where(expected["queued"], 0)
+    saved = gains.sum_by_window(starts, ends, expected["start"], queued_saving)
     assert found.saved_by_step.tolist() == saved.tolist()
+    removed = gains.sum_by_window(starts, ends, expected["start"], expected["kernels"] - 1)
+    assert found.removed_by_step.tolist() == removed.tolist()
+    launched = gains.sum_by_window(starts, ends, kernels["start"], np.ones(len(kernels)))
+    assert found.kernels_by_step.tolist() == launched.tolist()
 
 
 # ---------------------------------------------------------------- the loader and the copies' calls

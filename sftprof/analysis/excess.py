@@ -53,7 +53,7 @@ def unfused_attention(events: EventStore) -> pd.DataFrame:
                          coalesce(f.is_softmax, false) AS s
                   FROM kernels k LEFT JOIN kinds f ON f.name_id = k.name_id)"""
     runs = []
-    # as gains.elementwise_chains walks its runs: a device's kernels a window of start times at a time, put in
+    # as gains.fusable_chains walks its runs: a device's kernels a window of start times at a time, put in
     # stream order in numpy, each stream's open run carried into the next window
     for device, _, _, windows in gpu.device_windows(events, source, gains.CHAIN_WINDOW_ROWS, kinds=kinds):
         held = None

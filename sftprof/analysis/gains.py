@@ -28,6 +28,9 @@ from sftprof.trace.events import EventStore, sql_in
 # A kernel launch that takes longer than this waited for a free slot in the full launch queue (a
 # launch costs the CPU 5-30 µs, up to ~120 µs under tracing; the queue holds ~1,000 launches).
 LAUNCH_QUEUE_WAIT_NS = 200_000
+# Gaps up to this long are the host's per-launch overhead (a launch costs the CPU 5-30 µs, Python op dispatch
+# tens more); longer ones are work the CPU did instead of feeding the GPU. utilisation.IDLE_GAP_NS's 1 ms.
+HOST_GAP_NS = 1_000_000
 # Bytes per parameter of one AdamW step on fp32 parameters and moments. Fused (AdamW(fused=True)):
 # read param, grad, exp_avg, exp_avg_sq (16), write param and both moments (12), in one pass.
 # PyTorch's foreach AdamW: 8 passes: mul_(params) 8, lerp_(exp_avg, grad) 12, mul_(exp_avg_sq) 8,
@@ -38,7 +41,9 @@ MULTI_TENSOR_KERNEL = re.compile(r"multi_tensor_apply", re.IGNORECASE)
 FUSED_OPTIMIZER_KERNEL = re.compile(r"fused", re.IGNORECASE)
 # Foreach kernels that are not the optimizer's update: _foreach_norm (gradient clipping).
 NOT_OPTIMIZER_UPDATE = re.compile(r"norm", re.IGNORECASE)
-ELEMENTWISE_FAMILY = "elementwise"
+# Kernels a fusing compiler (torch.compile's Inductor, XLA) joins into one: pointwise ops and the reductions
+# and norms they feed or follow (softmax, layer norm, sums). GEMMs, attention and copies keep their own kernels.
+FUSABLE_FAMILIES = ("elementwise", "reduction/norm")
 
 
 @dataclass(frozen=True)
@@ -91,9 +96,15 @@ class StepClock:
         """Per step, the time some CPU thread waited for the GPU."""
         return self.cpu_wait.covered_ns(self.starts, self.ends).astype(float)
 
-    def gpu_side(self, saved) -> np.ndarray:
-        """Per step, what GPU time saved (per step) can take off the step: at most the CPU's wait."""
-        return np.minimum(np.asarray(saved, dtype=float), self.waited())
+    def host_busy(self) -> np.ndarray:
+        """Per step, the time no CPU thread waited for the GPU: the host's own path through the step."""
+        return (self.ends - self.starts) - self.waited()
+
+    def gpu_side(self, saved, host_freed=0.0) -> np.ndarray:
+        """Per step, what GPU time saved (per step) can take off the step: at most the CPU's wait, plus the
+        host time the same fix frees (`host_freed` per step). The step is the longer of the host's path and
+        the GPU's, so shortening the GPU's alone stops paying once the host's is the longer."""
+        return np.minimum(np.asarray(saved, dtype=float), self.waited() + np.asarray(host_freed, dtype=float))
 
     def idle_in(self, starts, ends) -> np.ndarray:
         """GPU idle inside each window [starts[i], ends[i])."""
@@ -170,30 +181,69 @@ NULL_LAST = 2**62  # NULL device or stream ids sort after every other, as in SQL
 
 @dataclass
 class ChainTotals:
-    """Runs of two or more elementwise kernels back to back on a stream, summed: how many, their
-    kernels, their time, their longest kernels' time, and per step window (`starts`, `ends`:
-    step_windows) the time fusing each into one kernel as long as its longest would save, each run
-    counted in the window it starts in."""
+    """Runs of two or more fusable kernels back to back on a stream, summed: how many (and how many with the
+    device's next kernel queued behind them), their kernels, their time, their longest kernels' time, and per
+    step window (`starts`, `ends`: step_windows) the time fusing each queued run into one kernel as long as its
+    longest would save, the launches fusing every run would remove (all but one a run), every kernel
+    launched, each run counted in the window it starts in, and the host's launch path (launch_path)."""
 
     starts: np.ndarray
     ends: np.ndarray
     runs: int = 0
+    queued_runs: int = 0
     kernels: int = 0
     total_ns: int = 0
     longest_ns: int = 0
     saved_by_step: np.ndarray = field(init=False)
+    removed_by_step: np.ndarray = field(init=False)
+    kernels_by_step: np.ndarray = field(init=False)
+    launch_path_by_step: np.ndarray = field(init=False)
 
     def __post_init__(self):
         self.saved_by_step = np.zeros(len(self.starts))
+        self.removed_by_step = np.zeros(len(self.starts))
+        self.kernels_by_step = np.zeros(len(self.starts))
+        self.launch_path_by_step = np.zeros(len(self.starts))
 
-    def add(self, runs: np.ndarray) -> None:
-        """Fold in finished runs: rows start, kernels, total, longest (then more, unread), a column each."""
+    def launched(self, starts: np.ndarray) -> None:
+        """Count kernels starting at `starts`, fusable or not, in their step windows."""
+        self.kernels_by_step += sum_by_window(self.starts, self.ends, starts, np.ones(len(starts)))
+
+    def removed_share(self) -> np.ndarray:
+        """Per step, the share of its kernel launches that fusing the runs removes."""
+        return np.divide(
+            self.removed_by_step, self.kernels_by_step, out=np.zeros(len(self.starts)), where=self.kernels_by_step > 0
+        )
+
+    def add(self, runs: np.ndarray, queued: np.ndarray) -> None:
+        """Fold in finished runs: rows start, kernels, total, longest (then more, unread), a column each, and
+        whether the device's next kernel was queued behind each (queued_after): only there does a shorter run
+        end the GPU's work sooner; before idle the GPU waited for the host, and it would wait longer."""
         start, kernels, total, longest = runs[0], runs[1], runs[2], runs[3]
         self.runs += len(start)
+        self.queued_runs += int(queued.sum())
         self.kernels += int(kernels.sum())
         self.total_ns += int(total.sum())
         self.longest_ns += int(longest.sum())
-        self.saved_by_step += sum_by_window(self.starts, self.ends, start, total - longest)
+        self.saved_by_step += sum_by_window(self.starts, self.ends, start, np.where(queued, total - longest, 0))
+        self.removed_by_step += sum_by_window(self.starts, self.ends, start, kernels - 1)
+
+
+# A device starts a kernel already queued behind another within a few microseconds of its end: the gaps
+# between kernels on the GPU-bound H100 and H200 captures (tests/fixtures/foreign/clean, h200_sft_clean) are
+# 1.0-4.2 us from the 10th to the 90th percentile. A longer gap is the GPU waiting for the host to launch.
+QUEUED_GAP_NS = 5_000
+RUN_ROWS = 10  # _Runs' rows a run
+
+
+def queued_after(ends: np.ndarray, next_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each run ending at `ends`: whether the device started another kernel (`next_starts`, sorted: a
+    window's) within QUEUED_GAP_NS of it, and whether that is still undecided (no kernel of the window starts
+    at or after its end)."""
+    at = np.searchsorted(next_starts, ends, side="left")
+    undecided = at >= len(next_starts)
+    following = next_starts[np.minimum(at, len(next_starts) - 1)] if len(next_starts) else ends
+    return ~undecided & (following - ends <= QUEUED_GAP_NS), undecided
 
 
 # Kernels put in stream order at a time: a window holds them about six times over (columns, orders, runs).
@@ -201,9 +251,24 @@ class ChainTotals:
 CHAIN_WINDOW_ROWS = 1 << 19
 
 
-def elementwise_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> ChainTotals:
-    """Runs of two or more elementwise kernels one after another on a stream (no other kernel between
-    them there), summed as they are found (ChainTotals), per step of `steps` (or the capture).
+def launch_path(events: EventStore, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per window, the host time spent on the way to kernel launches: each launch call with the stretch since
+    its thread's previous launch ended, where that is at most HOST_GAP_NS (the op's dispatch and launch; a
+    longer stretch is the host's own work, which fewer kernels would not shorten)."""
+    launches = sql_in("a.name_id", cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS))
+    path = np.zeros(len(starts))
+    for batch in events.batches(f"""SELECT start, cost FROM (
+                                        SELECT a.start, a."end" - lag(a."end") OVER (PARTITION BY a.global_tid
+                                                                                     ORDER BY a.start) AS cost
+                                        FROM cuda_api a WHERE {launches})
+                                    WHERE cost BETWEEN 0 AND {HOST_GAP_NS} ORDER BY start"""):
+        path += sum_by_window(starts, ends, batch["start"], batch["cost"])
+    return path
+
+
+def fusable_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> ChainTotals:
+    """Runs of two or more fusable kernels (FUSABLE_FAMILIES) one after another on a stream (no other kernel
+    between them there), summed as they are found (ChainTotals), per step of `steps` (or the capture).
 
     Each device's kernels are fetched a window of start times at a time (gpu.device_windows), put in
     stream order in numpy, and cut into runs; a run still open at a window's end on its stream is
@@ -212,13 +277,14 @@ def elementwise_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) ->
     kernels; keeping every run took +0.96 GB at 40M)."""
     totals = ChainTotals(*step_windows(steps, span_ns))
     names = _names(events)
-    elementwise = names.loc[names["family"] == ELEMENTWISE_FAMILY, "name_id"] if len(names) else []
-    if not len(elementwise):
+    fusable = names.loc[names["family"].isin(FUSABLE_FAMILIES), "name_id"] if len(names) else []
+    if not len(fusable):
         return totals
     source = f"""(SELECT coalesce(device_id::BIGINT, {NULL_LAST}) AS device_id, start, "end", duration,
                          coalesce(stream_id::BIGINT, {NULL_LAST}) AS stream,
-                         coalesce(name_id IN ({", ".join(str(int(i)) for i in elementwise)}), false) AS chained
+                         coalesce(name_id IN ({", ".join(str(int(i)) for i in fusable)}), false) AS chained
                   FROM kernels)"""
+    totals.launch_path_by_step = launch_path(events, totals.starts, totals.ends)
     runs = _Runs(totals)
     for device, _, _, windows in gpu.device_windows(events, source, CHAIN_WINDOW_ROWS):
         for lo, hi in windows:
@@ -229,13 +295,25 @@ def elementwise_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) ->
 
 
 class _Runs:
-    """Runs of chained kernels per stream, fed windows of one device's kernels in start order; those of
+    """Runs of fusable kernels per stream, fed windows of one device's kernels in start order; those of
     2 or more kernels are summed into `totals` as they end. A run's rows: start, kernels, total,
-    longest, device, stream, first kernel's end."""
+    longest, device, stream, first kernel's end, last kernel's end, and whether the device's next kernel
+    was queued behind it and whether that is still undecided (RUN_ROWS; queued_after)."""
 
     def __init__(self, totals: ChainTotals):
         self.totals = totals
         self.open: dict[tuple[int, int], np.ndarray] = {}  # (device, stream) -> the run that reached the window's end
+        self.undecided: dict[int, np.ndarray] = {}  # device -> ended runs after which no window started anything yet
+
+    def _finish(self, device: int, ended: np.ndarray) -> None:
+        """Sum the ended runs (2 or more kernels) whose next kernel is known; keep the others for the device's
+        next window."""
+        ended = ended[:, ended[1] > 1]
+        waiting = ended[9].astype(bool)
+        self.totals.add(ended[:, ~waiting], ended[8, ~waiting].astype(bool))
+        if waiting.any():
+            held = self.undecided.pop(device, np.zeros((RUN_ROWS, 0), dtype="int64"))
+            self.undecided[device] = np.concatenate([held, ended[:, waiting]], axis=1)
 
     def add(self, device: int, rows: dict[str, np.ndarray]) -> None:
         # stream order: by stream, then start, then end (ties in start are rare: two passes cost little)
@@ -246,6 +324,16 @@ class _Runs:
         stream, chained = rows["stream"][order], rows["chained"][order].astype(bool)
         if not len(start):
             return
+        self.totals.launched(start)
+        next_kernels = np.sort(rows["start"])  # what the device started after a run: queued work, or idle
+        # runs of earlier windows still waiting to learn what came after them
+        for key, run in self.open.items():
+            if key[0] == device and run[9]:
+                run[8], run[9] = (int(x[0]) for x in queued_after(run[7:8], next_kernels))
+        if device in self.undecided:
+            held = self.undecided.pop(device)
+            held[8], held[9] = queued_after(held[7], next_kernels)
+            self._finish(device, held)
         new_stream = np.r_[True, stream[1:] != stream[:-1]]
         at = np.flatnonzero(chained)
         run = np.cumsum(~chained | new_stream)[at]  # a run ends at another kernel or another stream
@@ -263,10 +351,12 @@ class _Runs:
                     np.full(len(first), device),
                     stream[first_at],
                     end[first_at],
+                    end[last_at],
+                    *queued_after(end[last_at], next_kernels),
                 ]
             )
             if len(at)
-            else np.zeros((7, 0), dtype="int64")
+            else np.zeros((RUN_ROWS, 0), dtype="int64")
         )
         keep = np.ones(found.shape[1], dtype=bool)
         # a stream's first run may continue the one open at the last window's end; its last may go on
@@ -283,15 +373,18 @@ class _Runs:
                     found[2, ra] += carried[2]
                     found[3, ra] = max(found[3, ra], carried[3])
                 else:
-                    self.totals.add(carried[:, None][:, carried[1:2] > 1])
+                    self._finish(device, carried[:, None])
             if ra < rb and last_at[rb - 1] == b:
                 self.open[key] = found[:, rb - 1].copy()
                 keep[rb - 1] = False
-        self.totals.add(found[:, keep & (found[1] > 1)])
+        self._finish(device, found[:, keep])
 
     def result(self) -> ChainTotals:
-        for run in self.open.values():
-            self.totals.add(run[:, None][:, run[1:2] > 1])
+        # the runs still open or undecided: no kernel of their device started after them
+        for ended in [run[:, None] for run in self.open.values()] + list(self.undecided.values()):
+            ended = ended[:, ended[1] > 1]
+            self.totals.add(ended, ended[8].astype(bool) & ~ended[9].astype(bool))
+        self.undecided = {}
         self.open = {}
         return self.totals
 

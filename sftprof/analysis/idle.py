@@ -37,14 +37,11 @@ import pandas as pd
 from sftprof.analysis import cuda, intervals, nvtx
 from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.findings import Finding, ms, pct, severity_of
-from sftprof.analysis.gains import StepClock
+from sftprof.analysis.gains import HOST_GAP_NS, StepClock
 from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.analysis.utilisation import UNNAMED_RANGE
 from sftprof.trace.events import EventStore, sql_in
 
-# Gaps up to this long are the host's per-launch overhead (a launch costs the CPU 5-30 µs, Python op dispatch
-# tens more); longer ones are work the CPU did instead of feeding the GPU. utilisation.IDLE_GAP_NS's 1 ms.
-HOST_GAP_NS = 1_000_000
 ALLOCATION_CALL = re.compile(
     r"^cu(?:da)?(?:Malloc|Free|MemAlloc|MemFree|MemCreate|MemRelease|MemMap|MemUnmap|MemSetAccess|MemAddress"
     r"|HostAlloc|MallocHost|FreeHost|HostRegister|HostUnregister|MemPool|DeviceGraphMemTrim)"

@@ -113,7 +113,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "chains",
-        gains.elementwise_chains,
+        gains.fusable_chains,
         ("events", "steps", "span_ns"),
         K,
         beside=True,

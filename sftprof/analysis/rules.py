@@ -74,13 +74,15 @@ def _gained(
     return Finding(rule, severity, title, evidence, recommendation, gain, f"{model}; {clock.scope(per_step)}")
 
 
-def _gpu_side_reason(clock: StepClock, saved_per_step) -> str:
-    """Why a GPU-side saving is small: little GPU time to save, or a CPU that hardly waits for the GPU."""
+def _gpu_side_reason(clock: StepClock, saved_per_step, host_freed=0.0) -> str:
+    """Why a GPU-side saving is small: little GPU time to save, or a CPU that hardly waits for the GPU (and
+    whose own time the fix hardly shortens: `host_freed`)."""
     waited = clock.waited()
-    if np.median(waited) < np.median(saved_per_step):
+    if np.median(waited + host_freed) < np.median(saved_per_step):
+        freed = f" and the fix frees {_median_ms(host_freed)} of its own time" if np.any(host_freed) else ""
         return (
-            f"the CPU waited for the GPU only {_median_ms(waited)} per step, so kernels that finish sooner leave "
-            "the GPU idle longer rather than the step shorter"
+            f"the CPU waited for the GPU only {_median_ms(waited)} per step{freed}, so kernels that finish sooner "
+            "leave the GPU idle longer rather than the step shorter"
         )
     return f"it saves {_median_ms(saved_per_step)} of GPU time per step"
 
@@ -459,25 +461,32 @@ def syncs_in_steps(
 
 # ---------------------------------------------------------------- kernel mix and precision
 
-ELEMENTWISE_MODEL = (
-    "each run of consecutive elementwise kernels on a stream, fused, taking as long as its longest "
-    "kernel (an estimate: the trace holds no tensor sizes to bound it by bytes), at most the CPU's "
-    "wait for the GPU"
+FUSION_MODEL = (
+    "each run of consecutive fusable kernels (elementwise, reductions and norms) on a stream with the GPU's next "
+    "kernel queued behind it, fused, taking as long as its longest kernel (an estimate: the trace holds no tensor "
+    "sizes to bound it by bytes); at most the "
+    "CPU's wait for the GPU plus the host time of the launches fusion removes (the host's launch path: each "
+    "launch and the dispatch before it, in proportion to the kernels removed)"
 )
 
 
 def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: ChainTotals, clock: StepClock) -> list[Finding]:
-    """Streaming kernels take kernel time that fusion could save: chains of elementwise kernels
-    (`chains`: gains.elementwise_chains, summed per step of the clock's) fused into one, each element
-    read and written once."""
+    """Streaming kernels take kernel time that fusion could save: chains of fusable kernels (`chains`:
+    gains.fusable_chains, summed per step of the clock's) fused into one, each element read and written once.
+    Fusion also removes launches, and with them the host's work to issue each op, so where the host's path is
+    the longer the step still shortens."""
     if families.empty or (not chains.runs and mix["memory_pct"] < DOMINANT_SHARE_PCT):
         return []
     streaming = families[families["family"].isin(MEMORY_BOUND_FAMILIES)]
     parts = ", ".join(f"{r.family} {r.time_pct:.1f}% (top: {r.top_kernel})" for r in streaming.itertuples())
     saved = chains.saved_by_step
+    host_freed = np.minimum(chains.launch_path_by_step, clock.host_busy()) * chains.removed_share()
     runs = (
-        f" {chains.runs:,} runs of 2 or more elementwise kernels back to back on a stream "
-        f"({chains.kernels:,} kernels, {_ms(chains.total_ns)}) would take {_ms(chains.longest_ns)} fused."
+        f" {chains.runs:,} runs of 2 or more elementwise, reduction or norm kernels back to back on a stream "
+        f"({chains.kernels:,} kernels, {_ms(chains.total_ns)}) would take {_ms(chains.longest_ns)} fused, with "
+        f"{100 * float(np.median(chains.removed_share())):.0f}% fewer launches a step; {chains.queued_runs:,} of "
+        "the runs had the GPU's next kernel queued behind them (the others were followed by idle, which a shorter "
+        "run only lengthens)."
         if chains.runs
         else " No elementwise kernels run back to back: fusion by torch.compile has little to join."
     )
@@ -487,12 +496,13 @@ def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: ChainTotals, clo
             f"{mix['memory_pct']:.1f}% of kernel time is in memory-bound streaming kernels",
             f"{parts}; GEMM/attention {mix['compute_pct']:.1f}%, tensor cores {mix['tensor_core_pct']:.1f}% of kernel "
             f"time.{runs}",
-            "Fuse elementwise chains (torch.compile; fused RMSNorm/rotary/SwiGLU kernels such as Liger's) and grow the "
-            "work per kernel (hidden size, batch) to raise arithmetic intensity.",
+            "Fuse elementwise chains and the norms and reductions beside them (torch.compile; fused "
+            "RMSNorm/rotary/SwiGLU kernels such as Liger's) and grow the work per kernel (hidden size, batch) to "
+            "raise arithmetic intensity.",
             clock,
-            clock.gpu_side(saved),
-            ELEMENTWISE_MODEL,
-            _gpu_side_reason(clock, saved),
+            clock.gpu_side(saved, host_freed),
+            FUSION_MODEL,
+            _gpu_side_reason(clock, saved, host_freed),
         )
     ]
 
