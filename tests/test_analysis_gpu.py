@@ -210,7 +210,7 @@ def test_fusing_runs_saves_what_the_cpu_waits_for_and_the_host_time_of_the_launc
     launches = frame("cuda_api", [api("cudaLaunchKernel", 160 * i, 60, i) for i in range(6)])  # 5 x 160 ns
     families, mix = kernels.family_summary(name_totals(streaming)), kernels.kernel_mix(name_totals(streaming))
     chains = gains.fusable_chains(store(streaming, launches), pd.DataFrame(), 1_000)
-    assert (chains.runs, chains.queued_runs, chains.kernels, chains.total_ns, chains.longest_ns) == (1, 1, 4, 400, 100)
+    assert (chains.runs, chains.queued_runs, chains.kernels, chains.total_ns, chains.fused_ns) == (1, 1, 4, 400, 100)
     assert chains.saved_by_step.tolist() == [300.0]  # the whole capture: no step ranges
     assert (chains.removed_by_step.tolist(), chains.kernels_by_step.tolist()) == ([3.0], [6.0])
     assert chains.launch_path_by_step.tolist() == [800.0]

@@ -6,6 +6,7 @@ committed timings (not through sftprof)."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -136,6 +137,17 @@ def test_gpu_bound_cases_barely_move_with_the_runs_own_step_times(diagnosed, cas
 def test_the_clean_run_raises_no_planted_warning(diagnosed):
     warned = {f.rule for f in diagnosed("clean").findings if f.severity == "warning"}
     assert not warned & set(PLANTED.values())
+
+
+@pytest.mark.parametrize("case", ["tokenize_no_nvtx", "no_cache_alloc", "foreach_off", "checkpointing"])
+def test_from_the_capture_alone_the_overhead_note_holds_what_the_profiler_added(diagnosed, case):
+    """Without step times, the profiling_overhead note gives the traced events a step at overhead.EVENT_COST_NS
+    each; on each host-bound case the range holds what the run's own step times say the profiler added."""
+    timed = diagnosed(case).headline
+    added_ms = timed["unprofiled_step_ms"] * timed["profiling_overhead_pct"] / 100
+    [note] = [f for f in diagnosed(case, timed=False).findings if f.rule == "profiling_overhead"]
+    low, high = (float(x.replace(",", "")) for x in re.findall(r"([\d,.]+) ms", note.title)[:2])
+    assert note.severity == "info" and added_ms > 5 and low <= added_ms <= high
 
 
 def test_the_clean_runs_one_warning_is_borne_out_by_torch_compile(diagnosed):

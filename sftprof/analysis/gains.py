@@ -44,6 +44,8 @@ NOT_OPTIMIZER_UPDATE = re.compile(r"norm", re.IGNORECASE)
 # Kernels a fusing compiler (torch.compile's Inductor, XLA) joins into one: pointwise ops and the reductions
 # and norms they feed or follow (softmax, layer norm, sums). GEMMs, attention and copies keep their own kernels.
 FUSABLE_FAMILIES = ("elementwise", "reduction/norm")
+# A fused kernel holds one reduction with the pointwise work around it: each reduction still makes its pass.
+REDUCTION_FAMILY = "reduction/norm"
 
 
 @dataclass(frozen=True)
@@ -182,10 +184,11 @@ NULL_LAST = 2**62  # NULL device or stream ids sort after every other, as in SQL
 @dataclass
 class ChainTotals:
     """Runs of two or more fusable kernels back to back on a stream, summed: how many (and how many with the
-    device's next kernel queued behind them), their kernels, their time, their longest kernels' time, and per
-    step window (`starts`, `ends`: step_windows) the time fusing each queued run into one kernel as long as its
-    longest would save, the launches fusing every run would remove (all but one a run), every kernel
-    launched, each run counted in the window it starts in, and the host's launch path (launch_path)."""
+    device's next kernel queued behind them), their kernels, their time, their time fused, and per step window
+    (`starts`, `ends`: step_windows) the time fusing each queued run would save, the launches fusing every run
+    would remove, every kernel launched, each run counted in the window it starts in, and the host's launch
+    path (launch_path). Fused, a run keeps one kernel per reduction or norm in it (each still makes its pass
+    over its input, with the pointwise work around it) and takes as long as those, or as its longest kernel."""
 
     starts: np.ndarray
     ends: np.ndarray
@@ -193,7 +196,7 @@ class ChainTotals:
     queued_runs: int = 0
     kernels: int = 0
     total_ns: int = 0
-    longest_ns: int = 0
+    fused_ns: int = 0
     saved_by_step: np.ndarray = field(init=False)
     removed_by_step: np.ndarray = field(init=False)
     kernels_by_step: np.ndarray = field(init=False)
@@ -210,30 +213,33 @@ class ChainTotals:
         self.kernels_by_step += sum_by_window(self.starts, self.ends, starts, np.ones(len(starts)))
 
     def removed_share(self) -> np.ndarray:
-        """Per step, the share of its kernel launches that fusing the runs removes."""
-        return np.divide(
+        """Per step, the share of its kernel launches that fusing the runs removes (a run that goes on into the
+        next step counts in the one it starts in, so at most all of them)."""
+        share = np.divide(
             self.removed_by_step, self.kernels_by_step, out=np.zeros(len(self.starts)), where=self.kernels_by_step > 0
         )
+        return np.minimum(share, 1.0)
 
     def add(self, runs: np.ndarray, queued: np.ndarray) -> None:
         """Fold in finished runs: rows start, kernels, total, longest (then more, unread), a column each, and
         whether the device's next kernel was queued behind each (queued_after): only there does a shorter run
         end the GPU's work sooner; before idle the GPU waited for the host, and it would wait longer."""
-        start, kernels, total, longest = runs[0], runs[1], runs[2], runs[3]
+        start, kernels, total = runs[0], runs[1], runs[2]
+        fused = np.maximum(runs[3], runs[10])  # the longest kernel, or the reductions' own passes if longer
         self.runs += len(start)
         self.queued_runs += int(queued.sum())
         self.kernels += int(kernels.sum())
         self.total_ns += int(total.sum())
-        self.longest_ns += int(longest.sum())
-        self.saved_by_step += sum_by_window(self.starts, self.ends, start, np.where(queued, total - longest, 0))
-        self.removed_by_step += sum_by_window(self.starts, self.ends, start, kernels - 1)
+        self.fused_ns += int(fused.sum())
+        self.saved_by_step += sum_by_window(self.starts, self.ends, start, np.where(queued, total - fused, 0))
+        self.removed_by_step += sum_by_window(self.starts, self.ends, start, kernels - np.maximum(runs[11], 1))
 
 
 # A device starts a kernel already queued behind another within a few microseconds of its end: the gaps
 # between kernels on the GPU-bound H100 and H200 captures (tests/fixtures/foreign/clean, h200_sft_clean) are
 # 1.0-4.2 us from the 10th to the 90th percentile. A longer gap is the GPU waiting for the host to launch.
 QUEUED_GAP_NS = 5_000
-RUN_ROWS = 10  # _Runs' rows a run
+RUN_ROWS = 12  # _Runs' rows a run
 
 
 def queued_after(ends: np.ndarray, next_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -280,15 +286,17 @@ def fusable_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> Cha
     fusable = names.loc[names["family"].isin(FUSABLE_FAMILIES), "name_id"] if len(names) else []
     if not len(fusable):
         return totals
+    reductions = names.loc[names["family"] == REDUCTION_FAMILY, "name_id"]
     source = f"""(SELECT coalesce(device_id::BIGINT, {NULL_LAST}) AS device_id, start, "end", duration,
                          coalesce(stream_id::BIGINT, {NULL_LAST}) AS stream,
-                         coalesce(name_id IN ({", ".join(str(int(i)) for i in fusable)}), false) AS chained
+                         coalesce({sql_in("name_id", [int(i) for i in fusable])}, false) AS chained,
+                         coalesce({sql_in("name_id", [int(i) for i in reductions])}, false) AS reduction
                   FROM kernels)"""
     totals.launch_path_by_step = launch_path(events, totals.starts, totals.ends)
     runs = _Runs(totals)
     for device, _, _, windows in gpu.device_windows(events, source, CHAIN_WINDOW_ROWS):
         for lo, hi in windows:
-            rows = events.arrays(f"""SELECT start, "end", duration, stream, chained FROM {source}
+            rows = events.arrays(f"""SELECT start, "end", duration, stream, chained, reduction FROM {source}
                                      WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi}""")
             runs.add(int(device), rows)
     return runs.result()
@@ -297,8 +305,9 @@ def fusable_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> Cha
 class _Runs:
     """Runs of fusable kernels per stream, fed windows of one device's kernels in start order; those of
     2 or more kernels are summed into `totals` as they end. A run's rows: start, kernels, total,
-    longest, device, stream, first kernel's end, last kernel's end, and whether the device's next kernel
-    was queued behind it and whether that is still undecided (RUN_ROWS; queued_after)."""
+    longest, device, stream, first kernel's end, last kernel's end, whether the device's next kernel was
+    queued behind it and whether that is still undecided (queued_after), and its reductions' time and count
+    (RUN_ROWS)."""
 
     def __init__(self, totals: ChainTotals):
         self.totals = totals
@@ -322,6 +331,7 @@ class _Runs:
         order = order[np.argsort(rows["stream"][order], kind="stable")]
         start, end, duration = rows["start"][order], rows["end"][order], rows["duration"][order]
         stream, chained = rows["stream"][order], rows["chained"][order].astype(bool)
+        reduction = rows["reduction"][order].astype(bool)
         if not len(start):
             return
         self.totals.launched(start)
@@ -340,7 +350,7 @@ class _Runs:
         first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if len(at) else at
         last = np.r_[first[1:] - 1, len(at) - 1] if len(at) else at
         first_at, last_at = at[first], at[last]
-        durations = duration[at]
+        durations, reduced = duration[at], np.where(reduction[at], duration[at], 0)
         found = (
             np.stack(
                 [
@@ -353,6 +363,8 @@ class _Runs:
                     end[first_at],
                     end[last_at],
                     *queued_after(end[last_at], next_kernels),
+                    np.add.reduceat(reduced, first),
+                    np.add.reduceat(reduction[at].astype("int64"), first),
                 ]
             )
             if len(at)
@@ -372,6 +384,8 @@ class _Runs:
                     found[1, ra] += carried[1]
                     found[2, ra] += carried[2]
                     found[3, ra] = max(found[3, ra], carried[3])
+                    found[10, ra] += carried[10]
+                    found[11, ra] += carried[11]
                 else:
                     self._finish(device, carried[:, None])
             if ra < rb and last_at[rb - 1] == b:

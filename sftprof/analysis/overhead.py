@@ -36,6 +36,12 @@ MOSTLY = 0.5
 # op (`aten::mm`, `autograd::engine::evaluate_function: MulBackward0`, `MulBackward0`) once the loader cut
 # their numbering.
 OP_RANGE = re.compile(r"^\w+::|Backward\d*$")
+# Host time nsys added per traced event (CUDA API call, OS-runtime call, NVTX range) where the host set the
+# step's pace: the GPT-NeoX loop's host-bound cases (tests/fixtures/foreign, H100, nsys 2025.3.1,
+# --trace=cuda,nvtx,osrt; the run's own step times against the captured ones) paid 1.4-8.9 µs an event.
+# tests/test_diagnosis_foreign.py checks the range against those captures. A GPU-bound step hides it.
+EVENT_COST_NS = (1_400, 8_900)
+TRACED_TABLES = {"cuda_api": "cuda", "osrt": "osrt", "nvtx": "nvtx"}  # table: the source that fills it
 # META_DATA_CAPTURE's CAPTURE_EVENT_TYPE values as --trace names them.
 TRACE_KIND = {"Cuda": "cuda", "NvtxEvents": "nvtx", "OSRuntime": "osrt", "CuBLAS": "cublas", "CuDNN": "cudnn"}
 
@@ -132,7 +138,9 @@ def finding(overhead: Overhead | None, tables: TraceTables, clock: StepClock) ->
     """A warning where the captured steps ran more than FINDING_PCT slower than the run's own: what the capture
     recorded per step and was taken with (what the added host time went to), and the settings that leave it
     out. No gain: it is a cost of the capture, not of the run."""
-    if overhead is None or overhead.pct <= FINDING_PCT:
+    if overhead is None:
+        return _unknown(tables, clock)
+    if overhead.pct <= FINDING_PCT:
         return []
     steps = clock.steps
     ops = _op_ranges(tables, clock)
@@ -189,6 +197,39 @@ def finding(overhead: Overhead | None, tables: TraceTables, clock: StepClock) ->
             f"The captured steps ran {overhead.pct:.1f}% slower than the same run's steps without the profiler",
             evidence,
             recommendation,
+        )
+    ]
+
+
+def traced_events(tables: TraceTables, clock: StepClock) -> int:
+    """CUDA API calls, OS-runtime calls and NVTX ranges starting inside the steps, all steps together."""
+    return sum(_calls(tables, clock, table, source) for table, source in TRACED_TABLES.items())
+
+
+def _unknown(tables: TraceTables, clock: StepClock) -> list[Finding]:
+    """Without the run's own step times, what the profiler may have added to a step whose pace the host sets: the
+    capture's traced events a step at EVENT_COST_NS each. A note (info): no measurement of this run says how
+    much it was, and a GPU-bound step hides it."""
+    events = traced_events(tables, clock) / max(clock.steps, 1)
+    if not clock.has_gpu or not events or not clock.step_ns:
+        return []
+    low, high = (events * cost for cost in EVENT_COST_NS)
+    share = f"{100.0 * low / clock.step_ns:.0f}-{100.0 * high / clock.step_ns:.0f}%"
+    return [
+        Finding(
+            "profiling_overhead",
+            "info",
+            f"Without the run's own step times the profiler's cost is unknown: {ms(low, 1)}-{ms(high, 1)} a step "
+            f"({share}) by the events it traced, if the host sets the step's pace",
+            f"No step times of the same run were given, so the captured step ({ms(clock.step_ns, 1)}) cannot be set "
+            f"against the run's own. The capture traced {events:,.0f} events a step (CUDA API and OS-runtime calls, "
+            f"NVTX ranges); in measured host-bound runs each event made the step {EVENT_COST_NS[0] / 1e3:g}-"
+            f"{EVENT_COST_NS[1] / 1e3:g} µs longer (docs/PROFILING-OVERHEAD.md). Host-bound findings may hold that "
+            "time; where the host runs ahead of the GPU (the CPU waits for it), the GPU's pace hides it.",
+            "Give the run's own step times (`sftprof analyze --metrics FILE`: the built-in trainer's and NeMo's "
+            "metrics, or a loop's own as `step`, `step_time_s`, `tokens_per_s`, `in_window` lines): sftprof then "
+            "measures the overhead, takes it out of the host-bound gains, and gives every gain as a share of the "
+            "unprofiled step.",
         )
     ]
 

@@ -483,7 +483,7 @@ def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: ChainTotals, clo
     host_freed = np.minimum(chains.launch_path_by_step, clock.host_busy()) * chains.removed_share()
     runs = (
         f" {chains.runs:,} runs of 2 or more elementwise, reduction or norm kernels back to back on a stream "
-        f"({chains.kernels:,} kernels, {_ms(chains.total_ns)}) would take {_ms(chains.longest_ns)} fused, with "
+        f"({chains.kernels:,} kernels, {_ms(chains.total_ns)}) would take {_ms(chains.fused_ns)} fused, with "
         f"{100 * float(np.median(chains.removed_share())):.0f}% fewer launches a step; {chains.queued_runs:,} of "
         "the runs had the GPU's next kernel queued behind them (the others were followed by idle, which a shorter "
         "run only lengthens)."
