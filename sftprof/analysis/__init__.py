@@ -68,7 +68,7 @@ def analyze(
     named by, where step_names.STEP_RANGE does not know them.
 
     Sections marked `beside` (heavy, needing little computed here: the CUDA API summary, the NVTX
-    projection, sync calls, elementwise chains) run on a second thread
+    projection, sync calls, fusable chains) run on a second thread
     beside the rest: DuckDB and numpy release the GIL, and one analysis alone leaves part of a core idle.
     The rest run here, each the first listed whose inputs are ready: a section that needs one still being
     computed beside waits, and those after it that do not go first (_next_ready)."""

@@ -106,7 +106,11 @@ REMEDIES = {
         ),
     },
     "memory_bound_kernel_mix": {
-        "torch": Remedy("compiled", {"sft": {"compile": True}}, "torch.compile fuses chains of elementwise kernels"),
+        "torch": Remedy(
+            "compiled",
+            {"sft": {"compile": True}},
+            "torch.compile fuses elementwise kernels with the norms and reductions beside them",
+        ),
     },
     "exposed_communication": {
         "torch": Remedy(
