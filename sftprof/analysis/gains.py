@@ -221,18 +221,18 @@ class ChainTotals:
         return np.minimum(share, 1.0)
 
     def add(self, runs: np.ndarray, queued: np.ndarray) -> None:
-        """Fold in finished runs: rows start, kernels, total, longest (then more, unread), a column each, and
-        whether the device's next kernel was queued behind each (queued_after): only there does a shorter run
-        end the GPU's work sooner; before idle the GPU waited for the host, and it would wait longer."""
-        start, kernels, total = runs[0], runs[1], runs[2]
-        fused = np.maximum(runs[3], runs[10])  # the longest kernel, or the reductions' own passes if longer
+        """Fold in finished runs (_Runs' rows, a column each), and whether the device's next kernel was queued
+        behind each (queued_after): only there does a shorter run end the GPU's work sooner; before idle the GPU
+        waited for the host, and it would wait longer."""
+        start, kernels, total = runs[START], runs[KERNELS], runs[TOTAL]
+        fused = np.maximum(runs[LONGEST], runs[REDUCED])  # the longest kernel, or the reductions' own passes
         self.runs += len(start)
         self.queued_runs += int(queued.sum())
         self.kernels += int(kernels.sum())
         self.total_ns += int(total.sum())
         self.fused_ns += int(fused.sum())
         self.saved_by_step += sum_by_window(self.starts, self.ends, start, np.where(queued, total - fused, 0))
-        self.removed_by_step += sum_by_window(self.starts, self.ends, start, kernels - np.maximum(runs[11], 1))
+        self.removed_by_step += sum_by_window(self.starts, self.ends, start, kernels - np.maximum(runs[REDUCTIONS], 1))
 
 
 # A device starts a kernel already queued behind another within a few microseconds of its end: between kernels on
@@ -240,7 +240,9 @@ class ChainTotals:
 # and h200_sft_padding; the elementwise and GEMM plants) the gaps are 1.0-4.6 us from the 10th to the 90th
 # percentile. A longer gap is the GPU waiting for the host to launch.
 QUEUED_GAP_NS = 5_000
-RUN_ROWS = 12  # _Runs' rows a run
+# _Runs' rows of a run, one column each
+START, KERNELS, TOTAL, LONGEST, DEVICE, STREAM, FIRST_END, LAST_END, QUEUED, UNDECIDED, REDUCED, REDUCTIONS = range(12)
+RUN_ROWS = 12
 
 
 def queued_after(ends: np.ndarray, next_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -305,10 +307,10 @@ def fusable_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> Cha
 
 class _Runs:
     """Runs of fusable kernels per stream, fed windows of one device's kernels in start order; those of
-    2 or more kernels are summed into `totals` as they end. A run's rows: start, kernels, total,
-    longest, device, stream, first kernel's end, last kernel's end, whether the device's next kernel was
-    queued behind it and whether that is still undecided (queued_after), and its reductions' time and count
-    (RUN_ROWS)."""
+    2 or more kernels are summed into `totals` as they end. A run's rows (START ... REDUCTIONS): start,
+    kernels, total, longest, device, stream, first kernel's end, last kernel's end, whether the device's next
+    kernel was queued behind it and whether that is still undecided (queued_after), and its reductions' time
+    and count."""
 
     def __init__(self, totals: ChainTotals):
         self.totals = totals
@@ -318,9 +320,9 @@ class _Runs:
     def _finish(self, device: int, ended: np.ndarray) -> None:
         """Sum the ended runs (2 or more kernels) whose next kernel is known; keep the others for the device's
         next window."""
-        ended = ended[:, ended[1] > 1]
-        waiting = ended[9].astype(bool)
-        self.totals.add(ended[:, ~waiting], ended[8, ~waiting].astype(bool))
+        ended = ended[:, ended[KERNELS] > 1]
+        waiting = ended[UNDECIDED].astype(bool)
+        self.totals.add(ended[:, ~waiting], ended[QUEUED, ~waiting].astype(bool))
         if waiting.any():
             held = self.undecided.pop(device, np.zeros((RUN_ROWS, 0), dtype="int64"))
             self.undecided[device] = np.concatenate([held, ended[:, waiting]], axis=1)
@@ -339,11 +341,13 @@ class _Runs:
         next_kernels = np.sort(rows["start"])  # what the device started after a run: queued work, or idle
         # runs of earlier windows still waiting to learn what came after them
         for key, run in self.open.items():
-            if key[0] == device and run[9]:
-                run[8], run[9] = (int(x[0]) for x in queued_after(run[7:8], next_kernels))
+            if key[0] == device and run[UNDECIDED]:
+                run[QUEUED], run[UNDECIDED] = (
+                    int(x[0]) for x in queued_after(run[LAST_END : LAST_END + 1], next_kernels)
+                )
         if device in self.undecided:
             held = self.undecided.pop(device)
-            held[8], held[9] = queued_after(held[7], next_kernels)
+            held[QUEUED], held[UNDECIDED] = queued_after(held[LAST_END], next_kernels)
             self._finish(device, held)
         new_stream = np.r_[True, stream[1:] != stream[:-1]]
         at = np.flatnonzero(chained)
@@ -381,12 +385,10 @@ class _Runs:
             ra, rb = np.searchsorted(first_at, a, side="left"), np.searchsorted(first_at, b, side="right")
             if carried is not None:
                 if ra < rb and first_at[ra] == a:
-                    found[0, ra], found[6, ra] = carried[0], carried[6]
-                    found[1, ra] += carried[1]
-                    found[2, ra] += carried[2]
-                    found[3, ra] = max(found[3, ra], carried[3])
-                    found[10, ra] += carried[10]
-                    found[11, ra] += carried[11]
+                    found[START, ra], found[FIRST_END, ra] = carried[START], carried[FIRST_END]
+                    for row in (KERNELS, TOTAL, REDUCED, REDUCTIONS):
+                        found[row, ra] += carried[row]
+                    found[LONGEST, ra] = max(found[LONGEST, ra], carried[LONGEST])
                 else:
                     self._finish(device, carried[:, None])
             if ra < rb and last_at[rb - 1] == b:
@@ -397,8 +399,8 @@ class _Runs:
     def result(self) -> ChainTotals:
         # the runs still open or undecided: no kernel of their device started after them
         for ended in [run[:, None] for run in self.open.values()] + list(self.undecided.values()):
-            ended = ended[:, ended[1] > 1]
-            self.totals.add(ended, ended[8].astype(bool) & ~ended[9].astype(bool))
+            ended = ended[:, ended[KERNELS] > 1]
+            self.totals.add(ended, ended[QUEUED].astype(bool) & ~ended[UNDECIDED].astype(bool))
         self.undecided = {}
         self.open = {}
         return self.totals

@@ -137,7 +137,8 @@ def _calls(tables: TraceTables, clock: StepClock, table: str, source: str) -> in
 def finding(overhead: Overhead | None, tables: TraceTables, clock: StepClock) -> list[Finding]:
     """A warning where the captured steps ran more than FINDING_PCT slower than the run's own: what the capture
     recorded per step and was taken with (what the added host time went to), and the settings that leave it
-    out. No gain: it is a cost of the capture, not of the run."""
+    out; without the run's step times, a note of what the traced events may have cost (_unknown). No gain: it is
+    a cost of the capture, not of the run."""
     if overhead is None:
         return _unknown(tables, clock)
     if overhead.pct <= FINDING_PCT:

@@ -463,9 +463,9 @@ def syncs_in_steps(
 
 FUSION_MODEL = (
     "each run of consecutive fusable kernels (elementwise, reductions and norms) on a stream with the GPU's next "
-    "kernel queued behind it, fused, taking as long as its longest kernel (an estimate: the trace holds no tensor "
-    "sizes to bound it by bytes); at most the "
-    "CPU's wait for the GPU plus the host time of the launches fusion removes (the host's launch path: each "
+    "kernel queued behind it, fused, taking as long as its reductions' own passes or its longest kernel, whichever "
+    "is longer (an estimate: the trace holds no tensor sizes to bound it by bytes); at most the CPU's wait for the "
+    "GPU plus the host time of the launches fusion removes (the host's launch path: each "
     "launch and the dispatch before it, in proportion to the kernels removed)"
 )
 
@@ -488,7 +488,7 @@ def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: ChainTotals, clo
         "the runs had the GPU's next kernel queued behind them (the others were followed by idle, which a shorter "
         "run only lengthens)."
         if chains.runs
-        else " No elementwise kernels run back to back: fusion by torch.compile has little to join."
+        else " No fusable kernels run back to back: fusion by torch.compile has little to join."
     )
     return [
         _gained(

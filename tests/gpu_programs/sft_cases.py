@@ -27,6 +27,8 @@ import json
 import random
 from pathlib import Path
 
+import yaml
+
 from sftprof.capture.data import build_prompt, generate_sample, prepare_sft_splits, write_jsonl
 
 CASES = ("clean", "padding", "padding_fixed", "foreach_adamw", "pageable", "data_stall")
@@ -67,8 +69,7 @@ MODELS = {
 
 def _schema_sft_defaults() -> dict:
     """Every `sft` key of the torch backend, at config.schema.yaml's default (a key the schema gains comes too)."""
-    import yaml  # the schema file itself: sftprof.capture.config needs jsonschema, which the GPU machine lacks
-
+    # the schema file itself: sftprof.capture.config needs jsonschema, which the GPU machine lacks
     schema = Path(__file__).resolve().parents[2] / "sftprof" / "capture" / "config.schema.yaml"
     properties = yaml.safe_load(schema.read_text())["definitions"]["sft"]["properties"]
     return {name: spec["default"] for name, spec in properties.items() if "default" in spec and name != "nemo"}
