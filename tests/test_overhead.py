@@ -132,3 +132,22 @@ def test_report_first_screen_gives_the_overhead(nemo):
     assert (
         f"Profiling overhead: the captured steps took\n {nemo.headline['profiling_overhead_pct']:+.1f}%" in first_screen
     )
+
+
+def test_nemos_default_window_without_op_ranges_still_says_what_the_trace_costs(tmp_path):
+    """The NeMo backend's default window (cudaProfilerStart/Stop alone, no emit_nvtx) on an H100: the step
+    ranges against the run's own steps outside the window still differ by more than FINDING_PCT, and the finding
+    puts it on the traced calls, not on op ranges the capture does not hold."""
+    from conftest import unpack_xz
+
+    base = NEMO_CAPTURE.parent / "h100_nemo_lora_no_op_ranges"
+    sqlite_path = unpack_xz(base.with_suffix(".sqlite.xz"), tmp_path / "nemo.sqlite")
+    metrics = base.with_suffix(".metrics.jsonl")
+    pct = expected_pct(sqlite_path, metrics)
+    assert pct > overhead.FINDING_PCT
+    analysis = analyze_trace(sqlite_path, metrics)
+    assert analysis.headline["profiling_overhead_pct"] == pytest.approx(pct, abs=0.01)
+    (finding,) = [f for f in analysis.findings if f.rule == "profiling_overhead"]
+    assert finding.severity == "warning" and f"{pct:.1f}% slower" in finding.title
+    assert "CUDA API calls" in finding.evidence and "emit_nvtx" not in finding.evidence
+    assert "no emit_nvtx" not in finding.recommendation

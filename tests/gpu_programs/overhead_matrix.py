@@ -34,14 +34,19 @@ sys.path.insert(0, str(HERE))
 
 WARMUP = 3  # sftprof.analysis.variants.WARMUP_STEPS: allocator growth, autotuning, compilation
 # The window's first and last steps hold cudaProfilerStart/Stop and nsys starting and stopping the capture, in
-# the trainer's timer: the 1B model's unprofiled run took 1,261 ms a step there against 230 ms outside (H100).
-# So the window spans 4 steps and its inner two are timed (`window_ms`); its edges are kept apart.
-STEPS, WINDOW = 14, (6, 9)
+# the trainer's timer, so only its inner steps are timed (`window_ms`). Every step has one shape (PADDING): with
+# `longest` padding a step that meets a new length builds new cuDNN plans and grows the allocator (the 1B model's
+# step 7 took 384-435 ms against 225 ms with no nsys and no cudaProfilerStart/Stop, H100), and a window holding
+# such a step measures that, not the profiler.
+STEPS, WINDOW = 16, (6, 11)
+PADDING = {"padding": "max_length", "pad_to_multiple_of": 1}
 # The settings measured: nsys options (None: no nsys), and whether emit_nvtx wraps the window's steps.
 BASE = ["--sample=none", "--cpuctxsw=none"]
 RANGE = ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
 SETTINGS = {
     "unprofiled": (None, False),
+    # No nsys, and the trainer's window calls no cudaProfilerStart/Stop: what those calls cost alone.
+    "unprofiled,no_profiler_api": (None, False),
     "cuda": (["--trace=cuda", *BASE, *RANGE], False),
     "cuda,nvtx": (["--trace=cuda,nvtx", *BASE, *RANGE], False),
     "cuda,nvtx,osrt": (["--trace=cuda,nvtx,osrt", *BASE, *RANGE], False),
@@ -98,14 +103,14 @@ def settings_json(work: Path, size: str, name: str, run: int, device: str) -> tu
 
     spec = SIZES[size]
     metrics = work / "metrics" / f"{size}.{name}.{run}.metrics.jsonl"
-    sft = dict(SFT, steps=STEPS, device=device, ddp_overlap=True, **spec["sft"])
+    sft = dict(SFT, steps=STEPS, device=device, ddp_overlap=True, **PADDING, **spec["sft"])
     return {
         "model_dir": str(work / f"model_{size}"),
         "train_jsonl": str(work / "data" / spec["data"] / "training.jsonl"),
         "metrics_path": str(metrics),
         "sft": sft,
         "window": {
-            "capture_range": "none" if device == "cpu" else "cudaProfilerApi",
+            "capture_range": "none" if device == "cpu" or name.endswith("no_profiler_api") else "cudaProfilerApi",
             "capture_range_end": "stop",
             "start_step": WINDOW[0],
             "end_step": WINDOW[1],
@@ -121,13 +126,13 @@ def median(values: list[float]) -> float | None:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def step_times(metrics: Path) -> tuple[float | None, float | None, int]:
-    """(median inner window step, median step outside the window after WARMUP, steps outside) in ms, by step
-    number (the window's edge steps are in neither)."""
+def step_times(metrics: Path) -> tuple[float | None, float | None, int, list[float]]:
+    """(median inner window step, median step outside the window after WARMUP, steps outside, every step) in ms,
+    by step number (the window's edge steps are in neither median)."""
     lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     inside = [1e3 * r["step_time_s"] for r in lines if WINDOW[0] < r["step"] < WINDOW[1]]
     outside = [1e3 * r["step_time_s"] for r in lines if r["step"] >= WARMUP and not WINDOW[0] <= r["step"] <= WINDOW[1]]
-    return median(inside), median(outside), len(outside)
+    return median(inside), median(outside), len(outside), [round(1e3 * r["step_time_s"], 2) for r in lines]
 
 
 def command(nsys: str, options: list[str] | None, emit: bool, settings: dict, report: Path) -> list[str]:
@@ -149,9 +154,10 @@ def run_once(argv: list[str], output, env: dict, timeout_s: float) -> int | str:
         return "timeout"
 
 
-def plan(sizes: list[str], repeats: int) -> list[tuple[int, str, str]]:
-    """(run, size, setting): every setting of every size once, then again; unprofiled first in each pass."""
-    return [(run, size, name) for run in range(1, repeats + 1) for size in sizes for name in SETTINGS]
+def plan(sizes: list[str], repeats: int, settings: list[str]) -> list[tuple[int, str, str]]:
+    """(run, size, setting): every setting of every size once, then again, in SETTINGS' order (unprofiled first)."""
+    chosen = [name for name in SETTINGS if name in settings]
+    return [(run, size, name) for run in range(1, repeats + 1) for size in sizes for name in chosen]
 
 
 def main() -> int:
@@ -161,6 +167,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=560.0)
     parser.add_argument("--sizes", nargs="+", choices=sorted(SIZES), default=["small", "1b"])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--nsys", default="/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys")
     parser.add_argument("--run-timeout-s", type=float, default=150.0)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, nsys command lines only printed")
@@ -175,7 +182,7 @@ def main() -> int:
     print(f"== prepared in {time.monotonic() - start:.0f} s", flush=True)
     longest: dict[str, float] = {}
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    for run, size, name in plan(sizes, args.repeats):
+    for run, size, name in plan(sizes, args.repeats, args.settings):
         options, emit = SETTINGS[name]
         left = args.budget_s - (time.monotonic() - start)
         if longest.get(size, 0.0) * 1.2 > left:
@@ -195,7 +202,7 @@ def main() -> int:
             rc = run_once(argv, output, env, min(args.run_timeout_s, left))
         wall = time.monotonic() - t0
         longest[size] = max(longest.get(size, 0.0), wall)
-        inside, outside, n_outside = step_times(metrics) if metrics.exists() else (None, None, 0)
+        inside, outside, n_outside, every = step_times(metrics) if metrics.exists() else (None, None, 0, [])
         line = {
             "size": size,
             "setting": name,
@@ -207,6 +214,7 @@ def main() -> int:
             "window_ms": inside,
             "outside_ms": outside,
             "outside_steps": n_outside,
+            "step_ms": every,
             "steps": STEPS,
             "window": list(WINDOW),
             "warmup": WARMUP,

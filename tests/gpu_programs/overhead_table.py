@@ -1,11 +1,12 @@
 """overhead_matrix.py's measurements (overhead.jsonl) as the markdown table docs carry.
 
-Per model size, the unprofiled step U is the median over the unprofiled runs of each run's median step
-(every step from WARMUP on: no window is profiled in them). Per setting and run, the window's median step W
-and the same run's median step outside the window O; the table gives W against U (what the profile costs the
-steps it shows) and W against O (what sftprof's profiling_overhead_pct sees in that run's report), each as
-the median over the runs with the runs' range. A setting keeps the window's step within 5% of the
-unprofiled one when every run does.
+Per model size, the unprofiled step U is the median over the unprofiled runs of each run's median window
+step: the same steps, by number, as the profiled runs time, with no nsys (so whatever those steps do in
+every run, such as a new batch length, is in both). Per setting and run, the window's median step W and the
+same run's median step outside the window O; the table gives W against U (what the profile costs the steps
+it shows) and W against O (what sftprof's profiling_overhead_pct sees in that run's report), each as the
+median over the runs with the runs' range. A setting keeps the window's step within 5% of the unprofiled
+one when every run does.
 
     python tests/gpu_programs/overhead_table.py OUT/overhead.jsonl
 """
@@ -48,7 +49,7 @@ def table(lines: list[dict]) -> str:
         if setting == "unprofiled":
             continue
         base = runs.get((size, "unprofiled"), [])
-        unprofiled = median(r["outside_ms"] for r in base) if base else None
+        unprofiled = median(r["window_ms"] for r in base) if base else None
         window = [r["window_ms"] for r in done]
         vs_unprofiled = [_pct(w, unprofiled) for w in window] if unprofiled else []
         vs_outside = [_pct(r["window_ms"], r["outside_ms"]) for r in done if r["outside_ms"]]
