@@ -286,7 +286,6 @@ NEMO_LORA = {
     "cuda_graphs": False,
     "overlap_grad_reduce": False,
     "overlap_param_gather": False,
-    "op_ranges": False,
 }
 NEMO_CAPTURE = REPO / "tests" / "fixtures" / "nemo" / "h200_nemo_lora_llama2_7b"  # .sqlite.xz, .metrics.jsonl
 

@@ -99,5 +99,27 @@ def test_time_window_accepts_delay_and_duration():
         "duration_s": 5,
         "capture_range": "none",
         "capture_range_end": "stop",
+        "op_ranges": False,
         "kill": "none",
     }
+
+
+def test_op_ranges_are_a_windows_key_for_a_cuda_step_window():
+    """emit_nvtx's op ranges cost the window they are in (docs/PROFILING-OVERHEAD.md), so they are asked for per
+    window, where a short one can carry them beside the window that is timed; they need steps, CUDA and nvtx."""
+    cuda = {"experiments.demo.sft.device": "cuda", "experiments.demo.profile.trace": ["cuda", "nvtx"]}
+    ops = {"capture_range": "cudaProfilerApi", "start_step": 2, "end_step": 2, "op_ranges": True}
+    windows = validated({**cuda, "experiments.demo.profile.windows.ops": ops})["experiments"]["demo"]["profile"]
+    assert windows["windows"]["ops"]["op_ranges"] is True and windows["windows"]["steady"]["op_ranges"] is False
+    for changes, said in (
+        ({"experiments.demo.profile.windows.steady.op_ranges": True}, "need CUDA, sft.device is cpu"),
+        ({**cuda, "experiments.demo.profile.windows.ops": {"delay_s": 1, "op_ranges": True}}, "need a step window"),
+        ({**cuda, "experiments.demo.profile.trace": ["cuda"], "experiments.demo.profile.windows.ops": ops}, "'nvtx'"),
+    ):
+        with pytest.raises(config.ConfigError, match=said):
+            validated(changes)
+
+
+def test_a_key_that_moved_says_where_it_is_now():
+    with pytest.raises(config.ConfigError, match=r"sft\.nemo: unknown key\(s\) 'op_ranges'; .*profile\.windows\.NAME"):
+        validated({"experiments.demo.sft.backend": "nemo", "experiments.demo.sft.nemo.op_ranges": True})

@@ -28,10 +28,10 @@ SFT_JSON = (
     '"device": "cuda", "steps": 20, "micro_batch_size": 1, "grad_accum_steps": 4, "seq_length": 2048, '
     '"learning_rate": 0.0001, "nemo": {"tensor_parallel": 2, "peft": "lora", "recipe": "llama2_7b", '
     '"pipeline_parallel": 1, "precision": "bf16-mixed", "packed_sequence": false, "cuda_graphs": false, '
-    '"overlap_grad_reduce": false, "overlap_param_gather": false, "op_ranges": false}, "precision": "fp32", '
+    '"overlap_grad_reduce": false, "overlap_param_gather": false}, "precision": "fp32", '
     '"weight_decay": 0.01, '
     '"seed": 0, "num_threads": 0}, "window": {"capture_range": "cudaProfilerApi", "start_step": 10, '
-    '"end_step": 12, "capture_range_end": "stop", "kill": "none"}}'
+    '"end_step": 12, "capture_range_end": "stop", "op_ranges": false, "kill": "none"}}'
 )
 LAUNCH = f"""\
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=72 --kill-on-bad-exit=1 \\

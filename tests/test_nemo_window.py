@@ -29,8 +29,8 @@ def lightning(monkeypatch):
 
 def settings(window, op_ranges: bool) -> dict:
     sft = {"micro_batch_size": 1, "grad_accum_steps": 2, "seq_length": 64, "steps": 6, "learning_rate": 1e-4}
-    sft["nemo"] = {**NEMO_LORA, "op_ranges": op_ranges}
-    planned = nemo_backend.plan(sft, window, {"WORLD_SIZE": "1"})
+    sft["nemo"] = NEMO_LORA
+    planned = nemo_backend.plan(sft, {**window, "op_ranges": op_ranges}, {"WORLD_SIZE": "1"})
     planned["layer_spec"] = "local"
     return planned
 

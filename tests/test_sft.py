@@ -75,3 +75,37 @@ def test_nvtx_capture_window_opens_before_start_and_closes_after_end():
         ("step", 5),
     ]
     assert [window.contains(s) for s in range(6)] == [False, False, True, True, False, False]
+
+
+def test_op_ranges_are_on_from_the_windows_opening_to_its_closing(monkeypatch):
+    """With op_ranges, emit_nvtx is entered after cudaProfilerStart before the first step and left after the last
+    step, before cudaProfilerStop: its ranges fall inside the capture and nowhere else."""
+    import torch
+
+    events = []
+
+    class Emit:
+        def __enter__(self):
+            events.append("emit on")
+
+        def __exit__(self, *exc):
+            events.append("emit off")
+
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", Emit)
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: events.append("start"))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: events.append("stop"))
+    annotator = RecordingAnnotator()
+    annotator.route = "torch.cuda.nvtx"
+    window = CaptureWindow("cudaProfilerApi", 1, 2, annotator, op_ranges=True)
+    for step in range(4):
+        window.before_step(step)
+        events.append(step)
+        window.after_step(step)
+    assert events == [0, "start", "emit on", 1, 2, "emit off", "stop", 3]
+
+
+def test_op_ranges_without_cuda_are_a_one_line_error():
+    from sftprof.errors import SftprofError
+
+    with pytest.raises(SftprofError, match="CUDA device"):
+        CaptureWindow("nvtx", 1, 2, RecordingAnnotator(), op_ranges=True)

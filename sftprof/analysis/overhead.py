@@ -177,8 +177,8 @@ def finding(overhead: Overhead | None, tables: TraceTables, clock: StepClock) ->
     if ops:
         off.append(
             "no emit_nvtx (NeMo's NsysCallback turns it on as it opens the window: open the window with "
-            "cudaProfilerStart/Stop alone, as sftprof's NeMo backend does unless sft.nemo.op_ranges is on, and "
-            "take op-level ranges from a second, short window)"
+            "cudaProfilerStart/Stop alone, as sftprof does unless a window's op_ranges is on, and take op-level "
+            "ranges from a second, short window)"
         )
     extra = [kind for kind in kinds if kind not in ("cuda", "nvtx")]
     if extra:

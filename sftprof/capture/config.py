@@ -91,6 +91,10 @@ def _shown(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+# Keys that moved, with where they are now: a config written for the old place gets told.
+MOVED_KEYS = {"sft.nemo.op_ranges": "op_ranges is a window's key now (profile.windows.NAME.op_ranges)"}
+
+
 def _key_path(error: jsonschema.ValidationError) -> str:
     return _dotted(error.absolute_path)
 
@@ -98,7 +102,9 @@ def _key_path(error: jsonschema.ValidationError) -> str:
 def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
-        return f"unknown key(s) {', '.join(map(repr, unknown))}"
+        here = _dotted(error.absolute_path)
+        moved = [told for old, told in MOVED_KEYS.items() for key in unknown if f"{here}.{key}".endswith(old)]
+        return f"unknown key(s) {', '.join(map(repr, unknown))}" + "".join(f"; {where}" for where in moved)
     return error.message
 
 
@@ -485,6 +491,13 @@ def _check_window(where: str, window: dict, trace: list[str], sft: dict) -> None
         raise ConfigError(f"config key {where}: start_step/end_step need capture_range nvtx or cudaProfilerApi")
     if window["capture_range"] == "nvtx" and "nvtx" not in trace:
         raise ConfigError(f"config key {where}.capture_range: nvtx needs 'nvtx' in profile.trace")
+    if window["op_ranges"]:
+        if not by_steps:
+            raise ConfigError(f"config key {where}.op_ranges: op ranges need a step window (capture_range)")
+        if sft["device"] == "cpu":
+            raise ConfigError(f"config key {where}.op_ranges: emit_nvtx's op ranges need CUDA, sft.device is cpu")
+        if "nvtx" not in trace:
+            raise ConfigError(f"config key {where}.op_ranges: op ranges need 'nvtx' in profile.trace")
     if window["capture_range"] == "cudaProfilerApi":
         if "cuda" not in trace:
             raise ConfigError(f"config key {where}.capture_range: cudaProfilerApi needs 'cuda' in profile.trace")

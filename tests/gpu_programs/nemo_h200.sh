@@ -31,7 +31,7 @@ run_one() {  # $1 = lora|none, $2 = timeout
 import json, sys
 from sftprof.capture import model, rank, sft
 name, work = sys.argv[1], sys.argv[2]
-peft, *knobs = name.split("+")  # e.g. lora+cuda_graphs: a knob of sft.nemo switched on
+peft, *knobs = name.split("+")  # e.g. lora+cuda_graphs: a knob of sft.nemo switched on; +op_ranges: the window's
 import shutil, os
 if not os.path.exists(f"{work}/model"):
     model.create_random_model({"architecture": "llama2-7b", "seed": 0}, f"{work}/model")
@@ -45,9 +45,10 @@ settings = {"backend": "nemo", "device": "cuda", "steps": steps, "micro_batch_si
             "num_threads": 0, "nemo": {"recipe": "llama2_7b", "tensor_parallel": 1, "pipeline_parallel": 1,
                                        "precision": "bf16-mixed", "peft": peft, "packed_sequence": False,
                                        "cuda_graphs": False, "overlap_grad_reduce": False,
-                                       "overlap_param_gather": False, "op_ranges": False,
-                                       **{knob: True for knob in knobs}}}
-window = {"capture_range": "cudaProfilerApi", "start_step": first, "end_step": last, "capture_range_end": "stop"}
+                                       "overlap_param_gather": False,
+                                       **{knob: True for knob in knobs if knob != "op_ranges"}}}
+window = {"capture_range": "cudaProfilerApi", "start_step": first, "end_step": last, "capture_range_end": "stop",
+          "op_ranges": "op_ranges" in knobs}
 cap = f"{work}/cap-{name}"
 app = sft.command(f"{work}/model", f"{work}/sft/training.jsonl", f"{cap}/profile.rank{{rank}}.metrics.jsonl",
                   settings, window, python=sys.executable)

@@ -18,14 +18,14 @@ sys.path.insert(0, str(REPO))
 ROWS = [{"input": f"Question {i}: what is {i} plus {i}?", "output": f"It is {2 * i}."} for i in range(24)]
 
 
-# Each run: (peft, the sft.nemo knobs set, micro_batch_size); `knobs` turns on every knob a suggested variant
-# may set, with two examples a micro-batch, which packing turns into one pack of two seq_lengths.
+# Each run: (peft, the sft.nemo knobs set, micro_batch_size, the window's op_ranges); `knobs` turns on every knob
+# a suggested variant may set, with two examples a micro-batch, which packing turns into one pack of two seq_lengths.
 KNOBS = {"packed_sequence": True, "cuda_graphs": True, "overlap_grad_reduce": True, "overlap_param_gather": True}
 RUNS = {
-    "lora": ("lora", {}, 1),
-    "lora_ops": ("lora", {"op_ranges": True}, 1),  # NsysCallback (emit_nvtx) opens the window
-    "none": ("none", {}, 1),
-    "knobs": ("none", KNOBS, 2),
+    "lora": ("lora", {}, 1, False),
+    "lora_ops": ("lora", {}, 1, True),  # NsysCallback (emit_nvtx) opens the window
+    "none": ("none", {}, 1, False),
+    "knobs": ("none", KNOBS, 2, False),
 }
 
 
@@ -49,7 +49,6 @@ def sft_settings(peft: str, knobs: dict, micro_batch_size: int) -> dict:
             "precision": "bf16-mixed",
             "peft": peft,
             **{knob: False for knob in KNOBS},
-            "op_ranges": False,
             **knobs,
         },
     }
@@ -69,14 +68,13 @@ def main(workdir: str) -> int:
     data.mkdir(parents=True, exist_ok=True)
     for split in ("training", "validation", "test"):
         (data / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    window = {"capture_range": "cudaProfilerApi", "start_step": 1, "end_step": 2}
     report = {"cuda": torch.cuda.is_available(), "runs": {}}
-    for name, (peft, knobs, micro_batch_size) in RUNS.items():
+    for name, (peft, knobs, micro_batch_size, op_ranges) in RUNS.items():
         recipe, settings = nemo_backend.build_recipe(
             model_dir,
             data / "training.jsonl",
             sft_settings(peft, knobs, micro_batch_size),
-            window,
+            {"capture_range": "cudaProfilerApi", "start_step": 1, "end_step": 2, "op_ranges": op_ranges},
             {"WORLD_SIZE": "1"},
             work / name,
         )

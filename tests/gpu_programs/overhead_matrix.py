@@ -1,7 +1,7 @@
 """What each Nsight Systems setting costs the built-in trainer's step (issue 51, deliverable 2).
 
-For each model size and each trace setting, one run of `python -m sftprof.capture.sft` (through
-overhead_run.py, which can add emit_nvtx) under nsys, and runs without nsys for the unprofiled step. One
+For each model size and each trace setting, one run of `python -m sftprof.capture.sft` (emit_nvtx through the
+window's op_ranges) under nsys, and runs without nsys for the unprofiled step. One
 JSON line per run goes to OUT/overhead.jsonl as soon as the run ends, so a run cut off at its time limit
 keeps what it measured. Step times are the trainer's own (metrics file, CUDA events): the window's steps,
 and the steps outside it after WARMUP steps.
@@ -13,7 +13,7 @@ Runs are ordered so that the first pass over every setting of every size comes b
 short budget still gives one measurement of each. A run that would not finish in the budget left, judged
 by the longest run of its size so far, is skipped and said so. --dry-run: the tiny CPU model, every nsys
 command line printed and the runs made without nsys (what a CPU machine can check; the emit_nvtx run fails
-there, as emit_nvtx needs CUDA).
+there in one line, as op ranges need CUDA).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def prepare(work: Path, size: str) -> Path:
     return folder
 
 
-def settings_json(work: Path, size: str, name: str, run: int, device: str) -> tuple[dict, Path]:
+def settings_json(work: Path, size: str, name: str, run: int, device: str, emit: bool) -> tuple[dict, Path]:
     """The trainer's settings argument (sft_cases.SFT with the size's shapes) and its metrics file."""
     from sft_cases import SFT
 
@@ -114,6 +114,7 @@ def settings_json(work: Path, size: str, name: str, run: int, device: str) -> tu
             "capture_range_end": "stop",
             "start_step": WINDOW[0],
             "end_step": WINDOW[1],
+            "op_ranges": emit,
         },
     }, metrics
 
@@ -135,8 +136,8 @@ def step_times(metrics: Path) -> tuple[float | None, float | None, int, list[flo
     return median(inside), median(outside), len(outside), [round(1e3 * r["step_time_s"], 2) for r in lines]
 
 
-def command(nsys: str, options: list[str] | None, emit: bool, settings: dict, report: Path) -> list[str]:
-    program = [sys.executable, str(HERE / "overhead_run.py"), *(["--emit-nvtx"] if emit else []), json.dumps(settings)]
+def command(nsys: str, options: list[str] | None, settings: dict, report: Path) -> list[str]:
+    program = [sys.executable, "-m", "sftprof.capture.sft", json.dumps(settings)]
     if options is None:
         return program
     return [nsys, "profile", *options, "--show-output=true", "-f", "true", "-o", str(report), *program]
@@ -190,9 +191,9 @@ def main() -> int:
                 f"== {size} {name} run {run} skipped: {left:.0f} s left, a run took {longest[size]:.0f} s", flush=True
             )
             continue
-        settings, metrics = settings_json(work, size, name, run, device)
+        settings, metrics = settings_json(work, size, name, run, device, emit)
         report = work / f"{size}.{name}.{run}"
-        argv = command(args.nsys, options, emit, settings, report)
+        argv = command(args.nsys, options, settings, report)
         if args.dry_run and options is not None:
             print("   would run:", shlex.join(argv[: argv.index(sys.executable)]), "...", flush=True)
             argv = argv[argv.index(sys.executable) :]

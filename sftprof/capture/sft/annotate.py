@@ -13,6 +13,8 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from sftprof.errors import SftprofError
+
 log = logging.getLogger(__name__)
 
 # The NVTX range a step window opens; nsys is told to start capturing when it is pushed.
@@ -92,19 +94,33 @@ class Annotator:
         self._impl.pop()
 
 
+class OpRangesError(SftprofError, ValueError):
+    """Op ranges asked for where emit_nvtx cannot write them."""
+
+
 class CaptureWindow:
     """Opens the profiler's capture at start_step and closes it after end_step (inclusive).
 
     Mirrors NeMo's NsysCallback: `cudaProfilerApi` calls cudaProfilerStart/Stop, `nvtx` pushes
     and pops the CAPTURE_RANGE_NAME range that `nsys --nvtx-capture` waits for, `none` does
-    nothing (a time window, or no profiler).
+    nothing (a time window, or no profiler). With op_ranges, emit_nvtx is on from the window's
+    opening to its closing: a range per PyTorch op, inside the window only.
     """
 
-    def __init__(self, mode: str, start_step: int | None, end_step: int | None, annotator: Annotator):
+    def __init__(
+        self, mode: str, start_step: int | None, end_step: int | None, annotator: Annotator, op_ranges: bool = False
+    ):
         self.mode, self.start_step, self.end_step = mode, start_step, end_step
         self._annotator = annotator
+        self._op_ranges = None
         if mode == "nvtx" and annotator.route == "none":
             raise RuntimeError(f"an nvtx capture window needs {NVTX_V2_LIBRARY} or CUDA")
+        if op_ranges:
+            if mode == "none" or annotator.route != "torch.cuda.nvtx":
+                raise OpRangesError("op_ranges needs a step window on a CUDA device (emit_nvtx writes no ranges else)")
+            import torch
+
+            self._op_ranges = torch.autograd.profiler.emit_nvtx()
 
     def contains(self, step: int) -> bool:
         return self.mode != "none" and self.start_step <= step <= self.end_step
@@ -118,10 +134,14 @@ class CaptureWindow:
             import torch.cuda.profiler
 
             torch.cuda.profiler.start()
+        if self._op_ranges is not None:
+            self._op_ranges.__enter__()
 
     def after_step(self, step: int) -> None:
         if self.mode == "none" or step != self.end_step:
             return
+        if self._op_ranges is not None:
+            self._op_ranges.__exit__(None, None, None)
         if self.mode == "nvtx":
             self._annotator.pop()
         else:

@@ -70,7 +70,7 @@ def plan(sft: dict, window: dict, environ: dict[str, str]) -> dict:
         "peft_scheme": None if nemo["peft"] == "none" else nemo["peft"],
         "recipe": nemo["recipe"],
         "nsys_steps": None,
-        "op_ranges": nemo["op_ranges"],
+        "op_ranges": window.get("op_ranges", False),
     }
     if window["capture_range"] == "cudaProfilerApi":
         settings["nsys_steps"] = (window["start_step"], window["end_step"] + 1)

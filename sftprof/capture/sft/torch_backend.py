@@ -385,7 +385,13 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
     # Each rank draws its own micro-batches: data parallelism over one shuffled dataset.
     batches = MicroBatches(examples, sft["micro_batch_size"], sft["seed"] + rank)
     annotator = Annotator(on_cuda=device_type == "cuda")
-    capture = CaptureWindow(window["capture_range"], window.get("start_step"), window.get("end_step"), annotator)
+    capture = CaptureWindow(
+        window["capture_range"],
+        window.get("start_step"),
+        window.get("end_step"),
+        annotator,
+        op_ranges=window.get("op_ranges", False),
+    )
     use_bf16 = sft["precision"] == "bf16"
     clock = StepClock(device)
     facts = run_facts(model, sft, device, optimizer, pin_memory, distributed=dist.is_initialized())
