@@ -25,13 +25,15 @@ echo "setup_s=$(( $(date +%s) - t0 ))"
 "$PY" -c "import transformer_engine" 2>&1 | tail -1
 timeout 90 "$PY" tests/gpu_programs/nemo_recipe_build.py "$W/probe" > "$OUT/probe.log" 2>&1; echo "probe_rc=$?"
 grep -E "NEMO_RECIPE|Error|error" "$OUT/probe.log" | tail -5
-run_one() {  # $1 = lora|none, $2 = timeout
-  local name=$1 cap=$W/cap-$1
-  "$PY" - "$name" "$W" > "$W/argv-$name.json" <<'PYEOF'
+run_one() {  # $1 = PEFT[+KNOB...][@TRACE], $2 = timeout, $3 = the run's number (OVERHEAD=1)
+  local name=$1 cap=$W/cap-$1${3:+-$3}
+  "$PY" - "$name" "$W" "$cap" > "$W/argv-$name.json" <<'PYEOF'
 import json, sys
 from sftprof.capture import model, rank, sft
-name, work = sys.argv[1], sys.argv[2]
-peft, *knobs = name.split("+")  # e.g. lora+cuda_graphs: a knob of sft.nemo switched on; +op_ranges: the window's
+name, work, cap = sys.argv[1:4]
+# e.g. lora+cuda_graphs: a knob of sft.nemo switched on; +op_ranges: the window's; @cuda,nvtx: nsys --trace (none: no nsys)
+name, _, trace = name.partition("@")
+peft, *knobs = name.split("+")
 import shutil, os
 if not os.path.exists(f"{work}/model"):
     model.create_random_model({"architecture": "llama2-7b", "seed": 0}, f"{work}/model")
@@ -49,19 +51,23 @@ settings = {"backend": "nemo", "device": "cuda", "steps": steps, "micro_batch_si
                                        **{knob: True for knob in knobs if knob != "op_ranges"}}}
 window = {"capture_range": "cudaProfilerApi", "start_step": first, "end_step": last, "capture_range_end": "stop",
           "op_ranges": "op_ranges" in knobs}
-cap = f"{work}/cap-{name}"
 app = sft.command(f"{work}/model", f"{work}/sft/training.jsonl", f"{cap}/profile.rank{{rank}}.metrics.jsonl",
                   settings, window, python=sys.executable)
 nsys = ["nsys", "profile",  # PATH starts with the 2025.3.1 folder
-        "--trace=cuda,cudnn,cublas,osrt,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node",
+        f"--trace={trace or 'cuda,cudnn,cublas,osrt,nvtx'}", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node",
         "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--show-output=true", "--force-overwrite=true",
         f"--output={cap}/profile"]
-print(json.dumps(rank.rank_argv(sys.executable, [0], cap, {}) + nsys + app))
+print(json.dumps(rank.rank_argv(sys.executable, [0], cap, {}) + ([] if trace == "none" else nsys) + app))
 PYEOF
   mkdir -p "$cap"; local s=$(date +%s)
   timeout "$2" "$PY" -c "import json,subprocess,sys; sys.exit(subprocess.call(json.load(open('$W/argv-$name.json'))))" > "$OUT/train-$name.log" 2>&1
   echo "train_${name}_rc=$? wall_s=$(( $(date +%s) - s ))"
   grep -E "Error|error:|OutOfMemory|CUDA out of memory|layer_spec|Nsys profiling|Capture range|Generating" "$OUT/train-$name.log" | tail -8
+  if [ -n "${OVERHEAD:-}" ]; then  # one line of overhead_matrix.py's form, no export: the step times are kept
+    "$PY" tests/gpu_programs/overhead_matrix.py --line "$cap"/profile.rank0.metrics.jsonl "nemo_lora" "$name" "${3:-1}" \
+      "${WINDOW_START:-2}" "${WINDOW_END:-3}" >> "$OUT/overhead.jsonl"; tail -1 "$OUT/overhead.jsonl" | cut -c1-160
+    return
+  fi
   cp "$cap"/*.metrics.jsonl "$OUT/nemo_$name.metrics.jsonl" 2>/dev/null; cat "$cap"/*.metrics.jsonl 2>/dev/null | cut -c1-200
   if ls "$cap"/profile*.nsys-rep >/dev/null 2>&1; then
     rep=$(ls "$cap"/profile*.nsys-rep | head -1); cp "$rep" "$OUT/nemo_$name.nsys-rep"
@@ -74,8 +80,13 @@ PYEOF
 # RUNS: which to make (default LoRA with the window opened by cudaProfilerStart/Stop alone, then with op_ranges,
 # emit_nvtx on: what op-level ranges cost NeMo; full fine-tuning of 7B ran out of the H200's memory on 2026-12-01);
 # PEFT+KNOB (lora+cuda_graphs) switches a knob of sft.nemo on.
-for name in ${RUNS:-lora lora+op_ranges}; do
-  [ -f "$W/probe/sft/training.jsonl" ] && run_one "$name" "$([[ $name == *+cuda_graphs* || $name == *+packed_sequence* ]] && echo 120 || echo 220)"
+# OVERHEAD=1: each of RUNS REPEATS times (every run once, then again), its step times as one line of
+# overhead_matrix.py's overhead.jsonl (the table: overhead_table.py), nothing exported.
+for repeat in $(seq "${REPEATS:-1}"); do
+  for name in ${RUNS:-lora lora+op_ranges}; do
+    [ -f "$W/probe/sft/training.jsonl" ] && run_one "$name" \
+      "$([[ $name == *+cuda_graphs* || $name == *+packed_sequence* ]] && echo 120 || echo 220)" "${OVERHEAD:+$repeat}"
+  done
 done
 echo "total_s=$(( $(date +%s) - t0 ))"
 # PACK=1: the logs, metrics and kernel tables in one archive (what comes back from $OUT is at most 8 files)

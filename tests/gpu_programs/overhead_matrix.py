@@ -127,12 +127,13 @@ def median(values: list[float]) -> float | None:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def step_times(metrics: Path) -> tuple[float | None, float | None, int, list[float]]:
+def step_times(metrics: Path, window: tuple[int, int] = WINDOW) -> tuple[float | None, float | None, int, list[float]]:
     """(median inner window step, median step outside the window after WARMUP, steps outside, every step) in ms,
     by step number (the window's edge steps are in neither median)."""
     lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    inside = [1e3 * r["step_time_s"] for r in lines if WINDOW[0] < r["step"] < WINDOW[1]]
-    outside = [1e3 * r["step_time_s"] for r in lines if r["step"] >= WARMUP and not WINDOW[0] <= r["step"] <= WINDOW[1]]
+    first, last = window
+    inside = [1e3 * r["step_time_s"] for r in lines if first < r["step"] < last]
+    outside = [1e3 * r["step_time_s"] for r in lines if r["step"] >= WARMUP and not first <= r["step"] <= last]
     return median(inside), median(outside), len(outside), [round(1e3 * r["step_time_s"], 2) for r in lines]
 
 
@@ -161,7 +162,26 @@ def plan(sizes: list[str], repeats: int, settings: list[str]) -> list[tuple[int,
     return [(run, size, name) for run in range(1, repeats + 1) for size in sizes for name in chosen]
 
 
+def nemo_line(argv: list[str]) -> int:
+    """`--line METRICS SIZE RUN_NAME RUN FIRST LAST`: one overhead.jsonl line for a run of nemo_h200.sh (OVERHEAD=1),
+    whose RUN_NAME is PEFT[+KNOB...][@TRACE]: `@none` is the unprofiled run, +op_ranges adds `+emit_nvtx`."""
+    metrics, size, name, run, first, last = argv
+    knobs, _, trace = name.partition("@")
+    setting = "unprofiled" if trace == "none" else (trace or "cuda,cudnn,cublas,osrt,nvtx")
+    emit = "+op_ranges" in knobs
+    setting += "+emit_nvtx" if emit and trace != "none" else ""
+    window = (int(first), int(last))
+    found = Path(metrics).exists()
+    inside, outside, n_outside, every = step_times(Path(metrics), window) if found else (None, None, 0, [])
+    line = {"size": size, "setting": setting, "run": int(run), "emit_nvtx": emit, "rc": 0 if inside else "no metrics"}
+    line.update(window_ms=inside, outside_ms=outside, outside_steps=n_outside, step_ms=every, window=list(window))
+    print(json.dumps(line))
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--line"]:
+        return nemo_line(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("work", type=Path)
     parser.add_argument("out", type=Path)
