@@ -509,6 +509,26 @@ def test_step_clock_idle_after_a_call():
     assert clock.idle_after([100, 600, 1_200, 3_100], [400, 900, 1_300, 3_200]).tolist() == [200, 0, 800, 0]
 
 
+def test_fused_attention_frees_the_host_time_of_the_launches_it_removes():
+    """A host-bound step (the CPU never waits) with one unfused attention: fused attention saves no more GPU
+    time than its glue and GEMMs, and in this step only the host's launch path in the share of launches it
+    removes (glue kernels and both GEMMs, one fused kernel for them); ChainTotals.host_freed, as for fusion."""
+    from sftprof.analysis import excess
+
+    busy = pd.DataFrame({"start": [0], "end": [400_000]})
+    clock = gains.StepClock.of(pd.DataFrame(), 1_000_000, SpilledUnion.of(busy), SpilledUnion().finish())
+    chains = gains.ChainTotals(clock.starts, clock.ends)
+    chains.kernels_by_step[:] = 100
+    chains.launch_path_by_step[:] = 600_000
+    runs = pd.DataFrame({"start": [10], "glue_ns": [200_000], "gemm_ns": [100_000], "softmax_ns": [50_000]})
+    runs["kernels"] = [9]  # 9 glue kernels and 2 GEMMs become 1: 10 of the step's 100 launches removed
+    (finding,) = excess.unfused_attention_finding(runs, clock, chains)
+    assert finding.gain_pct == pytest.approx(100 * 600_000 * 10 / 100 / 1_000_000)
+    chains.kernels_by_step[:] = 10  # every launch removed, the whole host path freed: the GPU time saved caps it
+    (finding,) = excess.unfused_attention_finding(runs, clock, chains)
+    assert finding.gain_pct == pytest.approx(100 * 300_000 / 1_000_000)
+
+
 # ---------------------------------------------------------------- analysis.json, report, compare
 
 

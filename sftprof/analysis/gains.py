@@ -212,13 +212,19 @@ class ChainTotals:
         """Count kernels starting at `starts`, fusable or not, in their step windows."""
         self.kernels_by_step += sum_by_window(self.starts, self.ends, starts, np.ones(len(starts)))
 
-    def removed_share(self) -> np.ndarray:
-        """Per step, the share of its kernel launches that fusing the runs removes (a run that goes on into the
-        next step counts in the one it starts in, so at most all of them)."""
-        share = np.divide(
-            self.removed_by_step, self.kernels_by_step, out=np.zeros(len(self.starts)), where=self.kernels_by_step > 0
-        )
+    def removed_share(self, removed_by_step: np.ndarray | None = None) -> np.ndarray:
+        """Per step, the share of its kernel launches that a fix removes: `removed_by_step` launches, by default
+        those fusing the runs removes (a run that goes on into the next step counts in the one it starts in, so
+        at most all of them)."""
+        removed = self.removed_by_step if removed_by_step is None else np.asarray(removed_by_step, dtype=float)
+        share = np.divide(removed, self.kernels_by_step, out=np.zeros(len(self.starts)), where=self.kernels_by_step > 0)
         return np.minimum(share, 1.0)
+
+    def host_freed(self, clock: StepClock, removed_by_step: np.ndarray | None = None) -> np.ndarray:
+        """Per step, the host time a fix that removes kernel launches frees: the host's launch path (launch_path)
+        in the share of launches removed, at most the host's own time. One model for every fix that launches
+        fewer kernels (fusion, fused attention): checked against torch.compile on two loops (docs/DIAGNOSIS.md)."""
+        return np.minimum(self.launch_path_by_step, clock.host_busy()) * self.removed_share(removed_by_step)
 
     def add(self, runs: np.ndarray, queued: np.ndarray) -> None:
         """Fold in finished runs (_Runs' rows, a column each), and whether the device's next kernel was queued

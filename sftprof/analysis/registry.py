@@ -330,7 +330,7 @@ RULES: tuple[Rule, ...] = (
     Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
     Rule("padding", rules.padding_findings, ("padded", "token_ns", "clock")),
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
-    Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock")),
+    Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock", "chains")),
     Rule("recomputation", recompute.recompute_finding, ("recomputed", "clock", "idle_views", "overhead")),
     Rule(
         "interconnect",

@@ -480,7 +480,7 @@ def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: ChainTotals, clo
     streaming = families[families["family"].isin(MEMORY_BOUND_FAMILIES)]
     parts = ", ".join(f"{r.family} {r.time_pct:.1f}% (top: {r.top_kernel})" for r in streaming.itertuples())
     saved = chains.saved_by_step
-    host_freed = np.minimum(chains.launch_path_by_step, clock.host_busy()) * chains.removed_share()
+    host_freed = chains.host_freed(clock)
     runs = (
         f" {chains.runs:,} runs of 2 or more elementwise, reduction or norm kernels back to back on a stream "
         f"({chains.kernels:,} kernels, {_ms(chains.total_ns)}) would take {_ms(chains.fused_ns)} fused, with "
