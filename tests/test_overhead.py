@@ -13,7 +13,7 @@ from sftprof.analysis.variants import WARMUP_STEPS
 from sftprof.pipeline import analyze_trace
 from sftprof.report.html import RankReport, render_html
 
-from conftest import NEMO_CAPTURE, REPO
+from conftest import NEMO_CAPTURE, NEMO_DEFAULT_WINDOW, REPO
 
 FIXTURES = REPO / "tests" / "fixtures"
 
@@ -134,18 +134,13 @@ def test_report_first_screen_gives_the_overhead(nemo):
     )
 
 
-def test_nemos_default_window_without_op_ranges_still_says_what_the_trace_costs(tmp_path):
+def test_nemos_default_window_without_op_ranges_still_says_what_the_trace_costs(nemo_default_window):
     """The NeMo backend's default window (cudaProfilerStart/Stop alone, no emit_nvtx) on an H100: the step
     ranges against the run's own steps outside the window still differ by more than FINDING_PCT, and the finding
     puts it on the traced calls, not on op ranges the capture does not hold."""
-    from conftest import unpack_xz
-
-    base = NEMO_CAPTURE.parent / "h100_nemo_lora_no_op_ranges"
-    sqlite_path = unpack_xz(base.with_suffix(".sqlite.xz"), tmp_path / "nemo.sqlite")
-    metrics = base.with_suffix(".metrics.jsonl")
-    pct = expected_pct(sqlite_path, metrics)
+    sqlite_path, analysis = nemo_default_window
+    pct = expected_pct(sqlite_path, NEMO_DEFAULT_WINDOW.with_suffix(".metrics.jsonl"))
     assert pct > overhead.FINDING_PCT
-    analysis = analyze_trace(sqlite_path, metrics)
     assert analysis.headline["profiling_overhead_pct"] == pytest.approx(pct, abs=0.01)
     (finding,) = [f for f in analysis.findings if f.rule == "profiling_overhead"]
     assert finding.severity == "warning" and f"{pct:.1f}% slower" in finding.title
