@@ -182,14 +182,16 @@ def finding(overhead: Overhead | None, tables: TraceTables, clock: StepClock) ->
         )
     extra = [kind for kind in kinds if kind not in ("cuda", "nvtx")]
     if extra:
-        off.append(f"`--trace=cuda,nvtx` (without {', '.join(extra)})")
+        lost = " (the idle causes then cannot name OS calls)" if "osrt" in extra else ""
+        off.append(f"`--trace=cuda,nvtx` (without {', '.join(extra)}){lost}")
     if sampled:
         off.append("`--sample=none --cpuctxsw=none`")
     if graph_mode and graph_mode.lower() == "node":
         off.append("`--cuda-graph-trace=graph`")
     recommendation = (f"Time the window with {'; '.join(off)}, and compare again. " if off else "") + (
-        "Until the captured steps are within a few % of the run's own, read host-bound findings against the "
-        "unprofiled step."
+        "Every traced CUDA call costs a host-bound step, whatever the setting (docs/PROFILING-OVERHEAD.md): until "
+        "the captured steps are within a few % of the run's own, read host-bound findings against the unprofiled "
+        "step."
     )
     return [
         Finding(
