@@ -138,6 +138,11 @@ GOOD = {"step": 0, "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": True}
         ),
         ({**GOOD, "step": True}, "step must be an integer"),
         ({**GOOD, "tokens_per_s": float("inf")}, "tokens_per_s must be a finite number"),
+        ({**GOOD, "tokens_per_s": -5}, "tokens_per_s must be a finite number, 0 or more"),
+        # a negative, zero or overflowing step time made the profiling overhead -198%, or the unprofiled step inf
+        ({**GOOD, "step_time_s": -0.3}, "step_time_s must be a number of seconds above 0"),
+        ({**GOOD, "step_time_s": 0}, "step_time_s must be a number of seconds above 0"),
+        ({**GOOD, "step_time_s": 1e308}, "step_time_s must be a number of seconds above 0 and at most"),
     ],
 )
 def test_new_fields_are_checked_by_line_and_field(tmp_path, line, message):

@@ -46,6 +46,14 @@ def _is_count(value) -> bool:
     return _is_int(value) and value >= 0
 
 
+# A step longer than this is no step a trainer timed (11.6 days): beyond it, milliseconds and shares overflow.
+LONGEST_STEP_S = 1e6
+
+
+def _is_step_time(value) -> bool:
+    return _is_float(value) and 0 < value <= LONGEST_STEP_S
+
+
 # The fields every line must have.
 METRICS_REQUIRED = ("step", "step_time_s", "tokens_per_s", "in_window")
 # Each known field of a line: how it must be (for the error message), its test, and its column's dtype.
@@ -58,9 +66,9 @@ METRICS_FIELDS = {
         lambda v: v is None or _is_float(v) or (isinstance(v, float) and math.isnan(v)),
         "Float64",
     ),
-    "step_time_s": ("a finite number", _is_float, "float64"),
+    "step_time_s": (f"a number of seconds above 0 and at most {LONGEST_STEP_S:g}", _is_step_time, "float64"),
     "tokens": ("an integer", _is_int, "Int64"),
-    "tokens_per_s": ("a finite number", _is_float, "float64"),
+    "tokens_per_s": ("a finite number, 0 or more", lambda v: _is_float(v) and v >= 0, "float64"),
     "in_window": ("true or false", lambda v: isinstance(v, bool), "bool"),
     "token_slots": ("a non-negative integer", _is_count, "Int64"),
     "real_tokens": ("a non-negative integer", _is_count, "Int64"),
