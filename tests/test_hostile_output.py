@@ -345,7 +345,10 @@ def test_an_output_at_or_below_a_file_is_refused_naming_it_before_any_work(
         ('{"step": 0, "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\nnot json\n', "line 2: not JSON"),
         ("[1, 2]\n", "line 1: not a JSON object"),
         ('{"step": "0", "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\n', "step must be an integer"),
-        ('{"step": 0, "step_time_s": 1e999, "tokens_per_s": 1.0, "in_window": true}\n', "step_time_s must be a number of seconds"),
+        (
+            '{"step": 0, "step_time_s": 1e999, "tokens_per_s": 1.0, "in_window": true}\n',
+            "step_time_s must be a number of seconds",
+        ),
         ('{"step": 1' + "0" * 40 + ', "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": true}\n', "step must be"),
         ('{"step": 0, "step_time_s": 0.1, "tokens_per_s": 1.0, "in_window": "yes"}\n', "in_window must be true or"),
         ('{"step": 0, "tokens_per_s": 1.0, "in_window": true}\n', "no step_time_s"),
