@@ -25,7 +25,16 @@ def step_pattern(text: str | None = None) -> re.Pattern:
     try:
         pattern = re.compile(text)
     except re.error as exc:
-        raise SftprofError(f"step range pattern {text!r}: not a regular expression ({exc})") from None
+        raise SftprofError(f"step range pattern {shown(text)}: not a regular expression ({exc})") from None
     if not pattern.groups:
-        raise SftprofError(f"step range pattern {text!r}: needs a group, in parentheses, around the step number")
+        raise SftprofError(f"step range pattern {shown(text)}: needs a group, in parentheses, around the step number")
     return pattern
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """A pattern as an error message quotes it: escaped, and cut at `limit` characters."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+# What a step range's group must hold to be its number: digits that fit int64.
+STEP_NUMBER = r"[0-9]{1,18}"

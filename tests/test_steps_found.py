@@ -121,3 +121,24 @@ def test_analyze_takes_a_step_pattern_and_refuses_a_bad_one(tmp_path, capsys):
     assert "not a regular expression" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     assert main(["analyze", str(custom), "-o", str(tmp_path / "out"), "--step-range", r"batch (\d+)"]) == 0
     assert re.search(r"steps_found_by +2 NVTX step ranges", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("pattern", [r"(a+)+$", r"(\w+)", r"epoch (\d+) batch \d+ x"])
+def test_a_pattern_whose_group_holds_no_number_is_one_line_not_a_traceback(pattern, tmp_path, capsys):
+    """Its group matched range names but held no step number in any (a pandas ValueError before): the pattern
+    is named, cut to 80 characters, with what its group matched; nothing is written."""
+    custom = _renamed("h200_sft_clean", tmp_path, "epoch 0 batch ")
+    if pattern.endswith(" x"):  # matches nothing at all: no steps by name, so they are inferred
+        assert main(["analyze", str(custom), "-o", str(tmp_path / "none"), "--step-range", pattern]) == 0
+        assert "inferred from the GPU timeline" in capsys.readouterr().out
+        return
+    assert main(["analyze", str(custom), "-o", str(tmp_path / "bad"), "--step-range", pattern]) == 1
+    err = capsys.readouterr().err
+    assert "its group matched" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_long_pattern_is_cut_in_its_message():
+    with pytest.raises(SftprofError) as refused:
+        step_pattern("a" * 5000)
+    assert len(str(refused.value)) < 200

@@ -11,7 +11,8 @@ import pandas as pd
 from sftprof.analysis import cuda, step_inference
 from sftprof.analysis.sched import CoreUse
 from sftprof.analysis.stats import finish_summary, grouped_summary
-from sftprof.step_names import STEP_RANGE
+from sftprof.errors import SftprofError
+from sftprof.step_names import STEP_NUMBER, STEP_RANGE, shown
 from sftprof.trace.events import THREAD_IDS, sql_in
 from sftprof.trace.tables import TraceTables
 
@@ -104,7 +105,14 @@ def step_ranges(nvtx: pd.DataFrame, pattern: re.Pattern = STEP_RANGE) -> pd.Data
     used[codes] = True  # not a bincount: it counts in an int64 copy of the codes (60M ranges: +0.5 GB)
     used = used[:-1]
     match = pd.Series(np.asarray(distinct, dtype=object)[used], dtype=object).astype(str).str.extract(pattern)
-    found = next((match[c] for c in match.columns if match[c].notna().any()), match[0]).astype("Int64")
+    group = next((match[c] for c in match.columns if match[c].notna().any()), match[0])
+    found = group.where(group.str.fullmatch(STEP_NUMBER, na=False)).astype("Int64")  # no number: no step
+    if pattern is not STEP_RANGE and group.notna().any() and found.isna().all():
+        example = group.dropna().iloc[0]
+        raise SftprofError(
+            f"step range pattern {shown(pattern.pattern)}: its group matched {shown(example, 40)} and no step "
+            "number in any range name: put the group around the digits"
+        )
     numbered = np.flatnonzero(used)[found.notna().to_numpy()]
     number = np.zeros(len(distinct), dtype="int64")
     number[numbered] = found.dropna().to_numpy("int64")
