@@ -142,3 +142,28 @@ def test_a_long_pattern_is_cut_in_its_message():
     with pytest.raises(SftprofError) as refused:
         step_pattern("a" * 5000)
     assert len(str(refused.value)) < 200
+
+
+OTHER_THREAD = 5 << 24  # another process's thread id in nsys's global_tid
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("how", ["another thread", "nested"])
+def test_overlapping_step_ranges_count_once(capture, how, originals, tmp_path):
+    """Step ranges marked twice, overlapping (a second process or thread naming the same steps, as ranks of one
+    capture do; or `train_step N` inside `step N` on the same thread): one timeline's steps, the outermost, and
+    the same accounting as the original, with the report saying what was left out (the gains' step windows
+    must not overlap: each would take its share of the same GPU time)."""
+    shift, thread, name = (1_000, OTHER_THREAD, "text") if how == "another thread" else (1_000, 0, "'train_' || text")
+    copied = _copy(
+        capture,
+        tmp_path,
+        how.replace(" ", "-"),
+        f"""INSERT INTO NVTX_EVENTS (start, "end", eventType, text, globalTid, textId, domainId)
+            SELECT start + {shift}, "end" - {shift if thread == 0 else -shift}, eventType, {name},
+                   globalTid + {thread}, NULL, domainId
+            FROM NVTX_EVENTS WHERE text LIKE 'step %'""",
+    )
+    found, how_found = _accounting(copied)
+    _agree(found, originals[capture])
+    assert re.search(r"; \d+ matched on [12] thread\(s\), overlapping: the outermost on pid \d+", how_found)

@@ -122,9 +122,27 @@ def step_ranges(nvtx: pd.DataFrame, pattern: re.Pattern = STEP_RANGE) -> pd.Data
     return nvtx.iloc[rows].assign(step=number[codes[rows]])
 
 
+def one_timeline(steps: pd.DataFrame) -> pd.DataFrame:
+    """Step ranges that do not overlap, as the gains' step windows must not: where several threads mark the
+    steps (ranks of one capture, or a loop and its helper) one thread's, the one with the most (the first to
+    start on a tie); and of ranges nested on that thread (`step 3` around `train_step 3`), the outermost."""
+    if len(steps) < 2:
+        return steps
+    if steps["global_tid"].nunique() > 1:
+        counts = steps.groupby("global_tid")["start"].agg(["size", "min"])
+        thread = counts.sort_values(["size", "min"], ascending=[False, True]).index[0]
+        steps = steps[steps["global_tid"] == thread]
+    ordered = steps.sort_values(["start", "end"], ascending=[True, False])
+    ends = ordered["end"].to_numpy()
+    reached = np.maximum.accumulate(ends)
+    outermost = np.r_[True, ordered["start"].to_numpy()[1:] >= reached[:-1]]
+    return ordered[outermost]
+
+
 def step_table(nvtx: pd.DataFrame, pattern: re.Pattern = STEP_RANGE) -> pd.DataFrame:
-    """One row per step range (step_ranges), with the time of each phase range nested inside it."""
-    steps = step_ranges(nvtx, pattern)
+    """One row per step range (step_ranges, on one timeline: one_timeline), with the time of each phase range
+    nested inside it."""
+    steps = one_timeline(step_ranges(nvtx, pattern))
     columns = ["step", "start", "end", "duration", *(f"{phase}_ns" for phase in PHASES), "other_ns"]
     if steps.empty:
         return pd.DataFrame(columns=columns)
@@ -161,8 +179,15 @@ def training_steps(marked: pd.DataFrame, events) -> FoundSteps:
     every gain is a share of the whole capture."""
     table = step_table(marked)
     if len(table):
-        example = str(step_ranges(marked)["name"].iloc[0])
-        return FoundSteps(table, f"{len(table)} NVTX step ranges (named like {example!r})")
+        ranges = step_ranges(marked)
+        how = f"{len(table)} NVTX step ranges (named like {str(ranges['name'].iloc[0])!r})"
+        if len(ranges) > len(table):
+            kept = one_timeline(ranges).iloc[0]
+            how += (
+                f"; {len(ranges)} matched on {ranges['global_tid'].nunique()} thread(s), overlapping: the outermost "
+                f"on pid {kept['pid']} tid {kept['tid']}"
+            )
+        return FoundSteps(table, how)
     inferred = step_inference.infer_steps(events)
     if inferred is None:
         return FoundSteps(table, "no step ranges and no repeating kernel sequence: the capture counts as one step")
