@@ -147,6 +147,7 @@ def test_a_long_pattern_is_cut_in_its_message():
 OTHER_THREAD = 5 << 24  # another process's thread id in nsys's global_tid
 
 
+@pytest.mark.ci_sample(4)
 @pytest.mark.parametrize("capture", CAPTURES)
 @pytest.mark.parametrize("how", ["another thread", "nested"])
 def test_overlapping_step_ranges_count_once(capture, how, originals, tmp_path):
