@@ -34,10 +34,10 @@ sys.path.insert(0, str(HERE))
 
 WARMUP = 3  # sftprof.analysis.variants.WARMUP_STEPS: allocator growth, autotuning, compilation
 # The window's first and last steps hold cudaProfilerStart/Stop and nsys starting and stopping the capture, in
-# the trainer's timer, so only its inner steps are timed (`window_ms`). Every step has one shape (PADDING): with
-# `longest` padding a step that meets a new length builds new cuDNN plans and grows the allocator (the 1B model's
-# step 7 took 384-435 ms against 225 ms with no nsys and no cudaProfilerStart/Stop, H100), and a window holding
-# such a step measures that, not the profiler.
+# the trainer's timer, so only its inner steps are timed (`window_ms`), and their median: one of them can be slow
+# in every run, with or without nsys (the 1B model's step 7: 384-435 ms against 225 ms with neither nsys nor
+# cudaProfilerStart/Stop, H100, cause not found; tests/fixtures/overhead/h100_profiler_api.jsonl). Every step has
+# one shape (PADDING), so a new batch length's first-time costs (cuDNN plans, allocator growth) fall in no step.
 STEPS, WINDOW = 16, (6, 11)
 PADDING = {"padding": "max_length", "pad_to_multiple_of": 1}
 # The settings measured: nsys options (None: no nsys), and whether emit_nvtx wraps the window's steps.
