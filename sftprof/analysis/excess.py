@@ -146,7 +146,9 @@ def unfused_attention_finding(runs: pd.DataFrame, clock: StepClock, chains: gain
         Finding(
             "unfused_attention",
             severity_of(gain),
-            f"Attention runs unfused: softmax and batched GEMMs over the scores take {gain:.1f}% of the step",
+            # what the capture shows, not the gain: a run's own step times turn the gain into a share of another step
+            f"Attention runs unfused: softmax and batched GEMMs over the scores take {ms(np.median(saved))} of GPU "
+            "time a step",
             f"{len(runs):,} softmax runs between GEMMs ({len(runs) / steps:,.0f} per step; no flash, fmha or SDPA "
             f"kernel in the capture): {ms(runs['glue_ns'].sum() / steps)} per step in {int(runs['kernels'].sum()):,} "
             f"glue kernels (softmax {ms(runs['softmax_ns'].sum() / steps)}), {ms(runs['gemm_ns'].sum() / steps)} "
