@@ -306,10 +306,10 @@ def nemo_sqlite(tmp_path_factory) -> Path:
 NEMO_DEFAULT_WINDOW = NEMO_CAPTURE.parent / "h100_nemo_lora_no_op_ranges"  # .sqlite.xz, .metrics.jsonl, nsys's CSVs
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def nemo_default_window(tmp_path_factory):
     """The NeMo capture taken with the backend's default window (no op ranges, H100), decompressed and analysed
-    with its metrics: (sqlite path, analysis)."""
+    with its metrics once for every module that reads it: (sqlite path, analysis)."""
     from sftprof.pipeline import analyze_trace
 
     sqlite_path = unpack_xz(NEMO_DEFAULT_WINDOW.with_suffix(".sqlite.xz"), tmp_path_factory.mktemp("nemo") / "n.sqlite")
