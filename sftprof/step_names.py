@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from sftprof.errors import SftprofError
+from sftprof.errors import SftprofError, shown
 
 # A training step's range, as common loops name it, in any case and NVTX domain (`domain:`): `step N`
 # (sftprof's trainer, NeMo's callback), `iteration N`, `iter N`, `train_step N`, `global_step N` (a space,
@@ -29,11 +29,6 @@ def step_pattern(text: str | None = None) -> re.Pattern:
     if not pattern.groups:
         raise SftprofError(f"step range pattern {shown(text)}: needs a group, in parentheses, around the step number")
     return pattern
-
-
-def shown(text: str, limit: int = 80) -> str:
-    """A pattern as an error message quotes it: escaped, and cut at `limit` characters."""
-    return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 # What a step range's group must hold to be its number: digits that fit int64.

@@ -11,8 +11,8 @@ import pandas as pd
 from sftprof.analysis import cuda, step_inference
 from sftprof.analysis.sched import CoreUse
 from sftprof.analysis.stats import finish_summary, grouped_summary
-from sftprof.errors import SftprofError
-from sftprof.step_names import STEP_NUMBER, STEP_RANGE, shown
+from sftprof.errors import SftprofError, shown
+from sftprof.step_names import STEP_NUMBER, STEP_RANGE
 from sftprof.trace.events import THREAD_IDS, sql_in
 from sftprof.trace.tables import TraceTables
 

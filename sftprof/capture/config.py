@@ -18,7 +18,7 @@ import jsonschema
 import yaml
 
 from sftprof import layout, memory_budget
-from sftprof.errors import SftprofError
+from sftprof.errors import SftprofError, shown
 from sftprof.io import InputError, read_limited
 from sftprof.step_names import step_pattern
 from sftprof.untrusted import CONTROL_CHARACTER
@@ -86,11 +86,6 @@ def _dotted(parts) -> str:
     return ".".join(texts) or "<top level>"
 
 
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 # Keys that moved, with where they are now: a config written for the old place gets told.
 MOVED_KEYS = {"sft.nemo.op_ranges": "op_ranges is a window's key now (profile.windows.NAME.op_ranges)"}
 
@@ -124,7 +119,7 @@ def check_plain_values(value, path: tuple = ()) -> None:
             check_plain_values(item, (*path, index))
     elif isinstance(value, str):
         if CONTROL_CHARACTER.search(value):
-            raise ConfigError(f"{where}: {_shown(value)} holds a control character (a newline, tab...)")
+            raise ConfigError(f"{where}: {shown(value)} holds a control character (a newline, tab...)")
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ConfigError(f"{where}: {value} is not a finite number")
@@ -281,7 +276,7 @@ class StrictLoader(yaml.SafeLoader):
                     mark = first.start_mark
                     raise self._refusal(
                         key.start_mark,
-                        f"duplicate key {_shown(key.value)} (first at line {mark.line + 1}, column {mark.column + 1})",
+                        f"duplicate key {shown(key.value)} (first at line {mark.line + 1}, column {mark.column + 1})",
                     )
         elif node.tag == "tag:yaml.org,2002:timestamp":
             raise self._refusal(node.start_mark, "a date is not a config value; quote it to make it a string")
