@@ -11,8 +11,9 @@ from sftprof.errors import SftprofError, shown
 # `_`, `#` or nothing before the number); or the PyTorch profiler's `ProfilerStep#N` (torch.profiler's
 # step()), used only where no other step range exists. Up to 18 digits: every such number fits int64; a
 # longer one names no training step. `sftprof analyze --step-range REGEX` replaces it (step_pattern).
+STEP_NUMBER = r"[0-9]{1,18}"  # what a step range's group must hold to be its number (a user's pattern's too)
 STEP_RANGE = re.compile(
-    r"^(?:(?:.*:)?(?:train[_ ]?|global[_ ]?)?(?:step|iteration|iter)[ _#]?(\d{1,18})|ProfilerStep#(\d{1,18}))$",
+    rf"^(?:(?:.*:)?(?:train[_ ]?|global[_ ]?)?(?:step|iteration|iter)[ _#]?({STEP_NUMBER})|ProfilerStep#({STEP_NUMBER}))$",
     re.IGNORECASE,
 )
 
@@ -29,7 +30,3 @@ def step_pattern(text: str | None = None) -> re.Pattern:
     if not pattern.groups:
         raise SftprofError(f"step range pattern {shown(text)}: needs a group, in parentheses, around the step number")
     return pattern
-
-
-# What a step range's group must hold to be its number: digits that fit int64.
-STEP_NUMBER = r"[0-9]{1,18}"
