@@ -8,7 +8,7 @@ import shutil
 
 from sftprof.trace.load import load_trace
 
-from conftest import NEMO_CAPTURE, NEMO_DEFAULT_WINDOW, run_sftprof
+from conftest import NEMO_CAPTURE, NEMO_DEFAULT_WINDOW, as_nsys_rows, run_sftprof
 
 
 def test_the_steps_of_nsys_callbacks_window_are_the_captured_ones(nemo):
@@ -65,22 +65,14 @@ def test_suggest_offers_the_run_no_knob_its_stack_cannot_take(nemo_sqlite, tmp_p
 
 def test_the_h100_captures_kernel_and_memory_summaries_are_nsys_stats(nemo_default_window):
     """On the second NeMo capture (H100, the default window) the kernel and memory-operation summaries equal what
-    nsys 2025.3.1's own `stats` printed of the same export on the GPU machine, every row and column."""
+    nsys 2025.3.1's own `stats` printed of the same export on the GPU machine, every row and column, in its order."""
     _, analysis = nemo_default_window
     for table, report, key in (
         ("kernels_by_name", "cuda_gpu_kern_sum", "kernel"),
         ("memops", "cuda_gpu_mem_time_sum", "operation"),
     ):
         with open(NEMO_DEFAULT_WINDOW.with_name(f"{NEMO_DEFAULT_WINDOW.name}.{report}.csv")) as printed:
-            theirs = [list(row.values()) for row in csv.DictReader(printed)]
+            theirs = [tuple(row.values()) for row in csv.DictReader(printed)]
         ours = analysis.tables[table]
-        columns = ["time_pct", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns", key]
-        mine = [[_printed(value) for value in row] for row in ours[columns].itertuples(index=False)]
-        assert mine == theirs and len(theirs) >= 4
-
-
-def _printed(value) -> str:
-    """A summary cell as nsys's CSV prints it: integers bare, other numbers with one decimal."""
-    if isinstance(value, str):
-        return value
-    return f"{value:.1f}" if isinstance(value, float) else str(int(value))
+        assert as_nsys_rows(ours, [key]) == set(theirs) and len(ours) == len(theirs) >= 4
+        assert list(ours[key]) == [row[-1] for row in theirs]
