@@ -36,6 +36,7 @@ W312_PINS=(
 # repo (about 50 MB tracked) plus the pack fits the run tool's 64 MiB: xz of the files is about 40%
 # smaller than the wheels' zip. tests/, __pycache__/ and *.data/ (scripts) are dropped.
 UNPACKED_PINS=(
+  "nemo_toolkit==2.2.1"            # the toolkit itself (5.4 MB as a wheel, 2.3 MB packed)
   "transformers==4.48.3"           # NeMo 2.2.1: transformers>=4.48.0,<=4.48.3; fails with the device's 5.x
   "tokenizers==0.21.4"             # transformers 4.48.3 checks tokenizers>=0.21,<0.22 at import (device: 0.23)
   "huggingface_hub==0.36.0"        # transformers 4.48.3 checks huggingface-hub>=0.24,<1.0 at import (device: 1.x)
@@ -73,7 +74,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for pin in "${W312_PINS[@]}"; do dl "$tmp"/w312 "$pin"; done
 rm -f "$OUT"/w312/*.whl && mv "$tmp"/w312/*.whl "$OUT"/w312/  # nemo_h200.sh installs every w312/*.whl
 for pin in "${W312_SDISTS[@]}"; do "$PY" -m pip download -q --no-deps --no-binary=:all: -d "$OUT"/w312 "$pin"; done
-dl "$OUT"/wheels nemo_toolkit==2.2.1
+rm -f "$OUT"/wheels/nemo_toolkit-*.whl  # carried in unpacked/ now
 "$PY" -m pip download -q --no-deps --no-binary=:all: -d "$OUT"/wheels megatron_core==0.11.0
 
 for pin in "${UNPACKED_PINS[@]}"; do

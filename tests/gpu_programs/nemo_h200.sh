@@ -9,7 +9,7 @@ D=$PWD/.devicepack; SITE=/tmp/nemosite; W=/tmp/nemowork
 mkdir -p "$SITE" "$W" "$OUT"
 exec > >(tee "$OUT/console.log") 2>&1
 t0=$(date +%s)
-"$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$D"/w312/*.whl "$D"/wheels/nemo_toolkit-2.2.1-py3-none-any.whl
+"$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$D"/w312/*.whl
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$D"/w312/antlr4-python3-runtime-4.9.3.tar.gz "$D"/w312/wget-3.2.zip
 # wheels carried unpacked (an extracted pure-Python wheel, xz: the 64 MiB carry holds them so)
 for packed in "$D"/unpacked/*.tar.xz; do [ -f "$packed" ] && tar xJf "$packed" -C "$SITE"; done
@@ -57,7 +57,8 @@ nsys = ["nsys", "profile",  # PATH starts with the 2025.3.1 folder
         f"--trace={trace or 'cuda,cudnn,cublas,osrt,nvtx'}", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node",
         "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--show-output=true", "--force-overwrite=true",
         f"--output={cap}/profile"]
-print(json.dumps(rank.rank_argv(sys.executable, [0], cap, {}) + ([] if trace == "none" else nsys) + app))
+# @none: sftprof.capture.rank runs rank 0 without nsys when only rank 1 is profiled
+print(json.dumps(rank.rank_argv(sys.executable, [1 if trace == "none" else 0], cap, {}) + nsys + app))
 PYEOF
   mkdir -p "$cap"; local s=$(date +%s)
   timeout "$2" "$PY" -c "import json,subprocess,sys; sys.exit(subprocess.call(json.load(open('$W/argv-$name.json'))))" > "$OUT/train-$name.log" 2>&1
@@ -81,11 +82,12 @@ PYEOF
 # emit_nvtx on: what op-level ranges cost NeMo; full fine-tuning of 7B ran out of the H200's memory on 2026-12-01);
 # PEFT+KNOB (lora+cuda_graphs) switches a knob of sft.nemo on.
 # OVERHEAD=1: each of RUNS REPEATS times (every run once, then again), its step times as one line of
-# overhead_matrix.py's overhead.jsonl (the table: overhead_table.py), nothing exported.
+# overhead_matrix.py's overhead.jsonl (the table: overhead_table.py), nothing exported; FIRST_RUN (1) numbers
+# the first repeat, so that a second call's lines can join the first's.
 for repeat in $(seq "${REPEATS:-1}"); do
   for name in ${RUNS:-lora lora+op_ranges}; do
     [ -f "$W/probe/sft/training.jsonl" ] && run_one "$name" \
-      "$([[ $name == *+cuda_graphs* || $name == *+packed_sequence* ]] && echo 120 || echo 220)" "${OVERHEAD:+$repeat}"
+      "$([[ $name == *+cuda_graphs* || $name == *+packed_sequence* ]] && echo 120 || echo 220)" "${OVERHEAD:+$(( ${FIRST_RUN:-1} + repeat - 1 ))}"
   done
 done
 echo "total_s=$(( $(date +%s) - t0 ))"
