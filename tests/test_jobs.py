@@ -39,7 +39,7 @@ srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=72 --kill-on-bad-e
 --bind /scratch/hf:/root/.cache/huggingface --env PYTHONPATH=/opt/sftprof-src --pwd /work/exp \
 /shared/images/nemo_25.02.01.sif \\
   python -m sftprof.capture.rank --profiled-ranks=0,1 --capture-dir=results/llama/steady/capture -- \\
-  nsys profile --trace=cuda,cudnn,cublas,osrt,nvtx --sample=none --cpuctxsw=none --show-output=true \
+  nsys profile --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none --show-output=true \
 --event-sample=system-wide --capture-range=cudaProfilerApi --capture-range-end=stop \
 '--output=results/llama/steady/capture/profile.%q{{SLURM_JOB_ID}}.%q{{SLURM_NODEID}}.%q{{SLURM_PROCID}}.%h' \\
   python -m sftprof.capture.sft '{SFT_JSON}'
