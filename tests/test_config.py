@@ -120,6 +120,18 @@ def test_op_ranges_are_a_windows_key_for_a_cuda_step_window():
             validated(changes)
 
 
+def test_the_default_trace_is_the_measured_one_and_opens_a_cuda_window():
+    """Without `profile.trace`, a GPU experiment traces cuda, nvtx and osrt (docs/PROFILING-OVERHEAD.md, "What
+    the defaults are"), so a cudaProfilerApi window, which needs cuda traced, validates."""
+    cfg = copy.deepcopy(SMALL_DEMO)
+    demo = cfg["experiments"]["demo"]
+    del demo["profile"]["trace"]
+    demo["sft"]["device"] = "cuda"
+    demo["profile"]["windows"] = {"steady": {"capture_range": "cudaProfilerApi", "start_step": 1, "end_step": 2}}
+    profile = config.validate(cfg)["experiments"]["demo"]["profile"]
+    assert profile["trace"] == ["cuda", "nvtx", "osrt"]
+
+
 def test_a_key_that_moved_says_where_it_is_now():
     with pytest.raises(config.ConfigError, match=r"sft\.nemo: unknown key\(s\) 'op_ranges'; .*profile\.windows\.NAME"):
         validated({"experiments.demo.sft.backend": "nemo", "experiments.demo.sft.nemo.op_ranges": True})
