@@ -158,8 +158,18 @@ def test_findings_name_slow_steps_and_gpu_facts_with_evidence():
 def test_no_false_alarms_on_even_steps_without_gpu():
     tables = _tables_with(nvtx=_nvtx_steps([10, 11, 10, 12]))
     tables.sources = {"nvtx"}
-    rules = {f.rule for f in analyze(tables).findings}
+    rules = {f.rule: f for f in analyze(tables).findings}
     assert "slow_steps" not in rules and "gpu_busy" not in rules and "no_gpu_activity" in rules
+
+
+@pytest.mark.parametrize("sources, said", [({"nvtx"}, "holds no CUDA calls"), ({"nvtx", "cuda"}, "were traced")])
+def test_no_gpu_activity_says_what_an_export_can_tell(sources, said):
+    """An export without a CUDA call cannot tell `cuda` left out of the trace from a CPU run (cuda is traced by
+    default), so the finding names both and does not tell the user to add what may be there."""
+    tables = _tables_with(nvtx=_nvtx_steps([10, 11, 10, 12]))
+    tables.sources = sources
+    [finding] = [f for f in analyze(tables).findings if f.rule == "no_gpu_activity"]
+    assert said in finding.evidence and "sft.device: cuda" in finding.recommendation
 
 
 def _threads(osrt_ms: dict[str, tuple[float, str]]) -> pd.DataFrame:

@@ -113,19 +113,20 @@ def gpu_findings(
     """The top kernel by name, the share of memory operations (`memops`: memory.totals) in GPU time, and
     each GPU's busy share."""
     if kernel_sum.empty and not memops["count"]:
+        # An export tells "not traced" from "no CUDA calls" only where some CUDA call was recorded.
         how = (
-            "the capture traced no CUDA (`cuda` is not in profile.trace)"
-            if "cuda" not in tables.sources
-            else "CUDA was traced but no GPU work was recorded in the window"
+            "CUDA calls were traced but no GPU work was recorded in the window"
+            if "cuda" in tables.sources
+            else "the capture holds no CUDA calls (a run on the CPU, or `cuda` left out of profile.trace)"
         )
+        todo = "Train on a GPU (`sft.device: cuda`) with `cuda` in profile.trace (its default)"
         return [
             Finding(
                 "no_gpu_activity",
                 "info",
                 "No GPU activity in this capture",
                 f"No kernels or memory operations: {how}.",
-                "On a GPU node, add `cuda` (and `cudnn`, `cublas`) to profile.trace to answer the GPU "
-                "questions: dominant kernels, memory-transfer share, idle gaps.",
+                f"{todo} to answer the GPU questions: dominant kernels, memory-transfer share, idle gaps.",
             )
         ]
     findings = []

@@ -75,7 +75,8 @@ def _absent(sources: list[str]) -> dict[str, str]:
     cuda = (
         "CUDA was traced, but no GPU work ran in the capture window."
         if "cuda" in sources
-        else "CUDA was not traced: add cuda (and cudnn, cublas) to profile.trace (nsys --trace=cuda,...)."
+        else "No CUDA calls were recorded: the run used no GPU, or CUDA was not traced (profile.trace needs cuda, "
+        "its default; nsys --trace=cuda,...)."
     )
     return {
         "cuda": cuda,
