@@ -7,7 +7,7 @@
 # nltk, ...). Run on a machine that reaches PyPI:  tests/gpu_programs/make_nemo_pack.sh [OUT] [DEBS]
 #   OUT  (default .devicepack): gets w312/, wheels/, unpacked/, debs/
 #   DEBS (default .devcarry):   holds libdw1 and libelf1 .debs (nsys 2025.3.1 needs them on the device)
-# The tracked tree (about 50 MB) plus OUT must fit the run tool's 64 MiB, so OUT stays near 15.5 MB:
+# The tracked tree (about 52 MB) plus OUT must fit the run tool's 64 MiB, so OUT stays near 12 MB:
 # most packages travel as extracted wheels packed with xz (unpacked/), megatron-core as its sdist (only
 # its Python tree is used: the C++ helper is for pretraining data). Idempotent: run it again to refresh;
 # packed files already there are kept, files of pins no longer listed are removed.
@@ -33,7 +33,7 @@ W312_PINS=(
   "graphviz==0.20.3"               # fiddle's import-time dep
 )
 # Carried extracted and xz-packed in unpacked/ (nemo_h200.sh untars each into SITE), so that the
-# repo (about 50 MB tracked) plus the pack fits the run tool's 64 MiB: xz of the files is about 40%
+# repo (about 52 MB tracked) plus the pack fits the run tool's 64 MiB: xz of the files is about 40%
 # smaller than the wheels' zip. tests/, __pycache__/ and *.data/ (scripts) are dropped.
 UNPACKED_PINS=(
   "nemo_toolkit==2.2.1"            # the toolkit itself (5.4 MB as a wheel, 2.3 MB packed)
@@ -74,7 +74,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for pin in "${W312_PINS[@]}"; do dl "$tmp"/w312 "$pin"; done
 rm -f "$OUT"/w312/*.whl && mv "$tmp"/w312/*.whl "$OUT"/w312/  # nemo_h200.sh installs every w312/*.whl
 for pin in "${W312_SDISTS[@]}"; do "$PY" -m pip download -q --no-deps --no-binary=:all: -d "$OUT"/w312 "$pin"; done
-rm -f "$OUT"/wheels/nemo_toolkit-*.whl  # carried in unpacked/ now
+rm -f "$OUT"/wheels/nemo_toolkit-*.whl  # an older pack's wheel: NeMo travels in unpacked/
 "$PY" -m pip download -q --no-deps --no-binary=:all: -d "$OUT"/wheels megatron_core==0.11.0
 
 for pin in "${UNPACKED_PINS[@]}"; do
