@@ -1,4 +1,4 @@
-"""What profiling cost the run: the captured steps against the same run's steps without the profiler.
+"""What profiling cost the run: the captured steps against the same run's steps outside the capture window.
 
 A profile is worth as much as it resembles the run without it. The trainer's metrics time every step,
 inside the capture window and outside it; the capture's step ranges time the steps it holds. The overhead
@@ -7,7 +7,9 @@ outside the window after the warm-up steps (variants.measured_steps: the same un
 verdicts measure). The window's own steps are taken from the capture's step ranges, not from the
 trainer's timer: that timer can hold nsys starting or stopping the capture (NeMo's NsysCallback stops it
 inside step 3's time, 14.9 s on the committed capture), the ranges do not. On the built-in trainer's
-captures the two agree within 0.3 ms a step.
+captures the two agree within 0.3 ms a step. nsys stays attached outside the window: on host-bound steps
+(NeMo's LoRA, a 4-layer Llama) those steps ran slower than in runs without nsys, so there the figure
+understates the cost (docs/PROFILING-OVERHEAD.md).
 
 What the capture recorded per step (op-level NVTX ranges, CUDA API and OS-runtime calls) and the trace
 kinds it was taken with say what the added time went to, as far as the capture can tell: it holds no
@@ -171,7 +173,9 @@ def finding(overhead: Overhead | None, tables: TraceTables, clock: StepClock) ->
         "in them). Per captured step the capture recorded "
         + (", ".join(recorded) or "no CUDA, NVTX or OS-runtime events")
         + (f"; taken with {'; '.join(settings)}" if settings else "")
-        + ". Host-bound findings here count only host time beyond what the profiler added (docs/DIAGNOSIS.md)."
+        + ". nsys stays attached outside the window, and on host-bound steps those steps too ran slower than "
+        "without it (docs/PROFILING-OVERHEAD.md), so the cost can be larger than this. Host-bound findings here "
+        "count only host time beyond what the profiler added (docs/DIAGNOSIS.md)."
     )
     off = []
     if ops:
@@ -197,7 +201,7 @@ def finding(overhead: Overhead | None, tables: TraceTables, clock: StepClock) ->
         Finding(
             "profiling_overhead",
             "warning",
-            f"The captured steps ran {overhead.pct:.1f}% slower than the same run's steps without the profiler",
+            f"The captured steps ran {overhead.pct:.1f}% slower than the same run's steps outside the window",
             evidence,
             recommendation,
         )
