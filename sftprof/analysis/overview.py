@@ -119,14 +119,14 @@ def gpu_findings(
             if "cuda" in tables.sources
             else "the capture holds no CUDA calls (a run on the CPU, or `cuda` left out of profile.trace)"
         )
-        todo = "Train on a GPU (`sft.device: cuda`) with `cuda` in profile.trace (its default)"
         return [
             Finding(
                 "no_gpu_activity",
                 "info",
                 "No GPU activity in this capture",
                 f"No kernels or memory operations: {how}.",
-                f"{todo} to answer the GPU questions: dominant kernels, memory-transfer share, idle gaps.",
+                "Train on a GPU (`sft.device: cuda`) with `cuda` in profile.trace (its default) to answer the GPU "
+                "questions: dominant kernels, memory-transfer share, idle gaps.",
             )
         ]
     findings = []
