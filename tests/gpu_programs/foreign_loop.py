@@ -14,6 +14,7 @@ Each CASE plants one problem (`clean` plants none), so that the saving of its fi
                    and no NVTX ranges at all
   foreach_off      AdamW(foreach=False, fused=False): a loop of small kernels per parameter
   checkpointing    gradient checkpointing on, with memory to spare (recomputes the forward)
+  checkpointing_nonreentrant  the same with use_reentrant=False (saved-tensor hooks, not a nested backward)
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
 saving is 1 - FIX / clean:
@@ -21,11 +22,15 @@ saving is 1 - FIX / clean:
   compiled         the model under torch.compile (fuses the elementwise and reduction kernels that
                    the clean capture's memory-bound kernel mix names)
 
-Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] --out FILE.jsonl
+Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
 Several cases run one after another in one process (no_cache_alloc needs its own process,
 the variable is read when CUDA starts). With --window, iterations A..B run between
 cudaProfilerStart and cudaProfilerStop (for nsys --capture-range=cudaProfilerApi). Each
-iteration's wall time (it ends with loss.item(), as most loops log) goes to --out.
+iteration's wall time (it ends with loss.item(), as most loops log) goes to --out. With --phases, the
+iteration also waits for the GPU after the forward and after the backward, and records each pass's host time
+(until its call returns) and wall time (until the GPU is done): where a case's extra time is spent. With
+--gpu-ahead too, GEMMs are queued before each pass, so its host time is the CPU's alone (GpuAhead).
+`launch_cost` times one small kernel's launch with the GPU idle and with a queue ahead of it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,16 @@ import time
 
 import torch
 
-CASES = ("clean", "eager_attention", "no_cache_alloc", "fp32", "tokenize_no_nvtx", "foreach_off", "checkpointing")
+CASES = (
+    "clean",
+    "eager_attention",
+    "no_cache_alloc",
+    "fp32",
+    "tokenize_no_nvtx",
+    "foreach_off",
+    "checkpointing",
+    "checkpointing_nonreentrant",
+)
 FIXES = ("compiled",)
 SEQ, BATCH, VOCAB = 1024, 8, 50304
 TOKENIZE_TARGET_S = 0.06
@@ -79,6 +93,8 @@ def build_model(case: str) -> torch.nn.Module:
     model.train()
     if case == "checkpointing":
         model.gradient_checkpointing_enable()
+    if case == "checkpointing_nonreentrant":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if case == "compiled":
         return torch.compile(model)
     return model
@@ -130,7 +146,9 @@ def calibrated_text(tokenize) -> str:
     return corpus(n_chars)
 
 
-def run_case(case: str, iterations: int, window: tuple[int, int] | None, out) -> None:
+def run_case(
+    case: str, iterations: int, window: tuple[int, int] | None, out, phases: bool = False, ahead: bool = False
+) -> None:
     started = time.perf_counter()
     model = build_model(case)
     print(f"{case}: model built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
@@ -146,6 +164,7 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out) ->
         tokenize = make_tokenizer(corpus(50000))
         text = calibrated_text(tokenize)
     next_batch = host[0].to("cuda", non_blocking=True)
+    gpu_ahead = GpuAhead() if ahead else None
     for it in range(iterations):
         if window and it == window[0]:
             torch.cuda.synchronize()
@@ -163,8 +182,26 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out) ->
             next_batch = host[(it + 1) % len(host)].to("cuda", non_blocking=True)
         nvtx.pop()
         nvtx.push("loss_fn")
+        passes = {}
+        if phases:
+            torch.cuda.synchronize()
+            passes = {"fetch_s": time.perf_counter() - started, "gpu_ahead": ahead}
+            if gpu_ahead:
+                gpu_ahead.queue()
+        begun = time.perf_counter()
         loss = model(input_ids=batch, labels=batch).loss
+        if phases:
+            passes["forward_host_s"] = time.perf_counter() - begun
+            torch.cuda.synchronize()
+            passes["forward_s"] = time.perf_counter() - begun
+            if gpu_ahead:
+                gpu_ahead.queue()
+            begun = time.perf_counter()
         loss.backward()
+        if phases:
+            passes["backward_host_s"] = time.perf_counter() - begun
+            torch.cuda.synchronize()
+            passes["backward_s"] = time.perf_counter() - begun
         nvtx.pop()
         nvtx.push("update")
         optimizer.step()
@@ -174,9 +211,8 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out) ->
         nvtx.pop()
         elapsed = time.perf_counter() - started
         in_window = bool(window and window[0] <= it <= window[1])
-        out.write(
-            json.dumps({"case": case, "iteration": it, "s": elapsed, "in_window": in_window, "loss": logged}) + "\n"
-        )
+        row = {"case": case, "iteration": it, "s": elapsed, "in_window": in_window, "loss": logged}
+        out.write(json.dumps(row | passes) + "\n")
         out.flush()
         if window and it == window[1]:
             torch.cuda.synchronize()
@@ -204,11 +240,48 @@ def gemm_rates(out) -> None:
         out.write(json.dumps({"gemm": str(dtype), "tflops": 2 * 8192**3 / seconds / 1e12}) + "\n")
 
 
+class GpuAhead:
+    """About 100 ms of GEMMs queued on the GPU, so that the launches after them wait in the queue instead of
+    running at once: the host's own cost of a pass, with the GPU never waiting for it."""
+
+    def __init__(self, gemms: int = 60):
+        self.a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        self.c = torch.empty_like(self.a)
+        self.gemms = gemms
+
+    def queue(self) -> None:
+        for _ in range(self.gemms):
+            torch.mm(self.a, self.a, out=self.c)
+
+
+def launch_cost(out, launches: int = 500, bursts: int = 40) -> None:
+    """Host time of one small kernel's launch (an in-place add on 1,024 floats), in bursts of fewer launches
+    than the GPU's queue holds: with nothing ahead of them on the GPU, and queued behind GpuAhead's GEMMs.
+    Whether a launch costs the CPU more when the GPU is waiting for it."""
+    x = torch.zeros(1024, device="cuda")
+    ahead = GpuAhead()
+    for burst in range(bursts):
+        queued = burst % 2 == 1
+        torch.cuda.synchronize()
+        if queued:
+            ahead.queue()
+        started = time.perf_counter()
+        for _ in range(launches):
+            x.add_(1.0)
+        host_us = (time.perf_counter() - started) / launches * 1e6
+        torch.cuda.synchronize()
+        out.write(json.dumps({"launch_cost_us": host_us, "queued": queued, "launches": launches}) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("cases", nargs="+", choices=CASES + FIXES + ("gemm_rates",))
+    parser.add_argument("cases", nargs="+", choices=CASES + FIXES + ("gemm_rates", "launch_cost"))
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--window", type=int, nargs=2)
+    parser.add_argument("--phases", action="store_true", help="wait for the GPU after each pass, timing each")
+    parser.add_argument(
+        "--gpu-ahead", action="store_true", help="with --phases: queue GEMMs before each pass (GpuAhead)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -216,8 +289,12 @@ def main() -> None:
         for case in args.cases:
             if case == "gemm_rates":
                 gemm_rates(out)
+            elif case == "launch_cost":
+                launch_cost(out)
             else:
-                run_case(case, args.iterations, tuple(args.window) if args.window else None, out)
+                run_case(
+                    case, args.iterations, tuple(args.window) if args.window else None, out, args.phases, args.gpu_ahead
+                )
 
 
 if __name__ == "__main__":
