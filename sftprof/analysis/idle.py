@@ -16,9 +16,10 @@ cut into pieces, and each piece goes to exactly one cause, so the causes of a st
   so each is in one innermost range;
 - own code and launches in gaps shorter than HOST_GAP_NS are host overhead between launches (Python and
   framework dispatch); in longer gaps, own code is work on the critical path (input preparation, logging).
-- idle that ended in a kernel the backward pass launched again (recompute.recomputed: activation checkpointing's
-  forward, run a second time) is `recomputation` where the thread was in host overhead or host work: the CPU
-  was preparing and launching work a fix removes;
+- idle while the thread was in one of its stretches of recomputation (recompute.recomputed: activation
+  checkpointing's forward run a second time, from the launch before a run of repeated kernels to the launch
+  after it) is `recomputation` where the thread was in host overhead or host work: the CPU was preparing and
+  launching work a fix removes, or handing back to the backward pass;
 - then what a call delayed: an allocation or synchronization that held the thread while the GPU was busy made
   every later launch that much later, so up to that much of the host overhead after it, until the thread is
   ahead of the GPU again, is the call's (_Pieces.delayed_by).
@@ -314,7 +315,11 @@ def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame, recom
             pieces = _thread_causes(
                 events, int(tid), p_start[mine], p_end[mine], p_row[mine], short[mine], names, busy, work, again_host
             )
-            batch.append(pieces.recomputing(p_start[mine], again[mine]))
+            recomputing_then = again[mine]
+            if again_host is not None:
+                stretch_start, stretch_end = again_host["start"].to_numpy("int64"), again_host["end"].to_numpy("int64")
+                recomputing_then |= _within(p_start[mine], p_end[mine], stretch_start, stretch_end)
+            batch.append(pieces.recomputing(p_start[mine], recomputing_then))
         parts.append(_Pieces.joined(batch).summed())
     parts = [part for part in parts if len(part)]
     if not parts:
@@ -397,7 +402,8 @@ class _Pieces:
 
     def recomputing(self, p_start: np.ndarray, again: np.ndarray) -> _Pieces:
         """These pieces with host overhead and host work moved to `recomputation` where the idle piece they were
-        cut from (sorted disjoint starts `p_start`) ended in a recomputed kernel (`again`)."""
+        cut from (sorted disjoint starts `p_start`) ended in a recomputed kernel or lay in the thread's
+        stretch of recomputation (`again`)."""
         if not again.any():
             return self
         cause = self.columns[1].copy()

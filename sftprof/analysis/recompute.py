@@ -9,9 +9,10 @@ the same step from another thread of that process. Backward kernels differ from 
 committed capture without checkpointing the longest such run is 4 kernels (NeMo's rotary embedding), while a
 checkpointed layer's forward repeats whole, dozens of kernels.
 
-Removing the recomputation saves what the GPU spent on the repeated kernels and the idle time before each of
-them while the CPU prepared and launched it (idle.idle_causes gives that idle the cause `recomputation`, so no
-other finding counts it), less the profiler's added time that fell there.
+Removing the recomputation saves what the GPU spent on the repeated kernels and the idle time while the CPU
+prepared and launched them and then handed back to the backward pass (the thread's stretches of recomputation:
+idle.idle_causes gives that idle the cause `recomputation`, so no other finding counts it), less the profiler's
+added time that fell there.
 """
 
 from __future__ import annotations
@@ -90,14 +91,18 @@ def _repeated_in_process(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
 def _host_stretches(tids, launched, returned, repeated) -> pd.DataFrame:
     """Per launching thread, each run of consecutive repeated kernels (launch order) as the host's stretch of
     recomputation: from the end of the thread's launch before it (the run's first launch's start, for a thread's
-    first) to the end of the run's last launch."""
+    first) to the start of its launch after it (the end of the run's last launch, for a thread's last). The
+    time after the run's last launch is the checkpoint handing back to the backward pass (a nested backward
+    call, or the saved-tensor hook returning), which a backward without checkpointing does not do."""
     parts = []
     for tid in np.unique(tids[repeated]):
         own = np.flatnonzero(tids == tid)
         edges = np.diff(np.concatenate(([0], repeated[own].astype(np.int8), [0])))
         firsts, lasts = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
         begin = np.where(firsts > 0, returned[own[np.maximum(firsts - 1, 0)]], launched[own[firsts]])
-        parts.append(pd.DataFrame({"tid": tid, "start": begin, "end": returned[own[lasts]]}))
+        after = np.minimum(lasts + 1, len(own) - 1)
+        end = np.where(lasts + 1 < len(own), launched[own[after]], returned[own[lasts]])
+        parts.append(pd.DataFrame({"tid": tid, "start": begin, "end": end}))
     return pd.concat(parts, ignore_index=True).astype("int64")
 
 
@@ -182,8 +187,8 @@ def recompute_finding(
     recomputed: Recomputed, clock: StepClock, idle_views: pd.DataFrame, overhead: Overhead | None = None
 ) -> list[Finding]:
     """Activation checkpointing recomputes the forward (recomputed found repeated runs): their GPU time and the
-    idle before each while the CPU prepared and launched it (idle_causes' `recomputation` rows) are what turning
-    it off, or checkpointing less, saves, less the profiler's added time that fell in that idle."""
+    idle while the CPU prepared and launched them and handed back (idle_causes' `recomputation` rows) are what
+    turning it off, or checkpointing less, saves, less the profiler's added time that fell in that idle."""
     by_step, by_name = recomputed.by_step, recomputed.by_name
     if by_step.empty or not by_step["repeated"].any():
         return []
@@ -207,7 +212,8 @@ def recompute_finding(
             f"{int(by_step['repeated'].sum()) / steps:,.0f} of {int(by_step['kernels'].sum()) / steps:,.0f} kernels a "
             f"step repeat, from another thread, runs of {RUN} the step's first thread launched (the same kernels in "
             f"order): {ms(float(np.median(gpu)))} of GPU time a step; the GPU idled "
-            f"{ms(float(np.median(waited - delayed)))} a step before them while the CPU prepared and launched them, "
+            f"{ms(float(np.median(waited - delayed)))} a step while the CPU prepared and launched them and handed back "
+            "to the backward pass, "
             f"and {ms(float(np.median(delayed)))} while it launched the work they had delayed (the CPU spent that "
             f"long on them while the GPU still ran). Most: {listed}." + (share.evidence if share else ""),
             "Turn activation checkpointing off where memory allows (Hugging Face: gradient_checkpointing=False; "
@@ -215,7 +221,8 @@ def recompute_finding(
             "(recompute_num_layers) or only attention (recompute_granularity='selective'); free memory for it "
             "with a smaller micro-batch and more accumulation steps, or a distributed optimizer.",
             gain,
-            "the repeated kernels' GPU time and the idle that ended in one (idle_causes' recomputation rows): "
+            "the repeated kernels' GPU time and the idle while the CPU launched them (idle_causes' recomputation "
+            "rows): "
             f"{clock.scope(saved)}" + (share.basis if share else ""),
         )
     ]
