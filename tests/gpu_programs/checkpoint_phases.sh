@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Where checkpointing's cost goes, on the GPU machine: foreign_loop.py's clean and checkpointed loops without the
-# profiler, alternating, each pass timed (--phases) and not (the saving itself); one small kernel's launch cost
-# with the GPU idle and busy; then both loops captured back to back (foreign_cases.sh), so that their launch
-# costs come from one machine state.
+# profiler, alternating, each pass timed (--phases) and not (the saving itself); then both loops captured back
+# to back (foreign_cases.sh), so that their launch costs come from one machine state.
 # Usage: checkpoint_phases.sh DEBS WORK   (WORK gets phases.jsonl, measured.jsonl, foreign_*.sqlite; with OUT
 # set, all of it is packed into $OUT/foreign_captures.tar.xz)
 set -uo pipefail
@@ -10,7 +9,6 @@ debs=${1:?debs}; work=${2:?work}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
 loop=(python3 "$here/foreign_loop.py")
-"${loop[@]}" launch_cost --out "$work/phases.jsonl" || echo "== launch_cost failed"
 for round in $(seq "${ROUNDS:-3}"); do
   t0=$SECONDS
   "${loop[@]}" clean checkpointing clean checkpointing_nonreentrant --phases --iterations 12 \

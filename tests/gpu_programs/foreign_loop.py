@@ -28,9 +28,7 @@ the variable is read when CUDA starts). With --window, iterations A..B run betwe
 cudaProfilerStart and cudaProfilerStop (for nsys --capture-range=cudaProfilerApi). Each
 iteration's wall time (it ends with loss.item(), as most loops log) goes to --out. With --phases, the
 iteration also waits for the GPU after the forward and after the backward, and records each pass's host time
-(until its call returns) and wall time (until the GPU is done): where a case's extra time is spent. With
---gpu-ahead too, GEMMs are queued before each pass, so its host time is the CPU's alone (GpuAhead).
-`launch_cost` times one small kernel's launch with the GPU idle and with a queue ahead of it.
+(until its call returns) and wall time (until the GPU is done): where a case's extra time is spent.
 """
 
 from __future__ import annotations
@@ -146,9 +144,7 @@ def calibrated_text(tokenize) -> str:
     return corpus(n_chars)
 
 
-def run_case(
-    case: str, iterations: int, window: tuple[int, int] | None, out, phases: bool = False, ahead: bool = False
-) -> None:
+def run_case(case: str, iterations: int, window: tuple[int, int] | None, out, phases: bool = False) -> None:
     started = time.perf_counter()
     model = build_model(case)
     print(f"{case}: model built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
@@ -164,7 +160,6 @@ def run_case(
         tokenize = make_tokenizer(corpus(50000))
         text = calibrated_text(tokenize)
     next_batch = host[0].to("cuda", non_blocking=True)
-    gpu_ahead = GpuAhead() if ahead else None
     for it in range(iterations):
         if window and it == window[0]:
             torch.cuda.synchronize()
@@ -185,17 +180,13 @@ def run_case(
         passes = {}
         if phases:
             torch.cuda.synchronize()
-            passes = {"fetch_s": time.perf_counter() - started, "gpu_ahead": ahead}
-            if gpu_ahead:
-                gpu_ahead.queue()
+            passes = {"fetch_s": time.perf_counter() - started}
         begun = time.perf_counter()
         loss = model(input_ids=batch, labels=batch).loss
         if phases:
             passes["forward_host_s"] = time.perf_counter() - begun
             torch.cuda.synchronize()
             passes["forward_s"] = time.perf_counter() - begun
-            if gpu_ahead:
-                gpu_ahead.queue()
             begun = time.perf_counter()
         loss.backward()
         if phases:
@@ -240,48 +231,12 @@ def gemm_rates(out) -> None:
         out.write(json.dumps({"gemm": str(dtype), "tflops": 2 * 8192**3 / seconds / 1e12}) + "\n")
 
 
-class GpuAhead:
-    """About 100 ms of GEMMs queued on the GPU, so that the launches after them wait in the queue instead of
-    running at once: the host's own cost of a pass, with the GPU never waiting for it."""
-
-    def __init__(self, gemms: int = 60):
-        self.a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        self.c = torch.empty_like(self.a)
-        self.gemms = gemms
-
-    def queue(self) -> None:
-        for _ in range(self.gemms):
-            torch.mm(self.a, self.a, out=self.c)
-
-
-def launch_cost(out, launches: int = 500, bursts: int = 40) -> None:
-    """Host time of one small kernel's launch (an in-place add on 1,024 floats), in bursts of fewer launches
-    than the GPU's queue holds: with nothing ahead of them on the GPU, and queued behind GpuAhead's GEMMs.
-    Whether a launch costs the CPU more when the GPU is waiting for it."""
-    x = torch.zeros(1024, device="cuda")
-    ahead = GpuAhead()
-    for burst in range(bursts):
-        queued = burst % 2 == 1
-        torch.cuda.synchronize()
-        if queued:
-            ahead.queue()
-        started = time.perf_counter()
-        for _ in range(launches):
-            x.add_(1.0)
-        host_us = (time.perf_counter() - started) / launches * 1e6
-        torch.cuda.synchronize()
-        out.write(json.dumps({"launch_cost_us": host_us, "queued": queued, "launches": launches}) + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("cases", nargs="+", choices=CASES + FIXES + ("gemm_rates", "launch_cost"))
+    parser.add_argument("cases", nargs="+", choices=CASES + FIXES + ("gemm_rates",))
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--window", type=int, nargs=2)
     parser.add_argument("--phases", action="store_true", help="wait for the GPU after each pass, timing each")
-    parser.add_argument(
-        "--gpu-ahead", action="store_true", help="with --phases: queue GEMMs before each pass (GpuAhead)"
-    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -289,12 +244,8 @@ def main() -> None:
         for case in args.cases:
             if case == "gemm_rates":
                 gemm_rates(out)
-            elif case == "launch_cost":
-                launch_cost(out)
             else:
-                run_case(
-                    case, args.iterations, tuple(args.window) if args.window else None, out, args.phases, args.gpu_ahead
-                )
+                run_case(case, args.iterations, tuple(args.window) if args.window else None, out, args.phases)
 
 
 if __name__ == "__main__":
