@@ -46,16 +46,16 @@ def test_two_processes_launching_the_same_forward_are_not_recomputation():
     assert marked.tolist() == [False] * 2 * len(layer) + [True] * len(layer)
 
 
-def test_a_stretch_of_recomputation_runs_to_the_threads_next_launch():
+def test_a_stretch_of_recomputation_is_handed_back_at_the_threads_next_launch():
     """The host's stretch of recomputation starts where the launch before the run returned and ends where the
-    launch after it starts: the hand-off back to the backward pass is the checkpoint's too. A run that ends the
-    thread's launches ends where its last launch returned."""
+    run's last launch returned; it is handed back where the launch after it starts (the hand-off back to the
+    backward pass is the checkpoint's too), or, for a run that ends the thread's launches, where it ended."""
     tids = np.array([2, 2, 2, 2, 2, 2])
     launched = np.array([0, 100, 200, 300, 900, 1000])
     returned = launched + 10
     repeated = np.array([False, True, True, False, True, True])
     stretches = recompute._host_stretches(tids, launched, returned, repeated)
-    assert stretches[["start", "end"]].values.tolist() == [[10, 300], [310, 1010]]
+    assert stretches[["start", "end", "handed_back"]].values.tolist() == [[10, 210, 300], [310, 1010, 1010]]
 
 
 def test_host_time_before_a_repeated_kernel_becomes_recomputation():

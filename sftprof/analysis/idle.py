@@ -317,7 +317,10 @@ def idle_causes(events: EventStore, clock: StepClock, steps: pd.DataFrame, recom
             )
             recomputing_then = again[mine]
             if again_host is not None:
-                stretch_start, stretch_end = again_host["start"].to_numpy("int64"), again_host["end"].to_numpy("int64")
+                stretch_start, stretch_end = (
+                    again_host["start"].to_numpy("int64"),
+                    again_host["handed_back"].to_numpy("int64"),
+                )
                 recomputing_then |= _within(p_start[mine], p_end[mine], stretch_start, stretch_end)
             batch.append(pieces.recomputing(p_start[mine], recomputing_then))
         parts.append(_Pieces.joined(batch).summed())

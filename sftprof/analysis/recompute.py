@@ -33,14 +33,16 @@ RUN = 12  # kernels in a row that must repeat the forward's: clean backward pass
 NAMES_LISTED = 3
 COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns"]
 NAME_COLUMNS = ["kernel", "gpu_ns"]
-HOST_COLUMNS = ["tid", "start", "end"]
+HOST_COLUMNS = ["tid", "start", "end", "handed_back"]
 
 
 class Recomputed(NamedTuple):
     """recomputed's result: per step and per kernel name; the start times of the repeated kernels (sorted), by
     which idle_causes knows the idle that ends in one; and the host's stretches of recomputation (`tid`,
     `start`, `end`: from the end of the thread's launch before a run of repeated kernels to the end of the run's
-    last launch), which delayed every launch after them as an allocation or a sync does (idle._Pieces.delayed_by)."""
+    last launch), which delayed every launch after them as an allocation or a sync does (idle._Pieces.delayed_by),
+    and `handed_back`: the start of the thread's launch after the run, until which its idle is recomputation's
+    (_host_stretches)."""
 
     by_step: pd.DataFrame
     by_name: pd.DataFrame
@@ -91,18 +93,19 @@ def _repeated_in_process(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
 def _host_stretches(tids, launched, returned, repeated) -> pd.DataFrame:
     """Per launching thread, each run of consecutive repeated kernels (launch order) as the host's stretch of
     recomputation: from the end of the thread's launch before it (the run's first launch's start, for a thread's
-    first) to the start of its launch after it (the end of the run's last launch, for a thread's last). The
-    time after the run's last launch is the checkpoint handing back to the backward pass (a nested backward
-    call, or the saved-tensor hook returning), which a backward without checkpointing does not do."""
+    first) to the end of the run's last launch, and on to the start of its launch after it (`handed_back`; the
+    end, for a thread's last). That last part is the checkpoint handing back to the backward pass (a nested
+    backward call, or the saved-tensor hook returning), which a backward without checkpointing does not do;
+    it counts as idle, not as a delay, as a wait the thread made there keeps its own cause."""
     parts = []
     for tid in np.unique(tids[repeated]):
         own = np.flatnonzero(tids == tid)
         edges = np.diff(np.concatenate(([0], repeated[own].astype(np.int8), [0])))
         firsts, lasts = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
         begin = np.where(firsts > 0, returned[own[np.maximum(firsts - 1, 0)]], launched[own[firsts]])
-        after = np.minimum(lasts + 1, len(own) - 1)
-        end = np.where(lasts + 1 < len(own), launched[own[after]], returned[own[lasts]])
-        parts.append(pd.DataFrame({"tid": tid, "start": begin, "end": end}))
+        end = returned[own[lasts]]
+        handed_back = np.where(lasts + 1 < len(own), launched[own[np.minimum(lasts + 1, len(own) - 1)]], end)
+        parts.append(pd.DataFrame({"tid": tid, "start": begin, "end": end, "handed_back": handed_back}))
     return pd.concat(parts, ignore_index=True).astype("int64")
 
 
