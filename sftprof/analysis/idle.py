@@ -16,10 +16,11 @@ cut into pieces, and each piece goes to exactly one cause, so the causes of a st
   so each is in one innermost range;
 - own code and launches in gaps shorter than HOST_GAP_NS are host overhead between launches (Python and
   framework dispatch); in longer gaps, own code is work on the critical path (input preparation, logging).
-- idle while the thread was in one of its stretches of recomputation (recompute.recomputed: activation
-  checkpointing's forward run a second time, from the launch before a run of repeated kernels to the launch
-  after it) is `recomputation` where the thread was in host overhead or host work: the CPU was preparing and
-  launching work a fix removes, or handing back to the backward pass;
+- idle that ended in a kernel the backward pass launched again, or came while the thread was in one of its
+  stretches of recomputation (recompute.recomputed: activation checkpointing's forward run a second time, from
+  the launch before a run of repeated kernels to the launch after it), is `recomputation` where the thread was
+  in host overhead or host work: the CPU was preparing and launching work a fix removes, or handing back to the
+  backward pass;
 - then what a call delayed: an allocation or synchronization that held the thread while the GPU was busy made
   every later launch that much later, so up to that much of the host overhead after it, until the thread is
   ahead of the GPU again, is the call's (_Pieces.delayed_by).
