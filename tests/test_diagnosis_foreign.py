@@ -37,30 +37,36 @@ PLANTED = {
 }
 
 
+def measured_runs(timings: str = "measured.jsonl") -> list[tuple[str, list[float]]]:
+    """Each unprofiled run in order: its case and its iterations' times in ms, the first WARMUP left out."""
+    runs: list[tuple[str, list[float]]] = []
+    for line in (FOREIGN / timings).read_text().splitlines():
+        row = json.loads(line)
+        if not row.get("case"):
+            continue
+        if row["iteration"] == 0:
+            runs.append((row["case"], []))
+        if row["iteration"] >= WARMUP:
+            runs[-1][1].append(1000 * row["s"])
+    return runs
+
+
 def measured_ms(timings: str = "measured.jsonl") -> dict[str, float]:
     """Median unprofiled iteration per case, over every alternating run."""
     times = defaultdict(list)
-    for line in (FOREIGN / timings).read_text().splitlines():
-        row = json.loads(line)
-        if row.get("case") and row["iteration"] >= WARMUP:
-            times[row["case"]].append(1000 * row["s"])
+    for case, values in measured_runs(timings):
+        times[case].extend(values)
     return {case: statistics.median(values) for case, values in times.items()}
 
 
-def measured_saving_pct(case: str) -> float:
-    times = measured_ms()
+def measured_saving_pct(case: str, timings: str = "measured.jsonl") -> float:
+    times = measured_ms(timings)
     return 100 * (1 - times["clean"] / times[case])
 
 
 def paired_savings_pct(case: str, timings: str = "measured.jsonl") -> list[float]:
     """The saving of each round: the case's median iteration against the clean run just before it."""
-    runs: list[tuple[str, list[float]]] = []
-    for line in (FOREIGN / timings).read_text().splitlines():
-        row = json.loads(line)
-        if row.get("case") and row["iteration"] == 0:
-            runs.append((row["case"], []))
-        if row.get("case") and row["iteration"] >= WARMUP:
-            runs[-1][1].append(row["s"])
+    runs = measured_runs(timings)
     return [
         100 * (1 - statistics.median(before) / statistics.median(times))
         for (previous, before), (name, times) in zip(runs, runs[1:])
@@ -213,8 +219,7 @@ def test_checkpointing_captured_and_measured_again_agrees_with_that_days_saving(
     more than the agreement allows: a host-bound step's time follows the host's speed, which varied between
     rounds of one day as well (the rounds' range is asserted)."""
     top = diagnosed("checkpointing", source=RERUN).findings[0]
-    times = measured_ms(f"{RERUN.name}/measured.jsonl")
-    measured = 100 * (1 - times["clean"] / times["checkpointing"])
+    measured = measured_saving_pct("checkpointing", f"{RERUN.name}/measured.jsonl")
     assert top.rule == "recomputation" and agrees(top.gain_pct, measured), (top.gain_pct, measured)
     assert not agrees(measured, measured_saving_pct("checkpointing"))
     rounds = paired_savings_pct("checkpointing") + paired_savings_pct("checkpointing", f"{RERUN.name}/measured.jsonl")
