@@ -9,6 +9,8 @@
 # With OUT set, WORK's exports, timings and logs are packed into $OUT/foreign_captures.tar.xz after each
 # capture and round, so a run cut off at its time limit keeps what it finished.
 # BUDGET_S (default 470): no capture starts after that many seconds; CASE_TIMEOUT_S (150) ends one that hangs.
+# LOOP_ARGS (say "--family opt --range-name batch") go to every run of the loop; MEASURE_CASES (default: the
+# GPT-NeoX cases of docs/DIAGNOSIS.md) are the cases each measure round runs, each after a clean run.
 # DEBS holds libdw1 and libelf1 (.deb), which 2025.3.1's importer needs there.
 set -uo pipefail
 debs=${1:?debs}; work=${2:?work}; mode=${3:?mode}; shift 3
@@ -17,11 +19,14 @@ mkdir -p /tmp/dw "$work"
 for f in "$debs"/*.deb; do dpkg -x "$f" /tmp/dw; done
 export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nsys=/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys
-loop=(python3 "$here/foreign_loop.py")
+read -ra loop_args <<< "${LOOP_ARGS:-}"
+loop=(python3 "$here/foreign_loop.py" "${loop_args[@]}")
 measure_round() {
   local t0=$SECONDS
-  "${loop[@]}" clean eager_attention clean fp32 clean tokenize_no_nvtx clean foreach_off clean checkpointing \
-    --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" || echo "== round failed"
+  local pairs=()
+  for case in ${MEASURE_CASES:-eager_attention fp32 tokenize_no_nvtx foreach_off checkpointing}; do pairs+=(clean "$case"); done
+  "${loop[@]}" "${pairs[@]}" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" || echo "== round failed"
+  [ -n "${MEASURE_CASES:-}" ] && { echo "== measure round $((SECONDS - t0)) s"; return; }
   for case in clean no_cache_alloc; do
     env=(); [ "$case" = no_cache_alloc ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
     env "${env[@]}" "${loop[@]}" "$case" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" \

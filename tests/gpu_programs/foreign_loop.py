@@ -16,6 +16,18 @@ Each CASE plants one problem (`clean` plants none), so that the saving of its fi
   checkpointing    gradient checkpointing on, with memory to spare (recomputes the forward)
   checkpointing_nonreentrant  the same with use_reentrant=False (saved-tensor hooks, not a nested backward)
 
+
+Cases planted blind (no rule was written for them before their captures were analysed), on either family:
+
+  vocab_unaligned  the embedding sized to the tokenizer's length (GPT-NeoX 50,277, OPT 50,265) rather than the
+                   checkpoint's multiple of 16 (50,304, 50,272): the LM head's GEMMs on unaligned rows
+  anomaly_mode     torch.autograd.set_detect_anomaly(True) left on from debugging
+  empty_cache      torch.cuda.empty_cache() after every iteration ("to avoid OOM")
+  micro_batch_1    the same 8 sequences as 8 micro-batches of 1 with gradient accumulation
+
+--family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
+instead, and --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
+
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
 saving is 1 - FIX / clean:
 
@@ -49,9 +61,15 @@ CASES = (
     "foreach_off",
     "checkpointing",
     "checkpointing_nonreentrant",
+    "vocab_unaligned",
+    "anomaly_mode",
+    "empty_cache",
+    "micro_batch_1",
 )
 FIXES = ("compiled",)
 SEQ, BATCH, VOCAB = 1024, 8, 50304
+VOCABS = {"gpt_neox": (50304, 50277), "opt": (50272, 50265)}  # (the checkpoint's, the tokenizer's length)
+FAMILY = "gpt_neox"
 TOKENIZE_TARGET_S = 0.06
 
 
@@ -70,24 +88,43 @@ class Nvtx:
             torch.cuda.nvtx.range_pop()
 
 
-def build_model(case: str) -> torch.nn.Module:
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+def vocab(case: str) -> int:
+    aligned, tokenizer = VOCABS[FAMILY]
+    return tokenizer if case == "vocab_unaligned" else aligned
 
-    config = GPTNeoXConfig(
-        vocab_size=VOCAB,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        rotary_pct=0.25,
-        max_position_embeddings=2048,
-        use_cache=False,
-    )
+
+def build_model(case: str) -> torch.nn.Module:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, OPTConfig, OPTForCausalLM
+
+    if FAMILY == "opt":
+        model_class = OPTForCausalLM
+        config = OPTConfig(
+            vocab_size=vocab(case),
+            hidden_size=1024,
+            ffn_dim=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            word_embed_proj_dim=1024,
+            max_position_embeddings=2048,
+            use_cache=False,
+        )
+    else:
+        model_class = GPTNeoXForCausalLM
+        config = GPTNeoXConfig(
+            vocab_size=vocab(case),
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            rotary_pct=0.25,
+            max_position_embeddings=2048,
+            use_cache=False,
+        )
     attention = "eager" if case == "eager_attention" else "sdpa"
     torch.manual_seed(0)
     dtype = torch.float32 if case == "fp32" else torch.bfloat16
     with torch.device("cuda"):  # initialised on the GPU: 410M parameters on the CPU take tens of seconds
-        model = GPTNeoXForCausalLM._from_config(config, attn_implementation=attention).to(dtype)
+        model = model_class._from_config(config, attn_implementation=attention).to(dtype)
     model.train()
     if case == "checkpointing":
         model.gradient_checkpointing_enable()
@@ -144,7 +181,9 @@ def calibrated_text(tokenize) -> str:
     return corpus(n_chars)
 
 
-def run_case(case: str, iterations: int, window: tuple[int, int] | None, out, phases: bool = False) -> None:
+def run_case(
+    case: str, iterations: int, window: tuple[int, int] | None, out, phases: bool = False, range_name: str = "iteration"
+) -> None:
     started = time.perf_counter()
     model = build_model(case)
     print(f"{case}: model built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
@@ -154,7 +193,9 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out, ph
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     nvtx = Nvtx(on=case != "tokenize_no_nvtx")
     generator = torch.Generator().manual_seed(1)
-    host = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator).pin_memory() for _ in range(4)]
+    host = [torch.randint(0, vocab(case), (BATCH, SEQ), generator=generator).pin_memory() for _ in range(4)]
+    micro_batches = BATCH if case == "micro_batch_1" else 1
+    torch.autograd.set_detect_anomaly(case == "anomaly_mode")
     tokenize = text = None
     if case == "tokenize_no_nvtx":
         tokenize = make_tokenizer(corpus(50000))
@@ -165,13 +206,13 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out, ph
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
         started = time.perf_counter()
-        nvtx.push(f"iteration {it}")
+        nvtx.push(f"{range_name} {it}")
         nvtx.push("fetch")
         batch = next_batch
         if tokenize is not None:
             ids = tokenize(text)  # the Python work on the critical path
             ids = (ids * (BATCH * SEQ // max(len(ids), 1) + 1))[: BATCH * SEQ]
-            batch = torch.tensor(ids[: BATCH * SEQ], dtype=torch.long).view(BATCH, SEQ) % VOCAB
+            batch = torch.tensor(ids[: BATCH * SEQ], dtype=torch.long).view(BATCH, SEQ) % vocab(case)
             batch = batch.pin_memory().to("cuda", non_blocking=True)
         else:
             next_batch = host[(it + 1) % len(host)].to("cuda", non_blocking=True)
@@ -182,13 +223,16 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out, ph
             torch.cuda.synchronize()
             passes = {"fetch_s": time.perf_counter() - started}
         begun = time.perf_counter()
-        loss = model(input_ids=batch, labels=batch).loss
-        if phases:
-            passes["forward_host_s"] = time.perf_counter() - begun
-            torch.cuda.synchronize()
-            passes["forward_s"] = time.perf_counter() - begun
-            begun = time.perf_counter()
-        loss.backward()
+        for part in batch.chunk(micro_batches):  # one part unless micro_batch_1: accumulated gradients
+            loss = model(input_ids=part, labels=part).loss
+            if micro_batches > 1:
+                loss = loss / micro_batches
+            if phases:
+                passes["forward_host_s"] = time.perf_counter() - begun
+                torch.cuda.synchronize()
+                passes["forward_s"] = time.perf_counter() - begun
+                begun = time.perf_counter()
+            loss.backward()
         if phases:
             passes["backward_host_s"] = time.perf_counter() - begun
             torch.cuda.synchronize()
@@ -197,6 +241,8 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out, ph
         nvtx.push("update")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if case == "empty_cache":
+            torch.cuda.empty_cache()
         nvtx.pop()
         logged = loss.item()
         nvtx.pop()
@@ -210,6 +256,7 @@ def run_case(case: str, iterations: int, window: tuple[int, int] | None, out, ph
             torch.cuda.profiler.stop()
         if it in (0, iterations - 1):
             print(f"{case}: iteration {it} {elapsed:.3f} s", file=sys.stderr, flush=True)
+    torch.autograd.set_detect_anomaly(False)
     del model, optimizer
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -237,15 +284,20 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--window", type=int, nargs=2)
     parser.add_argument("--phases", action="store_true", help="wait for the GPU after each pass, timing each")
+    parser.add_argument("--family", choices=sorted(VOCABS), default="gpt_neox", help="the model family (default %(default)s)")
+    parser.add_argument("--range-name", default="iteration", help="the iteration ranges' name: NAME N")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    global FAMILY  # noqa: PLW0603 -- one family for the whole process, read by vocab() and build_model()
+    FAMILY = args.family
     torch.backends.cuda.matmul.allow_tf32 = False
     with open(args.out, "a") as out:
         for case in args.cases:
             if case == "gemm_rates":
                 gemm_rates(out)
             else:
-                run_case(case, args.iterations, tuple(args.window) if args.window else None, out, args.phases)
+                window = tuple(args.window) if args.window else None
+                run_case(case, args.iterations, window, out, args.phases, args.range_name)
 
 
 if __name__ == "__main__":
