@@ -284,7 +284,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--window", type=int, nargs=2)
     parser.add_argument("--phases", action="store_true", help="wait for the GPU after each pass, timing each")
-    parser.add_argument("--family", choices=sorted(VOCABS), default="gpt_neox", help="the model family (default %(default)s)")
+    parser.add_argument(
+        "--family", choices=sorted(VOCABS), default="gpt_neox", help="the model family (default %(default)s)"
+    )
     parser.add_argument("--range-name", default="iteration", help="the iteration ranges' name: NAME N")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
