@@ -278,9 +278,38 @@ def gemm_rates(out) -> None:
         out.write(json.dumps({"gemm": str(dtype), "tflops": 2 * 8192**3 / seconds / 1e12}) + "\n")
 
 
+def gemm_alignment(out) -> None:
+    """bf16 GEMM time with one dimension not a multiple of 8 elements (16 bytes), against the aligned size just
+    above it, for an LM head's three products (logits = x w^T, dx = dlogits w, dw = dlogits^T x), at several
+    sizes: the slowdown the unaligned-GEMM gain model takes from here. Each row names the kernel that ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for tokens, hidden, aligned in ((8192, 1024, 50272), (8192, 1024, 50304), (4096, 4096, 32000), (8192, 2048, 32000)):
+        for size in (aligned, aligned + 1, aligned + 2, aligned + 4):
+            x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(size, hidden, device="cuda", dtype=torch.bfloat16)
+            dy = torch.randn(tokens, size, device="cuda", dtype=torch.bfloat16)
+            for product, a, b in (("logits", x, w.t()), ("dx", dy, w), ("dw", dy.t(), x)):
+                for _ in range(3):
+                    a @ b
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                for _ in range(10):
+                    a @ b
+                torch.cuda.synchronize()
+                seconds = (time.perf_counter() - started) / 10
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    a @ b
+                    torch.cuda.synchronize()
+                kernels = sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
+                row = {"gemm_alignment": product, "tokens": tokens, "hidden": hidden, "size": size}
+                out.write(json.dumps(row | {"ms": 1000 * seconds, "kernels": kernels}) + "\n")
+                out.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("cases", nargs="+", choices=CASES + FIXES + ("gemm_rates",))
+    parser.add_argument("cases", nargs="+", choices=CASES + FIXES + ("gemm_rates", "gemm_alignment"))
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--window", type=int, nargs=2)
     parser.add_argument("--phases", action="store_true", help="wait for the GPU after each pass, timing each")
@@ -297,6 +326,8 @@ def main() -> None:
         for case in args.cases:
             if case == "gemm_rates":
                 gemm_rates(out)
+            elif case == "gemm_alignment":
+                gemm_alignment(out)
             else:
                 window = tuple(args.window) if args.window else None
                 run_case(case, args.iterations, window, out, args.phases, args.range_name)
