@@ -191,6 +191,37 @@ def test_fp32_gemm_rule_fires_only_without_any_half_precision_gemm():
     assert rules.fp32_gemm(kernels.gemm_precision(name_totals(frame("kernels", [sgemm, bf16]))), gpu_bound) == []
 
 
+def test_unaligned_gemms_are_tensor_core_gemms_whose_loads_are_under_16_bytes():
+    """`_alignN` times the element size of the precision in the name: bf16 align1 (2 bytes) and fp16 align4 (8)
+    count; bf16 align8 (16) and tf32 align4 (16) do not, nor a SIMT sgemm's align1 (rotary embeddings' outer
+    product takes one whatever its strides), nor a name without a precision."""
+    totals = name_totals(
+        frame(
+            "kernels",
+            [
+                kernel("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1>(T1)", 0, 700),
+                kernel("void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_f16_64x64_nn_align4>(T1)", 700, 100),
+                kernel("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_tn_align8>(T1)", 800, 50),
+                kernel("void cutlass::Kernel2<cutlass_80_tensorop_tf32_s1688gemm_tf32_64x64_tn_align4>(T1)", 850, 50),
+                kernel("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(T1::Params)", 900, 50),
+                kernel("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_64x64_tn_align1>(T1)", 950, 50),
+            ],
+        )
+    )
+    unaligned = kernels.unaligned_gemms(totals)
+    assert unaligned[["precision", "alignment_bytes", "total_ns"]].values.tolist() == [
+        ["bf16", 2, 700],
+        ["fp16", 8, 100],
+    ]
+    gpu_bound = clock(2_000, busy=[(0, 1_000)], waits=[(0, 2_000)])
+    [finding] = rules.unaligned_gemm(unaligned, gpu_bound)
+    slow = rules.ALIGNMENT_SLOWDOWN
+    saved = 700 * (1 - 1 / slow[2]) + 100 * (1 - 1 / slow[4])  # 8-byte loads: the 4-byte entry, the widest below
+    assert finding.gain_pct == pytest.approx(100 * saved / 2_000, abs=1e-3)
+    assert finding.severity == "warning" and "pad_to_multiple_of=64" in finding.recommendation
+    assert rules.unaligned_gemm(kernels.unaligned_gemms(totals.iloc[2:]), gpu_bound) == []
+
+
 def test_fusing_runs_saves_what_the_cpu_waits_for_and_the_host_time_of_the_launches_it_removes():
     """Three elementwise kernels and a norm back to back (400 ns) fused take as long as the longest (100 ns):
     300 ns of GPU time, with the GPU's next kernel queued behind them. That shortens the step while the CPU

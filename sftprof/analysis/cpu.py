@@ -218,13 +218,21 @@ def application_pids(tables, api_threads: pd.DataFrame) -> set[int]:
     return pids
 
 
+AUTOGRAD_ROLE = "autograd"  # PyTorch's backward-pass threads (pt_autograd_*)
+
+
 def thread_role(pid: int, tid: int, name: str) -> str:
     """The training threads users ask about: the process's main thread and PyTorch's autograd workers."""
     if pid == tid:
         return "main"
     if str(name).startswith("pt_autograd"):
-        return "autograd"
+        return AUTOGRAD_ROLE
     return ""
+
+
+def is_autograd(label: str) -> bool:
+    """Whether a thread_labels label names one of PyTorch's autograd threads."""
+    return f"({AUTOGRAD_ROLE}," in label
 
 
 def _sched_threads(events) -> pd.DataFrame:

@@ -53,6 +53,15 @@ GEMM_PRECISIONS = (
 )
 UNKNOWN_PRECISION = "not in the name"
 HALF_PRECISIONS = ("fp8", "bf16", "fp16")
+ELEMENT_BYTES = {"fp8": 1, "bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+
+# How many elements each of a GEMM's global loads moves, where its name says (CUTLASS's `_align1`, `_align8`,
+# also inside cuBLAS's fallback kernels). cuBLAS runs its fast kernels (Hopper's TMA GEMMs among them) only
+# where every matrix's leading dimension is a multiple of FULL_ALIGNMENT_BYTES; otherwise it falls back to
+# kernels that load 1, 2 or 4 elements at a time.
+GEMM_ALIGNMENT = re.compile(r"_align(\d+)", re.IGNORECASE)
+FULL_ALIGNMENT_BYTES = 16
+UNALIGNED_COLUMNS = ["kernel", "precision", "alignment_bytes", "total_ns", "instances"]
 
 
 def name_totals(events: EventStore) -> pd.DataFrame:
@@ -163,6 +172,30 @@ def gemm_precision(kernels: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows, columns=columns).sort_values("total_ns", ascending=False).reset_index(drop=True)
+
+
+def unaligned_gemms(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Tensor-core GEMM kernels whose name declares loads narrower than FULL_ALIGNMENT_BYTES (GEMM_ALIGNMENT
+    times the element size of the precision the name shows), with their time; names that show neither are left
+    out, and so are SIMT kernels (a small fp32 product, such as rotary embeddings' outer product, runs on
+    `cutlass_80_simt_sgemm_..._align1` whatever its strides). `kernels`: name_totals rows."""
+    gemms = kernels[(kernel_families(kernels) == "GEMM") & on_tensor_cores(kernels)]
+    if gemms.empty:
+        return pd.DataFrame(columns=UNALIGNED_COLUMNS)
+    names = gemms["name"].fillna(gemms["short_name"]).astype(str)
+    precision = _first_match(names, GEMM_PRECISIONS)
+    elements = _by_distinct_name(names, lambda name: int(m.group(1)) if (m := GEMM_ALIGNMENT.search(name)) else None)
+    found = pd.DataFrame(
+        {
+            "kernel": names,
+            "precision": precision,
+            "alignment_bytes": elements * precision.map(ELEMENT_BYTES),
+            "total_ns": gemms["duration"].astype("int64"),
+            "instances": gemms["instances"].astype("int64"),
+        }
+    ).dropna(subset=["alignment_bytes"])
+    found = found[found["alignment_bytes"] < FULL_ALIGNMENT_BYTES].astype({"alignment_bytes": "int64"})
+    return found.sort_values("total_ns", ascending=False).reset_index(drop=True)[UNALIGNED_COLUMNS]
 
 
 def kernel_mix(kernels: pd.DataFrame) -> dict:

@@ -140,6 +140,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     _saved("gemm_precision", kernels.gemm_precision, ("kernel_names",), K, "GEMM time by the precision its name shows"),
     Section("kernel_mix", kernels.kernel_mix, ("kernel_names",), K),
+    Section("unaligned_gemms", kernels.unaligned_gemms, ("kernel_names",), K),
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
     Section("attention_runs", excess.unfused_attention, ("events",), K),
     Section("busy_unions", gpu.busy_unions, ("events",), B),
@@ -330,6 +331,7 @@ RULES: tuple[Rule, ...] = (
     Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
     Rule("padding", rules.padding_findings, ("padded", "token_ns", "clock")),
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
+    Rule("unaligned_gemm", rules.unaligned_gemm, ("unaligned_gemms", "clock")),
     Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock", "chains")),
     Rule("recomputation", recompute.recompute_finding, ("recomputed", "clock", "idle_views", "overhead")),
     Rule(

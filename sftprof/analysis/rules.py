@@ -16,7 +16,7 @@ import pandas as pd
 
 from sftprof.analysis import cuda, intervals, views
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
-from sftprof.analysis.cpu import PHASES
+from sftprof.analysis.cpu import PHASES, is_autograd
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
 from sftprof.analysis.efficiency import Padding, peak_for
 from sftprof.analysis.excess import precision_ratio
@@ -25,7 +25,7 @@ from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
 from sftprof.analysis.idle import MIN_SHARE_PCT
-from sftprof.analysis.kernels import HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
+from sftprof.analysis.kernels import FULL_ALIGNMENT_BYTES, HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
@@ -49,6 +49,11 @@ LOCK_WAIT_MIN_PCT = 5.0
 DATA_PHASE = PHASES[0]
 # A memory-bound kernel moved from fp32 to bf16 values moves half the bytes: half its time.
 HALF_BYTES_SHARE = 0.5
+# How many times longer a bf16 GEMM took on cuBLAS's fallback kernels than the same product at the multiple of 8
+# elements below, by the kernel's load width in bytes: medians over an LM head's three products at four sizes, each
+# 1, 2 and 4 past a multiple of 8, on an H100 80GB HBM3 (tests/fixtures/foreign/gemm_alignment.jsonl, foreign_loop.py
+# gemm_alignment). 1 past ran `_align1` kernels (2-byte loads, 5.0-8.4x), 2 and 4 past `_align2` (4 bytes, 2.7-3.2x).
+ALIGNMENT_SLOWDOWN = {2: 5.69, 4: 2.81}
 
 
 def _median_ms(per_step) -> str:
@@ -396,6 +401,16 @@ def _count_into(counts: dict, more: dict) -> None:
         counts[name] = counts.get(name, 0) + n
 
 
+# Where most synchronizations are made inside the backward pass, on PyTorch's autograd thread: no loop code runs
+# there, so they come from the engine or from code it calls for each node.
+_BACKWARD_SYNCS = (
+    " {n:,} of the {found:,} calls are made on PyTorch's autograd thread, inside the backward pass itself: anomaly "
+    "detection (torch.autograd.set_detect_anomaly(True) or detect_anomaly(), left on from debugging) checks every "
+    "gradient for NaN and synchronizes for each; so does a backward hook or custom autograd Function that reads a "
+    "value. Turn anomaly detection off outside debugging."
+)
+
+
 def syncs_in_steps(
     waits: cuda.WaitCalls,
     steps: pd.DataFrame,
@@ -413,7 +428,7 @@ def syncs_in_steps(
         return []
     explicit = set(cuda.name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS))
     steps = steps.sort_values("start")
-    found, per_step, names, tids, ranges = 0, [], {}, set(), {}
+    found, per_step, names, tids, ranges = 0, [], {}, {}, {}
     waited = np.zeros(clock.steps)
     for batch in cuda.call_batches(events, sql_in("a.name_id", [i for i in waits.ids if i in explicit])):
         batch = batch.assign(step=_step_of(batch["start"].to_numpy(), steps))
@@ -425,10 +440,11 @@ def syncs_in_steps(
         waited += _waited(batch, clock)
         _count_into(names, batch["name_id"].value_counts(sort=False).to_dict())
         _count_into(ranges, _range_counts(events, batch))
-        tids.update(np.unique(batch["global_tid"].to_numpy("int64")).tolist())
+        _count_into(tids, batch["global_tid"].value_counts(sort=False).to_dict())
     if not found:
         return []
     per_step = pd.concat(per_step).groupby(level=0).sum()
+    in_backward = sum(n for tid, n in tids.items() if is_autograd(labels.get(tid, "")))
     lost = views.per_step(idle_views, "sync_in_steps", clock)
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
@@ -447,7 +463,8 @@ def syncs_in_steps(
             f"{_mostly_in(ranges, found)}." + _idle_evidence(views.rows_of(idle_views, "sync_in_steps"), clock),
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
-            "torch.cuda.synchronize() in the loop, and use non_blocking copies.",
+            "torch.cuda.synchronize() in the loop, and use non_blocking copies."
+            + (_BACKWARD_SYNCS.format(n=in_backward, found=found) if in_backward > found / 2 else ""),
             clock,
             lost,
             SYNC_MODEL,
@@ -576,6 +593,45 @@ def fp32_gemm(
             _gpu_side_reason(clock, saved),
         )
     ]
+
+
+def unaligned_gemm(unaligned: pd.DataFrame, clock: StepClock) -> list[Finding]:
+    """GEMMs on cuBLAS's fallback kernels for strides that are not a multiple of 16 bytes
+    (kernels.unaligned_gemms): each would take its time / ALIGNMENT_SLOWDOWN with the dimension padded."""
+    if unaligned.empty:
+        return []
+    slowdown = unaligned["alignment_bytes"].map(alignment_slowdown)
+    saved_ns = float((unaligned["total_ns"] * (1 - 1 / slowdown)).sum())
+    saved = np.full(clock.steps, saved_ns / clock.steps)
+    parts = "; ".join(
+        f"{r.kernel[:120]}: {_ms(r.total_ns / clock.steps)} per step, {r.alignment_bytes}-byte loads "
+        f"({alignment_slowdown(r.alignment_bytes):.1f}x slower than aligned)"
+        for r in unaligned.head(STEPS_LISTED).itertuples()
+    )
+    return [
+        _gained(
+            "unaligned_gemm",
+            "GEMMs run on slow fallback kernels: a matrix dimension is not a multiple of 8 elements",
+            f"By kernel name, {len(unaligned)} GEMM kernels load fewer than {FULL_ALIGNMENT_BYTES} bytes at a time "
+            f"(`_alignN`: N elements), which cuBLAS picks only when a leading dimension is not a multiple of "
+            f"{FULL_ALIGNMENT_BYTES} bytes: {parts}.",
+            "Pad the dimension to a multiple of 64: most often the vocabulary after tokens were added "
+            "(Hugging Face: model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64); NeMo/Megatron: "
+            "make_vocab_size_divisible_by), else a custom model's hidden, intermediate or head size, or a LoRA rank.",
+            clock,
+            clock.gpu_side(saved),
+            "each such GEMM's time / its measured slowdown against the aligned product (H100, "
+            + ", ".join(f"{b}-byte loads {x:g}x" for b, x in ALIGNMENT_SLOWDOWN.items())
+            + "); spread evenly over the steps, at most the CPU's wait for the GPU",
+            _gpu_side_reason(clock, saved),
+        )
+    ]
+
+
+def alignment_slowdown(alignment_bytes: int) -> float:
+    """ALIGNMENT_SLOWDOWN for a load width: the entry for the widest measured width not above it."""
+    fitting = [width for width in ALIGNMENT_SLOWDOWN if width <= alignment_bytes]
+    return ALIGNMENT_SLOWDOWN[max(fitting) if fitting else min(ALIGNMENT_SLOWDOWN)]
 
 
 def padding_findings(padded: Padding, token_time_ns: float | None, clock: StepClock) -> list[Finding]:
