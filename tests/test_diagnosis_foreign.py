@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from sftprof.analysis import analyze
+from sftprof.analysis.kernels import GEMM_ALIGNMENT
+from sftprof.analysis.rules import ALIGNMENT_SLOWDOWN
 from sftprof.report.suggest import suggest
 from sftprof.trace import load_trace
 from sftprof.trace.metrics import read_metrics
@@ -22,6 +24,15 @@ from conftest import unpack_xz
 
 FOREIGN = Path(__file__).parent / "fixtures" / "foreign"
 RERUN = FOREIGN / "checkpointing_rerun"  # the checkpointed loop captured and measured on another day
+# An OPT with `batch N` ranges: problems planted before any rule was written for them (README.md), and the finding
+# that names each first.
+OPT_BLIND = FOREIGN / "opt_blind"
+BLIND = {
+    "vocab_unaligned": "unaligned_gemm",
+    "micro_batch_1": "launch_bound",
+    "empty_cache": "allocator_churn",
+    "anomaly_mode": "launch_bound",
+}
 WARMUP = 3  # iterations left out of each measured run: the first builds kernels and allocator pools
 TOKENS = 8 * 1024  # micro-batch 8 x 1024 tokens an iteration (README.md)
 # The issue's target: the gain within 25% of the measured saving, or within 3 points of it.
@@ -240,3 +251,79 @@ def test_suggest_tests_turning_checkpointing_off(diagnosed):
     entry, gain = suggested["no-checkpointing"]
     assert entry["motivated_by"] == "recomputation" and entry["sft"] == {"gradient_checkpointing": False}
     assert gain == diagnosed("checkpointing").findings[0].gain_pct
+
+
+def blind_saving_pct(case: str) -> float:
+    return measured_saving_pct(case, f"{OPT_BLIND.name}/measured.jsonl")
+
+
+def test_each_blind_fix_was_measured_to_pay():
+    assert all(blind_saving_pct(case) > 20 for case in BLIND)
+
+
+@pytest.mark.parametrize("case", sorted(BLIND))
+def test_a_blind_case_is_named_first(diagnosed, case):
+    top = diagnosed(case, source=OPT_BLIND).findings[0]
+    assert top.rule == BLIND[case] and top.severity == "warning"
+
+
+@pytest.mark.parametrize("case", ["vocab_unaligned", "micro_batch_1"])
+def test_a_blind_cases_gain_agrees_with_its_measured_saving(diagnosed, case):
+    top = diagnosed(case, source=OPT_BLIND).findings[0]
+    assert agrees(top.gain_pct, blind_saving_pct(case)), (top.gain_pct, blind_saving_pct(case))
+
+
+@pytest.mark.parametrize("case", ["empty_cache", "anomaly_mode"])
+def test_a_blind_cases_gain_falls_short_of_its_measured_saving(diagnosed, case):
+    """Named first, but under the measured saving by more than the agreement allows, and so are the first two
+    together (docs/DIAGNOSIS.md: anomaly detection's own kernels, isnan and any after every backward node, are GPU
+    work no rule counts; emptying the cache costs more than the idle its cudaMalloc and cudaFree calls leave)."""
+    findings, measured = diagnosed(case, source=OPT_BLIND).findings, blind_saving_pct(case)
+    assert findings[0].gain_pct < measured and not agrees(findings[0].gain_pct, measured)
+    assert findings[0].gain_pct + findings[1].gain_pct < measured
+
+
+def test_anomaly_detections_syncs_are_on_the_autograd_thread_and_the_advice_says_so(diagnosed):
+    [sync] = [f for f in diagnosed("anomaly_mode", source=OPT_BLIND).findings if f.rule == "sync_in_steps"]
+    assert sync.severity == "warning" and "pt_autograd" in sync.evidence
+    assert "set_detect_anomaly" in sync.recommendation
+
+
+def test_a_loop_that_reads_its_loss_is_not_told_of_anomaly_detection(diagnosed):
+    for case, source in [("clean", OPT_BLIND), ("clean", FOREIGN), ("empty_cache", OPT_BLIND)]:
+        for finding in diagnosed(case, source=source).findings:
+            assert "anomaly" not in finding.recommendation, (case, finding.rule)
+
+
+def test_the_opt_loops_batch_ranges_are_not_taken_for_steps_which_are_inferred(diagnosed):
+    headline = diagnosed("clean", source=OPT_BLIND).headline
+    assert headline["steps_captured"] == 4 and headline["steps_found_by"].startswith("inferred")
+
+
+def test_no_unaligned_gemm_where_every_dimension_is_a_multiple_of_8(diagnosed):
+    for case, source in [("clean", OPT_BLIND), ("clean", FOREIGN), ("fp32", FOREIGN), ("micro_batch_1", OPT_BLIND)]:
+        assert "unaligned_gemm" not in {f.rule for f in diagnosed(case, source=source).findings}, (case, source)
+
+
+def test_the_opt_clean_runs_fusion_warning_is_not_borne_out_by_torch_compile(diagnosed):
+    """The fusion warning on the clean OPT loop: torch.compile of the same loop, measured without the profiler
+    (opt_blind/compiled.jsonl, clean and compiled alternating twice), saved nothing: the warning is a miss."""
+    [warning] = [f for f in diagnosed("clean", source=OPT_BLIND).findings if f.severity == "warning" and f.gain_pct]
+    times = measured_ms(f"{OPT_BLIND.name}/compiled.jsonl")
+    assert warning.rule == "memory_bound_kernel_mix" and times["compiled"] > times["clean"]
+
+
+def test_alignment_slowdowns_are_the_measured_medians():
+    """rules.ALIGNMENT_SLOWDOWN against gemm_alignment.jsonl: each unaligned product's time over the same product
+    at the multiple of 8 below it, median per load width: the `_alignN` of the kernel that ran, times 2 bytes (bf16;
+    sizes 2 and 4 past a multiple of 8 both ran align2 kernels)."""
+    rows = [json.loads(line) for line in (FOREIGN / "gemm_alignment.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "gemm_alignment" in row]
+    aligned = {(r["gemm_alignment"], r["tokens"], r["hidden"], r["size"]): r["ms"] for r in rows if r["size"] % 8 == 0}
+    ratios = defaultdict(list)
+    for r in rows:
+        if r["size"] % 8:
+            [elements] = {int(m.group(1)) for k in r["kernels"] if (m := GEMM_ALIGNMENT.search(k))}
+            base = aligned[r["gemm_alignment"], r["tokens"], r["hidden"], r["size"] - r["size"] % 8]
+            ratios[2 * elements].append(r["ms"] / base)
+    assert {width: round(statistics.median(x), 2) for width, x in ratios.items()} == ALIGNMENT_SLOWDOWN
