@@ -300,6 +300,16 @@ def test_the_opt_loops_batch_ranges_are_not_taken_for_steps_which_are_inferred(d
     assert headline["steps_captured"] == 4 and headline["steps_found_by"].startswith("inferred")
 
 
+def test_suggest_first_tests_padding_the_vocabulary(diagnosed):
+    [(name, entry, _, gain)] = suggest(diagnosed("vocab_unaligned", source=OPT_BLIND), top=1)
+    assert (name, entry["sft"], entry["motivated_by"]) == (
+        "pad-vocab",
+        {"pad_vocab_to_multiple_of": 64},
+        "unaligned_gemm",
+    )
+    assert gain == diagnosed("vocab_unaligned", source=OPT_BLIND).findings[0].gain_pct
+
+
 def test_no_unaligned_gemm_where_every_dimension_is_a_multiple_of_8(diagnosed):
     for case, source in [("clean", OPT_BLIND), ("clean", FOREIGN), ("fp32", FOREIGN), ("micro_batch_1", OPT_BLIND)]:
         assert "unaligned_gemm" not in {f.rule for f in diagnosed(case, source=source).findings}, (case, source)

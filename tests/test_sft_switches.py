@@ -84,6 +84,7 @@ def test_switches_default_to_the_loop_as_it_was(experiment):
         "attention": "sdpa",
         "cuda_alloc_conf": "",
         "gradient_checkpointing": False,
+        "pad_vocab_to_multiple_of": 0,
     }
 
 
@@ -100,6 +101,8 @@ def test_switches_default_to_the_loop_as_it_was(experiment):
         ("ddp_overlap", "off"),
         ("attention", "flash"),
         ("gradient_checkpointing", "yes"),
+        ("pad_vocab_to_multiple_of", -64),
+        ("pad_vocab_to_multiple_of", "64"),
         ("cuda_alloc_conf", "expandable_segments:True; rm -rf /"),
     ],
 )
@@ -206,6 +209,15 @@ def test_eager_attention_trains_to_the_same_loss_and_the_allocator_setting_reach
     assert [line["loss"] for line in eager] == pytest.approx([line["loss"] for line in sdpa], rel=1e-4)
     assert (eager[0]["run"]["attention"], eager[0]["run"]["cuda_alloc_conf"]) == ("eager", "expandable_segments:True")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_the_vocabulary_grows_to_the_multiple_asked_for_and_trains(run_sft, experiment):
+    """The tiny model's byte vocabulary (260) grows to 320; the new rows are no token's, so the loss changes
+    only by the softmax's few more classes."""
+    kept, padded = run_sft(steps=2, seq_length=128), run_sft(steps=2, seq_length=128, pad_vocab_to_multiple_of=64)
+    assert kept[0]["run"]["model"]["vocab_size"] % 8 and padded[0]["run"]["model"]["vocab_size"] == 320
+    assert padded[0]["run"]["pad_vocab_to_multiple_of"] == 64
+    assert [line["loss"] for line in padded] == pytest.approx([line["loss"] for line in kept], rel=0.05)
 
 
 def test_gradient_checkpointing_trains_to_the_same_loss(run_sft):

@@ -98,6 +98,13 @@ REMEDIES = {
             "the caching allocator grows segments instead of calling cudaMalloc/cudaFree as sizes change",
         ),
     },
+    "unaligned_gemm": {
+        "torch": Remedy(
+            "pad-vocab",
+            {"sft": {"pad_vocab_to_multiple_of": 64}},
+            "grow the vocabulary to a multiple of 64: the LM head's GEMMs on aligned kernels",
+        ),
+    },
     "recomputation": {
         "torch": Remedy(
             "no-checkpointing",

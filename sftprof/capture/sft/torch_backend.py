@@ -41,6 +41,7 @@ SWITCHES = (
     "attention",
     "cuda_alloc_conf",
     "gradient_checkpointing",
+    "pad_vocab_to_multiple_of",
 )
 
 
@@ -278,6 +279,7 @@ def run_facts(model, sft: dict, device: str, optimizer, pin_memory: bool, distri
         "attention": sft["attention"],
         "cuda_alloc_conf": sft["cuda_alloc_conf"],
         "gradient_checkpointing": sft["gradient_checkpointing"],
+        "pad_vocab_to_multiple_of": sft["pad_vocab_to_multiple_of"],
         "device_name": device_name(device),
     }
 
@@ -367,6 +369,8 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
         model_dir, device, sft["seed"], sft["attention"]
     )  # float32; `random` folders are initialised on the device
     model.train()
+    if sft["pad_vocab_to_multiple_of"]:  # rows no token uses, so the LM head's GEMMs stay on aligned kernels
+        model.resize_token_embeddings(pad_to_multiple_of=sft["pad_vocab_to_multiple_of"], mean_resizing=False)
     if sft["gradient_checkpointing"]:  # each layer's forward run again in the backward pass, from autograd's thread
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trained = _data_parallel(model, device)
