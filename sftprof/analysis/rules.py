@@ -40,6 +40,7 @@ from sftprof.trace.load import from_nsys
 from sftprof.trace.tables import TraceTables
 
 STEPS_LISTED = 10  # evidence names steps one by one up to this many (long captures have thousands)
+KERNELS_LISTED = 3  # and kernels up to this many, the longest first
 # nsys's cuda_memcpy_sync rule skips HtoD copies up to this size: the driver returns before they finish.
 SMALL_SYNC_HTOD_BYTES = 64_000
 # Which memsets block the host, the data stall's threshold and the lock calls are views.py's: it gives each rule
@@ -606,7 +607,7 @@ def unaligned_gemm(unaligned: pd.DataFrame, clock: StepClock) -> list[Finding]:
     parts = "; ".join(
         f"{r.kernel[:120]}: {_ms(r.total_ns / clock.steps)} per step, {r.alignment_bytes}-byte loads "
         f"({alignment_slowdown(r.alignment_bytes):.1f}x slower than aligned)"
-        for r in unaligned.head(STEPS_LISTED).itertuples()
+        for r in unaligned.head(KERNELS_LISTED).itertuples()
     )
     return [
         _gained(
