@@ -355,10 +355,8 @@ def test_the_checkpoint_adds_what_suggest_prints_and_hand_written_variants_win(p
     suggest.write_suggestions(padding_analysis, "torch", 3, path)
     suggested = suggest.read_suggestions(path)
     findings = results.load(padding_analysis / "analysis").findings
-    expected = {
-        suggest.REMEDIES[f.rule]["torch"].variant for f in findings if f.rule in suggest.REMEDIES and f.gain_pct
-    }
-    assert set(suggested) == expected and "pad-longest" in suggested
+    ranked = [suggest.REMEDIES[f.rule]["torch"].variant for f in findings if f.rule in suggest.REMEDIES and f.gain_pct]
+    assert list(suggested) == list(dict.fromkeys(ranked))[:3] and "pad-longest" in suggested
     checked = config.validate(_demo_with_variants())  # hand-written pad-longest pads to the exact longest length
     config.add_suggested_variants(checked, "demo", suggested)
     config.add_suggested_variants(checked, "demo", suggested)  # repeatable: input functions ask again
