@@ -230,11 +230,6 @@ def thread_role(pid: int, tid: int, name: str) -> str:
     return ""
 
 
-def is_autograd(label: str) -> bool:
-    """Whether a thread_labels label names one of PyTorch's autograd threads."""
-    return f"({AUTOGRAD_ROLE}," in label
-
-
 def _sched_threads(events) -> pd.DataFrame:
     """The threads the context switches name, in the order they first appear."""
     return events.query(

@@ -304,7 +304,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sync_in_steps",
         rules.syncs_in_steps,
-        ("waits", "steps", "labels", "events", "clock", "idle_views"),
+        ("waits", "steps", "labels", "events", "clock", "idle_views", "threads"),
     ),
     Rule(
         "pageable_memcpy",

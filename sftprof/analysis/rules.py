@@ -16,7 +16,7 @@ import pandas as pd
 
 from sftprof.analysis import cuda, intervals, views
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
-from sftprof.analysis.cpu import PHASES, is_autograd
+from sftprof.analysis.cpu import AUTOGRAD_ROLE, PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
 from sftprof.analysis.efficiency import Padding, peak_for
 from sftprof.analysis.excess import precision_ratio
@@ -419,12 +419,14 @@ def syncs_in_steps(
     events: EventStore,
     clock: StepClock,
     idle_views: pd.DataFrame,
+    threads: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
     trainer that synchronizes after every launch makes millions. The gain is the idle time idle_causes puts
     on these calls and the launches they delayed (views.py). Synchronous copies and sets have their own
-    rules."""
+    rules. `threads` (cpu.application_threads) tells which are PyTorch's autograd threads, where most syncs
+    mean the backward pass itself makes them (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
     explicit = set(cuda.name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS))
@@ -445,7 +447,8 @@ def syncs_in_steps(
     if not found:
         return []
     per_step = pd.concat(per_step).groupby(level=0).sum()
-    in_backward = sum(n for tid, n in tids.items() if is_autograd(labels.get(tid, "")))
+    autograd = set(threads.loc[threads["role"] == AUTOGRAD_ROLE, "global_tid"]) if threads is not None else set()
+    in_backward = sum(n for tid, n in tids.items() if tid in autograd)
     lost = views.per_step(idle_views, "sync_in_steps", clock)
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
