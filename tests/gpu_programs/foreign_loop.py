@@ -96,30 +96,21 @@ def vocab(case: str) -> int:
 def build_model(case: str) -> torch.nn.Module:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, OPTConfig, OPTForCausalLM
 
+    # both families' layers: 24 of hidden 1024 with 16 heads and a 4096-wide MLP
+    shape = {
+        "vocab_size": vocab(case),
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "max_position_embeddings": 2048,
+        "use_cache": False,
+    }
     if FAMILY == "opt":
         model_class = OPTForCausalLM
-        config = OPTConfig(
-            vocab_size=vocab(case),
-            hidden_size=1024,
-            ffn_dim=4096,
-            num_hidden_layers=24,
-            num_attention_heads=16,
-            word_embed_proj_dim=1024,
-            max_position_embeddings=2048,
-            use_cache=False,
-        )
+        config = OPTConfig(**shape, ffn_dim=4096, word_embed_proj_dim=1024)
     else:
         model_class = GPTNeoXForCausalLM
-        config = GPTNeoXConfig(
-            vocab_size=vocab(case),
-            hidden_size=1024,
-            intermediate_size=4096,
-            num_hidden_layers=24,
-            num_attention_heads=16,
-            rotary_pct=0.25,
-            max_position_embeddings=2048,
-            use_cache=False,
-        )
+        config = GPTNeoXConfig(**shape, intermediate_size=4096, rotary_pct=0.25)
     attention = "eager" if case == "eager_attention" else "sdpa"
     torch.manual_seed(0)
     dtype = torch.float32 if case == "fp32" else torch.bfloat16
