@@ -24,15 +24,22 @@ Cases planted blind (no rule was written for them before their captures were ana
   anomaly_mode     torch.autograd.set_detect_anomaly(True) left on from debugging
   empty_cache      torch.cuda.empty_cache() after every iteration ("to avoid OOM")
   micro_batch_1    the same 8 sequences as 8 micro-batches of 1 with gradient accumulation
+  grad_norm_log    every parameter's gradient norm read with .item() after the backward, for a dashboard
+  gc_collect       gc.collect() after every iteration ("to free memory")
+  fp32_lm_head     the LM head's product in float32 ("for a stable loss"): the bf16 hidden states and the tied
+                   embedding upcast every iteration
+  param_groups     one optimizer parameter group per parameter (layer-wise learning-rate decay), fused AdamW
 
 --family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
-instead, and --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
+instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written in Python, dropout 0.1, the
+embedding padded to 50,304 as nanoGPT pads it), and --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
 saving is 1 - FIX / clean:
 
   compiled         the model under torch.compile (fuses the elementwise and reduction kernels that
                    the clean capture's memory-bound kernel mix names)
+  gelu_tanh        GPT-2's activation as PyTorch's one-kernel tanh GELU (`gelu_pytorch_tanh`, the same function)
 
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
 Several cases run one after another in one process (no_cache_alloc needs its own process,
@@ -46,6 +53,7 @@ iteration also waits for the GPU after the forward and after the backward, and r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -65,10 +73,14 @@ CASES = (
     "anomaly_mode",
     "empty_cache",
     "micro_batch_1",
+    "grad_norm_log",
+    "gc_collect",
+    "fp32_lm_head",
+    "param_groups",
 )
-FIXES = ("compiled",)
+FIXES = ("compiled", "gelu_tanh")
 SEQ, BATCH, VOCAB = 1024, 8, 50304
-VOCABS = {"gpt_neox": (50304, 50277), "opt": (50272, 50265)}  # (the checkpoint's, the tokenizer's length)
+VOCABS = {"gpt_neox": (50304, 50277), "opt": (50272, 50265), "gpt2": (50304, 50257)}  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
 TOKENIZE_TARGET_S = 0.06
 
@@ -94,7 +106,7 @@ def vocab(case: str) -> int:
 
 
 def build_model(case: str) -> torch.nn.Module:
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, OPTConfig, OPTForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, OPTConfig, OPTForCausalLM
 
     # both families' layers: 24 of hidden 1024 with 16 heads and a 4096-wide MLP
     shape = {
@@ -108,6 +120,10 @@ def build_model(case: str) -> torch.nn.Module:
     if FAMILY == "opt":
         model_class = OPTForCausalLM
         config = OPTConfig(**shape, ffn_dim=4096, word_embed_proj_dim=1024)
+    elif FAMILY == "gpt2":
+        model_class = GPT2LMHeadModel
+        activation = "gelu_pytorch_tanh" if case == "gelu_tanh" else "gelu_new"
+        config = GPT2Config(**shape, n_inner=4096, activation_function=activation)
     else:
         model_class = GPTNeoXForCausalLM
         config = GPTNeoXConfig(**shape, intermediate_size=4096, rotary_pct=0.25)
@@ -121,6 +137,9 @@ def build_model(case: str) -> torch.nn.Module:
         model.gradient_checkpointing_enable()
     if case == "checkpointing_nonreentrant":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if case == "fp32_lm_head":
+        head = model.get_output_embeddings()
+        head.forward = lambda hidden: torch.nn.functional.linear(hidden.float(), head.weight.float())
     if case == "compiled":
         return torch.compile(model)
     return model
@@ -180,6 +199,10 @@ def run_case(
     print(f"{case}: model built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     if case == "foreach_off":
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False, fused=False)
+    elif case == "param_groups":
+        parameters = list(model.parameters())
+        groups = [{"params": [p], "lr": 1e-4 * 0.95 ** (len(parameters) - i)} for i, p in enumerate(parameters)]
+        optimizer = torch.optim.AdamW(groups, lr=1e-4, fused=True)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     nvtx = Nvtx(on=case != "tokenize_no_nvtx")
@@ -224,6 +247,9 @@ def run_case(
                 passes["forward_s"] = time.perf_counter() - begun
                 begun = time.perf_counter()
             loss.backward()
+        if case == "grad_norm_log":
+            grad_norms = {name: p.grad.norm().item() for name, p in model.named_parameters() if p.grad is not None}
+            passes["grad_norms"] = len(grad_norms)
         if phases:
             passes["backward_host_s"] = time.perf_counter() - begun
             torch.cuda.synchronize()
@@ -234,6 +260,8 @@ def run_case(
         optimizer.zero_grad(set_to_none=True)
         if case == "empty_cache":
             torch.cuda.empty_cache()
+        if case == "gc_collect":
+            gc.collect()
         nvtx.pop()
         logged = loss.item()
         nvtx.pop()
