@@ -80,7 +80,11 @@ CASES = (
 )
 FIXES = ("compiled", "gelu_tanh")
 SEQ, BATCH, VOCAB = 1024, 8, 50304
-VOCABS = {"gpt_neox": (50304, 50277), "opt": (50272, 50265), "gpt2": (50304, 50257)}  # (the checkpoint's, the tokenizer's length)
+VOCABS = {
+    "gpt_neox": (50304, 50277),
+    "opt": (50272, 50265),
+    "gpt2": (50304, 50257),
+}  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
 TOKENIZE_TARGET_S = 0.06
 
