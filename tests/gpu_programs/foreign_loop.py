@@ -40,6 +40,8 @@ saving is 1 - FIX / clean:
   compiled         the model under torch.compile (fuses the elementwise and reduction kernels that
                    the clean capture's memory-bound kernel mix names)
   gelu_tanh        GPT-2's activation as PyTorch's one-kernel tanh GELU (`gelu_pytorch_tanh`, the same function)
+  compiled_layers  each transformer layer under torch.compile, the rest eager (regional compilation: no graph
+                   break outside a layer can stop a layer's fusion)
 
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
 Several cases run one after another in one process (no_cache_alloc needs its own process,
@@ -78,7 +80,7 @@ CASES = (
     "fp32_lm_head",
     "param_groups",
 )
-FIXES = ("compiled", "gelu_tanh")
+FIXES = ("compiled", "gelu_tanh", "compiled_layers")
 SEQ, BATCH, VOCAB = 1024, 8, 50304
 VOCABS = {
     "gpt_neox": (50304, 50277),
@@ -146,6 +148,10 @@ def build_model(case: str) -> torch.nn.Module:
         head.forward = lambda hidden: torch.nn.functional.linear(hidden.float(), head.weight.float())
     if case == "compiled":
         return torch.compile(model)
+    if case == "compiled_layers":
+        layers = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
+        for layer in layers:
+            layer.compile()
     return model
 
 
