@@ -191,6 +191,46 @@ def test_fp32_gemm_rule_fires_only_without_any_half_precision_gemm():
     assert rules.fp32_gemm(kernels.gemm_precision(name_totals(frame("kernels", [sgemm, bf16]))), gpu_bound) == []
 
 
+def test_value_checks_are_boolean_reductions_and_comparisons_of_floating_values():
+    """isnan (x != x on bf16) and any() over its booleans count; a comparison of integer ids (a mask test) and a
+    sum do not."""
+    elementwise = "void at::native::vectorized_elementwise_kernel<(int)4, at::native::{}, std::array<char *, 3>>(int)"
+    reduce = "void at::native::reduce_kernel<(int)512, (int)1, at::native::ReduceOp<{}>>(T1)"
+    totals = name_totals(
+        frame(
+            "kernels",
+            [
+                kernel(
+                    elementwise.format(
+                        "BinaryFunctor<c10::BFloat16, c10::BFloat16, bool, at::native::<unnamed>::CompareEqFunctor<c10::BFloat16>>"
+                    ),
+                    0,
+                    30,
+                ),
+                kernel(
+                    reduce.format(
+                        "bool, at::native::func_wrapper_t<bool, at::native::or_kernel_cuda(at::TensorIterator &)>"
+                    ),
+                    30,
+                    40,
+                ),
+                kernel(
+                    elementwise.format(
+                        "AUnaryFunctor<long, long, bool, at::native::<unnamed>::CompareEqFunctor<long>>"
+                    ),
+                    70,
+                    5,
+                ),
+                kernel(
+                    reduce.format("float, at::native::func_wrapper_t<float, at::native::sum_functor<float>>"), 75, 9
+                ),
+            ],
+        )
+    )
+    assert sorted(kernels.value_checks(totals)["total_ns"]) == [30, 40]
+    assert kernels.value_checks(totals.iloc[2:]).empty
+
+
 def test_unaligned_gemms_are_tensor_core_gemms_whose_loads_are_under_16_bytes():
     """`_alignN` times the element size of the precision in the name: bf16 align1 (2 bytes) and fp16 align4 (8)
     count; bf16 align8 (16) and tf32 align4 (16) do not, nor a SIMT sgemm's align1 (rotary embeddings' outer
@@ -577,8 +617,9 @@ def test_copy_rules_follow_nsys_semantics():
     assert sync.title == "1 synchronous cudaMemcpy calls block the CPU for 0.005 ms"
     assert "mostly in NVTX `data` (1 of 1)" in sync.evidence
     # idle_causes' rows for synchronous cudaMemcpy calls: each 5 µs call less its copy's 100 ns, and the 100 ns
-    # of launching that each call delayed; the small HtoD copy's call too (the table names calls, not copies)
-    assert sync.gain_pct == pytest.approx(100 * (2 * (5_000 - 100) + 2 * 100) / 1_000_000)
+    # of launching that each call delayed; the small HtoD copy's call too (the table names calls, not copies); and
+    # the 5 µs between the two calls, which sync one after the other (idle._Pieces.between_reads)
+    assert sync.gain_pct == pytest.approx(100 * (2 * (5_000 - 100) + 2 * 100 + 5_000) / 1_000_000)
     [pageable] = rules.pageable_memcpy(copies, capture, labels, events, table)
     assert pageable.title.startswith("1 asynchronous copies use pageable") and pageable.severity == "info"
     # the GPU idle during the pageable copy's call, less its copy's 100 ns: idle_causes names each copy call with

@@ -31,8 +31,13 @@ BLIND = {
     "vocab_unaligned": "unaligned_gemm",
     "micro_batch_1": "launch_bound",
     "empty_cache": "allocator_churn",
-    "anomaly_mode": "launch_bound",
+    "anomaly_mode": "anomaly_detection",  # the rule written after this capture (tested on GPT-2's below)
 }
+# A GPT-2 (GPT-2 medium's shape, its Python tanh GELU, dropout 0.1) with `fwd_bwd_opt N` ranges: four more problems
+# planted before any rule was looked at for them, and two fixes of the clean loop (README.md); then, in a second run,
+# the gradient-norm reads again and anomaly detection, to try the rule written on the OPT's capture.
+GPT2_BLIND = FOREIGN / "gpt2_blind"
+GPT2_SECOND = GPT2_BLIND / "second_run"
 WARMUP = 3  # iterations left out of each measured run: the first builds kernels and allocator pools
 TOKENS = 8 * 1024  # micro-batch 8 x 1024 tokens an iteration (README.md)
 # The issue's target: the gain within 25% of the measured saving, or within 3 points of it.
@@ -267,32 +272,37 @@ def test_a_blind_case_is_named_first(diagnosed, case):
     assert top.rule == BLIND[case] and top.severity == "warning"
 
 
-@pytest.mark.parametrize("case", ["vocab_unaligned", "micro_batch_1"])
+@pytest.mark.parametrize("case", ["vocab_unaligned", "micro_batch_1", "anomaly_mode"])
 def test_a_blind_cases_gain_agrees_with_its_measured_saving(diagnosed, case):
     top = diagnosed(case, source=OPT_BLIND).findings[0]
     assert agrees(top.gain_pct, blind_saving_pct(case)), (top.gain_pct, blind_saving_pct(case))
 
 
-@pytest.mark.parametrize("case", ["empty_cache", "anomaly_mode"])
-def test_a_blind_cases_gain_falls_short_of_its_measured_saving(diagnosed, case):
+def test_emptying_the_cache_falls_short_of_its_measured_saving(diagnosed):
     """Named first, but under the measured saving by more than the agreement allows, and so are the first two
-    together (docs/DIAGNOSIS.md: anomaly detection's own kernels, isnan and any after every backward node, are GPU
-    work no rule counts; emptying the cache costs more than the idle its cudaMalloc and cudaFree calls leave)."""
-    findings, measured = diagnosed(case, source=OPT_BLIND).findings, blind_saving_pct(case)
+    together (docs/DIAGNOSIS.md: emptying the cache costs more than the idle its cudaMalloc and cudaFree calls
+    leave)."""
+    findings, measured = diagnosed("empty_cache", source=OPT_BLIND).findings, blind_saving_pct("empty_cache")
     assert findings[0].gain_pct < measured and not agrees(findings[0].gain_pct, measured)
     assert findings[0].gain_pct + findings[1].gain_pct < measured
 
 
 def test_anomaly_detections_syncs_are_on_the_autograd_thread_and_the_advice_says_so(diagnosed):
-    [sync] = [f for f in diagnosed("anomaly_mode", source=OPT_BLIND).findings if f.rule == "sync_in_steps"]
-    assert sync.severity == "warning" and "pt_autograd" in sync.evidence
-    assert "set_detect_anomaly" in sync.recommendation
+    """The synchronizations are the backward pass's own, so anomaly_detection takes their idle, and with it the
+    launch overhead, copies and queued starts between them; sync_in_steps keeps its evidence, with nothing left."""
+    findings = diagnosed("anomaly_mode", source=OPT_BLIND).findings
+    [sync] = [f for f in findings if f.rule == "sync_in_steps"]
+    assert "pt_autograd" in sync.evidence and "set_detect_anomaly" in sync.recommendation and sync.gain_pct < 0.1
+    assert "launch_bound" not in {f.rule for f in findings}
+    assert "set_detect_anomaly(False)" in findings[0].recommendation and "isnan" in findings[0].evidence
 
 
 def test_a_loop_that_reads_its_loss_is_not_told_of_anomaly_detection(diagnosed):
-    for case, source in [("clean", OPT_BLIND), ("clean", FOREIGN), ("empty_cache", OPT_BLIND)]:
+    cases = [("clean", OPT_BLIND), ("clean", FOREIGN), ("empty_cache", OPT_BLIND), ("clean", GPT2_BLIND)]
+    cases += [("grad_norm_log", GPT2_SECOND), ("foreach_off", FOREIGN), ("checkpointing", FOREIGN)]
+    for case, source in cases:
         for finding in diagnosed(case, source=source).findings:
-            assert "anomaly" not in finding.recommendation, (case, finding.rule)
+            assert "anomaly" not in finding.recommendation + finding.rule, (case, finding.rule)
 
 
 def test_the_opt_loops_batch_ranges_are_not_taken_for_steps_which_are_inferred(diagnosed):
@@ -321,6 +331,16 @@ def test_the_opt_clean_runs_fusion_warning_is_not_borne_out_by_torch_compile(dia
     [warning] = [f for f in diagnosed("clean", source=OPT_BLIND).findings if f.severity == "warning" and f.gain_pct]
     times = measured_ms(f"{OPT_BLIND.name}/compiled.jsonl")
     assert warning.rule == "memory_bound_kernel_mix" and times["compiled"] > times["clean"]
+
+
+def test_compiling_the_opt_layer_by_layer_pays_but_less_than_the_fusion_warning_gives(diagnosed):
+    """Regional compilation (each decoder layer compiled, opt_blind/compiled_layers.jsonl, three clean and two
+    compiled runs alternating) saved 5.1%: the warning's direction holds, its size (8.5%) is over by more than the
+    agreement allows."""
+    [warning] = [f for f in diagnosed("clean", source=OPT_BLIND).findings if f.severity == "warning" and f.gain_pct]
+    times = measured_ms(f"{OPT_BLIND.name}/compiled_layers.jsonl")
+    measured = 100 * (1 - times["compiled_layers"] / times["clean"])
+    assert 3 < measured < warning.gain_pct and not agrees(warning.gain_pct, measured)
 
 
 def test_compiling_the_opt_cut_less_gpu_time_than_predicted_and_left_the_host_behind(diagnosed):
@@ -352,11 +372,6 @@ def test_alignment_slowdowns_are_the_measured_medians():
             base = aligned[r["gemm_alignment"], r["tokens"], r["hidden"], r["size"] - r["size"] % 8]
             ratios[2 * elements].append(r["ms"] / base)
     assert {width: round(statistics.median(x), 2) for width, x in ratios.items()} == ALIGNMENT_SLOWDOWN
-
-
-# A GPT-2 (GPT-2 medium's shape, its Python tanh GELU, dropout 0.1) with `fwd_bwd_opt N` ranges: four more problems
-# planted before any rule was looked at for them, and two fixes of the clean loop (README.md).
-GPT2_BLIND = FOREIGN / "gpt2_blind"
 
 
 def gpt2_saving_pct(case: str) -> float:
@@ -402,14 +417,32 @@ def test_gc_collect_agrees_from_the_capture_alone_but_not_with_the_profiled_runs
     assert statistics.median(outside) > 1.2 * measured_ms(f"{GPT2_BLIND.name}/measured.jsonl")["gc_collect"]
 
 
-def test_reading_every_gradient_norm_is_ranked_below_launch_bound(diagnosed):
-    """A miss: 294 `.item()` reads a step after the backward. Each drains the GPU's queue, so the next forward starts
-    with the host behind, and under the profiler it stays behind: `launch_bound` comes first, and `sync_in_steps`,
-    the planted cause, under the measured saving."""
+def test_gradient_norm_reads_on_a_slowed_host_are_overpriced_and_the_overhead_is_flagged(diagnosed):
+    """The first capture of 294 `.item()` reads a step ran on a host slowed for the whole process (its launch calls
+    took twice their usual time; its iterations outside the window 92-142 ms against 89.5 measured): the reads are
+    named first, over the measured saving, and profiling_overhead warns that the capture ran 68% slow."""
     findings, measured = diagnosed("grad_norm_log", source=GPT2_BLIND).findings, gpt2_saving_pct("grad_norm_log")
-    assert findings[0].rule == "launch_bound" and findings[0].gain_pct > measured
+    assert findings[0].rule == "sync_in_steps" and findings[0].gain_pct > measured
+    [overhead] = [f for f in findings if f.rule == "profiling_overhead"]
+    assert overhead.severity == "warning" and "67.7% slower" in overhead.title
+
+
+def second_saving_pct(case: str) -> float:
+    return measured_saving_pct(case, f"{GPT2_BLIND.name}/{GPT2_SECOND.name}/measured.jsonl")
+
+
+def test_gradient_norm_reads_are_priced_as_measured_and_the_models_gelu_stays_above_them(diagnosed):
+    """Captured again: the launches and copies between two reads (idle._Pieces.between_reads) are the reads'."""
+    findings = diagnosed("grad_norm_log", source=GPT2_SECOND).findings
     [sync] = [f for f in findings if f.rule == "sync_in_steps"]
-    assert sync.severity == "warning" and sync.gain_pct < measured
+    assert findings[0].rule == "memory_bound_kernel_mix" and findings[1] == sync
+    assert agrees(sync.gain_pct, second_saving_pct("grad_norm_log")), sync.gain_pct
+
+
+def test_anomaly_detection_on_a_family_its_rule_was_not_written_on(diagnosed):
+    top = diagnosed("anomaly_mode", source=GPT2_SECOND).findings[0]
+    assert (top.rule, top.severity) == ("anomaly_detection", "warning")
+    assert agrees(top.gain_pct, second_saving_pct("anomaly_mode")), top.gain_pct
 
 
 def test_per_parameter_groups_cost_little_and_the_models_own_gelu_stays_first(diagnosed):

@@ -60,3 +60,25 @@ def test_run_sums_and_minima_restart_with_each_run(seed):
     runs = pd.Series(values).groupby(np.cumsum(first))
     assert (idle._run_cumsum(values, first) == runs.cumsum().to_numpy()).all()
     assert (idle._run_cummin(values, first) == runs.cummin().to_numpy()).all()
+
+
+SYNC, STREAM_SYNC = idle.CAUSE_NAMES.index(idle.SYNCHRONIZATION), 9  # a synchronizing call's name id
+
+
+def between(starts, ends) -> idle._Pieces:
+    """Host-overhead pieces of 4 ns at 110, 120 and 5_000_130, with synchronizations at `starts`-`ends`."""
+    pieces = host_pieces([110, 120, 5_000_130], [4, 4, 4])
+    ids = np.full(len(starts), STREAM_SYNC)
+    return pieces.between_reads(np.asarray(starts, "int64"), np.asarray(ends, "int64"), ids)
+
+
+def test_launches_between_two_close_synchronizations_are_theirs():
+    pieces = between([100, 200, 5_000_140], [105, 210, 5_000_150])
+    assert moved(pieces) == [(110, 4, SYNC), (120, 4, SYNC), (5_000_130, 4, HOST)]
+    assert set(pieces.columns[2][pieces.columns[1] == SYNC]) == {idle.DELAYED}
+    assert set(pieces.columns[3][pieces.columns[1] == SYNC]) == {STREAM_SYNC}
+
+
+def test_launches_after_a_lone_synchronization_stay_host_overhead():
+    """Synchronizations more than HOST_GAP_NS apart: the thread can run ahead between them."""
+    assert moved(between([100, 5_000_140], [105, 5_000_150])) == [(110, 4, HOST), (120, 4, HOST), (5_000_130, 4, HOST)]

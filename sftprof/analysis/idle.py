@@ -404,6 +404,26 @@ class _Pieces:
         cause[at], source[at], name[at], idle_ns[at] = calls_cause[by], DELAYED, calls_name[by], amount
         return _Pieces.joined([_Pieces(row, cause, source, name, range_code, start, idle_ns), extra])
 
+    def between_reads(self, s_start: np.ndarray, s_end: np.ndarray, s_name: np.ndarray) -> _Pieces:
+        """These pieces with the launch overhead and copy calls between two synchronizations of the thread less
+        than HOST_GAP_NS apart (sorted calls `s_start`, `s_end`) moved to the later one, source DELAYED: a thread
+        that reads values one after another (`.item()` in a loop) drains the GPU's queue at each, and cannot get
+        ahead of the GPU before the next, so all of that idle is the reads'."""
+        if len(s_start) < 2:
+            return self
+        gap = s_start[1:] - s_end[:-1]
+        dense = np.flatnonzero((gap > 0) & (gap <= HOST_GAP_NS))
+        if not len(dense):
+            return self
+        w_start, w_end, w_name = s_end[:-1][dense], s_start[1:][dense], s_name[1:][dense]
+        row, cause, source, name, range_code = (c.copy() for c in self.columns)
+        moved = np.isin(cause, [CAUSE_NAMES.index(HOST_OVERHEAD), CAUSE_NAMES.index(COPY)])
+        at = np.searchsorted(w_start, self.start, side="right") - 1
+        moved &= (at >= 0) & (self.start + self.idle_ns <= w_end[np.maximum(at, 0)])
+        cause[moved], source[moved] = CAUSE_NAMES.index(SYNCHRONIZATION), DELAYED
+        name[moved] = w_name[at[moved]]
+        return _Pieces(row, cause, source, name, range_code, self.start, self.idle_ns)
+
     def recomputing(self, p_start: np.ndarray, again: np.ndarray) -> _Pieces:
         """These pieces with host overhead and host work moved to `recomputation` where the idle piece they were
         cut from (sorted disjoint starts `p_start`) ended in a recomputed kernel or lay in the thread's
@@ -557,15 +577,20 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
         data = events.arrays(f'SELECT start, "end" FROM nvtx WHERE {window} AND name_id = {names.data_code}')
         range_code[_within(starts, ends, data["start"], data["end"])] = names.data_code
     own_code = range_code[len(starts) - len(parts[-1][0]) :]
-    return _Pieces(
-        p_row[pieces],
-        np.concatenate([part[3] for part in parts]),
-        np.concatenate([np.full(len(part[0]), part[4]) for part in parts]),
-        np.concatenate([part[5] for part in parts[:-1]] + [own_code]),
-        range_code,
-        starts,
-        ends - starts,
-    ).delayed_by(d_end, delay, d_cause, d_name, work.ahead_of(tid))
+    syncs = np.flatnonzero(call_cause == CAUSE_NAMES.index(SYNCHRONIZATION))
+    return (
+        _Pieces(
+            p_row[pieces],
+            np.concatenate([part[3] for part in parts]),
+            np.concatenate([np.full(len(part[0]), part[4]) for part in parts]),
+            np.concatenate([part[5] for part in parts[:-1]] + [own_code]),
+            range_code,
+            starts,
+            ends - starts,
+        )
+        .between_reads(a_start[syncs], a_end[syncs], call_ids[syncs])
+        .delayed_by(d_end, delay, d_cause, d_name, work.ahead_of(tid))
+    )
 
 
 # ---------------------------------------------------------------- findings: the largest causes

@@ -198,6 +198,38 @@ def unaligned_gemms(kernels: pd.DataFrame) -> pd.DataFrame:
     return found.sort_values("total_ns", ascending=False).reset_index(drop=True)[UNALIGNED_COLUMNS]
 
 
+# Kernels that test values rather than compute with them: any()/all() over booleans, and comparisons of floating
+# values yielding booleans (isnan is x != x, isinf and isfinite compare too). A loop needs a few a step (a loss
+# scaler's inf check, a mask test); anomaly detection runs two after every backward node.
+VALUE_CHECK = re.compile(
+    r"ReduceOp<bool, [^>]*(?:or|and)_kernel_cuda"
+    r"|Functor<(?:c10::BFloat16|c10::Half|float|double), (?:c10::BFloat16|c10::Half|float|double), bool, "
+    r"at::native::(?:<unnamed>::)?CompareEqFunctor"
+)
+VALUE_CHECK_COLUMNS = ["kernel", "total_ns", "instances"]
+
+
+def value_checks(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The kernels that test values (VALUE_CHECK, by demangled name) with their time: work a loop that stops
+    checking removes. `kernels`: name_totals rows."""
+    names = kernels["name"].fillna(kernels["short_name"]).astype(str) if len(kernels) else pd.Series(dtype=object)
+    checking = _by_distinct_name(names, lambda name: bool(VALUE_CHECK.search(name))).astype(bool)
+    found = kernels[checking.to_numpy(bool)] if len(kernels) else kernels
+    if found.empty:
+        return pd.DataFrame(columns=VALUE_CHECK_COLUMNS)
+    return (
+        pd.DataFrame(
+            {
+                "kernel": names[checking.to_numpy(bool)],
+                "total_ns": found["duration"].astype("int64"),
+                "instances": found["instances"].astype("int64"),
+            }
+        )
+        .sort_values("total_ns", ascending=False)
+        .reset_index(drop=True)
+    )
+
+
 def kernel_mix(kernels: pd.DataFrame) -> dict:
     """Shares of kernel time (%) that decide compute- vs memory-bound: dense math, streaming, tensor cores."""
     total = kernels["duration"].sum()

@@ -141,6 +141,7 @@ SECTIONS: tuple[Section, ...] = (
     _saved("gemm_precision", kernels.gemm_precision, ("kernel_names",), K, "GEMM time by the precision its name shows"),
     Section("kernel_mix", kernels.kernel_mix, ("kernel_names",), K),
     Section("unaligned_gemms", kernels.unaligned_gemms, ("kernel_names",), K),
+    Section("value_checks", kernels.value_checks, ("kernel_names",), K),
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
     Section("attention_runs", excess.unfused_attention, ("events",), K),
     Section("busy_unions", gpu.busy_unions, ("events",), B),
@@ -210,7 +211,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("sched_traced", sched.sched_traced, ("tables", "events"), T),
     Section("copies", memory.copy_calls, ("events", "busy_unions"), T),
     # idle_causes with the finding each row counts toward: the idle, sync, copy, data and lock rules' views
-    Section("idle_views", views.idle_views, ("idle_causes", "steps"), T),
+    Section("backward_syncs", views.backward_syncs, ("events", "threads"), T),
+    Section("idle_views", views.idle_views, ("idle_causes", "steps", "backward_syncs"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
         "step_accounting",
@@ -332,6 +334,7 @@ RULES: tuple[Rule, ...] = (
     Rule("padding", rules.padding_findings, ("padded", "token_ns", "clock")),
     Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
     Rule("unaligned_gemm", rules.unaligned_gemm, ("unaligned_gemms", "clock")),
+    Rule("anomaly_detection", rules.anomaly_detection, ("idle_views", "value_checks", "clock", "overhead")),
     Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock", "chains")),
     Rule("recomputation", recompute.recompute_finding, ("recomputed", "clock", "idle_views", "overhead")),
     Rule(

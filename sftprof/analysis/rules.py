@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import cuda, intervals, views
+from sftprof.analysis import cuda, idle, intervals, views
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
 from sftprof.analysis.cpu import AUTOGRAD_ROLE, PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
@@ -28,6 +28,7 @@ from sftprof.analysis.idle import MIN_SHARE_PCT
 from sftprof.analysis.kernels import FULL_ALIGNMENT_BYTES, HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
 from sftprof.analysis.nvtx import innermost_ranges
+from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.analysis.sched import CPU_SCHED_SWITCH
 from sftprof.analysis.views import (
     BLOCKING_MEMSET_ROWS,
@@ -473,6 +474,47 @@ def syncs_in_steps(
             lost,
             SYNC_MODEL,
             _sync_reason(waited, lost),
+        )
+    ]
+
+
+def anomaly_detection(
+    idle_views: pd.DataFrame, checks: pd.DataFrame, clock: StepClock, overhead: Overhead | None = None
+) -> list[Finding]:
+    """The backward pass synchronizes after its nodes (views.backward_syncs), as anomaly detection does: the GPU's
+    queue drains after every node, so the CPU never gets ahead and the step's synchronization, launch overhead,
+    copy calls and queued starts are the reads' (views.ANOMALY_RULE rows); the value checks' kernels
+    (kernels.value_checks) are work turning it off removes, at most the CPU's wait for the GPU. Less the profiler's
+    time placed in those stretches (idle.profiler_time)."""
+    rows = views.rows_of(idle_views, views.ANOMALY_RULE)
+    if rows.empty:
+        return []
+    held = idle.per_step(rows, clock)
+    placed = idle.profiler_time(idle_views, clock, overhead).get(views.ANOMALY_RULE, 0.0)
+    share = host_share(overhead, float(np.median(held)), clock, placed)
+    checked = clock.gpu_side(np.full(clock.steps, float(checks["total_ns"].sum()) / clock.steps))
+    gain = round(min(100.0, (share.gain_pct if share else clock.share(held)) + clock.share(checked)), 3)
+    kinds = rows.groupby("cause")["idle_ns"].sum().sort_values(ascending=False) / clock.steps
+    parts = ", ".join(f"{cause} {_ms(ns)}" for cause, ns in kinds.items())
+    return [
+        Finding(
+            views.ANOMALY_RULE,
+            severity_of(gain),
+            "The backward pass synchronizes after its nodes (anomaly detection): the CPU never gets ahead of the GPU"
+            + (share.title if share else ""),
+            f"Most synchronizing calls are made on PyTorch's autograd thread, inside the backward pass. The GPU idles "
+            f"{_median_ms(held)} per step while the CPU launches, copies and waits between them ({parts} per step), "
+            f"and {int(checks['instances'].sum() / clock.steps):,} value-checking kernels (isnan, any) run "
+            f"{_ms(float(checks['total_ns'].sum()) / clock.steps)} per step." + (share.evidence if share else ""),
+            "Turn anomaly detection off outside debugging (torch.autograd.set_detect_anomaly(False); no "
+            "torch.autograd.detect_anomaly() around the step): it checks every gradient for NaN and synchronizes "
+            "for each, and records a traceback for every forward op. A backward hook or custom autograd Function "
+            "that reads values does the same: check once per step (torch.isfinite on the loss or the grad norm).",
+            gain,
+            "GPU idle from synchronization, launch overhead, copy calls and queued starts in the steps whose backward "
+            f"pass synchronizes (idle_causes: {clock.scope(held)}"
+            + (share.basis if share else "")
+            + f"), plus the value-checking kernels' time ({clock.scope(checked)}), at most the CPU's wait for the GPU",
         )
     ]
 

@@ -8,6 +8,10 @@ hold. In order, the first that applies:
 - `data_stall`: idle while the thread feeding the GPU was inside the trainer's `data` ranges (at any depth), where
   the data ranges take DATA_STALL_PCT of the step time or more;
 - `sync_memcpy`: synchronization inside synchronous cudaMemcpy calls, and the launches they delayed;
+- `anomaly_detection`: where most explicit synchronizations are made on PyTorch's autograd threads (the backward
+  pass itself reads values after each node, as anomaly detection does), every other synchronization, launch
+  overhead, copy call and queued start of the step: a loop that drains the GPU's queue after each backward node
+  never gets ahead of the GPU, so all of that idle is the synchronizations';
 - `sync_in_steps`: the other synchronization (stream, event, device and context syncs, and what they delayed);
 - `sync_memset`: idle inside synchronous cudaMemset calls that set pinned or managed memory (they block);
 - `pageable_memcpy`: idle inside asynchronous copy calls that copy from or to pageable memory (staged);
@@ -15,7 +19,7 @@ hold. In order, the first that applies:
 - `recomputation`: the CPU preparing and launching kernels the backward pass runs again (recompute.py);
 - the other causes' findings (idle.CAUSES): allocation, host overhead, host work, thread waits, OS calls, copies.
 
-Queued and unattributed time goes to none. The rules keep their own evidence (which call, where, which
+Queued and unattributed time goes to none (but to `anomaly_detection` where it applies). The rules keep their own evidence (which call, where, which
 thread); their gain is their rows' share. Without GPU work the table is empty and the data and lock rules keep
 their CPU-time measures.
 """
@@ -28,15 +32,16 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import cuda, idle
-from sftprof.analysis.cpu import PHASES
+from sftprof.analysis.cpu import AUTOGRAD_ROLE, PHASES
 from sftprof.analysis.findings import pct
 from sftprof.analysis.gains import StepClock
 from sftprof.analysis.memory import PAGEABLE
-from sftprof.trace.events import MEMSET_KIND, sql_in, sql_text
+from sftprof.trace.events import MEMSET_KIND, EventStore, sql_in, sql_text
 
 RULE = idle.VIEW_COLUMN  # the column views add to idle_causes
 ROW = idle.VIEW_ROW  # and the step's position in the clock
 DATA_PHASE = PHASES[0]
+ANOMALY_RULE = "anomaly_detection"
 # Loading data for longer than this share of the step starves the GPU (and the CPU-side model code).
 DATA_STALL_PCT = 10.0
 # OS calls in which a thread waits for a lock held by another thread. CPython's threading.Lock
@@ -68,14 +73,31 @@ def data_stalled(steps: pd.DataFrame) -> bool:
     return pct(int(steps[f"{DATA_PHASE}_ns"].sum()), int(steps["duration"].sum())) >= DATA_STALL_PCT
 
 
+def backward_syncs(events: EventStore, threads: pd.DataFrame | None) -> bool:
+    """Most explicit synchronizations (cuda.HOST_SYNC_CALLS) are made on PyTorch's autograd threads
+    (cpu.AUTOGRAD_ROLE): no loop code runs there, so the backward pass itself reads values after its nodes."""
+    if threads is None or threads.empty:
+        return False
+    explicit = cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.HOST_SYNC_CALLS)
+    if not explicit:
+        return False
+    calls = events.query(
+        f"SELECT global_tid, count(*) AS calls FROM cuda_api WHERE {sql_in('name_id', explicit)} GROUP BY global_tid"
+    )
+    autograd = set(threads.loc[threads["role"] == AUTOGRAD_ROLE, "global_tid"])
+    on_autograd = int(calls.loc[calls["global_tid"].isin(autograd), "calls"].sum())
+    return on_autograd > int(calls["calls"].sum()) / 2
+
+
 def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     """Which names match, each distinct name tried once (a long capture's table repeats them per step)."""
     matched = {name: bool(pattern.search(cuda.base_name(str(name)))) for name in names.unique()}
     return names.map(matched).to_numpy(bool)
 
 
-def idle_views(causes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """idle_causes with `rule`: the finding whose gain each row counts toward ("" for none), module docstring."""
+def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, in_backward: bool = False) -> pd.DataFrame:
+    """idle_causes with `rule`: the finding whose gain each row counts toward ("" for none), module docstring.
+    `in_backward`: most synchronizations are the backward pass's own (backward_syncs)."""
     rules = np.full(len(causes), "", dtype=object)
     if causes.empty:
         return causes.assign(**{RULE: pd.Series(dtype=object), ROW: pd.Series(dtype="int64")})
@@ -91,6 +113,9 @@ def idle_views(causes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         claim("data_stall", causes["range"].to_numpy(object) == DATA_PHASE)
     syncing = cause == idle.SYNCHRONIZATION
     claim("sync_memcpy", syncing & _matches(names, cuda.SYNC_MEMCPY_CALL))
+    if in_backward:
+        drained = [idle.SYNCHRONIZATION, idle.HOST_OVERHEAD, idle.COPY, idle.QUEUED]
+        claim(ANOMALY_RULE, np.isin(cause, drained))
     claim("sync_in_steps", syncing)
     copying = cause == idle.COPY  # copy and set calls are named with the host memory they touched (idle.HOST_MEMORY)
     blocking = names.str.endswith(tuple(f"({kind.lower()})" for kind in HOST_BLOCKING_MEMSET_KINDS)).to_numpy(bool)
