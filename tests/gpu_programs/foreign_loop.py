@@ -29,6 +29,7 @@ Cases planted blind (no rule was written for them before their captures were ana
   fp32_lm_head     the LM head's product in float32 ("for a stable loss"): the bf16 hidden states and the tied
                    embedding upcast every iteration
   param_groups     one optimizer parameter group per parameter (layer-wise learning-rate decay), fused AdamW
+  activation_log   a forward hook on every module with weights reading its output's mean magnitude with .item()
 
 --family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
 instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written in Python, dropout 0.1, the
@@ -79,6 +80,7 @@ CASES = (
     "gc_collect",
     "fp32_lm_head",
     "param_groups",
+    "activation_log",
 )
 FIXES = ("compiled", "gelu_tanh", "compiled_layers")
 SEQ, BATCH, VOCAB = 1024, 8, 50304
@@ -146,6 +148,16 @@ def build_model(case: str) -> torch.nn.Module:
     if case == "fp32_lm_head":
         head = model.get_output_embeddings()
         head.forward = lambda hidden: torch.nn.functional.linear(hidden.float(), head.weight.float())
+    if case == "activation_log":
+        stats = []
+
+        def log_output(module, inputs, output):
+            if isinstance(output, torch.Tensor):
+                stats.append(output.detach().float().abs().mean().item())
+
+        for module in model.modules():
+            if isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+                module.register_forward_hook(log_output)
     if case == "compiled":
         return torch.compile(model)
     if case == "compiled_layers":
