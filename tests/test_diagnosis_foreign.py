@@ -292,7 +292,7 @@ def test_anomaly_detections_syncs_are_on_the_autograd_thread_and_the_advice_says
     launch overhead, copies and queued starts between them; sync_in_steps keeps its evidence, with nothing left."""
     findings = diagnosed("anomaly_mode", source=OPT_BLIND).findings
     [sync] = [f for f in findings if f.rule == "sync_in_steps"]
-    assert "pt_autograd" in sync.evidence and "set_detect_anomaly" in sync.recommendation and sync.gain_pct < 0.1
+    assert "pt_autograd" in sync.evidence and "anomaly_detection" in sync.recommendation and sync.gain_pct < 0.1
     assert "launch_bound" not in {f.rule for f in findings}
     assert "set_detect_anomaly(False)" in findings[0].recommendation and "isnan" in findings[0].evidence
 
