@@ -11,6 +11,7 @@ import pytest
 from sftprof.analysis import (
     analyze,
     boundness,
+    cpu,
     cuda,
     gains,
     gpu,
@@ -913,3 +914,18 @@ def test_event_store_queries_from_two_threads_each_see_their_own_frames():
     done = subprocess.run([sys.executable, "-c", _TWO_THREADS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str([(0, [sum(range(1000)) + 2]), (10**6, [sum(range(1000)) + 1000 * 10**6 + 2])])
+
+
+@pytest.mark.parametrize(
+    "syncs, expected",
+    [
+        ([(AUTOGRAD, 1_000 + 50_000 * k) for k in range(10)], True),  # node after node, 50 µs apart
+        ([(AUTOGRAD, 1_000 + 5_000_000 * k) for k in range(10)], False),  # a hook now and then: the queue refills
+        ([(MAIN, 1_000 + 50_000 * k) for k in range(10)], False),  # the loop's own reads
+    ],
+)
+def test_backward_syncs_are_close_synchronizations_made_by_the_autograd_thread(syncs, expected):
+    calls = [api("cudaStreamSynchronize", start, 2_000, k, tid) for k, (tid, start) in enumerate(syncs)]
+    calls.append(api("cudaStreamSynchronize", 90_000_000, 2_000, 99))  # the loss read once per step
+    threads = pd.DataFrame({"global_tid": [MAIN, AUTOGRAD], "role": ["main", cpu.AUTOGRAD_ROLE]})
+    assert views.backward_syncs(store(cuda_api=frame("cuda_api", calls)), threads) is expected

@@ -8,8 +8,8 @@ hold. In order, the first that applies:
 - `data_stall`: idle while the thread feeding the GPU was inside the trainer's `data` ranges (at any depth), where
   the data ranges take DATA_STALL_PCT of the step time or more;
 - `sync_memcpy`: synchronization inside synchronous cudaMemcpy calls, and the launches they delayed;
-- `anomaly_detection`: where most explicit synchronizations are made on PyTorch's autograd threads (the backward
-  pass itself reads values after each node, as anomaly detection does), every other synchronization, launch
+- `anomaly_detection`: where most explicit synchronizations are made on PyTorch's autograd threads, node after node
+  (backward_syncs: the backward pass itself reads values, as anomaly detection does), every other synchronization, launch
   overhead, copy call and queued start of the step: a loop that drains the GPU's queue after each backward node
   never gets ahead of the GPU, so all of that idle is the synchronizations';
 - `sync_in_steps`: the other synchronization (stream, event, device and context syncs, and what they delayed);
@@ -34,7 +34,7 @@ import pandas as pd
 from sftprof.analysis import cuda, idle
 from sftprof.analysis.cpu import AUTOGRAD_ROLE, PHASES
 from sftprof.analysis.findings import pct
-from sftprof.analysis.gains import StepClock
+from sftprof.analysis.gains import HOST_GAP_NS, StepClock
 from sftprof.analysis.memory import PAGEABLE
 from sftprof.trace.events import MEMSET_KIND, EventStore, sql_in, sql_text
 
@@ -75,18 +75,24 @@ def data_stalled(steps: pd.DataFrame) -> bool:
 
 def backward_syncs(events: EventStore, threads: pd.DataFrame | None) -> bool:
     """Most explicit synchronizations (cuda.HOST_SYNC_CALLS) are made on PyTorch's autograd threads
-    (cpu.AUTOGRAD_ROLE): no loop code runs there, so the backward pass itself reads values after its nodes."""
+    (cpu.AUTOGRAD_ROLE), and most of those within HOST_GAP_NS of the thread's previous one: no loop code runs there,
+    so the backward pass itself reads values, node after node, and the GPU's queue never fills."""
     if threads is None or threads.empty:
         return False
     explicit = cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.HOST_SYNC_CALLS)
-    if not explicit:
+    autograd = [int(tid) for tid in threads.loc[threads["role"] == AUTOGRAD_ROLE, "global_tid"]]
+    if not explicit or not autograd:
         return False
-    calls = events.query(
-        f"SELECT global_tid, count(*) AS calls FROM cuda_api WHERE {sql_in('name_id', explicit)} GROUP BY global_tid"
+    calls = events.arrays(
+        f'SELECT global_tid, start, "end" FROM cuda_api WHERE {sql_in("name_id", explicit)} ORDER BY global_tid, start'
     )
-    autograd = set(threads.loc[threads["role"] == AUTOGRAD_ROLE, "global_tid"])
-    on_autograd = int(calls.loc[calls["global_tid"].isin(autograd), "calls"].sum())
-    return on_autograd > int(calls["calls"].sum()) / 2
+    on_autograd = np.isin(calls["global_tid"], autograd)
+    if on_autograd.sum() <= len(on_autograd) / 2:
+        return False
+    tid, start, end = (calls[key][on_autograd] for key in ("global_tid", "start", "end"))
+    gap = start[1:] - end[:-1]
+    close = (tid[1:] == tid[:-1]) & (gap <= HOST_GAP_NS)
+    return bool(close.sum() > len(tid) / 2)
 
 
 def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
