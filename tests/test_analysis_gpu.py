@@ -203,7 +203,8 @@ def test_value_checks_are_boolean_reductions_and_comparisons_of_floating_values(
             [
                 kernel(
                     elementwise.format(
-                        "BinaryFunctor<c10::BFloat16, c10::BFloat16, bool, at::native::<unnamed>::CompareEqFunctor<c10::BFloat16>>"
+                        "BinaryFunctor<c10::BFloat16, c10::BFloat16, bool, "
+                        "at::native::<unnamed>::CompareEqFunctor<c10::BFloat16>>"
                     ),
                     0,
                     30,

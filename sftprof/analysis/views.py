@@ -8,10 +8,10 @@ hold. In order, the first that applies:
 - `data_stall`: idle while the thread feeding the GPU was inside the trainer's `data` ranges (at any depth), where
   the data ranges take DATA_STALL_PCT of the step time or more;
 - `sync_memcpy`: synchronization inside synchronous cudaMemcpy calls, and the launches they delayed;
-- `anomaly_detection`: where most explicit synchronizations are made on PyTorch's autograd threads, node after node
-  (backward_syncs: the backward pass itself reads values, as anomaly detection does), every other synchronization, launch
-  overhead, copy call and queued start of the step: a loop that drains the GPU's queue after each backward node
-  never gets ahead of the GPU, so all of that idle is the synchronizations';
+- `anomaly_detection`: where most explicit synchronizations are made on PyTorch's autograd threads, node after
+  node (backward_syncs: the backward pass itself reads values, as anomaly detection does), every other
+  synchronization, launch overhead, copy call and queued start of the step: a loop that drains the GPU's queue
+  after each backward node never gets ahead of the GPU, so all of that idle is the synchronizations';
 - `sync_in_steps`: the other synchronization (stream, event, device and context syncs, and what they delayed);
 - `sync_memset`: idle inside synchronous cudaMemset calls that set pinned or managed memory (they block);
 - `pageable_memcpy`: idle inside asynchronous copy calls that copy from or to pageable memory (staged);
@@ -19,9 +19,9 @@ hold. In order, the first that applies:
 - `recomputation`: the CPU preparing and launching kernels the backward pass runs again (recompute.py);
 - the other causes' findings (idle.CAUSES): allocation, host overhead, host work, thread waits, OS calls, copies.
 
-Queued and unattributed time goes to none (but to `anomaly_detection` where it applies). The rules keep their own evidence (which call, where, which
-thread); their gain is their rows' share. Without GPU work the table is empty and the data and lock rules keep
-their CPU-time measures.
+Queued and unattributed time goes to none (but to `anomaly_detection` where it applies). The rules keep their own
+evidence (which call, where, which thread); their gain is their rows' share. Without GPU work the table is empty
+and the data and lock rules keep their CPU-time measures.
 """
 
 from __future__ import annotations
