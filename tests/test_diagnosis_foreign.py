@@ -81,6 +81,11 @@ def measured_saving_pct(case: str, timings: str = "measured.jsonl") -> float:
     return 100 * (1 - times["clean"] / times[case])
 
 
+def saving_in(folder: Path, case: str) -> float:
+    """measured_saving_pct from the timings of a folder of FOREIGN (a blind set, a second run)."""
+    return measured_saving_pct(case, str((folder / "measured.jsonl").relative_to(FOREIGN)))
+
+
 def paired_savings_pct(case: str, timings: str = "measured.jsonl") -> list[float]:
     """The saving of each round: the case's median iteration against the clean run just before it."""
     runs = measured_runs(timings)
@@ -236,7 +241,7 @@ def test_checkpointing_captured_and_measured_again_agrees_with_that_days_saving(
     more than the agreement allows: a host-bound step's time follows the host's speed, which varied between
     rounds of one day as well (the rounds' range is asserted)."""
     top = diagnosed("checkpointing", source=RERUN).findings[0]
-    measured = measured_saving_pct("checkpointing", f"{RERUN.name}/measured.jsonl")
+    measured = saving_in(RERUN, "checkpointing")
     assert top.rule == "recomputation" and agrees(top.gain_pct, measured), (top.gain_pct, measured)
     assert not agrees(measured, measured_saving_pct("checkpointing"))
     rounds = paired_savings_pct("checkpointing") + paired_savings_pct("checkpointing", f"{RERUN.name}/measured.jsonl")
@@ -259,12 +264,8 @@ def test_suggest_tests_turning_checkpointing_off(diagnosed):
     assert gain == diagnosed("checkpointing").findings[0].gain_pct
 
 
-def blind_saving_pct(case: str) -> float:
-    return measured_saving_pct(case, f"{OPT_BLIND.name}/measured.jsonl")
-
-
 def test_each_blind_fix_was_measured_to_pay():
-    assert all(blind_saving_pct(case) > 20 for case in BLIND)
+    assert all(saving_in(OPT_BLIND, case) > 20 for case in BLIND)
 
 
 @pytest.mark.parametrize("case", sorted(BLIND))
@@ -276,14 +277,14 @@ def test_a_blind_case_is_named_first(diagnosed, case):
 @pytest.mark.parametrize("case", ["vocab_unaligned", "micro_batch_1", "anomaly_mode"])
 def test_a_blind_cases_gain_agrees_with_its_measured_saving(diagnosed, case):
     top = diagnosed(case, source=OPT_BLIND).findings[0]
-    assert agrees(top.gain_pct, blind_saving_pct(case)), (top.gain_pct, blind_saving_pct(case))
+    assert agrees(top.gain_pct, saving_in(OPT_BLIND, case)), (top.gain_pct, saving_in(OPT_BLIND, case))
 
 
 def test_emptying_the_cache_falls_short_of_its_measured_saving(diagnosed):
     """Named first, but under the measured saving by more than the agreement allows, and so are the first two
     together (docs/DIAGNOSIS.md: emptying the cache costs more than the idle its cudaMalloc and cudaFree calls
     leave)."""
-    findings, measured = diagnosed("empty_cache", source=OPT_BLIND).findings, blind_saving_pct("empty_cache")
+    findings, measured = diagnosed("empty_cache", source=OPT_BLIND).findings, saving_in(OPT_BLIND, "empty_cache")
     assert findings[0].gain_pct < measured and not agrees(findings[0].gain_pct, measured)
     assert findings[0].gain_pct + findings[1].gain_pct < measured
 
@@ -375,10 +376,6 @@ def test_alignment_slowdowns_are_the_measured_medians():
     assert {width: round(statistics.median(x), 2) for width, x in ratios.items()} == ALIGNMENT_SLOWDOWN
 
 
-def gpt2_saving_pct(case: str) -> float:
-    return measured_saving_pct(case, f"{GPT2_BLIND.name}/measured.jsonl")
-
-
 def gpt2_fix_saving_pct(fix: str) -> float:
     """A fix of the clean loop: 1 - fix / clean."""
     times = measured_ms(f"{GPT2_BLIND.name}/measured.jsonl")
@@ -403,13 +400,13 @@ def test_a_gpt2_blind_case_is_named_first(diagnosed, case, rule):
 
 def test_an_fp32_lm_head_is_priced_as_measured(diagnosed):
     top = diagnosed("fp32_lm_head", source=GPT2_BLIND).findings[0]
-    assert agrees(top.gain_pct, gpt2_saving_pct("fp32_lm_head")), top.gain_pct
+    assert agrees(top.gain_pct, saving_in(GPT2_BLIND, "fp32_lm_head")), top.gain_pct
 
 
 def test_gc_collect_agrees_from_the_capture_alone_but_not_with_the_profiled_runs_slower_steps(diagnosed):
     """gc.collect() took longer in the profiled process, outside its window too, than in the measured runs, so the
     gain as a share of that run's own steps is over the measured saving; from the capture alone it agrees."""
-    measured = gpt2_saving_pct("gc_collect")
+    measured = saving_in(GPT2_BLIND, "gc_collect")
     timed, alone = (diagnosed("gc_collect", timed, GPT2_BLIND).findings[0] for timed in (True, False))
     assert alone.rule == "host_work" and agrees(alone.gain_pct, measured)
     assert timed.gain_pct > measured and not agrees(timed.gain_pct, measured)
@@ -422,14 +419,10 @@ def test_gradient_norm_reads_on_a_slowed_host_are_overpriced_and_the_overhead_is
     """The first capture of 294 `.item()` reads a step ran on a host slowed for the whole process (its launch calls
     took twice their usual time; its iterations outside the window 92-142 ms against 89.5 measured): the reads are
     named first, over the measured saving, and profiling_overhead warns that the capture ran 68% slow."""
-    findings, measured = diagnosed("grad_norm_log", source=GPT2_BLIND).findings, gpt2_saving_pct("grad_norm_log")
+    findings, measured = diagnosed("grad_norm_log", source=GPT2_BLIND).findings, saving_in(GPT2_BLIND, "grad_norm_log")
     assert findings[0].rule == "sync_in_steps" and findings[0].gain_pct > measured
     [overhead] = [f for f in findings if f.rule == "profiling_overhead"]
     assert overhead.severity == "warning" and "67.7% slower" in overhead.title
-
-
-def second_saving_pct(case: str) -> float:
-    return measured_saving_pct(case, f"{GPT2_BLIND.name}/{GPT2_SECOND.name}/measured.jsonl")
 
 
 def test_gradient_norm_reads_are_priced_as_measured_and_the_models_gelu_stays_above_them(diagnosed):
@@ -437,13 +430,13 @@ def test_gradient_norm_reads_are_priced_as_measured_and_the_models_gelu_stays_ab
     findings = diagnosed("grad_norm_log", source=GPT2_SECOND).findings
     [sync] = [f for f in findings if f.rule == "sync_in_steps"]
     assert findings[0].rule == "memory_bound_kernel_mix" and findings[1] == sync
-    assert agrees(sync.gain_pct, second_saving_pct("grad_norm_log")), sync.gain_pct
+    assert agrees(sync.gain_pct, saving_in(GPT2_SECOND, "grad_norm_log")), sync.gain_pct
 
 
 def test_anomaly_detection_on_a_family_its_rule_was_not_written_on(diagnosed):
     top = diagnosed("anomaly_mode", source=GPT2_SECOND).findings[0]
     assert (top.rule, top.severity) == ("anomaly_detection", "warning")
-    assert agrees(top.gain_pct, second_saving_pct("anomaly_mode")), top.gain_pct
+    assert agrees(top.gain_pct, saving_in(GPT2_SECOND, "anomaly_mode")), top.gain_pct
 
 
 def test_per_parameter_groups_cost_little_and_the_models_own_gelu_stays_first(diagnosed):
@@ -451,7 +444,7 @@ def test_per_parameter_groups_cost_little_and_the_models_own_gelu_stays_first(di
     problem, about as large as on the clean capture."""
     top = diagnosed("param_groups", source=GPT2_BLIND).findings[0]
     clean = diagnosed("clean", source=GPT2_BLIND).findings[0]
-    assert gpt2_saving_pct("param_groups") < 10
+    assert saving_in(GPT2_BLIND, "param_groups") < 10
     assert top.rule == clean.rule == "memory_bound_kernel_mix" and abs(top.gain_pct - clean.gain_pct) < 3
 
 

@@ -212,22 +212,16 @@ VALUE_CHECK_COLUMNS = ["kernel", "total_ns", "instances"]
 def value_checks(kernels: pd.DataFrame) -> pd.DataFrame:
     """The kernels that test values (VALUE_CHECK, by demangled name) with their time: work a loop that stops
     checking removes. `kernels`: name_totals rows."""
-    names = kernels["name"].fillna(kernels["short_name"]).astype(str) if len(kernels) else pd.Series(dtype=object)
-    checking = _by_distinct_name(names, lambda name: bool(VALUE_CHECK.search(name))).astype(bool)
-    found = kernels[checking.to_numpy(bool)] if len(kernels) else kernels
-    if found.empty:
-        return pd.DataFrame(columns=VALUE_CHECK_COLUMNS)
-    return (
-        pd.DataFrame(
-            {
-                "kernel": names[checking.to_numpy(bool)],
-                "total_ns": found["duration"].astype("int64"),
-                "instances": found["instances"].astype("int64"),
-            }
-        )
-        .sort_values("total_ns", ascending=False)
-        .reset_index(drop=True)
+    names = kernels["name"].fillna(kernels["short_name"]).astype(str)
+    checking = _by_distinct_name(names, lambda name: bool(VALUE_CHECK.search(name))).astype(bool).to_numpy(bool)
+    found = pd.DataFrame(
+        {
+            "kernel": names[checking],
+            "total_ns": kernels["duration"][checking].astype("int64"),
+            "instances": kernels["instances"][checking].astype("int64"),
+        }
     )
+    return found.sort_values("total_ns", ascending=False).reset_index(drop=True)[VALUE_CHECK_COLUMNS]
 
 
 def kernel_mix(kernels: pd.DataFrame) -> dict:

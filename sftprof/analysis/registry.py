@@ -306,7 +306,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sync_in_steps",
         rules.syncs_in_steps,
-        ("waits", "steps", "labels", "events", "clock", "idle_views", "threads"),
+        ("waits", "steps", "labels", "events", "clock", "idle_views", "backward_syncs"),
     ),
     Rule(
         "pageable_memcpy",

@@ -16,7 +16,7 @@ import pandas as pd
 
 from sftprof.analysis import cuda, idle, intervals, views
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
-from sftprof.analysis.cpu import AUTOGRAD_ROLE, PHASES
+from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
 from sftprof.analysis.efficiency import Padding, peak_for
 from sftprof.analysis.excess import precision_ratio
@@ -406,8 +406,8 @@ def _count_into(counts: dict, more: dict) -> None:
 # Where most synchronizations are made inside the backward pass, on PyTorch's autograd thread: no loop code runs
 # there, so they come from the engine or from code it calls for each node.
 _BACKWARD_SYNCS = (
-    " {n:,} of the {found:,} calls are made on PyTorch's autograd thread, inside the backward pass itself, as "
-    "anomaly detection makes them: the finding anomaly_detection counts them, with the idle they hold up."
+    " Most are made on PyTorch's autograd thread, node after node inside the backward pass, as anomaly detection "
+    "makes them: the finding anomaly_detection counts them, with the idle they hold up."
 )
 
 
@@ -418,14 +418,14 @@ def syncs_in_steps(
     events: EventStore,
     clock: StepClock,
     idle_views: pd.DataFrame,
-    threads: pd.DataFrame | None = None,
+    in_backward: bool = False,
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
     trainer that synchronizes after every launch makes millions. The gain is the idle time idle_causes puts
     on these calls and the launches they delayed (views.py). Synchronous copies and sets have their own
-    rules. `threads` (cpu.application_threads) tells which are PyTorch's autograd threads, where most syncs
-    mean the backward pass itself makes them (_BACKWARD_SYNCS)."""
+    rules. `in_backward` (views.backward_syncs): the backward pass itself makes most of them, and
+    anomaly_detection counts their idle (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
     explicit = set(cuda.name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS))
@@ -446,8 +446,6 @@ def syncs_in_steps(
     if not found:
         return []
     per_step = pd.concat(per_step).groupby(level=0).sum()
-    autograd = set(threads.loc[threads["role"] == AUTOGRAD_ROLE, "global_tid"]) if threads is not None else set()
-    in_backward = sum(n for tid, n in tids.items() if tid in autograd)
     lost = views.per_step(idle_views, "sync_in_steps", clock)
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
@@ -467,7 +465,7 @@ def syncs_in_steps(
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
             "torch.cuda.synchronize() in the loop, and use non_blocking copies."
-            + (_BACKWARD_SYNCS.format(n=in_backward, found=found) if in_backward > found / 2 else ""),
+            + (_BACKWARD_SYNCS if in_backward else ""),
             clock,
             lost,
             SYNC_MODEL,
@@ -490,7 +488,8 @@ def anomaly_detection(
     held = idle.per_step(rows, clock)
     placed = idle.profiler_time(idle_views, clock, overhead).get(views.ANOMALY_RULE, 0.0)
     share = host_share(overhead, float(np.median(held)), clock, placed)
-    checked = clock.gpu_side(np.full(clock.steps, float(checks["total_ns"].sum()) / clock.steps))
+    checks_ns = float(checks["total_ns"].sum()) / clock.steps
+    checked = clock.gpu_side(np.full(clock.steps, checks_ns))
     gain = round(min(100.0, (share.gain_pct if share else clock.share(held)) + clock.share(checked)), 3)
     kinds = rows.groupby("cause")["idle_ns"].sum().sort_values(ascending=False) / clock.steps
     parts = ", ".join(f"{cause} {_ms(ns)}" for cause, ns in kinds.items())
@@ -503,7 +502,7 @@ def anomaly_detection(
             f"Most synchronizing calls are made on PyTorch's autograd thread, inside the backward pass. The GPU idles "
             f"{_median_ms(held)} per step while the CPU launches, copies and waits between them ({parts} per step), "
             f"and {int(checks['instances'].sum() / clock.steps):,} value-checking kernels (isnan, any) run "
-            f"{_ms(float(checks['total_ns'].sum()) / clock.steps)} per step." + (share.evidence if share else ""),
+            f"{_ms(checks_ns)} per step." + (share.evidence if share else ""),
             "Turn anomaly detection off outside debugging (torch.autograd.set_detect_anomaly(False); no "
             "torch.autograd.detect_anomaly() around the step): it checks every gradient for NaN and synchronizes "
             "for each, and records a traceback for every forward op. A backward hook or custom autograd Function "

@@ -76,23 +76,25 @@ def data_stalled(steps: pd.DataFrame) -> bool:
 def backward_syncs(events: EventStore, threads: pd.DataFrame | None) -> bool:
     """Most explicit synchronizations (cuda.HOST_SYNC_CALLS) are made on PyTorch's autograd threads
     (cpu.AUTOGRAD_ROLE), and most of those within HOST_GAP_NS of the thread's previous one: no loop code runs there,
-    so the backward pass itself reads values, node after node, and the GPU's queue never fills."""
+    so the backward pass itself reads values, node after node, and the GPU's queue never fills. Counted by the
+    store, per thread: a trainer that synchronizes after every launch makes millions."""
     if threads is None or threads.empty:
         return False
     explicit = cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.HOST_SYNC_CALLS)
-    autograd = [int(tid) for tid in threads.loc[threads["role"] == AUTOGRAD_ROLE, "global_tid"]]
+    autograd = set(threads.loc[threads["role"] == AUTOGRAD_ROLE, "global_tid"].astype("int64"))
     if not explicit or not autograd:
         return False
-    calls = events.arrays(
-        f'SELECT global_tid, start, "end" FROM cuda_api WHERE {sql_in("name_id", explicit)} ORDER BY global_tid, start'
+    per_thread = events.query(
+        f"""SELECT global_tid, count(*) AS calls,
+                   count(*) FILTER (WHERE start - previous_end <= {HOST_GAP_NS}) AS close
+            FROM (SELECT global_tid, start,
+                         lag("end") OVER (PARTITION BY global_tid ORDER BY start) AS previous_end
+                  FROM cuda_api WHERE {sql_in("name_id", explicit)})
+            GROUP BY global_tid"""
     )
-    on_autograd = np.isin(calls["global_tid"], autograd)
-    if on_autograd.sum() <= len(on_autograd) / 2:
-        return False
-    tid, start, end = (calls[key][on_autograd] for key in ("global_tid", "start", "end"))
-    gap = start[1:] - end[:-1]
-    close = (tid[1:] == tid[:-1]) & (gap <= HOST_GAP_NS)
-    return bool(close.sum() > len(tid) / 2)
+    mine = per_thread[per_thread["global_tid"].astype("int64").isin(autograd)]
+    on_autograd = int(mine["calls"].sum())
+    return on_autograd > int(per_thread["calls"].sum()) / 2 and int(mine["close"].sum()) > on_autograd / 2
 
 
 def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
