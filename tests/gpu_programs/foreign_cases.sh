@@ -10,7 +10,8 @@
 # capture and round, so a run cut off at its time limit keeps what it finished.
 # BUDGET_S (default 470): no capture starts after that many seconds; CASE_TIMEOUT_S (150) ends one that hangs.
 # LOOP_ARGS (say "--family opt --range-name batch") go to every run of the loop; MEASURE_CASES (default: the
-# GPT-NeoX cases of docs/DIAGNOSIS.md) are the cases each measure round runs, each after a clean run.
+# GPT-NeoX cases of docs/DIAGNOSIS.md) are the cases each measure round runs, each after a clean run (in one
+# process; a case that must run alone, after a clean process of its own).
 # DEBS holds libdw1 and libelf1 (.deb), which 2025.3.1's importer needs there.
 set -uo pipefail
 debs=${1:?debs}; work=${2:?work}; mode=${3:?mode}; shift 3
@@ -21,13 +22,17 @@ export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_L
 nsys=/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys
 read -ra loop_args <<< "${LOOP_ARGS:-}"
 loop=(python3 "$here/foreign_loop.py" "${loop_args[@]}")
+alone="no_cache_alloc launch_blocking"  # each reads a variable when CUDA starts: one process per run
 measure_round() {
   local t0=$SECONDS
-  local pairs=()
-  for case in ${MEASURE_CASES:-eager_attention fp32 tokenize_no_nvtx foreach_off checkpointing}; do pairs+=(clean "$case"); done
-  "${loop[@]}" "${pairs[@]}" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" || echo "== round failed"
-  [ -n "${MEASURE_CASES:-}" ] && { echo "== measure round $((SECONDS - t0)) s"; return; }
-  for case in clean no_cache_alloc; do
+  local pairs=() singles=()
+  for case in ${MEASURE_CASES:-eager_attention fp32 tokenize_no_nvtx foreach_off checkpointing no_cache_alloc}; do
+    if [[ " $alone " == *" $case "* ]]; then singles+=(clean "$case"); else pairs+=(clean "$case"); fi
+  done
+  if (( ${#pairs[@]} )); then
+    "${loop[@]}" "${pairs[@]}" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" || echo "== round failed"
+  fi
+  for case in "${singles[@]}"; do
     env=(); [ "$case" = no_cache_alloc ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
     env "${env[@]}" "${loop[@]}" "$case" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" \
       || echo "== $case failed"

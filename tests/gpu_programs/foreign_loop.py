@@ -30,10 +30,16 @@ Cases planted blind (no rule was written for them before their captures were ana
                    embedding upcast every iteration
   param_groups     one optimizer parameter group per parameter (layer-wise learning-rate decay), fused AdamW
   activation_log   a forward hook on every module with weights reading its output's mean magnitude with .item()
+  launch_blocking  CUDA_LAUNCH_BLOCKING=1 left set from debugging (its own process: CUDA reads it when it starts)
+  state_to_cpu     the model's state dict copied to the CPU after every iteration ("a checkpoint every step")
+  ema_loop         an exponential moving average of the weights, updated parameter by parameter in Python
+  teacher_h2d      a distillation target (8 x 1024 x 4096 float32, 128 MiB) copied to the GPU from pageable memory
+                   every iteration and mixed into the loss
 
 --family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
 instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written in Python, dropout 0.1, the
-embedding padded to 50,304 as nanoGPT pads it), and --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
+embedding padded to 50,304 as nanoGPT pads it), --family gpt_bigcode a GPTBigCode (StarCoder's architecture: one
+shared key and value head, multi-query attention; vocab 49,152), and --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
 saving is 1 - FIX / clean:
@@ -43,6 +49,10 @@ saving is 1 - FIX / clean:
   gelu_tanh        GPT-2's activation as PyTorch's one-kernel tanh GELU (`gelu_pytorch_tanh`, the same function)
   compiled_layers  each transformer layer under torch.compile, the rest eager (regional compilation: no graph
                    break outside a layer can stop a layer's fusion)
+
+and ema_foreach is ema_loop's average updated by two foreach calls over all parameters (its saving is
+1 - ema_foreach / ema_loop), teacher_pinned teacher_h2d's target in pinned memory, copied one iteration ahead with
+non_blocking as the batches are (1 - teacher_pinned / teacher_h2d).
 
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
 Several cases run one after another in one process (no_cache_alloc needs its own process,
@@ -58,6 +68,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 
@@ -81,13 +92,21 @@ CASES = (
     "fp32_lm_head",
     "param_groups",
     "activation_log",
+    "launch_blocking",
+    "state_to_cpu",
+    "ema_loop",
+    "ema_foreach",
+    "teacher_h2d",
+    "teacher_pinned",
 )
 FIXES = ("compiled", "gelu_tanh", "compiled_layers")
+OWN_PROCESS = {"launch_blocking": ("CUDA_LAUNCH_BLOCKING", "1")}  # read when CUDA starts: set before it does
 SEQ, BATCH, VOCAB = 1024, 8, 50304
 VOCABS = {
     "gpt_neox": (50304, 50277),
     "opt": (50272, 50265),
     "gpt2": (50304, 50257),
+    "gpt_bigcode": (49152, 49152),
 }  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
 TOKENIZE_TARGET_S = 0.06
@@ -114,7 +133,16 @@ def vocab(case: str) -> int:
 
 
 def build_model(case: str) -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, OPTConfig, OPTForCausalLM
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPTBigCodeConfig,
+        GPTBigCodeForCausalLM,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        OPTConfig,
+        OPTForCausalLM,
+    )
 
     # both families' layers: 24 of hidden 1024 with 16 heads and a 4096-wide MLP
     shape = {
@@ -132,6 +160,9 @@ def build_model(case: str) -> torch.nn.Module:
         model_class = GPT2LMHeadModel
         activation = "gelu_pytorch_tanh" if case == "gelu_tanh" else "gelu_new"
         config = GPT2Config(**shape, n_inner=4096, activation_function=activation)
+    elif FAMILY == "gpt_bigcode":
+        model_class = GPTBigCodeForCausalLM
+        config = GPTBigCodeConfig(**shape, n_inner=4096, multi_query=True)
     else:
         model_class = GPTNeoXForCausalLM
         config = GPTNeoXConfig(**shape, intermediate_size=4096, rotary_pct=0.25)
@@ -228,6 +259,7 @@ def run_case(
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     nvtx = Nvtx(on=case != "tokenize_no_nvtx")
+    ema = [p.detach().clone() for p in model.parameters()] if case.startswith("ema_") else []
     generator = torch.Generator().manual_seed(1)
     host = [torch.randint(0, vocab(case), (BATCH, SEQ), generator=generator).pin_memory() for _ in range(4)]
     micro_batches = BATCH if case == "micro_batch_1" else 1
@@ -237,6 +269,12 @@ def run_case(
         tokenize = make_tokenizer(corpus(50000))
         text = calibrated_text(tokenize)
     next_batch = host[0].to("cuda", non_blocking=True)
+    teacher = next_teacher = None
+    if case.startswith("teacher_"):
+        teacher = torch.randn(BATCH, SEQ, 4096, generator=generator)
+        if case == "teacher_pinned":
+            teacher = teacher.pin_memory()
+            next_teacher = teacher.to("cuda", non_blocking=True)
     for it in range(iterations):
         if window and it == window[0]:
             torch.cuda.synchronize()
@@ -261,6 +299,9 @@ def run_case(
         begun = time.perf_counter()
         for part in batch.chunk(micro_batches):  # one part unless micro_batch_1: accumulated gradients
             loss = model(input_ids=part, labels=part).loss
+            if teacher is not None:  # the target's copy for this iteration, mixed into the loss
+                target = teacher.to("cuda") if next_teacher is None else next_teacher
+                loss = loss + 1e-6 * target.mean()
             if micro_batches > 1:
                 loss = loss / micro_batches
             if phases:
@@ -276,6 +317,8 @@ def run_case(
             passes["backward_host_s"] = time.perf_counter() - begun
             torch.cuda.synchronize()
             passes["backward_s"] = time.perf_counter() - begun
+        if next_teacher is not None:
+            next_teacher = teacher.to("cuda", non_blocking=True)
         nvtx.pop()
         nvtx.push("update")
         optimizer.step()
@@ -284,6 +327,15 @@ def run_case(
             torch.cuda.empty_cache()
         if case == "gc_collect":
             gc.collect()
+        if case == "ema_loop":
+            for average, p in zip(ema, model.parameters()):
+                average.mul_(0.999).add_(p.detach(), alpha=0.001)
+        if case == "ema_foreach":
+            torch._foreach_mul_(ema, 0.999)
+            torch._foreach_add_(ema, [p.detach() for p in model.parameters()], alpha=0.001)
+        if case == "state_to_cpu":
+            checkpoint = {name: t.to("cpu") for name, t in model.state_dict().items()}
+            passes["checkpoint_tensors"] = len(checkpoint)
         nvtx.pop()
         logged = loss.item()
         nvtx.pop()
@@ -360,6 +412,11 @@ def main() -> None:
     parser.add_argument("--range-name", default="iteration", help="the iteration ranges' name: NAME N")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    for case, (variable, value) in OWN_PROCESS.items():
+        if case in args.cases:
+            if len(args.cases) > 1:
+                parser.error(f"{case} runs alone in its process: CUDA reads {variable} when it starts")
+            os.environ[variable] = value
     global FAMILY  # noqa: PLW0603 -- one family for the whole process, read by vocab() and build_model()
     FAMILY = args.family
     torch.backends.cuda.matmul.allow_tf32 = False
