@@ -551,6 +551,50 @@ def test_launch_bound_is_the_idle_while_the_host_launches_late():
     assert finding.gain_pct == pytest.approx(100 * 13_000 / 20_000, abs=1e-3)
 
 
+def _launch_blocking_trace(blocking: bool) -> TraceTables:
+    """100 kernels of 60 µs every 80 µs in one step range. Each launch call begins 5 µs before its kernel and,
+    `blocking`, returns 2 µs after it ends (CUDA_LAUNCH_BLOCKING=1), else after 8 µs (queued work)."""
+    ks = frame("kernels", [kernel("k", i * 80_000, 60_000, correlation=i + 1) for i in range(100)])
+    calls = frame(
+        "cuda_api",
+        [api("cudaLaunchKernel", i * 80_000 - 5_000, 67_000 if blocking else 8_000, i + 1) for i in range(1, 100)],
+    )
+    ranges = frame("nvtx", [nvtx_range("step 1", 60_000, 99 * 80_000 + 60_000)])  # from the first kernel's end
+    events = EventStore.from_frames(kernels=ks, cuda_api=calls, nvtx=ranges)
+    return TraceTables(source_path="t", span_ns=8_000_000, events=events)
+
+
+def test_synchronous_issuers_are_the_calls_that_return_after_their_long_work():
+    """Launches that return after their 60 µs kernels are a synchronous issuer, and their calls are waits; the
+    same launches returning before their kernels are not; nor are calls returning after 2 µs kernels (a short
+    kernel on an idle GPU can end before an asynchronous launch returns)."""
+    blocking = _launch_blocking_trace(blocking=True).events
+    waits = cuda.host_wait_calls(blocking)
+    [launch] = cuda.name_ids(blocking, lambda name: name == "cudaLaunchKernel")
+    assert waits.synchronous == ((MAIN, (launch,)),)
+    assert views.synchronous_launches(blocking, waits)
+    assert cuda.waited_by_thread(blocking, waits).to_dict() == {MAIN: 99 * 67_000}
+    queued = _launch_blocking_trace(blocking=False).events
+    assert cuda.host_wait_calls(queued).synchronous == ()
+    short = frame("kernels", [kernel("k", i * 20_000, 2_000, correlation=i + 1) for i in range(100)])
+    calls = frame("cuda_api", [api("cudaLaunchKernel", i * 20_000 - 3_000, 8_000, i + 1) for i in range(100)])
+    assert cuda.host_wait_calls(store(short, calls)).synchronous == ()
+
+
+def test_idle_between_launches_that_wait_for_their_kernels_is_theirs():
+    """With every launch waiting for its kernel, the 20 µs the GPU idles between kernels (the launch's return,
+    the host's own code and the next launch) is synchronous launches', and no launch_bound finding remains."""
+    result = analyze(_launch_blocking_trace(blocking=True))
+    rules = {f.rule: f for f in result.findings}
+    assert "launch_bound" not in rules
+    finding = rules["synchronous_launches"]
+    assert finding.severity == "warning"
+    assert finding.gain_pct == pytest.approx(100 * 20_000 / 80_000, abs=1e-3)
+    assert "CUDA_LAUNCH_BLOCKING" in finding.recommendation
+    queued = {f.rule: f for f in analyze(_launch_blocking_trace(blocking=False)).findings}
+    assert "synchronous_launches" not in queued
+
+
 def test_host_work_inside_a_range_nested_in_data_counts_as_data():
     """A loop that marks its input work more finely (`tokenize` inside `data`): the idle while the thread ran it
     is in `data`, as the data_stall view reads it, not in the innermost range; outside `data`, the innermost."""

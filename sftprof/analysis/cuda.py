@@ -86,25 +86,55 @@ def calls_by_thread(events: EventStore) -> pd.DataFrame:
                                   sum(duration)::BIGINT AS total_ns FROM cuda_api GROUP BY global_tid""")
 
 
+# GPU work this long takes longer than any call that only queues it (a launch or an asynchronous copy returns
+# in 5-30 µs, ~120 µs under tracing): a call that returns after it ended waited for it.
+SYNCHRONOUS_PROBE_NS = 50_000
+
+
 @dataclass(frozen=True)
 class WaitCalls:
-    """The API calls in which the calling thread waits for the GPU (explicit synchronization, synchronous
-    memcpy): which calls of the store they are (`ids`: their name ids), not their rows. A trainer that
+    """The API calls in which the calling thread waits for the GPU: explicit synchronization and synchronous
+    memcpy by name (`ids`: their name ids), and the calls that wait for the work they issue on the threads that
+    make them so (`synchronous`: (global_tid, name ids), synchronous_issuers), not their rows. A trainer that
     synchronizes after every launch makes one per kernel (8.6M at 10M kernels: 0.94 GB as a frame), so the
     analyses ask the store for what they need of them: sums (waited_by_thread), a union (calls_union) or
     batches (call_batches)."""
 
     ids: tuple[int, ...]
+    synchronous: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     def where(self, alias: str = "a") -> str:
         """SQL that holds for these calls of `cuda_api` (as `alias`)."""
-        return sql_in(f"{alias}.name_id", self.ids)
+        issued = [
+            f"({alias}.global_tid = {tid} AND {sql_in(f'{alias}.name_id', ids)})" for tid, ids in self.synchronous
+        ]
+        return "(" + " OR ".join([sql_in(f"{alias}.name_id", self.ids), *issued]) + ")"
 
 
 def host_wait_calls(events: EventStore) -> WaitCalls:
-    """The API calls in which the calling thread waits for the GPU: explicit synchronization and
-    synchronous memcpy."""
-    return WaitCalls(tuple(name_ids(events, waits_for_gpu)))
+    """The API calls in which the calling thread waits for the GPU: explicit synchronization, synchronous
+    memcpy, and the synchronous issuers' calls (synchronous_issuers)."""
+    return WaitCalls(tuple(name_ids(events, waits_for_gpu)), synchronous_issuers(events))
+
+
+def synchronous_issuers(events: EventStore) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Per thread, the calls (name ids) that wait for the work they issue: of the kernels and memory operations
+    of SYNCHRONOUS_PROBE_NS or longer that a thread issued by a call of that name, most ended before the call
+    returned. Launches do under CUDA_LAUNCH_BLOCKING=1, and asynchronous copies to pageable memory always do;
+    queued work never can. Counted by the store: the kernels joined to their calls on (pid, correlation_id)."""
+    long_work = f"""SELECT pid, correlation_id, "end" FROM kernels WHERE duration >= {SYNCHRONOUS_PROBE_NS}
+                    UNION ALL
+                    SELECT pid, correlation_id, "end" FROM memops WHERE duration >= {SYNCHRONOUS_PROBE_NS}"""
+    issuers = events.query(
+        f"""SELECT a.global_tid, a.name_id
+            FROM cuda_api a JOIN ({long_work}) o ON o.pid = a.pid AND o.correlation_id = a.correlation_id
+            GROUP BY ALL HAVING count(*) >= 2 AND 2 * count(*) FILTER (WHERE a."end" >= o."end") > count(*)
+            ORDER BY ALL"""
+    )
+    by_thread: dict[int, list[int]] = {}
+    for tid, name_id in zip(issuers["global_tid"].astype("int64"), issuers["name_id"].astype("int64"), strict=True):
+        by_thread.setdefault(int(tid), []).append(int(name_id))
+    return tuple((tid, tuple(ids)) for tid, ids in by_thread.items())
 
 
 def waited_by_thread(events: EventStore, waits: WaitCalls) -> pd.Series:

@@ -171,6 +171,53 @@ def cpu_waits(events: EventStore, waits: cuda.WaitCalls) -> SpilledUnion:
     return cuda.calls_union(events, f"{waits.where()} OR ({launches} AND a.duration > {LAUNCH_QUEUE_WAIT_NS})")
 
 
+# A device-to-host copy this small reads values for the host (.item(), a handful of statistics), not data.
+READ_BYTES = 1024
+READ_COLUMNS = ["start", "kernels", "ns"]
+
+
+def read_work(events: EventStore) -> pd.DataFrame:
+    """The GPU work done only for values the host reads: per small device-to-host copy (READ_BYTES or less) that
+    follows a reduction on its stream (the kernel that made the value), that reduction and the elementwise
+    kernels right before it (a conversion, an abs, an isnan: what the value was computed from), memsets aside;
+    one row per such read, when it began (`start`), its `kernels` and their time (`ns`). Not reading the value
+    removes this work as well as the synchronization. Only kernels within HOST_GAP_NS before the read are
+    looked at, so a capture that reads after every kernel joins a few kernels per read."""
+    names = _names(events)
+    if not len(names):
+        return pd.DataFrame(columns=READ_COLUMNS, dtype="int64")
+    ids = lambda family: [int(i) for i in names.loc[names["family"] == family, "name_id"]]  # noqa: E731
+    reduction = f"coalesce({sql_in('name_id', ids(REDUCTION_FAMILY))}, false)"
+    elementwise = f"coalesce({sql_in('name_id', ids('elementwise'))}, false)"
+    rows = events.query(
+        f"""WITH reads AS (SELECT row_number() OVER (ORDER BY start) AS read, device_id, stream_id, start FROM memops
+                           WHERE copy_kind = 'DtoH' AND bytes <= {READ_BYTES}),
+                 ops AS (SELECT device_id, stream_id, start, duration, {reduction} AS reduction,
+                                {elementwise} AS elementwise FROM kernels
+                         UNION ALL SELECT device_id, stream_id, start, duration, false, false FROM memops
+                         WHERE copy_kind <> 'memset')
+            SELECT r.read, r.start AS read_start, o.duration, o.reduction, o.elementwise FROM reads r JOIN ops o
+              ON o.device_id = r.device_id AND o.stream_id = r.stream_id AND o.start < r.start
+                 AND o.start >= r.start - {HOST_GAP_NS}
+            ORDER BY r.read, o.start DESC"""
+    )
+    if rows.empty:
+        return pd.DataFrame(columns=READ_COLUMNS, dtype="int64")
+    read = rows["read"].to_numpy("int64")
+    first = np.r_[True, read[1:] != read[:-1]]  # the op right before each read: its producer where a reduction
+    heads = np.flatnonzero(first)
+    produced = np.repeat(rows["reduction"].to_numpy(bool)[heads], np.diff(np.r_[heads, len(read)]))
+    # each op after the producer stays in the chain while every op between them is elementwise
+    breaks = pd.Series((~rows["elementwise"].to_numpy(bool) & ~first).astype("int64")).groupby(read).cumsum()
+    chained = produced & (first | (breaks.to_numpy() == 0))
+    work = (
+        rows[chained]
+        .groupby("read")
+        .agg(start=("read_start", "first"), kernels=("duration", "size"), ns=("duration", "sum"))
+    )
+    return work.reset_index(drop=True)[READ_COLUMNS].astype("int64")
+
+
 def _names(events: EventStore) -> pd.DataFrame:
     """Every kernel name id with its names and family (kernels.KERNEL_FAMILIES): a few dozen rows."""
     names = events.used_names("kernels")

@@ -664,6 +664,18 @@ CAUSES = (
 )
 
 
+# Launch overhead where the launches wait for their kernels (views.synchronous_launches): not in CAUSES, since
+# views.idle_views gives it the host overhead rows only where that holds.
+SYNCHRONOUS_LAUNCHES = Cause(
+    "synchronous_launches",
+    HOST_OVERHEAD,
+    "launches kernels, each launch returning only once its kernel has finished",
+    "Make launches asynchronous again: unset CUDA_LAUNCH_BLOCKING (a debugging switch: every launch waits for its "
+    "kernel, so the CPU never queues work ahead of the GPU and its own time between launches adds to the GPU's), "
+    "and do not time training under a tool that serializes kernels (compute-sanitizer, Nsight Compute).",
+)
+
+
 def per_step(rows: pd.DataFrame, clock: StepClock) -> np.ndarray:
     """The idle time per step (ns, in the clock's step order) that rows of views.idle_views hold."""
     if not len(rows):
@@ -704,7 +716,7 @@ def idle_findings(views: pd.DataFrame, clock: StepClock, overhead: Overhead | No
     idle = per_step(views, clock)
     placed = profiler_time(views, clock, overhead)
     findings = []
-    for cause in CAUSES:
+    for cause in (*CAUSES, SYNCHRONOUS_LAUNCHES):
         rows = views[views[VIEW_COLUMN] == cause.rule]
         cause_idle = per_step(rows, clock)
         gain = clock.share(cause_idle)

@@ -212,7 +212,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("copies", memory.copy_calls, ("events", "busy_unions"), T),
     # idle_causes with the finding each row counts toward: the idle, sync, copy, data and lock rules' views
     Section("backward_syncs", views.backward_syncs, ("events", "threads"), T),
-    Section("idle_views", views.idle_views, ("idle_causes", "steps", "backward_syncs"), T),
+    Section("read_work", gains.read_work, ("events",), T),
+    Section("launches_wait", views.synchronous_launches, ("events", "waits"), T),
+    Section("idle_views", views.idle_views, ("idle_causes", "steps", "backward_syncs", "launches_wait"), T),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
         "step_accounting",
@@ -306,7 +308,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sync_in_steps",
         rules.syncs_in_steps,
-        ("waits", "steps", "labels", "events", "clock", "idle_views", "backward_syncs"),
+        ("waits", "steps", "labels", "events", "clock", "idle_views", "backward_syncs", "read_work"),
     ),
     Rule(
         "pageable_memcpy",
@@ -324,7 +326,7 @@ RULES: tuple[Rule, ...] = (
         ("steps", "marked", "events", "threads", "labels", "clock", "idle_views"),
     ),
     Rule(
-        ", ".join(cause.rule for cause in idle.CAUSES),
+        ", ".join(cause.rule for cause in (*idle.CAUSES, idle.SYNCHRONOUS_LAUNCHES)),
         idle.idle_findings,
         ("idle_views", "clock", "overhead"),
     ),

@@ -150,7 +150,8 @@ def _waited(calls: pd.DataFrame, clock: StepClock) -> np.ndarray:
 
 SYNC_MODEL = (
     "GPU idle while the thread that launched the next GPU work was inside these calls, or launching what "
-    "they delayed (idle_causes, the rows views.py gives this finding)"
+    "they delayed (idle_causes, the rows views.py gives this finding), plus the kernels that made the values read "
+    "(gains.read_work), at most the CPU's wait for the GPU"
 )
 
 
@@ -419,13 +420,15 @@ def syncs_in_steps(
     clock: StepClock,
     idle_views: pd.DataFrame,
     in_backward: bool = False,
+    reads: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
     trainer that synchronizes after every launch makes millions. The gain is the idle time idle_causes puts
-    on these calls and the launches they delayed (views.py). Synchronous copies and sets have their own
+    on these calls and the launches they delayed (views.py), plus the kernels that made the values read
+    (`reads`: gains.read_work), at most the CPU's wait for the GPU. Synchronous copies and sets have their own
     rules. `in_backward` (views.backward_syncs): the backward pass itself makes most of them, and
-    anomaly_detection counts their idle (_BACKWARD_SYNCS)."""
+    anomaly_detection counts their idle and work (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
     explicit = set(cuda.name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS))
@@ -447,6 +450,10 @@ def syncs_in_steps(
         return []
     per_step = pd.concat(per_step).groupby(level=0).sum()
     lost = views.per_step(idle_views, "sync_in_steps", clock)
+    made = np.zeros(clock.steps)
+    if reads is not None and len(reads) and not in_backward:
+        made = clock.gpu_side(clock.by_step(reads["start"], reads["ns"]))
+        lost = lost + made
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
     calls = ", ".join(f"{name} x{n}" for name, n in names.sort_values(ascending=False).items())
@@ -461,7 +468,14 @@ def syncs_in_steps(
             f"{found / len(steps):.0f} synchronizing CUDA calls per step; the CPU waits {_median_ms(waited)} per "
             "step in them",
             f"Inside the step ranges: {listed}. Calls: {calls}, on {_threads(tids, labels)}, "
-            f"{_mostly_in(ranges, found)}." + _idle_evidence(views.rows_of(idle_views, "sync_in_steps"), clock),
+            f"{_mostly_in(ranges, found)}."
+            + _idle_evidence(views.rows_of(idle_views, "sync_in_steps"), clock)
+            + (
+                f" The values read took {_median_ms(made)} of kernels per step (for {len(reads):,} small "
+                "device-to-host reads, the reduction that made each and the elementwise kernels before it)."
+                if made.any()
+                else ""
+            ),
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
             "torch.cuda.synchronize() in the loop, and use non_blocking copies."

@@ -8,6 +8,8 @@ hold. In order, the first that applies:
 - `data_stall`: idle while the thread feeding the GPU was inside the trainer's `data` ranges (at any depth), where
   the data ranges take DATA_STALL_PCT of the step time or more;
 - `sync_memcpy`: synchronization inside synchronous cudaMemcpy calls, and the launches they delayed;
+- `synchronous_launches`: launch overhead, where a thread's launches return only once their kernels have finished
+  (synchronous_launches: CUDA_LAUNCH_BLOCKING=1), so the CPU's time between launches adds to the GPU's;
 - `anomaly_detection`: where most explicit synchronizations are made on PyTorch's autograd threads, node after
   node (backward_syncs: the backward pass itself reads values, as anomaly detection does), every other
   synchronization, launch overhead, copy call and queued start of the step: a loop that drains the GPU's queue
@@ -97,15 +99,25 @@ def backward_syncs(events: EventStore, threads: pd.DataFrame | None) -> bool:
     return on_autograd > int(per_thread["calls"].sum()) / 2 and int(mine["close"].sum()) > on_autograd / 2
 
 
+def synchronous_launches(events: EventStore, waits: cuda.WaitCalls) -> bool:
+    """Some thread's kernel launches wait for their kernels (cuda.synchronous_issuers): CUDA_LAUNCH_BLOCKING=1, or
+    a tool that serializes kernels."""
+    launches = set(cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS))
+    return any(launches.intersection(ids) for _, ids in waits.synchronous)
+
+
 def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     """Which names match, each distinct name tried once (a long capture's table repeats them per step)."""
     matched = {name: bool(pattern.search(cuda.base_name(str(name)))) for name in names.unique()}
     return names.map(matched).to_numpy(bool)
 
 
-def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, in_backward: bool = False) -> pd.DataFrame:
+def idle_views(
+    causes: pd.DataFrame, steps: pd.DataFrame, in_backward: bool = False, launches_wait: bool = False
+) -> pd.DataFrame:
     """idle_causes with `rule`: the finding whose gain each row counts toward ("" for none), module docstring.
-    `in_backward`: most synchronizations are the backward pass's own (backward_syncs)."""
+    `in_backward`: most synchronizations are the backward pass's own (backward_syncs); `launches_wait`: some
+    thread's launches wait for their kernels (synchronous_launches)."""
     rules = np.full(len(causes), "", dtype=object)
     if causes.empty:
         return causes.assign(**{RULE: pd.Series(dtype=object), ROW: pd.Series(dtype="int64")})
@@ -121,6 +133,8 @@ def idle_views(causes: pd.DataFrame, steps: pd.DataFrame, in_backward: bool = Fa
         claim("data_stall", causes["range"].to_numpy(object) == DATA_PHASE)
     syncing = cause == idle.SYNCHRONIZATION
     claim("sync_memcpy", syncing & _matches(names, cuda.SYNC_MEMCPY_CALL))
+    if launches_wait:
+        claim(idle.SYNCHRONOUS_LAUNCHES.rule, cause == idle.HOST_OVERHEAD)
     if in_backward:
         drained = [idle.SYNCHRONIZATION, idle.HOST_OVERHEAD, idle.COPY, idle.QUEUED]
         claim(ANOMALY_RULE, np.isin(cause, drained))
