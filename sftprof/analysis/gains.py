@@ -7,7 +7,8 @@ took on the CPU: a CPU that waits 150 ms for a busy GPU costs the GPU nothing.
 Two quantities carry the models:
 - GPU idle: no device runs a kernel or a memory operation (the union over devices);
 - the CPU's wait for the GPU: time in calls that return only once GPU work has finished
-  (cuda.host_wait_calls) and in launches held up by a full launch queue. A step cannot get shorter
+  (cuda.host_wait_calls: synchronization, synchronous copies, and the calls of a thread that waits for the work
+  it issues) and in launches held up by a full launch queue. A step cannot get shorter
   than the CPU's own work, so work taken off the GPU shortens it by at most this wait.
 Amounts are summed per step range; a gain is their median over the steps divided by the median
 step. A capture without step ranges counts as one step.
@@ -166,7 +167,7 @@ def sum_by_window(starts: np.ndarray, ends: np.ndarray, times, amounts) -> np.nd
 
 def cpu_waits(events: EventStore, waits: cuda.WaitCalls) -> SpilledUnion:
     """When a CPU thread waited for the GPU: the union of the host-waiting calls (`waits`:
-    cuda.host_wait_calls) and the launches longer than LAUNCH_QUEUE_WAIT_NS."""
+    cuda.host_wait_calls, with the synchronous issuers' calls) and the launches longer than LAUNCH_QUEUE_WAIT_NS."""
     launches = sql_in("a.name_id", cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS))
     return cuda.calls_union(events, f"{waits.where()} OR ({launches} AND a.duration > {LAUNCH_QUEUE_WAIT_NS})")
 

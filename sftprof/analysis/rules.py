@@ -376,7 +376,8 @@ def interconnect(
             f"{_ms(exposed_ns)} of it with no kernel running; {pageable} of {host_copies} host "
             "copies use pageable memory.",
             "Overlap transfers with compute (pinned memory, non_blocking copies on a side stream, prefetch the next "
-            "batch) or move less (keep tensors on the GPU, offload less)."
+            "batch) or move less (keep tensors on the GPU, offload less, copy states and checkpoints to the CPU "
+            "every N steps rather than every step)."
             if limits
             else "",
             clock,
