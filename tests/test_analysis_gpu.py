@@ -581,6 +581,36 @@ def test_synchronous_issuers_are_the_calls_that_return_after_their_long_work():
     assert cuda.host_wait_calls(store(short, calls)).synchronous == ()
 
 
+def test_read_work_is_the_reduction_before_a_small_read_and_the_elementwise_kernels_before_it():
+    """A GEMM, a conversion, an abs, a memset and a mean, then a 4-byte read: the mean, abs and conversion made the
+    value (the memset aside, the GEMM not). A read after a GEMM made by no reduction, and a 4 MB copy, are not
+    reads of values."""
+    elementwise = "void at::native::vectorized_elementwise_kernel<4, {}>(int, T2, T3)"
+    mean = "void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>(T3)"
+    gemm = "nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT"
+    ks = frame(
+        "kernels",
+        [
+            kernel(gemm, 0, 100),
+            kernel(elementwise.format("direct_copy_kernel"), 110, 20, "unrolled_elementwise_kernel"),
+            kernel(elementwise.format("AbsFunctor<float>"), 140, 20, "vectorized_elementwise_kernel"),
+            kernel(mean, 180, 30, "reduce_kernel"),
+            kernel(gemm, 1_000, 100),
+            kernel(mean, 2_000, 30, "reduce_kernel"),
+        ],
+    )
+    ops = pd.DataFrame(
+        [
+            memop("memset", 170, 2, 4, None, None),
+            memop("DtoH", 220, 2, 4, "Device", "Pageable"),
+            memop("DtoH", 1_110, 2, 4, "Device", "Pageable"),
+            memop("DtoH", 2_040, 500, 4 << 20, "Device", "Pageable"),
+        ]
+    )
+    work = gains.read_work(EventStore.from_frames(kernels=ks, memops=ops))
+    assert work.to_dict("records") == [{"start": 220, "kernels": 3, "ns": 70}]
+
+
 def test_idle_between_launches_that_wait_for_their_kernels_is_theirs():
     """With every launch waiting for its kernel, the 20 µs the GPU idles between kernels (the launch's return,
     the host's own code and the next launch) is synchronous launches', and no launch_bound finding remains."""

@@ -355,6 +355,8 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = sft["cuda_alloc_conf"]
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "0") not in ("", "0"):
         log.warning("PYTORCH_NO_CUDA_MEMORY_CACHING is set: every tensor is a cudaMalloc and cudaFree")
+    if os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
+        log.warning("CUDA_LAUNCH_BLOCKING is set: every kernel launch waits for its kernel to finish")
     rank = int(os.environ.get("RANK", "0"))
     device = resolve_device(sft["device"])
     if device == "cuda":
