@@ -460,7 +460,9 @@ def outside_window_saving_pct(folder: Path, case: str) -> float:
     """The saving against the profiled process's own iterations outside its window: 1 - clean / those."""
     rows = [json.loads(line) for line in (folder / "profiled.jsonl").read_text().splitlines()]
     outside = [1000 * r["s"] for r in rows if r["case"] == case and not r["in_window"] and r["iteration"] >= WARMUP]
-    return 100 * (1 - measured_ms(f"{folder.relative_to(FOREIGN)}/measured.jsonl")["clean"] / statistics.median(outside))
+    return 100 * (
+        1 - measured_ms(f"{folder.relative_to(FOREIGN)}/measured.jsonl")["clean"] / statistics.median(outside)
+    )
 
 
 def test_each_third_run_problem_was_measured():
