@@ -190,16 +190,23 @@ def read_work(events: EventStore) -> pd.DataFrame:
     ids = lambda family: [int(i) for i in names.loc[names["family"] == family, "name_id"]]  # noqa: E731
     reduction = f"coalesce({sql_in('name_id', ids(REDUCTION_FAMILY))}, false)"
     elementwise = f"coalesce({sql_in('name_id', ids('elementwise'))}, false)"
+    stream = (
+        f"coalesce(device_id::BIGINT, {NULL_LAST}) AS device_id, coalesce(stream_id::BIGINT, {NULL_LAST}) AS stream_id"
+    )
+    # each read joins the ops of its stream in its HOST_GAP_NS bucket of time and the one before (an equality join:
+    # one on the stream alone compares every read with every op of its stream)
     rows = events.query(
-        f"""WITH reads AS (SELECT row_number() OVER (ORDER BY start) AS read, device_id, stream_id, start FROM memops
+        f"""WITH reads AS (SELECT row_number() OVER (ORDER BY start) AS read, {stream}, start,
+                                  start // {HOST_GAP_NS} AS bucket FROM memops
                            WHERE copy_kind = 'DtoH' AND bytes <= {READ_BYTES}),
-                 ops AS (SELECT device_id, stream_id, start, duration, {reduction} AS reduction,
-                                {elementwise} AS elementwise FROM kernels
-                         UNION ALL SELECT device_id, stream_id, start, duration, false, false FROM memops
+                 near AS (SELECT *, bucket AS near FROM reads UNION ALL SELECT *, bucket - 1 FROM reads),
+                 ops AS (SELECT {stream}, start, duration, {reduction} AS reduction, {elementwise} AS elementwise
+                         FROM kernels
+                         UNION ALL SELECT {stream}, start, duration, false, false FROM memops
                          WHERE copy_kind <> 'memset')
-            SELECT r.read, r.start AS read_start, o.duration, o.reduction, o.elementwise FROM reads r JOIN ops o
-              ON o.device_id = r.device_id AND o.stream_id = r.stream_id AND o.start < r.start
-                 AND o.start >= r.start - {HOST_GAP_NS}
+            SELECT r.read, r.start AS read_start, o.duration, o.reduction, o.elementwise FROM near r JOIN ops o
+              ON o.device_id = r.device_id AND o.stream_id = r.stream_id AND o.start // {HOST_GAP_NS} = r.near
+                 AND o.start < r.start AND o.start >= r.start - {HOST_GAP_NS}
             ORDER BY r.read, o.start DESC"""
     )
     if rows.empty:

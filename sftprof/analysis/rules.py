@@ -429,7 +429,7 @@ def syncs_in_steps(
     on these calls and the launches they delayed (views.py), plus the kernels that made the values read
     (`reads`: gains.read_work), at most the CPU's wait for the GPU. Synchronous copies and sets have their own
     rules. `in_backward` (views.backward_syncs): the backward pass itself makes most of them, and
-    anomaly_detection counts their idle and work (_BACKWARD_SYNCS)."""
+    anomaly_detection counts their idle and its value checks (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
     explicit = set(cuda.name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS))
