@@ -570,7 +570,7 @@ def test_synchronous_issuers_are_the_calls_that_return_after_their_long_work():
     kernel on an idle GPU can end before an asynchronous launch returns)."""
     blocking = _launch_blocking_trace(blocking=True).events
     waits = cuda.host_wait_calls(blocking)
-    [launch] = cuda.name_ids(blocking, lambda name: name == "cudaLaunchKernel")
+    [launch] = cuda.launch_ids(blocking)
     assert waits.synchronous == ((MAIN, (launch,)),)
     assert views.synchronous_launches(blocking, waits)
     assert cuda.waited_by_thread(blocking, waits).to_dict() == {MAIN: 99 * 67_000}

@@ -24,7 +24,7 @@ VIEW_RULES = {
     "sync_memset": {idle.COPY},
     "pageable_memcpy": {idle.COPY},
     "lock_wait": {idle.THREAD_WAIT, idle.OS_CALL},
-} | {cause.rule: {cause.cause} for cause in (*idle.CAUSES, idle.SYNCHRONOUS_LAUNCHES)}
+} | {cause.rule: {cause.cause} for cause in idle.FINDING_CAUSES}
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,11 @@ def name_ids(events: EventStore, keep) -> list[int]:
     return [int(i) for i, name in zip(names["id"], names["name"], strict=True) if keep(str(name))]
 
 
+def launch_ids(events: EventStore) -> list[int]:
+    """Ids of the kernel launch calls' names (LAUNCH_CALLS)."""
+    return name_ids(events, lambda name: base_name(name) in LAUNCH_CALLS)
+
+
 # tables.py's cuda_api columns, the name as its id: EventStore.named gives it its text (CALL_NAMES)
 CALL_COLUMNS = 'a.start, a."end", a.duration, a.name_id AS name, a.global_tid, a.pid, a.tid, a.correlation_id'
 CALL_NAMES = {"name": "SELECT id, name AS label FROM api_names"}

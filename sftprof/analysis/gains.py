@@ -168,7 +168,7 @@ def sum_by_window(starts: np.ndarray, ends: np.ndarray, times, amounts) -> np.nd
 def cpu_waits(events: EventStore, waits: cuda.WaitCalls) -> SpilledUnion:
     """When a CPU thread waited for the GPU: the union of the host-waiting calls (`waits`:
     cuda.host_wait_calls, with the synchronous issuers' calls) and the launches longer than LAUNCH_QUEUE_WAIT_NS."""
-    launches = sql_in("a.name_id", cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS))
+    launches = sql_in("a.name_id", cuda.launch_ids(events))
     return cuda.calls_union(events, f"{waits.where()} OR ({launches} AND a.duration > {LAUNCH_QUEUE_WAIT_NS})")
 
 
@@ -325,7 +325,7 @@ def launch_path(events: EventStore, starts: np.ndarray, ends: np.ndarray) -> np.
     """Per window, the host time spent on the way to kernel launches: each launch call with the stretch since
     its thread's previous launch ended, where that is at most HOST_GAP_NS (the op's dispatch and launch; a
     longer stretch is the host's own work, which fewer kernels would not shorten)."""
-    launches = sql_in("a.name_id", cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS))
+    launches = sql_in("a.name_id", cuda.launch_ids(events))
     path = np.zeros(len(starts))
     for batch in events.batches(f"""SELECT start, cost FROM (
                                         SELECT a.start, a."end" - lag(a."end") OVER (PARTITION BY a.global_tid

@@ -674,6 +674,7 @@ SYNCHRONOUS_LAUNCHES = Cause(
     "kernel, so the CPU never queues work ahead of the GPU and its own time between launches adds to the GPU's), "
     "and do not time training under a tool that serializes kernels (compute-sanitizer, Nsight Compute).",
 )
+FINDING_CAUSES = (*CAUSES, SYNCHRONOUS_LAUNCHES)  # every cause that idle_findings can report
 
 
 def per_step(rows: pd.DataFrame, clock: StepClock) -> np.ndarray:
@@ -716,7 +717,7 @@ def idle_findings(views: pd.DataFrame, clock: StepClock, overhead: Overhead | No
     idle = per_step(views, clock)
     placed = profiler_time(views, clock, overhead)
     findings = []
-    for cause in (*CAUSES, SYNCHRONOUS_LAUNCHES):
+    for cause in FINDING_CAUSES:
         rows = views[views[VIEW_COLUMN] == cause.rule]
         cause_idle = per_step(rows, clock)
         gain = clock.share(cause_idle)

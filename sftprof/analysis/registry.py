@@ -326,7 +326,7 @@ RULES: tuple[Rule, ...] = (
         ("steps", "marked", "events", "threads", "labels", "clock", "idle_views"),
     ),
     Rule(
-        ", ".join(cause.rule for cause in (*idle.CAUSES, idle.SYNCHRONOUS_LAUNCHES)),
+        ", ".join(cause.rule for cause in idle.FINDING_CAUSES),
         idle.idle_findings,
         ("idle_views", "clock", "overhead"),
     ),

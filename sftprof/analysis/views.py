@@ -102,7 +102,7 @@ def backward_syncs(events: EventStore, threads: pd.DataFrame | None) -> bool:
 def synchronous_launches(events: EventStore, waits: cuda.WaitCalls) -> bool:
     """Some thread's kernel launches wait for their kernels (cuda.synchronous_issuers): CUDA_LAUNCH_BLOCKING=1, or
     a tool that serializes kernels."""
-    launches = set(cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.LAUNCH_CALLS))
+    launches = set(cuda.launch_ids(events))
     return any(launches.intersection(ids) for _, ids in waits.synchronous)
 
 
