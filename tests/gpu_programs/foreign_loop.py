@@ -35,6 +35,13 @@ Cases planted blind (no rule was written for them before their captures were ana
   ema_loop         an exponential moving average of the weights, updated parameter by parameter in Python
   teacher_h2d      a distillation target (8 x 1024 x 4096 float32, 128 MiB) copied to the GPU from pageable memory
                    every iteration and mixed into the loss
+  offload_activations  the forward under torch.autograd.graph.save_on_cpu(pin_memory=True), left on with memory to
+                   spare: every saved activation copied to the host in the forward and back in the backward
+  fp32_tf32        float32 weights, no autocast, TF32 matmuls allowed (torch.set_float32_matmul_precision("high"))
+  padded_mask      an attention mask with the last position of each sequence padded (a collator's padding), so
+                   SDPA cannot take its causal flash path
+  deterministic    torch.use_deterministic_algorithms(True, warn_only=True) with CUBLAS_WORKSPACE_CONFIG=:4096:8
+                   ("for reproducible runs"; its own process: cuBLAS reads the variable when it starts)
 
 --family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
 instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written in Python, dropout 0.1, the
@@ -55,8 +62,8 @@ and ema_foreach is ema_loop's average updated by two foreach calls over all para
 non_blocking as the batches are (1 - teacher_pinned / teacher_h2d).
 
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
-Several cases run one after another in one process (no_cache_alloc needs its own process,
-the variable is read when CUDA starts). With --window, iterations A..B run between
+Several cases run one after another in one process (no_cache_alloc, launch_blocking and deterministic need
+their own process: each sets a variable read when CUDA or cuBLAS starts). With --window, iterations A..B run between
 cudaProfilerStart and cudaProfilerStop (for nsys --capture-range=cudaProfilerApi). Each
 iteration's wall time (it ends with loss.item(), as most loops log) goes to --out. With --phases, the
 iteration also waits for the GPU after the forward and after the backward, and records each pass's host time
@@ -98,9 +105,16 @@ CASES = (
     "ema_foreach",
     "teacher_h2d",
     "teacher_pinned",
+    "offload_activations",
+    "fp32_tf32",
+    "padded_mask",
+    "deterministic",
 )
 FIXES = ("compiled", "gelu_tanh", "compiled_layers")
-OWN_PROCESS = {"launch_blocking": ("CUDA_LAUNCH_BLOCKING", "1")}  # read when CUDA starts: set before it does
+OWN_PROCESS = {  # read when CUDA (cuBLAS) starts: set before it does
+    "launch_blocking": ("CUDA_LAUNCH_BLOCKING", "1"),
+    "deterministic": ("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),
+}
 SEQ, BATCH, VOCAB = 1024, 8, 50304
 VOCABS = {
     "gpt_neox": (50304, 50277),
@@ -168,7 +182,7 @@ def build_model(case: str) -> torch.nn.Module:
         config = GPTNeoXConfig(**shape, intermediate_size=4096, rotary_pct=0.25)
     attention = "eager" if case == "eager_attention" else "sdpa"
     torch.manual_seed(0)
-    dtype = torch.float32 if case == "fp32" else torch.bfloat16
+    dtype = torch.float32 if case in ("fp32", "fp32_tf32") else torch.bfloat16
     with torch.device("cuda"):  # initialised on the GPU: 410M parameters on the CPU take tens of seconds
         model = model_class._from_config(config, attn_implementation=attention).to(dtype)
     model.train()
@@ -264,6 +278,12 @@ def run_case(
     host = [torch.randint(0, vocab(case), (BATCH, SEQ), generator=generator).pin_memory() for _ in range(4)]
     micro_batches = BATCH if case == "micro_batch_1" else 1
     torch.autograd.set_detect_anomaly(case == "anomaly_mode")
+    torch.backends.cuda.matmul.allow_tf32 = case == "fp32_tf32"
+    torch.use_deterministic_algorithms(case == "deterministic", warn_only=True)
+    mask = None
+    if case == "padded_mask":
+        mask = torch.ones(BATCH, SEQ, dtype=torch.long, device="cuda")
+        mask[:, -1] = 0
     tokenize = text = None
     if case == "tokenize_no_nvtx":
         tokenize = make_tokenizer(corpus(50000))
@@ -298,7 +318,13 @@ def run_case(
             passes = {"fetch_s": time.perf_counter() - started}
         begun = time.perf_counter()
         for part in batch.chunk(micro_batches):  # one part unless micro_batch_1: accumulated gradients
-            loss = model(input_ids=part, labels=part).loss
+            if case == "offload_activations":
+                with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                    loss = model(input_ids=part, labels=part).loss
+            elif mask is not None:
+                loss = model(input_ids=part, attention_mask=mask, labels=part.masked_fill(mask == 0, -100)).loss
+            else:
+                loss = model(input_ids=part, labels=part).loss
             if teacher is not None:  # the target's copy for this iteration, mixed into the loss
                 target = teacher.to("cuda") if next_teacher is None else next_teacher
                 loss = loss + 1e-6 * target.mean()
@@ -350,6 +376,8 @@ def run_case(
         if it in (0, iterations - 1):
             print(f"{case}: iteration {it} {elapsed:.3f} s", file=sys.stderr, flush=True)
     torch.autograd.set_detect_anomaly(False)
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cuda.matmul.allow_tf32 = False
     del model, optimizer
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
