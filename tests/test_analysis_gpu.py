@@ -11,6 +11,7 @@ import pytest
 from sftprof.analysis import (
     analyze,
     boundness,
+    excess,
     cpu,
     cuda,
     gains,
@@ -581,6 +582,22 @@ def test_synchronous_issuers_are_the_calls_that_return_after_their_long_work():
     assert cuda.host_wait_calls(store(short, calls)).synchronous == ()
 
 
+def test_a_copy_from_pageable_memory_is_a_synchronous_issuer_though_its_call_returns_just_before_it_ends():
+    """A staged copy's call returns once its last chunk is queued, a microsecond or so before the copy ends: it was
+    open for nearly all of the copy, which queued work never is (its call returns before the work has run)."""
+    ops = pd.DataFrame(
+        [
+            memop("HtoD", i * 30_000_000 + 3_000_000, 24_000_000, 128 << 20, "Pageable", "Device", i + 1)
+            for i in range(4)
+        ]
+    )
+    calls = frame("cuda_api", [api("cudaMemcpyAsync", i * 30_000_000, 27_000_000 - 1_000, i + 1) for i in range(4)])
+    [copy] = cuda.name_ids(EventStore.from_frames(cuda_api=calls), lambda name: True)
+    assert cuda.synchronous_issuers(EventStore.from_frames(memops=ops, cuda_api=calls)) == ((MAIN, (copy,)),)
+    queued = frame("cuda_api", [api("cudaMemcpyAsync", i * 30_000_000, 3_000_000 + 5_000, i + 1) for i in range(4)])
+    assert cuda.synchronous_issuers(EventStore.from_frames(memops=ops, cuda_api=queued)) == ()
+
+
 def test_read_work_is_the_reduction_before_a_small_read_and_the_elementwise_kernels_before_it():
     """A GEMM, a conversion, an abs, a memset and a mean, then a 4-byte read: the mean, abs and conversion made the
     value (the memset aside, the GEMM not). A read after a GEMM made by no reduction, and a 4 MB copy, are not
@@ -1004,3 +1021,34 @@ def test_backward_syncs_are_close_synchronizations_made_by_the_autograd_thread(s
     calls.append(api("cudaStreamSynchronize", 90_000_000, 2_000, 99))  # the loss read once per step
     threads = pd.DataFrame({"global_tid": [MAIN, AUTOGRAD], "role": ["main", cpu.AUTOGRAD_ROLE]})
     assert views.backward_syncs(store(cuda_api=frame("cuda_api", calls)), threads) is expected
+
+
+def _copies_then_syncs(nbytes: int) -> EventStore:
+    """10 device-to-host copies of `nbytes`, each issued by cudaMemcpyAsync and waited for by the thread's next call,
+    a cudaStreamSynchronize that begins while the copy still runs."""
+    ops = pd.DataFrame(
+        [memop("DtoH", i * 1_000_000 + 10_000, 400_000, nbytes, "Device", "Pinned", i + 1) for i in range(10)]
+    )
+    calls = [api("cudaMemcpyAsync", i * 1_000_000, 5_000, i + 1) for i in range(10)]
+    calls += [api("cudaStreamSynchronize", i * 1_000_000 + 20_000, 400_000, 100 + i) for i in range(10)]
+    return EventStore.from_frames(memops=ops, cuda_api=frame("cuda_api", calls))
+
+
+def test_syncs_that_wait_for_the_copies_just_issued_are_the_copies():
+    """Activation offloading: each sync waits for a 2 MiB copy its thread just issued (views.copy_syncs); a loop that
+    reads 4-byte values with .item() does the same calls, but those are value reads, not data moved."""
+    assert views.copy_syncs(_copies_then_syncs(2 << 20))
+    assert not views.copy_syncs(_copies_then_syncs(4))
+
+
+def test_unfused_attention_in_fp32_is_the_precision_findings():
+    """Where mixed precision is off, unfused attention is counted by fp32_gemm (SDPA's flash kernels need 16-bit
+    inputs): its own finding is not raised; in bf16 it is the attention finding's alone."""
+    runs = pd.DataFrame([{"start": 0, "glue_ns": 800, "gemm_ns": 200, "softmax_ns": 300, "kernels": 5}])
+    fp32 = pd.DataFrame(
+        [{"precision": "tf32", "time_pct": 100.0, "total_ns": 1_000, "instances": 2, "top_kernel": "tf32_gemm"}]
+    )
+    assert excess.unfused_attention_finding(runs, None, None, fp32, None) == []
+    assert not boundness.full_precision_gemms(fp32, None).empty
+    assert boundness.full_precision_gemms(fp32, "bfloat16").empty  # the run reports half precision
+    assert boundness.full_precision_gemms(fp32.assign(precision="bf16"), None).empty

@@ -183,6 +183,16 @@ def half_precision(run_precision: str | None) -> bool:
     return run_precision_label(run_precision) in HALF_PRECISIONS
 
 
+def full_precision_gemms(gemm_precision: pd.DataFrame, run_precision: str | None) -> pd.DataFrame:
+    """The fp32/tf32 rows of `gemm_precision` where mixed precision is off: no bf16/fp16/fp8 GEMM in the capture,
+    a run that does not report half precision, and fp32/tf32 names holding FP32_GEMM_MIN_PCT of GEMM time.
+    Empty otherwise."""
+    if gemm_precision.empty or gemm_precision["precision"].isin(HALF_PRECISIONS).any() or half_precision(run_precision):
+        return gemm_precision.iloc[:0]
+    full = gemm_precision[gemm_precision["precision"].isin(FULL_PRECISIONS)]
+    return full if full["time_pct"].sum() >= FP32_GEMM_MIN_PCT else full.iloc[:0]
+
+
 def gemm_precision_known(gemm_precision: pd.DataFrame, run_precision: str | None) -> tuple[str | None, str]:
     """The GEMMs' precision as far as the evidence goes, and where that comes from: the run's own report
     first, then kernel names (a half precision if any GEMM name shows one; fp32/tf32 only where such

@@ -94,6 +94,7 @@ def calls_by_thread(events: EventStore) -> pd.DataFrame:
 # GPU work this long takes longer than any call that only queues it (a launch or an asynchronous copy returns
 # in 5-30 µs, ~120 µs under tracing): a call that returns after it ended waited for it.
 SYNCHRONOUS_PROBE_NS = 50_000
+SYNCHRONOUS_COVER = 0.9  # share of a probe op's run its call must still be open for: queued work starts after
 
 
 @dataclass(frozen=True)
@@ -124,16 +125,19 @@ def host_wait_calls(events: EventStore) -> WaitCalls:
 
 def synchronous_issuers(events: EventStore) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """Per thread, the calls (name ids) that wait for the work they issue: of the kernels and memory operations
-    of SYNCHRONOUS_PROBE_NS or longer that a thread issued by a call of that name, most ended before the call
-    returned. Launches do under CUDA_LAUNCH_BLOCKING=1, and asynchronous copies to pageable memory always do;
-    queued work never can. Counted by the store: the kernels joined to their calls on (pid, correlation_id)."""
-    long_work = f"""SELECT pid, correlation_id, "end" FROM kernels WHERE duration >= {SYNCHRONOUS_PROBE_NS}
+    of SYNCHRONOUS_PROBE_NS or longer that a thread issued by a call of that name, the call was still open for
+    most (SYNCHRONOUS_COVER) of the run of most of them. Launches are under CUDA_LAUNCH_BLOCKING=1, and copies
+    from or to pageable memory always are (a staged copy's call returns once its last chunk is queued, a few
+    microseconds before the copy ends); a queued launch returns microseconds after it is queued, before its work
+    has run. Counted by the store: the work joined to its calls on (pid, correlation_id)."""
+    long_work = f"""SELECT pid, correlation_id, start, duration FROM kernels WHERE duration >= {SYNCHRONOUS_PROBE_NS}
                     UNION ALL
-                    SELECT pid, correlation_id, "end" FROM memops WHERE duration >= {SYNCHRONOUS_PROBE_NS}"""
+                    SELECT pid, correlation_id, start, duration FROM memops WHERE duration >= {SYNCHRONOUS_PROBE_NS}"""
+    covered = f'a."end" >= o.start + {SYNCHRONOUS_COVER} * o.duration'
     issuers = events.query(
         f"""SELECT a.global_tid, a.name_id
             FROM cuda_api a JOIN ({long_work}) o ON o.pid = a.pid AND o.correlation_id = a.correlation_id
-            GROUP BY ALL HAVING count(*) >= 2 AND 2 * count(*) FILTER (WHERE a."end" >= o."end") > count(*)
+            GROUP BY ALL HAVING count(*) >= 2 AND 2 * count(*) FILTER (WHERE {covered}) > count(*)
             ORDER BY ALL"""
     )
     by_thread: dict[int, list[int]] = {}

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import gains, gpu
+from sftprof.analysis.boundness import full_precision_gemms
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import StepClock
 from sftprof.trace.events import EventStore
@@ -130,15 +131,28 @@ def _attention_runs(rows: dict[str, np.ndarray]) -> pd.DataFrame:
     )
 
 
-def unfused_attention_finding(runs: pd.DataFrame, clock: StepClock, chains: gains.ChainTotals) -> list[Finding]:
-    """Attention runs unfused (unfused_attention found softmax glue between GEMMs, and no fused attention kernel
-    ran): SDPA's flash or cuDNN backend would do it in one kernel, so it also launches fewer (`chains` gives
-    each step's launches and the host's launch path: gains.ChainTotals.host_freed)."""
-    if runs.empty:
-        return []
+def attention_saving(runs: pd.DataFrame, clock: StepClock, chains: gains.ChainTotals) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the GPU time fused attention removes (each run's glue and its two GEMMs) and the host's launch path
+    it frees (`chains`: gains.ChainTotals.host_freed, for the launches removed)."""
     saved = clock.by_step(runs["start"], runs["glue_ns"] + runs["gemm_ns"])
     removed = clock.by_step(runs["start"], runs["kernels"] + 2 - FUSED_KERNELS)  # glue and both GEMMs, for one
-    host_freed = chains.host_freed(clock, removed)
+    return saved, chains.host_freed(clock, removed)
+
+
+def unfused_attention_finding(
+    runs: pd.DataFrame,
+    clock: StepClock,
+    chains: gains.ChainTotals,
+    gemm_precision: pd.DataFrame | None = None,
+    run_precision: str | None = None,
+) -> list[Finding]:
+    """Attention runs unfused (unfused_attention found softmax glue between GEMMs, and no fused attention kernel
+    ran): SDPA's flash or cuDNN backend would do it in one kernel, so it also launches fewer. Where mixed
+    precision is off (boundness.full_precision_gemms), the fp32 finding counts these runs: SDPA's flash kernels
+    need 16-bit inputs, so in fp32 it falls back to unfused attention, and bf16 is the one switch for both."""
+    if runs.empty or (gemm_precision is not None and len(full_precision_gemms(gemm_precision, run_precision))):
+        return []
+    saved, host_freed = attention_saving(runs, clock, chains)
     per_step = clock.gpu_side(saved, host_freed)
     gain = clock.share(per_step)
     steps = clock.steps

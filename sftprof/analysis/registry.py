@@ -214,7 +214,10 @@ SECTIONS: tuple[Section, ...] = (
     Section("backward_syncs", views.backward_syncs, ("events", "threads"), T),
     Section("read_work", gains.read_work, ("events",), T),
     Section("launches_wait", views.synchronous_launches, ("events", "waits"), T),
-    Section("idle_views", views.idle_views, ("idle_causes", "steps", "backward_syncs", "launches_wait"), T),
+    Section("copy_syncs", views.copy_syncs, ("events",), T),
+    Section(
+        "idle_views", views.idle_views, ("idle_causes", "steps", "backward_syncs", "launches_wait", "copy_syncs"), T
+    ),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
         "step_accounting",
@@ -334,15 +337,23 @@ RULES: tuple[Rule, ...] = (
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),
     Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
     Rule("padding", rules.padding_findings, ("padded", "token_ns", "clock")),
-    Rule("fp32_gemm", rules.fp32_gemm, ("gemm_precision", "clock", "precision", "device_name", "kernel_families")),
+    Rule(
+        "fp32_gemm",
+        rules.fp32_gemm,
+        ("gemm_precision", "clock", "precision", "device_name", "kernel_families", "attention_runs", "chains"),
+    ),
     Rule("unaligned_gemm", rules.unaligned_gemm, ("unaligned_gemms", "clock")),
     Rule("anomaly_detection", rules.anomaly_detection, ("idle_views", "value_checks", "clock", "overhead")),
-    Rule("unfused_attention", excess.unfused_attention_finding, ("attention_runs", "clock", "chains")),
+    Rule(
+        "unfused_attention",
+        excess.unfused_attention_finding,
+        ("attention_runs", "clock", "chains", "gemm_precision", "precision"),
+    ),
     Rule("recomputation", recompute.recompute_finding, ("recomputed", "clock", "idle_views", "overhead")),
     Rule(
         "interconnect",
         rules.interconnect_findings,
-        ("memop_kinds", "host_memory", "crossing", "kernel_totals", "memop_totals", "copies", "clock"),
+        ("memop_kinds", "host_memory", "crossing", "kernel_totals", "memop_totals", "copies", "clock", "idle_views"),
     ),
     Rule(
         "top_kernel, memory_transfer_share, gpu_busy, no_gpu_activity",

@@ -15,17 +15,17 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import cuda, idle, intervals, views
-from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, FP32_GEMM_MIN_PCT, FULL_PRECISIONS, half_precision
+from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, full_precision_gemms
 from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
 from sftprof.analysis.efficiency import Padding, peak_for
-from sftprof.analysis.excess import precision_ratio
+from sftprof.analysis.excess import attention_saving, precision_ratio
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
 from sftprof.analysis.idle import MIN_SHARE_PCT
-from sftprof.analysis.kernels import FULL_ALIGNMENT_BYTES, HALF_PRECISIONS, MEMORY_BOUND_FAMILIES
+from sftprof.analysis.kernels import FULL_ALIGNMENT_BYTES, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
 from sftprof.analysis.nvtx import innermost_ranges
 from sftprof.analysis.overhead import Overhead, host_share
@@ -332,11 +332,18 @@ def interconnect_findings(
     memop_totals: dict,
     copies: CopyCalls,
     clock: StepClock,
+    idle_views: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """The interconnect verdict: what would hiding host<->device and peer copies under kernels save, and so do
     they limit the step? (CROSSING_ROWS: every such copy, whichever call issued it.)"""
     return interconnect(
-        kind_share, host_memory, crossing, int(kernel_totals["total_ns"] + memop_totals["ns"]), copies, clock
+        kind_share,
+        host_memory,
+        crossing,
+        int(kernel_totals["total_ns"] + memop_totals["ns"]),
+        copies,
+        clock,
+        idle_views,
     )
 
 
@@ -347,9 +354,11 @@ def interconnect(
     gpu_ns: int,
     copies: CopyCalls,
     clock: StepClock,
+    idle_views: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """The interconnect finding (interconnect_findings): `crossing`, memory.interconnect_share; `gpu_ns`, the
-    kernels' and memory operations' time."""
+    kernels' and memory operations' time. Where most synchronizations wait for the copies (views.copy_syncs), the
+    idle they leave (`idle_views`' interconnect rows) is the copies' too."""
     if kind_share.empty:
         return []
     exposed_ns, exposed = 0, np.zeros(clock.steps)
@@ -357,6 +366,10 @@ def interconnect(
         exposed_ns += int(ops["exposed_ns"].sum())
         exposed += clock.by_step(ops["start"], ops["exposed_ns"])
     lost = clock.gpu_side(exposed)
+    waiting = np.zeros(clock.steps)
+    if idle_views is not None:
+        waiting = views.per_step(idle_views, views.INTERCONNECT_RULE, clock)
+        lost = lost + waiting
     limits = severity_of(clock.share(lost)) == "warning"
     parts = "; ".join(
         f"{r.copy_kind} {r.gpu_time_pct:.2f}% ({r.instances} ops, {r.bytes / MEGABYTE:,.3f} MB"
@@ -374,7 +387,13 @@ def interconnect(
             f"Shares of the {_ms(gpu_ns)} of GPU time (kernels + memory operations): {parts}. Crossing PCIe/NVLink: "
             f"{crossing['count']} copies, {crossing['bytes'] / MEGABYTE:,.3f} MB, {_ms(crossing['ns'])}, "
             f"{_ms(exposed_ns)} of it with no kernel running; {pageable} of {host_copies} host "
-            "copies use pageable memory.",
+            "copies use pageable memory."
+            + (
+                " Most synchronizations wait for these copies, right after they are issued: the GPU idles "
+                f"{_median_ms(waiting)} per step in them and in the launches they delayed."
+                if waiting.any()
+                else ""
+            ),
             "Overlap transfers with compute (pinned memory, non_blocking copies on a side stream, prefetch the next "
             "batch) or move less (keep tensors on the GPU, offload less, copy states and checkpoints to the CPU "
             "every N steps rather than every step)."
@@ -382,7 +401,8 @@ def interconnect(
             else "",
             clock,
             lost,
-            "host-device and peer copies' time not overlapped by kernels, at most the CPU's wait for the GPU",
+            "host-device and peer copies' time not overlapped by kernels, at most the CPU's wait for the GPU"
+            + (", and the idle of the synchronizations that wait for them" if waiting.any() else ""),
             _gpu_side_reason(clock, exposed),
         )
     ]
@@ -615,15 +635,18 @@ def fp32_gemm(
     run_precision: str | None = None,
     device_name: str | None = None,
     families: pd.DataFrame | None = None,
+    attention_runs: pd.DataFrame | None = None,
+    chains: ChainTotals | None = None,
 ) -> list[Finding]:
     """Most GEMM time in fp32/tf32, no bf16/fp16/fp8 GEMM in the capture, and a run that does not report
-    half precision (`run_precision`, e.g. the trainer's "bfloat16"): mixed precision is off. bf16 would run
-    each GEMM at the GPU's bf16 rate (its datasheet's ratio to fp32 or tf32, excess.precision_ratio: 14.8x
-    fp32 on an H100 or H200), and move half the bytes in the memory-bound kernels (`families`)."""
-    if precision.empty or precision["precision"].isin(HALF_PRECISIONS).any() or half_precision(run_precision):
-        return []
-    full = precision[precision["precision"].isin(FULL_PRECISIONS)]
-    if full.empty or full["time_pct"].sum() < FP32_GEMM_MIN_PCT:
+    half precision (`run_precision`, e.g. the trainer's "bfloat16"): mixed precision is off
+    (boundness.full_precision_gemms). bf16 would run each GEMM at the GPU's bf16 rate (its datasheet's ratio to
+    fp32 or tf32, excess.precision_ratio: 14.8x fp32 on an H100 or H200), and move half the bytes in the
+    memory-bound kernels (`families`). Attention found unfused (`attention_runs`, excess.unfused_attention) is
+    counted here as fused: in fp32, SDPA falls back to unfused attention where its flash kernels need 16-bit
+    inputs, so bf16 (with SDPA) removes the runs' glue and GEMMs and their launches (excess.attention_saving)."""
+    full = full_precision_gemms(precision, run_precision)
+    if full.empty:
         return []
     peak = peak_for(device_name)
     ratios = {p: precision_ratio(peak, p) for p in full["precision"]}
@@ -635,19 +658,41 @@ def fp32_gemm(
     streaming = families[families["family"].isin(MEMORY_BOUND_FAMILIES)] if families is not None else None
     streaming_ns = float(streaming["total_ns"].sum()) if streaming is not None and len(streaming) else 0.0
     saved = np.full(clock.steps, (gemm_saved + HALF_BYTES_SHARE * streaming_ns) / clock.steps)
+    host_freed, attention = np.zeros(clock.steps), ""
+    if attention_runs is not None and len(attention_runs) and chains is not None:
+        ratio = ratios[full.sort_values("total_ns").iloc[-1]["precision"]]
+        fused, host_freed = attention_saving(attention_runs, clock, chains)
+        counted = clock.by_step(  # what the rates above already took off the runs' GEMMs and glue
+            attention_runs["start"],
+            attention_runs["gemm_ns"] * (1 - 1 / ratio) + HALF_BYTES_SHARE * attention_runs["glue_ns"],
+        )
+        saved = saved + np.maximum(fused - counted, 0)
+        attention = (
+            f" Attention runs unfused: {len(attention_runs):,} softmax runs between GEMMs, "
+            f"{_ms((attention_runs['glue_ns'] + attention_runs['gemm_ns']).sum() / clock.steps)} per step (SDPA's "
+            "flash kernels need 16-bit inputs), counted as fused attention in bf16."
+        )
     gpu = peak.gpu if peak is not None else "an unknown GPU (bf16 taken as 2x, as against tf32)"
     return [
         _gained(
             "fp32_gemm",
             "GEMMs run in fp32: no bf16, fp16 or fp8 GEMM in the capture",
             f"By kernel name: {parts}; e.g. {full.iloc[0]['top_kernel'][:120]}. Memory-bound kernels "
-            f"{_ms(streaming_ns / clock.steps)} per step, moving 4-byte values.",
+            f"{_ms(streaming_ns / clock.steps)} per step, moving 4-byte values.{attention}",
             "Train in mixed precision: bf16 weights or torch.autocast('cuda', dtype=torch.bfloat16); FP8 with "
-            "Transformer Engine on Hopper; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True).",
+            "Transformer Engine on Hopper; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True)."
+            + (
+                " In 16-bit, attention through torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
+                "attn_implementation='sdpa') runs fused."
+                if attention
+                else ""
+            ),
             clock,
-            clock.gpu_side(saved),
+            clock.gpu_side(saved, host_freed),
             f"each fp32/tf32 GEMM at the bf16 rate of {gpu} by its datasheet, and the memory-bound kernels moving "
-            f"half the bytes; spread evenly over the steps, at most the CPU's wait for the GPU",
+            "half the bytes"
+            + (", unfused attention's glue and GEMMs as one fused kernel (an upper bound)" if attention else "")
+            + "; spread evenly over the steps, at most the CPU's wait for the GPU",
             _gpu_side_reason(clock, saved),
         )
     ]

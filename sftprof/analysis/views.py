@@ -14,6 +14,9 @@ hold. In order, the first that applies:
   node (backward_syncs: the backward pass itself reads values, as anomaly detection does), every other
   synchronization, launch overhead, copy call and queued start of the step: a loop that drains the GPU's queue
   after each backward node never gets ahead of the GPU, so all of that idle is the synchronizations';
+- `interconnect`: where most synchronizations wait for host copies their thread just issued (copy_syncs: data
+  moved through the host, as activation offloading does), the synchronization and what it delayed: without the
+  copies there is nothing to wait for;
 - `sync_in_steps`: the other synchronization (stream, event, device and context syncs, and what they delayed);
 - `sync_memset`: idle inside synchronous cudaMemset calls that set pinned or managed memory (they block);
 - `pageable_memcpy`: idle inside asynchronous copy calls that copy from or to pageable memory (staged);
@@ -36,7 +39,7 @@ import pandas as pd
 from sftprof.analysis import cuda, idle
 from sftprof.analysis.cpu import AUTOGRAD_ROLE, PHASES
 from sftprof.analysis.findings import pct
-from sftprof.analysis.gains import HOST_GAP_NS, StepClock
+from sftprof.analysis.gains import HOST_GAP_NS, READ_BYTES, StepClock
 from sftprof.analysis.memory import PAGEABLE
 from sftprof.trace.events import MEMSET_KIND, EventStore, sql_in, sql_text
 
@@ -44,6 +47,7 @@ RULE = idle.VIEW_COLUMN  # the column views add to idle_causes
 ROW = idle.VIEW_ROW  # and the step's position in the clock
 DATA_PHASE = PHASES[0]
 ANOMALY_RULE = "anomaly_detection"
+INTERCONNECT_RULE = "interconnect"
 # Loading data for longer than this share of the step starves the GPU (and the CPU-side model code).
 DATA_STALL_PCT = 10.0
 # OS calls in which a thread waits for a lock held by another thread. CPython's threading.Lock
@@ -99,6 +103,28 @@ def backward_syncs(events: EventStore, threads: pd.DataFrame | None) -> bool:
     return on_autograd > int(per_thread["calls"].sum()) / 2 and int(mine["close"].sum()) > on_autograd / 2
 
 
+def copy_syncs(events: EventStore) -> bool:
+    """Most explicit synchronizations (cuda.HOST_SYNC_CALLS) wait for a host copy of more than gains.READ_BYTES that
+    their thread issued in its call just before (the copy still ran when the sync began): the loop moves data
+    through the host and waits for each move, as activation offloading (`save_on_cpu`) does. Value reads (.item():
+    a few bytes) are not such copies. Counted by the store, per call: the copy joined to its call."""
+    explicit = cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.HOST_SYNC_CALLS)
+    if not explicit:
+        return False
+    counts = events.query(
+        f"""WITH calls AS (SELECT pid, start, name_id,
+                                  lag(correlation_id) OVER (PARTITION BY global_tid ORDER BY start) AS previous
+                           FROM cuda_api)
+            SELECT count(*) AS syncs, count(*) FILTER (WHERE EXISTS (
+                       SELECT 1 FROM memops m WHERE m.pid = c.pid AND m.correlation_id = c.previous
+                         AND m.copy_kind IN ('HtoD', 'DtoH') AND m.bytes > {READ_BYTES} AND m."end" > c.start))
+                   AS after_copies
+            FROM calls c WHERE {sql_in("c.name_id", explicit)}"""
+    )
+    syncs, after_copies = int(counts["syncs"].iloc[0]), int(counts["after_copies"].iloc[0])
+    return after_copies > syncs / 2
+
+
 def synchronous_launches(events: EventStore, waits: cuda.WaitCalls) -> bool:
     """Some thread's kernel launches wait for their kernels (cuda.synchronous_issuers): CUDA_LAUNCH_BLOCKING=1, or
     a tool that serializes kernels."""
@@ -113,11 +139,16 @@ def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
 
 
 def idle_views(
-    causes: pd.DataFrame, steps: pd.DataFrame, in_backward: bool = False, launches_wait: bool = False
+    causes: pd.DataFrame,
+    steps: pd.DataFrame,
+    in_backward: bool = False,
+    launches_wait: bool = False,
+    after_copies: bool = False,
 ) -> pd.DataFrame:
     """idle_causes with `rule`: the finding whose gain each row counts toward ("" for none), module docstring.
     `in_backward`: most synchronizations are the backward pass's own (backward_syncs); `launches_wait`: some
-    thread's launches wait for their kernels (synchronous_launches)."""
+    thread's launches wait for their kernels (synchronous_launches); `after_copies`: most synchronizations wait
+    for the host copies just issued (copy_syncs)."""
     rules = np.full(len(causes), "", dtype=object)
     if causes.empty:
         return causes.assign(**{RULE: pd.Series(dtype=object), ROW: pd.Series(dtype="int64")})
@@ -138,6 +169,8 @@ def idle_views(
     if in_backward:
         drained = [idle.SYNCHRONIZATION, idle.HOST_OVERHEAD, idle.COPY, idle.QUEUED]
         claim(ANOMALY_RULE, np.isin(cause, drained))
+    if after_copies:
+        claim(INTERCONNECT_RULE, syncing)
     claim("sync_in_steps", syncing)
     copying = cause == idle.COPY  # copy and set calls are named with the host memory they touched (idle.HOST_MEMORY)
     blocking = names.str.endswith(tuple(f"({kind.lower()})" for kind in HOST_BLOCKING_MEMSET_KINDS)).to_numpy(bool)
