@@ -43,6 +43,12 @@ Cases planted blind (no rule was written for them before their captures were ana
   deterministic    torch.use_deterministic_algorithms(True, warn_only=True) with CUBLAS_WORKSPACE_CONFIG=:4096:8
                    ("for reproducible runs"; its own process: cuBLAS reads the variable when it starts)
 
+Cases tried on rules written for the cases above, not for them:
+
+  offload_pageable     offload_activations with save_on_cpu(pin_memory=False): the copies to and from pageable memory
+  deterministic_nofill deterministic with torch.utils.deterministic.fill_uninitialized_memory = False (the same
+                       algorithms, no fill of each new tensor): what the fills cost
+
 --family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
 instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written in Python, dropout 0.1, the
 embedding padded to 50,304 as nanoGPT pads it), --family gpt_bigcode a GPTBigCode (StarCoder's architecture: one
@@ -109,11 +115,14 @@ CASES = (
     "fp32_tf32",
     "padded_mask",
     "deterministic",
+    "offload_pageable",
+    "deterministic_nofill",
 )
 FIXES = ("compiled", "gelu_tanh", "compiled_layers")
 OWN_PROCESS = {  # read when CUDA (cuBLAS) starts: set before it does
     "launch_blocking": ("CUDA_LAUNCH_BLOCKING", "1"),
     "deterministic": ("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),
+    "deterministic_nofill": ("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),
 }
 SEQ, BATCH, VOCAB = 1024, 8, 50304
 VOCABS = {
@@ -279,7 +288,8 @@ def run_case(
     micro_batches = BATCH if case == "micro_batch_1" else 1
     torch.autograd.set_detect_anomaly(case == "anomaly_mode")
     torch.backends.cuda.matmul.allow_tf32 = case == "fp32_tf32"
-    torch.use_deterministic_algorithms(case == "deterministic", warn_only=True)
+    torch.use_deterministic_algorithms(case.startswith("deterministic"), warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = case != "deterministic_nofill"
     mask = None
     if case == "padded_mask":
         mask = torch.ones(BATCH, SEQ, dtype=torch.long, device="cuda")
@@ -318,8 +328,8 @@ def run_case(
             passes = {"fetch_s": time.perf_counter() - started}
         begun = time.perf_counter()
         for part in batch.chunk(micro_batches):  # one part unless micro_batch_1: accumulated gradients
-            if case == "offload_activations":
-                with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            if case.startswith("offload_"):
+                with torch.autograd.graph.save_on_cpu(pin_memory=case == "offload_activations"):
                     loss = model(input_ids=part, labels=part).loss
             elif mask is not None:
                 loss = model(input_ids=part, attention_mask=mask, labels=part.masked_fill(mask == 0, -100)).loss
@@ -377,6 +387,7 @@ def run_case(
             print(f"{case}: iteration {it} {elapsed:.3f} s", file=sys.stderr, flush=True)
     torch.autograd.set_detect_anomaly(False)
     torch.use_deterministic_algorithms(False)
+    torch.utils.deterministic.fill_uninitialized_memory = True
     torch.backends.cuda.matmul.allow_tf32 = False
     del model, optimizer
     torch.cuda.synchronize()
