@@ -11,9 +11,9 @@ import pytest
 from sftprof.analysis import (
     analyze,
     boundness,
-    excess,
     cpu,
     cuda,
+    excess,
     gains,
     gpu,
     intervals,
@@ -1052,3 +1052,20 @@ def test_unfused_attention_in_fp32_is_the_precision_findings():
     assert not boundness.full_precision_gemms(fp32, None).empty
     assert boundness.full_precision_gemms(fp32, "bfloat16").empty  # the run reports half precision
     assert boundness.full_precision_gemms(fp32.assign(precision="bf16"), None).empty
+
+
+def test_fill_share_counts_the_launches_that_write_one_value():
+    names = pd.DataFrame(
+        {
+            "name": [
+                "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>>(int, T2, T3)",
+                "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<float>>(int, T2, T3)",
+                None,
+            ],
+            "short_name": ["vectorized_elementwise_kernel", "vectorized_elementwise_kernel", "nvjet_sm90_tst"],
+            "instances": [30, 50, 20],
+            "duration": [1, 1, 1],
+        }
+    )
+    assert kernels.fill_share_pct(names) == pytest.approx(30.0)
+    assert kernels.fill_share_pct(names.iloc[:0]) == 0.0

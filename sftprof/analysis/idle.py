@@ -675,6 +675,15 @@ SYNCHRONOUS_LAUNCHES = Cause(
     "and do not time training under a tool that serializes kernels (compute-sanitizer, Nsight Compute).",
 )
 FINDING_CAUSES = (*CAUSES, SYNCHRONOUS_LAUNCHES)  # every cause that idle_findings can report
+# Where fills are this share of the launches or more, launch_bound names what makes them (on the committed captures
+# without such a switch, fills are at most 11.4% of launches; with deterministic algorithms, 38.3%).
+FILL_LAUNCH_PCT = 25.0
+FILL_ADVICE = (
+    "{share:.0f}% of the kernels launched fill memory with one value (`FillFunctor`): "
+    "torch.use_deterministic_algorithms(True) fills every new tensor (keep the algorithms without the fills: "
+    "torch.utils.deterministic.fill_uninitialized_memory = False), as do torch.zeros or torch.full where "
+    "torch.empty would do, and zero_grad(set_to_none=False). "
+)
 
 
 def per_step(rows: pd.DataFrame, clock: StepClock) -> np.ndarray:
@@ -707,11 +716,15 @@ def profiler_time(views: pd.DataFrame, clock: StepClock, overhead: Overhead | No
     return {str(key): float(min(placed[key], idle[key])) for key in placed.index}
 
 
-def idle_findings(views: pd.DataFrame, clock: StepClock, overhead: Overhead | None = None) -> list[Finding]:
+def idle_findings(
+    views: pd.DataFrame, clock: StepClock, overhead: Overhead | None = None, fill_pct: float = 0.0
+) -> list[Finding]:
     """A finding for each cause of GPU idle time (CAUSES) whose rows of the idle_causes table (those no data,
     sync, copy or lock rule counts: views.idle_views) hold at least MIN_SHARE_PCT of the median step: the gain
     is their share (idle time that fixing it removes), with the calls and ranges that hold most, less the
-    profiler's added time that fell in its stretches (profiler_time, overhead.host_share)."""
+    profiler's added time that fell in its stretches (profiler_time, overhead.host_share). `fill_pct`: the
+    share of launches that fill memory (kernels.fill_share_pct); from FILL_LAUNCH_PCT, launch_bound names what
+    makes them."""
     if views.empty:
         return []
     idle = per_step(views, clock)
@@ -732,6 +745,7 @@ def idle_findings(views: pd.DataFrame, clock: StepClock, overhead: Overhead | No
                 "thread while the GPU still had work, so everything launched after them came that much later."
             )
         share = host_share(overhead, float(np.median(cause_idle)), clock, placed.get(cause.rule, 0.0))
+        fills = cause.cause == HOST_OVERHEAD and fill_pct >= FILL_LAUNCH_PCT
         findings.append(
             Finding(
                 cause.rule,
@@ -742,7 +756,7 @@ def idle_findings(views: pd.DataFrame, clock: StepClock, overhead: Overhead | No
                 f"of it), in {int(rows['pieces'].sum()):,} stretches.{where} Innermost NVTX ranges open on the "
                 f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step."
                 + (share.evidence if share else ""),
-                cause.recommendation,
+                (FILL_ADVICE.format(share=fill_pct) if fills else "") + cause.recommendation,
                 share.gain_pct if share else gain,
                 f"GPU idle (no device busy) while the thread that launched the next GPU work {cause.doing}: "
                 f"idle_causes, {clock.scope(cause_idle)}" + (share.basis if share else ""),

@@ -224,6 +224,22 @@ def value_checks(kernels: pd.DataFrame) -> pd.DataFrame:
     return found.sort_values("total_ns", ascending=False).reset_index(drop=True)[VALUE_CHECK_COLUMNS]
 
 
+# Kernels that write one value over a tensor: PyTorch's fill_ (torch.zeros, torch.full, and the NaN with which
+# torch.use_deterministic_algorithms fills every new tensor: fill_uninitialized_memory).
+FILL = re.compile(r"FillFunctor|fill_kernel")
+
+
+def fill_share_pct(kernels: pd.DataFrame) -> float:
+    """The share of kernel launches (%) that fill memory with one value (FILL, by demangled name). `kernels`:
+    name_totals rows."""
+    total = int(kernels["instances"].sum()) if len(kernels) else 0
+    if not total:
+        return 0.0
+    names = kernels["name"].fillna(kernels["short_name"]).astype(str)
+    filling = _by_distinct_name(names, lambda name: bool(FILL.search(name))).astype(bool).to_numpy(bool)
+    return 100.0 * int(kernels["instances"][filling].sum()) / total
+
+
 def kernel_mix(kernels: pd.DataFrame) -> dict:
     """Shares of kernel time (%) that decide compute- vs memory-bound: dense math, streaming, tensor cores."""
     total = kernels["duration"].sum()

@@ -135,6 +135,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("kernel_totals", gpu.kernel_totals, ("events",), K),
     Section("kernel_names", kernels.name_totals, ("events",), K),
     Section("top_kernel", overview.top_kernel_by_name, ("kernel_names",), K),
+    Section("fill_share", kernels.fill_share_pct, ("kernel_names",), K),
     _saved(
         "kernel_families", kernels.family_summary, ("kernel_names",), K, "kernel time by family (GEMM, attention, ...)"
     ),
@@ -331,7 +332,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         ", ".join(cause.rule for cause in idle.FINDING_CAUSES),
         idle.idle_findings,
-        ("idle_views", "clock", "overhead"),
+        ("idle_views", "clock", "overhead", "fill_share"),
     ),
     Rule("profiling_overhead", overhead.finding, ("overhead", "tables", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),
