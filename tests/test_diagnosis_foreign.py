@@ -1,6 +1,7 @@
 """The diagnosis on model families and a loop sftprof's rules were not written on (tests/fixtures/foreign: a
-GPT-NeoX of Pythia-410M's shape with `iteration N` ranges; then, planted blind, an OPT with `batch N` ranges and a
-GPT-2 with `fwd_bwd_opt N` ranges; one problem planted per capture, nsys 2025.3 on an H100), against the saving of
+GPT-NeoX of Pythia-410M's shape with `iteration N` ranges; then, planted blind, an OPT with `batch N` ranges, a
+GPT-2 with `fwd_bwd_opt N` ranges and a GPTBigCode with `train_step N` ranges; one problem planted per capture,
+nsys 2025.3 on an H100), against the saving of
 each fix measured without the profiler in the same session, read here from the committed timings (not through
 sftprof)."""
 
