@@ -680,7 +680,12 @@ def fp32_gemm(
             f"By kernel name: {parts}; e.g. {full.iloc[0]['top_kernel'][:120]}. Memory-bound kernels "
             f"{_ms(streaming_ns / clock.steps)} per step, moving 4-byte values.{attention}",
             "Train in mixed precision: bf16 weights or torch.autocast('cuda', dtype=torch.bfloat16); FP8 with "
-            "Transformer Engine on Hopper; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True)."
+            "Transformer Engine on Hopper"
+            + (
+                "; at the least allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True)."
+                if (full["precision"] == "fp32").any()
+                else "."
+            )
             + (
                 " In 16-bit, attention through torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
                 "attn_implementation='sdpa') runs fused."
