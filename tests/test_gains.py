@@ -624,3 +624,25 @@ def test_the_data_stall_gain_bounds_the_saving_measured_when_it_was_fixed():
     [stall] = [f for f in analyze(load_trace(sft("data_stall"))).findings if f.rule == "data_stall"]
     saved = 100 * (measured_step_ms("data_stall") - measured_step_ms("clean")) / measured_step_ms("data_stall")
     assert saved <= stall.gain_pct <= saved + 10 and stall.severity == "warning"
+
+
+def test_fp32_counts_attention_it_leaves_unfused_once_as_fused_in_bf16():
+    """A GPU-bound step (the CPU waits 0.8 of it) with tf32 GEMMs (bf16 taken as 2x on an unknown GPU), memory-bound
+    kernels, and one unfused attention run: the fp32 finding takes half the GEMM time, half the memory-bound time,
+    and of the run what those rates did not already take (its glue and GEMMs become one fused kernel)."""
+    busy = pd.DataFrame({"start": [0], "end": [900_000]})
+    waits = pd.DataFrame({"start": [100_000], "end": [900_000]})
+    clock = gains.StepClock.of(pd.DataFrame(), 1_000_000, SpilledUnion.of(busy), SpilledUnion.of(waits))
+    chains = gains.ChainTotals(clock.starts, clock.ends)
+    chains.kernels_by_step[:] = 100
+    precision = pd.DataFrame(
+        [{"precision": "tf32", "time_pct": 100.0, "total_ns": 300_000, "instances": 4, "top_kernel": "tf32_gemm"}]
+    )
+    families = pd.DataFrame({"family": ["elementwise"], "total_ns": [400_000]})
+    runs = pd.DataFrame({"start": [10], "glue_ns": [200_000], "gemm_ns": [100_000], "softmax_ns": [50_000]})
+    runs["kernels"] = [5]
+    (alone,) = rules.fp32_gemm(precision, clock, None, None, families)
+    assert alone.gain_pct == pytest.approx(100 * (150_000 + 200_000) / 1_000_000)
+    (merged,) = rules.fp32_gemm(precision, clock, None, None, families, runs, chains)
+    assert merged.gain_pct == pytest.approx(100 * (150_000 + 200_000 + 300_000 - 50_000 - 100_000) / 1_000_000)
+    assert "Attention runs unfused" in merged.evidence and "allow_tf32" not in merged.recommendation
