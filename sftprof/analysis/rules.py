@@ -403,7 +403,10 @@ def interconnect(
             lost,
             "host-device and peer copies' time not overlapped by kernels, at most the CPU's wait for the GPU"
             + (", and the idle of the synchronizations that wait for them" if waiting.any() else ""),
-            _gpu_side_reason(clock, exposed),
+            f"the copies cost {_median_ms(lost)} per step, their time with no kernel running and the idle of the "
+            "synchronizations that wait for them"
+            if waiting.any()
+            else _gpu_side_reason(clock, exposed),
         )
     ]
 
