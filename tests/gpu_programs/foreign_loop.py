@@ -38,8 +38,8 @@ Cases planted blind (no rule was written for them before their captures were ana
   offload_activations  the forward under torch.autograd.graph.save_on_cpu(pin_memory=True), left on with memory to
                    spare: every saved activation copied to the host in the forward and back in the backward
   fp32_tf32        float32 weights, no autocast, TF32 matmuls allowed (torch.set_float32_matmul_precision("high"))
-  padded_mask      an attention mask with the last position of each sequence padded (a collator's padding), so
-                   SDPA cannot take its causal flash path
+  padded_mask      an attention mask with the last position of each sequence padded (a collator's padding): SDPA
+                   gets an explicit mask rather than is_causal (on the H100, cuDNN's attention kernels ran 2.2x longer)
   deterministic    torch.use_deterministic_algorithms(True, warn_only=True) with CUBLAS_WORKSPACE_CONFIG=:4096:8
                    ("for reproducible runs"; its own process: cuBLAS reads the variable when it starts)
 
@@ -68,8 +68,8 @@ and ema_foreach is ema_loop's average updated by two foreach calls over all para
 non_blocking as the batches are (1 - teacher_pinned / teacher_h2d).
 
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
-Several cases run one after another in one process (no_cache_alloc, launch_blocking and deterministic need
-their own process: each sets a variable read when CUDA or cuBLAS starts). With --window, iterations A..B run between
+Several cases run one after another in one process (no_cache_alloc, launch_blocking and the deterministic cases
+need their own process: each sets a variable read when CUDA or cuBLAS starts). With --window, iterations A..B run between
 cudaProfilerStart and cudaProfilerStop (for nsys --capture-range=cudaProfilerApi). Each
 iteration's wall time (it ends with loss.item(), as most loops log) goes to --out. With --phases, the
 iteration also waits for the GPU after the forward and after the backward, and records each pass's host time
