@@ -69,8 +69,8 @@ non_blocking as the batches are (1 - teacher_pinned / teacher_h2d).
 
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
 Several cases run one after another in one process (no_cache_alloc, launch_blocking and the deterministic cases
-need their own process: each sets a variable read when CUDA or cuBLAS starts). With --window, iterations A..B run between
-cudaProfilerStart and cudaProfilerStop (for nsys --capture-range=cudaProfilerApi). Each
+need their own process: each sets a variable read when CUDA or cuBLAS starts). With --window, iterations A..B run
+between cudaProfilerStart and cudaProfilerStop (for nsys --capture-range=cudaProfilerApi). Each
 iteration's wall time (it ends with loss.item(), as most loops log) goes to --out. With --phases, the
 iteration also waits for the GPU after the forward and after the backward, and records each pass's host time
 (until its call returns) and wall time (until the GPU is done): where a case's extra time is spent.
