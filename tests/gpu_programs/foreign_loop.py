@@ -52,7 +52,8 @@ Cases tried on rules written for the cases above, not for them:
 --family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
 instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written in Python, dropout 0.1, the
 embedding padded to 50,304 as nanoGPT pads it), --family gpt_bigcode a GPTBigCode (StarCoder's architecture: one
-shared key and value head, multi-query attention; vocab 49,152), and --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
+shared key and value head, multi-query attention; vocab 49,152), and --range-name names the iteration ranges
+(`batch N` say, a name sftprof does not know).
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
 saving is 1 - FIX / clean:
