@@ -65,6 +65,11 @@ def launch_ids(events: EventStore) -> list[int]:
     return name_ids(events, lambda name: base_name(name) in LAUNCH_CALLS)
 
 
+def host_sync_ids(events: EventStore) -> list[int]:
+    """Ids of the explicit synchronization calls' names (HOST_SYNC_CALLS)."""
+    return name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS)
+
+
 # tables.py's cuda_api columns, the name as its id: EventStore.named gives it its text (CALL_NAMES)
 CALL_COLUMNS = 'a.start, a."end", a.duration, a.name_id AS name, a.global_tid, a.pid, a.tid, a.correlation_id'
 CALL_NAMES = {"name": "SELECT id, name AS label FROM api_names"}

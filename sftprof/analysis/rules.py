@@ -17,7 +17,7 @@ import pandas as pd
 from sftprof.analysis import cuda, idle, intervals, views
 from sftprof.analysis.boundness import DOMINANT_SHARE_PCT, full_precision_gemms
 from sftprof.analysis.cpu import PHASES
-from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, HOST_SYNC_CALLS, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL, base_name
+from sftprof.analysis.cuda import ASYNC_MEMCPY_CALL, SYNC_MEMCPY_CALL, SYNC_MEMSET_CALL
 from sftprof.analysis.efficiency import Padding, peak_for
 from sftprof.analysis.excess import attention_saving, precision_ratio
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
@@ -455,7 +455,7 @@ def syncs_in_steps(
     anomaly_detection counts their idle and its value checks (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
-    explicit = set(cuda.name_ids(events, lambda name: base_name(name) in HOST_SYNC_CALLS))
+    explicit = set(cuda.host_sync_ids(events))
     steps = steps.sort_values("start")
     found, per_step, names, tids, ranges = 0, [], {}, {}, {}
     waited = np.zeros(clock.steps)

@@ -86,7 +86,7 @@ def backward_syncs(events: EventStore, threads: pd.DataFrame | None) -> bool:
     store, per thread: a trainer that synchronizes after every launch makes millions."""
     if threads is None or threads.empty:
         return False
-    explicit = cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.HOST_SYNC_CALLS)
+    explicit = cuda.host_sync_ids(events)
     autograd = set(threads.loc[threads["role"] == AUTOGRAD_ROLE, "global_tid"].astype("int64"))
     if not explicit or not autograd:
         return False
@@ -108,7 +108,7 @@ def copy_syncs(events: EventStore) -> bool:
     their thread issued in its call just before (the copy still ran when the sync began): the loop moves data
     through the host and waits for each move, as activation offloading (`save_on_cpu`) does. Value reads (.item():
     a few bytes) are not such copies. Counted by the store, per call: the copy joined to its call."""
-    explicit = cuda.name_ids(events, lambda name: cuda.base_name(name) in cuda.HOST_SYNC_CALLS)
+    explicit = cuda.host_sync_ids(events)
     if not explicit:
         return False
     counts = events.query(
