@@ -22,7 +22,8 @@ export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_L
 nsys=/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys
 read -ra loop_args <<< "${LOOP_ARGS:-}"
 loop=(python3 "$here/foreign_loop.py" "${loop_args[@]}")
-alone="no_cache_alloc launch_blocking deterministic deterministic_nofill"  # each reads a variable when CUDA starts: one process per run
+# each reads a variable when CUDA starts, or caps the process's memory: one process per run
+alone="no_cache_alloc launch_blocking deterministic deterministic_nofill memory_tight"
 measure_round() {
   local t0=$SECONDS
   local pairs=() singles=()

@@ -43,6 +43,18 @@ Cases planted blind (no rule was written for them before their captures were ana
   deterministic    torch.use_deterministic_algorithms(True, warn_only=True) with CUBLAS_WORKSPACE_CONFIG=:4096:8
                    ("for reproducible runs"; its own process: cuBLAS reads the variable when it starts)
 
+Cases planted blind on the Phi (--family phi):
+
+  eval_every_step  a validation loss on a held-out batch after every iteration (a no_grad forward and its .item())
+  sdpa_math        SDPA's flash, memory-efficient and cuDNN backends turned off (left from a determinism hunt): SDPA
+                   computes attention with its math fallback
+  cpu_adamw        the optimizer offloaded (ZeRO-Offload's layout) with memory to spare: float32 master weights and
+                   AdamW (PyTorch's fused CPU kernel) in host memory; gradients copied down, weights copied back
+  fp64_loss        the logits cast to float64 for the cross-entropy ("for a stable loss")
+  emit_nvtx        torch.autograd.profiler.emit_nvtx() left on: an NVTX range around every op
+  memory_tight     GPU memory capped at 1.05 x the loop's peak allocation from iteration 2 on (a device nearly full:
+                   the caching allocator frees its cache and retries when a request does not fit)
+
 Cases tried on rules written for the cases above, not for them:
 
   offload_pageable     offload_activations with save_on_cpu(pin_memory=False): the copies to and from pageable memory
@@ -52,8 +64,9 @@ Cases tried on rules written for the cases above, not for them:
 --family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
 instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written in Python, dropout 0.1, the
 embedding padded to 50,304 as nanoGPT pads it), --family gpt_bigcode a GPTBigCode (StarCoder's architecture: one
-shared key and value head, multi-query attention; vocab 49,152), and --range-name names the iteration ranges
-(`batch N` say, a name sftprof does not know).
+shared key and value head, multi-query attention; vocab 49,152), --family phi a Phi (Phi-2's architecture: attention
+and MLP in parallel off one layer norm, partial rotary embeddings, GELU written in Python; vocab 51,200), and
+--range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
 saving is 1 - FIX / clean:
@@ -80,6 +93,7 @@ iteration also waits for the GPU after the forward and after the backward, and r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -118,6 +132,12 @@ CASES = (
     "deterministic",
     "offload_pageable",
     "deterministic_nofill",
+    "eval_every_step",
+    "sdpa_math",
+    "cpu_adamw",
+    "fp64_loss",
+    "emit_nvtx",
+    "memory_tight",
 )
 FIXES = ("compiled", "gelu_tanh", "compiled_layers")
 OWN_PROCESS = {  # read when CUDA (cuBLAS) starts: set before it does
@@ -131,6 +151,7 @@ VOCABS = {
     "opt": (50272, 50265),
     "gpt2": (50304, 50257),
     "gpt_bigcode": (49152, 49152),
+    "phi": (51200, 50295),
 }  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
 TOKENIZE_TARGET_S = 0.06
@@ -166,6 +187,8 @@ def build_model(case: str) -> torch.nn.Module:
         GPTNeoXForCausalLM,
         OPTConfig,
         OPTForCausalLM,
+        PhiConfig,
+        PhiForCausalLM,
     )
 
     # both families' layers: 24 of hidden 1024 with 16 heads and a 4096-wide MLP
@@ -184,6 +207,9 @@ def build_model(case: str) -> torch.nn.Module:
         model_class = GPT2LMHeadModel
         activation = "gelu_pytorch_tanh" if case == "gelu_tanh" else "gelu_new"
         config = GPT2Config(**shape, n_inner=4096, activation_function=activation)
+    elif FAMILY == "phi":
+        model_class = PhiForCausalLM
+        config = PhiConfig(**shape, intermediate_size=4096)
     elif FAMILY == "gpt_bigcode":
         model_class = GPTBigCodeForCausalLM
         config = GPTBigCodeConfig(**shape, n_inner=4096, multi_query=True)
@@ -220,6 +246,36 @@ def build_model(case: str) -> torch.nn.Module:
         for layer in layers:
             layer.compile()
     return model
+
+
+class HostAdamW:
+    """AdamW on float32 master weights in host memory (ZeRO-Offload's layout, with PyTorch's fused CPU AdamW): each
+    step copies the gradients to pinned host buffers, steps on the CPU and copies the weights back."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.masters = [p.detach().float().cpu() for p in self.params]
+        for master in self.masters:
+            master.grad = torch.zeros_like(master)
+        self.grads = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in self.params]
+        self.weights = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in self.params]
+        self.optimizer = torch.optim.AdamW(self.masters, lr=1e-4, fused=True)
+
+    def step(self) -> None:
+        for host, p in zip(self.grads, self.params):
+            if p.grad is not None:
+                host.copy_(p.grad, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        for master, host in zip(self.masters, self.grads):
+            master.grad.copy_(host)
+        self.optimizer.step()
+        for host, master, p in zip(self.weights, self.masters, self.params):
+            host.copy_(master)
+            p.detach().copy_(host, non_blocking=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
 
 
 def make_tokenizer(seed_text: str):
@@ -276,6 +332,8 @@ def run_case(
     print(f"{case}: model built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     if case == "foreach_off":
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False, fused=False)
+    elif case == "cpu_adamw":
+        optimizer = HostAdamW(model)
     elif case == "param_groups":
         parameters = list(model.parameters())
         groups = [{"params": [p], "lr": 1e-4 * 0.95 ** (len(parameters) - i)} for i, p in enumerate(parameters)]
@@ -291,6 +349,12 @@ def run_case(
     torch.backends.cuda.matmul.allow_tf32 = case == "fp32_tf32"
     torch.use_deterministic_algorithms(case.startswith("deterministic"), warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = case != "deterministic_nofill"
+    for backend in ("flash", "mem_efficient", "cudnn"):  # sdpa_math: SDPA's fused backends off
+        getattr(torch.backends.cuda, f"enable_{backend}_sdp")(case != "sdpa_math")
+    held_out = host[-1].to("cuda") if case == "eval_every_step" else None
+    per_op_ranges = contextlib.ExitStack()
+    if case == "emit_nvtx":  # an NVTX range for every op, left on from a profiling session
+        per_op_ranges.enter_context(torch.autograd.profiler.emit_nvtx())
     mask = None
     if case == "padded_mask":
         mask = torch.ones(BATCH, SEQ, dtype=torch.long, device="cuda")
@@ -307,6 +371,10 @@ def run_case(
             teacher = teacher.pin_memory()
             next_teacher = teacher.to("cuda", non_blocking=True)
     for it in range(iterations):
+        if case == "memory_tight" and it == 2:  # from here on, memory capped just above the peak the loop needs
+            peak = torch.cuda.max_memory_allocated()
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, 1.05 * peak / total))
         if window and it == window[0]:
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
@@ -332,6 +400,9 @@ def run_case(
             if case.startswith("offload_"):
                 with torch.autograd.graph.save_on_cpu(pin_memory=case == "offload_activations"):
                     loss = model(input_ids=part, labels=part).loss
+            elif case == "fp64_loss":  # the loss in float64 "for a stable loss"
+                logits = model(input_ids=part).logits
+                loss = torch.nn.functional.cross_entropy(logits[:, :-1].double().flatten(0, 1), part[:, 1:].flatten())
             elif mask is not None:
                 loss = model(input_ids=part, attention_mask=mask, labels=part.masked_fill(mask == 0, -100)).loss
             else:
@@ -370,6 +441,11 @@ def run_case(
         if case == "ema_foreach":
             torch._foreach_mul_(ema, 0.999)
             torch._foreach_add_(ema, [p.detach() for p in model.parameters()], alpha=0.001)
+        if held_out is not None:  # a validation loss every iteration, for the curve
+            model.eval()
+            with torch.no_grad():
+                passes["val_loss"] = model(input_ids=held_out, labels=held_out).loss.item()
+            model.train()
         if case == "state_to_cpu":
             checkpoint = {name: t.to("cpu") for name, t in model.state_dict().items()}
             passes["checkpoint_tensors"] = len(checkpoint)
@@ -386,6 +462,10 @@ def run_case(
             torch.cuda.profiler.stop()
         if it in (0, iterations - 1):
             print(f"{case}: iteration {it} {elapsed:.3f} s", file=sys.stderr, flush=True)
+    per_op_ranges.close()
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    for backend in ("flash", "mem_efficient", "cudnn"):
+        getattr(torch.backends.cuda, f"enable_{backend}_sdp")(True)
     torch.autograd.set_detect_anomaly(False)
     torch.use_deterministic_algorithms(False)
     torch.utils.deterministic.fill_uninitialized_memory = True
