@@ -76,6 +76,8 @@ saving is 1 - FIX / clean:
   gelu_tanh        GPT-2's activation as PyTorch's one-kernel tanh GELU (`gelu_pytorch_tanh`, the same function)
   compiled_layers  each transformer layer under torch.compile, the rest eager (regional compilation: no graph
                    break outside a layer can stop a layer's fusion)
+  compiled_graphs  the model under torch.compile(mode="reduce-overhead"): fused and replayed as CUDA graphs, so the
+                   forward and backward launch no kernel one by one (what a launch-bound finding proposes)
 
 and ema_foreach is ema_loop's average updated by two foreach calls over all parameters (its saving is
 1 - ema_foreach / ema_loop), teacher_pinned teacher_h2d's target in pinned memory, copied one iteration ahead with
@@ -139,7 +141,7 @@ CASES = (
     "emit_nvtx",
     "memory_tight",
 )
-FIXES = ("compiled", "gelu_tanh", "compiled_layers")
+FIXES = ("compiled", "gelu_tanh", "compiled_layers", "compiled_graphs")
 OWN_PROCESS = {  # read when CUDA (cuBLAS) starts: set before it does
     "launch_blocking": ("CUDA_LAUNCH_BLOCKING", "1"),
     "deterministic": ("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),
@@ -241,6 +243,8 @@ def build_model(case: str) -> torch.nn.Module:
                 module.register_forward_hook(log_output)
     if case == "compiled":
         return torch.compile(model)
+    if case == "compiled_graphs":
+        return torch.compile(model, mode="reduce-overhead")
     if case == "compiled_layers":
         layers = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
         for layer in layers:
