@@ -26,7 +26,7 @@ from conftest import (
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_plant_clean.pt.trace.json.gz"
-FUZZ_SEED, FUZZ_CASES = 20261201, ci_bounded(100, 40)
+FUZZ_SEED, FUZZ_CASES = 20261201, ci_bounded(100, 20)
 CASE_TIMEOUT_S = 30  # one case loads and analyses in about 0.3 s
 TABLE_OF = {
     "cpu_op": "nvtx",

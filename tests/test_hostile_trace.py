@@ -33,7 +33,7 @@ from conftest import (
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_plant_clean.sqlite"
-FUZZ_SEED, FUZZ_CASES = 20261201, ci_bounded(60, 25)
+FUZZ_SEED, FUZZ_CASES = 20261201, ci_bounded(60, 12)
 CASE_TIMEOUT_S = 60  # one case loads and analyses in about a second
 # Tables whose pages the fuzzer corrupts, with weights: the two the page decoder reads come first.
 FUZZED_TABLES = {

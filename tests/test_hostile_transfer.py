@@ -91,6 +91,18 @@ def readable(path: Path) -> None:
 
 @pytest.fixture
 def setup(cluster, tmp_path):
+    return fetched_once(cluster, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_setup(cluster, tmp_path_factory):
+    """One setup for the hostile records: each is refused and changes nothing (assert_held), so the next finds
+    the same state, and the good fetch before them is made once."""
+    base = tmp_path_factory.mktemp("records")
+    return fetched_once(cluster, base), base
+
+
+def fetched_once(cluster: Cluster, tmp_path: Path) -> Setup:
     """A cluster capture, a workstation that fetched it once, and a victim file beside it."""
     cluster_workdir = cluster.base / tmp_path.name
     remote = cluster_workdir / CAPTURE
@@ -171,7 +183,8 @@ HOSTILE_RECORDS = {
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_RECORDS))
-def test_a_hostile_record_is_refused_and_writes_nothing(setup, tmp_path, case):
+def test_a_hostile_record_is_refused_and_writes_nothing(shared_setup, case):
+    setup, base = shared_setup
     record, message = HOSTILE_RECORDS[case]
     if isinstance(record, dict) and isinstance(record.get("report"), str):
         record = {**record, "report": record["report"].format(outside=setup.outside)}
@@ -184,7 +197,7 @@ def test_a_hostile_record_is_refused_and_writes_nothing(setup, tmp_path, case):
         except OSError:  # a name no file system takes
             pass
     setup.write_record(record)
-    assert_held(setup, tmp_path, message)
+    assert_held(setup, base, message)
 
 
 def test_a_remote_file_name_with_a_newline_is_refused(setup, tmp_path):
