@@ -34,8 +34,7 @@ measure_round() {
     "${loop[@]}" "${pairs[@]}" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" || echo "== round failed"
   fi
   for case in "${singles[@]}"; do
-    env=(); [ "$case" = no_cache_alloc ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
-    env "${env[@]}" "${loop[@]}" "$case" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" \
+    "${loop[@]}" "$case" --iterations "${MEASURE_ITERATIONS:-25}" --out "$work/measured.jsonl" \
       || echo "== $case failed"
   done
   echo "== measure round $((SECONDS - t0)) s"
@@ -49,9 +48,8 @@ snapshot() {
 if [ "$mode" = capture ] || [ "$mode" = all ]; then
   for case in "$@"; do
     (( SECONDS > ${BUDGET_S:-470} )) && { echo "== $case skipped: out of time"; continue; }
-    env=(); [ "$case" = no_cache_alloc ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
     t0=$SECONDS
-    timeout "${CASE_TIMEOUT_S:-150}" env "${env[@]}" "$nsys" profile --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
+    timeout "${CASE_TIMEOUT_S:-150}" "$nsys" profile --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
       --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o "$work/foreign_$case" \
       "${loop[@]}" "$case" --iterations 16 --window 10 13 --out "$work/profiled.jsonl" > "$work/$case.log" 2>&1
     echo "== $case capture rc=$? $((SECONDS - t0)) s"; tail -n 3 "$work/$case.log"

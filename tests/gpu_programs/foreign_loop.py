@@ -85,7 +85,8 @@ non_blocking as the batches are (1 - teacher_pinned / teacher_h2d).
 
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
 Several cases run one after another in one process (no_cache_alloc, launch_blocking and the deterministic cases
-need their own process: each sets a variable read when CUDA or cuBLAS starts). With --window, iterations A..B run
+need their own process: each sets a variable read when CUDA or cuBLAS starts; foreign_cases.sh runs memory_tight
+alone too, so that running out of memory ends no other case). With --window, iterations A..B run
 between cudaProfilerStart and cudaProfilerStop (for nsys --capture-range=cudaProfilerApi). Each
 iteration's wall time (it ends with loss.item(), as most loops log) goes to --out. With --phases, the
 iteration also waits for the GPU after the forward and after the backward, and records each pass's host time
@@ -143,6 +144,7 @@ CASES = (
 )
 FIXES = ("compiled", "gelu_tanh", "compiled_layers", "compiled_graphs")
 OWN_PROCESS = {  # read when CUDA (cuBLAS) starts: set before it does
+    "no_cache_alloc": ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1"),
     "launch_blocking": ("CUDA_LAUNCH_BLOCKING", "1"),
     "deterministic": ("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),
     "deterministic_nofill": ("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),
