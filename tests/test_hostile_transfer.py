@@ -98,8 +98,7 @@ def setup(cluster, tmp_path):
 def shared_setup(cluster, tmp_path_factory):
     """One setup for the hostile records: each is refused and changes nothing (assert_held), so the next finds
     the same state, and the good fetch before them is made once."""
-    base = tmp_path_factory.mktemp("records")
-    return fetched_once(cluster, base), base
+    return fetched_once(cluster, tmp_path_factory.mktemp("records"))
 
 
 def fetched_once(cluster: Cluster, tmp_path: Path) -> Setup:
@@ -184,7 +183,7 @@ HOSTILE_RECORDS = {
 
 @pytest.mark.parametrize("case", list(HOSTILE_RECORDS))
 def test_a_hostile_record_is_refused_and_writes_nothing(shared_setup, case):
-    setup, base = shared_setup
+    setup = shared_setup
     record, message = HOSTILE_RECORDS[case]
     if isinstance(record, dict) and isinstance(record.get("report"), str):
         record = {**record, "report": record["report"].format(outside=setup.outside)}
@@ -197,7 +196,7 @@ def test_a_hostile_record_is_refused_and_writes_nothing(shared_setup, case):
         except OSError:  # a name no file system takes
             pass
     setup.write_record(record)
-    assert_held(setup, base, message)
+    assert_held(setup, setup.workdir.parent, message)  # the folder beside the workstation, shared by the records
 
 
 def test_a_remote_file_name_with_a_newline_is_refused(setup, tmp_path):

@@ -158,6 +158,7 @@ VOCABS = {
     "phi": (51200, 50295),
 }  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
+SDPA_FUSED_BACKENDS = ("flash", "mem_efficient", "cudnn")  # torch.backends.cuda.enable_{name}_sdp: sdpa_math's switches
 TOKENIZE_TARGET_S = 0.06
 
 
@@ -355,7 +356,7 @@ def run_case(
     torch.backends.cuda.matmul.allow_tf32 = case == "fp32_tf32"
     torch.use_deterministic_algorithms(case.startswith("deterministic"), warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = case != "deterministic_nofill"
-    for backend in ("flash", "mem_efficient", "cudnn"):  # sdpa_math: SDPA's fused backends off
+    for backend in SDPA_FUSED_BACKENDS:
         getattr(torch.backends.cuda, f"enable_{backend}_sdp")(case != "sdpa_math")
     held_out = host[-1].to("cuda") if case == "eval_every_step" else None
     per_op_ranges = contextlib.ExitStack()
@@ -470,7 +471,7 @@ def run_case(
             print(f"{case}: iteration {it} {elapsed:.3f} s", file=sys.stderr, flush=True)
     per_op_ranges.close()
     torch.cuda.set_per_process_memory_fraction(1.0)
-    for backend in ("flash", "mem_efficient", "cudnn"):
+    for backend in SDPA_FUSED_BACKENDS:
         getattr(torch.backends.cuda, f"enable_{backend}_sdp")(True)
     torch.autograd.set_detect_anomaly(False)
     torch.use_deterministic_algorithms(False)
