@@ -501,14 +501,6 @@ def test_ranking_puts_gains_first_then_warnings_then_notes_in_order():
     assert [f.rule for f in ranked(findings)] == ["d", "b", "e", "c", "a", "f"]
 
 
-def test_step_clock_idle_after_a_call():
-    busy = pd.DataFrame({"start": [0, 500, 2_000], "end": [300, 1_000, 3_000]})
-    clock = gains.StepClock.of(pd.DataFrame(), 4_000, SpilledUnion.of(busy), SpilledUnion().finish())
-    # ran dry at 300 during the call: 300-500; still running at the return: 0; idle before the call began
-    # does not count: 1,200-2,000; no work after it: 0
-    assert clock.idle_after([100, 600, 1_200, 3_100], [400, 900, 1_300, 3_200]).tolist() == [200, 0, 800, 0]
-
-
 def test_fused_attention_frees_the_host_time_of_the_launches_it_removes():
     """A host-bound step (the CPU never waits) with one unfused attention: fused attention saves no more GPU
     time than its glue and GEMMs, and in this step only the host's launch path in the share of launches it

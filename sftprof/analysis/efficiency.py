@@ -21,7 +21,6 @@ from sftprof.trace.tables import TraceTables
 # structured sparsity, which dense training does not use) and say that without it they are half as
 # large. Every figure below is DENSE: where the datasheet prints only the sparse figure it is halved;
 # `printed` quotes the datasheet as it stands, so the halving can be checked.
-SPARSITY_NOTE = "dense peaks: figures printed with sparsity (marked *) are halved"
 
 
 @dataclass(frozen=True)

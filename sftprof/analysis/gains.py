@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import cuda, gpu, intervals, kernels
+from sftprof.analysis import cuda, gpu, kernels
 from sftprof.analysis.spilled import SpilledUnion
 from sftprof.trace.events import EventStore, sql_in
 
@@ -113,38 +113,6 @@ class StepClock:
         """GPU idle inside each window [starts[i], ends[i])."""
         starts, ends = np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64")
         return (ends - starts) - self.gpu_busy.covered_ns(starts, ends)
-
-    def idle_after(self, starts, ends) -> np.ndarray:
-        """For each call [starts[i], ends[i]), the GPU idle that follows it: from when the GPU ran dry
-        (or the call began, if later) until the next GPU work starts; 0 where a GPU still ran when
-        the call returned, or no work followed in the capture."""
-        starts, ends = np.asarray(starts, dtype="int64"), np.asarray(ends, dtype="int64")
-        busy, n = self.gpu_busy, len(self.gpu_busy)
-        if not n:
-            return np.zeros(len(ends), dtype="int64")
-        begun = busy.positions(ends, "start", "right")  # busy stretches starting by the call's end
-        ran_dry = np.where(begun > 0, busy.at(np.maximum(begun - 1, 0))[1], np.iinfo("int64").min)
-        follows = begun < n
-        next_work = busy.at(np.minimum(begun, n - 1))[0]
-        idle = next_work - np.maximum(ran_dry, starts)
-        return np.where(follows & (ran_dry <= ends), np.clip(idle, 0, None), 0)
-
-    def idle_in_steps(self, longer_than: int = 0, at_most: int | None = None) -> np.ndarray:
-        """Per step, the GPU idle time (no device running anything) in stretches longer than
-        `longer_than` and up to `at_most`. The stretches are disjoint and in time order already,
-        so no union is taken: a launch-bound run has millions of them."""
-        idle = np.zeros(self.steps, dtype="int64")
-        for chunk_starts, chunk_ends in self.gpu_busy.holes():  # a chunk at a time: no temporary of 80 MB
-            lengths = chunk_ends - chunk_starts
-            keep = lengths > longer_than
-            if at_most is not None:
-                keep &= lengths <= at_most
-            # the stretches left out made empty, not removed: no copy of the ones kept
-            stretches = pd.DataFrame(
-                {"start": chunk_starts, "end": np.where(keep, chunk_ends, chunk_starts)}, copy=False
-            )
-            idle += intervals.covered_ns(stretches, self.starts, self.ends)
-        return idle.astype(float)
 
 
 def step_windows(steps: pd.DataFrame, span_ns: int) -> tuple[np.ndarray, np.ndarray]:
