@@ -43,7 +43,7 @@ Cases planted blind (no rule was written for them before their captures were ana
   deterministic    torch.use_deterministic_algorithms(True, warn_only=True) with CUBLAS_WORKSPACE_CONFIG=:4096:8
                    ("for reproducible runs"; its own process: cuBLAS reads the variable when it starts)
 
-Cases to plant blind on the Phi (--family phi), chosen before any rule was looked at for them; not yet run on a GPU:
+Cases planted blind on the Phi (--family phi), chosen before any rule was looked at for them (H100, 2026-12-07):
 
   eval_every_step  a validation loss on a held-out batch after every iteration (a no_grad forward and its .item())
   sdpa_math        SDPA's flash, memory-efficient and cuDNN backends turned off (left from a determinism hunt): SDPA
