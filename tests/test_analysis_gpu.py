@@ -1044,14 +1044,32 @@ def test_syncs_that_wait_for_the_copies_just_issued_are_the_copies():
 def test_unfused_attention_in_fp32_is_the_precision_findings():
     """Where mixed precision is off, unfused attention is counted by fp32_gemm (SDPA's flash kernels need 16-bit
     inputs): its own finding is not raised; in bf16 it is the attention finding's alone."""
-    runs = pd.DataFrame([{"start": 0, "glue_ns": 800, "gemm_ns": 200, "softmax_ns": 300, "kernels": 5}])
+    runs = pd.DataFrame(
+        [{"start": 0, "glue_ns": 800, "gemm_ns": 200, "full_gemm_ns": 200, "softmax_ns": 300, "kernels": 5}]
+    )
     fp32 = pd.DataFrame(
         [{"precision": "tf32", "time_pct": 100.0, "total_ns": 1_000, "instances": 2, "top_kernel": "tf32_gemm"}]
     )
     assert excess.unfused_attention_finding(runs, None, None, fp32, None) == []
-    assert not boundness.full_precision_gemms(fp32, None).empty
+    assert not boundness.full_precision_gemms(fp32, None, runs).empty
     assert boundness.full_precision_gemms(fp32, "bfloat16").empty  # the run reports half precision
     assert boundness.full_precision_gemms(fp32.assign(precision="bf16"), None).empty
+
+
+def test_fp32_gemms_only_in_unfused_attention_are_the_attentions():
+    """SDPA's math fallback runs bf16 attention's GEMMs in fp32 beside GEMMs whose names tell no precision
+    (nvjet): outside the attention runs the fp32 names hold too little GEMM time to say mixed precision is off."""
+    runs = pd.DataFrame(
+        [{"start": 0, "glue_ns": 800, "gemm_ns": 600, "full_gemm_ns": 600, "softmax_ns": 300, "kernels": 5}]
+    )
+    precision = pd.DataFrame(
+        [
+            {"precision": "fp32", "time_pct": 70.0, "total_ns": 700, "instances": 4, "top_kernel": "sm80_xmma_f32"},
+            {"precision": "not in the name", "time_pct": 30.0, "total_ns": 300, "instances": 6, "top_kernel": "nvjet"},
+        ]
+    )
+    assert not boundness.full_precision_gemms(precision, None).empty  # without the runs: 70% of GEMM time
+    assert boundness.full_precision_gemms(precision, None, runs).empty  # outside them: 100 of 400 ns
 
 
 def test_fill_share_counts_the_launches_that_write_one_value():

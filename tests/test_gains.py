@@ -512,7 +512,9 @@ def test_fused_attention_frees_the_host_time_of_the_launches_it_removes():
     chains = gains.ChainTotals(clock.starts, clock.ends)
     chains.kernels_by_step[:] = 100
     chains.launch_path_by_step[:] = 600_000
-    runs = pd.DataFrame({"start": [10], "glue_ns": [200_000], "gemm_ns": [100_000], "softmax_ns": [50_000]})
+    runs = pd.DataFrame(
+        {"start": [10], "glue_ns": [200_000], "gemm_ns": [100_000], "full_gemm_ns": [0], "softmax_ns": [50_000]}
+    )
     runs["kernels"] = [9]  # 9 glue kernels and 2 GEMMs become 1: 10 of the step's 100 launches removed
     (finding,) = excess.unfused_attention_finding(runs, clock, chains)
     assert finding.gain_pct == pytest.approx(100 * 600_000 * 10 / 100 / 1_000_000)
@@ -631,7 +633,9 @@ def test_fp32_counts_attention_it_leaves_unfused_once_as_fused_in_bf16():
         [{"precision": "tf32", "time_pct": 100.0, "total_ns": 300_000, "instances": 4, "top_kernel": "tf32_gemm"}]
     )
     families = pd.DataFrame({"family": ["elementwise"], "total_ns": [400_000]})
-    runs = pd.DataFrame({"start": [10], "glue_ns": [200_000], "gemm_ns": [100_000], "softmax_ns": [50_000]})
+    runs = pd.DataFrame(
+        {"start": [10], "glue_ns": [200_000], "gemm_ns": [100_000], "full_gemm_ns": [100_000], "softmax_ns": [50_000]}
+    )
     runs["kernels"] = [5]
     (alone,) = rules.fp32_gemm(precision, clock, None, None, families)
     assert alone.gain_pct == pytest.approx(100 * (150_000 + 200_000) / 1_000_000)

@@ -183,14 +183,22 @@ def half_precision(run_precision: str | None) -> bool:
     return run_precision_label(run_precision) in HALF_PRECISIONS
 
 
-def full_precision_gemms(gemm_precision: pd.DataFrame, run_precision: str | None) -> pd.DataFrame:
+def full_precision_gemms(
+    gemm_precision: pd.DataFrame, run_precision: str | None, attention_runs: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The fp32/tf32 rows of `gemm_precision` where mixed precision is off: no bf16/fp16/fp8 GEMM in the capture,
-    a run that does not report half precision, and fp32/tf32 names holding FP32_GEMM_MIN_PCT of GEMM time.
-    Empty otherwise."""
+    a run that does not report half precision, and fp32/tf32 names holding FP32_GEMM_MIN_PCT of the GEMM time
+    outside unfused attention (`attention_runs`: excess.unfused_attention). SDPA's math fallback computes
+    attention in fp32 whatever the model's precision, so fp32 attention GEMMs beside GEMMs whose names tell no
+    precision (cuBLASLt's nvjet) say that attention runs unfused, not that the model runs in fp32. Empty
+    otherwise."""
     if gemm_precision.empty or gemm_precision["precision"].isin(HALF_PRECISIONS).any() or half_precision(run_precision):
         return gemm_precision.iloc[:0]
     full = gemm_precision[gemm_precision["precision"].isin(FULL_PRECISIONS)]
-    return full if full["time_pct"].sum() >= FP32_GEMM_MIN_PCT else full.iloc[:0]
+    attention_ns = float(attention_runs["full_gemm_ns"].sum()) if attention_runs is not None else 0.0
+    outside = float(gemm_precision["total_ns"].sum()) - attention_ns
+    full_share = 100 * (float(full["total_ns"].sum()) - attention_ns) / outside if outside > 0 else 0.0
+    return full if full_share >= FP32_GEMM_MIN_PCT else full.iloc[:0]
 
 
 def gemm_precision_known(gemm_precision: pd.DataFrame, run_precision: str | None) -> tuple[str | None, str]:

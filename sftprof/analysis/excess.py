@@ -19,23 +19,24 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import gains, gpu
-from sftprof.analysis.boundness import full_precision_gemms
+from sftprof.analysis.boundness import FULL_PRECISIONS, full_precision_gemms
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import StepClock
+from sftprof.analysis.kernels import gemm_precisions
 from sftprof.trace.events import EventStore
 
 SOFTMAX = re.compile(r"softmax", re.IGNORECASE)
 LOSS_SOFTMAX = re.compile(r"log_?softmax", re.IGNORECASE)  # cross-entropy's, after the LM head
 FUSED_ATTENTION = "attention"  # kernels.KERNEL_FAMILIES' family of flash/fmha/SDPA kernels
 GEMM = "GEMM"
-COLUMNS = ["start", "glue_ns", "gemm_ns", "softmax_ns", "kernels"]
+COLUMNS = ["start", "glue_ns", "gemm_ns", "full_gemm_ns", "softmax_ns", "kernels"]
 FUSED_KERNELS = 1  # what a fused attention launches for a softmax run and its two GEMMs (flash: one forward kernel)
 
 
 def unfused_attention(events: EventStore) -> pd.DataFrame:
     """Each run of non-GEMM kernels between two GEMMs on a stream that holds an attention softmax: its first
-    kernel's `start`, the run's time (`glue_ns`), the two GEMMs around it (`gemm_ns`), its softmax kernels'
-    time (`softmax_ns`) and how many kernels it has."""
+    kernel's `start`, the run's time (`glue_ns`), the two GEMMs around it (`gemm_ns`; `full_gemm_ns` those of
+    them whose names show fp32 or tf32), its softmax kernels' time (`softmax_ns`) and how many kernels it has."""
     names = gains._names(events)
     if names.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -46,13 +47,14 @@ def unfused_attention(events: EventStore) -> pd.DataFrame:
             "name_id": names["name_id"].astype("int64"),
             "is_gemm": (names["family"] == GEMM).to_numpy(bool),
             "is_softmax": softmax.to_numpy(bool),
+            "is_full": gemm_precisions(label).isin(FULL_PRECISIONS).to_numpy(bool),
         }
     ).drop_duplicates("name_id")
     if not kinds["is_softmax"].any() or (names["family"] == FUSED_ATTENTION).any():  # nothing unfused to find
         return pd.DataFrame(columns=COLUMNS)
     source = f"""(SELECT coalesce(k.device_id::BIGINT, {gains.NULL_LAST}) AS device_id, k.start, k."end", k.duration,
                          coalesce(k.stream_id::BIGINT, {gains.NULL_LAST}) AS stream, coalesce(f.is_gemm, false) AS g,
-                         coalesce(f.is_softmax, false) AS s
+                         coalesce(f.is_softmax, false) AS s, coalesce(f.is_full, false) AS f
                   FROM kernels k LEFT JOIN kinds f ON f.name_id = k.name_id)"""
     runs = []
     # as gains.fusable_chains walks its runs: a device's kernels a window of start times at a time, put in
@@ -61,7 +63,7 @@ def unfused_attention(events: EventStore) -> pd.DataFrame:
         held = None
         for lo, hi in windows:
             rows = events.arrays(
-                f"SELECT start, duration, stream, g, s FROM {source} "
+                f"SELECT start, duration, stream, g, s, f FROM {source} "
                 f"WHERE device_id = {int(device)} AND start >= {lo} AND start < {hi}",
                 kinds=kinds,
             )
@@ -117,14 +119,16 @@ def _attention_runs(rows: dict[str, np.ndarray]) -> pd.DataFrame:
     glue_start = np.full(count, np.iinfo("int64").max)
     np.minimum.at(glue_start, segment[glue], start[glue])
     opening = np.where(opened, duration[first], 0)
+    full_opening = np.where(rows["f"][first], opening, 0)
     closed = np.r_[~new_stream[first[1:]], False]  # the next segment is the same stream's: a GEMM opens it
-    closing = np.r_[opening[1:], 0]
+    closing, full_closing = np.r_[opening[1:], 0], np.r_[full_opening[1:], 0]
     keep = opened & closed & has_softmax
     return pd.DataFrame(
         {
             "start": glue_start[keep],
             "glue_ns": glue_ns[keep].astype("int64"),
             "gemm_ns": (opening + closing)[keep].astype("int64"),
+            "full_gemm_ns": (full_opening + full_closing)[keep].astype("int64"),
             "softmax_ns": softmax_ns[keep].astype("int64"),
             "kernels": kernels[keep].astype("int64"),
         }
@@ -150,7 +154,7 @@ def unfused_attention_finding(
     ran): SDPA's flash or cuDNN backend would do it in one kernel, so it also launches fewer. Where mixed
     precision is off (boundness.full_precision_gemms), the fp32 finding counts these runs: SDPA's flash kernels
     need 16-bit inputs, so in fp32 it falls back to unfused attention, and bf16 is the one switch for both."""
-    if runs.empty or (gemm_precision is not None and len(full_precision_gemms(gemm_precision, run_precision))):
+    if runs.empty or (gemm_precision is not None and len(full_precision_gemms(gemm_precision, run_precision, runs))):
         return []
     saved, host_freed = attention_saving(runs, clock, chains)
     per_step = clock.gpu_side(saved, host_freed)
@@ -168,7 +172,16 @@ def unfused_attention_finding(
             f"glue kernels (softmax {ms(runs['softmax_ns'].sum() / steps)}), {ms(runs['gemm_ns'].sum() / steps)} "
             "in the GEMMs around them, which write and read the sequence x sequence scores.",
             "Use fused attention: torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
-            "attn_implementation='sdpa' or 'flash_attention_2'), which never writes the scores to memory.",
+            "attn_implementation='sdpa' or 'flash_attention_2'), which never writes the scores to memory. Where the "
+            "model calls SDPA already, SDPA fell back to its math backend: its fused backends are off "
+            "(torch.backends.cuda.flash_sdp_enabled(), mem_efficient_sdp_enabled(), cudnn_sdp_enabled(); an "
+            "sdpa_kernel(SDPBackend.MATH) context) or refused the call (fp32 inputs, a head size they lack)"
+            + (
+                f"; here {ms(runs['full_gemm_ns'].sum() / steps)} a step of the GEMMs around the softmax run in "
+                "fp32 (the math backend computes bf16 attention in fp32)."
+                if runs["full_gemm_ns"].sum() > 0
+                else "."
+            ),
             gain,
             "the glue kernels and the GEMMs around each attention softmax, taking fused attention's own time as "
             f"small beside them (an upper bound); at most the CPU's wait for the GPU plus the host's launch path in "

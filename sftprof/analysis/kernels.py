@@ -149,6 +149,11 @@ def family_summary(kernels: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["total_ns", "family"], ascending=[False, True]).reset_index(drop=True)
 
 
+def gemm_precisions(names: pd.Series) -> pd.Series:
+    """Each GEMM name's input precision (GEMM_PRECISIONS), UNKNOWN_PRECISION where the name shows none."""
+    return _first_match(names, GEMM_PRECISIONS).fillna(UNKNOWN_PRECISION)
+
+
 def gemm_precision(kernels: pd.DataFrame) -> pd.DataFrame:
     """GEMM time by input precision, as far as kernel names tell it. `kernels`: name_totals rows."""
     columns = ["precision", "time_pct", "total_ns", "instances", "top_kernel"]
@@ -156,7 +161,7 @@ def gemm_precision(kernels: pd.DataFrame) -> pd.DataFrame:
     if gemms.empty:
         return pd.DataFrame(columns=columns)
     gemms = gemms.assign(
-        precision=_first_match(gemms["name"].fillna(gemms["short_name"]), GEMM_PRECISIONS).fillna(UNKNOWN_PRECISION),
+        precision=gemm_precisions(gemms["name"].fillna(gemms["short_name"])),
         kernel=gemms["name"].fillna(gemms["short_name"]),
     )
     total = gemms["duration"].sum()

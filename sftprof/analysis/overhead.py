@@ -222,6 +222,13 @@ def _unknown(tables: TraceTables, clock: StepClock) -> list[Finding]:
         return []
     low, high = (events * cost for cost in EVENT_COST_NS)
     share = f"{100.0 * low / clock.step_ns:.0f}-{100.0 * high / clock.step_ns:.0f}%"
+    ops = _op_ranges(tables, clock) / max(clock.steps, 1)
+    op_ranges = (
+        f" {ops:,.0f} of them a step are op-level NVTX ranges (emit_nvtx: `aten::*` ops and autograd nodes), which "
+        "cost the run little without the profiler and each a traced event with it."
+        if ops
+        else ""
+    )
     return [
         Finding(
             "profiling_overhead",
@@ -232,8 +239,9 @@ def _unknown(tables: TraceTables, clock: StepClock) -> list[Finding]:
             f"against the run's own. The capture traced {events:,.0f} events a step (CUDA API and OS-runtime calls, "
             f"NVTX ranges); in measured host-bound runs each event made the step {EVENT_COST_NS[0] / 1e3:g}-"
             f"{EVENT_COST_NS[1] / 1e3:g} µs longer (docs/PROFILING-OVERHEAD.md). Host-bound findings may hold that "
-            "time; where the host runs ahead of the GPU (the CPU waits for it), the GPU's pace hides it.",
-            "Give the run's own step times (`sftprof analyze --metrics FILE`: the built-in trainer's and NeMo's "
+            "time; where the host runs ahead of the GPU (the CPU waits for it), the GPU's pace hides it." + op_ranges,
+            ("Capture without emit_nvtx (take op-level ranges from a second, short window). " if ops else "")
+            + "Give the run's own step times (`sftprof analyze --metrics FILE`: the built-in trainer's and NeMo's "
             "metrics, or a loop's own as `step`, `step_time_s`, `tokens_per_s`, `in_window` lines): sftprof then "
             "measures the overhead, takes it out of the host-bound gains, and gives every gain as a share of the "
             "unprofiled step.",

@@ -641,14 +641,14 @@ def fp32_gemm(
     attention_runs: pd.DataFrame | None = None,
     chains: ChainTotals | None = None,
 ) -> list[Finding]:
-    """Most GEMM time in fp32/tf32, no bf16/fp16/fp8 GEMM in the capture, and a run that does not report
-    half precision (`run_precision`, e.g. the trainer's "bfloat16"): mixed precision is off
+    """Most GEMM time outside unfused attention in fp32/tf32, no GEMM named bf16/fp16/fp8, and a run that does not
+    report half precision (`run_precision`, e.g. the trainer's "bfloat16"): mixed precision is off
     (boundness.full_precision_gemms). bf16 would run each GEMM at the GPU's bf16 rate (its datasheet's ratio to
     fp32 or tf32, excess.precision_ratio: 14.8x fp32 on an H100 or H200), and move half the bytes in the
     memory-bound kernels (`families`). Attention found unfused (`attention_runs`, excess.unfused_attention) is
     counted here as fused: in fp32, SDPA falls back to unfused attention where its flash kernels need 16-bit
     inputs, so bf16 (with SDPA) removes the runs' glue and GEMMs and their launches (excess.attention_saving)."""
-    full = full_precision_gemms(precision, run_precision)
+    full = full_precision_gemms(precision, run_precision, attention_runs)
     if full.empty:
         return []
     peak = peak_for(device_name)
@@ -679,7 +679,7 @@ def fp32_gemm(
     return [
         _gained(
             "fp32_gemm",
-            "GEMMs run in fp32: no bf16, fp16 or fp8 GEMM in the capture",
+            f"GEMMs run in fp32: {full['time_pct'].sum():.0f}% of GEMM time, and no GEMM named bf16, fp16 or fp8",
             f"By kernel name: {parts}; e.g. {full.iloc[0]['top_kernel'][:120]}. Memory-bound kernels "
             f"{_ms(streaming_ns / clock.steps)} per step, moving 4-byte values.{attention}",
             "Train in mixed precision: bf16 weights or torch.autocast('cuda', dtype=torch.bfloat16); FP8 with "
