@@ -653,9 +653,11 @@ def test_sdpa_math_fallback_is_unfused_attention_not_fp32(diagnosed):
 
 def test_an_optimizer_on_the_cpu_is_host_work_in_its_range_and_under(diagnosed):
     """AdamW on fp32 masters in host memory: the GPU idles while the CPU steps the optimizer, host_work in `update`,
-    first; the copies down and back and the launches between are other findings', so the top one is under."""
+    first, its remedy going by what the range does; the copies down and back and the launches between are other
+    findings', so the top one is under."""
     top, measured = diagnosed("cpu_adamw", source=PHI).findings[0], saving_in(PHI, "cpu_adamw")
     assert (top.rule, top.severity) == ("host_work", "warning") and "`update`" in top.evidence
+    assert "an optimizer stepped on the CPU" in top.recommendation
     assert 0.6 * measured < top.gain_pct < measured
 
 

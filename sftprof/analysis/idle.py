@@ -636,9 +636,11 @@ CAUSES = (
         "host_work",
         HOST_WORK,
         f"runs its own code for more than {HOST_GAP_NS / 1e6:g} ms at a time with nothing queued on the GPU",
-        "Take that work off the training thread's critical path: prepare and tokenize batches in DataLoader workers "
-        "(num_workers > 0, prefetch_factor) or a background thread, pre-tokenize the dataset, and let the CPU queue "
-        "the next step while the GPU runs (no per-step .item() or other sync before it).",
+        "Take that work off the training thread's critical path, by what the range named does: input work in "
+        "DataLoader workers (num_workers > 0, prefetch_factor) or a background thread, or a pre-tokenized dataset; "
+        "compute on the host (an optimizer stepped on the CPU, ZeRO-Offload style; statistics, a checkpoint, "
+        "gc.collect()) back on the GPU where memory allows, less often, or overlapped with the GPU's next work; and "
+        "let the CPU queue the next step while the GPU runs (no per-step .item() or other sync before it).",
     ),
     Cause(
         "thread_wait",
