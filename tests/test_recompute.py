@@ -1,4 +1,5 @@
-"""Recomputation (analysis/recompute.py): forward runs that another thread launches again in the same step."""
+"""Recomputation (analysis/recompute.py): forward runs that another thread launches again in the same step, and
+forward passes that no backward follows."""
 
 from __future__ import annotations
 
@@ -70,6 +71,33 @@ def test_host_time_before_a_repeated_kernel_becomes_recomputation():
     moved = pieces.recomputing(p_start, again).columns[1]
     recomputation = idle.CAUSE_NAMES.index(idle.RECOMPUTATION)
     assert moved.tolist() == [host, recomputation, sync, recomputation, host]
+
+
+def passes(*parts: tuple[int, list[int]]) -> tuple[int, int, int, int]:
+    """recompute._passes over one step launched in `parts` (thread, kernels) in order, each kernel taking 10 ns."""
+    tids = np.concatenate([np.full(len(kernels), tid) for tid, kernels in parts])
+    shape = np.concatenate([np.array(kernels, dtype=np.uint64) for _, kernels in parts])
+    return recompute._passes(tids, shape, np.full(len(tids), 10))
+
+
+LAYER = list(range(100, 100 + recompute.RUN))
+FORWARD = [1, 2] + LAYER * 3 + [3, 4]  # embedding, three layers, head and loss
+BACKWARD = [5] + list(range(200, 200 + recompute.RUN)) * 3 + [6]
+OPTIMIZER = [7, 8, 9]
+
+
+def test_a_forward_no_backward_follows_is_counted_with_its_kernels():
+    """An evaluation forward after the optimizer: two forward passes for one backward; the extra pass is as many
+    kernels as the first forward."""
+    assert passes((1, FORWARD), (2, BACKWARD), (1, OPTIMIZER + FORWARD)) == (2, 1, len(FORWARD), 10 * len(FORWARD))
+
+
+def test_accumulation_and_a_plain_step_have_no_extra_forward():
+    """Two micro-batches (forward, backward, forward, backward) make two passes of each; one pass of each is a plain
+    step; and a thread alone (no backward thread) is not counted."""
+    assert passes((1, FORWARD), (2, BACKWARD), (1, FORWARD), (2, BACKWARD), (1, OPTIMIZER))[2:] == (0, 0)
+    assert passes((1, FORWARD), (2, BACKWARD), (1, OPTIMIZER)) == (1, 1, 0, 0)
+    assert passes((1, FORWARD + OPTIMIZER + FORWARD)) == (0, 0, 0, 0)
 
 
 def test_in_sorted_finds_exact_starts():

@@ -13,6 +13,13 @@ Removing the recomputation saves what the GPU spent on the repeated kernels and 
 prepared and launched them and then handed back to the backward pass (the thread's stretches of recomputation:
 idle.idle_causes gives that idle the cause `recomputation`, so no other finding counts it), less the profiler's
 added time that fell there.
+
+The same runs count forward passes. A layer's forward is a run that repeats once per layer in each pass, so the
+step's first forward (the first thread's kernels before the backward thread's first) tells how often its most
+repeated run comes a pass, and that run's count over the step gives the forward passes. A pass after which the
+backward thread launches nothing before the next pass (or the step's end) has no backward: an evaluation every
+step, a teacher's or a reference model's forward, work the step repeats (`extra_forward`). Gradient accumulation's
+micro-batches each have their backward.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import pandas as pd
 
 from sftprof.analysis import idle, views
 from sftprof.analysis.findings import Finding, ms, severity_of
-from sftprof.analysis.gains import StepClock
+from sftprof.analysis.gains import ChainTotals, StepClock
 from sftprof.analysis.nvtx import launch_slices
 from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.trace.events import EventStore
@@ -32,6 +39,7 @@ from sftprof.trace.events import EventStore
 RUN = 12  # kernels in a row that must repeat the forward's: clean backward passes repeat runs of up to 4 (NeMo's)
 NAMES_LISTED = 3
 COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns"]
+PASS_COLUMNS = ["step_row", "forward", "followed", "extra_kernels", "extra_ns"]
 NAME_COLUMNS = ["kernel", "gpu_ns"]
 HOST_COLUMNS = ["tid", "start", "end", "handed_back"]
 
@@ -48,6 +56,7 @@ class Recomputed(NamedTuple):
     by_name: pd.DataFrame
     starts: np.ndarray
     host: pd.DataFrame
+    passes: pd.DataFrame  # per step: forward passes, those a backward follows, and the others' kernels and GPU time
 
 
 def _runs(shape: np.ndarray) -> np.ndarray:
@@ -57,6 +66,19 @@ def _runs(shape: np.ndarray) -> np.ndarray:
         for offset in range(RUN):
             key = key * np.uint64(1_000_003) + shape[offset : offset + len(key)]
     return key
+
+
+def _passes_by_process(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int, int, int, int]:
+    """_passes for each process of one step (ranks captured in one report each make their own passes): the most
+    forward passes and the most followed by a backward of any, and the other passes' kernels and time of all."""
+    forward = followed = kernels = ns = 0
+    process = (tids >> 24) & 0xFFFFFF
+    for pid in np.unique(process):
+        own = np.flatnonzero(process == pid)
+        its_forward, its_followed, its_kernels, its_ns = _passes(tids[own], shape[own], took[own])
+        forward, followed = max(forward, its_forward), max(followed, its_followed)
+        kernels, ns = kernels + its_kernels, ns + its_ns
+    return forward, followed, kernels, ns
 
 
 def _repeated(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
@@ -88,6 +110,42 @@ def _repeated_in_process(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
         np.add.at(covered, np.flatnonzero(hit) + RUN, -1)
         repeated[theirs[np.cumsum(covered)[:-1] > 0]] = True
     return repeated
+
+
+def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int, int, int, int]:
+    """One step's forward passes in one process, how many of them the backward thread's work follows, and the
+    kernels and GPU time (`took`) of the others (module docstring): each such pass spans as many of the first
+    thread's kernels as the step's first forward, from the same offset before its first layer run. (0, 0, 0, 0)
+    where there is no second thread or no run repeats in the first forward."""
+    first = tids[0]
+    mine = np.flatnonzero(tids == first)
+    others = tids[tids != first]
+    if len(mine) < 2 * RUN or len(others) < 2 * RUN:
+        return 0, 0, 0, 0
+    theirs = np.flatnonzero(tids == pd.Series(others).value_counts().index[0])  # the backward thread's kernels
+    forward_len = int(np.searchsorted(mine, theirs[0]))  # the first thread's kernels before the backward's first
+    if forward_len < 2 * RUN:
+        return 0, 0, 0, 0
+    keys = _runs(shape[mine])
+    values, counts = np.unique(keys[: forward_len - RUN + 1], return_counts=True)
+    per_pass = int(counts.max())  # the layer run: the run the first forward repeats most, once a layer
+    if per_pass < 2:
+        return 0, 0, 0, 0
+    at = mine[np.flatnonzero(keys == values[int(np.argmax(counts))])]  # every layer run's first kernel, in tids
+    forward = len(at) // per_pass
+    offset = int(np.searchsorted(mine, at[0]))  # the first forward's kernels before its first layer run
+    followed = kernels = ns = 0
+    for group in range(forward):
+        begins = int(np.searchsorted(mine, at[group * per_pass])) - offset
+        ends = at[(group + 1) * per_pass] if (group + 1) * per_pass < len(at) else len(tids)
+        backward_work = np.searchsorted(theirs, ends) - np.searchsorted(theirs, at[(group + 1) * per_pass - 1])
+        if backward_work >= RUN:
+            followed += 1
+            continue
+        span = mine[max(begins, 0) : max(begins, 0) + forward_len]
+        kernels += len(span)
+        ns += int(took[span].sum())
+    return forward, followed, kernels, ns
 
 
 def _host_stretches(tids, launched, returned, repeated) -> pd.DataFrame:
@@ -143,10 +201,12 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
         pd.DataFrame(columns=NAME_COLUMNS),
         np.zeros(0, "int64"),
         pd.DataFrame(columns=HOST_COLUMNS, dtype="int64"),
+        pd.DataFrame(columns=PASS_COLUMNS, dtype="int64"),
     )
     if not clock.has_gpu or not clock.has_steps:
         return empty
     rows: list[tuple[int, int, int, int]] = []
+    passes: list[tuple[int, int, int, int, int]] = []
     names: list[pd.DataFrame] = []
     starts: list[np.ndarray] = []
     host: list[pd.DataFrame] = []
@@ -157,9 +217,11 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
             if not len(part):
                 continue
             tids, start, end = kernels["tid"][part], kernels["start"][part], kernels["end"][part]
-            repeated = _repeated(tids, kernels["name_id"][part].astype(np.uint64))
+            shape = kernels["name_id"][part].astype(np.uint64)
+            repeated = _repeated(tids, shape)
             took = (end - start)[repeated]
             rows.append((int(kernels["row"][part[0]]), len(part), int(repeated.sum()), int(took.sum())))
+            passes.append((int(kernels["row"][part[0]]), *_passes_by_process(tids, shape, end - start)))
             if repeated.any():
                 names.append(pd.DataFrame({"name_id": kernels["name_id"][part][repeated], "gpu_ns": took}))
                 starts.append(start[repeated])
@@ -176,14 +238,16 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
     if held is not None and len(held["row"]):
         count(held)
     by_step = pd.DataFrame(rows, columns=COLUMNS).groupby("step_row", as_index=False).sum()
+    # count() gets each step once, whole (a step's kernels are held until a later step starts)
+    by_pass = pd.DataFrame(passes, columns=PASS_COLUMNS).drop_duplicates("step_row", keep="last")
     if not names:
-        return empty._replace(by_step=by_step)
+        return empty._replace(by_step=by_step, passes=by_pass)
     known = events.used_names("kernels").drop_duplicates("name_id")
     label = dict(zip(known["name_id"], known["short_name"].fillna(known["name"]), strict=True))
     by_name = pd.concat(names).groupby("name_id", as_index=False)["gpu_ns"].sum()
     by_name["kernel"] = [str(label.get(i) or f"kernel {i}") for i in by_name["name_id"]]
     by_name = by_name.sort_values("gpu_ns", ascending=False)[NAME_COLUMNS].reset_index(drop=True)
-    return Recomputed(by_step, by_name, np.sort(np.concatenate(starts)).astype("int64"), pd.concat(host))
+    return Recomputed(by_step, by_name, np.sort(np.concatenate(starts)).astype("int64"), pd.concat(host), by_pass)
 
 
 def recompute_finding(
@@ -227,5 +291,42 @@ def recompute_finding(
             "the repeated kernels' GPU time and the idle while the CPU launched them (idle_causes' recomputation "
             "rows): "
             f"{clock.scope(saved)}" + (share.basis if share else ""),
+        )
+    ]
+
+
+def extra_forward_finding(recomputed: Recomputed, clock: StepClock, chains: ChainTotals) -> list[Finding]:
+    """More forward passes a step than backward passes (recomputed's `passes`): the passes no backward follows are
+    work the step repeats, an evaluation or a frozen model's forward; removing them, or running them every N steps,
+    saves their kernels' GPU time, at most the CPU's wait for the GPU plus the host's launch path in the share of
+    launches removed (`chains`: gains.ChainTotals.host_freed, as for fused attention)."""
+    passes = recomputed.passes
+    extra = passes[passes["extra_ns"] > 0] if len(passes) else passes
+    if extra.empty:
+        return []
+    rows = extra["step_row"].to_numpy("int64")
+    saved, removed = np.zeros(clock.steps), np.zeros(clock.steps)
+    saved[rows], removed[rows] = extra["extra_ns"].to_numpy(float), extra["extra_kernels"].to_numpy(float)
+    per_step = clock.gpu_side(saved, chains.host_freed(clock, removed))
+    gain = clock.share(per_step)
+    steps = clock.steps
+    forward, followed = int(extra["forward"].median()), int(extra["followed"].median())
+    return [
+        Finding(
+            "extra_forward",
+            severity_of(gain),
+            f"{forward} forward passes a step, {followed} of them with a backward: a forward no backward follows",
+            f"In {len(extra)} of {steps} steps the thread that starts the step runs its layers' kernels {forward} "
+            f"times (each layer's run of {RUN} kernels counted against the step's first forward), and the backward "
+            f"thread's work follows {followed} of those passes: {int(extra['extra_kernels'].sum()) / steps:,.0f} "
+            f"kernels a step, {ms(float(np.median(saved)))} of GPU time, in the others. An evaluation every step, "
+            "or a frozen teacher's or reference model's forward, looks like this.",
+            "Evaluate every N steps, not every step (Hugging Face: eval_strategy='steps' with a larger eval_steps; "
+            "Lightning: val_check_interval); for a frozen model's outputs (a teacher's logits, DPO's reference "
+            "log-probabilities), compute them once ahead of training, or batch them with the step's forward.",
+            gain,
+            "the GPU time of each forward pass no backward follows (as many of the first thread's kernels as the "
+            "step's first forward); at most the CPU's wait for the GPU plus the host's launch path in the share of "
+            f"launches removed; {clock.scope(per_step)}",
         )
     ]

@@ -351,6 +351,7 @@ RULES: tuple[Rule, ...] = (
         ("attention_runs", "clock", "chains", "gemm_precision", "precision"),
     ),
     Rule("recomputation", recompute.recompute_finding, ("recomputed", "clock", "idle_views", "overhead")),
+    Rule("extra_forward", recompute.extra_forward_finding, ("recomputed", "clock", "chains")),
     Rule(
         "interconnect",
         rules.interconnect_findings,
