@@ -88,6 +88,12 @@ def saving_in(folder: Path, case: str) -> float:
     return measured_saving_pct(case, str((folder / "measured.jsonl").relative_to(FOREIGN)))
 
 
+def fix_saving_in(folder: Path, fix: str, case: str = "clean") -> float:
+    """A fix's saving, 1 - fix / case, on the median unprofiled iterations in a folder of FOREIGN."""
+    times = measured_ms(str((folder / "measured.jsonl").relative_to(FOREIGN)))
+    return 100 * (1 - times[fix] / times[case])
+
+
 def paired_savings_pct(case: str, timings: str = "measured.jsonl") -> list[float]:
     """The saving of each round: the case's median iteration against the clean run just before it."""
     runs = measured_runs(timings)
@@ -378,12 +384,6 @@ def test_alignment_slowdowns_are_the_measured_medians():
     assert {width: round(statistics.median(x), 2) for width, x in ratios.items()} == ALIGNMENT_SLOWDOWN
 
 
-def gpt2_fix_saving_pct(fix: str) -> float:
-    """A fix of the clean loop: 1 - fix / clean."""
-    times = measured_ms(f"{GPT2_BLIND.name}/measured.jsonl")
-    return 100 * (1 - times[fix] / times["clean"])
-
-
 def test_the_gpt2_clean_loops_fusion_warning_is_borne_out_by_both_fixes(diagnosed):
     """The clean GPT-2's one warning is a problem nobody planted: its GELU, written in Python, is eight kernels
     forward and more backward. PyTorch's one-kernel tanh GELU (the same function) and torch.compile each saved
@@ -391,7 +391,7 @@ def test_the_gpt2_clean_loops_fusion_warning_is_borne_out_by_both_fixes(diagnose
     [warning] = [f for f in diagnosed("clean", source=GPT2_BLIND).findings if f.severity == "warning"]
     assert warning.rule == "memory_bound_kernel_mix"
     for fix in ("gelu_tanh", "compiled"):
-        assert gpt2_fix_saving_pct(fix) > 20 and agrees(warning.gain_pct, gpt2_fix_saving_pct(fix)), fix
+        assert fix_saving_in(GPT2_BLIND, fix) > 20 and agrees(warning.gain_pct, fix_saving_in(GPT2_BLIND, fix)), fix
 
 
 @pytest.mark.parametrize("case, rule", [("fp32_lm_head", "fp32_gemm"), ("gc_collect", "host_work")])
@@ -520,17 +520,11 @@ def test_an_average_of_the_weights_kept_parameter_by_parameter_costs_little_and_
 BIGCODE = FOREIGN / "gpt_bigcode_blind"
 
 
-def bigcode_fix_saving_pct(fix: str, case: str = "clean") -> float:
-    """1 - fix / case, on the median unprofiled iterations of the GPTBigCode set."""
-    times = measured_ms(f"{BIGCODE.relative_to(FOREIGN)}/measured.jsonl")
-    return 100 * (1 - times[fix] / times[case])
-
-
 def test_each_bigcode_problem_was_measured():
     savings = {c: saving_in(BIGCODE, c) for c in ("offload_activations", "fp32_tf32", "teacher_h2d", "deterministic")}
     assert all(saving > 20 for saving in savings.values()), savings
     assert 0 < saving_in(BIGCODE, "padded_mask") < 20
-    assert bigcode_fix_saving_pct("teacher_pinned", "teacher_h2d") > 15
+    assert fix_saving_in(BIGCODE, "teacher_pinned", "teacher_h2d") > 15
 
 
 def test_a_pageable_copy_to_the_gpu_each_step_is_the_interconnects_and_pinning_it_is_the_fix(diagnosed):
@@ -540,7 +534,7 @@ def test_a_pageable_copy_to_the_gpu_each_step_is_the_interconnects_and_pinning_i
     top = diagnosed("teacher_h2d", source=BIGCODE).findings[0]
     assert (top.rule, top.severity) == ("interconnect", "warning")
     assert agrees(top.gain_pct, saving_in(BIGCODE, "teacher_h2d")), top.gain_pct
-    assert agrees(top.gain_pct, bigcode_fix_saving_pct("teacher_pinned", "teacher_h2d")), top.gain_pct
+    assert agrees(top.gain_pct, fix_saving_in(BIGCODE, "teacher_pinned", "teacher_h2d")), top.gain_pct
 
 
 def test_offloaded_activations_are_the_interconnects_with_the_syncs_that_wait_for_them(diagnosed):
@@ -593,7 +587,7 @@ def test_the_bigcode_clean_loops_warning_is_borne_out_in_direction_by_torch_comp
     findings = diagnosed("clean", source=BIGCODE).findings
     warnings = [f.rule for f in findings if f.severity == "warning"]
     assert warnings == ["launch_bound", "profiling_overhead"]
-    assert 5 < bigcode_fix_saving_pct("compiled") < findings[0].gain_pct
+    assert 5 < fix_saving_in(BIGCODE, "compiled") < findings[0].gain_pct
     headline = diagnosed("clean", source=BIGCODE).headline
     assert headline["steps_captured"] == 4 and not headline["steps_found_by"].startswith("inferred")
 
@@ -624,18 +618,12 @@ def test_deterministic_algorithms_cost_follows_the_host():
 PHI = FOREIGN / "phi_blind"
 
 
-def phi_fix_saving_pct(fix: str) -> float:
-    """1 - fix / clean, on the median unprofiled iterations of the Phi set."""
-    times = measured_ms(f"{PHI.relative_to(FOREIGN)}/measured.jsonl")
-    return 100 * (1 - times[fix] / times["clean"])
-
-
 def test_each_phi_problem_was_measured():
     savings = {c: saving_in(PHI, c) for c in ("eval_every_step", "sdpa_math", "cpu_adamw")}
     assert all(saving > 20 for saving in savings.values()), savings
     assert 0 < saving_in(PHI, "fp64_loss") < 15 and saving_in(PHI, "emit_nvtx") < 10
     assert abs(saving_in(PHI, "memory_tight")) < 5  # the cap cost nothing: the allocator's peak fitted
-    assert phi_fix_saving_pct("compiled") > 30
+    assert fix_saving_in(PHI, "compiled") > 30
 
 
 def test_sdpa_math_fallback_is_unfused_attention_not_fp32(diagnosed):
@@ -692,7 +680,7 @@ def test_the_phi_clean_loops_warning_is_borne_out_by_torch_compile(diagnosed):
     nothing the clean loop does not."""
     clean = diagnosed("clean", source=PHI)
     assert (clean.findings[0].rule, clean.findings[0].severity) == ("memory_bound_kernel_mix", "warning")
-    assert agrees(clean.findings[0].gain_pct, phi_fix_saving_pct("compiled")), clean.findings[0].gain_pct
+    assert agrees(clean.findings[0].gain_pct, fix_saving_in(PHI, "compiled")), clean.findings[0].gain_pct
     assert clean.headline["steps_found_by"].startswith("inferred")
     warned = lambda case: {f.rule for f in diagnosed(case, source=PHI).findings if f.severity == "warning"}  # noqa: E731
     assert warned("memory_tight") <= warned("clean") | {"profiling_overhead"}
