@@ -68,27 +68,25 @@ def _runs(shape: np.ndarray) -> np.ndarray:
     return key
 
 
-def _passes_by_process(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int, int, int, int]:
-    """_passes for each process of one step (ranks captured in one report each make their own passes): the most
-    forward passes and the most followed by a backward of any, and the other passes' kernels and time of all."""
-    forward = followed = kernels = ns = 0
+def _processes(tids: np.ndarray):
+    """The positions of each process's kernels among one step's (`tids`: global thread ids, pid << 24): ranks
+    captured in one report each launch their own forward and backward."""
     process = (tids >> 24) & 0xFFFFFF
     for pid in np.unique(process):
-        own = np.flatnonzero(process == pid)
-        its_forward, its_followed, its_kernels, its_ns = _passes(tids[own], shape[own], took[own])
-        forward, followed = max(forward, its_forward), max(followed, its_followed)
-        kernels, ns = kernels + its_kernels, ns + its_ns
-    return forward, followed, kernels, ns
+        yield np.flatnonzero(process == pid)
+
+
+# How _passes' counts combine over a step's processes (each counted alone), and over parts of one step: the passes
+# are each process's own, the extra passes' kernels and time add up.
+PASS_TOTALS = {"forward": "max", "followed": "max", "extra_kernels": "sum", "extra_ns": "sum"}
 
 
 def _repeated(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
     """Which kernels of one step (launch order) belong to a run of RUN that the first thread of their process
     to launch in the step launched too, on another thread of that process. Per process: ranks captured in one
-    report each launch the same forward, which is not recomputation. `tids`: global thread ids (pid << 24)."""
+    report each launch the same forward, which is not recomputation."""
     repeated = np.zeros(len(shape), dtype=bool)
-    process = (tids >> 24) & 0xFFFFFF
-    for pid in np.unique(process):
-        own = np.flatnonzero(process == pid)
+    for own in _processes(tids):
         repeated[own] = _repeated_in_process(tids[own], shape[own])
     return repeated
 
@@ -216,12 +214,13 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
         for part in np.split(np.arange(len(kernels["row"])), bounds):
             if not len(part):
                 continue
-            tids, start, end = kernels["tid"][part], kernels["start"][part], kernels["end"][part]
+            row, tids, start = int(kernels["row"][part[0]]), kernels["tid"][part], kernels["start"][part]
+            durations = kernels["end"][part] - start
             shape = kernels["name_id"][part].astype(np.uint64)
             repeated = _repeated(tids, shape)
-            took = (end - start)[repeated]
-            rows.append((int(kernels["row"][part[0]]), len(part), int(repeated.sum()), int(took.sum())))
-            passes.append((int(kernels["row"][part[0]]), *_passes_by_process(tids, shape, end - start)))
+            took = durations[repeated]
+            rows.append((row, len(part), int(repeated.sum()), int(took.sum())))
+            passes.extend((row, *_passes(tids[own], shape[own], durations[own])) for own in _processes(tids))
             if repeated.any():
                 names.append(pd.DataFrame({"name_id": kernels["name_id"][part][repeated], "gpu_ns": took}))
                 starts.append(start[repeated])
@@ -238,8 +237,9 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
     if held is not None and len(held["row"]):
         count(held)
     by_step = pd.DataFrame(rows, columns=COLUMNS).groupby("step_row", as_index=False).sum()
-    # count() gets each step once, whole (a step's kernels are held until a later step starts)
-    by_pass = pd.DataFrame(passes, columns=PASS_COLUMNS).drop_duplicates("step_row", keep="last")
+    # one row a step: its processes, and its parts where its kernels came in two slices (processes' correlation ids
+    # overlap), as by_step sums them
+    by_pass = pd.DataFrame(passes, columns=PASS_COLUMNS).groupby("step_row", as_index=False).agg(PASS_TOTALS)
     if not names:
         return empty._replace(by_step=by_step, passes=by_pass)
     known = events.used_names("kernels").drop_duplicates("name_id")
