@@ -55,6 +55,17 @@ Cases planted blind on the Phi (--family phi), chosen before any rule was looked
   memory_tight     GPU memory capped at 1.05 x the loop's peak allocation from iteration 2 on (a device nearly full:
                    the caching allocator frees its cache and retries when a request does not fit)
 
+Cases planted blind on the Gemma (--family gemma), chosen before any rule was looked at for them:
+
+  distill_teacher  distillation from a frozen teacher (the student's architecture) whose forward runs under no_grad
+                   before the student's every iteration; loss = cross-entropy + KL(teacher || student) in float32
+  eval_every_4     a validation loss over 4 held-out batches every 4th iteration (one in each 4-iteration window)
+  autocast_fp32_weights  float32 weights under torch.autocast(bfloat16), as a Trainer's bf16 flag runs them: the
+                   weights cast to bf16 every forward, gradients and AdamW in float32
+  sync_timing      torch.cuda.synchronize() after the forward, the backward and the update, to log each phase's time
+  pad_to_max       sequences of 256 real tokens padded to 1024 (a collator's padding="max_length"), with the attention
+                   mask and ignored labels on the padding
+
 Cases tried on rules written for the cases above, not for them:
 
   offload_pageable     offload_activations with save_on_cpu(pin_memory=False): the copies to and from pageable memory
@@ -66,6 +77,8 @@ instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written 
 embedding padded to 50,304 as nanoGPT pads it), --family gpt_bigcode a GPTBigCode (StarCoder's architecture: one
 shared key and value head, multi-query attention; vocab 49,152), --family phi a Phi (Phi-2's architecture: attention
 and MLP in parallel off one layer norm, partial rotary embeddings, GELU written in Python; vocab 51,200), and
+--family gemma a Gemma (Gemma's architecture: GeGLU MLP 8x wide, RMSNorm, grouped-query attention with 4 key and value
+heads, the embedding scaled and tied; Gemma's 256,000-token vocabulary), and
 --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
@@ -79,7 +92,9 @@ saving is 1 - FIX / clean:
   compiled_graphs  the model under torch.compile(mode="reduce-overhead"): fused and replayed as CUDA graphs, so the
                    forward and backward launch no kernel one by one (what a launch-bound finding proposes)
 
-and ema_foreach is ema_loop's average updated by two foreach calls over all parameters (its saving is
+distill_cached is distill_teacher with the teacher's logits computed once (stored with the data) rather than every
+iteration (1 - distill_cached / distill_teacher), pad_longest is pad_to_max's batches padded to their longest sequence
+(1 - pad_longest / pad_to_max), and ema_foreach is ema_loop's average updated by two foreach calls over all parameters (its saving is
 1 - ema_foreach / ema_loop), teacher_pinned teacher_h2d's target in pinned memory, copied one iteration ahead with
 non_blocking as the batches are (1 - teacher_pinned / teacher_h2d).
 
@@ -141,8 +156,13 @@ CASES = (
     "fp64_loss",
     "emit_nvtx",
     "memory_tight",
+    "distill_teacher",
+    "eval_every_4",
+    "autocast_fp32_weights",
+    "sync_timing",
+    "pad_to_max",
 )
-FIXES = ("compiled", "gelu_tanh", "compiled_layers", "compiled_graphs")
+FIXES = ("compiled", "gelu_tanh", "compiled_layers", "compiled_graphs", "distill_cached", "pad_longest")
 OWN_PROCESS = {  # read when CUDA (cuBLAS) starts: set before it does
     "no_cache_alloc": ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1"),
     "launch_blocking": ("CUDA_LAUNCH_BLOCKING", "1"),
@@ -156,10 +176,13 @@ VOCABS = {
     "gpt2": (50304, 50257),
     "gpt_bigcode": (49152, 49152),
     "phi": (51200, 50295),
+    "gemma": (256000, 256000),
 }  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
 SDPA_FUSED_BACKENDS = ("flash", "mem_efficient", "cudnn")  # torch.backends.cuda.enable_{name}_sdp: sdpa_math's switches
 TOKENIZE_TARGET_S = 0.06
+EVAL_EVERY, EVAL_BATCHES = 4, 4  # eval_every_4: a validation pass over 4 held-out batches every 4th iteration
+PADDED_LENGTH = 256  # pad_to_max: each sequence's real tokens, padded to SEQ
 
 
 class Nvtx:
@@ -184,6 +207,8 @@ def vocab(case: str) -> int:
 
 def build_model(case: str) -> torch.nn.Module:
     from transformers import (
+        GemmaConfig,
+        GemmaForCausalLM,
         GPT2Config,
         GPT2LMHeadModel,
         GPTBigCodeConfig,
@@ -215,6 +240,9 @@ def build_model(case: str) -> torch.nn.Module:
     elif FAMILY == "phi":
         model_class = PhiForCausalLM
         config = PhiConfig(**shape, intermediate_size=4096)
+    elif FAMILY == "gemma":
+        model_class = GemmaForCausalLM
+        config = GemmaConfig(**shape, intermediate_size=8192, head_dim=64, num_key_value_heads=4)
     elif FAMILY == "gpt_bigcode":
         model_class = GPTBigCodeForCausalLM
         config = GPTBigCodeConfig(**shape, n_inner=4096, multi_query=True)
@@ -223,7 +251,7 @@ def build_model(case: str) -> torch.nn.Module:
         config = GPTNeoXConfig(**shape, intermediate_size=4096, rotary_pct=0.25)
     attention = "eager" if case == "eager_attention" else "sdpa"
     torch.manual_seed(0)
-    dtype = torch.float32 if case in ("fp32", "fp32_tf32") else torch.bfloat16
+    dtype = torch.float32 if case in ("fp32", "fp32_tf32", "autocast_fp32_weights") else torch.bfloat16
     with torch.device("cuda"):  # initialised on the GPU: 410M parameters on the CPU take tens of seconds
         model = model_class._from_config(config, attn_implementation=attention).to(dtype)
     model.train()
@@ -283,6 +311,16 @@ class HostAdamW:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
             p.grad = None
+
+
+def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy plus KL(teacher || student) over the vocabulary, both in float32 from one
+    log_softmax of the student's logits."""
+    log_p = torch.log_softmax(logits.float(), -1)
+    targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+    ce = torch.nn.functional.nll_loss(log_p.flatten(0, 1), targets.flatten())
+    log_q = torch.log_softmax(teacher_logits.float(), -1)
+    return ce + torch.nn.functional.kl_div(log_p, log_q, log_target=True, reduction="batchmean")
 
 
 def make_tokenizer(seed_text: str):
@@ -363,9 +401,17 @@ def run_case(
     if case == "emit_nvtx":  # an NVTX range for every op, left on from a profiling session
         per_op_ranges.enter_context(torch.autograd.profiler.emit_nvtx())
     mask = None
-    if case == "padded_mask":
+    if case in ("padded_mask", "pad_to_max"):
         mask = torch.ones(BATCH, SEQ, dtype=torch.long, device="cuda")
-        mask[:, -1] = 0
+        mask[:, PADDED_LENGTH if case == "pad_to_max" else -1 :] = 0
+    teacher_model = teacher_logits = None
+    if case.startswith("distill_"):
+        teacher_model = build_model("clean").eval().requires_grad_(False)
+        if case == "distill_cached":  # the teacher's logits computed once, as if stored beside the data
+            with torch.no_grad():
+                teacher_logits = teacher_model(input_ids=host[0].to("cuda")).logits
+            teacher_model = None
+    eval_batches = [b.to("cuda") for b in host[:EVAL_BATCHES]] if case == "eval_every_4" else []
     tokenize = text = None
     if case == "tokenize_no_nvtx":
         tokenize = make_tokenizer(corpus(50000))
@@ -404,7 +450,17 @@ def run_case(
             passes = {"fetch_s": time.perf_counter() - started}
         begun = time.perf_counter()
         for part in batch.chunk(micro_batches):  # one part unless micro_batch_1: accumulated gradients
-            if case.startswith("offload_"):
+            if case == "pad_longest":  # pad_to_max's batch padded to its longest sequence: no padding left
+                part = part[:, :PADDED_LENGTH].contiguous()
+            if case.startswith("distill_"):
+                if teacher_model is not None:  # the frozen teacher's forward, before the student's
+                    with torch.no_grad():
+                        teacher_logits = teacher_model(input_ids=part).logits
+                loss = distill_loss(model(input_ids=part).logits, teacher_logits, part)
+            elif case == "autocast_fp32_weights":  # float32 weights, bf16 compute: the weights cast every forward
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(input_ids=part, labels=part).loss
+            elif case.startswith("offload_"):
                 with torch.autograd.graph.save_on_cpu(pin_memory=case == "offload_activations"):
                     loss = model(input_ids=part, labels=part).loss
             elif case == "fp64_loss":  # the loss in float64 "for a stable loss"
@@ -424,7 +480,13 @@ def run_case(
                 torch.cuda.synchronize()
                 passes["forward_s"] = time.perf_counter() - begun
                 begun = time.perf_counter()
+            if case == "sync_timing":  # each phase timed for a log line, waiting for the GPU to finish it
+                torch.cuda.synchronize()
+                passes["forward_s"] = time.perf_counter() - begun
             loss.backward()
+            if case == "sync_timing":
+                torch.cuda.synchronize()
+                passes["backward_s"] = time.perf_counter() - begun
         if case == "grad_norm_log":
             grad_norms = {name: p.grad.norm().item() for name, p in model.named_parameters() if p.grad is not None}
             passes["grad_norms"] = len(grad_norms)
@@ -438,6 +500,9 @@ def run_case(
         nvtx.push("update")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if case == "sync_timing":
+            torch.cuda.synchronize()
+            passes["update_s"] = time.perf_counter() - begun
         if case == "empty_cache":
             torch.cuda.empty_cache()
         if case == "gc_collect":
@@ -452,6 +517,12 @@ def run_case(
             model.eval()
             with torch.no_grad():
                 passes["val_loss"] = model(input_ids=held_out, labels=held_out).loss.item()
+            model.train()
+        if eval_batches and it % EVAL_EVERY == EVAL_EVERY - 1:  # a validation loss every 4th iteration
+            model.eval()
+            with torch.no_grad():
+                losses = [model(input_ids=b, labels=b).loss for b in eval_batches]
+                passes["val_loss"] = torch.stack(losses).mean().item()
             model.train()
         if case == "state_to_cpu":
             checkpoint = {name: t.to("cpu") for name, t in model.state_dict().items()}
@@ -477,7 +548,7 @@ def run_case(
     torch.use_deterministic_algorithms(False)
     torch.utils.deterministic.fill_uninitialized_memory = True
     torch.backends.cuda.matmul.allow_tf32 = False
-    del model, optimizer
+    del model, optimizer, teacher_model, teacher_logits, eval_batches
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
 
