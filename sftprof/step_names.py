@@ -17,6 +17,12 @@ STEP_RANGE = re.compile(
     re.IGNORECASE,
 )
 
+# Any range named a word and a number (`minibatch 12`, `opt_step_12`, `domain:batch#3`): where no range is a known
+# step range and the GPU timeline does not repeat, the family of these whose numbers count up by one, one range after
+# another on a thread, is taken as the steps (cpu.numbered_steps). Letters, `_`, `-`, `.` and spaces before the
+# number: an op range of emit_nvtx (`aten::mm, seq = 12`) has a comma.
+NUMBERED_RANGE = re.compile(rf"^(?:.*:)?([A-Za-z][A-Za-z_ .-]{{0,40}}?)[ _#-]?({STEP_NUMBER})$")
+
 
 def step_pattern(text: str | None = None) -> re.Pattern:
     """The pattern step ranges are found by: STEP_RANGE, or a user's regular expression whose first group that

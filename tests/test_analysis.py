@@ -151,8 +151,61 @@ def test_findings_name_slow_steps_and_gpu_facts_with_evidence():
         rules["top_kernel"].title.startswith("Top kernel takes 85.7%") and "elementwise" in rules["top_kernel"].evidence
     )
     assert "step 2 40.0 ms" in rules["slow_steps"].evidence
+    # what the run saves if the slow step took the median's time: 30 of the steps' 70 ms
+    assert rules["slow_steps"].gain_pct == pytest.approx(100 * 30 / 70, abs=0.001)
     assert rules["gpu_busy"].severity == "info" and "87.5%" in rules["gpu_busy"].title
     assert result.headline["steps_captured"] == 4
+
+
+def _named_ranges(*spans: tuple[str, float, float]) -> pd.DataFrame:
+    """NVTX ranges on one thread: (name, start ms, end ms) each."""
+    rows = [(name, int(a * 1e6), int(b * 1e6)) for name, a, b in spans]
+    return pd.DataFrame(
+        [
+            {
+                "start": a,
+                "end": b,
+                "duration": b - a,
+                "name": n,
+                "style": "PushPop",
+                "global_tid": 1,
+                "pid": 1,
+                "tid": 1,
+            }
+            for n, a, b in rows
+        ]
+    )
+
+
+def _numbered(name: str, numbers, inner: str = "layer") -> pd.DataFrame:
+    """A range `name N` 10 ms long for each number, one after another, each holding `inner 0` and `inner 1`."""
+    spans = []
+    for i, number in enumerate(numbers):
+        t = 10.0 * i
+        spans += [(f"{name} {number}", t, t + 10), (f"{inner} 0", t + 1, t + 4), (f"{inner} 1", t + 5, t + 9)]
+    return _named_ranges(*spans)
+
+
+def test_ranges_numbered_one_after_another_are_the_steps_where_nothing_else_finds_them():
+    """A loop's own name for its iterations (`minibatch N`), unknown to sftprof and with no kernels to infer steps
+    from: the family whose numbers count up by one from range to range is the steps, not the layers inside them
+    (which count from 0 again every step), and the report says how they were found."""
+    result = analyze(_tables_with(nvtx=_numbered("minibatch", [5, 6, 7])))
+    assert result.headline["steps_captured"] == 3
+    assert "numbered one after another (named like 'minibatch 5')" in result.headline["steps_found_by"]
+
+
+@pytest.mark.parametrize(
+    "nvtx",
+    [
+        _numbered("minibatch", [5, 7, 8]),  # a number skipped: not one range after another
+        _numbered("minibatch", [7, 6, 5]),  # counting down
+        _named_ranges(("chunk 1", 0, 10), ("chunk 2", 5, 15)),  # overlapping
+        _named_ranges(("aten::mm, seq = 1", 0, 10), ("aten::mm, seq = 2", 10, 20)),  # emit_nvtx's op ranges
+    ],
+)
+def test_ranges_that_do_not_count_up_one_after_another_are_not_steps(nvtx):
+    assert analyze(_tables_with(nvtx=nvtx)).headline["steps_captured"] == 0
 
 
 def test_no_false_alarms_on_even_steps_without_gpu():

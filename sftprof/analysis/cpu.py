@@ -12,7 +12,7 @@ from sftprof.analysis import cuda, step_inference
 from sftprof.analysis.sched import CoreUse
 from sftprof.analysis.stats import finish_summary, grouped_summary
 from sftprof.errors import SftprofError, shown
-from sftprof.step_names import STEP_NUMBER, STEP_RANGE
+from sftprof.step_names import NUMBERED_RANGE, STEP_NUMBER, STEP_RANGE
 from sftprof.trace.events import THREAD_IDS, sql_in
 from sftprof.trace.tables import TraceTables
 
@@ -122,6 +122,31 @@ def step_ranges(nvtx: pd.DataFrame, pattern: re.Pattern = STEP_RANGE) -> pd.Data
     return nvtx.iloc[rows].assign(step=number[codes[rows]])
 
 
+def numbered_steps(events) -> pd.DataFrame:
+    """The ranges of the family of NUMBERED_RANGE names (one word, counted) that run one after another on a thread
+    and count up by one there, with the number as `step`; of several such families, the one covering the most time
+    (the outermost: iterations, not the micro-batches or layers inside them, which count again from 0 every step).
+    Empty where there is none."""
+    names = pd.Series(events.nvtx_categories()[0], dtype=object).astype(str)
+    parts = names.str.extract(NUMBERED_RANGE)
+    wanted = np.flatnonzero(parts[1].notna().to_numpy())
+    empty = pd.DataFrame(columns=["start", "end", "duration", "name", "style", "global_tid", "pid", "tid", "step"])
+    if not len(wanted):
+        return empty
+    ranges = events.nvtx_frame(sql_in("name_id", wanted))
+    labels = ranges["name"].astype(str)
+    family = labels.map(dict(zip(names.iloc[wanted], parts[0].iloc[wanted].str.lower(), strict=True)))
+    number = labels.map(dict(zip(names.iloc[wanted], parts[1].iloc[wanted].astype("int64"), strict=True)))
+    best, covered = empty, 0
+    for _, rows in ranges.assign(step=number).groupby([family, ranges["global_tid"]], sort=False):
+        rows = rows.sort_values("start")
+        in_order = (np.diff(rows["step"].to_numpy("int64")) == 1).all()
+        apart = (rows["start"].to_numpy()[1:] >= rows["end"].to_numpy()[:-1]).all()
+        if len(rows) >= 2 and in_order and apart and int(rows["duration"].sum()) > covered:
+            best, covered = rows, int(rows["duration"].sum())
+    return best
+
+
 def one_timeline(steps: pd.DataFrame) -> pd.DataFrame:
     """Step ranges that do not overlap, as the gains' step windows must not: where several threads mark the
     steps (ranks of one capture, or a loop and its helper) one thread's, the one with the most (the first to
@@ -190,7 +215,17 @@ def training_steps(marked: pd.DataFrame, events) -> FoundSteps:
         return FoundSteps(table, how)
     inferred = step_inference.infer_steps(events)
     if inferred is None:
-        return FoundSteps(table, "no step ranges and no repeating kernel sequence: the capture counts as one step")
+        numbered = numbered_steps(events)
+        if len(numbered) < 2:
+            return FoundSteps(table, "no step ranges and no repeating kernel sequence: the capture counts as one step")
+        phases = marked[marked["name"].isin(PHASES)].assign(step=pd.NA)
+        table = step_table(pd.concat([numbered, phases], ignore_index=True).astype({"step": "Int64"}))
+        how = (
+            f"{len(table)} NVTX ranges numbered one after another (named like {str(numbered['name'].iloc[0])!r}), "
+            "taken as the steps: no range has a step's name and the GPU timeline does not repeat "
+            "(--step-range names them)"
+        )
+        return FoundSteps(table, how)
     found = inferred.table[["step", "start", "end", "duration"]].copy()
     for phase in PHASES:
         found[f"{phase}_ns"] = 0
