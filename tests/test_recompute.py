@@ -100,6 +100,23 @@ def test_accumulation_and_a_plain_step_have_no_extra_forward():
     assert passes((1, FORWARD + OPTIMIZER + FORWARD)) == (0, 0, 0, 0)
 
 
+def test_a_frozen_forward_before_the_trained_one_is_a_pass_of_its_own():
+    """A teacher's forward launched just before the student's: the first forward holds two passes, told apart by the
+    spacing of their layers' runs (the teacher's head and the student's embedding between them). The teacher's pass
+    is extra, its kernels up to the student's first; a shallower teacher (4 layers for the student's 8) too."""
+    deep = [1, 2] + LAYER * 8 + [3, 4]
+    assert passes((1, deep + deep), (2, BACKWARD), (1, OPTIMIZER)) == (2, 1, len(deep), 10 * len(deep))
+    shallow = [1, 2] + LAYER * 4 + [3, 4]
+    assert passes((1, shallow + deep), (2, BACKWARD), (1, OPTIMIZER)) == (2, 1, len(shallow), 10 * len(shallow))
+
+
+def test_a_layer_run_twice_a_layer_at_two_spacings_is_one_pass():
+    """A layer whose run comes twice at alternating distances (13 and 14 kernels) is not a pass boundary: both
+    spacings are the layers' own."""
+    layer = LAYER + [50] + LAYER + [51, 52]
+    assert passes((1, [1, 2] + layer * 3 + [3, 4]), (2, BACKWARD), (1, OPTIMIZER)) == (1, 1, 0, 0)
+
+
 def test_in_sorted_finds_exact_starts():
     assert idle._in_sorted(np.array([5, 7, 12, -1]), np.array([3, 7, 12])).tolist() == [False, True, True, False]
     assert not idle._in_sorted(np.array([5]), np.zeros(0, "int64")).any()

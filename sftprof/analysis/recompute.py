@@ -14,12 +14,12 @@ prepared and launched them and then handed back to the backward pass (the thread
 idle.idle_causes gives that idle the cause `recomputation`, so no other finding counts it), less the profiler's
 added time that fell there.
 
-The same runs count forward passes. A layer's forward is a run that repeats once per layer in each pass, so the
-step's first forward (the first thread's kernels before the backward thread's first) tells how often its most
-repeated run comes a pass, and that run's count over the step gives the forward passes. A pass after which the
-backward thread launches nothing before the next pass (or the step's end) has no backward: an evaluation every
-step, a teacher's or a reference model's forward, work the step repeats (`extra_forward`). Gradient accumulation's
-micro-batches each have their backward.
+The same runs count forward passes. A layer's forward is a run that repeats once per layer in each pass: the run the
+step's first forward (the first thread's kernels before the backward thread's first) repeats most. Its places over
+the step, split where they are not a layer apart (_pass_blocks), are the forward passes; the first forward may hold
+two (a frozen teacher's before the student's). A pass after which the backward thread launches nothing before the
+next pass (or the step's end) has no backward: an evaluation, a teacher's or a reference model's forward, work the
+step repeats (`extra_forward`). Gradient accumulation's micro-batches each have their backward.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from sftprof.trace.events import EventStore
 
 RUN = 12  # kernels in a row that must repeat the forward's: clean backward passes repeat runs of up to 4 (NeMo's)
 NAMES_LISTED = 3
+RARE_SHARE = 0.25  # _pass_blocks: a spacing of layer runs this much rarer than the layers' is between passes
 COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns"]
 PASS_COLUMNS = ["step_row", "forward", "followed", "extra_kernels", "extra_ns"]
 NAME_COLUMNS = ["kernel", "gpu_ns"]
@@ -110,11 +111,23 @@ def _repeated_in_process(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
     return repeated
 
 
+def _pass_blocks(places: np.ndarray, first_forward: int) -> list[np.ndarray]:
+    """The layer run's places (indices among the first thread's kernels, in order) split into passes: a layer follows
+    the last at one of the spacings the step's first forward repeats (its layers'), a pass's first layer at another
+    (the last pass's head and loss, the next one's embedding in between). The first forward may hold two passes (a
+    frozen model's before the trained one's): a spacing that comes RARE_SHARE as often as its most common one, or less, is a pass boundary."""
+    spacing = np.diff(places)
+    values, counts = np.unique(spacing[: max(first_forward - 1, 0)], return_counts=True)
+    layer = values[counts > RARE_SHARE * counts.max()] if len(counts) else spacing[:0]
+    return np.split(places, np.flatnonzero(~np.isin(spacing, layer)) + 1)
+
+
 def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int, int, int, int]:
     """One step's forward passes in one process, how many of them the backward thread's work follows, and the
-    kernels and GPU time (`took`) of the others (module docstring): each such pass spans as many of the first
-    thread's kernels as the step's first forward, from the same offset before its first layer run. (0, 0, 0, 0)
-    where there is no second thread or no run repeats in the first forward."""
+    kernels and GPU time (`took`) of the others (module docstring). A pass without a backward spans the first
+    thread's kernels from the same offset before its first layer run as the step's first forward up to the next
+    pass's; the step's last pass, its share of the first forward's kernels (by layer runs). (0, 0, 0, 0) where there is no
+    second thread or no run repeats in the first forward."""
     first = tids[0]
     mine = np.flatnonzero(tids == first)
     others = tids[tids != first]
@@ -126,24 +139,25 @@ def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int,
         return 0, 0, 0, 0
     keys = _runs(shape[mine])
     values, counts = np.unique(keys[: forward_len - RUN + 1], return_counts=True)
-    per_pass = int(counts.max())  # the layer run: the run the first forward repeats most, once a layer
-    if per_pass < 2:
+    in_first = int(counts.max())  # the layer run: the run the first forward repeats most, once a layer
+    if in_first < 2:
         return 0, 0, 0, 0
-    at = mine[np.flatnonzero(keys == values[int(np.argmax(counts))])]  # every layer run's first kernel, in tids
-    forward = len(at) // per_pass
-    offset = int(np.searchsorted(mine, at[0]))  # the first forward's kernels before its first layer run
+    places = np.flatnonzero(keys == values[int(np.argmax(counts))])  # every layer run, among the first thread's
+    blocks = _pass_blocks(places, in_first)
+    offset = int(places[0])  # the first forward's kernels before its first layer run
     followed = kernels = ns = 0
-    for group in range(forward):
-        begins = int(np.searchsorted(mine, at[group * per_pass])) - offset
-        ends = at[(group + 1) * per_pass] if (group + 1) * per_pass < len(at) else len(tids)
-        backward_work = np.searchsorted(theirs, ends) - np.searchsorted(theirs, at[(group + 1) * per_pass - 1])
+    for block, after in zip(blocks, [*(b[0] for b in blocks[1:]), None], strict=True):
+        until = len(tids) if after is None else mine[after]
+        backward_work = np.searchsorted(theirs, until) - np.searchsorted(theirs, mine[block[-1]])
         if backward_work >= RUN:
             followed += 1
             continue
-        span = mine[max(begins, 0) : max(begins, 0) + forward_len]
+        begins = max(int(block[0]) - offset, 0)
+        ends = begins + forward_len * len(block) // in_first if after is None else int(after) - offset
+        span = mine[begins:ends]
         kernels += len(span)
         ns += int(took[span].sum())
-    return forward, followed, kernels, ns
+    return len(blocks), followed, kernels, ns
 
 
 def _host_stretches(tids, launched, returned, repeated) -> pd.DataFrame:
@@ -308,14 +322,16 @@ def extra_forward_finding(recomputed: Recomputed, clock: StepClock, chains: Chai
     saved, removed = np.zeros(clock.steps), np.zeros(clock.steps)
     saved[rows], removed[rows] = extra["extra_ns"].to_numpy(float), extra["extra_kernels"].to_numpy(float)
     per_step = clock.gpu_side(saved, chains.host_freed(clock, removed))
-    gain = clock.share(per_step)
+    gain = clock.recurring_share(per_step)
     steps = clock.steps
     forward, followed = int(extra["forward"].median()), int(extra["followed"].median())
     return [
         Finding(
             "extra_forward",
             severity_of(gain),
-            f"{forward} forward passes a step, {followed} of them with a backward: a forward no backward follows",
+            f"{forward} forward passes a step"
+            + (f" in {len(extra)} of {steps} steps" if len(extra) < steps else "")
+            + f", {followed} of them with a backward: a forward no backward follows",
             f"In {len(extra)} of {steps} steps the thread that starts the step runs its layers' kernels {forward} "
             f"times (each layer's run of {RUN} kernels counted against the step's first forward), and the backward "
             f"thread's work follows {followed} of those passes: {int(extra['extra_kernels'].sum()) / steps:,.0f} "
