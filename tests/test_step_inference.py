@@ -29,9 +29,10 @@ import pytest
 
 from sftprof.analysis import cpu
 from sftprof.analysis.step_inference import MIN_MATCH, STEP_COLUMNS, InferredSteps, infer_steps, steps_from_kernels
+from sftprof.step_names import step_pattern
 from sftprof.trace import load_trace
 
-from conftest import edited_export
+from conftest import edited_export, unpack_xz
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = (
@@ -222,6 +223,50 @@ def test_no_repeating_structure_gives_none():
         np.tile([1, 2], 2_500),  # a period of 2 kernels: no training step
     ):
         assert steps_from_kernels(times[: len(names)], times[: len(names)] + 500, names) is None
+
+
+def test_steps_with_other_work_between_some_of_them():
+    """8 steps of 300 kernels, a 1 ms idle before each (the host's part), and after the 6th an evaluation of 600
+    kernels (six passes over the step's first 100, a forward alone): no shift of the whole sequence matches 80% of it, yet the step recurs
+    8 times, each to the next one's start, the evaluation inside the step before it. (With several whole cycles of
+    an evaluation every N steps the sequence repeats with the cycle: each step found is N iterations.)"""
+    rng = np.random.default_rng(1)
+    step = rng.integers(0, 300, 300)
+    names, gaps = [], []
+    for i in range(8):
+        names += [step] + ([np.concatenate([rng.permutation(step[:100]) for _ in range(6)])] if i == 5 else [])
+        gaps += [1_000_000] + [0] * 299 + ([0] * 600 if i == 5 else [])
+    names = np.concatenate(names)
+    start = np.cumsum(np.array(gaps, dtype=np.int64) + 1_000)
+    found = steps_from_kernels(start, start + 1_000, names)
+    assert_well_formed(found)
+    assert found.kernels_per_step == 300 and len(found.table) == 8
+    kernels = np.diff(np.searchsorted(start, [*found.table["start"], start[-1] + 1]))
+    assert kernels.tolist() == [900 if i == 5 else 300 for i in range(8)]
+    assert "600 other kernels between recurrences" in found.how
+    # a step's own kernels in another order between two recurrences are a step missed, not other work: no steps
+    names[2400:2700] = rng.permutation(names[2400:2700])
+    assert steps_from_kernels(start, start + 1_000, names) is None
+
+
+def test_an_evaluation_every_fourth_step_recurs_between_the_steps(tmp_path):
+    """The Gemma's evaluation over 4 batches every 4th iteration (tests/fixtures/foreign/gemma_blind), NVTX deleted:
+    the steps of its `minibatch N` ranges, the evaluation's step too, with the same kernels and within 5%."""
+    path = unpack_xz(FIXTURES / "foreign" / "gemma_blind" / "eval_every_4.sqlite.xz", tmp_path / "eval.sqlite")
+    events = load_trace(path).events
+    try:
+        ranges = cpu.step_table(cpu.marked_ranges(events, step_pattern(r"minibatch (\d+)")))
+    finally:
+        events.close()
+    found, _, kernels = inferred(
+        without_nvtx(path, tmp_path / "stripped" if (tmp_path / "stripped").mkdir() else tmp_path / "stripped")
+    )
+    assert_well_formed(found)
+    assert len(found.table) == len(ranges) == 4
+    assert np.allclose(found.table["duration"], ranges["duration"], rtol=0.05)
+    firsts = np.searchsorted(kernels["start"], [*found.table["start"], kernels["start"][-1] + 1])
+    by_range = np.searchsorted(kernels["start"], [*ranges["start"], kernels["start"][-1] + 1])
+    assert (np.diff(firsts) == np.diff(by_range)).all()
 
 
 def test_a_long_capture_cut_mid_step():

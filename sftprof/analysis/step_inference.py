@@ -34,10 +34,21 @@ whole sequence, from name ids only:
    or OS runtime call (infer_steps), at most FIRST_IDLE_FACTOR times the longest idle before another step
    ahead of its first kernel.
 
-Limitations: where the GPU idles before a micro-batch as long as before a step (a loop that syncs per
+6. Other work between some steps. Where work comes between a few steps (an evaluation every 4th step of a short
+   capture), no shift of the whole sequence matches MIN_MATCH of it. Then each of the best matching periods is
+   taken where it repeats at once (the `period` kernels that best match the next `period`) and found again
+   wherever at least MIN_MATCH of its kernels recur in order, from kernels that come once in it; the period whose
+   recurrences cover most kernels wins, unless kernels between two recurrences are the step's own in another order
+   (a step missed: two streams' kernels interleaved differently), when it gives no steps. Each recurrence is a step,
+   to the next one's start (the other work in the step before it), from the kernel after the longest GPU idle gap in
+   median over the recurrences.
+
+Limitations: a capture holding several whole cycles of work every N steps repeats with the cycle, so each step found
+is N iterations (its shares are still right). Where the GPU idles before a micro-batch as long as before a step (a loop that syncs per
 micro-batch, or pauses for data before each), a capture that is not a whole number of periods may be cut at a
 micro-batch: each step is still one period long (its time is right), its start is not the optimizer's end. A
-non-repeating stretch inside the capture (an evaluation pass) leaves the longer repeating side only. The last
+non-repeating stretch in a capture that otherwise repeats (one evaluation in a long capture) leaves the longer
+repeating side only. The last
 step ends with its kernels: host work after them (a NeMo step's 125 ms on an H200) counts to no step. A step
 of many micro-batches whose optimizer launches few kernels matches itself shifted by one micro-batch nearly as
 well as by a step: with every step alike, up to about 100 micro-batches are told apart; where 5% of kernels
@@ -69,6 +80,13 @@ MAX_OCCURRENCE_LAG = 4  # a name occurring up to this many times per step names 
 CANDIDATES_PER_OCTAVE = 4
 SAMPLE_POSITIONS = 1 << 18  # positions a candidate period is scored on (all of them in a smaller capture)
 SAMPLE_SEED = 0
+# Step 6 (_recurring_steps): periods matching at least this much are tried where none matches MIN_MATCH (an
+# evaluation every 4 steps gave the step's period 54%), the best RECURRING_CANDIDATES of them; ANCHORS kernels that
+# come once a step find its recurrences, each checked on CHECKED_KERNELS of its kernels.
+LOOSE_MATCH = 0.3
+RECURRING_CANDIDATES = 6
+ANCHORS = 8
+CHECKED_KERNELS = 512
 
 
 @dataclass(frozen=True)
@@ -147,7 +165,7 @@ def steps_from_kernels(
         return None
     period = _period(codes)
     if period is None:
-        return None
+        return _recurring_steps(start, end, codes, read, host_start, _stream_note(stream_kernels, n, len(start)))
     first, stop = _repeating_stretch(codes, period)
     idle = _idle_before(start, end)
     idle = np.append(idle if len(read) == len(start) else idle[read], np.inf)  # and after the last kernel read
@@ -176,14 +194,116 @@ def steps_from_kernels(
     opened_between_steps = head == 0 and stop == n and spare <= _edge_slack(period)
     capture_start = host_start if opened_between_steps else None
     table = _step_table(start, end, firsts, after, capture_start)
-    stream_note = ""
-    if len(stream_kernels) > 1:
-        stream_note = f" of the GPU's busiest stream (of {len(stream_kernels)}: {n:,} of its {len(start):,} kernels)"
     how = (
-        f"inferred from the GPU timeline: the kernel sequence{stream_note} repeats every {period:,} kernels "
+        f"inferred from the GPU timeline: the kernel sequence{_stream_note(stream_kernels, n, len(start))} repeats "
+        f"every {period:,} kernels "
         f"({100 * match:.1f}% identical), {steps} whole steps; {why}"
     )
     return InferredSteps(table, int(period), round(100 * match, 2), how)
+
+
+def _stream_note(stream_kernels: np.ndarray, read: int, kernels: int) -> str:
+    """Which kernels the sequence is, for the report line: all of the GPU's, or its busiest stream's."""
+    if len(stream_kernels) < 2:
+        return ""
+    return f" of the GPU's busiest stream (of {len(stream_kernels)}: {read:,} of its {kernels:,} kernels)"
+
+
+def _recurring_steps(
+    start: np.ndarray, end: np.ndarray, codes: np.ndarray, read: np.ndarray, host_start: int | None, stream_note: str
+) -> InferredSteps | None:
+    """Steps where other work comes between some of them (step 6 of the module docstring), so that no shift of the
+    whole sequence matches it: of the candidate periods that match best, the one whose step, taken where it repeats
+    at once, recurs over the most kernels; each recurrence a step, to the next one's start. None where no candidate
+    matches LOOSE_MATCH or recurs MIN_STEPS times."""
+    candidates = _candidate_periods(codes)
+    candidates = candidates[candidates >= MIN_KERNELS_PER_STEP]
+    if len(candidates) == 0:
+        return None
+    positions = _sample(len(codes))
+    matches = np.array([_match(codes, positions, int(c)) for c in candidates])
+    best = None
+    for at in np.argsort(-matches, kind="stable")[:RECURRING_CANDIDATES]:
+        if matches[at] < LOOSE_MATCH:
+            break
+        period = int(candidates[at])
+        found = _recurrences(codes, period)
+        if len(found) >= MIN_STEPS and (best is None or _covers(found, period) > _covers(*best)):
+            best = found, period
+    if best is None:
+        return None
+    found, period = best
+    idle = np.append(_idle_before(start, end)[read], np.inf)
+    offsets = found[:, None] + np.arange(period)[None, :]  # each recurrence's kernels
+    phase = int(np.argmax(np.median(idle[offsets], axis=0)))  # the longest median idle before a kernel: a step's first
+    heads = found + phase
+    heads = heads[heads + period <= len(codes)]  # whole steps only
+    if len(heads) < MIN_STEPS:
+        return None
+    after = read[heads[-1] + period] if heads[-1] + period < len(codes) else len(start)
+    table = _step_table(start, end, read[heads], after, host_start if heads[0] == 0 else None)
+    between = int((np.diff(heads) - period).sum())
+    how = (
+        f"inferred from the GPU timeline: a sequence of {period:,} kernels{stream_note} recurs {len(heads)} times "
+        f"({between:,} other kernels between recurrences: work not every step does), each step to the next one's "
+        "start; the step begins after the longest GPU idle gap in median"
+    )
+    match = float(np.mean([np.mean(codes[h : h + period] == codes[heads[0] : heads[0] + period]) for h in heads]))
+    return InferredSteps(table, period, round(100 * match, 2), how)
+
+
+def _covers(found: np.ndarray, period: int) -> int:
+    return len(found) * period
+
+
+def _recurrences(codes: np.ndarray, period: int) -> np.ndarray:
+    """Where the `period` kernels that best match the next `period` (the step, taken where it repeats at once)
+    recur, at least MIN_MATCH of them the same, apart: found from kernels that come once in it (ANCHORS of them)."""
+    same = np.concatenate(([0], np.cumsum(codes[:-period] == codes[period:])))
+    if len(same) <= period:
+        return np.zeros(0, np.int64)
+    window = same[period:] - same[:-period]  # matches of each window of `period` with the next
+    first = int(np.argmax(window))
+    if window[first] < MIN_MATCH * period:
+        return np.zeros(0, np.int64)
+    step = codes[first : first + period]
+    names, at, counts = np.unique(step, return_index=True, return_counts=True)
+    once = np.sort(at[counts == 1])
+    if len(once) == 0:
+        return np.zeros(0, np.int64)
+    anchors = once[np.linspace(0, len(once) - 1, min(ANCHORS, len(once))).astype(np.int64)]
+    checked = np.linspace(0, period - 1, min(period, CHECKED_KERNELS)).astype(np.int64)
+    starts = []
+    for anchor in anchors:
+        begins = np.flatnonzero(codes == step[anchor]) - anchor
+        begins = begins[(begins >= 0) & (begins + period <= len(codes))]
+        agree = (codes[begins[:, None] + checked[None, :]] == step[checked][None, :]).mean(axis=1)
+        starts.append(begins[agree >= MIN_MATCH])
+    kept: list[int] = []
+    for begin in np.unique(np.concatenate(starts)):
+        if not kept or begin >= kept[-1] + period:
+            kept.append(int(begin))
+    if any(_holds_a_step(codes[a + period : b], step) for a, b in zip(kept, kept[1:], strict=False)):
+        return np.zeros(0, np.int64)
+    return np.array(kept, dtype=np.int64)
+
+
+def _holds_a_step(between: np.ndarray, step: np.ndarray) -> bool:
+    """Whether kernels between two recurrences hold the step's own kernels in another order (MIN_MATCH of them): a
+    step missed, as when two streams' kernels interleave differently, not other work (an evaluation runs the
+    forward's kernels alone)."""
+    if len(between) < MIN_MATCH * len(step):
+        return False
+    size = int(max(between.max(), step.max())) + 1
+    shared = np.minimum(np.bincount(between, minlength=size), np.bincount(step, minlength=size)).sum()
+    return bool(shared >= MIN_MATCH * len(step))
+
+
+def _sample(n: int) -> np.ndarray:
+    """The positions a candidate period is scored on: all, or SAMPLE_POSITIONS of them."""
+    if n <= SAMPLE_POSITIONS:
+        return np.arange(n)
+    return np.unique(np.random.default_rng(SAMPLE_SEED).integers(0, n, SAMPLE_POSITIONS))
 
 
 def _dense_codes(ids: np.ndarray) -> np.ndarray:
@@ -236,11 +356,7 @@ def _period(codes: np.ndarray) -> int | None:
     candidates = _candidate_periods(codes)
     if len(candidates) == 0:
         return None
-    n = len(codes)
-    if n <= SAMPLE_POSITIONS:
-        positions = np.arange(n)
-    else:
-        positions = np.unique(np.random.default_rng(SAMPLE_SEED).integers(0, n, SAMPLE_POSITIONS))
+    positions = _sample(len(codes))
     matches = np.array([_match(codes, positions, int(c)) for c in candidates])
     best = matches.max()
     if best < MIN_MATCH:
