@@ -1087,3 +1087,30 @@ def test_fill_share_counts_the_launches_that_write_one_value():
     )
     assert kernels.fill_share_pct(names) == pytest.approx(30.0)
     assert kernels.fill_share_pct(names.iloc[:0]) == 0.0
+
+
+def test_float64_kernels_are_those_on_double_elements_not_with_a_double_scalar():
+    """A softmax, a fill and a copy on float64 elements are float64 work; fused AdamW on float, whose learning rate
+    and betas are double arguments, and a kernel without a demangled name are not."""
+    names = pd.DataFrame(
+        {
+            "name": [
+                "void at::native::<unnamed>::cunn_SoftMaxForward<(int)2, double, double, double, "
+                "at::native::<unnamed>::LogSoftMaxForwardEpilogue>(T4 *, const T2 *, int)",
+                "void at::native::vectorized_elementwise_kernel<(int)2, at::native::FillFunctor<double>, "
+                "std::array<char *, (unsigned long)1>>(int, T2, T3)",
+                "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase "
+                "&)::[lambda(double) (instance 1)], std::array<char *, (unsigned long)2>>(int, T1, T2)",
+                "void at::native::<unnamed>::multi_tensor_apply_kernel<at::native::<unnamed>::FusedOptimizerTensorList"
+                "Metadata<(int)4>, at::native::<unnamed>::FusedAdamMathFunctor<float, (int)4, (at::native::ADAM_MODE)1, "
+                "(bool)0>, const float *, double, double, double, double, double, bool, const float *>(T1, T2, T3...)",
+                None,
+            ],
+            "short_name": ["cunn_SoftMaxForward", "vectorized_elementwise_kernel", "unrolled_elementwise_kernel"]
+            + ["multi_tensor_apply_kernel", "nvjet_sm90_tst"],
+            "instances": [1, 3, 2, 21, 40],
+            "duration": [50, 10, 20, 30, 70],
+        }
+    )
+    assert kernels.float64_kernels(names)["total_ns"].tolist() == [50, 20, 10]
+    assert kernels.float64_kernels(names.iloc[3:]).empty

@@ -229,6 +229,27 @@ def value_checks(kernels: pd.DataFrame) -> pd.DataFrame:
     return found.sort_values("total_ns", ascending=False).reset_index(drop=True)[VALUE_CHECK_COLUMNS]
 
 
+# Kernels computing on float64 elements, by demangled name: a template argument or a lambda's parameter of type
+# double (`cunn_SoftMaxForward<(int)2, double, ...>`, `FillFunctor<double>`, `[lambda(double)]`), not a scalar
+# argument of a kernel on other elements (fused AdamW's learning rate: `..., const float *, double, ...`).
+FLOAT64_ELEMENTS = re.compile(r"(?:<|\(int\)\d+,\s*|lambda\()double\b")
+
+
+def float64_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The kernels that compute on float64 elements (FLOAT64_ELEMENTS) with their time. `kernels`: name_totals
+    rows."""
+    names = kernels["name"].fillna(kernels["short_name"]).astype(str)
+    wide = _by_distinct_name(names, lambda name: bool(FLOAT64_ELEMENTS.search(name))).astype(bool).to_numpy(bool)
+    found = pd.DataFrame(
+        {
+            "kernel": names[wide],
+            "total_ns": kernels["duration"][wide].astype("int64"),
+            "instances": kernels["instances"][wide].astype("int64"),
+        }
+    )
+    return found.sort_values("total_ns", ascending=False).reset_index(drop=True)[VALUE_CHECK_COLUMNS]
+
+
 # Kernels that write one value over a tensor: PyTorch's fill_ (torch.zeros, torch.full, and the NaN with which
 # torch.use_deterministic_algorithms fills every new tensor: fill_uninitialized_memory).
 FILL = re.compile(r"FillFunctor|fill_kernel")

@@ -143,6 +143,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("kernel_mix", kernels.kernel_mix, ("kernel_names",), K),
     Section("unaligned_gemms", kernels.unaligned_gemms, ("kernel_names",), K),
     Section("value_checks", kernels.value_checks, ("kernel_names",), K),
+    Section("float64_kernels", kernels.float64_kernels, ("kernel_names",), K),
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
     Section("attention_runs", excess.unfused_attention, ("events",), K),
     Section("busy_unions", gpu.busy_unions, ("events",), B),
@@ -344,6 +345,7 @@ RULES: tuple[Rule, ...] = (
         ("gemm_precision", "clock", "precision", "device_name", "kernel_families", "attention_runs", "chains"),
     ),
     Rule("unaligned_gemm", rules.unaligned_gemm, ("unaligned_gemms", "clock")),
+    Rule("float64_math", rules.float64_math, ("float64_kernels", "clock")),
     Rule("anomaly_detection", rules.anomaly_detection, ("idle_views", "value_checks", "clock", "overhead")),
     Rule(
         "unfused_attention",
