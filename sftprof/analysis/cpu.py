@@ -223,7 +223,7 @@ def training_steps(marked: pd.DataFrame, events) -> FoundSteps:
         how = (
             f"{len(table)} NVTX ranges numbered one after another (named like {str(numbered['name'].iloc[0])!r}), "
             "taken as the steps: no range has a step's name and the GPU timeline does not repeat "
-            "(--step-range names them)"
+            "(--step-range picks others)"
         )
         return FoundSteps(table, how)
     found = inferred.table[["step", "start", "end", "duration"]].copy()
