@@ -756,6 +756,30 @@ def test_the_gemma_clean_loops_warning_is_borne_out_by_torch_compile(diagnosed):
     assert "extra_forward" not in {f.rule for f in findings}
 
 
+def test_padding_to_the_maximum_length_is_named_only_with_the_loops_token_counts(diagnosed, tmp_path):
+    """Sequences of 256 tokens padded to 1024: the capture runs the same kernels on the same shapes as for text, so
+    from it nothing names the padding; given the loop's token counts (token_slots and real_tokens in its metrics, as
+    sftprof's trainer writes them), `padding` is first and within 25% of padding to the longest sequence."""
+    assert "padding" not in {f.rule for f in diagnosed("pad_to_max", source=GEMMA).findings}
+    lines = []
+    for line in (GEMMA / "profiled.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["case"] == "pad_to_max":
+            real = 8 * 256  # the micro-batch's real tokens (foreign_loop.PADDED_LENGTH a sequence)
+            timing = {"step": row["iteration"], "step_time_s": row["s"], "in_window": row["in_window"]}
+            lines.append(
+                json.dumps(timing | {"tokens_per_s": real / row["s"], "token_slots": TOKENS, "real_tokens": real})
+            )
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    tables = load_trace(unpack_xz(GEMMA / "pad_to_max.sqlite.xz", tmp_path / "pad_to_max.sqlite"))
+    try:
+        top = analyze(tables, metrics=read_metrics(tmp_path / "metrics.jsonl")).findings[0]
+    finally:
+        tables.events.close()
+    assert (top.rule, top.severity) == ("padding", "warning") and top.title.startswith("75.0% of the token slots")
+    assert agrees(top.gain_pct, fix_saving_in(GEMMA, "pad_longest", "pad_to_max")), top.gain_pct
+
+
 def test_timing_each_phase_with_a_sync_is_priced_as_its_syncs(diagnosed):
     """torch.cuda.synchronize() after each phase, to log its time: the syncs' finding agrees with the small saving
     (within 3 points)."""
