@@ -66,6 +66,12 @@ Cases planted blind on the Gemma (--family gemma), chosen before any rule was lo
   pad_to_max       sequences of 256 real tokens padded to 1024 (a collator's padding="max_length"), with the attention
                    mask and ignored labels on the padding
 
+Cases tried on rules written for the cases above, not for them:
+
+  offload_pageable     offload_activations with save_on_cpu(pin_memory=False): the copies to and from pageable memory
+  deterministic_nofill deterministic with torch.utils.deterministic.fill_uninitialized_memory = False (the same
+                       algorithms, no fill of each new tensor): what the fills cost
+
 Cases written to try the rules written for the Gemma's cases on problems they were not written for (not captured
 yet), with their fixes teacher_deep_cached and reference_cached below:
 
@@ -74,17 +80,11 @@ yet), with their fixes teacher_deep_cached and reference_cached below:
                    trained model's, as RLHF's and DPO's reference does
   eval_every_3     eval_every_4's validation pass every 3rd iteration
 
-Cases tried on rules written for the cases above, not for them:
-
-  offload_pageable     offload_activations with save_on_cpu(pin_memory=False): the copies to and from pageable memory
-  deterministic_nofill deterministic with torch.utils.deterministic.fill_uninitialized_memory = False (the same
-                       algorithms, no fill of each new tensor): what the fills cost
-
 --family opt builds an OPT (OPT-350M's layer shape: 24 layers, hidden 1024, 16 heads, ReLU, learned positions)
 instead, --family gpt2 a GPT-2 (GPT-2 medium's shape, its own tanh GELU written in Python, dropout 0.1, the
 embedding padded to 50,304 as nanoGPT pads it), --family gpt_bigcode a GPTBigCode (StarCoder's architecture: one
 shared key and value head, multi-query attention; vocab 49,152), --family phi a Phi (Phi-2's architecture: attention
-and MLP in parallel off one layer norm, partial rotary embeddings, GELU written in Python; vocab 51,200), and
+and MLP in parallel off one layer norm, partial rotary embeddings, GELU written in Python; vocab 51,200),
 --family gemma a Gemma (Gemma's architecture: GeGLU MLP 8x wide, RMSNorm, grouped-query attention with 4 key and value
 heads, the embedding scaled and tied; Gemma's 256,000-token vocabulary), and
 --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
