@@ -115,7 +115,8 @@ def _pass_blocks(places: np.ndarray, first_forward: int) -> list[np.ndarray]:
     """The layer run's places (indices among the first thread's kernels, in order) split into passes: a layer follows
     the last at one of the spacings the step's first forward repeats (its layers'), a pass's first layer at another
     (the last pass's head and loss, the next one's embedding in between). The first forward may hold two passes (a
-    frozen model's before the trained one's): a spacing that comes RARE_SHARE as often as its most common one, or less, is a pass boundary."""
+    frozen model's before the trained one's): a spacing that comes RARE_SHARE as often as its most common one, or
+    less, is a pass boundary."""
     spacing = np.diff(places)
     values, counts = np.unique(spacing[: max(first_forward - 1, 0)], return_counts=True)
     layer = values[counts > RARE_SHARE * counts.max()] if len(counts) else spacing[:0]
@@ -126,8 +127,8 @@ def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int,
     """One step's forward passes in one process, how many of them the backward thread's work follows, and the
     kernels and GPU time (`took`) of the others (module docstring). A pass without a backward spans the first
     thread's kernels from the same offset before its first layer run as the step's first forward up to the next
-    pass's; the step's last pass, its share of the first forward's kernels (by layer runs). (0, 0, 0, 0) where there is no
-    second thread or no run repeats in the first forward."""
+    pass's; the step's last pass, its share of the first forward's kernels (by layer runs). (0, 0, 0, 0) where
+    there is no second thread or no run repeats in the first forward."""
     first = tids[0]
     mine = np.flatnonzero(tids == first)
     others = tids[tids != first]
