@@ -44,15 +44,14 @@ whole sequence, from name ids only:
    median over the recurrences.
 
 Limitations: a capture holding several whole cycles of work every N steps repeats with the cycle, so each step found
-is N iterations (its shares are still right). Where the GPU idles before a micro-batch as long as before a step (a loop that syncs per
-micro-batch, or pauses for data before each), a capture that is not a whole number of periods may be cut at a
-micro-batch: each step is still one period long (its time is right), its start is not the optimizer's end. A
-non-repeating stretch in a capture that otherwise repeats (one evaluation in a long capture) leaves the longer
-repeating side only. The last
-step ends with its kernels: host work after them (a NeMo step's 125 ms on an H200) counts to no step. A step
-of many micro-batches whose optimizer launches few kernels matches itself shifted by one micro-batch nearly as
-well as by a step: with every step alike, up to about 100 micro-batches are told apart; where 5% of kernels
-vary at random, 16 were, and 32 were taken for 32 steps.
+is N iterations (its shares are still right). Where the GPU idles before a micro-batch as long as before a step (a
+loop that syncs per micro-batch, or pauses for data before each), a capture that is not a whole number of periods
+may be cut at a micro-batch: each step is still one period long (its time is right), its start is not the
+optimizer's end. A non-repeating stretch in a capture that otherwise repeats (one evaluation in a long capture)
+leaves the longer repeating side only. The last step ends with its kernels: host work after them (a NeMo step's 125
+ms on an H200) counts to no step. A step of many micro-batches whose optimizer launches few kernels matches itself
+shifted by one micro-batch nearly as well as by a step: with every step alike, up to about 100 micro-batches are
+told apart; where 5% of kernels vary at random, 16 were, and 32 were taken for 32 steps.
 """
 
 from __future__ import annotations
