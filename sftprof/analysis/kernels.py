@@ -211,22 +211,28 @@ VALUE_CHECK = re.compile(
     r"|Functor<(?:c10::BFloat16|c10::Half|float|double), (?:c10::BFloat16|c10::Half|float|double), bool, "
     r"at::native::(?:<unnamed>::)?CompareEqFunctor"
 )
-VALUE_CHECK_COLUMNS = ["kernel", "total_ns", "instances"]
+NAMED_COLUMNS = ["kernel", "total_ns", "instances"]
 
 
 def value_checks(kernels: pd.DataFrame) -> pd.DataFrame:
     """The kernels that test values (VALUE_CHECK, by demangled name) with their time: work a loop that stops
     checking removes. `kernels`: name_totals rows."""
+    return _named(kernels, VALUE_CHECK)
+
+
+def _named(kernels: pd.DataFrame, pattern: re.Pattern) -> pd.DataFrame:
+    """The name_totals rows whose demangled name (else short name) `pattern` finds, as `kernel`, `total_ns` and
+    `instances`, the longest first."""
     names = kernels["name"].fillna(kernels["short_name"]).astype(str)
-    checking = _by_distinct_name(names, lambda name: bool(VALUE_CHECK.search(name))).astype(bool).to_numpy(bool)
-    found = pd.DataFrame(
+    found = _by_distinct_name(names, lambda name: bool(pattern.search(name))).astype(bool).to_numpy(bool)
+    rows = pd.DataFrame(
         {
-            "kernel": names[checking],
-            "total_ns": kernels["duration"][checking].astype("int64"),
-            "instances": kernels["instances"][checking].astype("int64"),
+            "kernel": names[found],
+            "total_ns": kernels["duration"][found].astype("int64"),
+            "instances": kernels["instances"][found].astype("int64"),
         }
     )
-    return found.sort_values("total_ns", ascending=False).reset_index(drop=True)[VALUE_CHECK_COLUMNS]
+    return rows.sort_values("total_ns", ascending=False).reset_index(drop=True)[NAMED_COLUMNS]
 
 
 # Kernels computing on float64 elements, by demangled name: a template argument or a lambda's parameter of type
@@ -238,16 +244,7 @@ FLOAT64_ELEMENTS = re.compile(r"(?:<|\(int\)\d+,\s*|lambda\()double\b")
 def float64_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
     """The kernels that compute on float64 elements (FLOAT64_ELEMENTS) with their time. `kernels`: name_totals
     rows."""
-    names = kernels["name"].fillna(kernels["short_name"]).astype(str)
-    wide = _by_distinct_name(names, lambda name: bool(FLOAT64_ELEMENTS.search(name))).astype(bool).to_numpy(bool)
-    found = pd.DataFrame(
-        {
-            "kernel": names[wide],
-            "total_ns": kernels["duration"][wide].astype("int64"),
-            "instances": kernels["instances"][wide].astype("int64"),
-        }
-    )
-    return found.sort_values("total_ns", ascending=False).reset_index(drop=True)[VALUE_CHECK_COLUMNS]
+    return _named(kernels, FLOAT64_ELEMENTS)
 
 
 # Kernels that write one value over a tensor: PyTorch's fill_ (torch.zeros, torch.full, and the NaN with which
