@@ -786,3 +786,28 @@ def test_timing_each_phase_with_a_sync_is_priced_as_its_syncs(diagnosed):
     syncs = next(f for f in diagnosed("sync_timing", source=GEMMA).findings if f.rule == "sync_in_steps")
     assert "5 synchronizing CUDA calls per step" in syncs.title
     assert agrees(syncs.gain_pct, saving_in(GEMMA, "sync_timing")), syncs.gain_pct
+
+
+# The OPT loop with three problems the frozen-pass and recurring-step rules (written on the Gemma's captures) were
+# not written for (README.md); the teacher and the reference run in eval mode, the OPT trains with dropout.
+OPT_FROZEN = FOREIGN / "opt_frozen"
+
+
+@pytest.mark.parametrize("case, fix", [("teacher_deep", "teacher_deep_cached"), ("reference_kl", "reference_cached")])
+def test_a_frozen_models_forward_is_found_before_or_after_the_trained_one(diagnosed, case, fix):
+    """A 36-layer teacher before the 24-layer student, a reference model after the policy: each frozen forward is a
+    pass of its own (its layers' runs are not the trained model's, which has dropout kernels), priced within 25% of
+    computing its logits once."""
+    extra = next(f for f in diagnosed(case, source=OPT_FROZEN).findings if f.rule == "extra_forward")
+    assert extra.title.startswith("2 forward passes a step, 1 of them")
+    assert agrees(extra.gain_pct, fix_saving_in(OPT_FROZEN, fix, case)), extra.gain_pct
+
+
+def test_an_evaluation_every_third_step_in_eval_mode_is_a_slow_step_and_under_priced_as_passes(diagnosed):
+    """Evaluation every 3rd iteration, in eval mode: its passes' kernels are not the training forward's (no dropout),
+    so only part of them count as passes, and the `extra_forward` gain is under the measured saving; `slow_steps`
+    prices the evaluation's step within 25% from the capture alone (with the profiled run's own step times, over)."""
+    findings = {f.rule: f for f in diagnosed("eval_every_3", timed=False, source=OPT_FROZEN).findings}
+    measured = cycle_saving_in(OPT_FROZEN, "eval_every_3", 3)
+    assert agrees(findings["slow_steps"].gain_pct, measured), findings["slow_steps"].gain_pct
+    assert 0 < findings["extra_forward"].gain_pct < 0.75 * measured

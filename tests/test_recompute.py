@@ -110,11 +110,16 @@ def test_a_frozen_forward_before_the_trained_one_is_a_pass_of_its_own():
     assert passes((1, shallow + deep), (2, BACKWARD), (1, OPTIMIZER)) == (2, 1, len(shallow), 10 * len(shallow))
 
 
-def test_a_layer_run_twice_a_layer_at_two_spacings_is_one_pass():
-    """A layer whose run comes twice at alternating distances (13 and 14 kernels) is not a pass boundary: both
-    spacings are the layers' own."""
+def test_a_frozen_model_with_other_kernels_and_a_layer_with_two_runs_are_passes_of_their_own():
+    """A teacher in eval mode runs other kernels than the trained model (no dropout): its layers' own runs repeat in
+    the first forward, so it is a pass; a layer whose run comes twice, at alternating distances, is still one pass;
+    and a few repeated kernels before the first layer (a mask) are none."""
+    teacher = [1, 2] + list(range(300, 300 + recompute.RUN)) * 8 + [3, 4]
+    deep = [1, 2] + LAYER * 8 + [3, 4]
+    assert passes((1, teacher + deep), (2, BACKWARD), (1, OPTIMIZER)) == (2, 1, len(teacher), 10 * len(teacher))
     layer = LAYER + [50] + LAYER + [51, 52]
     assert passes((1, [1, 2] + layer * 3 + [3, 4]), (2, BACKWARD), (1, OPTIMIZER)) == (1, 1, 0, 0)
+    assert passes((1, [9, 8] * 6 + deep), (2, BACKWARD), (1, OPTIMIZER)) == (1, 1, 0, 0)
 
 
 def test_in_sorted_finds_exact_starts():

@@ -14,10 +14,10 @@ prepared and launched them and then handed back to the backward pass (the thread
 idle.idle_causes gives that idle the cause `recomputation`, so no other finding counts it), less the profiler's
 added time that fell there.
 
-The same runs count forward passes. A layer's forward is a run that repeats once per layer in each pass: the run the
-step's first forward (the first thread's kernels before the backward thread's first) repeats most. Its places over
-the step, split where they are not a layer apart (_pass_blocks), are the forward passes; the first forward may hold
-two (a frozen teacher's before the student's). A pass after which the backward thread launches nothing before the
+The same runs count forward passes. A layer's forward repeats its runs once per layer in each pass: runs the step's
+first forward (the first thread's kernels before the backward thread's first) repeats several times. The stretches
+of the first thread's kernels such runs cover, over the step, are the forward passes (_layer_stretches); the first
+forward may hold two (a frozen teacher's before the student's). A pass after which the backward thread launches nothing before the
 next pass (or the step's end) has no backward: an evaluation, a teacher's or a reference model's forward, work the
 step repeats (`extra_forward`). Gradient accumulation's micro-batches each have their backward.
 """
@@ -38,7 +38,7 @@ from sftprof.trace.events import EventStore
 
 RUN = 12  # kernels in a row that must repeat the forward's: clean backward passes repeat runs of up to 4 (NeMo's)
 NAMES_LISTED = 3
-RARE_SHARE = 0.25  # _pass_blocks: a spacing of layer runs this much rarer than the layers' is between passes
+LAYER_RUNS = 3  # a run the step's first forward repeats this often is a layer's: a head repeats twice at most
 COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns"]
 PASS_COLUMNS = ["step_row", "forward", "followed", "extra_kernels", "extra_ns"]
 NAME_COLUMNS = ["kernel", "gpu_ns"]
@@ -111,16 +111,22 @@ def _repeated_in_process(tids: np.ndarray, shape: np.ndarray) -> np.ndarray:
     return repeated
 
 
-def _pass_blocks(places: np.ndarray, first_forward: int) -> list[np.ndarray]:
-    """The layer run's places (indices among the first thread's kernels, in order) split into passes: a layer follows
-    the last at one of the spacings the step's first forward repeats (its layers'), a pass's first layer at another
-    (the last pass's head and loss, the next one's embedding in between). The first forward may hold two passes (a
-    frozen model's before the trained one's): a spacing that comes RARE_SHARE as often as its most common one, or
-    less, is a pass boundary."""
-    spacing = np.diff(places)
-    values, counts = np.unique(spacing[: max(first_forward - 1, 0)], return_counts=True)
-    layer = values[counts > RARE_SHARE * counts.max()] if len(counts) else spacing[:0]
-    return np.split(places, np.flatnonzero(~np.isin(spacing, layer)) + 1)
+def _layer_stretches(keys: np.ndarray, first_forward: int) -> list[tuple[int, int]]:
+    """The forward passes among the first thread's kernels (`keys`: _runs over them), as [start, stop) stretches of
+    its kernels: kernels covered by a run that the step's first forward (its first `first_forward` kernels) repeats
+    at least LAYER_RUNS times, a layer's; a kernel no such run covers (a pass's head and loss, the next one's
+    embedding) ends a pass, and one shorter than LAYER_RUNS runs is none (a mask built of repeated kernels before
+    the first layer). A frozen model's layers count too where its kernels are not the trained model's (eval
+    mode has no dropout kernels): each model's own runs repeat once a layer."""
+    values, counts = np.unique(keys[: max(first_forward - RUN + 1, 0)], return_counts=True)
+    hit = np.flatnonzero(np.isin(keys, values[counts >= LAYER_RUNS]))
+    covered = np.zeros(len(keys) + RUN, dtype=np.int64)  # each hit covers its RUN kernels
+    np.add.at(covered, hit, 1)
+    np.add.at(covered, hit + RUN, -1)
+    inside = np.concatenate(([0], (np.cumsum(covered)[: len(keys) + RUN - 1] > 0).astype(np.int8), [0]))
+    edges = np.flatnonzero(np.diff(inside))
+    stretches = zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True)
+    return [(start, stop) for start, stop in stretches if stop - start >= LAYER_RUNS * RUN]
 
 
 def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int, int, int, int]:
@@ -138,27 +144,23 @@ def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int,
     forward_len = int(np.searchsorted(mine, theirs[0]))  # the first thread's kernels before the backward's first
     if forward_len < 2 * RUN:
         return 0, 0, 0, 0
-    keys = _runs(shape[mine])
-    values, counts = np.unique(keys[: forward_len - RUN + 1], return_counts=True)
-    in_first = int(counts.max())  # the layer run: the run the first forward repeats most, once a layer
-    if in_first < 2:
+    passes = _layer_stretches(_runs(shape[mine]), forward_len)
+    in_first = [stop - start for start, stop in passes if start < forward_len]
+    if not passes or not in_first:
         return 0, 0, 0, 0
-    places = np.flatnonzero(keys == values[int(np.argmax(counts))])  # every layer run, among the first thread's
-    blocks = _pass_blocks(places, in_first)
-    offset = int(places[0])  # the first forward's kernels before its first layer run
+    offset = passes[0][0]  # the first forward's kernels before its first layer
     followed = kernels = ns = 0
-    for block, after in zip(blocks, [*(b[0] for b in blocks[1:]), None], strict=True):
+    for (start, stop), after in zip(passes, [*(p[0] for p in passes[1:]), None], strict=True):
         until = len(tids) if after is None else mine[after]
-        backward_work = np.searchsorted(theirs, until) - np.searchsorted(theirs, mine[block[-1]])
-        if backward_work >= RUN:
+        if np.searchsorted(theirs, until) - np.searchsorted(theirs, mine[stop - 1]) >= RUN:  # a backward follows
             followed += 1
             continue
-        begins = max(int(block[0]) - offset, 0)
-        ends = begins + forward_len * len(block) // in_first if after is None else int(after) - offset
+        begins = max(start - offset, 0)
+        ends = begins + forward_len * (stop - start) // sum(in_first) if after is None else after - offset
         span = mine[begins:ends]
         kernels += len(span)
         ns += int(took[span].sum())
-    return len(blocks), followed, kernels, ns
+    return len(passes), followed, kernels, ns
 
 
 def _host_stretches(tids, launched, returned, repeated) -> pd.DataFrame:

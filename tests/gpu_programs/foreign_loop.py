@@ -72,8 +72,8 @@ Cases tried on rules written for the cases above, not for them:
   deterministic_nofill deterministic with torch.utils.deterministic.fill_uninitialized_memory = False (the same
                        algorithms, no fill of each new tensor): what the fills cost
 
-Cases written to try the rules written for the Gemma's cases on problems they were not written for (not captured
-yet), with their fixes teacher_deep_cached and reference_cached below:
+Cases that try the rules written for the Gemma's cases on problems they were not written for (captured on the OPT,
+tests/fixtures/foreign/opt_frozen), with their fixes teacher_deep_cached and reference_cached below:
 
   teacher_deep     distill_teacher with a teacher of 36 layers (the student's 24)
   reference_kl     a KL penalty to a frozen reference model (the student's architecture) whose forward runs after the
