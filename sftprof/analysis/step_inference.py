@@ -162,9 +162,11 @@ def steps_from_kernels(
     n = len(codes)
     if n < MIN_STEPS * MIN_KERNELS_PER_STEP or codes.max() < 1:  # too few kernels, or all of one name
         return None
-    period = _period(codes)
+    candidates, matches = _scored_periods(codes)
+    period = _period(candidates, matches)
     if period is None:
-        return _recurring_steps(start, end, codes, read, host_start, _stream_note(stream_kernels, n, len(start)))
+        note = _stream_note(stream_kernels, n, len(start))
+        return _recurring_steps(start, end, codes, read, host_start, note, candidates, matches)
     first, stop = _repeating_stretch(codes, period)
     idle = _idle_before(start, end)
     idle = np.append(idle if len(read) == len(start) else idle[read], np.inf)  # and after the last kernel read
@@ -209,29 +211,32 @@ def _stream_note(stream_kernels: np.ndarray, read: int, kernels: int) -> str:
 
 
 def _recurring_steps(
-    start: np.ndarray, end: np.ndarray, codes: np.ndarray, read: np.ndarray, host_start: int | None, stream_note: str
+    start: np.ndarray,
+    end: np.ndarray,
+    codes: np.ndarray,
+    read: np.ndarray,
+    host_start: int | None,
+    stream_note: str,
+    candidates: np.ndarray,
+    matches: np.ndarray,
 ) -> InferredSteps | None:
     """Steps where other work comes between some of them (step 6 of the module docstring), so that no shift of the
     whole sequence matches it: of the candidate periods that match best, the one whose step, taken where it repeats
     at once, recurs over the most kernels; each recurrence a step, to the next one's start. None where no candidate
-    matches LOOSE_MATCH or recurs MIN_STEPS times."""
-    candidates = _candidate_periods(codes)
-    candidates = candidates[candidates >= MIN_KERNELS_PER_STEP]
-    if len(candidates) == 0:
-        return None
-    positions = _sample(len(codes))
-    matches = np.array([_match(codes, positions, int(c)) for c in candidates])
-    best = None
+    matches LOOSE_MATCH or recurs MIN_STEPS times. `candidates`, `matches`: _scored_periods."""
+    long_enough = candidates >= MIN_KERNELS_PER_STEP
+    candidates, matches = candidates[long_enough], matches[long_enough]
+    best = None  # (kernels covered, recurrences, period)
     for at in np.argsort(-matches, kind="stable")[:RECURRING_CANDIDATES]:
         if matches[at] < LOOSE_MATCH:
             break
         period = int(candidates[at])
         found = _recurrences(codes, period)
-        if len(found) >= MIN_STEPS and (best is None or _covers(found, period) > _covers(*best)):
-            best = found, period
+        if len(found) >= MIN_STEPS and (best is None or len(found) * period > best[0]):
+            best = len(found) * period, found, period
     if best is None:
         return None
-    found, period = best
+    _, found, period = best
     idle = np.append(_idle_before(start, end)[read], np.inf)
     offsets = found[:, None] + np.arange(period)[None, :]  # each recurrence's kernels
     phase = int(np.argmax(np.median(idle[offsets], axis=0)))  # the longest median idle before a kernel: a step's first
@@ -251,10 +256,6 @@ def _recurring_steps(
     return InferredSteps(table, period, round(100 * match, 2), how)
 
 
-def _covers(found: np.ndarray, period: int) -> int:
-    return len(found) * period
-
-
 def _recurrences(codes: np.ndarray, period: int) -> np.ndarray:
     """Where the `period` kernels that best match the next `period` (the step, taken where it repeats at once)
     recur, at least MIN_MATCH of them the same, apart: found from kernels that come once in it (ANCHORS of them)."""
@@ -266,7 +267,7 @@ def _recurrences(codes: np.ndarray, period: int) -> np.ndarray:
     if window[first] < MIN_MATCH * period:
         return np.zeros(0, np.int64)
     step = codes[first : first + period]
-    names, at, counts = np.unique(step, return_index=True, return_counts=True)
+    _, at, counts = np.unique(step, return_index=True, return_counts=True)
     once = np.sort(at[counts == 1])
     if len(once) == 0:
         return np.zeros(0, np.int64)
@@ -350,13 +351,19 @@ def _match(codes: np.ndarray, positions: np.ndarray, period: int) -> float:
     return float(np.mean(codes[positions] == codes[positions + period])) if len(positions) else 0.0
 
 
-def _period(codes: np.ndarray) -> int | None:
-    """The step's length in kernels (step 2 of the module docstring), or None."""
+def _scored_periods(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate periods (_candidate_periods) and the share of kernels each matches (_match, on _sample's
+    positions)."""
     candidates = _candidate_periods(codes)
+    positions = _sample(len(codes))
+    return candidates, np.array([_match(codes, positions, int(c)) for c in candidates], dtype=float)
+
+
+def _period(candidates: np.ndarray, matches: np.ndarray) -> int | None:
+    """The step's length in kernels (step 2 of the module docstring), or None. `candidates`, `matches`:
+    _scored_periods."""
     if len(candidates) == 0:
         return None
-    positions = _sample(len(codes))
-    matches = np.array([_match(codes, positions, int(c)) for c in candidates])
     best = matches.max()
     if best < MIN_MATCH:
         return None
