@@ -743,6 +743,7 @@ def test_an_evaluation_every_fourth_step_is_found_in_its_step(diagnosed):
     measured = cycle_saving_in(GEMMA, "eval_every_4", 4)
     rules = {f.rule: f for f in result.findings}
     assert rules["extra_forward"].title.startswith("5 forward passes a step in 1 of 4 steps, 1 of them")
+    assert "over the 4 steps (in 1 of them)" in rules["extra_forward"].gain_basis  # the basis the gain was taken on
     assert agrees(rules["extra_forward"].gain_pct, measured) and agrees(rules["slow_steps"].gain_pct, measured)
     assert {f.rule for f in result.findings[:2]} == {"slow_steps", "extra_forward"}
 

@@ -84,13 +84,28 @@ class StepClock:
             return 0.0
         return round(float(np.clip(100.0 * np.median(per_step) / self.step_ns, 0.0, 100.0)), 3)
 
+    def _in_few_steps(self, amounts: np.ndarray) -> bool:
+        """Whether an amount is one the median step lacks (work every few steps: an evaluation, a checkpoint)."""
+        return bool(self.step_ns) and not np.median(amounts) > 0
+
     def recurring_share(self, per_step) -> float:
-        """share, or for an amount that most steps lack (work every few steps: an evaluation, a checkpoint), which
-        the median step leaves out, its sum over the steps as % of theirs: what removing it saves over the run."""
+        """share, or for an amount that most steps lack, which the median step leaves out, its sum over the steps
+        as % of theirs: what removing it saves over the run."""
         amounts = np.asarray(per_step, dtype=float)
-        if np.median(amounts) > 0 or not self.step_ns:
+        if not self._in_few_steps(amounts):
             return self.share(amounts)
         return round(float(np.clip(100.0 * amounts.sum() / (self.ends - self.starts).sum(), 0.0, 100.0)), 3)
+
+    def recurring_scope(self, per_step) -> str:
+        """scope, for a gain taken by recurring_share: the sum over the steps where the median step lacks it."""
+        amounts = np.asarray(per_step, dtype=float)
+        if not self._in_few_steps(amounts):
+            return self.scope(amounts)
+        total = float((self.ends - self.starts).sum())
+        return (
+            f"{amounts.sum() / 1e6:,.3f} ms over the {self.steps} steps (in {int(np.count_nonzero(amounts))} of them) "
+            f"/ their {total / 1e6:,.3f} ms"
+        )
 
     def scope(self, per_step) -> str:
         """How a gain was taken, for its basis: "0.958 ms per step (median of 2) / 44.045 ms median step"."""

@@ -17,9 +17,9 @@ added time that fell there.
 The same runs count forward passes. A layer's forward repeats its runs once per layer in each pass: runs the step's
 first forward (the first thread's kernels before the backward thread's first) repeats several times. The stretches
 of the first thread's kernels such runs cover, over the step, are the forward passes (_layer_stretches); the first
-forward may hold two (a frozen teacher's before the student's). A pass after which the backward thread launches nothing before the
-next pass (or the step's end) has no backward: an evaluation, a teacher's or a reference model's forward, work the
-step repeats (`extra_forward`). Gradient accumulation's micro-batches each have their backward.
+forward may hold two (a frozen teacher's before the student's). A pass after which the backward thread launches
+nothing before the next pass (or the step's end) has no backward: an evaluation, a teacher's or a reference model's
+forward, work the step repeats (`extra_forward`). Gradient accumulation's micro-batches each have their backward.
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int,
     if forward_len < 2 * RUN:
         return 0, 0, 0, 0
     passes = _layer_stretches(_runs(shape[mine]), forward_len)
-    in_first = [stop - start for start, stop in passes if start < forward_len]
-    if not passes or not in_first:
+    in_first = sum(stop - start for start, stop in passes if start < forward_len)  # the first forward's layers
+    if not in_first:
         return 0, 0, 0, 0
     offset = passes[0][0]  # the first forward's kernels before its first layer
     followed = kernels = ns = 0
@@ -156,7 +156,7 @@ def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int,
             followed += 1
             continue
         begins = max(start - offset, 0)
-        ends = begins + forward_len * (stop - start) // sum(in_first) if after is None else after - offset
+        ends = begins + forward_len * (stop - start) // in_first if after is None else after - offset
         span = mine[begins:ends]
         kernels += len(span)
         ns += int(took[span].sum())
@@ -336,16 +336,16 @@ def extra_forward_finding(recomputed: Recomputed, clock: StepClock, chains: Chai
             + (f" in {len(extra)} of {steps} steps" if len(extra) < steps else "")
             + f", {followed} of them with a backward: a forward no backward follows",
             f"In {len(extra)} of {steps} steps the thread that starts the step runs its layers' kernels {forward} "
-            f"times (each layer's run of {RUN} kernels counted against the step's first forward), and the backward "
-            f"thread's work follows {followed} of those passes: {int(extra['extra_kernels'].sum()) / steps:,.0f} "
+            f"times (stretches of its kernels covered by runs of {RUN} that the step's first forward repeats once a "
+            f"layer), and the backward thread's work follows {followed} of those passes: {int(extra['extra_kernels'].sum()) / steps:,.0f} "
             f"kernels a step, {ms(float(np.median(saved)))} of GPU time, in the others. An evaluation every step, "
             "or a frozen teacher's or reference model's forward, looks like this.",
             "Evaluate every N steps, not every step (Hugging Face: eval_strategy='steps' with a larger eval_steps; "
             "Lightning: val_check_interval); for a frozen model's outputs (a teacher's logits, DPO's reference "
             "log-probabilities), compute them once ahead of training, or batch them with the step's forward.",
             gain,
-            "the GPU time of each forward pass no backward follows (as many of the first thread's kernels as the "
-            "step's first forward); at most the CPU's wait for the GPU plus the host's launch path in the share of "
-            f"launches removed; {clock.scope(per_step)}",
+            "the GPU time of each forward pass no backward follows (the first thread's kernels from its head to the "
+            "next pass's, or for the step's last pass its share of the first forward's); at most the CPU's wait for "
+            f"the GPU plus the host's launch path in the share of launches removed; {clock.recurring_scope(per_step)}",
         )
     ]
