@@ -218,7 +218,7 @@ def training_steps(marked: pd.DataFrame, events) -> FoundSteps:
         numbered = numbered_steps(events)
         if len(numbered) < 2:
             return FoundSteps(table, "no step ranges and no repeating kernel sequence: the capture counts as one step")
-        phases = marked[marked["name"].isin(PHASES)].assign(step=pd.NA)
+        phases = marked[marked["name"].isin(PHASES)]  # marked_ranges' phases: step NA
         table = step_table(pd.concat([numbered, phases], ignore_index=True).astype({"step": "Int64"}))
         how = (
             f"{len(table)} NVTX ranges numbered one after another (named like {str(numbered['name'].iloc[0])!r}), "
