@@ -108,15 +108,18 @@ def agrees(gain: float, measured: float) -> bool:
     return abs(gain - measured) <= max(AGREEMENT * measured, POINTS)
 
 
-def own_step_times(case: str, path: Path, folder: Path = FOREIGN) -> Path:
+def own_step_times(case: str, path: Path, folder: Path = FOREIGN, real_tokens: int | None = None) -> Path:
     """The captured run's own iteration times (profiled.jsonl) as sftprof's metrics file: what a loop that
-    times its steps gives `sftprof analyze --metrics` (sftprof.trace.metrics' required fields)."""
+    times its steps gives `sftprof analyze --metrics` (sftprof.trace.metrics' required fields); with `real_tokens`,
+    a loop that counts its tokens too (token_slots, real_tokens: the torch trainer's fields)."""
+    tokens = TOKENS if real_tokens is None else real_tokens
+    counts = {} if real_tokens is None else {"token_slots": TOKENS, "real_tokens": real_tokens}
     lines = []
     for line in (folder / "profiled.jsonl").read_text().splitlines():
         row = json.loads(line)
         if row["case"] == case:
             step = {"step": row["iteration"], "step_time_s": row["s"], "in_window": row["in_window"]}
-            lines.append(json.dumps(step | {"tokens_per_s": TOKENS / row["s"]}))
+            lines.append(json.dumps(step | {"tokens_per_s": tokens / row["s"]} | counts))
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -762,19 +765,11 @@ def test_padding_to_the_maximum_length_is_named_only_with_the_loops_token_counts
     from it nothing names the padding; given the loop's token counts (token_slots and real_tokens in its metrics, as
     sftprof's trainer writes them), `padding` is first and within 25% of padding to the longest sequence."""
     assert "padding" not in {f.rule for f in diagnosed("pad_to_max", source=GEMMA).findings}
-    lines = []
-    for line in (GEMMA / "profiled.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["case"] == "pad_to_max":
-            real = 8 * 256  # the micro-batch's real tokens (foreign_loop.PADDED_LENGTH a sequence)
-            timing = {"step": row["iteration"], "step_time_s": row["s"], "in_window": row["in_window"]}
-            lines.append(
-                json.dumps(timing | {"tokens_per_s": real / row["s"], "token_slots": TOKENS, "real_tokens": real})
-            )
-    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    real = 8 * 256  # the micro-batch's real tokens (foreign_loop.PADDED_LENGTH a sequence)
+    metrics = own_step_times("pad_to_max", tmp_path / "metrics.jsonl", GEMMA, real_tokens=real)
     tables = load_trace(unpack_xz(GEMMA / "pad_to_max.sqlite.xz", tmp_path / "pad_to_max.sqlite"))
     try:
-        top = analyze(tables, metrics=read_metrics(tmp_path / "metrics.jsonl")).findings[0]
+        top = analyze(tables, metrics=read_metrics(metrics)).findings[0]
     finally:
         tables.events.close()
     assert (top.rule, top.severity) == ("padding", "warning") and top.title.startswith("75.0% of the token slots")
