@@ -335,7 +335,8 @@ def ci_bounded(full: int, in_ci: int) -> int:
 
 def pytest_collection_modifyitems(config, items):
     """Under CI (CI=true, a 2-core machine with a time limit), a test marked `ci_sample(n)` runs n of its
-    parametrized cases, spread evenly over them, the same n every time; elsewhere every case runs."""
+    parametrized cases, spread evenly over them, the same n every time (n=0: none, for a test the full run keeps
+    that CI's time limit cannot); elsewhere every case runs."""
     if not IN_CI:
         return
     cases: dict = {}

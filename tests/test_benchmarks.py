@@ -88,6 +88,7 @@ def test_nsys_stats_counts_every_kernel(small_export):
 
 
 @needs_nsys
+@pytest.mark.ci_sample(0)  # the benchmark itself, 31 s: the full test run has it
 def test_benchmark_runs_and_prints_its_table(tmp_path):
     proc = subprocess.run(
         [
@@ -127,6 +128,7 @@ def test_benchmark_runs_and_prints_its_table(tmp_path):
 
 
 @needs_nsys
+@pytest.mark.ci_sample(0)  # 18 s: the full test run has it
 def test_floor_measures_each_step_against_nsys_stats(small_export, tmp_path):
     """benchmarks/floor.py: decode, load, analyze and nsys stats on one file, each row's wall time over the same
     run's nsys stats; the decoder reads every row of the tables it lists (its children print them)."""

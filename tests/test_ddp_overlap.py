@@ -111,6 +111,7 @@ def _train_rank(rank: int, port: int, folder: str, settings: dict, results) -> N
     results.put((rank, done["steps"], alive))
 
 
+@pytest.mark.ci_sample(1)
 @pytest.mark.parametrize("ddp_overlap", [True, False])
 def test_trainer_frees_ddp_before_its_process_group(tmp_path, ddp_overlap):
     """Freed last by DDP's Reducer, with the GIL held, a gloo group's destructor can wait on a worker

@@ -162,6 +162,7 @@ HAND_CASES = [
 ]
 
 
+@pytest.mark.ci_sample(25)
 @pytest.mark.parametrize("command, content, named", HAND_CASES, ids=[*HOSTILE_YAML, *NEWLINE_CASES])
 def test_hostile_config_file_is_refused_in_one_line(tmp_path, command, content, named):
     config_file = tmp_path / "config.yaml"

@@ -366,6 +366,7 @@ def fuzz(base: Path, folder: Path, seed: int, cases: int, weights: dict) -> None
         print(json.dumps(outcome), flush=True)
 
 
+@pytest.mark.ci_sample(1)
 @pytest.mark.parametrize("fuzzed", FUZZ_FILES)
 def test_fuzzed_btree_pages_are_refused_or_loaded_sanely(tmp_path, record_property, fuzzed):
     source, _, cases = FUZZ_FILES[fuzzed]

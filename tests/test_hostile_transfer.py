@@ -181,6 +181,7 @@ HOSTILE_RECORDS = {
 }
 
 
+@pytest.mark.ci_sample(12)
 @pytest.mark.parametrize("case", list(HOSTILE_RECORDS))
 def test_a_hostile_record_is_refused_and_writes_nothing(shared_setup, case):
     setup = shared_setup

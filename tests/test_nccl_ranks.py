@@ -62,6 +62,7 @@ def _nsys_kernels(path: Path) -> list[dict]:
         return list(csv.DictReader(table))
 
 
+@pytest.mark.ci_sample(2)
 @pytest.mark.parametrize("case", CASES)
 def test_collectives_are_found_by_kind_as_nsys_counted_them(analysed, case):
     """Every NCCL kernel nsys 2025.3.1's own summary lists, by the collective its name says, with the same

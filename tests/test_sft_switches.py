@@ -227,6 +227,7 @@ def test_gradient_checkpointing_trains_to_the_same_loss(run_sft):
 
 
 @pytest.mark.e2e
+@pytest.mark.ci_sample(0)  # torch.compile on the CPU, 24 s: the full test run has it
 def test_compiled_model_trains_to_the_same_loss(run_sft):
     """About a minute on CPU: inductor compiles forward and backward once (max_length keeps one shape)."""
     reference, compiled = run_sft(steps=2, seq_length=128), run_sft(steps=2, seq_length=128, compile=True)

@@ -12,6 +12,8 @@ from conftest import REPO
 FIXTURE = REPO / "tests" / "fixtures" / "h200_plant_pageable.sqlite"
 # Nothing of the checkout may leak in: not its source on PYTHONPATH, nor its editable install.
 CLEAN_ENV = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+# Building the wheel and installing it with its dependencies takes about a minute: the full test run has it, CI not.
+pytestmark = pytest.mark.ci_sample(0)
 
 
 @pytest.fixture(scope="module")
