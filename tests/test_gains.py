@@ -501,6 +501,17 @@ def test_ranking_puts_gains_first_then_warnings_then_notes_in_order():
     assert [f.rule for f in ranked(findings)] == ["d", "b", "e", "c", "a", "f"]
 
 
+def test_slow_steps_follow_the_largest_cause_nearly_as_large():
+    """slow_steps says where, not why: it goes just after the first finding below it priced at least 75% of it,
+    and keeps its place where none is."""
+    slow = Finding("slow_steps", "warning", "", "", gain_pct=26.0)
+    cause = Finding("extra_forward", "warning", "", "", gain_pct=25.0)
+    other = Finding("memory_bound_kernel_mix", "warning", "", "", gain_pct=21.0)
+    assert [f.rule for f in ranked([other, slow, cause])] == ["extra_forward", "slow_steps", "memory_bound_kernel_mix"]
+    small = Finding("extra_forward", "warning", "", "", gain_pct=18.0)  # under 75% of 26: not what made the steps slow
+    assert [f.rule for f in ranked([small, slow])] == ["slow_steps", "extra_forward"]
+
+
 def test_fused_attention_frees_the_host_time_of_the_launches_it_removes():
     """A host-bound step (the CPU never waits) with one unfused attention: fused attention saves no more GPU
     time than its glue and GEMMs, and in this step only the host's launch path in the share of launches it

@@ -247,6 +247,30 @@ def float64_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
     return _named(kernels, FLOAT64_ELEMENTS)
 
 
+# Float32 weights under 16-bit autocast, by demangled name: PyTorch's casts to bf16 or fp16 (autocast casts each
+# weight every forward, and the outputs of the ops it keeps in float32), and optimizer kernels on float32 elements
+# (fused AdamW's `FusedAdamMathFunctor<float, ...>`, the foreach implementation's `...Functor<float, ...>`).
+CAST_TO_HALF = re.compile(r"(?:bfloat16|float16)_copy_kernel_cuda")
+FLOAT32_FUNCTOR = re.compile(r"\w*Functor<float\b")
+FLOAT32_OPTIMIZER = re.compile(r"multi_tensor_apply.*Functor<float\b|Adam\w*Functor<float\b")
+HALF_OPTIMIZER = re.compile(
+    r"multi_tensor_apply.*Functor<c10::(?:BFloat16|Half)\b|Adam\w*Functor<c10::(?:BFloat16|Half)\b"
+)
+MASTER_WEIGHT_COLUMNS = ["kind", *NAMED_COLUMNS]
+
+
+def float32_weights(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Where the optimizer updates float32 weights (its float32 kernels take longer than any on bf16 or fp16)
+    and kernels cast to bf16 or fp16: those casts (kind `cast`) and the float32 optimizer kernels (kind
+    `optimizer`), else no rows. `kernels`: name_totals rows."""
+    casts, float32, half = (_named(kernels, pattern) for pattern in (CAST_TO_HALF, FLOAT32_OPTIMIZER, HALF_OPTIMIZER))
+    if casts.empty or float32["total_ns"].sum() <= half["total_ns"].sum():
+        return pd.DataFrame(columns=MASTER_WEIGHT_COLUMNS)
+    return pd.concat([casts.assign(kind="cast"), float32.assign(kind="optimizer")], ignore_index=True)[
+        MASTER_WEIGHT_COLUMNS
+    ]
+
+
 # Kernels that write one value over a tensor: PyTorch's fill_ (torch.zeros, torch.full, and the NaN with which
 # torch.use_deterministic_algorithms fills every new tensor: fill_uninitialized_memory).
 FILL = re.compile(r"FillFunctor|fill_kernel")

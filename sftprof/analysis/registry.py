@@ -144,6 +144,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("unaligned_gemms", kernels.unaligned_gemms, ("kernel_names",), K),
     Section("value_checks", kernels.value_checks, ("kernel_names",), K),
     Section("float64_kernels", kernels.float64_kernels, ("kernel_names",), K),
+    Section("float32_weights", kernels.float32_weights, ("kernel_names",), K),
     Section("foreach", gains.foreach_optimizer_kernels, ("events",), K),
     Section("attention_runs", excess.unfused_attention, ("events",), K),
     Section("busy_unions", gpu.busy_unions, ("events",), B),
@@ -346,6 +347,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("unaligned_gemm", rules.unaligned_gemm, ("unaligned_gemms", "clock")),
     Rule("float64_math", rules.float64_math, ("float64_kernels", "clock")),
+    Rule("float32_weights", rules.float32_weights, ("float32_weights", "clock")),
     Rule("anomaly_detection", rules.anomaly_detection, ("idle_views", "value_checks", "clock", "overhead")),
     Rule(
         "unfused_attention",

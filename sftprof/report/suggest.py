@@ -88,6 +88,13 @@ REMEDIES = {
     "fp32_gemm": {
         "torch": Remedy("bf16", {"sft": {"precision": "bf16"}}, "bf16 autocast: GEMMs on bf16 tensor cores"),
     },
+    "float32_weights": {
+        "torch": Remedy(
+            "bf16-true",
+            {"sft": {"precision": "bf16-true"}},
+            "weights, gradients and AdamW's state in bf16: no casts each forward, half the optimizer's traffic",
+        ),
+    },
     "unfused_attention": {
         "torch": Remedy("sdpa", {"sft": {"attention": "sdpa"}}, "SDPA: fused attention kernels, no seq x seq scores"),
     },

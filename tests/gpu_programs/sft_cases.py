@@ -8,6 +8,7 @@ fixtures tests/fixtures/h200_sft_*.sqlite were made with this file (see tests/fi
   foreach_adamw  clean with fused_optimizer false (torch's foreach AdamW)
   pageable       clean with pin_memory false (batches copied from pageable host memory)
   data_stall     clean's settings, run by slow_data.py (a sleep in the data path)
+  bf16_true      clean with precision bf16-true (bf16 weights, no autocast): the fix of clean's float32 weights
 
 The fixes of foreach_adamw, pageable and data_stall are clean itself.
 
@@ -31,7 +32,7 @@ import yaml
 
 from sftprof.capture.data import build_prompt, generate_sample, prepare_sft_splits, write_jsonl
 
-CASES = ("clean", "padding", "padding_fixed", "foreach_adamw", "pageable", "data_stall")
+CASES = ("clean", "padding", "padding_fixed", "foreach_adamw", "pageable", "data_stall", "bf16_true")
 SPLITS = {"training": 0.8, "validation": 0.15, "test": 0.05}
 SAMPLE_RECORDS, SAMPLE_SEED, SPLIT_SEED = 300, 0, 1234
 MODELS = {
@@ -92,6 +93,7 @@ OVERRIDES = {
     "foreach_adamw": {"fused_optimizer": False},
     "pageable": {"pin_memory": False},
     "data_stall": {},
+    "bf16_true": {"precision": "bf16-true"},
 }
 SHORT_DATA = ("padding", "padding_fixed")
 

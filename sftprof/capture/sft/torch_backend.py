@@ -257,7 +257,7 @@ def run_facts(model, sft: dict, device: str, optimizer, pin_memory: bool, distri
     return {
         "parameters": sum(parameter.numel() for parameter in model.parameters()),
         "weight_dtype": str(weights.dtype).removeprefix("torch."),
-        "precision": "bfloat16" if sft["precision"] == "bf16" else None,  # the autocast dtype
+        "precision": "bfloat16" if sft["precision"] == "bf16" else None,  # the autocast dtype (bf16-true: none)
         "model": {
             "architecture": type(model).__name__,
             "num_layers": config.num_hidden_layers,
@@ -341,7 +341,8 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
     first with the run's facts under `run`.
 
     Weights (and so gradients and optimizer state) are float32 whatever dtype the checkpoint was
-    saved in; precision bf16 adds bf16 autocast. The loss is read from the device every
+    saved in, and precision bf16 adds bf16 autocast; bf16-true casts the weights to bf16 once, before the
+    optimizer is made (no autocast). The loss is read from the device every
     `loss_every` steps and at the last step; other steps' lines say "loss": null. Lines are
     written when the loss is read, as that is when their step times are known (StepClock).
     """
@@ -370,6 +371,8 @@ def train(model_dir: str | Path, train_jsonl: str | Path, metrics_path: str | Pa
     model = load_model(
         model_dir, device, sft["seed"], sft["attention"]
     )  # float32; `random` folders are initialised on the device
+    if sft["precision"] == "bf16-true":  # weights, gradients and AdamW's state in bf16: nothing cast per step
+        model.to(torch.bfloat16)
     model.train()
     if sft["pad_vocab_to_multiple_of"]:  # rows no token uses, so the LM head's GEMMs stay on aligned kernels
         model.resize_token_embeddings(pad_to_multiple_of=sft["pad_vocab_to_multiple_of"], mean_resizing=False)
