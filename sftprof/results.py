@@ -63,14 +63,20 @@ def is_number(value) -> bool:
 
 def _is_finding(value) -> bool:
     """What `Finding(**value)` accepts, with the texts that reports and comparisons show and a gain
-    that ranks and subtracts: a share from 0 to 100, or null (no estimate). Findings saved before
-    gains existed have none, and load with none."""
+    that ranks and subtracts: a share from 0 to 100, or null (no estimate), and few_steps a boolean. Findings
+    saved before gains (or few_steps) existed have none, and load with the default."""
     if not isinstance(value, dict) or not set(value) <= {f.name for f in fields(Finding)}:
         return False
-    texts = [f.name for f in fields(Finding) if f.name != "gain_pct" and (f.default is MISSING or f.name in value)]
+    texts = [
+        f.name
+        for f in fields(Finding)
+        if f.name not in ("gain_pct", "few_steps") and (f.default is MISSING or f.name in value)
+    ]
     gain = value.get("gain_pct")
-    return all(isinstance(value.get(name), str) for name in texts) and (
-        gain is None or is_number(gain) and 0 <= gain <= 100
+    return (
+        all(isinstance(value.get(name), str) for name in texts)
+        and (gain is None or is_number(gain) and 0 <= gain <= 100)
+        and isinstance(value.get("few_steps", False), bool)
     )
 
 

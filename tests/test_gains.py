@@ -502,14 +502,16 @@ def test_ranking_puts_gains_first_then_warnings_then_notes_in_order():
 
 
 def test_slow_steps_follow_the_largest_cause_nearly_as_large():
-    """slow_steps says where, not why: it goes just after the first finding below it priced at least 75% of it,
-    and keeps its place where none is."""
+    """slow_steps says where, not why: it goes just after the first finding below it of work in a few of the steps
+    priced at least 75% of it, and keeps its place where none is."""
     slow = Finding("slow_steps", "warning", "", "", gain_pct=26.0)
-    cause = Finding("extra_forward", "warning", "", "", gain_pct=25.0)
+    cause = Finding("extra_forward", "warning", "", "", gain_pct=25.0, few_steps=True)
     other = Finding("memory_bound_kernel_mix", "warning", "", "", gain_pct=21.0)
     assert [f.rule for f in ranked([other, slow, cause])] == ["extra_forward", "slow_steps", "memory_bound_kernel_mix"]
-    small = Finding("extra_forward", "warning", "", "", gain_pct=18.0)  # under 75% of 26: not what made the steps slow
+    small = Finding("extra_forward", "warning", "", "", gain_pct=18.0, few_steps=True)  # under 75% of 26
     assert [f.rule for f in ranked([small, slow])] == ["slow_steps", "extra_forward"]
+    everywhere = Finding("launch_bound", "warning", "", "", gain_pct=25.0)  # in every step: not what made some slow
+    assert [f.rule for f in ranked([everywhere, slow])] == ["slow_steps", "launch_bound"]
 
 
 def test_fused_attention_frees_the_host_time_of_the_launches_it_removes():
@@ -552,14 +554,20 @@ def test_gains_round_trip_through_analysis_json_and_bad_ones_are_refused(tmp_pat
         "recommendation",
         "gain_pct",
         "gain_basis",
+        "few_steps",
     }
     for bad in ("12", 101, float("nan"), True):
         summary["findings"][0]["gain_pct"] = bad
         (tmp_path / "a" / results.SUMMARY_FILE).write_text(json.dumps(summary))
         with pytest.raises(results.ResultsError, match="findings must be"):
             results.load(tmp_path / "a")
+    summary["findings"][0]["gain_pct"] = None
+    summary["findings"][0]["few_steps"] = "yes"
+    (tmp_path / "a" / results.SUMMARY_FILE).write_text(json.dumps(summary))
+    with pytest.raises(results.ResultsError, match="findings must be"):
+        results.load(tmp_path / "a")
     for finding in summary["findings"]:  # as sftprof wrote it before gains
-        finding.pop("gain_pct"), finding.pop("gain_basis")
+        finding.pop("gain_pct"), finding.pop("gain_basis"), finding.pop("few_steps")
     (tmp_path / "a" / results.SUMMARY_FILE).write_text(json.dumps(summary))
     assert all(f.gain_pct is None for f in results.load(tmp_path / "a").findings)
 

@@ -26,6 +26,7 @@ class Finding:
     recommendation: str = ""
     gain_pct: float | None = None
     gain_basis: str = ""
+    few_steps: bool = False  # its time is in a few of the steps (most have none): what makes those steps slow
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,16 +46,16 @@ def severity_of(gain_pct: float) -> str:
     return "warning" if gain_pct >= WARNING_SHARE_PCT else "info"
 
 
-# Findings that say where time went but not why (steps slower than the median): ranked after a finding that
-# prices a cause at least CAUSE_SHARE of their gain, likely what made them (an evaluation every few steps is
-# both a slow step and an extra forward pass; the pass is what to change).
+# Findings that say where time went but not why (steps slower than the median): ranked after a finding of work in
+# a few of the steps (few_steps) priced at least CAUSE_SHARE of their gain, likely what made them slow (an
+# evaluation every few steps is both a slow step and an extra forward pass; the pass is what to change).
 SYMPTOMS = ("slow_steps",)
 CAUSE_SHARE = 0.75
 
 
 def ranked(findings: list[Finding]) -> list[Finding]:
     """By attainable gain, largest first; findings without a gain after them, warnings first, each
-    group in the order the rules produced it (sorted() is stable); a symptom just after the largest cause nearly as large."""
+    group in the order the rules produced it (sorted() is stable); a symptom just after the largest cause in its steps nearly as large."""
     order = sorted(findings, key=lambda f: (f.gain_pct is None, -(f.gain_pct or 0.0), f.severity != "warning"))
     for symptom in [f for f in order if f.rule in SYMPTOMS and f.gain_pct]:
         at = order.index(symptom)
@@ -68,7 +69,7 @@ def ranked(findings: list[Finding]) -> list[Finding]:
 
 
 def _is_cause_of(finding: Finding, symptom: Finding) -> bool:
-    return finding.rule not in SYMPTOMS and (finding.gain_pct or 0.0) >= CAUSE_SHARE * (symptom.gain_pct or 0.0)
+    return finding.few_steps and (finding.gain_pct or 0.0) >= CAUSE_SHARE * (symptom.gain_pct or 0.0)
 
 
 def gain_text(gain_pct: float | None) -> str:

@@ -84,7 +84,7 @@ class StepClock:
             return 0.0
         return round(float(np.clip(100.0 * np.median(per_step) / self.step_ns, 0.0, 100.0)), 3)
 
-    def _in_few_steps(self, amounts: np.ndarray) -> bool:
+    def in_few_steps(self, amounts: np.ndarray) -> bool:
         """Whether an amount is one the median step lacks (work every few steps: an evaluation, a checkpoint)."""
         return bool(self.step_ns) and not np.median(amounts) > 0
 
@@ -92,14 +92,14 @@ class StepClock:
         """share, or for an amount that most steps lack, which the median step leaves out, its sum over the steps
         as % of theirs: what removing it saves over the run."""
         amounts = np.asarray(per_step, dtype=float)
-        if not self._in_few_steps(amounts):
+        if not self.in_few_steps(amounts):
             return self.share(amounts)
         return round(float(np.clip(100.0 * amounts.sum() / (self.ends - self.starts).sum(), 0.0, 100.0)), 3)
 
     def recurring_scope(self, per_step) -> str:
         """scope, for a gain taken by recurring_share: the sum over the steps where the median step lacks it."""
         amounts = np.asarray(per_step, dtype=float)
-        if not self._in_few_steps(amounts):
+        if not self.in_few_steps(amounts):
             return self.scope(amounts)
         total = float((self.ends - self.starts).sum())
         return (

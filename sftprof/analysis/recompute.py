@@ -347,5 +347,6 @@ def extra_forward_finding(recomputed: Recomputed, clock: StepClock, chains: Chai
             "the GPU time of each forward pass no backward follows (the first thread's kernels from its head to the "
             "next pass's, or for the step's last pass its share of the first forward's); at most the CPU's wait for "
             f"the GPU plus the host's launch path in the share of launches removed; {clock.recurring_scope(per_step)}",
+            few_steps=clock.in_few_steps(np.asarray(per_step, dtype=float)),
         )
     ]

@@ -41,7 +41,8 @@ whole sequence, from name ids only:
    recurrences cover most kernels wins, unless kernels between two recurrences are the step's own in another order
    (a step missed: two streams' kernels interleaved differently), when it gives no steps. Each recurrence is a step,
    to the next one's start (the other work in the step before it), from the kernel after the longest GPU idle gap in
-   median over the recurrences.
+   median over the recurrences; where the capture begins with a recurrence and ends with one (a window opened and
+   closed between steps), from each recurrence's first kernel, as step 4 does for a whole number of periods.
 
 Limitations: a capture holding several whole cycles of work every N steps repeats with the cycle, so each step found
 is N iterations (its shares are still right). Where the GPU idles before a micro-batch as long as before a step (a
@@ -237,9 +238,13 @@ def _recurring_steps(
     if best is None:
         return None
     _, found, period = best
-    idle = np.append(_idle_before(start, end)[read], np.inf)
-    offsets = found[:, None] + np.arange(period)[None, :]  # each recurrence's kernels
-    phase = int(np.argmax(np.median(idle[offsets], axis=0)))  # the longest median idle before a kernel: a step's first
+    if found[0] == 0 and found[-1] + period == len(codes):  # the capture begins and ends with the step whole
+        phase, where = 0, "the capture begins with a recurrence and ends with one, so each begins a step"
+    else:
+        idle = np.append(_idle_before(start, end)[read], np.inf)
+        offsets = found[:, None] + np.arange(period)[None, :]  # each recurrence's kernels
+        phase = int(np.argmax(np.median(idle[offsets], axis=0)))  # the longest median idle before a kernel: a first
+        where = "the step begins after the longest GPU idle gap in median"
     heads = found + phase
     heads = heads[heads + period <= len(codes)]  # whole steps only
     if len(heads) < MIN_STEPS:
@@ -250,7 +255,7 @@ def _recurring_steps(
     how = (
         f"inferred from the GPU timeline: a sequence of {period:,} kernels{stream_note} recurs {len(heads)} times "
         f"({between:,} other kernels between recurrences: work not every step does), each step to the next one's "
-        "start; the step begins after the longest GPU idle gap in median"
+        f"start; {where}"
     )
     match = float(np.mean([np.mean(codes[h : h + period] == codes[heads[0] : heads[0] + period]) for h in heads]))
     return InferredSteps(table, period, round(100 * match, 2), how)
