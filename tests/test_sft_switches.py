@@ -246,6 +246,17 @@ def test_fp16_checkpoint_trains_with_float32_weights_under_bf16_autocast(run_sft
     assert (line["run"]["weight_dtype"], line["run"]["precision"]) == ("float32", "bfloat16")
 
 
+def test_bf16_true_trains_bf16_weights_without_autocast_to_about_the_same_loss(run_sft):
+    """precision bf16-true (float32_weights' remedy): the weights, and so AdamW's state, are bf16; no autocast. The
+    loss follows the float32 weights' under autocast within bf16's resolution."""
+    mixed, true = (
+        run_sft(steps=2, seq_length=128, precision="bf16"),
+        run_sft(steps=2, seq_length=128, precision="bf16-true"),
+    )
+    assert (true[0]["run"]["weight_dtype"], true[0]["run"]["precision"]) == ("bfloat16", None)
+    assert [line["loss"] for line in true] == pytest.approx([line["loss"] for line in mixed], rel=2e-2)
+
+
 def test_examples_without_label_tokens_are_dropped_and_counted(caplog):
     tokenizer = build_byte_tokenizer()
     rows = [{"input": "p" * 10, "output": "answer"}, {"input": "p" * 40, "output": "lost"}]
