@@ -73,11 +73,14 @@ def test_host_time_before_a_repeated_kernel_becomes_recomputation():
     assert moved.tolist() == [host, recomputation, sync, recomputation, host]
 
 
+DROPOUT = 90  # the kernel id that stands for dropout's: a model in train mode only launches it
+
+
 def passes(*parts: tuple[int, list[int]]) -> tuple[int, int, int, int]:
     """recompute._passes over one step launched in `parts` (thread, kernels) in order, each kernel taking 10 ns."""
     tids = np.concatenate([np.full(len(kernels), tid) for tid, kernels in parts])
     shape = np.concatenate([np.array(kernels, dtype=np.uint64) for _, kernels in parts])
-    return recompute._passes(tids, shape, np.full(len(tids), 10))
+    return recompute._passes(tids, shape, np.full(len(tids), 10), shape == DROPOUT)
 
 
 LAYER = list(range(100, 100 + recompute.RUN))
@@ -120,6 +123,13 @@ def test_a_frozen_model_with_other_kernels_and_a_layer_with_two_runs_are_passes_
     layer = LAYER + [50] + LAYER + [51, 52]
     assert passes((1, [1, 2] + layer * 3 + [3, 4]), (2, BACKWARD), (1, OPTIMIZER)) == (1, 1, 0, 0)
     assert passes((1, [9, 8] * 6 + deep), (2, BACKWARD), (1, OPTIMIZER)) == (1, 1, 0, 0)
+
+
+def test_an_evaluation_in_eval_mode_repeats_the_training_forwards_layers_without_dropout():
+    """The trained model runs dropout in each layer, its evaluation after the optimizer none (eval mode): with
+    dropout's kernels left out, the evaluation's layers are the training forward's, and it is an extra pass."""
+    trained = [1, 2] + (LAYER[:6] + [DROPOUT] + LAYER[6:] + [DROPOUT]) * 3 + [3, 4]
+    assert passes((1, trained), (2, BACKWARD), (1, OPTIMIZER + FORWARD)) == (2, 1, len(FORWARD), 10 * len(FORWARD))
 
 
 def test_in_sorted_finds_exact_starts():

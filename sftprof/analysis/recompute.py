@@ -20,10 +20,13 @@ of the first thread's kernels such runs cover, over the step, are the forward pa
 forward may hold two (a frozen teacher's before the student's). A pass after which the backward thread launches
 nothing before the next pass (or the step's end) has no backward: an evaluation, a teacher's or a reference model's
 forward, work the step repeats (`extra_forward`). Gradient accumulation's micro-batches each have their backward.
+Dropout's kernels (TRAIN_ONLY) are left out of the passes' runs: an evaluation in eval mode launches none, and
+its layers then repeat the trained forward's runs.
 """
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -38,6 +41,8 @@ from sftprof.trace.events import EventStore
 
 RUN = 12  # kernels in a row that must repeat the forward's: clean backward passes repeat runs of up to 4 (NeMo's)
 NAMES_LISTED = 3
+# Kernels a model runs in train mode only (dropout's mask and scale), by name: eval mode launches none.
+TRAIN_ONLY = re.compile(r"dropout|bernoulli", re.IGNORECASE)
 LAYER_RUNS = 3  # a run the step's first forward repeats this often is a layer's: a head repeats twice at most
 COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns"]
 PASS_COLUMNS = ["step_row", "forward", "followed", "extra_kernels", "extra_ns"]
@@ -129,14 +134,15 @@ def _layer_stretches(keys: np.ndarray, first_forward: int) -> list[tuple[int, in
     return [(start, stop) for start, stop in stretches if stop - start >= LAYER_RUNS * RUN]
 
 
-def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray) -> tuple[int, int, int, int]:
+def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray, train_only: np.ndarray) -> tuple[int, int, int, int]:
     """One step's forward passes in one process, how many of them the backward thread's work follows, and the
     kernels and GPU time (`took`) of the others (module docstring). A pass without a backward spans the first
     thread's kernels from the same offset before its first layer run as the step's first forward up to the next
-    pass's; the step's last pass, its share of the first forward's kernels (by layer runs). (0, 0, 0, 0) where
-    there is no second thread or no run repeats in the first forward."""
+    pass's; the step's last pass, its share of the first forward's kernels (by layer runs). Kernels only a model in
+    train mode runs (`train_only`: dropout's) are left out, so that a pass in eval mode repeats the training
+    forward's layer runs. (0, 0, 0, 0) where there is no second thread or no run repeats in the first forward."""
     first = tids[0]
-    mine = np.flatnonzero(tids == first)
+    mine = np.flatnonzero((tids == first) & ~train_only)
     others = tids[tids != first]
     if len(mine) < 2 * RUN or len(others) < 2 * RUN:
         return 0, 0, 0, 0
@@ -226,6 +232,10 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
     starts: list[np.ndarray] = []
     host: list[pd.DataFrame] = []
 
+    known = events.used_names("kernels").drop_duplicates("name_id")
+    dropout_ids = known["name_id"][known["name"].fillna(known["short_name"]).astype(str).str.contains(TRAIN_ONLY)]
+    dropout_ids = dropout_ids.to_numpy("int64")
+
     def count(kernels: dict[str, np.ndarray]) -> None:
         bounds = np.flatnonzero(np.diff(kernels["row"])) + 1
         for part in np.split(np.arange(len(kernels["row"])), bounds):
@@ -237,7 +247,10 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
             repeated = _repeated(tids, shape)
             took = durations[repeated]
             rows.append((row, len(part), int(repeated.sum()), int(took.sum())))
-            passes.extend((row, *_passes(tids[own], shape[own], durations[own])) for own in _processes(tids))
+            train_only = np.isin(kernels["name_id"][part], dropout_ids)
+            passes.extend(
+                (row, *_passes(tids[own], shape[own], durations[own], train_only[own])) for own in _processes(tids)
+            )
             if repeated.any():
                 names.append(pd.DataFrame({"name_id": kernels["name_id"][part][repeated], "gpu_ns": took}))
                 starts.append(start[repeated])
@@ -259,7 +272,6 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
     by_pass = pd.DataFrame(passes, columns=PASS_COLUMNS).groupby("step_row", as_index=False).agg(PASS_TOTALS)
     if not names:
         return empty._replace(by_step=by_step, passes=by_pass)
-    known = events.used_names("kernels").drop_duplicates("name_id")
     label = dict(zip(known["name_id"], known["short_name"].fillna(known["name"]), strict=True))
     by_name = pd.concat(names).groupby("name_id", as_index=False)["gpu_ns"].sum()
     by_name["kernel"] = [str(label.get(i) or f"kernel {i}") for i in by_name["name_id"]]
