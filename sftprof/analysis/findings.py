@@ -55,14 +55,12 @@ CAUSE_SHARE = 0.75
 
 def ranked(findings: list[Finding]) -> list[Finding]:
     """By attainable gain, largest first; findings without a gain after them, warnings first, each
-    group in the order the rules produced it (sorted() is stable); a symptom just after the largest cause in its steps nearly as large."""
+    group in the order the rules produced it (sorted() is stable); a symptom just after the largest cause
+    in its steps nearly as large."""
     order = sorted(findings, key=lambda f: (f.gain_pct is None, -(f.gain_pct or 0.0), f.severity != "warning"))
     for symptom in [f for f in order if f.rule in SYMPTOMS and f.gain_pct]:
         at = order.index(symptom)
-        cause = next(
-            (i for i in range(at + 1, len(order)) if _is_cause_of(order[i], symptom)),
-            None,
-        )
+        cause = next((i for i in range(at + 1, len(order)) if _is_cause_of(order[i], symptom)), None)
         if cause is not None:
             order.insert(cause, order.pop(at))
     return order

@@ -791,7 +791,8 @@ def float32_weights(found: pd.DataFrame, clock: StepClock) -> list[Finding]:
             "Float32 weights cast to 16 bits for the math: bf16 weights would skip the casts and halve the "
             "optimizer's traffic",
             f"By kernel name, the optimizer updates float32 weights ({len(optimizer)} kernels such as "
-            f"`{FLOAT32_FUNCTOR.search(optimizer['kernel'].iloc[0]).group()}>`, {per_step(optimizer_ns)} per step) while "
+            f"`{FLOAT32_FUNCTOR.search(optimizer['kernel'].iloc[0]).group()}>`, {per_step(optimizer_ns)} per step) "
+            "while "
             f"{int(casts['instances'].sum() / clock.steps)} casts to 16 bits a step take {per_step(cast_ns)}: "
             "mixed precision that keeps the weights in float32 (autocast, a Trainer's bf16 flag) casts each "
             "weight every forward and its gradient back.",
