@@ -174,6 +174,7 @@ def test_an_export_onto_a_full_disk_fails_and_leaves_no_file(tmp_path, small_dis
 
 
 @pytest.mark.e2e
+@pytest.mark.ci_sample(0)  # 18 s; CI keeps two runs writing one folder (test_hostile_output)
 def test_two_workflows_profiling_at_once_on_one_host_both_finish(demo_run, tmp_path):
     """Two users (or two experiments) running the workflow on one login node at once: each
     profiles, exports and analyses its own window, and neither run breaks the other's capture."""

@@ -396,6 +396,7 @@ def test_the_switch_runs_the_baseline_then_what_its_analysis_suggests(suggesting
 
 
 @pytest.mark.e2e
+@pytest.mark.ci_sample(0)  # a second variant run, 24 s: the switch test below runs one in CI
 def test_suggested_variants_run_as_variants_once_the_suggestion_has_them(suggesting_run, padding_analysis, tmp_path):
     """The loop with a suggestion that has a variant: the checkpoint's file, as the workflow wrote it, replaced by
     what the H200 padding analysis suggests (its top one), then the workflow run again for real."""
