@@ -514,7 +514,6 @@ def hub_run(tmp_path_factory):
 
 
 @pytest.mark.e2e
-@pytest.mark.ci_sample(0)  # the whole workflow from the hub, 18 s; CI keeps the hub's other tests
 def test_workflow_downloads_dolly_and_llama_verifies_them_and_trains_on_them(hub_run):
     workdir, checkpoint_dir = hub_run.workdir, hub_run.checkpoint
     manifest = json.loads((checkpoint_dir / layout.MODEL_MANIFEST).read_text())
