@@ -252,10 +252,15 @@ def float64_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
 # (fused AdamW's `FusedAdamMathFunctor<float, ...>`, the foreach implementation's `...Functor<float, ...>`).
 CAST_TO_HALF = re.compile(r"(?:bfloat16|float16)_copy_kernel_cuda")
 FLOAT32_FUNCTOR = re.compile(r"\w*Functor<float\b")
-FLOAT32_OPTIMIZER = re.compile(r"multi_tensor_apply.*Functor<float\b|Adam\w*Functor<float\b")
-HALF_OPTIMIZER = re.compile(
-    r"multi_tensor_apply.*Functor<c10::(?:BFloat16|Half)\b|Adam\w*Functor<c10::(?:BFloat16|Half)\b"
-)
+
+
+def _optimizer_on(elements: str) -> re.Pattern:
+    """Optimizer kernels (fused AdamW's math functor, the foreach implementation's) on `elements` (a regex)."""
+    return re.compile(rf"multi_tensor_apply.*Functor<{elements}\b|Adam\w*Functor<{elements}\b")
+
+
+FLOAT32_OPTIMIZER = _optimizer_on("float")
+HALF_OPTIMIZER = _optimizer_on(r"c10::(?:BFloat16|Half)")
 MASTER_WEIGHT_COLUMNS = ["kind", *NAMED_COLUMNS]
 
 

@@ -349,8 +349,8 @@ def extra_forward_finding(recomputed: Recomputed, clock: StepClock, chains: Chai
             + f", {followed} of them with a backward: a forward no backward follows",
             f"In {len(extra)} of {steps} steps the thread that starts the step runs its layers' kernels {forward} "
             f"times (stretches of its kernels covered by runs of {RUN} that the step's first forward repeats once a "
-            f"layer), and the backward thread's work follows {followed} of those passes: {int(extra['extra_kernels'].sum()) / steps:,.0f} "
-            f"kernels a step, {ms(float(np.median(saved)))} of GPU time, in the others. An evaluation every step, "
+            f"layer), and the backward thread's work follows {followed} of those passes: "
+            f"{int(extra['extra_kernels'].sum()) / steps:,.0f} kernels a step, {ms(float(np.median(saved)))} of GPU time, in the others. An evaluation every step, "
             "or a frozen teacher's or reference model's forward, looks like this.",
             "Evaluate every N steps, not every step (Hugging Face: eval_strategy='steps' with a larger eval_steps; "
             "Lightning: val_check_interval); for a frozen model's outputs (a teacher's logits, DPO's reference "
