@@ -96,8 +96,8 @@ _SUMMARY_KEYS = {
         ),
     ),
     "findings": (
-        "a list of findings (objects with the strings rule, severity, title, evidence and a gain_pct "
-        "from 0 to 100 or null)",
+        "a list of findings (objects with the strings rule, severity, title, evidence, a gain_pct "
+        "from 0 to 100 or null, and a boolean few_steps if any)",
         lambda v: isinstance(v, list) and all(map(_is_finding, v)),
     ),
     "tables": (
