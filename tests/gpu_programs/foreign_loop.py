@@ -72,6 +72,16 @@ Cases tried on rules written for the cases above, not for them:
   deterministic_nofill deterministic with torch.utils.deterministic.fill_uninitialized_memory = False (the same
                        algorithms, no fill of each new tensor): what the fills cost
 
+Cases planted blind on the Falcon (--family falcon), chosen before any rule was looked at for them:
+
+  bool_mask_loss   a completion-only loss (the first quarter of each sequence is prompt) computed by boolean indexing:
+                   cross_entropy(logits[:, :-1][keep].float(), ...) rather than ignored labels
+  output_attentions  output_attentions=True left on from debugging (the Falcon's SDPA path then computes attention
+                   itself, to return the weights)
+  adamw_foreach    torch.optim.AdamW's default implementation (foreach) rather than fused=True
+  gil_thread       a thread beside the loop tokenising the next batch in pure Python (about 60 ms a batch, a thread
+                   prefetcher rather than a DataLoader worker process): it holds the GIL the loop launches with
+
 Cases that try the rules written for the Gemma's cases on problems they were not written for (captured on the OPT,
 tests/fixtures/foreign/opt_frozen), with their fixes teacher_deep_cached and reference_cached below:
 
@@ -86,7 +96,9 @@ embedding padded to 50,304 as nanoGPT pads it), --family gpt_bigcode a GPTBigCod
 shared key and value head, multi-query attention; vocab 49,152), --family phi a Phi (Phi-2's architecture: attention
 and MLP in parallel off one layer norm, partial rotary embeddings, GELU written in Python; vocab 51,200),
 --family gemma a Gemma (Gemma's architecture: GeGLU MLP 8x wide, RMSNorm, grouped-query attention with 4 key and value
-heads, the embedding scaled and tied; Gemma's 256,000-token vocabulary), and
+heads, the embedding scaled and tied; Gemma's 256,000-token vocabulary), --family falcon a Falcon (Falcon-7B's
+architecture: attention and MLP in parallel off two layer norms, fused QKV with 4 key and value heads, rotary, GELU,
+no biases; Falcon's 65,024-token vocabulary), and
 --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
@@ -105,7 +117,9 @@ iteration (1 - distill_cached / distill_teacher), teacher_deep_cached and refere
 reference_kl with the frozen model's logits computed once in the same way, pad_longest is pad_to_max's batches padded
 to their longest sequence (1 - pad_longest / pad_to_max), and ema_foreach is ema_loop's average updated by two foreach
 calls over all parameters (its saving is 1 - ema_foreach / ema_loop), teacher_pinned teacher_h2d's target in pinned
-memory, copied one iteration ahead with non_blocking as the batches are (1 - teacher_pinned / teacher_h2d).
+memory, copied one iteration ahead with non_blocking as the batches are (1 - teacher_pinned / teacher_h2d), and
+masked_labels is bool_mask_loss's loss from ignored labels (-100 on the prompt) in the model's own loss
+(1 - masked_labels / bool_mask_loss).
 
 Usage: foreign_loop.py CASE [CASE...] --iterations N [--window A B] [--phases] --out FILE.jsonl
 Several cases run one after another in one process (no_cache_alloc, launch_blocking and the deterministic cases
@@ -124,7 +138,9 @@ import contextlib
 import gc
 import json
 import os
+import queue
 import sys
+import threading
 import time
 
 import torch
@@ -173,6 +189,10 @@ CASES = (
     "autocast_fp32_weights",
     "sync_timing",
     "pad_to_max",
+    "bool_mask_loss",
+    "output_attentions",
+    "adamw_foreach",
+    "gil_thread",
 )
 FIXES = (
     "compiled",
@@ -183,6 +203,7 @@ FIXES = (
     "pad_longest",
     "teacher_deep_cached",
     "reference_cached",
+    "masked_labels",
 )
 # The cases with a frozen model whose logits the loss compares with the trained one's (distill_loss): its layers,
 # whether its forward comes before the trained model's, and whether its logits are computed once (the fix).
@@ -208,6 +229,7 @@ VOCABS = {
     "gpt_bigcode": (49152, 49152),
     "phi": (51200, 50295),
     "gemma": (256000, 256000),
+    "falcon": (65024, 65024),
 }  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
 SDPA_FUSED_BACKENDS = ("flash", "mem_efficient", "cudnn")  # torch.backends.cuda.enable_{name}_sdp: sdpa_math's switches
@@ -238,6 +260,8 @@ def vocab(case: str) -> int:
 
 def build_model(case: str, layers: int = 24) -> torch.nn.Module:
     from transformers import (
+        FalconConfig,
+        FalconForCausalLM,
         GemmaConfig,
         GemmaForCausalLM,
         GPT2Config,
@@ -274,6 +298,16 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
     elif FAMILY == "gemma":
         model_class = GemmaForCausalLM
         config = GemmaConfig(**shape, intermediate_size=8192, head_dim=64, num_key_value_heads=4)
+    elif FAMILY == "falcon":
+        model_class = FalconForCausalLM
+        config = FalconConfig(
+            **shape,
+            ffn_hidden_size=4096,
+            new_decoder_architecture=True,
+            num_kv_heads=4,
+            parallel_attn=True,
+            bias=False,
+        )
     elif FAMILY == "gpt_bigcode":
         model_class = GPTBigCodeForCausalLM
         config = GPTBigCodeConfig(**shape, n_inner=4096, multi_query=True)
@@ -388,6 +422,13 @@ def corpus(n_chars: int) -> str:
     return " ".join(out)
 
 
+def prefetch_tokens(tokenize, text: str, tokenized: queue.Queue) -> None:
+    """gil_thread's prefetcher: one batch of token ids after another, tokenised in this process's Python."""
+    while True:
+        ids = tokenize(text)
+        tokenized.put((ids * (BATCH * SEQ // max(len(ids), 1) + 1))[: BATCH * SEQ])
+
+
 def calibrated_text(tokenize) -> str:
     """Text whose tokenising takes about TOKENIZE_TARGET_S here (fixed for the whole run): sized from a
     probe, then corrected once from the time of the text itself."""
@@ -406,7 +447,9 @@ def run_case(
     started = time.perf_counter()
     model = build_model(case)
     print(f"{case}: model built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    if case == "foreach_off":
+    if case == "adamw_foreach":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    elif case == "foreach_off":
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False, fused=False)
     elif case == "cpu_adamw":
         optimizer = HostAdamW(model)
@@ -449,6 +492,14 @@ def run_case(
     if case == "tokenize_no_nvtx":
         tokenize = make_tokenizer(corpus(50000))
         text = calibrated_text(tokenize)
+    completion = torch.ones(BATCH, SEQ, dtype=torch.bool, device="cuda")
+    completion[:, : SEQ // 4] = False  # bool_mask_loss, masked_labels: the prompt's positions carry no loss
+    tokenized: queue.Queue | None = None
+    if case == "gil_thread":  # the prefetcher blocks on a full queue once the loop ends
+        tokenized = queue.Queue(maxsize=2)
+        prefetcher_tokenize = make_tokenizer(corpus(50000))
+        prefetched = (prefetcher_tokenize, calibrated_text(prefetcher_tokenize), tokenized)
+        threading.Thread(target=prefetch_tokens, args=prefetched, daemon=True).start()
     next_batch = host[0].to("cuda", non_blocking=True)
     teacher = next_teacher = None
     if case.startswith("teacher_"):
@@ -473,6 +524,10 @@ def run_case(
             ids = (ids * (BATCH * SEQ // max(len(ids), 1) + 1))[: BATCH * SEQ]
             batch = torch.tensor(ids[: BATCH * SEQ], dtype=torch.long).view(BATCH, SEQ) % vocab(case)
             batch = batch.pin_memory().to("cuda", non_blocking=True)
+        elif tokenized is not None:
+            ids = tokenized.get()  # tokenised by the thread beside the loop
+            next_batch = (torch.tensor(ids, dtype=torch.long).view(BATCH, SEQ) % vocab(case)).pin_memory()
+            next_batch = next_batch.to("cuda", non_blocking=True)
         else:
             next_batch = host[(it + 1) % len(host)].to("cuda", non_blocking=True)
         nvtx.pop()
@@ -497,6 +552,14 @@ def run_case(
             elif case == "autocast_fp32_weights":  # float32 weights, bf16 compute: the weights cast every forward
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     loss = model(input_ids=part, labels=part).loss
+            elif case == "bool_mask_loss":  # the prompt's positions dropped by boolean indexing before the loss
+                logits = model(input_ids=part).logits
+                keep = completion[:, 1:]
+                loss = torch.nn.functional.cross_entropy(logits[:, :-1][keep].float(), part[:, 1:][keep])
+            elif case == "masked_labels":  # the same loss from ignored labels
+                loss = model(input_ids=part, labels=part.masked_fill(~completion, -100)).loss
+            elif case == "output_attentions":
+                loss = model(input_ids=part, labels=part, output_attentions=True).loss
             elif case.startswith("offload_"):
                 with torch.autograd.graph.save_on_cpu(pin_memory=case == "offload_activations"):
                     loss = model(input_ids=part, labels=part).loss
