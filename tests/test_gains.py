@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from sftprof import results
-from sftprof.analysis import Analysis, analyze, boundness, cpu, gains, rules
+from sftprof.analysis import Analysis, analyze, boundness, cpu, gains, overhead, rules
 from sftprof.analysis import idle as idle_module
 from sftprof.analysis.compare import DELTA, GAIN, GAINS, compare
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, ranked
@@ -661,3 +661,18 @@ def test_fp32_counts_attention_it_leaves_unfused_once_as_fused_in_bf16():
     (merged,) = rules.fp32_gemm(precision, clock, None, None, families, runs, chains)
     assert merged.gain_pct == pytest.approx(100 * (150_000 + 200_000 + 300_000 - 50_000 - 100_000) / 1_000_000)
     assert "Attention runs unfused" in merged.evidence and "allow_tf32" not in merged.recommendation
+
+
+def test_a_gpu_side_gain_may_take_the_host_time_the_profiler_added():
+    """A step the CPU waits 0.1 of: a GPU saving of 0.3 of the step is capped at that wait in the capture, and at the
+    wait plus the host time the profiler added (0.15 of the step) on the run's own clock, never beyond the saving."""
+    busy = pd.DataFrame({"start": [0], "end": [900_000]})
+    waits = pd.DataFrame({"start": [800_000], "end": [900_000]})
+    clock = gains.StepClock.of(pd.DataFrame(), 1_000_000, SpilledUnion.of(busy), SpilledUnion.of(waits))
+    added = overhead.Overhead(
+        in_window_ns=1_000_000, unprofiled_ns=850_000, window_steps=1, outside_steps=5, timer_window_ms=(1.0,)
+    )
+    own = overhead.unprofiled_clock(clock, added)
+    assert clock.gpu_side([300_000]) == pytest.approx([100_000])
+    assert own.gpu_side([300_000]) == pytest.approx([250_000]) and own.gpu_side([200_000]) == pytest.approx([200_000])
+    assert overhead.unprofiled_clock(clock, None) is clock

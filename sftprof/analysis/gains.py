@@ -52,13 +52,16 @@ REDUCTION_FAMILY = "reduction/norm"
 @dataclass(frozen=True)
 class StepClock:
     """The windows gains are measured in (the step ranges, or the whole capture as one), when any GPU
-    ran (`gpu_busy`, gpu.all_devices_busy) and when a CPU thread waited for one (`cpu_wait`)."""
+    ran (`gpu_busy`, gpu.all_devices_busy) and when a CPU thread waited for one (`cpu_wait`); `host_slack_ns`,
+    the host time per step the profiler added (overhead.unprofiled_clock): without it the CPU waits that much
+    longer for the GPU."""
 
     starts: np.ndarray
     ends: np.ndarray
     has_steps: bool
     gpu_busy: SpilledUnion
     cpu_wait: SpilledUnion
+    host_slack_ns: float = 0.0
 
     @classmethod
     def of(cls, steps: pd.DataFrame, span_ns: int, gpu_busy: SpilledUnion, cpu_wait: SpilledUnion) -> StepClock:
@@ -127,10 +130,12 @@ class StepClock:
         return (self.ends - self.starts) - self.waited()
 
     def gpu_side(self, saved, host_freed=0.0) -> np.ndarray:
-        """Per step, what GPU time saved (per step) can take off the step: at most the CPU's wait, plus the
-        host time the same fix frees (`host_freed` per step). The step is the longer of the host's path and
-        the GPU's, so shortening the GPU's alone stops paying once the host's is the longer."""
-        return np.minimum(np.asarray(saved, dtype=float), self.waited() + np.asarray(host_freed, dtype=float))
+        """Per step, what GPU time saved (per step) can take off the step: at most the CPU's wait (with the
+        host time the profiler added, which the run without it waits too), plus the host time the same fix
+        frees (`host_freed` per step). The step is the longer of the host's path and the GPU's, so shortening
+        the GPU's alone stops paying once the host's is the longer."""
+        room = self.waited() + self.host_slack_ns + np.asarray(host_freed, dtype=float)
+        return np.minimum(np.asarray(saved, dtype=float), room)
 
     def idle_in(self, starts, ends) -> np.ndarray:
         """GPU idle inside each window [starts[i], ends[i])."""

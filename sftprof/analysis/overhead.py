@@ -259,6 +259,15 @@ class HostShare:
     basis: str  # appended to its gain basis
 
 
+def unprofiled_clock(clock: StepClock, overhead: Overhead | None) -> StepClock:
+    """The clock of the run without the profiler, for GPU-side gains: nsys costs the host per traced call, so
+    where the run timed its steps the captured ones are longer by what it added (`added_ns`) and the CPU
+    waited that much less for the GPU than it does unprofiled (StepClock.gpu_side)."""
+    if overhead is None or not overhead.added_ns:
+        return clock
+    return replace(clock, host_slack_ns=overhead.added_ns)
+
+
 def host_share(overhead: Overhead | None, host_ns: float, clock: StepClock, added_ns: float) -> HostShare | None:
     """The part of a cause of idle (`host_ns` per step, median) that the profiler cannot have added: `added_ns`
     per step of the profiler's time fell in this cause's stretches (idle.profiler_time), so host_ns - added_ns

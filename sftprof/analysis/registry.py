@@ -172,11 +172,13 @@ SECTIONS: tuple[Section, ...] = (
         B,
     ),
     Section(
-        "clock",
+        "captured_clock",
         gains.step_clock,
         ("steps", "span_ns", "busy_by_device", "events", "waits"),
         T,
     ),
+    Section("overhead", overhead.measure, ("metrics", "captured_clock"), T),
+    Section("clock", overhead.unprofiled_clock, ("captured_clock", "overhead"), T),
     Section("feeders", cpu.feeders, ("labels", "api_threads"), T),
     Section("recomputed", recompute.recomputed, ("events", "clock"), T),
     _saved(
@@ -247,7 +249,6 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section("bound", accounting.run_bound, ("step_accounting",), F),
     Section("measured_steps", efficiency.measured_steps, ("metrics",), F),
-    Section("overhead", overhead.measure, ("metrics", "clock"), F),
     Section("padded", efficiency.padding, ("measured_steps",), F),
     Section("device_name", efficiency.device_name, ("tables",), F),
     Section("utilization", efficiency.utilization, ("measured_steps", "metrics", "device_name"), F),
