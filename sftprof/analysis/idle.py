@@ -647,7 +647,10 @@ CAUSES = (
         THREAD_WAIT,
         "waits for another thread or process",
         "Give the producer more capacity (DataLoader num_workers, prefetch_factor, persistent_workers=True) or "
-        "shorten what the threads hold each other up for (locks around logging, checkpointing, queues).",
+        "shorten what the threads hold each other up for (locks around logging, checkpointing, queues). A Python "
+        "thread waiting in pthread_cond_timedwait is how CPython waits for its interpreter lock (the GIL): another "
+        "thread of the same process running Python (a thread that tokenizes or prefetches, a logger) holds it, "
+        "so move that work into processes (DataLoader workers, multiprocessing), not threads.",
     ),
     Cause(
         "os_calls",

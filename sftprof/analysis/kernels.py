@@ -248,9 +248,16 @@ def float64_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
 
 
 # Float32 weights under 16-bit autocast, by demangled name: PyTorch's casts to bf16 or fp16 (autocast casts each
-# weight every forward, and the outputs of the ops it keeps in float32), and optimizer kernels on float32 elements
-# (fused AdamW's `FusedAdamMathFunctor<float, ...>`, the foreach implementation's `...Functor<float, ...>`).
+# weight every forward, and the float32 activations its matmuls take), its casts back to float32 (each weight's
+# gradient, and the matmuls' outputs added to a float32 residual stream: `direct_copy_kernel_cuda` writing float
+# from a load that casts), and optimizer kernels on float32 elements (fused AdamW's `FusedAdamMathFunctor<float,
+# ...>`, the foreach implementation's `...Functor<float, ...>`).
 CAST_TO_HALF = re.compile(r"(?:bfloat16|float16)_copy_kernel_cuda")
+CAST_TO_FLOAT32 = re.compile(r"direct_copy_kernel_cuda.*\[lambda\(float\).*LoadWithCast")
+# PyTorch's layer norm kernels reading float32 input (`vectorized_layer_norm_kernel<float, float>`; a bf16 model's
+# read `<c10::BFloat16, float>`): autocast runs layer norm in float32 but takes its input's type, so these read a
+# float32 residual stream, which bf16 weights halve.
+FLOAT32_NORM = re.compile(r"(?:layer_norm|LayerNorm|GammaBeta)\w*<float, float\b")
 FLOAT32_FUNCTOR = re.compile(r"\w*Functor<float\b")
 
 
@@ -266,14 +273,22 @@ MASTER_WEIGHT_COLUMNS = ["kind", *NAMED_COLUMNS]
 
 def float32_weights(kernels: pd.DataFrame) -> pd.DataFrame:
     """Where the optimizer updates float32 weights (its float32 kernels take longer than any on bf16 or fp16)
-    and kernels cast to bf16 or fp16: those casts (kind `cast`) and the float32 optimizer kernels (kind
-    `optimizer`), else no rows. `kernels`: name_totals rows."""
-    casts, float32, half = (_named(kernels, pattern) for pattern in (CAST_TO_HALF, FLOAT32_OPTIMIZER, HALF_OPTIMIZER))
+    and kernels cast to bf16 or fp16: those casts (kind `cast`), the casts back to float32 (kind `cast_back`),
+    the float32 optimizer kernels (kind `optimizer`) and layer norms on float32 input (kind `norm`), else no rows.
+    `kernels`: name_totals rows."""
+    casts, back, float32, half, norms = (
+        _named(kernels, pattern)
+        for pattern in (CAST_TO_HALF, CAST_TO_FLOAT32, FLOAT32_OPTIMIZER, HALF_OPTIMIZER, FLOAT32_NORM)
+    )
     if casts.empty or float32["total_ns"].sum() <= half["total_ns"].sum():
         return pd.DataFrame(columns=MASTER_WEIGHT_COLUMNS)
-    return pd.concat([casts.assign(kind="cast"), float32.assign(kind="optimizer")], ignore_index=True)[
-        MASTER_WEIGHT_COLUMNS
+    kinds = [
+        casts.assign(kind="cast"),
+        back.assign(kind="cast_back"),
+        float32.assign(kind="optimizer"),
+        norms.assign(kind="norm"),
     ]
+    return pd.concat([kind for kind in kinds if len(kind)], ignore_index=True)[MASTER_WEIGHT_COLUMNS]
 
 
 # Kernels that write one value over a tensor: PyTorch's fill_ (torch.zeros, torch.full, and the NaN with which
