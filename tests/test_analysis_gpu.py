@@ -600,8 +600,8 @@ def test_a_copy_from_pageable_memory_is_a_synchronous_issuer_though_its_call_ret
 
 def test_read_work_is_the_reduction_before_a_small_read_and_the_elementwise_kernels_before_it():
     """A GEMM, a conversion, an abs, a memset and a mean, then a 4-byte read: the mean, abs and conversion made the
-    value (the memset aside, the GEMM not). A read after a GEMM made by no reduction, and a 4 MB copy, are not
-    reads of values."""
+    value (the memset aside, the GEMM not), and the mean (`producer`) is the kernel that computed it. A read after a
+    GEMM made by no reduction, and a 4 MB copy, are not reads of values."""
     elementwise = "void at::native::vectorized_elementwise_kernel<4, {}>(int, T2, T3)"
     mean = "void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>(T3)"
     gemm = "nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT"
@@ -625,7 +625,7 @@ def test_read_work_is_the_reduction_before_a_small_read_and_the_elementwise_kern
         ]
     )
     work = gains.read_work(EventStore.from_frames(kernels=ks, memops=ops))
-    assert work.to_dict("records") == [{"start": 220, "kernels": 3, "ns": 70}]
+    assert work.to_dict("records") == [{"start": 220, "kernels": 3, "ns": 70, "producer": "reduce_kernel"}]
 
 
 def test_idle_between_launches_that_wait_for_their_kernels_is_theirs():

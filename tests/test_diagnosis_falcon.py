@@ -82,13 +82,17 @@ def test_the_foreach_optimizer_is_priced_as_measured_below_the_clean_loops_own_f
     assert set(rules[: rules.index("foreach_optimizer")]) <= {f.rule for f in falcon("clean")}
 
 
-def test_a_loss_over_a_boolean_mask_shows_only_as_more_syncs(falcon):
-    """Not named: the boolean indexing of the logits (a nonzero() each, and a copy of the kept rows) adds its syncs to
-    the clean loop's, so sync_in_steps becomes a warning, within 3 points of ignored labels' saving."""
+def test_a_loss_over_a_boolean_mask_is_named_by_the_reads_its_syncs_make(falcon):
+    """The boolean indexing of the logits (a nonzero() each: CUB counts the kept positions and the host reads the
+    count) adds its syncs to the clean loop's: sync_in_steps becomes a warning, within 3 points of ignored labels'
+    saving, and names the reads' kernel and static shapes; the clean loop's reads follow no CUB kernel."""
     syncs = {case: next(f for f in falcon(case) if f.rule == "sync_in_steps") for case in ("clean", "bool_mask_loss")}
-    assert int(syncs["bool_mask_loss"].title.split()[0]) > int(syncs["clean"].title.split()[0])
-    assert syncs["bool_mask_loss"].severity == "warning" and syncs["clean"].severity == "info"
-    assert agrees(syncs["bool_mask_loss"].gain_pct, fix_saving_in(FALCON, "masked_labels", "bool_mask_loss"))
+    masked = syncs["bool_mask_loss"]
+    assert int(masked.title.split()[0]) > int(syncs["clean"].title.split()[0])
+    assert masked.severity == "warning" and syncs["clean"].severity == "info"
+    assert agrees(masked.gain_pct, fix_saving_in(FALCON, "masked_labels", "bool_mask_loss")), masked.gain_pct
+    assert "`DeviceReduceSingleTileKernel` x12" in masked.evidence and "ignore_index=-100" in masked.recommendation
+    assert "ignore_index" not in syncs["clean"].recommendation
 
 
 def float32_weights(findings):

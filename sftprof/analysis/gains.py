@@ -170,19 +170,20 @@ def cpu_waits(events: EventStore, waits: cuda.WaitCalls) -> SpilledUnion:
 
 # A device-to-host copy this small reads values for the host (.item(), a handful of statistics), not data.
 READ_BYTES = 1024
-READ_COLUMNS = ["start", "kernels", "ns"]
+READ_COLUMNS = ["start", "kernels", "ns", "producer"]
 
 
 def read_work(events: EventStore) -> pd.DataFrame:
     """The GPU work done only for values the host reads: per small device-to-host copy (READ_BYTES or less) that
     follows a reduction on its stream (the kernel that made the value), that reduction and the elementwise
     kernels right before it (a conversion, an abs, an isnan: what the value was computed from), memsets aside;
-    one row per such read, when it began (`start`), its `kernels` and their time (`ns`). Not reading the value
+    one row per such read, when it began (`start`), its `kernels`, their time (`ns`) and the reduction's short
+    name (`producer`: what was counted or summed for the host). Not reading the value
     removes this work as well as the synchronization. Only kernels within HOST_GAP_NS before the read are
     looked at, so a capture that reads after every kernel joins a few kernels per read."""
     names = _names(events)
     if not len(names):
-        return pd.DataFrame(columns=READ_COLUMNS, dtype="int64")
+        return _no_reads()
     ids = lambda family: [int(i) for i in names.loc[names["family"] == family, "name_id"]]  # noqa: E731
     reduction = f"coalesce({sql_in('name_id', ids(REDUCTION_FAMILY))}, false)"
     elementwise = f"coalesce({sql_in('name_id', ids('elementwise'))}, false)"
@@ -196,17 +197,18 @@ def read_work(events: EventStore) -> pd.DataFrame:
                                   start // {HOST_GAP_NS} AS bucket FROM memops
                            WHERE copy_kind = 'DtoH' AND bytes <= {READ_BYTES}),
                  near AS (SELECT *, bucket AS near FROM reads UNION ALL SELECT *, bucket - 1 FROM reads),
-                 ops AS (SELECT {stream}, start, duration, {reduction} AS reduction, {elementwise} AS elementwise
-                         FROM kernels
-                         UNION ALL SELECT {stream}, start, duration, false, false FROM memops
+                 ops AS (SELECT {stream}, start, duration, {reduction} AS reduction, {elementwise} AS elementwise,
+                                name_id FROM kernels
+                         UNION ALL SELECT {stream}, start, duration, false, false, NULL FROM memops
                          WHERE copy_kind <> 'memset')
-            SELECT r.read, r.start AS read_start, o.duration, o.reduction, o.elementwise FROM near r JOIN ops o
+            SELECT r.read, r.start AS read_start, o.duration, o.reduction, o.elementwise, o.name_id
+              FROM near r JOIN ops o
               ON o.device_id = r.device_id AND o.stream_id = r.stream_id AND o.start // {HOST_GAP_NS} = r.near
                  AND o.start < r.start AND o.start >= r.start - {HOST_GAP_NS}
             ORDER BY r.read, o.start DESC"""
     )
     if rows.empty:
-        return pd.DataFrame(columns=READ_COLUMNS, dtype="int64")
+        return _no_reads()
     read = rows["read"].to_numpy("int64")
     first = np.r_[True, read[1:] != read[:-1]]  # the op right before each read: its producer where a reduction
     heads = np.flatnonzero(first)
@@ -217,9 +219,23 @@ def read_work(events: EventStore) -> pd.DataFrame:
     work = (
         rows[chained]
         .groupby("read")
-        .agg(start=("read_start", "first"), kernels=("duration", "size"), ns=("duration", "sum"))
+        .agg(
+            start=("read_start", "first"),
+            kernels=("duration", "size"),
+            ns=("duration", "sum"),
+            producer=("name_id", "first"),
+        )
+        .reset_index(drop=True)
     )
-    return work.reset_index(drop=True)[READ_COLUMNS].astype("int64")
+    short = names.set_index("name_id")["short_name"].fillna(names.set_index("name_id")["name"])
+    work = work.astype({"start": "int64", "kernels": "int64", "ns": "int64"})
+    return work.assign(producer=work["producer"].map(short.to_dict()).fillna("").astype(str))[READ_COLUMNS]
+
+
+def _no_reads() -> pd.DataFrame:
+    return pd.DataFrame({"start": [], "kernels": [], "ns": [], "producer": []}).astype(
+        {"start": "int64", "kernels": "int64", "ns": "int64", "producer": str}
+    )
 
 
 def _names(events: EventStore) -> pd.DataFrame:

@@ -9,6 +9,7 @@ so that a reader knows it was looked for and what it costs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +25,7 @@ from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
 from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
-from sftprof.analysis.idle import MIN_SHARE_PCT
+from sftprof.analysis.idle import MIN_SHARE_PCT, NAMES_LISTED
 from sftprof.analysis.kernels import FLOAT32_FUNCTOR, FULL_ALIGNMENT_BYTES, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
 from sftprof.analysis.nvtx import innermost_ranges
@@ -437,6 +438,22 @@ _BACKWARD_SYNCS = (
 )
 
 
+# CUB's device-wide kernels, whose result a small read right after fetches: the size of an output that depends on the
+# data (torch.nonzero's count, and so x[mask] and masked_select; unique; repeat_interleave without output_size).
+DATA_DEPENDENT_READ = re.compile(r"Device(?:Reduce|Select|Scan|RadixSort|Segmented)|nonzero", re.IGNORECASE)
+DATA_DEPENDENT_ADVICE = (
+    " Reads right after CUB's device-wide kernels fetch the size of an output that depends on the data (x[mask], "
+    "masked_select and nonzero; unique; repeat_interleave without output_size): keep shapes static (ignored labels, "
+    "ignore_index=-100, rather than dropping positions; torch.where rather than indexing) so no size is read back."
+)
+
+
+def _producers(reads: pd.DataFrame) -> str:
+    """The kernels that made the values read, by short name, with how many reads each made."""
+    counts = reads["producer"][reads["producer"] != ""].value_counts().head(NAMES_LISTED)
+    return ", ".join(f"`{name}` x{n}" for name, n in counts.items())
+
+
 def syncs_in_steps(
     waits: cuda.WaitCalls,
     steps: pd.DataFrame,
@@ -497,13 +514,19 @@ def syncs_in_steps(
             + _idle_evidence(views.rows_of(idle_views, "sync_in_steps"), clock)
             + (
                 f" The values read took {_median_ms(made)} of kernels per step (for {len(reads):,} small "
-                "device-to-host reads, the reduction that made each and the elementwise kernels before it)."
+                "device-to-host reads, the reduction that made each and the elementwise kernels before it: "
+                f"{_producers(reads)})."
                 if made.any()
                 else ""
             ),
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
             "torch.cuda.synchronize() in the loop, and use non_blocking copies."
+            + (
+                DATA_DEPENDENT_ADVICE
+                if made.any() and reads["producer"].str.contains(DATA_DEPENDENT_READ).any()
+                else ""
+            )
             + (_BACKWARD_SYNCS if in_backward else ""),
             clock,
             lost,
