@@ -135,3 +135,12 @@ def test_the_trainers_float32_weights_are_priced_as_bf16_true_saves(tmp_path):
     assert measured > 10
     assert [f.rule for f in findings[:2]] == ["memory_bound_kernel_mix", "float32_weights"]
     assert agrees(findings[1].gain_pct, measured), (findings[1].gain_pct, measured)
+
+
+def test_the_falcons_own_index_lists_are_named_as_syncs_that_wait_for_uploads(falcon):
+    """Nothing planted: transformers' Falcon splits its fused QKV with index lists (qkv[..., [-2]], [-1]), and each
+    copies an 8-byte index from pageable memory and waits for it, 48 times a step. sync_in_steps names those syncs,
+    the kernel that took each index and slices as the remedy (a prediction no fix has measured)."""
+    syncs = next(f for f in falcon("clean") if f.rule == "sync_in_steps")
+    assert "48 of them a step wait for a copy of at most 1,024 bytes" in syncs.evidence
+    assert "`index_elementwise_kernel` x192" in syncs.evidence and "x[..., i:i + 1]" in syncs.recommendation

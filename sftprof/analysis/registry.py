@@ -218,6 +218,7 @@ SECTIONS: tuple[Section, ...] = (
     # idle_causes with the finding each row counts toward: the idle, sync, copy, data and lock rules' views
     Section("backward_syncs", views.backward_syncs, ("events", "threads"), T),
     Section("read_work", gains.read_work, ("events",), T),
+    Section("upload_syncs", views.upload_syncs, ("events",), T),
     Section("launches_wait", views.synchronous_launches, ("events", "waits"), T),
     Section("copy_syncs", views.copy_syncs, ("events",), T),
     Section(
@@ -315,7 +316,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sync_in_steps",
         rules.syncs_in_steps,
-        ("waits", "steps", "labels", "events", "clock", "idle_views", "backward_syncs", "read_work"),
+        ("waits", "steps", "labels", "events", "clock", "idle_views", "backward_syncs", "read_work", "upload_syncs"),
     ),
     Rule(
         "pageable_memcpy",

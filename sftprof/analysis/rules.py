@@ -24,7 +24,7 @@ from sftprof.analysis.excess import attention_saving, precision_ratio
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
-from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, ChainTotals, StepClock
+from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, READ_BYTES, ChainTotals, StepClock
 from sftprof.analysis.idle import MIN_SHARE_PCT, NAMES_LISTED
 from sftprof.analysis.kernels import FLOAT32_FUNCTOR, FULL_ALIGNMENT_BYTES, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
@@ -448,6 +448,29 @@ DATA_DEPENDENT_ADVICE = (
 )
 
 
+UPLOAD_ADVICE = (
+    " A sync after a copy of a few bytes from pageable host memory waits for a CPU value moved into an op: index with "
+    "slices (x[..., i:i + 1], not x[..., [i]]) and make index or scalar tensors once, on the GPU."
+)
+
+
+def _uploaded(uploads: pd.DataFrame | None, steps: pd.DataFrame, count: int) -> str:
+    """Evidence of the syncs inside the steps that wait for a small upload (views.upload_syncs), or ""."""
+    if uploads is None or uploads.empty:
+        return ""
+    inside = uploads[_step_of(uploads["start"].to_numpy(), steps) >= 0]
+    if inside.empty:
+        return ""
+    takers = inside["consumer"][inside["consumer"] != ""].value_counts().head(NAMES_LISTED)
+    taken = ", ".join(f"`{name}` x{n}" for name, n in takers.items())
+    return (
+        f" {len(inside) / count:.0f} of them a step wait for a copy of at most {READ_BYTES:,} bytes from "
+        f"pageable host memory that their thread issued just before, each taken by {taken or 'no kernel'}: a CPU "
+        "value moved into an op on every call (indexing with a Python list, x[..., [i]]; a CPU index or scalar "
+        "tensor)."
+    )
+
+
 def _producers(reads: pd.DataFrame) -> str:
     """The kernels that made the values read, by short name, with how many reads each made."""
     counts = reads["producer"][reads["producer"] != ""].value_counts().head(NAMES_LISTED)
@@ -463,12 +486,14 @@ def syncs_in_steps(
     idle_views: pd.DataFrame,
     in_backward: bool = False,
     reads: pd.DataFrame | None = None,
+    uploads: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
     trainer that synchronizes after every launch makes millions. The gain is the idle time idle_causes puts
     on these calls and the launches they delayed (views.py), plus the kernels that made the values read
-    (`reads`: gains.read_work), at most the CPU's wait for the GPU. Synchronous copies and sets have their own
+    (`reads`: gains.read_work), at most the CPU's wait for the GPU; the syncs that wait for a CPU value just copied
+    up (`uploads`: views.upload_syncs) are named with the kernel that took it. Synchronous copies and sets have their own
     rules. `in_backward` (views.backward_syncs): the backward pass itself makes most of them, and
     anomaly_detection counts their idle and its value checks (_BACKWARD_SYNCS)."""
     if steps.empty:
@@ -496,6 +521,7 @@ def syncs_in_steps(
     if reads is not None and len(reads) and not in_backward:
         made = clock.gpu_side(clock.by_step(reads["start"], reads["ns"]))
         lost = lost + made
+    uploaded = _uploaded(uploads, steps, len(steps))
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
     calls = ", ".join(f"{name} x{n}" for name, n in names.sort_values(ascending=False).items())
@@ -518,7 +544,8 @@ def syncs_in_steps(
                 f"{_producers(reads)})."
                 if made.any()
                 else ""
-            ),
+            )
+            + uploaded,
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
             "torch.cuda.synchronize() in the loop, and use non_blocking copies."
@@ -527,6 +554,7 @@ def syncs_in_steps(
                 if made.any() and reads["producer"].str.contains(DATA_DEPENDENT_READ).any()
                 else ""
             )
+            + (UPLOAD_ADVICE if uploaded else "")
             + (_BACKWARD_SYNCS if in_backward else ""),
             clock,
             lost,

@@ -125,6 +125,36 @@ def copy_syncs(events: EventStore) -> bool:
     return after_copies > syncs / 2
 
 
+UPLOAD_COLUMNS = ["start", "consumer"]
+
+
+def upload_syncs(events: EventStore) -> pd.DataFrame:
+    """The explicit synchronizations (cuda.HOST_SYNC_CALLS) whose thread's call just before copied a few bytes
+    (gains.READ_BYTES or less) from pageable host memory to the GPU: a CPU value moved into an op on every call (an
+    index list, x[..., [i]]; a CPU index or scalar tensor), a copy PyTorch waits for. One row per such sync: when it
+    began (`start`) and the short name of the first kernel on the copy's stream after the copy (`consumer`: what
+    took the value)."""
+    explicit = cuda.host_sync_ids(events)
+    small = f"m.copy_kind = 'HtoD' AND m.bytes <= {READ_BYTES} AND m.src_kind = {sql_text(PAGEABLE)}"
+    if not explicit or not int(events.query(f"SELECT count(*) AS n FROM memops m WHERE {small}")["n"].iloc[0]):
+        return pd.DataFrame({"start": pd.Series(dtype="int64"), "consumer": pd.Series(dtype=str)})
+    rows = events.query(
+        f"""WITH calls AS (SELECT pid, start, name_id,
+                                  lag(correlation_id) OVER (PARTITION BY global_tid ORDER BY start) AS previous
+                           FROM cuda_api),
+                 uploads AS (SELECT c.start, m.start AS copied, m.device_id, m.stream_id
+                             FROM calls c JOIN memops m ON m.pid = c.pid AND m.correlation_id = c.previous
+                             WHERE {sql_in("c.name_id", explicit)} AND {small})
+            SELECT u.start, k.name_id FROM uploads u ASOF LEFT JOIN kernels k
+              ON k.device_id = u.device_id AND k.stream_id = u.stream_id AND k.start >= u.copied
+            ORDER BY u.start"""
+    )
+    names = events.used_names("kernels").drop_duplicates("name_id").set_index("name_id")
+    short = names["short_name"].fillna(names["name"]).to_dict()
+    consumer = rows["name_id"].map(short).fillna("").astype(str)
+    return pd.DataFrame({"start": rows["start"].astype("int64"), "consumer": consumer})[UPLOAD_COLUMNS]
+
+
 def synchronous_launches(events: EventStore, waits: cuda.WaitCalls) -> bool:
     """Some thread's kernel launches wait for their kernels (cuda.synchronous_issuers): CUDA_LAUNCH_BLOCKING=1, or
     a tool that serializes kernels."""
