@@ -68,6 +68,10 @@ def test_a_falcon_blind_case_is_named_first_with_its_saving(falcon, case, rule):
     assert agrees(top.gain_pct, saving_in(FALCON, case)), top.gain_pct
 
 
+def test_attention_sent_down_its_own_path_by_a_debugging_flag_is_named_in_the_advice(falcon):
+    assert "output_attentions=True" in falcon("output_attentions")[0].recommendation
+
+
 def test_a_thread_holding_the_interpreter_lock_is_named_in_the_advice(falcon):
     top = falcon("gil_thread")[0]
     assert "`pthread_cond_timedwait`" in top.evidence and "GIL" in top.recommendation

@@ -173,7 +173,9 @@ def unfused_attention_finding(
             "in the GEMMs around them, which write and read the sequence x sequence scores.",
             "Use fused attention: torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
             "attn_implementation='sdpa' or 'flash_attention_2'), which never writes the scores to memory. Where the "
-            "model calls SDPA already, SDPA fell back to its math backend: its fused backends are off "
+            "loop asked for SDPA, something sent attention down its own path: Hugging Face models compute it "
+            "themselves to return the weights (output_attentions=True, left on from debugging), or SDPA fell back "
+            "to its math backend: its fused backends are off "
             "(torch.backends.cuda.flash_sdp_enabled(), mem_efficient_sdp_enabled(), cudnn_sdp_enabled(); an "
             "sdpa_kernel(SDPBackend.MATH) context) or refused the call (fp32 inputs, a head size they lack)"
             + (
