@@ -492,9 +492,9 @@ def syncs_in_steps(
     cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
     trainer that synchronizes after every launch makes millions. The gain is the idle time idle_causes puts
     on these calls and the launches they delayed (views.py), plus the kernels that made the values read
-    (`reads`: gains.read_work), at most the CPU's wait for the GPU; the syncs that wait for a CPU value just copied
-    up (`uploads`: views.upload_syncs) are named with the kernel that took it. Synchronous copies and sets have their own
-    rules. `in_backward` (views.backward_syncs): the backward pass itself makes most of them, and
+    (`reads`: gains.read_work), at most the CPU's wait for the GPU; the syncs that wait for a CPU value just
+    copied up (`uploads`: views.upload_syncs) are named with the kernel that took it. Synchronous copies and sets
+    have their own rules. `in_backward` (views.backward_syncs): the backward pass itself makes most of them, and
     anomaly_detection counts their idle and its value checks (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
