@@ -676,3 +676,28 @@ def test_a_gpu_side_gain_may_take_the_host_time_the_profiler_added():
     assert clock.gpu_side([300_000]) == pytest.approx([100_000])
     assert own.gpu_side([300_000]) == pytest.approx([250_000]) and own.gpu_side([200_000]) == pytest.approx([200_000])
     assert overhead.unprofiled_clock(clock, None) is clock
+
+
+@pytest.mark.parametrize("cast, fp16", [("bfloat16_copy_kernel_cuda", False), ("float16_copy_kernel_cuda", True)])
+def test_float32_weights_prices_the_casts_both_ways_and_says_when_the_run_casts_to_fp16(cast, fp16):
+    """Casts to 16 bits and back count whole, the float32 optimizer and layer norms half; an fp16 run is told that
+    fp16 weights need a loss scaler."""
+    busy = pd.DataFrame({"start": [0], "end": [1_000_000]})
+    waits = pd.DataFrame({"start": [0], "end": [900_000]})
+    clock = gains.StepClock.of(pd.DataFrame(), 1_000_000, SpilledUnion.of(busy), SpilledUnion.of(waits))
+    found = pd.DataFrame(
+        {
+            "kind": ["cast", "cast_back", "optimizer", "norm"],
+            "kernel": [
+                f"at::native::{cast}(at::TensorIteratorBase &)",
+                "direct_copy_kernel_cuda [lambda(float)] LoadWithCast",
+                "multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>",
+                "vectorized_layer_norm_kernel<float, float>",
+            ],
+            "total_ns": [100_000, 60_000, 80_000, 40_000],
+            "instances": [10, 5, 1, 2],
+        }
+    )
+    (finding,) = rules.float32_weights(found, clock)
+    assert finding.gain_pct == pytest.approx(100 * (100_000 + 60_000 + 0.5 * (80_000 + 40_000)) / 1_000_000)
+    assert ("loss scaler" in finding.recommendation) == fp16 and "precision bf16-true" in finding.recommendation

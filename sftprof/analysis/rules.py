@@ -829,6 +829,12 @@ def float64_math(wide: pd.DataFrame, clock: StepClock) -> list[Finding]:
 # work (adds; norms a model writes itself, which may compute in float32 with bf16 weights too), and what a model
 # casts for itself once its weights are bf16 (the Gemma's norms: 15.6% there against 10.8%).
 HALF_PRECISION_SAVING = 0.5
+# PyTorch's cast to fp16 (its cast to bf16 is `bfloat16_copy_kernel_cuda`): an fp16 autocast run.
+FP16_CAST = re.compile(r"(?<!b)float16_copy_kernel_cuda")
+FP16_CASTS = (
+    " This run casts to fp16: fp16 weights would need a loss scaler and keep less range, so the switch is bf16 where "
+    "the GPU has it (Ampere and later); on older GPUs, keep float32 master weights in the optimizer only."
+)
 
 
 def float32_weights(found: pd.DataFrame, clock: StepClock) -> list[Finding]:
@@ -858,7 +864,8 @@ def float32_weights(found: pd.DataFrame, clock: StepClock) -> list[Finding]:
             "Hold the weights in bf16 (Hugging Face: from_pretrained(..., torch_dtype=torch.bfloat16) without "
             "autocast; Lightning: precision='bf16-true'; sftprof: precision bf16-true). Updates smaller than "
             "bf16 resolves are then lost: where that costs accuracy, keep float32 master weights only in the "
-            "optimizer (Megatron/NeMo's distributed optimizer), which saves the per-forward casts.",
+            "optimizer (Megatron/NeMo's distributed optimizer), which saves the per-forward casts."
+            + (FP16_CASTS if casts["kernel"].str.contains(FP16_CAST).any() else ""),
             clock,
             clock.gpu_side(saved),
             f"the casts to 16 bits and back to float32, and the float32 optimizer's and layer norms' time x "
