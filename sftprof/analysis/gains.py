@@ -227,15 +227,20 @@ def read_work(events: EventStore) -> pd.DataFrame:
         )
         .reset_index(drop=True)
     )
-    short = names.set_index("name_id")["short_name"].fillna(names.set_index("name_id")["name"])
     work = work.astype({"start": "int64", "kernels": "int64", "ns": "int64"})
-    return work.assign(producer=work["producer"].map(short.to_dict()).fillna("").astype(str))[READ_COLUMNS]
+    return work.assign(producer=work["producer"].map(short_names(events)).fillna("").astype(str))[READ_COLUMNS]
 
 
 def _no_reads() -> pd.DataFrame:
     return pd.DataFrame({"start": [], "kernels": [], "ns": [], "producer": []}).astype(
         {"start": "int64", "kernels": "int64", "ns": "int64", "producer": str}
     )
+
+
+def short_names(events: EventStore) -> dict[int, str]:
+    """Each kernel name id's short name, else its demangled name: how evidence names a kernel."""
+    names = events.used_names("kernels").drop_duplicates("name_id")
+    return dict(zip(names["name_id"], names["short_name"].fillna(names["name"]), strict=True))
 
 
 def _names(events: EventStore) -> pd.DataFrame:

@@ -34,7 +34,7 @@ import pandas as pd
 
 from sftprof.analysis import idle, views
 from sftprof.analysis.findings import Finding, ms, severity_of
-from sftprof.analysis.gains import ChainTotals, StepClock
+from sftprof.analysis.gains import ChainTotals, StepClock, short_names
 from sftprof.analysis.nvtx import launch_slices
 from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.trace.events import EventStore
@@ -272,7 +272,7 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
     by_pass = pd.DataFrame(passes, columns=PASS_COLUMNS).groupby("step_row", as_index=False).agg(PASS_TOTALS)
     if not names:
         return empty._replace(by_step=by_step, passes=by_pass)
-    label = dict(zip(known["name_id"], known["short_name"].fillna(known["name"]), strict=True))
+    label = short_names(events)
     by_name = pd.concat(names).groupby("name_id", as_index=False)["gpu_ns"].sum()
     by_name["kernel"] = [str(label.get(i) or f"kernel {i}") for i in by_name["name_id"]]
     by_name = by_name.sort_values("gpu_ns", ascending=False)[NAME_COLUMNS].reset_index(drop=True)
@@ -350,7 +350,8 @@ def extra_forward_finding(recomputed: Recomputed, clock: StepClock, chains: Chai
             f"In {len(extra)} of {steps} steps the thread that starts the step runs its layers' kernels {forward} "
             f"times (stretches of its kernels covered by runs of {RUN} that the step's first forward repeats once a "
             f"layer), and the backward thread's work follows {followed} of those passes: "
-            f"{int(extra['extra_kernels'].sum()) / steps:,.0f} kernels a step, {ms(float(np.median(saved)))} of GPU time, in the others. An evaluation every step, "
+            f"{int(extra['extra_kernels'].sum()) / steps:,.0f} kernels a step, {ms(float(np.median(saved)))} of "
+            "GPU time, in the others. An evaluation every step, "
             "or a frozen teacher's or reference model's forward, looks like this.",
             "Evaluate every N steps, not every step (Hugging Face: eval_strategy='steps' with a larger eval_steps; "
             "Lightning: val_check_interval); for a frozen model's outputs (a teacher's logits, DPO's reference "

@@ -454,26 +454,25 @@ UPLOAD_ADVICE = (
 )
 
 
-def _uploaded(uploads: pd.DataFrame | None, steps: pd.DataFrame, count: int) -> str:
+def _uploaded(uploads: pd.DataFrame | None, steps: pd.DataFrame) -> str:
     """Evidence of the syncs inside the steps that wait for a small upload (views.upload_syncs), or ""."""
     if uploads is None or uploads.empty:
         return ""
     inside = uploads[_step_of(uploads["start"].to_numpy(), steps) >= 0]
     if inside.empty:
         return ""
-    takers = inside["consumer"][inside["consumer"] != ""].value_counts().head(NAMES_LISTED)
-    taken = ", ".join(f"`{name}` x{n}" for name, n in takers.items())
+    taken = _counted(inside["consumer"])
     return (
-        f" {len(inside) / count:.0f} of them a step wait for a copy of at most {READ_BYTES:,} bytes from "
+        f" {len(inside) / len(steps):.0f} of them a step wait for a copy of at most {READ_BYTES:,} bytes from "
         f"pageable host memory that their thread issued just before, each taken by {taken or 'no kernel'}: a CPU "
         "value moved into an op on every call (indexing with a Python list, x[..., [i]]; a CPU index or scalar "
         "tensor)."
     )
 
 
-def _producers(reads: pd.DataFrame) -> str:
-    """The kernels that made the values read, by short name, with how many reads each made."""
-    counts = reads["producer"][reads["producer"] != ""].value_counts().head(NAMES_LISTED)
+def _counted(kernels: pd.Series) -> str:
+    """The kernels named most often (NAMES_LISTED of them, unnamed left out), each with how often."""
+    counts = kernels[kernels != ""].value_counts().head(NAMES_LISTED)
     return ", ".join(f"`{name}` x{n}" for name, n in counts.items())
 
 
@@ -521,7 +520,7 @@ def syncs_in_steps(
     if reads is not None and len(reads) and not in_backward:
         made = clock.gpu_side(clock.by_step(reads["start"], reads["ns"]))
         lost = lost + made
-    uploaded = _uploaded(uploads, steps, len(steps))
+    uploaded = _uploaded(uploads, steps)
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
     calls = ", ".join(f"{name} x{n}" for name, n in names.sort_values(ascending=False).items())
@@ -541,7 +540,7 @@ def syncs_in_steps(
             + (
                 f" The values read took {_median_ms(made)} of kernels per step (for {len(reads):,} small "
                 "device-to-host reads, the reduction that made each and the elementwise kernels before it: "
-                f"{_producers(reads)})."
+                f"{_counted(reads['producer'])})."
                 if made.any()
                 else ""
             )
@@ -842,10 +841,8 @@ def float32_weights(found: pd.DataFrame, clock: StepClock) -> list[Finding]:
     optimizer and float32 layer norms, which weights held in 16 bits would not need."""
     if found.empty:
         return []
-    cast_ns, back_ns, optimizer_ns, norm_ns = (
-        float(found.loc[found["kind"] == kind, "total_ns"].sum()) for kind in ("cast", "cast_back", "optimizer", "norm")
-    )
-    casts, back, optimizer = (found[found["kind"] == kind] for kind in ("cast", "cast_back", "optimizer"))
+    casts, back, optimizer, norm = (found[found["kind"] == kind] for kind in ("cast", "cast_back", "optimizer", "norm"))
+    cast_ns, back_ns, optimizer_ns, norm_ns = (float(kind["total_ns"].sum()) for kind in (casts, back, optimizer, norm))
     halved_ns = optimizer_ns + norm_ns
     saved = np.full(clock.steps, (cast_ns + back_ns + HALF_PRECISION_SAVING * halved_ns) / clock.steps)
     per_step = lambda ns: _ms(ns / clock.steps)  # noqa: E731

@@ -39,7 +39,7 @@ import pandas as pd
 from sftprof.analysis import cuda, idle
 from sftprof.analysis.cpu import AUTOGRAD_ROLE, PHASES
 from sftprof.analysis.findings import pct
-from sftprof.analysis.gains import HOST_GAP_NS, READ_BYTES, StepClock
+from sftprof.analysis.gains import HOST_GAP_NS, READ_BYTES, StepClock, short_names
 from sftprof.analysis.memory import PAGEABLE
 from sftprof.trace.events import MEMSET_KIND, EventStore, sql_in, sql_text
 
@@ -103,6 +103,12 @@ def backward_syncs(events: EventStore, threads: pd.DataFrame | None) -> bool:
     return on_autograd > int(per_thread["calls"].sum()) / 2 and int(mine["close"].sum()) > on_autograd / 2
 
 
+# Each CUDA API call with the correlation id of its thread's call just before (`previous`): what a sync waits for.
+CALLS_AFTER = """calls AS (SELECT pid, start, name_id,
+                             lag(correlation_id) OVER (PARTITION BY global_tid ORDER BY start) AS previous
+                      FROM cuda_api)"""
+
+
 def copy_syncs(events: EventStore) -> bool:
     """Most explicit synchronizations (cuda.HOST_SYNC_CALLS) wait for a host copy of more than gains.READ_BYTES that
     their thread issued in its call just before (the copy still ran when the sync began): the loop moves data
@@ -112,9 +118,7 @@ def copy_syncs(events: EventStore) -> bool:
     if not explicit:
         return False
     counts = events.query(
-        f"""WITH calls AS (SELECT pid, start, name_id,
-                                  lag(correlation_id) OVER (PARTITION BY global_tid ORDER BY start) AS previous
-                           FROM cuda_api)
+        f"""WITH {CALLS_AFTER}
             SELECT count(*) AS syncs, count(*) FILTER (WHERE EXISTS (
                        SELECT 1 FROM memops m WHERE m.pid = c.pid AND m.correlation_id = c.previous
                          AND m.copy_kind IN ('HtoD', 'DtoH') AND m.bytes > {READ_BYTES} AND m."end" > c.start))
@@ -139,9 +143,7 @@ def upload_syncs(events: EventStore) -> pd.DataFrame:
     if not explicit or not int(events.query(f"SELECT count(*) AS n FROM memops m WHERE {small}")["n"].iloc[0]):
         return pd.DataFrame({"start": pd.Series(dtype="int64"), "consumer": pd.Series(dtype=str)})
     rows = events.query(
-        f"""WITH calls AS (SELECT pid, start, name_id,
-                                  lag(correlation_id) OVER (PARTITION BY global_tid ORDER BY start) AS previous
-                           FROM cuda_api),
+        f"""WITH {CALLS_AFTER},
                  uploads AS (SELECT c.start, m.start AS copied, m.device_id, m.stream_id
                              FROM calls c JOIN memops m ON m.pid = c.pid AND m.correlation_id = c.previous
                              WHERE {sql_in("c.name_id", explicit)} AND {small})
@@ -149,9 +151,7 @@ def upload_syncs(events: EventStore) -> pd.DataFrame:
               ON k.device_id = u.device_id AND k.stream_id = u.stream_id AND k.start >= u.copied
             ORDER BY u.start"""
     )
-    names = events.used_names("kernels").drop_duplicates("name_id").set_index("name_id")
-    short = names["short_name"].fillna(names["name"]).to_dict()
-    consumer = rows["name_id"].map(short).fillna("").astype(str)
+    consumer = rows["name_id"].map(short_names(events)).fillna("").astype(str)
     return pd.DataFrame({"start": rows["start"].astype("int64"), "consumer": consumer})[UPLOAD_COLUMNS]
 
 
