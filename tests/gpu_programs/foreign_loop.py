@@ -425,8 +425,12 @@ def corpus(n_chars: int) -> str:
 def prefetch_tokens(tokenize, text: str, tokenized: queue.Queue) -> None:
     """gil_thread's prefetcher: one batch of token ids after another, tokenised in this process's Python."""
     while True:
-        ids = tokenize(text)
-        tokenized.put((ids * (BATCH * SEQ // max(len(ids), 1) + 1))[: BATCH * SEQ])
+        tokenized.put(batch_of(tokenize(text)))
+
+
+def batch_of(ids: list[int]) -> list[int]:
+    """A batch's worth of token ids (BATCH x SEQ) from the tokenised text, repeated as often as it takes."""
+    return (ids * (BATCH * SEQ // max(len(ids), 1) + 1))[: BATCH * SEQ]
 
 
 def calibrated_text(tokenize) -> str:
@@ -520,9 +524,8 @@ def run_case(
         nvtx.push("fetch")
         batch = next_batch
         if tokenize is not None:
-            ids = tokenize(text)  # the Python work on the critical path
-            ids = (ids * (BATCH * SEQ // max(len(ids), 1) + 1))[: BATCH * SEQ]
-            batch = torch.tensor(ids[: BATCH * SEQ], dtype=torch.long).view(BATCH, SEQ) % vocab(case)
+            ids = batch_of(tokenize(text))  # the Python work on the critical path
+            batch = torch.tensor(ids, dtype=torch.long).view(BATCH, SEQ) % vocab(case)
             batch = batch.pin_memory().to("cuda", non_blocking=True)
         elif tokenized is not None:
             ids = tokenized.get()  # tokenised by the thread beside the loop
