@@ -12,6 +12,8 @@
 # LOOP_ARGS (say "--family opt --range-name batch") go to every run of the loop; MEASURE_CASES (default: the
 # GPT-NeoX cases of docs/DIAGNOSIS.md) are the cases each measure round runs, each after a clean run (in one
 # process; a case that must run alone, after a clean process of its own).
+# NSYS_CPU=process-tree samples the process tree's CPUs and traces its context switches (the write-up's -s cpu
+# --cpuctxsw=process-tree); by default neither.
 # DEBS holds libdw1 and libelf1 (.deb), which 2025.3.1's importer needs there.
 set -uo pipefail
 debs=${1:?debs}; work=${2:?work}; mode=${3:?mode}; shift 3
@@ -49,7 +51,7 @@ if [ "$mode" = capture ] || [ "$mode" = all ]; then
   for case in "$@"; do
     (( SECONDS > ${BUDGET_S:-470} )) && { echo "== $case skipped: out of time"; continue; }
     t0=$SECONDS
-    timeout "${CASE_TIMEOUT_S:-150}" "$nsys" profile --trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none \
+    timeout "${CASE_TIMEOUT_S:-150}" "$nsys" profile --trace=cuda,nvtx,osrt --sample="${NSYS_CPU:-none}" --cpuctxsw="${NSYS_CPU:-none}" \
       --capture-range=cudaProfilerApi --capture-range-end=stop -f true -o "$work/foreign_$case" \
       "${loop[@]}" "$case" --iterations 16 --window 10 13 --out "$work/profiled.jsonl" > "$work/$case.log" 2>&1
     echo "== $case capture rc=$? $((SECONDS - t0)) s"; tail -n 3 "$work/$case.log"

@@ -82,6 +82,17 @@ Cases planted blind on the Falcon (--family falcon), chosen before any rule was 
   gil_thread       a thread beside the loop tokenising the next batch in pure Python (about 60 ms a batch, a thread
                    prefetcher rather than a DataLoader worker process): it holds the GIL the loop launches with
 
+Cases planted blind on the Mixtral (--family mixtral), chosen before any rule was looked at for them:
+
+  experts_eager    experts_implementation="eager": transformers' reference loop over the experts (each expert's
+                   tokens found with torch.where), not its default grouped GEMM
+  amp_scaler_clip  torch.amp.GradScaler kept from an fp16 recipe on bf16 weights, with its unscale_ before gradient
+                   clipping (clip_grad_norm_ at 1.0); the fix, clip_only, clips without the scaler
+  cpu_contention   the loop's threads share one core with two busy processes (a container's one-CPU quota with
+                   data workers beside it, as `taskset` gives them)
+  zero_grad_keep   optimizer.zero_grad(set_to_none=False): the gradients zeroed by kernels and accumulated into
+                   rather than written
+
 Cases that try the rules written for the Gemma's cases on problems they were not written for (captured on the OPT,
 tests/fixtures/foreign/opt_frozen), with their fixes teacher_deep_cached and reference_cached below:
 
@@ -98,7 +109,9 @@ and MLP in parallel off one layer norm, partial rotary embeddings, GELU written 
 --family gemma a Gemma (Gemma's architecture: GeGLU MLP 8x wide, RMSNorm, grouped-query attention with 4 key and value
 heads, the embedding scaled and tied; Gemma's 256,000-token vocabulary), --family falcon a Falcon (Falcon-7B's
 architecture: attention and MLP in parallel off two layer norms, fused QKV with 4 key and value heads, rotary, GELU,
-no biases; Falcon's 65,024-token vocabulary), and
+no biases; Falcon's 65,024-token vocabulary), --family mixtral a Mixtral (Mixtral's architecture: 8 experts of
+SwiGLU, 2 chosen a token, grouped-query attention with 4 key and value heads, RMSNorm; its 32,000-token vocabulary;
+experts 2048 wide; transformers' default grouped-GEMM experts), and
 --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
@@ -139,6 +152,7 @@ import gc
 import json
 import os
 import queue
+import subprocess
 import sys
 import threading
 import time
@@ -193,6 +207,10 @@ CASES = (
     "output_attentions",
     "adamw_foreach",
     "gil_thread",
+    "experts_eager",
+    "amp_scaler_clip",
+    "cpu_contention",
+    "zero_grad_keep",
 )
 FIXES = (
     "compiled",
@@ -204,6 +222,7 @@ FIXES = (
     "teacher_deep_cached",
     "reference_cached",
     "masked_labels",
+    "clip_only",
 )
 # The cases with a frozen model whose logits the loss compares with the trained one's (distill_loss): its layers,
 # whether its forward comes before the trained model's, and whether its logits are computed once (the fix).
@@ -230,6 +249,7 @@ VOCABS = {
     "phi": (51200, 50295),
     "gemma": (256000, 256000),
     "falcon": (65024, 65024),
+    "mixtral": (32000, 32000),
 }  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
 SDPA_FUSED_BACKENDS = ("flash", "mem_efficient", "cudnn")  # torch.backends.cuda.enable_{name}_sdp: sdpa_math's switches
@@ -270,6 +290,8 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
         GPTBigCodeForCausalLM,
         GPTNeoXConfig,
         GPTNeoXForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
         OPTConfig,
         OPTForCausalLM,
         PhiConfig,
@@ -308,6 +330,11 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
             parallel_attn=True,
             bias=False,
         )
+    elif FAMILY == "mixtral":
+        model_class = MixtralForCausalLM
+        config = MixtralConfig(
+            **shape, intermediate_size=2048, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2
+        )
     elif FAMILY == "gpt_bigcode":
         model_class = GPTBigCodeForCausalLM
         config = GPTBigCodeConfig(**shape, n_inner=4096, multi_query=True)
@@ -318,7 +345,10 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
     torch.manual_seed(0)
     dtype = torch.float32 if case in ("fp32", "fp32_tf32", "autocast_fp32_weights") else torch.bfloat16
     with torch.device("cuda"):  # initialised on the GPU: 410M parameters on the CPU take tens of seconds
-        model = model_class._from_config(config, attn_implementation=attention).to(dtype)
+        experts = {"experts_implementation": "eager"} if case == "experts_eager" else {}
+        model = model_class._from_config(config, attn_implementation=attention, **experts).to(dtype)
+    if FAMILY == "mixtral":
+        print(f"{case}: experts {model.config._experts_implementation}", file=sys.stderr, flush=True)
     model.train()
     if case == "checkpointing":
         model.gradient_checkpointing_enable()
@@ -346,6 +376,34 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
         for layer in layers:
             layer.compile()
     return model
+
+
+class CpuContention:
+    """cpu_contention: every thread of this process pinned to one core, with two busy processes beside it there, as
+    a one-CPU container quota with data workers gives them. Leaving restores the threads' cores and ends the
+    processes."""
+
+    WORKERS = 2
+
+    def __enter__(self):
+        self.cores = os.sched_getaffinity(0)
+        self.core = min(self.cores)
+        self._pin({self.core})
+        spin = f"import os\nos.sched_setaffinity(0, {{{self.core}}})\nwhile True:\n    pass\n"
+        self.workers = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(self.WORKERS)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for worker in self.workers:
+            worker.kill()
+            worker.wait()
+        self._pin(self.cores)
+
+    @staticmethod
+    def _pin(cores: set[int]) -> None:
+        for task in os.listdir("/proc/self/task"):  # each thread: sched_setaffinity(0) would pin the caller only
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task), cores)
 
 
 class HostAdamW:
@@ -475,9 +533,9 @@ def run_case(
     for backend in SDPA_FUSED_BACKENDS:
         getattr(torch.backends.cuda, f"enable_{backend}_sdp")(case != "sdpa_math")
     held_out = host[-1].to("cuda") if case == "eval_every_step" else None
-    per_op_ranges = contextlib.ExitStack()
+    scoped = contextlib.ExitStack()  # what the case turns on for its iterations alone
     if case == "emit_nvtx":  # an NVTX range for every op, left on from a profiling session
-        per_op_ranges.enter_context(torch.autograd.profiler.emit_nvtx())
+        scoped.enter_context(torch.autograd.profiler.emit_nvtx())
     mask = None
     if case in ("padded_mask", "pad_to_max"):
         mask = torch.ones(BATCH, SEQ, dtype=torch.long, device="cuda")
@@ -504,6 +562,9 @@ def run_case(
         prefetcher_tokenize = make_tokenizer(corpus(50000))
         prefetched = (prefetcher_tokenize, calibrated_text(prefetcher_tokenize), tokenized)
         threading.Thread(target=prefetch_tokens, args=prefetched, daemon=True).start()
+    scaler = torch.amp.GradScaler("cuda") if case == "amp_scaler_clip" else None
+    if case == "cpu_contention":
+        scoped.enter_context(CpuContention())
     next_batch = host[0].to("cuda", non_blocking=True)
     teacher = next_teacher = None
     if case.startswith("teacher_"):
@@ -586,7 +647,7 @@ def run_case(
             if case == "sync_timing":  # each phase timed for a log line, waiting for the GPU to finish it
                 torch.cuda.synchronize()
                 passes["forward_s"] = time.perf_counter() - begun
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
             if case == "sync_timing":
                 torch.cuda.synchronize()
                 passes["backward_s"] = time.perf_counter() - begun
@@ -601,8 +662,16 @@ def run_case(
             next_teacher = teacher.to("cuda", non_blocking=True)
         nvtx.pop()
         nvtx.push("update")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:  # the fp16 recipe's order: unscale, clip, step (skipped on inf), update the scale
+            scaler.unscale_(optimizer)
+        if case in ("amp_scaler_clip", "clip_only"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+        optimizer.zero_grad(set_to_none=case != "zero_grad_keep")
         if case == "sync_timing":
             torch.cuda.synchronize()
             passes["update_s"] = time.perf_counter() - begun
@@ -643,7 +712,7 @@ def run_case(
             torch.cuda.profiler.stop()
         if it in (0, iterations - 1):
             print(f"{case}: iteration {it} {elapsed:.3f} s", file=sys.stderr, flush=True)
-    per_op_ranges.close()
+    scoped.close()
     torch.cuda.set_per_process_memory_fraction(1.0)
     for backend in SDPA_FUSED_BACKENDS:
         getattr(torch.backends.cuda, f"enable_{backend}_sdp")(True)
