@@ -22,13 +22,13 @@ from sftprof.analysis import gains, gpu
 from sftprof.analysis.boundness import FULL_PRECISIONS, full_precision_gemms
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import StepClock
-from sftprof.analysis.kernels import gemm_precisions
+from sftprof.analysis.kernels import GEMM_FAMILY, gemm_precisions
 from sftprof.trace.events import EventStore
 
 SOFTMAX = re.compile(r"softmax", re.IGNORECASE)
 LOSS_SOFTMAX = re.compile(r"log_?softmax", re.IGNORECASE)  # cross-entropy's, after the LM head
 FUSED_ATTENTION = "attention"  # kernels.KERNEL_FAMILIES' family of flash/fmha/SDPA kernels
-GEMM = "GEMM"
+GEMM = GEMM_FAMILY
 COLUMNS = ["start", "glue_ns", "gemm_ns", "full_gemm_ns", "softmax_ns", "kernels"]
 FUSED_KERNELS = 1  # what a fused attention launches for a softmax run and its two GEMMs (flash: one forward kernel)
 

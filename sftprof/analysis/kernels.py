@@ -15,10 +15,11 @@ import pandas as pd
 from sftprof.analysis.stats import finish_summary, grouped_summary
 from sftprof.trace.events import EventStore
 
+GEMM_FAMILY = "GEMM"
 # Family -> name markers; the first family that matches wins, so the order matters
 # (cuBLAS's `splitKreduce_kernel` is part of a GEMM, not a reduction).
 KERNEL_FAMILIES = (
-    ("GEMM", r"gemm|xmma|nvjet|cutlass|cublas|splitkreduce"),
+    (GEMM_FAMILY, r"gemm|xmma|nvjet|cutlass|cublas|splitkreduce"),
     # flash attention and its backward pre/post-processing (`dot_do_o`, `convert_dq`), cuDNN's SDPA
     ("attention", r"flash|fmha|sdpa|attention|dot_do_o|convert_dq"),
     ("optimizer", r"multi_tensor_apply|adam"),
@@ -29,7 +30,7 @@ KERNEL_FAMILIES = (
 )
 OTHER_FAMILY = "other"
 # Dense matrix math: limited by the tensor cores when the GPU is busy.
-COMPUTE_BOUND_FAMILIES = ("GEMM", "attention")
+COMPUTE_BOUND_FAMILIES = (GEMM_FAMILY, "attention")
 # Streaming kernels that read and write every element once: limited by memory bandwidth.
 MEMORY_BOUND_FAMILIES = ("elementwise", "reduction/norm", "copy/cat", "optimizer")
 
@@ -157,7 +158,7 @@ def gemm_precisions(names: pd.Series) -> pd.Series:
 def gemm_precision(kernels: pd.DataFrame) -> pd.DataFrame:
     """GEMM time by input precision, as far as kernel names tell it. `kernels`: name_totals rows."""
     columns = ["precision", "time_pct", "total_ns", "instances", "top_kernel"]
-    gemms = kernels[kernel_families(kernels) == "GEMM"]
+    gemms = kernels[kernel_families(kernels) == GEMM_FAMILY]
     if gemms.empty:
         return pd.DataFrame(columns=columns)
     gemms = gemms.assign(
@@ -184,7 +185,7 @@ def unaligned_gemms(kernels: pd.DataFrame) -> pd.DataFrame:
     times the element size of the precision the name shows), with their time; names that show neither are left
     out, and so are SIMT kernels (a small fp32 product, such as rotary embeddings' outer product, runs on
     `cutlass_80_simt_sgemm_..._align1` whatever its strides). `kernels`: name_totals rows."""
-    gemms = kernels[(kernel_families(kernels) == "GEMM") & on_tensor_cores(kernels)]
+    gemms = kernels[(kernel_families(kernels) == GEMM_FAMILY) & on_tensor_cores(kernels)]
     if gemms.empty:
         return pd.DataFrame(columns=UNALIGNED_COLUMNS)
     names = gemms["name"].fillna(gemms["short_name"]).astype(str)

@@ -35,6 +35,7 @@ import pandas as pd
 from sftprof.analysis import idle, views
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import ChainTotals, StepClock, short_names
+from sftprof.analysis.kernels import GEMM_FAMILY, kernel_families
 from sftprof.analysis.nvtx import launch_slices
 from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.trace.events import EventStore
@@ -43,6 +44,7 @@ RUN = 12  # kernels in a row that must repeat the forward's: clean backward pass
 NAMES_LISTED = 3
 # Kernels a model runs in train mode only (dropout's mask and scale), by name: eval mode launches none.
 TRAIN_ONLY = re.compile(r"dropout|bernoulli", re.IGNORECASE)
+GEMM_KEY = 2**63  # the one key of every GEMM kernel in the passes' runs (name ids are far smaller)
 LAYER_RUNS = 3  # a run the step's first forward repeats this often is a layer's: a head repeats twice at most
 COLUMNS = ["step_row", "kernels", "repeated", "gpu_ns"]
 PASS_COLUMNS = ["step_row", "forward", "followed", "extra_kernels", "extra_ns"]
@@ -120,8 +122,8 @@ def _layer_stretches(keys: np.ndarray, first_forward: int) -> list[tuple[int, in
     """The forward passes among the first thread's kernels (`keys`: _runs over them), as [start, stop) stretches of
     its kernels: kernels covered by a run that the step's first forward (its first `first_forward` kernels) repeats
     at least LAYER_RUNS times, a layer's; a kernel no such run covers (a pass's head and loss, the next one's
-    embedding) ends a pass, and one shorter than LAYER_RUNS runs is none (a mask built of repeated kernels before
-    the first layer). A frozen model's layers count too where its kernels are not the trained model's (eval
+    embedding) ends a pass, and one in which no run repeats LAYER_RUNS times is none (a mask built of repeated
+    kernels before the first layer, a piece of one layer). A frozen model's layers count too where its kernels are not the trained model's (eval
     mode has no dropout kernels): each model's own runs repeat once a layer."""
     values, counts = np.unique(keys[: max(first_forward - RUN + 1, 0)], return_counts=True)
     hit = np.flatnonzero(np.isin(keys, values[counts >= LAYER_RUNS]))
@@ -131,7 +133,14 @@ def _layer_stretches(keys: np.ndarray, first_forward: int) -> list[tuple[int, in
     inside = np.concatenate(([0], (np.cumsum(covered)[: len(keys) + RUN - 1] > 0).astype(np.int8), [0]))
     edges = np.flatnonzero(np.diff(inside))
     stretches = zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True)
-    return [(start, stop) for start, stop in stretches if stop - start >= LAYER_RUNS * RUN]
+    return [(start, stop) for start, stop in stretches if _layers_repeat(keys[start : stop - RUN + 1])]
+
+
+def _layers_repeat(keys: np.ndarray) -> bool:
+    """Whether a stretch holds layers: some run in it LAYER_RUNS times or more. A stretch that holds each run once
+    is part of one layer, cut where its kernels vary from layer to layer (a Mixture-of-Experts layer's GEMMs,
+    sized by the tokens each expert got), not a pass."""
+    return len(keys) > 0 and int(np.unique(keys, return_counts=True)[1].max()) >= LAYER_RUNS
 
 
 def _passes(tids: np.ndarray, shape: np.ndarray, took: np.ndarray, train_only: np.ndarray) -> tuple[int, int, int, int]:
@@ -235,6 +244,7 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
     known = events.used_names("kernels").drop_duplicates("name_id")
     dropout_ids = known["name_id"][known["name"].fillna(known["short_name"]).astype(str).str.contains(TRAIN_ONLY)]
     dropout_ids = dropout_ids.to_numpy("int64")
+    gemm_ids = known["name_id"][kernel_families(known) == GEMM_FAMILY].to_numpy("int64")
 
     def count(kernels: dict[str, np.ndarray]) -> None:
         bounds = np.flatnonzero(np.diff(kernels["row"])) + 1
@@ -248,8 +258,12 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
             took = durations[repeated]
             rows.append((row, len(part), int(repeated.sum()), int(took.sum())))
             train_only = np.isin(kernels["name_id"][part], dropout_ids)
+            # passes read every GEMM as one kernel: cuBLAS picks a GEMM's kernel by its shape, which varies from
+            # layer to layer where tokens are routed (a Mixture of Experts' per-expert GEMMs)
+            layer_shape = np.where(np.isin(shape, gemm_ids), np.uint64(GEMM_KEY), shape)
             passes.extend(
-                (row, *_passes(tids[own], shape[own], durations[own], train_only[own])) for own in _processes(tids)
+                (row, *_passes(tids[own], layer_shape[own], durations[own], train_only[own]))
+                for own in _processes(tids)
             )
             if repeated.any():
                 names.append(pd.DataFrame({"name_id": kernels["name_id"][part][repeated], "gpu_ns": took}))
