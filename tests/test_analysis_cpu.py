@@ -169,6 +169,30 @@ def test_sched_pairing_handles_threads_running_at_the_edges():
     ]
 
 
+def test_off_cpu_intervals_close_at_the_next_switch_in_and_at_the_window():
+    events = pd.DataFrame(
+        {  # thread 1: out at 20, in at 30, out at 45, in at 60, out at 90 (past the window); thread 2 elsewhere
+            "start": [5, 20, 25, 30, 45, 60, 90],
+            "cpu": 0,
+            "is_sched_in": [True, False, False, True, False, True, False],
+            "global_tid": [1, 1, 2, 1, 1, 1, 1],
+            "pid": 0,
+            "tid": [1, 1, 2, 1, 1, 1, 1],
+        }
+    )
+    store = EventStore.from_frames(sched=events)
+    starts, ends = sched.off_cpu(store, 1, lo=10, hi=80)
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [(20, 30), (45, 60)]
+    starts, ends = sched.off_cpu(store, 1, lo=50, hi=100)  # switched out when the window opens, out again at 90
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [(50, 60), (90, 100)]
+    assert not len(sched.off_cpu(store, 3, lo=0, hi=100)[0])  # no switches: nothing known to be off
+    starts, ends = sched.off_cpu(store, 2, lo=10, hi=100)  # only a switch-out: off from it to the window's end
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [(25, 100)]
+    only_in = EventStore.from_frames(sched=events.assign(is_sched_in=events["global_tid"] == 2))
+    starts, ends = sched.off_cpu(only_in, 2, lo=10, hi=100)  # only a switch-in: off from the window's start to it
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [(10, 25)]
+
+
 def test_core_use_read_in_batches_equals_the_runs_summed_whole(monkeypatch):
     """Random switches of 40 threads on 6 cores (threads running at either edge, runs that overlap on a
     core where switches were lost), read a DuckDB vector (2,048 rows) at a time: the per-core busy time,

@@ -82,3 +82,16 @@ def test_launches_between_two_close_synchronizations_are_theirs():
 def test_launches_after_a_lone_synchronization_stay_host_overhead():
     """Synchronizations more than HOST_GAP_NS apart: the thread can run ahead between them."""
     assert moved(between([100, 5_000_140], [105, 5_000_150])) == [(110, 4, HOST), (120, 4, HOST), (5_000_130, 4, HOST)]
+
+
+def test_host_time_switched_out_waits_for_a_core_and_blocking_calls_keep_theirs():
+    """Own code from 0 to 100 and a synchronization from 100 to 200, the thread switched out 50-150: the own code's
+    switched-out half waits for a core, the synchronization keeps all its time."""
+    sync = idle.CAUSE_NAMES.index(idle.SYNCHRONIZATION)
+    api = (np.array([100]), np.array([200]), np.array([0]), np.array([sync]), idle.CUDA_API, np.array([3]))
+    own = (np.array([0]), np.array([100]), np.array([0]), np.array([HOST]), idle.OWN, None)
+    parts = idle._switched_out([api, own], np.array([50]), np.array([150]))
+    cut = sorted((int(s), int(e), int(c)) for p in parts for s, e, c in zip(p[0], p[1], p[3], strict=True))
+    assert cut == [(0, 50, HOST), (50, 100, idle.CAUSE_NAMES.index(idle.CPU_WAIT)), (100, 200, sync)]
+    assert [p[5] for p in parts if p[4] == idle.OWN] == [None, None, None]  # own code stays named by its range
+    assert idle._switched_out([own], np.zeros(0, "int64"), np.zeros(0, "int64")) == [own]

@@ -231,6 +231,21 @@ def read_work(events: EventStore) -> pd.DataFrame:
     return work.assign(producer=work["producer"].map(short_names(events)).fillna("").astype(str))[READ_COLUMNS]
 
 
+# CUB's device-wide kernels, whose result a small read right after fetches: the size of an output that depends on the
+# data (torch.nonzero's count, and so x[mask], masked_select and one-argument torch.where; unique; repeat_interleave
+# without output_size).
+DATA_DEPENDENT_READ = re.compile(r"Device(?:Reduce|Select|Scan|RadixSort|Segmented)|nonzero", re.IGNORECASE)
+
+
+def size_reads_per_step(reads: pd.DataFrame | None, clock: StepClock) -> float:
+    """How many of read_work's reads a step fetch a data-dependent size (their producer is one of CUB's
+    device-wide kernels, DATA_DEPENDENT_READ): the median over the clock's steps; 0 without steps or reads."""
+    if reads is None or not len(reads) or not clock.has_steps:
+        return 0.0
+    sized = reads[reads["producer"].astype(str).str.contains(DATA_DEPENDENT_READ)]
+    return float(np.median(clock.by_step(sized["start"], np.ones(len(sized))))) if len(sized) else 0.0
+
+
 def _no_reads() -> pd.DataFrame:
     return pd.DataFrame({"start": [], "kernels": [], "ns": [], "producer": []}).astype(
         {"start": "int64", "kernels": "int64", "ns": "int64", "producer": str}

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import cuda, intervals, nvtx
+from sftprof.analysis import cuda, intervals, nvtx, sched
 from sftprof.analysis.cpu import PHASES
 from sftprof.analysis.findings import Finding, ms, pct, severity_of
 from sftprof.analysis.gains import HOST_GAP_NS, StepClock
@@ -69,6 +69,7 @@ CAUSE_NAMES = (
     HOST_WORK := "host work",
     THREAD_WAIT := "waiting for another thread",
     OS_CALL := "OS call",
+    CPU_WAIT := "waiting for a CPU core",
     RECOMPUTATION := "recomputation",
     UNATTRIBUTED := "unattributed",
     QUEUED := "queued",
@@ -527,6 +528,33 @@ def _busy_within(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, n
     return np.bincount(b, weights=e - s, minlength=len(starts)).astype("int64")
 
 
+# Time a thread spends switched out in these causes is not theirs: it was ready to run and waited for a core.
+PREEMPTIBLE = np.array([CAUSE_NAMES.index(HOST_OVERHEAD), CAUSE_NAMES.index(HOST_WORK)])
+
+
+def _switched_out(parts: list[tuple], off_start: np.ndarray, off_end: np.ndarray) -> list[tuple]:
+    """Parts (start, end, piece, cause, source, name) with their host-overhead and host-work pieces cut where
+    the thread was switched out (sched.off_cpu): outside any OS call, so not blocked waiting for something
+    (lock, condition and I/O waits are OS calls), it was ready to run and waited for a CPU core. Those cuts
+    become CPU_WAIT, keeping the part's source and name; synchronizations, allocations and copies keep their
+    time, switched out or not (they block by design)."""
+    if not len(off_start):
+        return parts
+    result = []
+    for start, end, piece, cause, source, name in parts:
+        cause = np.broadcast_to(cause, start.shape)
+        cut = np.isin(cause, PREEMPTIBLE)
+        order = np.flatnonzero(cut)[np.argsort(start[cut], kind="stable")]
+        s, e, _, b = _overlaps(off_start, off_end, start[order], end[order])
+        rest_s, rest_e, rest_b = _minus(start[order], end[order], np.arange(len(order)), off_start, off_end)
+        kept = np.flatnonzero(~cut)
+        for where, a, z in ((kept, start[kept], end[kept]), (order[rest_b], rest_s, rest_e)):
+            result.append((a, z, piece[where], cause[where], source, None if name is None else name[where]))
+        waited = np.full(len(s), CAUSE_NAMES.index(CPU_WAIT))
+        result.append((s, e, piece[order[b]], waited, source, None if name is None else name[order[b]]))
+    return result
+
+
 def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work: _NextWork, again=None) -> _Pieces:
     """One thread's share of the idle pieces, cut by its CUDA calls, then its OS calls, then its own code;
     each cut piece with the innermost NVTX range open on the thread; then the host overhead its allocations,
@@ -571,19 +599,22 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
     s, e, own = _minus(r_start, r_end, r_piece, o_start, o_end)
     cause = np.where(short[own], CAUSE_NAMES.index(HOST_OVERHEAD), CAUSE_NAMES.index(HOST_WORK))
     parts.append((s, e, own, cause, OWN, None))
+    parts = _switched_out(parts, *sched.off_cpu(events, tid, lo, hi))
     starts, ends, pieces = (np.concatenate([part[i] for part in parts]) for i in range(3))
     range_code = nvtx.innermost_range_codes(events, starts, ends, np.full(len(starts), tid))
     if names.data_code >= 0:  # inside a `data` range at any depth counts as `data` (the data_stall view)
         data = events.arrays(f'SELECT start, "end" FROM nvtx WHERE {window} AND name_id = {names.data_code}')
         range_code[_within(starts, ends, data["start"], data["end"])] = names.data_code
-    own_code = range_code[len(starts) - len(parts[-1][0]) :]
+    sizes = np.cumsum([0] + [len(part[0]) for part in parts])
     syncs = np.flatnonzero(call_cause == CAUSE_NAMES.index(SYNCHRONIZATION))
     return (
         _Pieces(
             p_row[pieces],
             np.concatenate([part[3] for part in parts]),
             np.concatenate([np.full(len(part[0]), part[4]) for part in parts]),
-            np.concatenate([part[5] for part in parts[:-1]] + [own_code]),
+            np.concatenate(  # own code is named by its innermost range
+                [range_code[lo:hi] if part[5] is None else part[5] for part, lo, hi in zip(parts, sizes, sizes[1:])]
+            ),
             range_code,
             starts,
             ends - starts,
@@ -653,6 +684,16 @@ CAUSES = (
         "so move that work into processes (DataLoader workers, multiprocessing), not threads.",
     ),
     Cause(
+        "cpu_contention",
+        CPU_WAIT,
+        "is ready to run but switched out, waiting for a CPU core",
+        "Give the training process cores of its own: nothing else busy on the cores it may use (other jobs, "
+        "a second training process, busy DataLoader workers or their augmentation), no more threads than cores "
+        "(DataLoader num_workers, OMP_NUM_THREADS and torch.set_num_threads together), and a CPU quota that fits "
+        "them (Slurm --cpus-per-task, the container's CPU limit, taskset or numactl bindings). The per-core "
+        "table (cpu_cores) shows which cores its threads ran on and how busy they were.",
+    ),
+    Cause(
         "os_calls",
         OS_CALL,
         "is inside OS calls",
@@ -667,6 +708,8 @@ CAUSES = (
         "needed on the GPU there.",
     ),
 )
+
+CPU_CONTENTION = next(cause for cause in CAUSES if cause.cause == CPU_WAIT)  # claimed before the range-based views
 
 
 # Launch overhead where the launches wait for their kernels (views.synchronous_launches): not in CAUSES, since
@@ -683,6 +726,17 @@ FINDING_CAUSES = (*CAUSES, SYNCHRONOUS_LAUNCHES)  # every cause that idle_findin
 # Where fills are this share of the launches or more, launch_bound names what makes them (on the committed captures
 # without such a switch, fills are at most 11.4% of launches; with deterministic algorithms, 38.3%).
 FILL_LAUNCH_PCT = 25.0
+# From this many data-dependent size reads a step (gains.size_reads_per_step), the step is a loop over groups of the
+# data whose every turn reads its group's size and launches its own small kernels. The other committed captures read at
+# most 3 (the Falcon's boolean-mask loss), the Mixtral's eager experts 216 (24 layers of 8 experts and 1 count).
+GROUP_LOOP_READS = 16
+GROUP_LOOP_ADVICE = (
+    " {reads:.0f} reads a step fetch a data-dependent size: a Python loop over groups of the data, each turn reading "
+    "its group's size and launching its own small kernels, forward and backward; CUDA graphs cannot capture past "
+    "such a read. A Mixture-of-Experts layer that loops over its experts does this (transformers' "
+    'experts_implementation="eager"): run the experts as one grouped GEMM (experts_implementation="grouped_mm", '
+    "transformers' default; Megatron-LM's moe_grouped_gemm) or sort tokens by group and batch the groups' work. "
+)
 FILL_ADVICE = (
     "{share:.0f}% of the kernels launched fill memory with one value (`FillFunctor`): "
     "torch.use_deterministic_algorithms(True) fills every new tensor (keep the algorithms without the fills: "
@@ -717,19 +771,29 @@ def profiler_time(views: pd.DataFrame, clock: StepClock, overhead: Overhead | No
     if not stretches.sum():
         return {}
     idle = held.groupby(owner)["idle_ns"].sum() / max(1, clock.steps)
-    placed = overhead.added_ns * stretches / stretches.sum()
+    # Where the thread waited for a core, the profiler's own work ran on the cores it waited for: the added time
+    # goes there first, up to that idle, and the rest by stretches.
+    first = float(min(overhead.added_ns, idle.get(CPU_CONTENTION.rule, 0.0)))
+    placed = (overhead.added_ns - first) * stretches / stretches.sum()
+    if first:
+        placed[CPU_CONTENTION.rule] = first
     return {str(key): float(min(placed[key], idle[key])) for key in placed.index}
 
 
 def idle_findings(
-    views: pd.DataFrame, clock: StepClock, overhead: Overhead | None = None, fill_pct: float = 0.0
+    views: pd.DataFrame,
+    clock: StepClock,
+    overhead: Overhead | None = None,
+    fill_pct: float = 0.0,
+    size_reads: float = 0.0,
 ) -> list[Finding]:
     """A finding for each cause of GPU idle time (CAUSES) whose rows of the idle_causes table (those no data,
     sync, copy or lock rule counts: views.idle_views) hold at least MIN_SHARE_PCT of the median step: the gain
     is their share (idle time that fixing it removes), with the calls and ranges that hold most, less the
     profiler's added time that fell in its stretches (profiler_time, overhead.host_share). `fill_pct`: the
     share of launches that fill memory (kernels.fill_share_pct); from FILL_LAUNCH_PCT, launch_bound names what
-    makes them."""
+    makes them; from GROUP_LOOP_READS data-dependent size reads a step (`size_reads`:
+    gains.size_reads_per_step), it names the loop over groups that makes them."""
     if views.empty:
         return []
     idle = per_step(views, clock)
@@ -751,6 +815,7 @@ def idle_findings(
             )
         share = host_share(overhead, float(np.median(cause_idle)), clock, placed.get(cause.rule, 0.0))
         fills = cause.cause == HOST_OVERHEAD and fill_pct >= FILL_LAUNCH_PCT
+        groups = cause.cause == HOST_OVERHEAD and size_reads >= GROUP_LOOP_READS
         findings.append(
             Finding(
                 cause.rule,
@@ -761,7 +826,9 @@ def idle_findings(
                 f"of it), in {int(rows['pieces'].sum()):,} stretches.{where} Innermost NVTX ranges open on the "
                 f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step."
                 + (share.evidence if share else ""),
-                (FILL_ADVICE.format(share=fill_pct) if fills else "") + cause.recommendation,
+                (GROUP_LOOP_ADVICE.format(reads=size_reads) if groups else "")
+                + (FILL_ADVICE.format(share=fill_pct) if fills else "")
+                + cause.recommendation,
                 share.gain_pct if share else gain,
                 f"GPU idle (no device busy) while the thread that launched the next GPU work {cause.doing}: "
                 f"idle_causes, {clock.scope(cause_idle)}" + (share.basis if share else ""),

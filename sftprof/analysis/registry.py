@@ -218,6 +218,7 @@ SECTIONS: tuple[Section, ...] = (
     # idle_causes with the finding each row counts toward: the idle, sync, copy, data and lock rules' views
     Section("backward_syncs", views.backward_syncs, ("events", "threads"), T),
     Section("read_work", gains.read_work, ("events",), T),
+    Section("size_reads", gains.size_reads_per_step, ("read_work", "clock"), T),
     Section("upload_syncs", views.upload_syncs, ("events",), T),
     Section("launches_wait", views.synchronous_launches, ("events", "waits"), T),
     Section("copy_syncs", views.copy_syncs, ("events",), T),
@@ -336,7 +337,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         ", ".join(cause.rule for cause in idle.FINDING_CAUSES),
         idle.idle_findings,
-        ("idle_views", "clock", "overhead", "fill_share"),
+        ("idle_views", "clock", "overhead", "fill_share", "size_reads"),
     ),
     Rule("profiling_overhead", overhead.finding, ("overhead", "tables", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),

@@ -24,7 +24,14 @@ from sftprof.analysis.excess import attention_saving, precision_ratio
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
-from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, READ_BYTES, ChainTotals, StepClock
+from sftprof.analysis.gains import (
+    FOREACH_ADAMW_BYTES,
+    FUSED_ADAMW_BYTES,
+    READ_BYTES,
+    ChainTotals,
+    StepClock,
+    size_reads_per_step,
+)
 from sftprof.analysis.idle import MIN_SHARE_PCT, NAMES_LISTED
 from sftprof.analysis.kernels import FLOAT32_FUNCTOR, FULL_ALIGNMENT_BYTES, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
@@ -438,13 +445,11 @@ _BACKWARD_SYNCS = (
 )
 
 
-# CUB's device-wide kernels, whose result a small read right after fetches: the size of an output that depends on the
-# data (torch.nonzero's count, and so x[mask] and masked_select; unique; repeat_interleave without output_size).
-DATA_DEPENDENT_READ = re.compile(r"Device(?:Reduce|Select|Scan|RadixSort|Segmented)|nonzero", re.IGNORECASE)
 DATA_DEPENDENT_ADVICE = (
     " Reads right after CUB's device-wide kernels fetch the size of an output that depends on the data (x[mask], "
-    "masked_select and nonzero; unique; repeat_interleave without output_size): keep shapes static (ignored labels, "
-    "ignore_index=-100, rather than dropping positions; torch.where rather than indexing) so no size is read back."
+    "masked_select, nonzero and one-argument torch.where; unique; repeat_interleave without output_size): keep "
+    "shapes static (ignored labels, ignore_index=-100, rather than dropping positions; three-argument torch.where "
+    "rather than indexing) so no size is read back."
 )
 
 
@@ -521,6 +526,7 @@ def syncs_in_steps(
         made = clock.gpu_side(clock.by_step(reads["start"], reads["ns"]))
         lost = lost + made
     uploaded = _uploaded(uploads, steps)
+    size_reads = size_reads_per_step(reads, clock) if made.any() else 0.0
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
     calls = ", ".join(f"{name} x{n}" for name, n in names.sort_values(ascending=False).items())
@@ -549,8 +555,15 @@ def syncs_in_steps(
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
             "torch.cuda.synchronize() in the loop, and use non_blocking copies."
             + (
-                DATA_DEPENDENT_ADVICE
-                if made.any() and reads["producer"].str.contains(DATA_DEPENDENT_READ).any()
+                (
+                    DATA_DEPENDENT_ADVICE
+                    + (
+                        " " + idle.GROUP_LOOP_ADVICE.format(reads=size_reads).strip()
+                        if size_reads >= idle.GROUP_LOOP_READS
+                        else ""
+                    )
+                )
+                if size_reads
                 else ""
             )
             + (UPLOAD_ADVICE if uploaded else "")

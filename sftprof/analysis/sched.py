@@ -43,6 +43,33 @@ def runs_sql(span_ns: int) -> str:
         FROM runs WHERE "end" > greatest(start, 0)"""
 
 
+def off_cpu(events: EventStore, global_tid: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """When one thread was switched out between lo and hi: sorted disjoint (starts, ends), each from a
+    switch-out to the thread's next switch-in, clipped to [lo, hi]. Empty where the thread has no switches
+    (not traced, or it ran throughout)."""
+    rows = events.arrays(
+        f"""SELECT start, is_sched_in FROM sched WHERE global_tid = {int(global_tid)} AND start < {int(hi)}
+            AND start >= coalesce((SELECT max(start) FROM sched WHERE global_tid = {int(global_tid)}
+                                   AND start <= {int(lo)}), {int(lo)})
+            ORDER BY start, is_sched_in"""
+    )
+    times, switched_in = rows["start"].astype("int64"), rows["is_sched_in"].astype(bool)
+    if not len(times):
+        return np.empty(0, "int64"), np.empty(0, "int64")
+    # an interval opens at each switch-out and closes at the next switch-in; a first switch-in closes one
+    # that opened before lo, a last switch-out one that lasts past hi
+    out_at = np.flatnonzero(~switched_in)
+    next_in = np.searchsorted(np.flatnonzero(switched_in), out_at, side="right")
+    first = np.diff(next_in, prepend=-1) != 0  # two switch-outs in a row: the first opens the interval
+    out_at, next_in = out_at[first], next_in[first]
+    starts, ends = times[out_at], np.r_[times[switched_in], hi][next_in]  # no switch-in after: off until hi
+    if switched_in[0]:
+        starts, ends = np.r_[lo, starts], np.r_[times[0], ends]
+    starts, ends = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
 @dataclass
 class CoreUse:
     """What the threads' on-CPU runs (runs_sql) give: `cores` (per core: busy time and share, threads),

@@ -190,6 +190,7 @@ def idle_views(
         rules[rows] = rule
         free[rows] = False
 
+    claim(idle.CPU_CONTENTION.rule, cause == idle.CPU_WAIT)  # a thread switched out: not the work it was doing
     if data_stalled(steps):
         claim("data_stall", causes["range"].to_numpy(object) == DATA_PHASE)
     syncing = cause == idle.SYNCHRONIZATION
