@@ -86,8 +86,6 @@ Cases planted blind on the Mixtral (--family mixtral), chosen before any rule wa
 
   experts_eager    experts_implementation="eager": transformers' reference loop over the experts (each expert's
                    tokens found with torch.where), not its default grouped GEMM
-  amp_scaler_clip  torch.amp.GradScaler kept from an fp16 recipe on bf16 weights, with its unscale_ before gradient
-                   clipping (clip_grad_norm_ at 1.0); the fix, clip_only, clips without the scaler
   cpu_contention   the loop's threads share one core with two busy processes (a container's one-CPU quota with
                    data workers beside it, as `taskset` gives them)
   zero_grad_keep   optimizer.zero_grad(set_to_none=False): the gradients zeroed by kernels and accumulated into
@@ -208,7 +206,6 @@ CASES = (
     "adamw_foreach",
     "gil_thread",
     "experts_eager",
-    "amp_scaler_clip",
     "cpu_contention",
     "zero_grad_keep",
 )
@@ -222,7 +219,6 @@ FIXES = (
     "teacher_deep_cached",
     "reference_cached",
     "masked_labels",
-    "clip_only",
 )
 # The cases with a frozen model whose logits the loss compares with the trained one's (distill_loss): its layers,
 # whether its forward comes before the trained model's, and whether its logits are computed once (the fix).
@@ -562,7 +558,6 @@ def run_case(
         prefetcher_tokenize = make_tokenizer(corpus(50000))
         prefetched = (prefetcher_tokenize, calibrated_text(prefetcher_tokenize), tokenized)
         threading.Thread(target=prefetch_tokens, args=prefetched, daemon=True).start()
-    scaler = torch.amp.GradScaler("cuda") if case == "amp_scaler_clip" else None
     if case == "cpu_contention":
         scoped.enter_context(CpuContention())
     next_batch = host[0].to("cuda", non_blocking=True)
@@ -647,7 +642,7 @@ def run_case(
             if case == "sync_timing":  # each phase timed for a log line, waiting for the GPU to finish it
                 torch.cuda.synchronize()
                 passes["forward_s"] = time.perf_counter() - begun
-            (loss if scaler is None else scaler.scale(loss)).backward()
+            loss.backward()
             if case == "sync_timing":
                 torch.cuda.synchronize()
                 passes["backward_s"] = time.perf_counter() - begun
@@ -662,15 +657,7 @@ def run_case(
             next_teacher = teacher.to("cuda", non_blocking=True)
         nvtx.pop()
         nvtx.push("update")
-        if scaler is not None:  # the fp16 recipe's order: unscale, clip, step (skipped on inf), update the scale
-            scaler.unscale_(optimizer)
-        if case in ("amp_scaler_clip", "clip_only"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
+        optimizer.step()
         optimizer.zero_grad(set_to_none=case != "zero_grad_keep")
         if case == "sync_timing":
             torch.cuda.synchronize()
