@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sftprof.analysis import analyze, gains, idle, views
@@ -25,6 +26,7 @@ VIEW_RULES = {
     "pageable_memcpy": {idle.COPY},
     "lock_wait": {idle.THREAD_WAIT, idle.OS_CALL},
 } | {cause.rule: {cause.cause} for cause in idle.FINDING_CAUSES}
+VIEW_RULES[idle.GROUP_LOOP.rule] = {idle.SYNCHRONIZATION, idle.HOST_OVERHEAD}
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +101,23 @@ def test_every_view_rule_reads_the_views_and_the_idle_rule_no_longer_reads_the_r
         assert "idle_views" in inputs[rule], rule
     [idle_rule] = [rule for rule in RULES if rule.check is idle.idle_findings]
     assert idle_rule.inputs[0] == "idle_views" and views.RULE == idle.VIEW_COLUMN
+
+
+@pytest.mark.parametrize("size_reads, expected", [(15, ["sync_in_steps", "launch_bound"]), (16, ["group_loop"] * 2)])
+def test_a_loop_over_groups_takes_the_syncs_and_the_launch_overhead(size_reads, expected):
+    """From idle.GROUP_LOOP_READS data-dependent size reads a step, a step's synchronizations and launch overhead are
+    one loop's: group_loop's rows, not sync_in_steps' and launch_bound's."""
+    causes = pd.DataFrame(
+        {
+            "step": [1, 1],
+            "cause": [idle.SYNCHRONIZATION, idle.HOST_OVERHEAD],
+            "source": [idle.SOURCES[idle.CUDA_API], idle.SOURCES[idle.OWN]],
+            "name": ["cudaStreamSynchronize", "loss_fn"],
+            "range": ["loss_fn", "loss_fn"],
+            "idle_ns": [10, 20],
+            "pieces": [1, 1],
+        }
+    )
+    steps = pd.DataFrame({"step": [1], "start": [0], "end": [100], "duration": [100]})
+    table = views.idle_views(causes, steps, size_reads=size_reads)
+    assert table[views.RULE].tolist() == expected

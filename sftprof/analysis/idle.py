@@ -722,7 +722,15 @@ SYNCHRONOUS_LAUNCHES = Cause(
     "kernel, so the CPU never queues work ahead of the GPU and its own time between launches adds to the GPU's), "
     "and do not time training under a tool that serializes kernels (compute-sanitizer, Nsight Compute).",
 )
-FINDING_CAUSES = (*CAUSES, SYNCHRONOUS_LAUNCHES)  # every cause that idle_findings can report
+# Synchronizations and launch overhead where the step loops over groups of the data (views.idle_views claims them
+# from GROUP_LOOP_READS size reads a step): the reads drain the queue and the loop's small kernels keep it empty.
+GROUP_LOOP = Cause(
+    "group_loop",
+    HOST_OVERHEAD,
+    "loops over groups of the data, reading each group's size and launching its kernels one by one",
+    "",  # GROUP_LOOP_ADVICE, with the reads counted
+)
+FINDING_CAUSES = (*CAUSES, SYNCHRONOUS_LAUNCHES, GROUP_LOOP)  # every cause that idle_findings can report
 # Where fills are this share of the launches or more, launch_bound names what makes them (on the committed captures
 # without such a switch, fills are at most 11.4% of launches; with deterministic algorithms, 38.3%).
 FILL_LAUNCH_PCT = 25.0
@@ -731,11 +739,13 @@ FILL_LAUNCH_PCT = 25.0
 # most 3 (the Falcon's boolean-mask loss), the Mixtral's eager experts 216 (24 layers of 8 experts and 1 count).
 GROUP_LOOP_READS = 16
 GROUP_LOOP_ADVICE = (
-    " {reads:.0f} reads a step fetch a data-dependent size: a Python loop over groups of the data, each turn reading "
-    "its group's size and launching its own small kernels, forward and backward; CUDA graphs cannot capture past "
-    "such a read. A Mixture-of-Experts layer that loops over its experts does this (transformers' "
-    'experts_implementation="eager"): run the experts as one grouped GEMM (experts_implementation="grouped_mm", '
-    "transformers' default; Megatron-LM's moe_grouped_gemm) or sort tokens by group and batch the groups' work. "
+    "{reads:.0f} reads a step fetch a data-dependent size (after CUB's device-wide kernels: nonzero, one-argument "
+    "torch.where, x[mask]): a Python loop over groups of the data, each turn reading its group's size and launching "
+    "its own small kernels, forward and backward. Each read drains the GPU's queue, the small kernels cannot fill it "
+    "again, and CUDA graphs cannot capture past such a read. A Mixture-of-Experts layer that loops over its experts "
+    'does this (transformers\' experts_implementation="eager"): run the experts as one grouped GEMM '
+    "(experts_implementation=\"grouped_mm\", transformers' default; Megatron-LM's moe_grouped_gemm), or sort the "
+    "tokens by group and batch the groups' work."
 )
 FILL_ADVICE = (
     "{share:.0f}% of the kernels launched fill memory with one value (`FillFunctor`): "
@@ -792,8 +802,8 @@ def idle_findings(
     is their share (idle time that fixing it removes), with the calls and ranges that hold most, less the
     profiler's added time that fell in its stretches (profiler_time, overhead.host_share). `fill_pct`: the
     share of launches that fill memory (kernels.fill_share_pct); from FILL_LAUNCH_PCT, launch_bound names what
-    makes them; from GROUP_LOOP_READS data-dependent size reads a step (`size_reads`:
-    gains.size_reads_per_step), it names the loop over groups that makes them."""
+    makes them. `size_reads`: data-dependent size reads a step (gains.size_reads_per_step), which group_loop's
+    remedy counts."""
     if views.empty:
         return []
     idle = per_step(views, clock)
@@ -815,7 +825,6 @@ def idle_findings(
             )
         share = host_share(overhead, float(np.median(cause_idle)), clock, placed.get(cause.rule, 0.0))
         fills = cause.cause == HOST_OVERHEAD and fill_pct >= FILL_LAUNCH_PCT
-        groups = cause.cause == HOST_OVERHEAD and size_reads >= GROUP_LOOP_READS
         findings.append(
             Finding(
                 cause.rule,
@@ -826,9 +835,8 @@ def idle_findings(
                 f"of it), in {int(rows['pieces'].sum()):,} stretches.{where} Innermost NVTX ranges open on the "
                 f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step."
                 + (share.evidence if share else ""),
-                (GROUP_LOOP_ADVICE.format(reads=size_reads) if groups else "")
-                + (FILL_ADVICE.format(share=fill_pct) if fills else "")
-                + cause.recommendation,
+                (FILL_ADVICE.format(share=fill_pct) if fills else "")
+                + (GROUP_LOOP_ADVICE.format(reads=size_reads) if cause is GROUP_LOOP else cause.recommendation),
                 share.gain_pct if share else gain,
                 f"GPU idle (no device busy) while the thread that launched the next GPU work {cause.doing}: "
                 f"idle_causes, {clock.scope(cause_idle)}" + (share.basis if share else ""),

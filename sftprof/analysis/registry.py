@@ -223,7 +223,10 @@ SECTIONS: tuple[Section, ...] = (
     Section("launches_wait", views.synchronous_launches, ("events", "waits"), T),
     Section("copy_syncs", views.copy_syncs, ("events",), T),
     Section(
-        "idle_views", views.idle_views, ("idle_causes", "steps", "backward_syncs", "launches_wait", "copy_syncs"), T
+        "idle_views",
+        views.idle_views,
+        ("idle_causes", "steps", "backward_syncs", "launches_wait", "copy_syncs", "size_reads"),
+        T,
     ),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
     _saved(
