@@ -28,7 +28,6 @@ from sftprof.trace.events import EventStore
 SOFTMAX = re.compile(r"softmax", re.IGNORECASE)
 LOSS_SOFTMAX = re.compile(r"log_?softmax", re.IGNORECASE)  # cross-entropy's, after the LM head
 FUSED_ATTENTION = "attention"  # kernels.KERNEL_FAMILIES' family of flash/fmha/SDPA kernels
-GEMM = GEMM_FAMILY
 COLUMNS = ["start", "glue_ns", "gemm_ns", "full_gemm_ns", "softmax_ns", "kernels"]
 FUSED_KERNELS = 1  # what a fused attention launches for a softmax run and its two GEMMs (flash: one forward kernel)
 
@@ -45,7 +44,7 @@ def unfused_attention(events: EventStore) -> pd.DataFrame:
     kinds = pd.DataFrame(
         {
             "name_id": names["name_id"].astype("int64"),
-            "is_gemm": (names["family"] == GEMM).to_numpy(bool),
+            "is_gemm": (names["family"] == GEMM_FAMILY).to_numpy(bool),
             "is_softmax": softmax.to_numpy(bool),
             "is_full": gemm_precisions(label).isin(FULL_PRECISIONS).to_numpy(bool),
         }

@@ -542,7 +542,6 @@ def _switched_out(parts: list[tuple], off_start: np.ndarray, off_end: np.ndarray
         return parts
     result = []
     for start, end, piece, cause, source, name in parts:
-        cause = np.broadcast_to(cause, start.shape)
         cut = np.isin(cause, PREEMPTIBLE)
         order = np.flatnonzero(cut)[np.argsort(start[cut], kind="stable")]
         s, e, _, b = _overlaps(off_start, off_end, start[order], end[order])
@@ -691,7 +690,9 @@ CAUSES = (
         "a second training process, busy DataLoader workers or their augmentation), no more threads than cores "
         "(DataLoader num_workers, OMP_NUM_THREADS and torch.set_num_threads together), and a CPU quota that fits "
         "them (Slurm --cpus-per-task, the container's CPU limit, taskset or numactl bindings). The per-core "
-        "table (cpu_cores) shows which cores its threads ran on and how busy they were.",
+        "table (cpu_cores) shows which cores its threads ran on and how busy they were. A thread also sleeps outside "
+        "any OS call when it touches a page of a memory-mapped file not yet read (a dataset on a slow disk): where "
+        "its cores were idle meanwhile, copy the data to local disk or memory.",
     ),
     Cause(
         "os_calls",

@@ -123,8 +123,8 @@ def _layer_stretches(keys: np.ndarray, first_forward: int) -> list[tuple[int, in
     its kernels: kernels covered by a run that the step's first forward (its first `first_forward` kernels) repeats
     at least LAYER_RUNS times, a layer's; a kernel no such run covers (a pass's head and loss, the next one's
     embedding) ends a pass, and one in which no run repeats LAYER_RUNS times is none (a mask built of repeated
-    kernels before the first layer, a piece of one layer). A frozen model's layers count too where its kernels are not the trained model's (eval
-    mode has no dropout kernels): each model's own runs repeat once a layer."""
+    kernels before the first layer, a piece of one layer). A frozen model's layers count too where its kernels are
+    not the trained model's (eval mode has no dropout kernels): each model's own runs repeat once a layer."""
     values, counts = np.unique(keys[: max(first_forward - RUN + 1, 0)], return_counts=True)
     hit = np.flatnonzero(np.isin(keys, values[counts >= LAYER_RUNS]))
     covered = np.zeros(len(keys) + RUN, dtype=np.int64)  # each hit covers its RUN kernels

@@ -320,7 +320,18 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sync_in_steps",
         rules.syncs_in_steps,
-        ("waits", "steps", "labels", "events", "clock", "idle_views", "backward_syncs", "read_work", "upload_syncs"),
+        (
+            "waits",
+            "steps",
+            "labels",
+            "events",
+            "clock",
+            "idle_views",
+            "backward_syncs",
+            "read_work",
+            "upload_syncs",
+            "size_reads",
+        ),
     ),
     Rule(
         "pageable_memcpy",

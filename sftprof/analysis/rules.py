@@ -30,7 +30,6 @@ from sftprof.analysis.gains import (
     READ_BYTES,
     ChainTotals,
     StepClock,
-    size_reads_per_step,
 )
 from sftprof.analysis.idle import MIN_SHARE_PCT, NAMES_LISTED
 from sftprof.analysis.kernels import FLOAT32_FUNCTOR, FULL_ALIGNMENT_BYTES, MEMORY_BOUND_FAMILIES
@@ -491,15 +490,17 @@ def syncs_in_steps(
     in_backward: bool = False,
     reads: pd.DataFrame | None = None,
     uploads: pd.DataFrame | None = None,
+    size_reads: float = 0.0,
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
     trainer that synchronizes after every launch makes millions. The gain is the idle time idle_causes puts
     on these calls and the launches they delayed (views.py), plus the kernels that made the values read
     (`reads`: gains.read_work), at most the CPU's wait for the GPU; the syncs that wait for a CPU value just
-    copied up (`uploads`: views.upload_syncs) are named with the kernel that took it. Synchronous copies and sets
-    have their own rules. `in_backward` (views.backward_syncs): the backward pass itself makes most of them, and
-    anomaly_detection counts their idle and its value checks (_BACKWARD_SYNCS)."""
+    copied up (`uploads`: views.upload_syncs) are named with the kernel that took it; reads of a data-dependent
+    size (`size_reads` a step: gains.size_reads_per_step) are advised static shapes, and a loop of them a grouped
+    form. Synchronous copies and sets have their own rules. `in_backward` (views.backward_syncs): the backward pass
+    itself makes most of them, and anomaly_detection counts their idle and its value checks (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
     explicit = set(cuda.host_sync_ids(events))
@@ -526,7 +527,6 @@ def syncs_in_steps(
         made = clock.gpu_side(clock.by_step(reads["start"], reads["ns"]))
         lost = lost + made
     uploaded = _uploaded(uploads, steps)
-    size_reads = size_reads_per_step(reads, clock) if made.any() else 0.0
     text = cuda.call_names(events)
     names = pd.Series({text[name_id]: n for name_id, n in names.items()})
     calls = ", ".join(f"{name} x{n}" for name, n in names.sort_values(ascending=False).items())
@@ -554,18 +554,8 @@ def syncs_in_steps(
             "Each synchronization drains the GPU queue, so the CPU cannot run ahead of the GPU: drop per-step "
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
             "torch.cuda.synchronize() in the loop, and use non_blocking copies."
-            + (
-                (
-                    DATA_DEPENDENT_ADVICE
-                    + (
-                        " " + idle.GROUP_LOOP_ADVICE.format(reads=size_reads).strip()
-                        if size_reads >= idle.GROUP_LOOP_READS
-                        else ""
-                    )
-                )
-                if size_reads
-                else ""
-            )
+            + (DATA_DEPENDENT_ADVICE if made.any() and size_reads else "")
+            + (" " + idle.GROUP_LOOP_ADVICE.format(reads=size_reads) if size_reads >= idle.GROUP_LOOP_READS else "")
             + (UPLOAD_ADVICE if uploaded else "")
             + (_BACKWARD_SYNCS if in_backward else ""),
             clock,
