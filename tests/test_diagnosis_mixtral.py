@@ -5,6 +5,8 @@ the committed timings."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from test_diagnosis_foreign import (
     FOREIGN,
@@ -48,6 +50,8 @@ def test_a_loop_sharing_its_core_is_named_first_as_waiting_for_a_cpu(mixtral, ti
     step times, where the idle was host work (remedy: move input work off the thread) before."""
     top = mixtral("cpu_contention", timed).findings[0]
     assert top.rule == idle.CPU_CONTENTION.rule and "--cpus-per-task" in top.recommendation
+    rivals = re.findall(r"`pid (\d+), tid \d+` ([\d.]+) ms", top.evidence)  # the two spinning processes, by name
+    assert len(rivals) >= 2 and all(float(ms) > 100 for _, ms in rivals[:2])
     assert agrees(top.gain_pct, saving_in(MIXTRAL, "cpu_contention")), top.gain_pct
 
 

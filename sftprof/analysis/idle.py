@@ -791,12 +791,26 @@ def profiler_time(views: pd.DataFrame, clock: StepClock, overhead: Overhead | No
     return {str(key): float(min(placed[key], idle[key])) for key in placed.index}
 
 
+def _rivals(rivals: pd.DataFrame | None, labels: dict, steps: int) -> str:
+    """Which threads ran on the waiting threads' cores meanwhile, the busiest NAMES_LISTED, per step."""
+    if rivals is None or rivals.empty:
+        return ""
+    ran = rivals.nlargest(NAMES_LISTED, "ns")
+    named = ", ".join(
+        f"`{labels.get(r.global_tid, f'pid {int(r.pid)}, tid {int(r.tid)}')}` {ms(r.ns / max(1, steps))}"
+        for r in ran.itertuples()
+    )
+    return f" While the threads that launch GPU work were switched out, these ran on their cores: {named} per step."
+
+
 def idle_findings(
     views: pd.DataFrame,
     clock: StepClock,
     overhead: Overhead | None = None,
     fill_pct: float = 0.0,
     size_reads: float = 0.0,
+    rivals: pd.DataFrame | None = None,
+    labels: dict | None = None,
 ) -> list[Finding]:
     """A finding for each cause of GPU idle time (CAUSES) whose rows of the idle_causes table (those no data,
     sync, copy or lock rule counts: views.idle_views) hold at least MIN_SHARE_PCT of the median step: the gain
@@ -804,7 +818,8 @@ def idle_findings(
     profiler's added time that fell in its stretches (profiler_time, overhead.host_share). `fill_pct`: the
     share of launches that fill memory (kernels.fill_share_pct); from FILL_LAUNCH_PCT, launch_bound names what
     makes them. `size_reads`: data-dependent size reads a step (gains.size_reads_per_step), which group_loop's
-    remedy counts."""
+    remedy counts; `rivals` (sched.core_rivals), the threads that ran on the feeding threads' cores while they
+    waited for one, which cpu_contention names (`labels`: cpu.thread_labels)."""
     if views.empty:
         return []
     idle = per_step(views, clock)
@@ -835,6 +850,7 @@ def idle_findings(
                 f"{ms(float(np.median(idle)))} the GPU idles in a step ({pct(np.median(idle), clock.step_ns):.1f}% "
                 f"of it), in {int(rows['pieces'].sum()):,} stretches.{where} Innermost NVTX ranges open on the "
                 f"thread the GPU waited for: {_listed(rows, 'range', clock.steps)} per step."
+                + (_rivals(rivals, labels or {}, clock.steps) if cause is CPU_CONTENTION else "")
                 + (share.evidence if share else ""),
                 (FILL_ADVICE.format(share=fill_pct) if fills else "")
                 + (GROUP_LOOP_ADVICE.format(reads=size_reads) if cause is GROUP_LOOP else cause.recommendation),

@@ -214,6 +214,7 @@ SECTIONS: tuple[Section, ...] = (
         "each CPU core's busy share (needs CPU scheduling traced)",
     ),
     Section("sched_traced", sched.sched_traced, ("tables", "events"), T),
+    Section("core_rivals", sched.core_rivals, ("events", "span_ns", "feeders", "clock"), T),
     Section("copies", memory.copy_calls, ("events", "busy_unions"), T),
     # idle_causes with the finding each row counts toward: the idle, sync, copy, data and lock rules' views
     Section("backward_syncs", views.backward_syncs, ("events", "threads"), T),
@@ -351,7 +352,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         ", ".join(cause.rule for cause in idle.FINDING_CAUSES),
         idle.idle_findings,
-        ("idle_views", "clock", "overhead", "fill_share", "size_reads"),
+        ("idle_views", "clock", "overhead", "fill_share", "size_reads", "core_rivals", "labels"),
     ),
     Rule("profiling_overhead", overhead.finding, ("overhead", "tables", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),

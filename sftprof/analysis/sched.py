@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from sftprof.analysis import intervals
-from sftprof.trace.events import EventStore
+from sftprof.trace.events import EventStore, sql_in
 from sftprof.trace.tables import TraceTables
 
 CPU_SCHED_SWITCH = "--cpuctxsw=process-tree"
@@ -68,6 +68,35 @@ def off_cpu(events: EventStore, global_tid: int, lo: int, hi: int) -> tuple[np.n
     starts, ends = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
     keep = ends > starts
     return starts[keep], ends[keep]
+
+
+def core_rivals(events: EventStore, span_ns: int, feeders: dict, clock) -> pd.DataFrame:
+    """While a thread that launches GPU work (`feeders`: cpu.feeders) was switched out inside the steps
+    (`clock`: gains.StepClock), the threads other than the feeders that ran on the cores the feeders ran on: per
+    such thread (`global_tid`, `pid`, `tid`), its time there while any feeder was switched out (`ns`, over the
+    steps). Only the profiled process tree's threads are seen under `--cpuctxsw=process-tree`."""
+    columns = ["global_tid", "pid", "tid", "ns"]
+    if not feeders or not clock.has_steps or not events.count("sched"):
+        return pd.DataFrame(columns=columns)
+    lo, hi = int(clock.starts.min()), int(clock.ends.max())
+    off = [off_cpu(events, int(feeder), lo, hi) for feeder in feeders]
+    waited = intervals.union(
+        pd.DataFrame({"start": np.concatenate([o[0] for o in off]), "end": np.concatenate([o[1] for o in off])})
+    )
+    if waited.empty:
+        return pd.DataFrame(columns=columns)
+    ids = sql_in("global_tid", [int(feeder) for feeder in feeders])
+    runs = events.arrays(
+        f"""WITH r AS ({runs_sql(span_ns)})
+            SELECT global_tid, pid, tid, start, "end" FROM r
+            WHERE NOT {ids} AND start < {hi} AND "end" > {lo}
+              AND cpu IN (SELECT DISTINCT cpu FROM sched WHERE {ids})"""
+    )
+    w_start, w_end = waited["start"].to_numpy("int64"), waited["end"].to_numpy("int64")
+    starts, ends, _, b = intervals.overlaps(w_start, w_end, runs["start"], runs["end"])
+    overlap = pd.DataFrame({key: runs[key][b] for key in ("global_tid", "pid", "tid")} | {"ns": ends - starts})
+    rivals = overlap[overlap["ns"] > 0].groupby(["global_tid", "pid", "tid"], as_index=False)["ns"].sum()
+    return rivals.sort_values("ns", ascending=False)[columns].reset_index(drop=True)
 
 
 @dataclass
