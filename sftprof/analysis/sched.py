@@ -86,16 +86,17 @@ def core_rivals(events: EventStore, span_ns: int, feeders: dict, clock) -> pd.Da
     if waited.empty:
         return pd.DataFrame(columns=columns)
     ids = sql_in("global_tid", [int(feeder) for feeder in feeders])
-    runs = events.arrays(
+    # the overlaps summed in SQL (a range join): a system-wide capture runs millions of threads' runs on those cores
+    rivals = events.query(
         f"""WITH r AS ({runs_sql(span_ns)})
-            SELECT global_tid, pid, tid, start, "end" FROM r
-            WHERE NOT {ids} AND start < {hi} AND "end" > {lo}
-              AND cpu IN (SELECT DISTINCT cpu FROM sched WHERE {ids})"""
+            SELECT r.global_tid, r.pid, r.tid,
+                   sum(least(r."end", w."end") - greatest(r.start, w.start))::BIGINT AS ns
+            FROM r JOIN waited w ON r.start < w."end" AND r."end" > w.start
+            WHERE NOT {ids} AND r.start < {hi} AND r."end" > {lo}
+              AND r.cpu IN (SELECT DISTINCT cpu FROM sched WHERE {ids})
+            GROUP BY r.global_tid, r.pid, r.tid""",
+        waited=waited,
     )
-    w_start, w_end = waited["start"].to_numpy("int64"), waited["end"].to_numpy("int64")
-    starts, ends, _, b = intervals.overlaps(w_start, w_end, runs["start"], runs["end"])
-    overlap = pd.DataFrame({key: runs[key][b] for key in ("global_tid", "pid", "tid")} | {"ns": ends - starts})
-    rivals = overlap[overlap["ns"] > 0].groupby(["global_tid", "pid", "tid"], as_index=False)["ns"].sum()
     return rivals.sort_values("ns", ascending=False)[columns].reset_index(drop=True)
 
 
