@@ -95,3 +95,15 @@ def test_host_time_switched_out_waits_for_a_core_and_blocking_calls_keep_theirs(
     assert cut == [(0, 50, HOST), (50, 100, idle.CAUSE_NAMES.index(idle.CPU_WAIT)), (100, 200, sync)]
     assert [p[5] for p in parts if p[4] == idle.OWN] == [None, None, None]  # own code stays named by its range
     assert idle._switched_out([own], np.zeros(0, "int64"), np.zeros(0, "int64")) == [own]
+
+
+def test_a_thread_switched_out_waits_for_a_core_only_where_os_calls_were_traced():
+    """Without OS calls traced a thread switched out may be blocked in one (a queue, a lock, a read): then no
+    time is read as waiting for a core."""
+    from sftprof.trace.events import EventStore
+
+    call = pd.DataFrame(
+        {"start": [0], "end": [5], "duration": [5], "name": ["sem_wait"], "global_tid": [1], "pid": [0], "tid": [1]}
+    )
+    assert idle._Names(EventStore.from_frames(osrt=call)).os_traced
+    assert not idle._Names(EventStore.from_frames()).os_traced

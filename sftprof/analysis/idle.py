@@ -236,6 +236,7 @@ class _Names:
     def __init__(self, events: EventStore):
         self.api = cuda.call_names(events)
         self.osrt = {int(i): str(name) for i, name in events.query("SELECT id, name FROM osrt_names").itertuples(False)}
+        self.os_traced = bool(self.osrt)  # OS-runtime calls were traced (nsys --trace osrt): some call has a name
         self.ranges = np.asarray(nvtx.range_names(events), dtype=object)
         data = np.flatnonzero(self.ranges == DATA_PHASE)
         self.data_code = int(data[0]) if len(data) else -1
@@ -598,7 +599,8 @@ def _thread_causes(events, tid, p_start, p_end, p_row, short, names, busy, work:
     s, e, own = _minus(r_start, r_end, r_piece, o_start, o_end)
     cause = np.where(short[own], CAUSE_NAMES.index(HOST_OVERHEAD), CAUSE_NAMES.index(HOST_WORK))
     parts.append((s, e, own, cause, OWN, None))
-    parts = _switched_out(parts, *sched.off_cpu(events, tid, lo, hi))
+    if names.os_traced:  # without OS calls traced, a thread switched out may be blocked in one, not waiting
+        parts = _switched_out(parts, *sched.off_cpu(events, tid, lo, hi))
     starts, ends, pieces = (np.concatenate([part[i] for part in parts]) for i in range(3))
     range_code = nvtx.innermost_range_codes(events, starts, ends, np.full(len(starts), tid))
     if names.data_code >= 0:  # inside a `data` range at any depth counts as `data` (the data_stall view)
