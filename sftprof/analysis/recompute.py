@@ -32,10 +32,10 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from sftprof.analysis import idle, views
+from sftprof.analysis import gains, idle, views
 from sftprof.analysis.findings import Finding, ms, severity_of
 from sftprof.analysis.gains import ChainTotals, StepClock, short_names
-from sftprof.analysis.kernels import GEMM_FAMILY, kernel_families
+from sftprof.analysis.kernels import GEMM_FAMILY
 from sftprof.analysis.nvtx import launch_slices
 from sftprof.analysis.overhead import Overhead, host_share
 from sftprof.trace.events import EventStore
@@ -241,10 +241,10 @@ def recomputed(events: EventStore, clock: StepClock) -> Recomputed:
     starts: list[np.ndarray] = []
     host: list[pd.DataFrame] = []
 
-    known = events.used_names("kernels").drop_duplicates("name_id")
+    known = gains._names(events)  # each name id with its names and family
     dropout_ids = known["name_id"][known["name"].fillna(known["short_name"]).astype(str).str.contains(TRAIN_ONLY)]
     dropout_ids = dropout_ids.to_numpy("int64")
-    gemm_ids = known["name_id"][kernel_families(known) == GEMM_FAMILY].to_numpy("int64")
+    gemm_ids = known.loc[known["family"] == GEMM_FAMILY, "name_id"].to_numpy("int64")
 
     def count(kernels: dict[str, np.ndarray]) -> None:
         bounds = np.flatnonzero(np.diff(kernels["row"])) + 1

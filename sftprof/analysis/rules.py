@@ -24,13 +24,7 @@ from sftprof.analysis.excess import attention_saving, precision_ratio
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
-from sftprof.analysis.gains import (
-    FOREACH_ADAMW_BYTES,
-    FUSED_ADAMW_BYTES,
-    READ_BYTES,
-    ChainTotals,
-    StepClock,
-)
+from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, READ_BYTES, ChainTotals, StepClock
 from sftprof.analysis.idle import MIN_SHARE_PCT, NAMES_LISTED
 from sftprof.analysis.kernels import FLOAT32_FUNCTOR, FULL_ALIGNMENT_BYTES, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
