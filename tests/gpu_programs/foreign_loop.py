@@ -91,6 +91,14 @@ Cases planted blind on the Mixtral (--family mixtral), chosen before any rule wa
   zero_grad_keep   optimizer.zero_grad(set_to_none=False): the gradients zeroed by kernels and accumulated into
                    rather than written
 
+Cases that try the rules written for the Mixtral's cases on problems they were not written for (also --family mixtral),
+with their fix loader_all_cpus below:
+
+  experts_sorted   the experts as DeepSeek-V2's reference code loops over them: tokens sorted by expert, the counts
+                   copied to the host once a layer, one slice and two GEMMs an expert
+  loader_few_cpus  a DataLoader of 4 worker processes tokenising in pure Python (about 200 ms a batch), the job
+                   confined to 2 cores (a CPU allotment too small for its input pipeline)
+
 Cases that try the rules written for the Gemma's cases on problems they were not written for (captured on the OPT,
 tests/fixtures/foreign/opt_frozen), with their fixes teacher_deep_cached and reference_cached below:
 
@@ -122,6 +130,7 @@ saving is 1 - FIX / clean:
                    break outside a layer can stop a layer's fusion)
   compiled_graphs  the model under torch.compile(mode="reduce-overhead"): fused and replayed as CUDA graphs, so the
                    forward and backward launch no kernel one by one (what a launch-bound finding proposes)
+  loader_all_cpus  loader_few_cpus's DataLoader on all of the machine's cores (1 - loader_all_cpus / loader_few_cpus)
 
 distill_cached is distill_teacher with the teacher's logits computed once (stored with the data) rather than every
 iteration (1 - distill_cached / distill_teacher), teacher_deep_cached and reference_cached are teacher_deep and
@@ -154,6 +163,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import torch
 
@@ -208,6 +218,8 @@ CASES = (
     "experts_eager",
     "cpu_contention",
     "zero_grad_keep",
+    "experts_sorted",
+    "loader_few_cpus",
 )
 FIXES = (
     "compiled",
@@ -219,6 +231,7 @@ FIXES = (
     "teacher_deep_cached",
     "reference_cached",
     "masked_labels",
+    "loader_all_cpus",
 )
 # The cases with a frozen model whose logits the loss compares with the trained one's (distill_loss): its layers,
 # whether its forward comes before the trained model's, and whether its logits are computed once (the fix).
@@ -252,6 +265,7 @@ SDPA_FUSED_BACKENDS = ("flash", "mem_efficient", "cudnn")  # torch.backends.cuda
 TOKENIZE_TARGET_S = 0.06
 EVAL_BATCHES = 4  # eval_every_N: a validation pass over 4 held-out batches every Nth iteration
 PADDED_LENGTH = 256  # pad_to_max: each sequence's real tokens, padded to SEQ
+LOADER_WORKERS, LOADER_BATCH_S, FEW_CPUS = 4, 0.2, 2  # loader_few_cpus: its workers, their work a batch, its cores
 
 
 class Nvtx:
@@ -363,6 +377,10 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
         for module in model.modules():
             if isinstance(getattr(module, "weight", None), torch.nn.Parameter):
                 module.register_forward_hook(log_output)
+    if case == "experts_sorted":
+        for module in model.modules():
+            if type(module).__name__ == "MixtralExperts":
+                module.forward = types.MethodType(sorted_experts_forward, module)
     if case == "compiled":
         return torch.compile(model)
     if case == "compiled_graphs":
@@ -372,6 +390,54 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
         for layer in layers:
             layer.compile()
     return model
+
+
+def sorted_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """experts_sorted: DeepSeek-V2's reference MoE loop (moe_infer) over MixtralExperts' weights: each token's copies
+    sorted by expert, the experts' token counts copied to the host once, one slice and two GEMMs an expert."""
+    tokens, top_k = top_k_index.shape
+    counts = top_k_index.new_zeros(tokens, self.num_experts).scatter_(1, top_k_index, 1).sum(0)
+    order = top_k_index.view(-1).argsort()
+    sorted_states = hidden_states[order // top_k]
+    outputs, start = [], 0
+    for expert, count in enumerate(counts.cpu().tolist()):
+        if count == 0:
+            continue
+        state = sorted_states[start : start + count]
+        gate, up = torch.nn.functional.linear(state, self.gate_up_proj[expert]).chunk(2, dim=-1)
+        outputs.append(torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert]))
+        start += count
+    unsorted = torch.empty_like(sorted_states)
+    unsorted[order] = torch.cat(outputs)
+    weighted = unsorted.view(tokens, top_k, -1) * top_k_weights.unsqueeze(-1).to(unsorted.dtype)
+    return weighted.sum(1).to(hidden_states.dtype)
+
+
+class TokenisedBatches(torch.utils.data.IterableDataset):
+    """loader_few_cpus' data: batch after batch of token ids, tokenised in pure Python in a worker process."""
+
+    def __init__(self, case: str):
+        self.tokenize = make_tokenizer(corpus(50000))
+        self.text = calibrated_text(self.tokenize, LOADER_BATCH_S)
+        self.vocab = vocab(case)
+
+    def __iter__(self):
+        while True:
+            ids = batch_of(self.tokenize(self.text))
+            yield torch.tensor(ids, dtype=torch.long).view(BATCH, SEQ) % self.vocab
+
+
+class CpuAllotment:
+    """loader_few_cpus: every thread of this process, and the processes it starts from here on, on FEW_CPUS cores (a
+    job's CPU allotment). Leaving restores the threads' cores."""
+
+    def __enter__(self):
+        self.cores = os.sched_getaffinity(0)
+        CpuContention._pin(set(sorted(self.cores)[:FEW_CPUS]))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        CpuContention._pin(self.cores)
 
 
 class CpuContention:
@@ -487,15 +553,15 @@ def batch_of(ids: list[int]) -> list[int]:
     return (ids * (BATCH * SEQ // max(len(ids), 1) + 1))[: BATCH * SEQ]
 
 
-def calibrated_text(tokenize) -> str:
-    """Text whose tokenising takes about TOKENIZE_TARGET_S here (fixed for the whole run): sized from a
-    probe, then corrected once from the time of the text itself."""
+def calibrated_text(tokenize, target_s: float = TOKENIZE_TARGET_S) -> str:
+    """Text whose tokenising takes about target_s here (fixed for the whole run): sized from a probe, then corrected
+    once from the time of the text itself."""
     n_chars = 20000
     for _ in range(2):
         text = corpus(n_chars)
         started = time.perf_counter()
         tokenize(text)
-        n_chars = int(n_chars * TOKENIZE_TARGET_S / (time.perf_counter() - started))
+        n_chars = int(n_chars * target_s / (time.perf_counter() - started))
     return corpus(n_chars)
 
 
@@ -560,6 +626,15 @@ def run_case(
         threading.Thread(target=prefetch_tokens, args=prefetched, daemon=True).start()
     if case == "cpu_contention":
         scoped.enter_context(CpuContention())
+    loader = None
+    if case.startswith("loader_"):
+        dataset = TokenisedBatches(case)
+        if case == "loader_few_cpus":
+            scoped.enter_context(CpuAllotment())
+        batches = torch.utils.data.DataLoader(
+            dataset, batch_size=None, num_workers=LOADER_WORKERS, pin_memory=True, prefetch_factor=2
+        )
+        loader = iter(batches)
     next_batch = host[0].to("cuda", non_blocking=True)
     teacher = next_teacher = None
     if case.startswith("teacher_"):
@@ -583,6 +658,8 @@ def run_case(
             ids = batch_of(tokenize(text))  # the Python work on the critical path
             batch = torch.tensor(ids, dtype=torch.long).view(BATCH, SEQ) % vocab(case)
             batch = batch.pin_memory().to("cuda", non_blocking=True)
+        elif loader is not None:
+            batch = next(loader).to("cuda", non_blocking=True)
         elif tokenized is not None:
             ids = tokenized.get()  # tokenised by the thread beside the loop
             next_batch = (torch.tensor(ids, dtype=torch.long).view(BATCH, SEQ) % vocab(case)).pin_memory()
