@@ -99,6 +99,16 @@ with their fix loader_all_cpus below:
   loader_few_cpus  a DataLoader of 4 worker processes tokenising in pure Python (about 200 ms a batch), the job
                    confined to 2 cores (a CPU allotment too small for its input pipeline)
 
+Cases planted blind on the Qwen3 (--family qwen3), chosen before any rule was looked at for them, with their fix
+clip_foreach below:
+
+  clip_foreach_off torch.nn.utils.clip_grad_norm_(foreach=False) every iteration: a norm per parameter, then a
+                   multiply per parameter
+  causal_mask_4d   the causal mask passed as a 4-D boolean tensor (batch x 1 x seq x seq), as packed-sequence
+                   collators build them, rather than left to the attention's own causal flag
+  per_sample_loss  the loss a sample at a time in a Python loop (each sample's logits cast to float32 and
+                   cross-entropy), averaged, rather than the model's loss over the batch
+
 Cases that try the rules written for the Gemma's cases on problems they were not written for (captured on the OPT,
 tests/fixtures/foreign/opt_frozen), with their fixes teacher_deep_cached and reference_cached below:
 
@@ -117,8 +127,9 @@ heads, the embedding scaled and tied; Gemma's 256,000-token vocabulary), --famil
 architecture: attention and MLP in parallel off two layer norms, fused QKV with 4 key and value heads, rotary, GELU,
 no biases; Falcon's 65,024-token vocabulary), --family mixtral a Mixtral (Mixtral's architecture: 8 experts of
 SwiGLU, 2 chosen a token, grouped-query attention with 4 key and value heads, RMSNorm; its 32,000-token vocabulary;
-experts 2048 wide; transformers' default grouped-GEMM experts), and
---range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
+experts 2048 wide; transformers' default grouped-GEMM experts), --family qwen3 a Qwen3 (Qwen3's architecture: RMSNorm
+on each head's queries and keys, grouped-query attention with 8 key and value heads, SwiGLU 3072 wide, the embedding
+tied; Qwen's 151,936-token vocabulary), and --range-name names the iteration ranges (`batch N` say, a name sftprof does not know).
 
 and FIXES are the clean loop with a fix that a finding on the clean capture proposes, so that its
 saving is 1 - FIX / clean:
@@ -131,6 +142,8 @@ saving is 1 - FIX / clean:
   compiled_graphs  the model under torch.compile(mode="reduce-overhead"): fused and replayed as CUDA graphs, so the
                    forward and backward launch no kernel one by one (what a launch-bound finding proposes)
   loader_all_cpus  loader_few_cpus's DataLoader on all of the machine's cores (1 - loader_all_cpus / loader_few_cpus)
+  clip_foreach     clip_foreach_off's clipping with foreach=True, PyTorch's default on CUDA
+                   (1 - clip_foreach / clip_foreach_off)
 
 distill_cached is distill_teacher with the teacher's logits computed once (stored with the data) rather than every
 iteration (1 - distill_cached / distill_teacher), teacher_deep_cached and reference_cached are teacher_deep and
@@ -220,6 +233,9 @@ CASES = (
     "zero_grad_keep",
     "experts_sorted",
     "loader_few_cpus",
+    "clip_foreach_off",
+    "causal_mask_4d",
+    "per_sample_loss",
 )
 FIXES = (
     "compiled",
@@ -232,6 +248,7 @@ FIXES = (
     "reference_cached",
     "masked_labels",
     "loader_all_cpus",
+    "clip_foreach",
 )
 # The cases with a frozen model whose logits the loss compares with the trained one's (distill_loss): its layers,
 # whether its forward comes before the trained model's, and whether its logits are computed once (the fix).
@@ -259,6 +276,7 @@ VOCABS = {
     "gemma": (256000, 256000),
     "falcon": (65024, 65024),
     "mixtral": (32000, 32000),
+    "qwen3": (151936, 151669),
 }  # (the checkpoint's, the tokenizer's length)
 FAMILY = "gpt_neox"
 SDPA_FUSED_BACKENDS = ("flash", "mem_efficient", "cudnn")  # torch.backends.cuda.enable_{name}_sdp: sdpa_math's switches
@@ -306,6 +324,8 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
         OPTForCausalLM,
         PhiConfig,
         PhiForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     # both families' layers: 24 of hidden 1024 with 16 heads and a 4096-wide MLP
@@ -344,6 +364,11 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
         model_class = MixtralForCausalLM
         config = MixtralConfig(
             **shape, intermediate_size=2048, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2
+        )
+    elif FAMILY == "qwen3":
+        model_class = Qwen3ForCausalLM
+        config = Qwen3Config(
+            **shape, intermediate_size=3072, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True
         )
     elif FAMILY == "gpt_bigcode":
         model_class = GPTBigCodeForCausalLM
@@ -616,6 +641,7 @@ def run_case(
     if case == "tokenize_no_nvtx":
         tokenize = make_tokenizer(corpus(50000))
         text = calibrated_text(tokenize)
+    causal_4d = torch.ones(SEQ, SEQ, dtype=torch.bool, device="cuda").tril().expand(BATCH, 1, SEQ, SEQ)
     completion = torch.ones(BATCH, SEQ, dtype=torch.bool, device="cuda")
     completion[:, : SEQ // 4] = False  # bool_mask_loss, masked_labels: the prompt's positions carry no loss
     tokenized: queue.Queue | None = None
@@ -704,6 +730,14 @@ def run_case(
                 loss = torch.nn.functional.cross_entropy(logits[:, :-1].double().flatten(0, 1), part[:, 1:].flatten())
             elif mask is not None:
                 loss = model(input_ids=part, attention_mask=mask, labels=part.masked_fill(mask == 0, -100)).loss
+            elif case == "causal_mask_4d":
+                loss = model(input_ids=part, attention_mask=causal_4d, labels=part).loss
+            elif case == "per_sample_loss":
+                logits = model(input_ids=part).logits
+                losses = [
+                    torch.nn.functional.cross_entropy(logits[i, :-1].float(), part[i, 1:]) for i in range(len(part))
+                ]
+                loss = torch.stack(losses).mean()
             else:
                 loss = model(input_ids=part, labels=part).loss
             if teacher is not None:  # the target's copy for this iteration, mixed into the loss
@@ -723,6 +757,8 @@ def run_case(
             if case == "sync_timing":
                 torch.cuda.synchronize()
                 passes["backward_s"] = time.perf_counter() - begun
+        if case.startswith("clip_foreach"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=case == "clip_foreach")
         if case == "grad_norm_log":
             grad_norms = {name: p.grad.norm().item() for name, p in model.named_parameters() if p.grad is not None}
             passes["grad_norms"] = len(grad_norms)
