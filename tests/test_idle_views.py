@@ -103,9 +103,9 @@ def test_every_view_rule_reads_the_views_and_the_idle_rule_no_longer_reads_the_r
     assert idle_rule.inputs[0] == "idle_views" and views.RULE == idle.VIEW_COLUMN
 
 
-@pytest.mark.parametrize("size_reads, expected", [(15, ["sync_in_steps", "launch_bound"]), (16, ["group_loop"] * 2)])
-def test_a_loop_over_groups_takes_the_syncs_and_the_launch_overhead(size_reads, expected):
-    """From idle.GROUP_LOOP_READS data-dependent size reads a step, a step's synchronizations and launch overhead are
+@pytest.mark.parametrize("gemms, expected", [(15, ["sync_in_steps", "launch_bound"]), (16, ["group_loop"] * 2)])
+def test_a_loop_over_groups_takes_the_syncs_and_the_launch_overhead(gemms, expected):
+    """From idle.GROUP_LOOP_GEMMS GEMMs a step sized by the data, a step's synchronizations and launch overhead are
     one loop's: group_loop's rows, not sync_in_steps' and launch_bound's."""
     causes = pd.DataFrame(
         {
@@ -119,5 +119,5 @@ def test_a_loop_over_groups_takes_the_syncs_and_the_launch_overhead(size_reads, 
         }
     )
     steps = pd.DataFrame({"step": [1], "start": [0], "end": [100], "duration": [100]})
-    table = views.idle_views(causes, steps, size_reads=size_reads)
+    table = views.idle_views(causes, steps, data_sized_gemms=gemms)
     assert table[views.RULE].tolist() == expected

@@ -246,6 +246,31 @@ def size_reads_per_step(reads: pd.DataFrame | None, clock: StepClock) -> float:
     return float(np.median(clock.by_step(sized["start"], np.ones(len(sized))))) if len(sized) else 0.0
 
 
+def data_sized_gemms_per_step(events: EventStore, clock: StepClock) -> float:
+    """How many GEMM launches a step take their size from the data: a shape (kernel and grid) launched once in its
+    step and missing from another step. A model's own GEMMs repeat their shapes every step (and every layer of a
+    step); a loop over groups of the data whose sizes vary (a Mixture of Experts' experts run one by one) launches
+    a GEMM for each group whose rows set its grid. The median over the clock's steps; 0 with fewer than two."""
+    names = _names(events)
+    gemms = names.loc[names["family"] == kernels.GEMM_FAMILY, "name_id"] if len(names) else []
+    if clock.steps < 2 or not clock.has_steps or not len(gemms):
+        return 0.0
+    windows = pd.DataFrame({"step": np.arange(clock.steps), "lo": clock.starts, "hi": clock.ends})
+    counts = events.query(
+        f"""WITH launched AS (SELECT w.step, k.name_id, k.grid_x, k.grid_y, k.grid_z, count(*) AS n
+                              FROM kernels k JOIN windows w ON k.start >= w.lo AND k.start < w.hi
+                              WHERE {sql_in("k.name_id", [int(i) for i in gemms])}
+                              GROUP BY ALL),
+                 shaped AS (SELECT *, count(*) OVER (PARTITION BY name_id, grid_x, grid_y, grid_z) AS in_steps
+                            FROM launched)
+            SELECT step, sum(n) AS n FROM shaped WHERE n = 1 AND in_steps < {clock.steps} GROUP BY step""",
+        windows=windows,
+    )
+    per_step = np.zeros(clock.steps)
+    per_step[counts["step"].to_numpy("int64")] = counts["n"].to_numpy(float)
+    return float(np.median(per_step))
+
+
 def _no_reads() -> pd.DataFrame:
     return pd.DataFrame({"start": [], "kernels": [], "ns": [], "producer": []}).astype(
         {"start": "int64", "kernels": "int64", "ns": "int64", "producer": str}

@@ -726,29 +726,37 @@ SYNCHRONOUS_LAUNCHES = Cause(
     "and do not time training under a tool that serializes kernels (compute-sanitizer, Nsight Compute).",
 )
 # Synchronizations and launch overhead where the step loops over groups of the data (views.idle_views claims them
-# from GROUP_LOOP_READS size reads a step): the reads drain the queue and the loop's small kernels keep it empty.
+# from GROUP_LOOP_GEMMS data-sized GEMMs a step): reading the groups' sizes drains the queue and the loop's small
+# kernels keep it empty.
 GROUP_LOOP = Cause(
     "group_loop",
     HOST_OVERHEAD,
-    "loops over groups of the data, reading each group's size and launching its kernels one by one",
-    "",  # GROUP_LOOP_ADVICE, with the reads counted
+    "loops over groups of the data, reading their sizes and launching each group's kernels one by one",
+    "",  # GROUP_LOOP_ADVICE, with the data-sized GEMMs counted
 )
 FINDING_CAUSES = (*CAUSES, SYNCHRONOUS_LAUNCHES, GROUP_LOOP)  # every cause that idle_findings can report
 # Where fills are this share of the launches or more, launch_bound names what makes them (on the committed captures
 # without such a switch, fills are at most 11.4% of launches; with deterministic algorithms, 38.3%).
 FILL_LAUNCH_PCT = 25.0
-# From this many data-dependent size reads a step (gains.size_reads_per_step), the step is a loop over groups of the
-# data whose every turn reads its group's size and launches its own small kernels. The other committed captures read at
-# most 3 (the Falcon's boolean-mask loss), the Mixtral's eager experts 216 (24 layers of 8 experts and 1 count).
-GROUP_LOOP_READS = 16
+# From this many GEMM launches a step sized by the data (gains.data_sized_gemms_per_step), the step is a loop over
+# groups of the data, each turn launching its own small kernels. Every committed capture of a model without such a loop
+# has none; the Mixtral's experts run one by one 38 to 56 (transformers' eager loop and DeepSeek's sorted one).
+GROUP_LOOP_GEMMS = 16
 GROUP_LOOP_ADVICE = (
-    "{reads:.0f} reads a step fetch a data-dependent size (after CUB's device-wide kernels: nonzero, one-argument "
-    "torch.where, x[mask]): a Python loop over groups of the data, each turn reading its group's size and launching "
-    "its own small kernels, forward and backward. Each read drains the GPU's queue, the small kernels cannot fill it "
-    "again, and CUDA graphs cannot capture past such a read. A Mixture-of-Experts layer that loops over its experts "
-    'does this (transformers\' experts_implementation="eager"): run the experts as one grouped GEMM '
-    "(experts_implementation=\"grouped_mm\", transformers' default; Megatron-LM's moe_grouped_gemm), or sort the "
-    "tokens by group and batch the groups' work."
+    "{gemms:.0f} GEMMs a step take their size from the data (each shape launched once in its step and missing from "
+    "another step): a Python loop over groups of the data, each turn launching its own small kernels for its "
+    "group's rows, forward and backward. The loop reads the groups' sizes back from the GPU, which drains its queue; "
+    "the small kernels cannot fill it again, and CUDA graphs cannot capture past such a read. A Mixture-of-Experts "
+    "layer that runs its experts one by one does this (transformers' experts_implementation=\"eager\", DeepSeek's "
+    'reference moe_infer): run the experts as one grouped GEMM (experts_implementation="grouped_mm", '
+    "transformers' default; Megatron-LM's moe_grouped_gemm; torch._grouped_mm)."
+)
+# Where the threads that launch also waited for a core (cpu_contention found, its rivals named), launch_bound's
+# remedy begins with it: the host time between launches is longer on a shared core.
+CONTENDED_ADVICE = (
+    "The threads that launch also waited for a CPU core while other threads ran on their cores (cpu_contention): "
+    "between switches a thread that shares its cores runs slower too (its caches refilled after each), so give them "
+    "cores of their own first (cpu_contention's remedy) and measure again; then "
 )
 FILL_ADVICE = (
     "{share:.0f}% of the kernels launched fill memory with one value (`FillFunctor`): "
@@ -810,7 +818,7 @@ def idle_findings(
     clock: StepClock,
     overhead: Overhead | None = None,
     fill_pct: float = 0.0,
-    size_reads: float = 0.0,
+    data_sized_gemms: float = 0.0,
     rivals: pd.DataFrame | None = None,
     labels: dict | None = None,
 ) -> list[Finding]:
@@ -819,13 +827,15 @@ def idle_findings(
     is their share (idle time that fixing it removes), with the calls and ranges that hold most, less the
     profiler's added time that fell in its stretches (profiler_time, overhead.host_share). `fill_pct`: the
     share of launches that fill memory (kernels.fill_share_pct); from FILL_LAUNCH_PCT, launch_bound names what
-    makes them. `size_reads`: data-dependent size reads a step (gains.size_reads_per_step), which group_loop's
-    remedy counts; `rivals` (sched.core_rivals), the threads that ran on the feeding threads' cores while they
+    makes them. `data_sized_gemms`: GEMM launches a step sized by the data (gains.data_sized_gemms_per_step),
+    which group_loop's remedy counts; `rivals` (sched.core_rivals), the threads that ran on the feeding threads' cores while they
     waited for one, which cpu_contention names (`labels`: cpu.thread_labels)."""
     if views.empty:
         return []
     idle = per_step(views, clock)
     placed = profiler_time(views, clock, overhead)
+    waited = clock.share(per_step(views[views[VIEW_COLUMN] == CPU_CONTENTION.rule], clock))
+    contended = waited >= MIN_SHARE_PCT and rivals is not None and not rivals.empty
     findings = []
     for cause in FINDING_CAUSES:
         rows = views[views[VIEW_COLUMN] == cause.rule]
@@ -843,6 +853,10 @@ def idle_findings(
             )
         share = host_share(overhead, float(np.median(cause_idle)), clock, placed.get(cause.rule, 0.0))
         fills = cause.cause == HOST_OVERHEAD and fill_pct >= FILL_LAUNCH_PCT
+        shared = contended and cause.rule == "launch_bound"
+        remedy = cause.recommendation
+        if shared:
+            remedy = CONTENDED_ADVICE + remedy[0].lower() + remedy[1:]
         findings.append(
             Finding(
                 cause.rule,
@@ -855,7 +869,7 @@ def idle_findings(
                 + (_rivals(rivals, labels or {}, clock.steps) if cause is CPU_CONTENTION else "")
                 + (share.evidence if share else ""),
                 (FILL_ADVICE.format(share=fill_pct) if fills else "")
-                + (GROUP_LOOP_ADVICE.format(reads=size_reads) if cause is GROUP_LOOP else cause.recommendation),
+                + (GROUP_LOOP_ADVICE.format(gemms=data_sized_gemms) if cause is GROUP_LOOP else remedy),
                 share.gain_pct if share else gain,
                 f"GPU idle (no device busy) while the thread that launched the next GPU work {cause.doing}: "
                 f"idle_causes, {clock.scope(cause_idle)}" + (share.basis if share else ""),

@@ -220,13 +220,14 @@ SECTIONS: tuple[Section, ...] = (
     Section("backward_syncs", views.backward_syncs, ("events", "threads"), T),
     Section("read_work", gains.read_work, ("events",), T),
     Section("size_reads", gains.size_reads_per_step, ("read_work", "clock"), T),
+    Section("data_sized_gemms", gains.data_sized_gemms_per_step, ("events", "clock"), T),
     Section("upload_syncs", views.upload_syncs, ("events",), T),
     Section("launches_wait", views.synchronous_launches, ("events", "waits"), T),
     Section("copy_syncs", views.copy_syncs, ("events",), T),
     Section(
         "idle_views",
         views.idle_views,
-        ("idle_causes", "steps", "backward_syncs", "launches_wait", "copy_syncs", "size_reads"),
+        ("idle_causes", "steps", "backward_syncs", "launches_wait", "copy_syncs", "data_sized_gemms"),
         T,
     ),
     _saved("launch_overhead", cuda.launch_overhead, ("cuda_api",), T, "CPU time per kernel launch call"),
@@ -332,6 +333,7 @@ RULES: tuple[Rule, ...] = (
             "read_work",
             "upload_syncs",
             "size_reads",
+            "data_sized_gemms",
         ),
     ),
     Rule(
@@ -352,7 +354,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         ", ".join(cause.rule for cause in idle.FINDING_CAUSES),
         idle.idle_findings,
-        ("idle_views", "clock", "overhead", "fill_share", "size_reads", "core_rivals", "labels"),
+        ("idle_views", "clock", "overhead", "fill_share", "data_sized_gemms", "core_rivals", "labels"),
     ),
     Rule("profiling_overhead", overhead.finding, ("overhead", "tables", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),

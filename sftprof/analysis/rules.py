@@ -485,6 +485,7 @@ def syncs_in_steps(
     reads: pd.DataFrame | None = None,
     uploads: pd.DataFrame | None = None,
     size_reads: float = 0.0,
+    data_sized_gemms: float = 0.0,
 ) -> list[Finding]:
     """Explicit synchronizations (stream, event, device, context: cuda.HOST_SYNC_CALLS among `waits`,
     cuda.host_wait_calls) inside the `step N` ranges, per step, summed a batch of calls at a time: a
@@ -492,8 +493,8 @@ def syncs_in_steps(
     on these calls and the launches they delayed (views.py), plus the kernels that made the values read
     (`reads`: gains.read_work), at most the CPU's wait for the GPU; the syncs that wait for a CPU value just
     copied up (`uploads`: views.upload_syncs) are named with the kernel that took it; reads of a data-dependent
-    size (`size_reads` a step: gains.size_reads_per_step) are advised static shapes, and a loop of them a grouped
-    form. Synchronous copies and sets have their own rules. `in_backward` (views.backward_syncs): the backward pass
+    size (`size_reads` a step: gains.size_reads_per_step) are advised static shapes, and a loop over groups of the
+    data (`data_sized_gemms` a step: gains.data_sized_gemms_per_step) a grouped form. Synchronous copies and sets have their own rules. `in_backward` (views.backward_syncs): the backward pass
     itself makes most of them, and anomaly_detection counts their idle and its value checks (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
@@ -549,7 +550,11 @@ def syncs_in_steps(
             ".item()/.cpu()/print of GPU values (accumulate the loss on the GPU and read it every N steps), avoid "
             "torch.cuda.synchronize() in the loop, and use non_blocking copies."
             + (DATA_DEPENDENT_ADVICE if made.any() and size_reads else "")
-            + (" " + idle.GROUP_LOOP_ADVICE.format(reads=size_reads) if size_reads >= idle.GROUP_LOOP_READS else "")
+            + (
+                " " + idle.GROUP_LOOP_ADVICE.format(gemms=data_sized_gemms)
+                if data_sized_gemms >= idle.GROUP_LOOP_GEMMS
+                else ""
+            )
             + (UPLOAD_ADVICE if uploaded else "")
             + (_BACKWARD_SYNCS if in_backward else ""),
             clock,

@@ -174,14 +174,14 @@ def idle_views(
     in_backward: bool = False,
     launches_wait: bool = False,
     after_copies: bool = False,
-    size_reads: float = 0.0,
+    data_sized_gemms: float = 0.0,
 ) -> pd.DataFrame:
     """idle_causes with `rule`: the finding whose gain each row counts toward ("" for none), module docstring.
     `in_backward`: most synchronizations are the backward pass's own (backward_syncs); `launches_wait`: some
     thread's launches wait for their kernels (synchronous_launches); `after_copies`: most synchronizations wait
-    for the host copies just issued (copy_syncs); `size_reads`: data-dependent size reads a step
-    (gains.size_reads_per_step), from idle.GROUP_LOOP_READS a loop over groups whose syncs and launch overhead are
-    group_loop's."""
+    for the host copies just issued (copy_syncs); `data_sized_gemms`: GEMM launches a step sized by
+    the data (gains.data_sized_gemms_per_step), from idle.GROUP_LOOP_GEMMS a loop over groups whose syncs and launch
+    overhead are group_loop's."""
     rules = np.full(len(causes), "", dtype=object)
     if causes.empty:
         return causes.assign(**{RULE: pd.Series(dtype=object), ROW: pd.Series(dtype="int64")})
@@ -205,7 +205,7 @@ def idle_views(
         claim(ANOMALY_RULE, np.isin(cause, drained))
     if after_copies:
         claim(INTERCONNECT_RULE, syncing)
-    if size_reads >= idle.GROUP_LOOP_READS:
+    if data_sized_gemms >= idle.GROUP_LOOP_GEMMS:
         claim(idle.GROUP_LOOP.rule, syncing | (cause == idle.HOST_OVERHEAD))
     claim("sync_in_steps", syncing)
     copying = cause == idle.COPY  # copy and set calls are named with the host memory they touched (idle.HOST_MEMORY)
