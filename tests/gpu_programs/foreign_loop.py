@@ -109,6 +109,11 @@ clip_foreach below:
   per_sample_loss  the loss a sample at a time in a Python loop (each sample's logits cast to float32 and
                    cross-entropy), averaged, rather than the model's loss over the batch
 
+A case that tries a rule written on per_sample_loss on a problem it was not written on (also --family qwen3):
+
+  loss_seq_chunks  the loss over 16 chunks of 64 positions of the logits, each chunk cast to float32 (a loss chunked
+                   "to save memory" after the logits are made), averaged over the tokens
+
 Cases that try the rules written for the Gemma's cases on problems they were not written for (captured on the OPT,
 tests/fixtures/foreign/opt_frozen), with their fixes teacher_deep_cached and reference_cached below:
 
@@ -236,6 +241,7 @@ CASES = (
     "clip_foreach_off",
     "causal_mask_4d",
     "per_sample_loss",
+    "loss_seq_chunks",
 )
 FIXES = (
     "compiled",
@@ -283,6 +289,7 @@ SDPA_FUSED_BACKENDS = ("flash", "mem_efficient", "cudnn")  # torch.backends.cuda
 TOKENIZE_TARGET_S = 0.06
 EVAL_BATCHES = 4  # eval_every_N: a validation pass over 4 held-out batches every Nth iteration
 PADDED_LENGTH = 256  # pad_to_max: each sequence's real tokens, padded to SEQ
+LOSS_CHUNK = 64  # loss_seq_chunks: positions a chunk
 LOADER_WORKERS, LOADER_BATCH_S, FEW_CPUS = 4, 0.2, 2  # loader_few_cpus: its workers, their work a batch, its cores
 
 
@@ -738,6 +745,18 @@ def run_case(
                     torch.nn.functional.cross_entropy(logits[i, :-1].float(), part[i, 1:]) for i in range(len(part))
                 ]
                 loss = torch.stack(losses).mean()
+            elif case == "loss_seq_chunks":
+                logits = model(input_ids=part).logits[:, :-1]
+                targets = part[:, 1:]
+                losses = [
+                    torch.nn.functional.cross_entropy(
+                        logits[:, at : at + LOSS_CHUNK].float().flatten(0, 1),
+                        targets[:, at : at + LOSS_CHUNK].flatten(),
+                        reduction="sum",
+                    )
+                    for at in range(0, SEQ - 1, LOSS_CHUNK)
+                ]
+                loss = torch.stack(losses).sum() / targets.numel()
             else:
                 loss = model(input_ids=part, labels=part).loss
             if teacher is not None:  # the target's copy for this iteration, mixed into the loss
