@@ -393,7 +393,91 @@ def launch_path(events: EventStore, starts: np.ndarray, ends: np.ndarray) -> np.
     return path
 
 
-def fusable_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> ChainTotals:
+KERNEL_GRID = ["grid_x", "grid_y", "grid_z"]
+# From this many zero-fills a step of one size, with one fewer adds of that size, a tensor is used a slice at a time:
+# each slice's backward writes a zero-filled gradient as large as the tensor, and autograd adds them. A tensor used
+# twice (a tied embedding) gets one add and no fill.
+SLICED_FILLS = 3
+# More such bursts of one shape a step than this, and they are a layer's own (rotary embeddings fill and add their
+# halves' gradients in every attention: 24 bursts a step of 3-4 fills in the GPT-NeoX and the Falcon).
+SLICED_BURSTS = 2
+
+
+@dataclass
+class SlicedGradients:
+    """Kernel shapes (`shapes`: grid_x, grid_y, grid_z, with the median `fills` and `adds` a step) that a step
+    zero-fills SLICED_FILLS times or more between two GEMMs, and adds at most as often (one tensor's slices summed),
+    in at most SLICED_BURSTS such stretches: the gradients of a tensor used a slice at a time. `saved_by_step`: per step window (step_windows), the time of those fills and adds; `fill_ids` and
+    `add_ids`: the kernel names that fill and add (kernels.FILL, kernels.ADD)."""
+
+    shapes: pd.DataFrame
+    saved_by_step: np.ndarray
+    fill_ids: list[int]
+    add_ids: list[int]
+
+    def chained_sql(self) -> str:
+        """SQL true for a kernel of these fills and adds (over the kernels table's columns): fusion leaves them."""
+        if self.shapes.empty:
+            return "false"
+        grids = " OR ".join(
+            f"(grid_x = {int(r.grid_x)} AND grid_y = {int(r.grid_y)} AND grid_z = {int(r.grid_z)})"
+            for r in self.shapes.itertuples()
+        )
+        return f"(coalesce({sql_in('name_id', self.fill_ids + self.add_ids)}, false) AND ({grids}))"
+
+
+def sliced_gradients(events: EventStore, steps: pd.DataFrame, span_ns: int) -> SlicedGradients:
+    """The zero-fills and adds of one size that a step repeats between two GEMMs (SlicedGradients): a Python loop
+    that reads a tensor a slice at a time (a loss a sample or a chunk at a time) gives each slice, in the backward, a
+    gradient as large as the tensor, zero-filled, and autograd adds them one by one, with no GEMM between. A layer
+    whose backward fills and adds a gradient or two (rotary embeddings' halves) repeats that once a layer, with the
+    layer's GEMMs between: not counted. Only with two steps or more."""
+    starts, ends = step_windows(steps, span_ns)
+    names = _names(events)
+    ids = lambda pattern: [int(i) for i in names.loc[names["name"].str.contains(pattern), "name_id"]]  # noqa: E731
+    fill_ids, add_ids = (ids(kernels.FILL), ids(kernels.ADD)) if len(names) else ([], [])
+    gemm_ids = [int(i) for i in names.loc[names["family"] == kernels.GEMM_FAMILY, "name_id"]] if len(names) else []
+    none = SlicedGradients(pd.DataFrame(columns=[*KERNEL_GRID, "fills", "adds"]), np.zeros(len(starts)), [], [])
+    if len(steps) < 2 or not fill_ids or not add_ids:
+        return none
+    windows = pd.DataFrame({"step": np.arange(len(starts)), "lo": starts, "hi": ends})
+    filled, gemm = sql_in("name_id", fill_ids), sql_in("name_id", gemm_ids) if gemm_ids else "false"
+    device = f"coalesce(device_id::BIGINT, {NULL_LAST})"
+    # each fill or add in the burst of kernels since its device's last GEMM (a running count of GEMMs)
+    bursts = events.query(
+        f"""WITH k AS (SELECT {device} AS device, start, duration, grid_x, grid_y, grid_z,
+                              coalesce({gemm}, false) AS gemm, coalesce({filled}, false) AS fill
+                       FROM kernels
+                       WHERE {gemm} OR ({sql_in("name_id", fill_ids + add_ids)} AND grid_x IS NOT NULL)),
+                 b AS (SELECT *, sum(gemm::INT) OVER (PARTITION BY device ORDER BY start
+                                                      ROWS UNBOUNDED PRECEDING) AS burst FROM k)
+            SELECT w.step, device, burst, grid_x, grid_y, grid_z, sum(fill::INT) AS fills,
+                   sum((NOT fill)::INT) AS adds, sum(duration) AS ns
+            FROM b JOIN windows w ON b.start >= w.lo AND b.start < w.hi
+            WHERE NOT gemm GROUP BY ALL""",
+        windows=windows,
+    )
+    chained = (bursts["fills"] >= SLICED_FILLS) & bursts["adds"].between(SLICED_FILLS - 1, bursts["fills"])
+    kept = bursts[chained]
+    # a shape whose bursts recur in every layer is the layers' own code (each attention's rotary halves)
+    per_layer = kept.groupby([*KERNEL_GRID, "step"]).size().groupby(KERNEL_GRID).median() > SLICED_BURSTS
+    kept = kept.merge(per_layer[~per_layer].reset_index()[KERNEL_GRID], on=KERNEL_GRID)
+    if kept.empty:
+        return none
+    per_step = kept.groupby(["step", *KERNEL_GRID])[["fills", "adds"]].sum().unstack("step", fill_value=0)
+    shapes = pd.DataFrame(
+        {
+            kind: per_step[kind].reindex(columns=range(len(starts)), fill_value=0).median(axis=1)
+            for kind in ("fills", "adds")
+        }
+    ).reset_index()
+    saved = np.bincount(kept["step"].to_numpy("int64"), weights=kept["ns"].to_numpy(float), minlength=len(starts))
+    return SlicedGradients(shapes, saved, fill_ids, add_ids)
+
+
+def fusable_chains(
+    events: EventStore, steps: pd.DataFrame, span_ns: int, sliced: SlicedGradients | None = None
+) -> ChainTotals:
     """Runs of two or more fusable kernels (FUSABLE_FAMILIES) one after another on a stream (no other kernel
     between them there), summed as they are found (ChainTotals), per step of `steps` (or the capture).
 
@@ -401,7 +485,8 @@ def fusable_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> Cha
     stream order in numpy, and cut into runs; a run still open at a window's end on its stream is
     carried into the next window. Memory holds one window and the runs open at its end (a window
     function, or one sorted fetch of every kernel, cost several times as much at ten million
-    kernels; keeping every run took +0.96 GB at 40M)."""
+    kernels; keeping every run took +0.96 GB at 40M). The fills and adds of `sliced` (sliced_gradients) are not
+    fusable: their fix removes them."""
     totals = ChainTotals(*step_windows(steps, span_ns))
     names = _names(events)
     fusable = names.loc[names["family"].isin(FUSABLE_FAMILIES), "name_id"] if len(names) else []
@@ -410,7 +495,8 @@ def fusable_chains(events: EventStore, steps: pd.DataFrame, span_ns: int) -> Cha
     reductions = names.loc[names["family"] == REDUCTION_FAMILY, "name_id"]
     source = f"""(SELECT coalesce(device_id::BIGINT, {NULL_LAST}) AS device_id, start, "end", duration,
                          coalesce(stream_id::BIGINT, {NULL_LAST}) AS stream,
-                         coalesce({sql_in("name_id", [int(i) for i in fusable])}, false) AS chained,
+                         coalesce({sql_in("name_id", [int(i) for i in fusable])}, false)
+                             AND NOT {sliced.chained_sql() if sliced is not None else "false"} AS chained,
                          coalesce({sql_in("name_id", [int(i) for i in reductions])}, false) AS reduction
                   FROM kernels)"""
     totals.launch_path_by_step = launch_path(events, totals.starts, totals.ends)

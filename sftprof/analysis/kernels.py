@@ -295,6 +295,8 @@ def float32_weights(kernels: pd.DataFrame) -> pd.DataFrame:
 # Kernels that write one value over a tensor: PyTorch's fill_ (torch.zeros, torch.full, and the NaN with which
 # torch.use_deterministic_algorithms fills every new tensor: fill_uninitialized_memory).
 FILL = re.compile(r"FillFunctor|fill_kernel")
+# Kernels that add two tensors elementwise: PyTorch's add (autograd sums the gradients a tensor gets from its uses).
+ADD = re.compile(r"CUDAFunctor_add|AddFunctor")
 
 
 def fill_share_pct(kernels: pd.DataFrame) -> float:

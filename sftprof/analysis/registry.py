@@ -111,10 +111,11 @@ SECTIONS: tuple[Section, ...] = (
         "synchronizing CUDA calls: count, time and where they were made",
         beside=True,
     ),
+    Section("sliced_grads", gains.sliced_gradients, ("events", "steps", "span_ns"), K),
     Section(
         "chains",
         gains.fusable_chains,
-        ("events", "steps", "span_ns"),
+        ("events", "steps", "span_ns", "sliced_grads"),
         K,
         beside=True,
     ),
@@ -359,6 +360,7 @@ RULES: tuple[Rule, ...] = (
     Rule("profiling_overhead", overhead.finding, ("overhead", "tables", "clock")),
     Rule("foreach_optimizer", rules.foreach_optimizer, ("foreach", "clock")),
     Rule("memory_bound_kernel_mix", rules.memory_bound_mix, ("kernel_families", "kernel_mix", "chains", "clock")),
+    Rule("sliced_gradients", rules.sliced_gradients, ("sliced_grads", "clock")),
     Rule("padding", rules.padding_findings, ("padded", "token_ns", "clock")),
     Rule(
         "fp32_gemm",

@@ -24,7 +24,14 @@ from sftprof.analysis.excess import attention_saving, precision_ratio
 from sftprof.analysis.findings import WARNING_SHARE_PCT, Finding, severity_of
 from sftprof.analysis.findings import ms as _ms
 from sftprof.analysis.findings import pct as _pct
-from sftprof.analysis.gains import FOREACH_ADAMW_BYTES, FUSED_ADAMW_BYTES, READ_BYTES, ChainTotals, StepClock
+from sftprof.analysis.gains import (
+    FOREACH_ADAMW_BYTES,
+    FUSED_ADAMW_BYTES,
+    READ_BYTES,
+    ChainTotals,
+    SlicedGradients,
+    StepClock,
+)
 from sftprof.analysis.idle import MIN_SHARE_PCT, NAMES_LISTED
 from sftprof.analysis.kernels import FLOAT32_FUNCTOR, FULL_ALIGNMENT_BYTES, MEMORY_BOUND_FAMILIES
 from sftprof.analysis.memory import INTERCONNECT_KINDS, MEGABYTE, PAGEABLE, CopyCalls
@@ -619,6 +626,44 @@ FUSION_MODEL = (
     "GPU plus the host time of the launches fusion removes (the host's launch path: each "
     "launch and the dispatch before it, in proportion to the kernels removed)"
 )
+
+
+SLICED_ADVICE = (
+    "Read the tensor whole: one call over all of it (the loss over the whole batch, with reduction='none' and weights "
+    "where samples weigh differently), or its pieces taken at once with torch.split or torch.unbind, whose backward "
+    "writes one gradient. A loss chunked to save memory chunks the hidden states and runs the output layer a chunk "
+    "at a time with the loss (a fused linear cross-entropy: Liger's, Cut Cross-Entropy), not the logits."
+)
+
+
+def sliced_gradients(sliced: SlicedGradients, clock: StepClock) -> list[Finding]:
+    """A tensor used a slice at a time in a Python loop (gains.sliced_gradients): each slice's gradient is a
+    zero-filled tensor as large as the whole, and autograd adds them. The gain is those fills' and adds' time,
+    which reading the tensor whole removes, at most what the step can lose by GPU time (StepClock.gpu_side)."""
+    if sliced.shapes.empty:
+        return []
+    saved = sliced.saved_by_step
+    shapes = "; ".join(
+        f"{r.fills:.0f} fills and {r.adds:.0f} adds of grid ({r.grid_x}, {r.grid_y}, {r.grid_z})"
+        for r in sliced.shapes.sort_values("fills", ascending=False).head(STEPS_LISTED).itertuples()
+    )
+    return [
+        _gained(
+            "sliced_gradients",
+            f"A tensor is read a slice at a time: its gradient is zero-filled and added whole once a slice, "
+            f"{_median_ms(saved)} per step",
+            f"Per step (median): {shapes}, in {_median_ms(saved)}. Each fill writes a gradient as large as the "
+            "tensor for one slice of it (the backward of x[i] or x[:, a:b]), and autograd adds each to the sum of "
+            "the others: a Python loop over samples or chunks of one tensor (a per-sample loss, a loss chunked "
+            "over the logits' positions).",
+            SLICED_ADVICE,
+            clock,
+            clock.gpu_side(saved),
+            "the zero-fills and adds of one size that a step repeats (3 fills or more, with one add fewer), which "
+            "reading the tensor whole removes; at most the CPU's wait for the GPU",
+            _gpu_side_reason(clock, saved),
+        )
+    ]
 
 
 def memory_bound_mix(families: pd.DataFrame, mix: dict, chains: ChainTotals, clock: StepClock) -> list[Finding]:
