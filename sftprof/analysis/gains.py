@@ -394,9 +394,9 @@ def launch_path(events: EventStore, starts: np.ndarray, ends: np.ndarray) -> np.
 
 
 KERNEL_GRID = ["grid_x", "grid_y", "grid_z"]
-# From this many zero-fills a step of one size, with one fewer adds of that size, a tensor is used a slice at a time:
-# each slice's backward writes a zero-filled gradient as large as the tensor, and autograd adds them. A tensor used
-# twice (a tied embedding) gets one add and no fill.
+# From this many zero-fills of one size between two GEMMs, with at least one add fewer and no more adds than fills, a
+# tensor is used a slice at a time: each slice's backward writes a zero-filled gradient as large as the tensor, and
+# autograd adds them. A tensor used twice (a tied embedding) gets one add and no fill.
 SLICED_FILLS = 3
 # More such bursts of one shape a step than this, and they are a layer's own (rotary embeddings fill and add their
 # halves' gradients in every attention: 24 bursts a step of 3-4 fills in the GPT-NeoX and the Falcon).
@@ -407,8 +407,9 @@ SLICED_BURSTS = 2
 class SlicedGradients:
     """Kernel shapes (`shapes`: grid_x, grid_y, grid_z, with the median `fills` and `adds` a step) that a step
     zero-fills SLICED_FILLS times or more between two GEMMs, and adds at most as often (one tensor's slices summed),
-    in at most SLICED_BURSTS such stretches: the gradients of a tensor used a slice at a time. `saved_by_step`: per step window (step_windows), the time of those fills and adds; `fill_ids` and
-    `add_ids`: the kernel names that fill and add (kernels.FILL, kernels.ADD)."""
+    in at most SLICED_BURSTS such stretches: the gradients of a tensor used a slice at a time. `saved_by_step`: per
+    step window (step_windows), the time of those fills and adds; `fill_ids` and `add_ids`: the kernel names that
+    fill and add (kernels.FILL, kernels.ADD)."""
 
     shapes: pd.DataFrame
     saved_by_step: np.ndarray
