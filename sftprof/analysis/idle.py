@@ -739,8 +739,9 @@ FINDING_CAUSES = (*CAUSES, SYNCHRONOUS_LAUNCHES, GROUP_LOOP)  # every cause that
 # without such a switch, fills are at most 11.4% of launches; with deterministic algorithms, 38.3%).
 FILL_LAUNCH_PCT = 25.0
 # From this many GEMM launches a step sized by the data (gains.data_sized_gemms_per_step), the step is a loop over
-# groups of the data, each turn launching its own small kernels. Every committed capture of a model without such a loop
-# has none; the Mixtral's experts run one by one 38 to 56 (transformers' eager loop and DeepSeek's sorted one).
+# groups of the data, each turn launching its own small kernels. The 66 foreign captures without such a loop
+# (tests/fixtures/foreign) have none; the Mixtral's experts run one by one 38 to 56 (transformers' eager loop and
+# DeepSeek's sorted one).
 GROUP_LOOP_GEMMS = 16
 GROUP_LOOP_ADVICE = (
     "{gemms:.0f} GEMMs a step take their size from the data (each shape launched once in its step and missing from "
