@@ -829,8 +829,9 @@ def idle_findings(
     profiler's added time that fell in its stretches (profiler_time, overhead.host_share). `fill_pct`: the
     share of launches that fill memory (kernels.fill_share_pct); from FILL_LAUNCH_PCT, launch_bound names what
     makes them. `data_sized_gemms`: GEMM launches a step sized by the data (gains.data_sized_gemms_per_step),
-    which group_loop's remedy counts; `rivals` (sched.core_rivals), the threads that ran on the feeding threads' cores while they
-    waited for one, which cpu_contention names (`labels`: cpu.thread_labels)."""
+    which group_loop's remedy counts; `rivals` (sched.core_rivals), the threads that ran on the feeding threads'
+    cores while they waited for one, which cpu_contention names (`labels`: cpu.thread_labels), and where there are
+    any, launch_bound's remedy begins with CONTENDED_ADVICE."""
     if views.empty:
         return []
     idle = per_step(views, clock)
@@ -854,9 +855,8 @@ def idle_findings(
             )
         share = host_share(overhead, float(np.median(cause_idle)), clock, placed.get(cause.rule, 0.0))
         fills = cause.cause == HOST_OVERHEAD and fill_pct >= FILL_LAUNCH_PCT
-        shared = contended and cause.rule == "launch_bound"
         remedy = cause.recommendation
-        if shared:
+        if contended and cause.rule == "launch_bound":
             remedy = CONTENDED_ADVICE + remedy[0].lower() + remedy[1:]
         findings.append(
             Finding(

@@ -28,6 +28,8 @@ from sftprof.analysis.gains import (
     FOREACH_ADAMW_BYTES,
     FUSED_ADAMW_BYTES,
     READ_BYTES,
+    SLICED_BURSTS,
+    SLICED_FILLS,
     ChainTotals,
     SlicedGradients,
     StepClock,
@@ -501,7 +503,8 @@ def syncs_in_steps(
     (`reads`: gains.read_work), at most the CPU's wait for the GPU; the syncs that wait for a CPU value just
     copied up (`uploads`: views.upload_syncs) are named with the kernel that took it; reads of a data-dependent
     size (`size_reads` a step: gains.size_reads_per_step) are advised static shapes, and a loop over groups of the
-    data (`data_sized_gemms` a step: gains.data_sized_gemms_per_step) a grouped form. Synchronous copies and sets have their own rules. `in_backward` (views.backward_syncs): the backward pass
+    data (`data_sized_gemms` a step: gains.data_sized_gemms_per_step) a grouped form. Synchronous copies and sets
+    have their own rules. `in_backward` (views.backward_syncs): the backward pass
     itself makes most of them, and anomaly_detection counts their idle and its value checks (_BACKWARD_SYNCS)."""
     if steps.empty:
         return []
@@ -659,8 +662,9 @@ def sliced_gradients(sliced: SlicedGradients, clock: StepClock) -> list[Finding]
             SLICED_ADVICE,
             clock,
             clock.gpu_side(saved),
-            "the zero-fills and adds of one size that a step repeats (3 fills or more, with one add fewer), which "
-            "reading the tensor whole removes; at most the CPU's wait for the GPU",
+            f"the zero-fills and adds of one size that a step makes between two GEMMs ({SLICED_FILLS} fills or more, "
+            f"no more adds than fills, in at most {SLICED_BURSTS} such stretches), which reading the tensor whole "
+            "removes; at most the CPU's wait for the GPU",
             _gpu_side_reason(clock, saved),
         )
     ]

@@ -424,6 +424,13 @@ def build_model(case: str, layers: int = 24) -> torch.nn.Module:
     return model
 
 
+def pin_threads(cores: set[int]) -> None:
+    """Every thread of this process on `cores` (sched_setaffinity(0) would pin the calling thread only)."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task), cores)
+
+
 def sorted_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """experts_sorted: DeepSeek-V2's reference MoE loop (moe_infer) over MixtralExperts' weights: each token's copies
     sorted by expert, the experts' token counts copied to the host once, one slice and two GEMMs an expert."""
@@ -465,11 +472,11 @@ class CpuAllotment:
 
     def __enter__(self):
         self.cores = os.sched_getaffinity(0)
-        CpuContention._pin(set(sorted(self.cores)[:FEW_CPUS]))
+        pin_threads(set(sorted(self.cores)[:FEW_CPUS]))
         return self
 
     def __exit__(self, *exc) -> None:
-        CpuContention._pin(self.cores)
+        pin_threads(self.cores)
 
 
 class CpuContention:
@@ -482,7 +489,7 @@ class CpuContention:
     def __enter__(self):
         self.cores = os.sched_getaffinity(0)
         self.core = min(self.cores)
-        self._pin({self.core})
+        pin_threads({self.core})
         spin = f"import os\nos.sched_setaffinity(0, {{{self.core}}})\nwhile True:\n    pass\n"
         self.workers = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(self.WORKERS)]
         return self
@@ -491,13 +498,7 @@ class CpuContention:
         for worker in self.workers:
             worker.kill()
             worker.wait()
-        self._pin(self.cores)
-
-    @staticmethod
-    def _pin(cores: set[int]) -> None:
-        for task in os.listdir("/proc/self/task"):  # each thread: sched_setaffinity(0) would pin the caller only
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(int(task), cores)
+        pin_threads(self.cores)
 
 
 class HostAdamW:
